@@ -1,0 +1,344 @@
+//! Routing policies, their settings, the branches a decision can take and the bounded spill rule.
+//!
+//! The rule (DESIGN.md §5, compatible with SGLang Model Gateway's `bounded_consistent_hashing`):
+//! for an explicit routing key, with loads read *before* the new request is added and `min`/`mean`
+//! taken over healthy workers, the request spills off its preferred worker iff
+//! `preferred − min > min_load_gap` **and** `preferred > mean × max_load_skew` (both strict). The
+//! target is the first healthy worker clockwise after the preferred one whose load is
+//! `<= mean × max_load_skew`; if none qualifies the preferred worker keeps the request.
+//!
+//! Why two thresholds: on a near-idle fleet the mean is tiny, so the skew test alone would spill a
+//! key at its second in-flight request and throw away its KV cache for nothing. The gap test
+//! requires the preferred worker to be *absolutely* busier than the idlest worker by more than
+//! `min_load_gap` requests; the skew test requires it to be *relatively* overloaded. Loads `[p,0,0,0]`
+//! with gap 2 and skew 1.5 stay for `p <= 2` and spill at `p = 3`.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Default `min_load_gap`, in in-flight requests.
+pub const DEFAULT_MIN_LOAD_GAP: u64 = 2;
+/// Default `max_load_skew`, a factor over the fleet mean.
+pub const DEFAULT_MAX_LOAD_SKEW: f64 = 1.5;
+/// Default virtual nodes per worker (SGLang Model Gateway's value; required for placement parity).
+pub const DEFAULT_VIRTUAL_NODES: u32 = 150;
+/// Upper bound on `virtual_nodes`, to keep ring builds and memory bounded (64 workers × 10,000
+/// points is 640,000 points, about 8 MiB).
+pub const MAX_VIRTUAL_NODES: u32 = 10_000;
+
+/// Which routing policy is in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// Strict affinity: the first healthy worker clockwise from the key; load is ignored.
+    ConsistentHashing,
+    /// Affinity with a load bound: explicit keys spill off a clearly overloaded worker.
+    #[default]
+    BoundedConsistentHashing,
+    /// Baseline: healthy workers in turn; routing keys are ignored (target worker still applies).
+    RoundRobin,
+    /// Baseline: a uniformly random healthy worker; routing keys are ignored (target worker still
+    /// applies).
+    Random,
+}
+
+impl PolicyKind {
+    /// Every kind, in documentation order.
+    pub const ALL: [PolicyKind; 4] = [
+        PolicyKind::ConsistentHashing,
+        PolicyKind::BoundedConsistentHashing,
+        PolicyKind::RoundRobin,
+        PolicyKind::Random,
+    ];
+
+    /// The snake-case name used in configuration, JSON and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::ConsistentHashing => "consistent_hashing",
+            PolicyKind::BoundedConsistentHashing => "bounded_consistent_hashing",
+            PolicyKind::RoundRobin => "round_robin",
+            PolicyKind::Random => "random",
+        }
+    }
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for PolicyKind {
+    type Err = PolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        PolicyKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| PolicyError::UnknownKind(s.to_owned()))
+    }
+}
+
+/// The policy in force: kind, both thresholds and the ring's virtual nodes. The JSON shape is the one
+/// of `GET /admin/policy`: `{"kind","min_load_gap","max_load_skew","virtual_nodes"}`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySettings {
+    /// Policy kind.
+    pub kind: PolicyKind,
+    /// Bounded policy: the preferred worker must exceed the healthy minimum by more than this many
+    /// in-flight requests before it may spill. Integer ≥ 0.
+    pub min_load_gap: u64,
+    /// Bounded policy: the preferred worker must exceed the healthy mean times this factor before it
+    /// may spill. Finite, ≥ 1.0.
+    pub max_load_skew: f64,
+    /// Points per worker on the ring. Changing it rebuilds the ring (and moves keys).
+    pub virtual_nodes: u32,
+}
+
+impl Default for PolicySettings {
+    fn default() -> Self {
+        Self {
+            kind: PolicyKind::default(),
+            min_load_gap: DEFAULT_MIN_LOAD_GAP,
+            max_load_skew: DEFAULT_MAX_LOAD_SKEW,
+            virtual_nodes: DEFAULT_VIRTUAL_NODES,
+        }
+    }
+}
+
+/// A partial policy change: any subset of [`PolicySettings`]' fields. The body of
+/// `PUT /admin/policy` and the payload of the websocket `set_policy` command.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyPatch {
+    /// New kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<PolicyKind>,
+    /// New `min_load_gap` (requests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_load_gap: Option<u64>,
+    /// New `max_load_skew` (factor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_load_skew: Option<f64>,
+    /// New virtual nodes per worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub virtual_nodes: Option<u32>,
+}
+
+/// Why a policy setting was refused. Messages name the field so an operator can fix it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PolicyError {
+    /// `max_load_skew` was NaN, infinite or below 1.0.
+    #[error("max_load_skew must be a finite number >= 1.0, got {0}")]
+    InvalidSkew(f64),
+    /// `virtual_nodes` was 0 or above [`MAX_VIRTUAL_NODES`].
+    #[error("virtual_nodes must be between 1 and {MAX_VIRTUAL_NODES}, got {0}")]
+    InvalidVirtualNodes(u32),
+    /// Unknown policy name.
+    #[error(
+        "kind must be one of consistent_hashing, bounded_consistent_hashing, round_robin, random; got {0:?}"
+    )]
+    UnknownKind(String),
+}
+
+impl PolicySettings {
+    /// Checks every field; `Ok` means the settings can be put in force.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        if !self.max_load_skew.is_finite() || self.max_load_skew < 1.0 {
+            return Err(PolicyError::InvalidSkew(self.max_load_skew));
+        }
+        if self.virtual_nodes == 0 || self.virtual_nodes > MAX_VIRTUAL_NODES {
+            return Err(PolicyError::InvalidVirtualNodes(self.virtual_nodes));
+        }
+        Ok(())
+    }
+
+    /// Returns these settings with `patch` applied, validated; `self` is never changed, so a refused
+    /// patch leaves the running policy as it was.
+    pub fn patched(&self, patch: &PolicyPatch) -> Result<PolicySettings, PolicyError> {
+        let next = PolicySettings {
+            kind: patch.kind.unwrap_or(self.kind),
+            min_load_gap: patch.min_load_gap.unwrap_or(self.min_load_gap),
+            max_load_skew: patch.max_load_skew.unwrap_or(self.max_load_skew),
+            virtual_nodes: patch.virtual_nodes.unwrap_or(self.virtual_nodes),
+        };
+        next.validate()?;
+        Ok(next)
+    }
+}
+
+/// Which path a routing decision took (DESIGN.md §5). Serialized in snake case; the same names are
+/// used in the `x-bch-branch` response header and the `bch_branch_total` metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Branch {
+    /// No healthy worker could take the request (503).
+    NoHealthyWorkers,
+    /// `X-SMG-Target-Worker` named a healthy worker.
+    TargetWorkerHit,
+    /// `X-SMG-Target-Worker` named an unknown or unhealthy worker (503, never a fall-through).
+    TargetWorkerMiss,
+    /// Explicit key served by its preferred worker.
+    ExplicitRoutingKeyHit,
+    /// Explicit key spilled to the next eligible worker clockwise.
+    ExplicitRoutingKeySpillover,
+    /// Explicit key over the bound but no other worker was under it; stayed on the preferred worker.
+    ExplicitRoutingKeyNoEligibleCandidate,
+    /// Implicit key (Authorization, X-Forwarded-For, Cookie) served by its preferred worker.
+    ImplicitRoutingKeyHit,
+    /// No key: the less loaded of two random healthy workers (or a baseline policy's pick).
+    Keyless,
+}
+
+impl Branch {
+    /// Every branch, in documentation order (for metrics pre-registration).
+    pub const ALL: [Branch; 8] = [
+        Branch::NoHealthyWorkers,
+        Branch::TargetWorkerHit,
+        Branch::TargetWorkerMiss,
+        Branch::ExplicitRoutingKeyHit,
+        Branch::ExplicitRoutingKeySpillover,
+        Branch::ExplicitRoutingKeyNoEligibleCandidate,
+        Branch::ImplicitRoutingKeyHit,
+        Branch::Keyless,
+    ];
+
+    /// The snake-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Branch::NoHealthyWorkers => "no_healthy_workers",
+            Branch::TargetWorkerHit => "target_worker_hit",
+            Branch::TargetWorkerMiss => "target_worker_miss",
+            Branch::ExplicitRoutingKeyHit => "explicit_routing_key_hit",
+            Branch::ExplicitRoutingKeySpillover => "explicit_routing_key_spillover",
+            Branch::ExplicitRoutingKeyNoEligibleCandidate => {
+                "explicit_routing_key_no_eligible_candidate"
+            }
+            Branch::ImplicitRoutingKeyHit => "implicit_routing_key_hit",
+            Branch::Keyless => "keyless",
+        }
+    }
+
+    /// True for the two branches that come from the bound firing (telemetry spill events).
+    pub fn is_spill_event(self) -> bool {
+        matches!(
+            self,
+            Branch::ExplicitRoutingKeySpillover | Branch::ExplicitRoutingKeyNoEligibleCandidate
+        )
+    }
+}
+
+impl fmt::Display for Branch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The numbers behind a bounded-policy decision on an explicit key, for telemetry and `explain`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BoundCheck {
+    /// Preferred worker's in-flight requests, before this request.
+    pub preferred_load: u64,
+    /// Minimum in-flight requests over healthy workers.
+    pub min_load: u64,
+    /// Mean in-flight requests over healthy workers (no floor).
+    pub mean_load: f64,
+    /// Threshold in force.
+    pub min_load_gap: u64,
+    /// Threshold in force.
+    pub max_load_skew: f64,
+}
+
+impl BoundCheck {
+    /// `mean × max_load_skew`: the load a spill target may not exceed, and the one the preferred
+    /// worker must exceed.
+    pub fn skew_bound(&self) -> f64 {
+        self.mean_load * self.max_load_skew
+    }
+
+    /// `preferred − min > min_load_gap` (saturating subtraction).
+    pub fn gap_exceeded(&self) -> bool {
+        self.preferred_load.saturating_sub(self.min_load) > self.min_load_gap
+    }
+
+    /// `preferred > mean × max_load_skew`.
+    pub fn skew_exceeded(&self) -> bool {
+        // u64 → f64 is exact below 2^53 in-flight requests, far beyond any real load.
+        self.preferred_load as f64 > self.skew_bound()
+    }
+
+    /// Both conditions: the preferred worker is clearly overloaded and the key should spill.
+    pub fn should_spill(&self) -> bool {
+        self.gap_exceeded() && self.skew_exceeded()
+    }
+
+    /// Whether a worker with `load` in-flight requests may take a spilled request.
+    pub fn eligible(&self, load: u64) -> bool {
+        load as f64 <= self.skew_bound()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_names_the_field() {
+        let base = PolicySettings::default();
+        for bad in [0.99, f64::NAN, f64::INFINITY, -1.0] {
+            let err = base
+                .patched(&PolicyPatch {
+                    max_load_skew: Some(bad),
+                    ..Default::default()
+                })
+                .unwrap_err();
+            assert!(err.to_string().contains("max_load_skew"), "{err}");
+        }
+        let err = base
+            .patched(&PolicyPatch {
+                virtual_nodes: Some(0),
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("virtual_nodes"));
+        let ok = base
+            .patched(&PolicyPatch {
+                min_load_gap: Some(0),
+                max_load_skew: Some(1.0),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!((ok.min_load_gap, ok.max_load_skew), (0, 1.0));
+        assert_eq!(ok.kind, base.kind);
+    }
+
+    #[test]
+    fn near_idle_rule() {
+        // Loads [p,0,0,0]: mean = p/4; with gap 2 and skew 1.5, p <= 2 stays and p = 3 spills.
+        for (p, gap, spill) in [(0, 2, false), (1, 2, false), (2, 2, false), (3, 2, true), (1, 0, true)]
+        {
+            let check = BoundCheck {
+                preferred_load: p,
+                min_load: 0,
+                mean_load: p as f64 / 4.0,
+                min_load_gap: gap,
+                max_load_skew: 1.5,
+            };
+            assert_eq!(check.should_spill(), spill, "p={p} gap={gap}");
+        }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for kind in PolicyKind::ALL {
+            assert_eq!(kind.as_str().parse::<PolicyKind>().unwrap(), kind);
+            assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
+        }
+        for branch in Branch::ALL {
+            assert_eq!(serde_json::to_value(branch).unwrap(), branch.as_str());
+        }
+        assert!("weighted".parse::<PolicyKind>().is_err());
+    }
+}

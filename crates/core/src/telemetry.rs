@@ -1,0 +1,351 @@
+//! Telemetry wire types shared by gatewayd (publisher) and bch-tui (client).
+//!
+//! Every frame is one JSON text message `{"v":1,"seq":N,"type":...}`. The full protocol, with an
+//! example of each message, versioning rules and gap recovery, is in `docs/protocol.md`.
+//!
+//! Records are *complete*: a `tick` carries whole [`WorkerRecord`]s and [`KeyRecord`]s for the items
+//! that changed, never deltas, so applying a frame twice is harmless and a client that missed frames
+//! only needs a fresh `snapshot` (sent after `resync`).
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::{Branch, PolicyKind, PolicySettings};
+
+/// Protocol version carried in every frame's `v`. Bumped only for incompatible changes; new optional
+/// fields do not bump it (clients must ignore unknown fields).
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// One server → client frame: the envelope (`v`, `seq`) plus the message, flattened so the JSON is
+/// `{"v":1,"seq":7,"type":"tick",...}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServerFrame {
+    /// Protocol version, [`PROTOCOL_VERSION`].
+    pub v: u32,
+    /// Per-connection sequence number: the first frame of a connection is 0 and each next frame is
+    /// one more. A client that sees a jump has missed frames and should send `resync`.
+    pub seq: u64,
+    /// The message itself, tagged by `type`.
+    #[serde(flatten)]
+    pub message: ServerMessage,
+}
+
+/// Server → client messages, tagged by `type` in snake case.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ServerMessage {
+    /// The whole state: first frame of every connection and the answer to `resync` or to a queue
+    /// overflow.
+    Snapshot(Snapshot),
+    /// Periodic update every `[telemetry] interval_ms` (default 100 ms): what changed since the last
+    /// tick.
+    Tick(Tick),
+    /// Membership changed (worker added, removed or replaced): new ring ownership and worker list.
+    Ring(RingUpdate),
+    /// The policy or its thresholds changed, with who changed it.
+    Policy(PolicyUpdate),
+    /// A client command was applied.
+    Ack(Ack),
+    /// A client command was rejected; nothing changed.
+    Error(CommandError),
+}
+
+/// Full state sent on connect and on resync.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Wall-clock time of the snapshot, milliseconds since the Unix epoch.
+    pub ts_ms: u64,
+    /// Current policy and thresholds.
+    pub policy: PolicySettings,
+    /// Every registered worker, in configuration order.
+    pub workers: Vec<WorkerRecord>,
+    /// Each worker's share of the hash space and its arcs.
+    pub ring: RingOwnership,
+    /// The most recently active routing keys (at most `[telemetry] max_keys`), most recent first.
+    pub keys: Vec<KeyRecord>,
+    /// The most recent spill events, oldest first.
+    pub spills: Vec<SpillEvent>,
+    /// Fleet-wide rates and totals.
+    pub totals: Totals,
+}
+
+/// Periodic update: complete records of what changed since the previous tick.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tick {
+    /// Wall-clock time of the tick, milliseconds since the Unix epoch.
+    pub ts_ms: u64,
+    /// Workers whose record changed (active load, health or a counter).
+    pub workers: Vec<WorkerRecord>,
+    /// Tracked keys whose record changed.
+    pub keys: Vec<KeyRecord>,
+    /// Labels of keys that left the tracked set (evicted as least recently active).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed_keys: Vec<String>,
+    /// Spill and no-eligible-candidate events since the previous tick, oldest first.
+    pub spills: Vec<SpillEvent>,
+    /// Fleet-wide rates and totals.
+    pub totals: Totals,
+    /// Frames this connection lost because its queue was full (cumulative for the connection).
+    pub dropped_events: u64,
+}
+
+/// Sent when worker membership changes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RingUpdate {
+    /// Wall-clock time, milliseconds since the Unix epoch.
+    pub ts_ms: u64,
+    /// The full worker list after the change, in configuration order.
+    pub workers: Vec<WorkerRecord>,
+    /// The new ring ownership.
+    pub ring: RingOwnership,
+}
+
+/// Sent when the policy or a threshold changes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyUpdate {
+    /// Wall-clock time, milliseconds since the Unix epoch.
+    pub ts_ms: u64,
+    /// The policy now in force.
+    pub policy: PolicySettings,
+    /// Who changed it.
+    pub changed_by: ChangeSource,
+}
+
+/// Who made a policy change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeSource {
+    /// A websocket client's `set_policy`.
+    Ws,
+    /// `PUT /admin/policy`.
+    Http,
+    /// `POST /admin/reload` or SIGHUP re-read the configuration file.
+    Reload,
+}
+
+/// Answer to a successful client command.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Ack {
+    /// The `id` the client sent, echoed back (absent if the client sent none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<CommandId>,
+    /// The policy after the command.
+    pub policy: PolicySettings,
+}
+
+/// Answer to a rejected client command; nothing was changed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommandError {
+    /// The `id` the client sent, if it could be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<CommandId>,
+    /// Human-readable reason, naming the offending field.
+    pub message: String,
+}
+
+/// A client-chosen command identifier: a JSON number or string, echoed back verbatim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum CommandId {
+    /// Numeric id.
+    Number(u64),
+    /// Text id.
+    Text(String),
+}
+
+/// Client → server commands, tagged by `type`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ClientCommand {
+    /// Change the policy and/or thresholds; every field optional; validated exactly like
+    /// `PUT /admin/policy`.
+    SetPolicy {
+        /// Echoed in the `ack` or `error`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<CommandId>,
+        /// New policy kind.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kind: Option<PolicyKind>,
+        /// New `min_load_gap` (requests, integer ≥ 0).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        min_load_gap: Option<u64>,
+        /// New `max_load_skew` (finite, ≥ 1.0).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_load_skew: Option<f64>,
+    },
+    /// Ask for a fresh `snapshot` (after a `seq` gap, for example).
+    Resync {
+        /// Echoed in nothing; accepted for symmetry with `set_policy`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<CommandId>,
+    },
+}
+
+/// One worker's state, as in `GET /admin/workers`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerRecord {
+    /// Worker name (unique).
+    pub name: String,
+    /// Worker base URL.
+    pub url: String,
+    /// Health as seen by probes and passive marking.
+    pub healthy: bool,
+    /// In-flight requests of this gateway process on the worker.
+    pub active: u64,
+    /// Requests routed to the worker since it was first registered.
+    pub requests_total: u64,
+    /// Requests spilled onto this worker from an overloaded preferred worker.
+    pub spilled_in_total: u64,
+    /// Requests whose preferred worker was this one but that spilled elsewhere.
+    pub spilled_out_total: u64,
+    /// Requests to this worker that ended in a gateway-side error (connect failure, timeout,
+    /// broken stream).
+    pub errors_total: u64,
+}
+
+/// Ring ownership: how the hash space divides among workers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RingOwnership {
+    /// Virtual nodes per worker.
+    pub virtual_nodes: u32,
+    /// One entry per worker, in configuration order.
+    pub workers: Vec<RingShare>,
+}
+
+/// One worker's part of the ring.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RingShare {
+    /// Worker name.
+    pub name: String,
+    /// Fraction of the hash space the worker owns, 0.0..=1.0 (all shares sum to 1).
+    pub share: f64,
+    /// The arcs the worker owns as `[start, end)` fractions of the ring in 0.0..=1.0, adjacent arcs
+    /// merged, sorted by start. Rounded for display; placement uses exact 64-bit positions.
+    pub arcs: Vec<[f64; 2]>,
+}
+
+/// Whether a tracked key came from the explicit routing-key header or an implicit header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyKind {
+    /// `X-SMG-Routing-Key` (may spill under the bounded policy).
+    Explicit,
+    /// Authorization / X-Forwarded-For / Cookie (never spills; always shown hashed).
+    Implicit,
+}
+
+/// Placement of one tracked routing key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    /// Display label: explicit keys truncated to 64 characters (or `key:` + 8 hex digits when
+    /// `redact_keys = true`), implicit keys always `implicit:` + 8 hex digits.
+    pub key: String,
+    /// Explicit or implicit.
+    pub kind: KeyKind,
+    /// The worker the ring prefers for this key (first healthy clockwise), by name.
+    pub preferred: String,
+    /// The worker that served the key's most recent request, by name.
+    pub current: String,
+    /// In-flight requests of this key per worker name (only non-zero entries).
+    pub active: std::collections::BTreeMap<String, u64>,
+    /// Requests routed for this key since it became tracked.
+    pub requests_total: u64,
+    /// Of those, how many spilled off the preferred worker.
+    pub spills_total: u64,
+    /// When the key last received a request, milliseconds since the Unix epoch.
+    pub last_seen_ms: u64,
+}
+
+/// A bounded-policy decision that left the preferred worker (`explicit_routing_key_spillover`) or
+/// wanted to and found no candidate (`explicit_routing_key_no_eligible_candidate`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpillEvent {
+    /// When it happened, milliseconds since the Unix epoch.
+    pub ts_ms: u64,
+    /// Key label (same rules as [`KeyRecord::key`]).
+    pub key: String,
+    /// Which of the two spill branches.
+    pub branch: Branch,
+    /// Preferred worker name.
+    pub from: String,
+    /// Worker that got the request (equal to `from` when no candidate was eligible).
+    pub to: String,
+    /// Preferred worker's in-flight requests before this request.
+    pub preferred_load: u64,
+    /// Minimum in-flight requests over healthy workers.
+    pub min_load: u64,
+    /// Mean in-flight requests over healthy workers.
+    pub mean_load: f64,
+    /// `min_load_gap` in force for the decision.
+    pub min_load_gap: u64,
+    /// `max_load_skew` in force for the decision.
+    pub max_load_skew: f64,
+}
+
+/// Fleet-wide rates and totals.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Totals {
+    /// Requests routed per second over the last tick interval.
+    pub requests_per_s: f64,
+    /// Spills per second over the last tick interval.
+    pub spills_per_s: f64,
+    /// Requests routed since start.
+    pub requests_total: u64,
+    /// Spills since start.
+    pub spills_total: u64,
+}
+
+impl ServerFrame {
+    /// Wraps a message in the current protocol version's envelope.
+    pub fn new(seq: u64, message: ServerMessage) -> Self {
+        Self {
+            v: PROTOCOL_VERSION,
+            seq,
+            message,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_json_is_flat_and_round_trips() {
+        let frame = ServerFrame::new(
+            3,
+            ServerMessage::Error(CommandError {
+                id: Some(CommandId::Number(7)),
+                message: "max_load_skew must be >= 1.0".into(),
+            }),
+        );
+        let json = serde_json::to_value(&frame).unwrap();
+        assert_eq!(json["v"], 1);
+        assert_eq!(json["seq"], 3);
+        assert_eq!(json["type"], "error");
+        assert_eq!(json["id"], 7);
+        let back: ServerFrame = serde_json::from_value(json).unwrap();
+        assert_eq!(back, frame);
+    }
+
+    #[test]
+    fn client_commands_parse_and_reject_unknown_fields() {
+        let cmd: ClientCommand =
+            serde_json::from_str(r#"{"type":"set_policy","id":"a","min_load_gap":3}"#).unwrap();
+        assert_eq!(
+            cmd,
+            ClientCommand::SetPolicy {
+                id: Some(CommandId::Text("a".into())),
+                kind: None,
+                min_load_gap: Some(3),
+                max_load_skew: None
+            }
+        );
+        let resync: ClientCommand = serde_json::from_str(r#"{"type":"resync"}"#).unwrap();
+        assert_eq!(resync, ClientCommand::Resync { id: None });
+        assert!(serde_json::from_str::<ClientCommand>(r#"{"type":"set_policy","gap":1}"#).is_err());
+        assert!(
+            serde_json::from_str::<ClientCommand>(r#"{"type":"set_policy","min_load_gap":-1}"#)
+                .is_err()
+        );
+    }
+}
