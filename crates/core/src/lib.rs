@@ -1,14 +1,41 @@
 //! # bch-core
 //!
 //! The pure heart of bch: the consistent-hash [`ring`], [`routing_key`] extraction, the routing
-//! [`policy`] with its bounded spill rule, [`load`] accounting, the atomically swapped routing
-//! snapshot in [`router`], the offline [`explain`] what-if, and the [`telemetry`] wire types shared by
-//! gatewayd and bch-tui.
+//! [`policy`] with its bounded spill rule, the [`decide`] function, [`load`] accounting, the
+//! atomically swapped routing snapshot in [`router`], the offline [`explain`] what-if, and the
+//! [`telemetry`] wire types shared by gatewayd and bch-tui.
 //!
 //! No I/O and no async runtime: everything here is deterministic given its inputs and is tested with
 //! unit, property and golden-vector tests (`tests/fixtures/*.json`, computed by an independent
 //! implementation of SGLang Model Gateway's placement).
+//!
+//! ```
+//! use bch_core::policy::{Branch, PolicySettings};
+//! use bch_core::router::{Router, WorkerSpec};
+//! use bch_core::routing_key::{ExplicitKey, RoutingKey};
+//!
+//! let workers = ["http://127.0.0.1:30001", "http://127.0.0.1:30002"]
+//!     .iter()
+//!     .enumerate()
+//!     .map(|(i, url)| WorkerSpec { name: format!("w{i}"), url: url.to_string(), ring_id: None })
+//!     .collect();
+//! let router = Router::new(workers, PolicySettings::default()).unwrap();
+//! let key = RoutingKey::Explicit(ExplicitKey::parse(b"session-a").unwrap());
+//! // Eight same-key requests held in flight on two idle workers land 6:2 (DESIGN.md §5).
+//! let held: Vec<_> = (0..8).map(|_| router.route(&key)).collect();
+//! let on = |w: usize| held.iter().filter(|r| r.decision.worker == Some(w)).count();
+//! assert_eq!((on(0), on(1)), (2, 6));
+//! assert_eq!(held[0].decision.branch, Branch::ExplicitRoutingKeyHit);
+//! drop(held);
+//! assert!(router.table().workers().iter().all(|w| w.stats.active() == 0));
+//! ```
 #![forbid(unsafe_code)]
 
+pub mod decide;
+pub mod explain;
+pub mod load;
 pub mod policy;
+pub mod ring;
+pub mod router;
+pub mod routing_key;
 pub mod telemetry;

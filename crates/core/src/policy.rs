@@ -317,8 +317,13 @@ mod tests {
     #[test]
     fn near_idle_rule() {
         // Loads [p,0,0,0]: mean = p/4; with gap 2 and skew 1.5, p <= 2 stays and p = 3 spills.
-        for (p, gap, spill) in [(0, 2, false), (1, 2, false), (2, 2, false), (3, 2, true), (1, 0, true)]
-        {
+        for (p, gap, spill) in [
+            (0, 2, false),
+            (1, 2, false),
+            (2, 2, false),
+            (3, 2, true),
+            (1, 0, true),
+        ] {
             let check = BoundCheck {
                 preferred_load: p,
                 min_load: 0,

@@ -1,0 +1,324 @@
+//! The routing decision itself: a pure function of the ring, the policy, the key and a view of the
+//! fleet (health, loads, names). The live [`Router`](crate::router::Router) and the offline
+//! [`explain`](crate::explain) both call [`decide`], so what `explain` predicts is what routing does.
+
+use crate::policy::{BoundCheck, Branch, PolicyKind, PolicySettings};
+use crate::ring::Ring;
+use crate::routing_key::RoutingKey;
+
+/// What a decision needs to know about the fleet. Worker indices are positions in configuration
+/// order, the same indices the [`Ring`] was built with.
+pub trait FleetView {
+    /// Number of registered workers.
+    fn worker_count(&self) -> usize;
+    /// Whether worker `worker` may receive requests.
+    fn healthy(&self, worker: usize) -> bool;
+    /// Number of healthy workers.
+    fn healthy_count(&self) -> usize;
+    /// In-flight requests on `worker`, before the request being decided.
+    fn load(&self, worker: usize) -> u64;
+    /// Resolves a target worker header value: a worker's name, else its exact URL, else a decimal
+    /// 0-based index. `None` when nothing matches.
+    fn resolve_target(&self, raw: &[u8]) -> Option<usize>;
+}
+
+/// A routing decision with the numbers behind it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Decision {
+    /// The worker that gets the request; `None` means the gateway answers 503.
+    pub worker: Option<usize>,
+    /// The ring's preferred worker (first healthy clockwise), for keyed requests.
+    pub preferred: Option<usize>,
+    /// Which path the decision took.
+    pub branch: Branch,
+    /// For an explicit key under the bounded policy: the loads and thresholds the rule compared.
+    pub bound: Option<BoundCheck>,
+}
+
+impl Decision {
+    fn simple(worker: Option<usize>, branch: Branch) -> Self {
+        Decision {
+            worker,
+            preferred: worker,
+            branch,
+            bound: None,
+        }
+    }
+}
+
+/// Decides where a request goes (DESIGN.md §4–§5).
+///
+/// `entropy` is a uniformly random number (used by the keyless power-of-two-choices pick and the
+/// `random` policy); `turn` is a counter incremented per request (used by `round_robin`). Passing
+/// them in keeps this function pure and reproducible in tests.
+///
+/// Never allocates. The worst case walks the ring once (every point of every worker), which
+/// happens only when nearly every worker is unhealthy or over the bound.
+pub fn decide<F: FleetView>(
+    ring: &Ring,
+    policy: &PolicySettings,
+    key: &RoutingKey<'_>,
+    fleet: &F,
+    entropy: u64,
+    turn: u64,
+) -> Decision {
+    if let RoutingKey::Target(raw) = key {
+        return match fleet.resolve_target(raw) {
+            Some(worker) if fleet.healthy(worker) => {
+                Decision::simple(Some(worker), Branch::TargetWorkerHit)
+            }
+            _ => Decision::simple(None, Branch::TargetWorkerMiss),
+        };
+    }
+    let healthy_count = fleet.healthy_count();
+    if healthy_count == 0 {
+        return Decision::simple(None, Branch::NoHealthyWorkers);
+    }
+    match policy.kind {
+        PolicyKind::RoundRobin => {
+            let pick = nth_healthy(fleet, (turn % healthy_count as u64) as usize);
+            return Decision::simple(pick, Branch::Keyless);
+        }
+        PolicyKind::Random => {
+            let pick = nth_healthy(fleet, (entropy % healthy_count as u64) as usize);
+            return Decision::simple(pick, Branch::Keyless);
+        }
+        PolicyKind::ConsistentHashing | PolicyKind::BoundedConsistentHashing => {}
+    }
+    match key {
+        RoutingKey::Target(_) => unreachable!("handled above"),
+        RoutingKey::None => Decision::simple(
+            power_of_two_choices(fleet, healthy_count, entropy),
+            Branch::Keyless,
+        ),
+        RoutingKey::Implicit(implicit) => {
+            let preferred = first_healthy(ring, fleet, implicit.position());
+            Decision::simple(preferred, Branch::ImplicitRoutingKeyHit)
+        }
+        RoutingKey::Explicit(explicit) => {
+            let position = explicit.position();
+            let Some(preferred) = first_healthy(ring, fleet, position) else {
+                // Unreachable while the ring holds every registered worker, but a view whose ring
+                // and worker list disagree must not panic the data plane.
+                return Decision::simple(None, Branch::NoHealthyWorkers);
+            };
+            if policy.kind == PolicyKind::ConsistentHashing {
+                return Decision::simple(Some(preferred), Branch::ExplicitRoutingKeyHit);
+            }
+            let bound = bound_check(fleet, preferred, healthy_count, policy);
+            let (worker, branch) = if !bound.should_spill() {
+                (preferred, Branch::ExplicitRoutingKeyHit)
+            } else {
+                let candidate = ring
+                    .points_from(position)
+                    .find(|&w| w != preferred && fleet.healthy(w) && bound.eligible(fleet.load(w)));
+                match candidate {
+                    Some(target) => (target, Branch::ExplicitRoutingKeySpillover),
+                    None => (preferred, Branch::ExplicitRoutingKeyNoEligibleCandidate),
+                }
+            };
+            Decision {
+                worker: Some(worker),
+                preferred: Some(preferred),
+                branch,
+                bound: Some(bound),
+            }
+        }
+    }
+}
+
+/// The first healthy worker clockwise from `position`.
+pub fn first_healthy<F: FleetView>(ring: &Ring, fleet: &F, position: u64) -> Option<usize> {
+    ring.points_from(position).find(|&w| fleet.healthy(w))
+}
+
+fn bound_check<F: FleetView>(
+    fleet: &F,
+    preferred: usize,
+    healthy_count: usize,
+    policy: &PolicySettings,
+) -> BoundCheck {
+    let mut min_load = u64::MAX;
+    let mut sum: u128 = 0;
+    for worker in 0..fleet.worker_count() {
+        if fleet.healthy(worker) {
+            let load = fleet.load(worker);
+            min_load = min_load.min(load);
+            sum += u128::from(load);
+        }
+    }
+    BoundCheck {
+        preferred_load: fleet.load(preferred),
+        min_load,
+        mean_load: sum as f64 / healthy_count as f64,
+        min_load_gap: policy.min_load_gap,
+        max_load_skew: policy.max_load_skew,
+    }
+}
+
+/// The `n`-th healthy worker in configuration order (0-based).
+fn nth_healthy<F: FleetView>(fleet: &F, n: usize) -> Option<usize> {
+    (0..fleet.worker_count())
+        .filter(|&w| fleet.healthy(w))
+        .nth(n)
+}
+
+/// Keyless requests: the less loaded of two distinct random healthy workers (ties to the first), the
+/// classic "power of two choices" that avoids herding onto one idle worker.
+fn power_of_two_choices<F: FleetView>(
+    fleet: &F,
+    healthy_count: usize,
+    entropy: u64,
+) -> Option<usize> {
+    let n = healthy_count as u64;
+    let first = entropy % n;
+    let mut second = (entropy >> 32) % n;
+    if second == first && n > 1 {
+        second = (second + 1) % n;
+    }
+    let a = nth_healthy(fleet, first as usize)?;
+    let b = nth_healthy(fleet, second as usize)?;
+    Some(if fleet.load(b) < fleet.load(a) { b } else { a })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource};
+
+    struct Fleet {
+        names: Vec<&'static str>,
+        healthy: Vec<bool>,
+        loads: Vec<u64>,
+    }
+
+    impl FleetView for Fleet {
+        fn worker_count(&self) -> usize {
+            self.names.len()
+        }
+        fn healthy(&self, w: usize) -> bool {
+            self.healthy[w]
+        }
+        fn healthy_count(&self) -> usize {
+            self.healthy.iter().filter(|h| **h).count()
+        }
+        fn load(&self, w: usize) -> u64 {
+            self.loads[w]
+        }
+        fn resolve_target(&self, raw: &[u8]) -> Option<usize> {
+            self.names.iter().position(|n| n.as_bytes() == raw)
+        }
+    }
+
+    fn fleet(loads: &[u64]) -> Fleet {
+        Fleet {
+            names: ["w0", "w1", "w2", "w3"][..loads.len()].to_vec(),
+            healthy: vec![true; loads.len()],
+            loads: loads.to_vec(),
+        }
+    }
+
+    #[test]
+    fn target_is_strict() {
+        let ring = Ring::build(&["w0", "w1"], 10);
+        let policy = PolicySettings::default();
+        let mut f = fleet(&[100, 0]);
+        let d = decide(&ring, &policy, &RoutingKey::Target(b"w0"), &f, 0, 0);
+        assert_eq!((d.worker, d.branch), (Some(0), Branch::TargetWorkerHit));
+        f.healthy[0] = false;
+        let d = decide(&ring, &policy, &RoutingKey::Target(b"w0"), &f, 0, 0);
+        assert_eq!((d.worker, d.branch), (None, Branch::TargetWorkerMiss));
+        let d = decide(&ring, &policy, &RoutingKey::Target(b"nope"), &f, 0, 0);
+        assert_eq!(d.branch, Branch::TargetWorkerMiss);
+    }
+
+    #[test]
+    fn implicit_keys_never_spill() {
+        let ring = Ring::build(&["w0", "w1"], 150);
+        let policy = PolicySettings {
+            min_load_gap: 0,
+            max_load_skew: 1.0,
+            ..Default::default()
+        };
+        let key = ImplicitKey::from_value(ImplicitSource::Cookie, b"sid");
+        let preferred = ring.owner(key.position()).unwrap();
+        let mut loads = [0, 0];
+        loads[preferred] = 1000;
+        let d = decide(
+            &ring,
+            &policy,
+            &RoutingKey::Implicit(key),
+            &fleet(&loads),
+            0,
+            0,
+        );
+        assert_eq!(d.worker, Some(preferred));
+        assert_eq!(d.branch, Branch::ImplicitRoutingKeyHit);
+    }
+
+    #[test]
+    fn strict_policy_ignores_load() {
+        let ring = Ring::build(&["w0", "w1"], 150);
+        let policy = PolicySettings {
+            kind: PolicyKind::ConsistentHashing,
+            ..Default::default()
+        };
+        let key = ExplicitKey::parse(b"hot").unwrap();
+        let preferred = ring.owner(key.position()).unwrap();
+        let mut loads = [0, 0];
+        loads[preferred] = 1000;
+        let d = decide(
+            &ring,
+            &policy,
+            &RoutingKey::Explicit(key),
+            &fleet(&loads),
+            0,
+            0,
+        );
+        assert_eq!(
+            (d.worker, d.branch),
+            (Some(preferred), Branch::ExplicitRoutingKeyHit)
+        );
+        assert!(d.bound.is_none());
+    }
+
+    #[test]
+    fn keyless_prefers_the_less_loaded_of_two() {
+        let ring = Ring::build(&["w0", "w1"], 150);
+        let policy = PolicySettings::default();
+        for entropy in 0..16u64 {
+            let d = decide(
+                &ring,
+                &policy,
+                &RoutingKey::None,
+                &fleet(&[5, 1]),
+                entropy,
+                0,
+            );
+            assert_eq!((d.worker, d.branch), (Some(1), Branch::Keyless));
+        }
+    }
+
+    #[test]
+    fn baselines_cycle_and_skip_unhealthy() {
+        let ring = Ring::build(&["w0", "w1", "w2"], 150);
+        let policy = PolicySettings {
+            kind: PolicyKind::RoundRobin,
+            ..Default::default()
+        };
+        let mut f = fleet(&[0, 0, 0]);
+        f.healthy[1] = false;
+        let picks: Vec<_> = (0..4)
+            .map(|turn| decide(&ring, &policy, &RoutingKey::None, &f, 0, turn).worker)
+            .collect();
+        assert_eq!(picks, vec![Some(0), Some(2), Some(0), Some(2)]);
+        let random = PolicySettings {
+            kind: PolicyKind::Random,
+            ..Default::default()
+        };
+        for entropy in 0..32 {
+            let w = decide(&ring, &random, &RoutingKey::None, &f, entropy, 0).worker;
+            assert_ne!(w, Some(1));
+        }
+    }
+}

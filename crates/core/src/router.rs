@@ -1,0 +1,569 @@
+//! The live router: an immutable [`RoutingTable`] (ring + workers + health + policy) swapped
+//! atomically, and the selection step that decides and takes load in one go.
+//!
+//! Readers never lock the table: they load an `Arc` from an [`ArcSwap`]. Writers (membership, health,
+//! policy changes — rare, off the data path) build a new table and swap it in; only a membership or
+//! `virtual_nodes` change rebuilds the ring, health and threshold changes reuse the same `Arc<Ring>`.
+//!
+//! Selection and the load increment are one atomic step with respect to other selections: a short
+//! `std::sync::Mutex` serialises them, so a burst of same-key requests sees each other's load (the
+//! 6:2 burst vectors depend on it). The lock is held only for the pure, allocation-free decision and
+//! one atomic increment — never across an `.await` or I/O — so no slow task can hold it. Releasing
+//! load (guard drop) takes no lock.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+use arc_swap::ArcSwap;
+
+use crate::decide::{Decision, FleetView, decide};
+use crate::load::{LoadGuard, WorkerStats};
+use crate::policy::{Branch, PolicyError, PolicyPatch, PolicySettings};
+use crate::ring::Ring;
+use crate::routing_key::RoutingKey;
+
+/// A worker as configured: unique `name` and `url`, and the identity its ring points are labelled
+/// with (`ring_id`, defaulting to the URL exactly as written, which is what gives placement parity
+/// with SGLang Model Gateway).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerSpec {
+    /// Unique name, shown in headers, metrics and telemetry.
+    pub name: String,
+    /// Base URL, e.g. `http://10.0.0.7:8000`.
+    pub url: String,
+    /// Ring identity override; `None` means the URL.
+    pub ring_id: Option<String>,
+}
+
+impl WorkerSpec {
+    /// The identity hashed onto the ring.
+    pub fn ring_id(&self) -> &str {
+        self.ring_id.as_deref().unwrap_or(&self.url)
+    }
+}
+
+/// Why a membership change was refused; the running table is left unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MembershipError {
+    /// Two workers with one name.
+    #[error("duplicate worker name {0:?}")]
+    DuplicateName(String),
+    /// Two workers with one URL.
+    #[error("duplicate worker url {0:?}")]
+    DuplicateUrl(String),
+    /// Two workers with one ring identity (they would share every ring point).
+    #[error("duplicate worker ring_id {0:?}")]
+    DuplicateRingId(String),
+    /// An empty name or URL.
+    #[error("worker {0} must not be empty")]
+    Empty(&'static str),
+    /// Removal of a worker that is not registered.
+    #[error("no worker named {0:?}")]
+    UnknownWorker(String),
+}
+
+/// A registered worker inside a routing table.
+#[derive(Debug)]
+pub struct Worker {
+    /// Its configuration.
+    pub spec: WorkerSpec,
+    /// Its counters, shared with every table and guard that names it.
+    pub stats: Arc<WorkerStats>,
+}
+
+/// One immutable routing snapshot. Worker indices are configuration order and match the ring.
+#[derive(Debug)]
+pub struct RoutingTable {
+    workers: Arc<[Worker]>,
+    ring: Arc<Ring>,
+    healthy: Vec<bool>,
+    healthy_count: usize,
+    policy: PolicySettings,
+    membership_generation: u64,
+}
+
+impl RoutingTable {
+    /// Workers in configuration order.
+    pub fn workers(&self) -> &[Worker] {
+        &self.workers
+    }
+
+    /// The ring.
+    pub fn ring(&self) -> &Arc<Ring> {
+        &self.ring
+    }
+
+    /// Policy in force.
+    pub fn policy(&self) -> &PolicySettings {
+        &self.policy
+    }
+
+    /// Health of each worker, configuration order.
+    pub fn health(&self) -> &[bool] {
+        &self.healthy
+    }
+
+    /// Increases by one on every membership (or `virtual_nodes`) change: a cheap way for observers
+    /// to notice the ring changed.
+    pub fn membership_generation(&self) -> u64 {
+        self.membership_generation
+    }
+
+    /// Index of the worker called `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.workers.iter().position(|w| w.spec.name == name)
+    }
+
+    /// What a key would get right now, without taking load (for `/admin/explain`).
+    pub fn explain(&self, key: &RoutingKey<'_>) -> Decision {
+        decide(&self.ring, &self.policy, key, self, 0, 0)
+    }
+}
+
+impl FleetView for RoutingTable {
+    fn worker_count(&self) -> usize {
+        self.workers.len()
+    }
+
+    fn healthy(&self, worker: usize) -> bool {
+        self.healthy[worker]
+    }
+
+    fn healthy_count(&self) -> usize {
+        self.healthy_count
+    }
+
+    fn load(&self, worker: usize) -> u64 {
+        self.workers[worker].stats.active()
+    }
+
+    fn resolve_target(&self, raw: &[u8]) -> Option<usize> {
+        resolve_target(self.workers.iter().map(|w| &w.spec), raw)
+    }
+}
+
+/// Target worker header resolution shared by the live table and `explain`: name, else exact URL,
+/// else decimal 0-based index in configuration order.
+pub fn resolve_target<'a>(
+    specs: impl Iterator<Item = &'a WorkerSpec> + Clone,
+    raw: &[u8],
+) -> Option<usize> {
+    let text = std::str::from_utf8(raw).ok()?;
+    specs
+        .clone()
+        .position(|s| s.name == text)
+        .or_else(|| specs.clone().position(|s| s.url == text))
+        .or_else(|| {
+            let index: usize = text.parse().ok()?;
+            (index < specs.count()).then_some(index)
+        })
+}
+
+/// A routed request: the table it was decided on, the decision, and the load guard when a worker
+/// was chosen. Keep the guard alive until the response body ends.
+#[derive(Debug)]
+pub struct Routed {
+    /// Snapshot the decision used (resolve `decision.worker` against it).
+    pub table: Arc<RoutingTable>,
+    /// The decision.
+    pub decision: Decision,
+    /// Load on the chosen worker; `None` when no worker was chosen.
+    pub guard: Option<LoadGuard>,
+}
+
+/// Membership bookkeeping, touched only by writers.
+#[derive(Debug, Default)]
+struct Registry {
+    /// Counters by worker URL, kept weakly: a removed worker's counters live on while its guards do,
+    /// and a re-added worker with the same URL picks them up again.
+    counters: HashMap<String, Weak<WorkerStats>>,
+}
+
+/// The router: current table plus the selection step.
+#[derive(Debug)]
+pub struct Router {
+    table: ArcSwap<RoutingTable>,
+    select: Mutex<()>,
+    writer: Mutex<Registry>,
+    turn: AtomicU64,
+    entropy: AtomicU64,
+}
+
+impl Router {
+    /// A router over `workers` (all healthy at start) with `policy`.
+    pub fn new(workers: Vec<WorkerSpec>, policy: PolicySettings) -> Result<Router, RouterError> {
+        policy.validate()?;
+        validate_membership(&workers)?;
+        let mut registry = Registry::default();
+        let table = build_table(&mut registry, workers, policy, None, 0);
+        Ok(Router {
+            table: ArcSwap::from_pointee(table),
+            select: Mutex::new(()),
+            writer: Mutex::new(registry),
+            turn: AtomicU64::new(0),
+            entropy: AtomicU64::new(0x9E37_79B9_7F4A_7C15),
+        })
+    }
+
+    /// The current table.
+    pub fn table(&self) -> Arc<RoutingTable> {
+        self.table.load_full()
+    }
+
+    /// Decides and takes load on the chosen worker, as one step relative to other selections.
+    pub fn route(&self, key: &RoutingKey<'_>) -> Routed {
+        let table = self.table.load_full();
+        let entropy = self.next_entropy();
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+        let (decision, guard) = {
+            let _selection = self.select.lock().unwrap_or_else(PoisonError::into_inner);
+            let decision = decide(&table.ring, &table.policy, key, &*table, entropy, turn);
+            let guard = decision.worker.map(|w| table.workers[w].stats.acquire());
+            (decision, guard)
+        };
+        if decision.branch == Branch::ExplicitRoutingKeySpillover {
+            if let (Some(from), Some(to)) = (decision.preferred, decision.worker) {
+                table.workers[from].stats.record_spill_out();
+                table.workers[to].stats.record_spill_in();
+            }
+        }
+        Routed {
+            table,
+            decision,
+            guard,
+        }
+    }
+
+    /// The retry pick after a connection to `failed` could not be made: the next healthy worker
+    /// clockwise from the key (skipping `failed`), or for keyless requests any other healthy worker.
+    /// Takes load like [`Router::route`]. `None` when no other healthy worker exists.
+    pub fn route_retry(
+        &self,
+        table: &Arc<RoutingTable>,
+        key: &RoutingKey<'_>,
+        failed: usize,
+    ) -> Option<(usize, LoadGuard)> {
+        let _selection = self.select.lock().unwrap_or_else(PoisonError::into_inner);
+        let next = match key.position() {
+            Some(position) => table
+                .ring
+                .points_from(position)
+                .find(|&w| w != failed && table.healthy[w]),
+            None => (0..table.workers.len())
+                .filter(|&w| w != failed && table.healthy[w])
+                .min_by_key(|&w| table.workers[w].stats.active()),
+        }?;
+        Some((next, table.workers[next].stats.acquire()))
+    }
+
+    /// Marks a worker healthy or unhealthy by name. Reuses the ring. Returns `true` if the health
+    /// changed, `false` if it was already so or the worker is unknown.
+    pub fn set_health(&self, name: &str, healthy: bool) -> bool {
+        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.table.load_full();
+        let Some(index) = current.index_of(name) else {
+            return false;
+        };
+        if current.healthy[index] == healthy {
+            return false;
+        }
+        let mut health = current.healthy.clone();
+        health[index] = healthy;
+        self.table.store(Arc::new(RoutingTable {
+            workers: Arc::clone(&current.workers),
+            ring: Arc::clone(&current.ring),
+            healthy_count: health.iter().filter(|h| **h).count(),
+            healthy: health,
+            policy: current.policy,
+            membership_generation: current.membership_generation,
+        }));
+        true
+    }
+
+    /// Applies a policy patch atomically; a refused patch changes nothing. Thresholds and kind reuse
+    /// the ring; a new `virtual_nodes` rebuilds it.
+    pub fn set_policy(&self, patch: &PolicyPatch) -> Result<PolicySettings, PolicyError> {
+        let mut registry = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.table.load_full();
+        let policy = current.policy.patched(patch)?;
+        let table = if policy.virtual_nodes != current.policy.virtual_nodes {
+            let specs = current.workers.iter().map(|w| w.spec.clone()).collect();
+            build_table(
+                &mut registry,
+                specs,
+                policy,
+                Some(&current),
+                current.membership_generation + 1,
+            )
+        } else {
+            RoutingTable {
+                workers: Arc::clone(&current.workers),
+                ring: Arc::clone(&current.ring),
+                healthy: current.healthy.clone(),
+                healthy_count: current.healthy_count,
+                policy,
+                membership_generation: current.membership_generation,
+            }
+        };
+        self.table.store(Arc::new(table));
+        Ok(policy)
+    }
+
+    /// Adds a worker (healthy until probes say otherwise). Rebuilds the ring.
+    pub fn add_worker(&self, spec: WorkerSpec) -> Result<(), MembershipError> {
+        self.change_membership(|specs| {
+            specs.push(spec);
+            Ok(())
+        })
+    }
+
+    /// Removes the worker called `name` and returns its spec. Requests already routed to it keep
+    /// their guards; no new request is routed to it once this returns.
+    pub fn remove_worker(&self, name: &str) -> Result<WorkerSpec, MembershipError> {
+        let mut removed = None;
+        self.change_membership(|specs| {
+            let index = specs
+                .iter()
+                .position(|s| s.name == name)
+                .ok_or_else(|| MembershipError::UnknownWorker(name.to_owned()))?;
+            removed = Some(specs.remove(index));
+            Ok(())
+        })?;
+        Ok(removed.expect("set on success"))
+    }
+
+    /// Replaces the whole worker list (configuration reload). Workers that stay keep their counters
+    /// and health; new ones start healthy.
+    pub fn replace_workers(&self, workers: Vec<WorkerSpec>) -> Result<(), MembershipError> {
+        self.change_membership(|specs| {
+            *specs = workers;
+            Ok(())
+        })
+    }
+
+    fn change_membership(
+        &self,
+        edit: impl FnOnce(&mut Vec<WorkerSpec>) -> Result<(), MembershipError>,
+    ) -> Result<(), MembershipError> {
+        let mut registry = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.table.load_full();
+        let mut specs: Vec<WorkerSpec> = current.workers.iter().map(|w| w.spec.clone()).collect();
+        edit(&mut specs)?;
+        validate_membership(&specs)?;
+        let table = build_table(
+            &mut registry,
+            specs,
+            current.policy,
+            Some(&current),
+            current.membership_generation + 1,
+        );
+        self.table.store(Arc::new(table));
+        Ok(())
+    }
+
+    /// SplitMix64 over an atomic state: cheap, lock-free, good enough for load-balancing picks (no
+    /// security role).
+    fn next_entropy(&self) -> u64 {
+        let mut z = self
+            .entropy
+            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+            .wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// Errors from [`Router::new`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RouterError {
+    /// Bad policy settings.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// Bad worker list.
+    #[error(transparent)]
+    Membership(#[from] MembershipError),
+}
+
+fn validate_membership(specs: &[WorkerSpec]) -> Result<(), MembershipError> {
+    let mut names = std::collections::HashSet::new();
+    let mut urls = std::collections::HashSet::new();
+    let mut ring_ids = std::collections::HashSet::new();
+    for spec in specs {
+        if spec.name.is_empty() {
+            return Err(MembershipError::Empty("name"));
+        }
+        if spec.url.is_empty() {
+            return Err(MembershipError::Empty("url"));
+        }
+        if !names.insert(spec.name.as_str()) {
+            return Err(MembershipError::DuplicateName(spec.name.clone()));
+        }
+        if !urls.insert(spec.url.as_str()) {
+            return Err(MembershipError::DuplicateUrl(spec.url.clone()));
+        }
+        if !ring_ids.insert(spec.ring_id()) {
+            return Err(MembershipError::DuplicateRingId(spec.ring_id().to_owned()));
+        }
+    }
+    Ok(())
+}
+
+fn build_table(
+    registry: &mut Registry,
+    specs: Vec<WorkerSpec>,
+    policy: PolicySettings,
+    previous: Option<&RoutingTable>,
+    membership_generation: u64,
+) -> RoutingTable {
+    registry.counters.retain(|_, weak| weak.strong_count() > 0);
+    let ring_ids: Vec<&str> = specs.iter().map(WorkerSpec::ring_id).collect();
+    let ring = Arc::new(Ring::build(&ring_ids, policy.virtual_nodes));
+    let healthy: Vec<bool> = specs
+        .iter()
+        .map(|spec| {
+            previous
+                .and_then(|t| t.workers.iter().position(|w| w.spec.url == spec.url))
+                .is_none_or(|i| previous.expect("checked").healthy[i])
+        })
+        .collect();
+    let workers: Arc<[Worker]> = specs
+        .into_iter()
+        .map(|spec| {
+            let stats = registry
+                .counters
+                .get(&spec.url)
+                .and_then(Weak::upgrade)
+                .unwrap_or_else(|| {
+                    let stats = Arc::new(WorkerStats::default());
+                    registry
+                        .counters
+                        .insert(spec.url.clone(), Arc::downgrade(&stats));
+                    stats
+                });
+            Worker { spec, stats }
+        })
+        .collect();
+    RoutingTable {
+        workers,
+        ring,
+        healthy_count: healthy.iter().filter(|h| **h).count(),
+        healthy,
+        policy,
+        membership_generation,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing_key::ExplicitKey;
+
+    fn spec(n: u16) -> WorkerSpec {
+        WorkerSpec {
+            name: format!("w{n}"),
+            url: format!("http://127.0.0.1:{}", 30000 + n),
+            ring_id: None,
+        }
+    }
+
+    #[test]
+    fn health_and_threshold_changes_reuse_the_ring() {
+        let router = Router::new(vec![spec(1), spec(2)], PolicySettings::default()).unwrap();
+        let before = Arc::clone(router.table().ring());
+        assert!(router.set_health("w1", false));
+        assert!(!router.set_health("w1", false));
+        router
+            .set_policy(&PolicyPatch {
+                min_load_gap: Some(7),
+                ..Default::default()
+            })
+            .unwrap();
+        let after = router.table();
+        assert!(Arc::ptr_eq(&before, after.ring()));
+        assert_eq!(after.policy().min_load_gap, 7);
+        assert_eq!(after.health(), &[false, true]);
+        router
+            .set_policy(&PolicyPatch {
+                virtual_nodes: Some(10),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(router.table().ring().len(), 20);
+        assert_eq!(
+            router.table().health(),
+            &[false, true],
+            "health survives a rebuild"
+        );
+    }
+
+    #[test]
+    fn refused_changes_leave_the_table_alone() {
+        let router = Router::new(vec![spec(1), spec(2)], PolicySettings::default()).unwrap();
+        let before = router.table();
+        assert!(
+            router
+                .set_policy(&PolicyPatch {
+                    max_load_skew: Some(0.5),
+                    ..Default::default()
+                })
+                .is_err()
+        );
+        assert_eq!(
+            router.add_worker(WorkerSpec {
+                name: "w1".into(),
+                url: "http://other".into(),
+                ring_id: None
+            }),
+            Err(MembershipError::DuplicateName("w1".into()))
+        );
+        assert_eq!(
+            router.remove_worker("nope"),
+            Err(MembershipError::UnknownWorker("nope".into()))
+        );
+        assert!(Arc::ptr_eq(&before, &router.table()));
+    }
+
+    #[test]
+    fn counters_survive_remove_and_re_add() {
+        let router = Router::new(vec![spec(1)], PolicySettings::default()).unwrap();
+        let key = ExplicitKey::parse(b"k").unwrap();
+        let routed = router.route(&RoutingKey::Explicit(key));
+        assert_eq!(routed.decision.worker, Some(0));
+        router.remove_worker("w1").unwrap();
+        assert_eq!(
+            router.route(&RoutingKey::Explicit(key)).decision.branch,
+            Branch::NoHealthyWorkers
+        );
+        router.add_worker(spec(1)).unwrap();
+        assert_eq!(router.table().workers()[0].stats.active(), 1);
+        drop(routed);
+        assert_eq!(router.table().workers()[0].stats.active(), 0);
+    }
+
+    #[test]
+    fn target_resolution_order() {
+        let specs = [
+            WorkerSpec {
+                name: "1".into(),
+                url: "http://a".into(),
+                ring_id: None,
+            },
+            WorkerSpec {
+                name: "b".into(),
+                url: "http://b".into(),
+                ring_id: None,
+            },
+        ];
+        assert_eq!(
+            resolve_target(specs.iter(), b"1"),
+            Some(0),
+            "name before index"
+        );
+        assert_eq!(resolve_target(specs.iter(), b"http://b"), Some(1));
+        assert_eq!(resolve_target(specs.iter(), b"0"), Some(0));
+        assert_eq!(resolve_target(specs.iter(), b"2"), None);
+        assert_eq!(resolve_target(specs.iter(), b"\xff"), None);
+    }
+}
