@@ -1,2 +1,37 @@
-//! placeholder
-fn main() {}
+//! `bch-tui`: the bch operator console. See `docs/tui.md`.
+#![forbid(unsafe_code)]
+
+use bch_tui::app::{self, App};
+use bch_tui::cli::Cli;
+use bch_tui::conn::{self, ConnConfig};
+use bch_tui::state::State;
+use bch_tui::term::TerminalGuard;
+use clap::Parser;
+use crossterm::event::EventStream;
+
+// One thread is plenty: the work is parsing a few frames a second and drawing at most 25 fps, and
+// a single thread keeps an idle console nearly free.
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    cli.validate()?;
+    let token = cli.token()?;
+
+    let mut config = ConnConfig::new(cli.url.clone());
+    config.token = token;
+    let handle = conn::spawn(config);
+    let mut app = App::new(State::new(cli.url), handle.commands);
+
+    let mut guard = TerminalGuard::enter()?;
+    let result = app::run(
+        guard.terminal(),
+        EventStream::new(),
+        &mut app,
+        handle.events,
+    )
+    .await;
+    // Restore before printing any error, so it lands on the normal screen.
+    drop(guard);
+    handle.task.abort();
+    result
+}

@@ -1,0 +1,142 @@
+//! The event loop that ties the pieces together: key presses and telemetry in, state transitions,
+//! commands out, and redraws paced to a frame budget.
+//!
+//! Input never waits on the network: the connection runs in its own task ([`crate::conn`]) and
+//! both sides only exchange channel messages. Drawing happens only when something changed, at most
+//! once per [`FRAME_BUDGET`], plus on a [`TICK`] while a reconnect countdown is showing — so an idle
+//! console costs next to no CPU and a storm of ticks does not turn into a storm of redraws.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use bch_core::telemetry::ClientCommand;
+use crossterm::event::{Event, KeyEvent};
+use futures_util::{Stream, StreamExt};
+use ratatui::Terminal;
+use ratatui::backend::Backend;
+use tokio::sync::mpsc;
+use tokio::time::{Instant, MissedTickBehavior};
+
+use crate::conn::ConnEvent;
+use crate::input::map_key;
+use crate::state::{Effect, State};
+use crate::view;
+
+/// Minimum time between two redraws (25 fps).
+pub const FRAME_BUDGET: Duration = Duration::from_millis(40);
+/// Redraw tick while something time-based (the reconnect countdown) is on screen.
+pub const TICK: Duration = Duration::from_millis(250);
+
+/// The state plus the way out to the network task.
+#[derive(Debug)]
+pub struct App {
+    /// Everything the console knows.
+    pub state: State,
+    commands: mpsc::UnboundedSender<ClientCommand>,
+}
+
+impl App {
+    /// An app whose commands go to `commands` (the network task's inbox).
+    pub fn new(state: State, commands: mpsc::UnboundedSender<ClientCommand>) -> Self {
+        Self { state, commands }
+    }
+
+    /// Handles one key press; returns `true` when the operator asked to quit.
+    pub fn handle_key(&mut self, key: &KeyEvent) -> bool {
+        match map_key(self.state.mode(), key) {
+            Some(action) => self.handle_action(action),
+            None => false,
+        }
+    }
+
+    /// Carries out an action; returns `true` when it was quit.
+    pub fn handle_action(&mut self, action: crate::input::Action) -> bool {
+        match self.state.apply_action(action) {
+            Effect::None => false,
+            Effect::Send(cmd) => {
+                self.send(cmd);
+                false
+            }
+            Effect::Quit => true,
+        }
+    }
+
+    /// Applies an event from the network task, answering a seq gap with `resync`.
+    pub fn handle_conn(&mut self, event: ConnEvent) {
+        if let Some(cmd) = self.state.apply_conn_event(event) {
+            self.send(cmd);
+        }
+    }
+
+    fn send(&mut self, cmd: ClientCommand) {
+        // The network task only goes away when the app does; if it did, the command simply
+        // stays pending and the header shows that nothing came back.
+        let _ = self.commands.send(cmd);
+    }
+}
+
+/// Runs the console until quit: reads terminal events from `input`, telemetry from `conn_events`,
+/// and draws on `terminal`. Generic over the backend and the input stream so tests can drive it
+/// with a `TestBackend` and scripted keys.
+pub async fn run<B, I>(
+    terminal: &mut Terminal<B>,
+    mut input: I,
+    app: &mut App,
+    mut conn_events: mpsc::UnboundedReceiver<ConnEvent>,
+) -> anyhow::Result<()>
+where
+    B: Backend,
+    B::Error: std::error::Error + Send + Sync + 'static,
+    I: Stream<Item = std::io::Result<Event>> + Unpin,
+{
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    let mut dirty = true;
+    let mut last_draw: Option<Instant> = None;
+    loop {
+        let now = Instant::now();
+        let due = last_draw.map_or(now, |t| t + FRAME_BUDGET);
+        if dirty && now >= due {
+            terminal
+                .draw(|frame| view::draw(frame, &app.state, now))
+                .context("drawing the console")?;
+            dirty = false;
+            last_draw = Some(now);
+        }
+        let redraw_at = dirty.then_some(due);
+        tokio::select! {
+            // Keys first: a quit must not queue behind a burst of telemetry.
+            biased;
+            event = input.next() => match event {
+                Some(Ok(Event::Key(key))) => {
+                    if app.handle_key(&key) {
+                        return Ok(());
+                    }
+                    dirty = true;
+                }
+                Some(Ok(Event::Resize(..))) => dirty = true,
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e).context("reading the terminal"),
+                None => return Ok(()),
+            },
+            event = conn_events.recv() => match event {
+                Some(event) => {
+                    app.handle_conn(event);
+                    // Apply everything already queued before the next draw, so a backlog is
+                    // caught up in one frame instead of one frame per message.
+                    while let Ok(event) = conn_events.try_recv() {
+                        app.handle_conn(event);
+                    }
+                    dirty = true;
+                }
+                None => anyhow::bail!("the connection task stopped"),
+            },
+            _ = tick.tick() => {
+                if app.state.conn.is_counting_down() {
+                    dirty = true;
+                }
+            }
+            _ = tokio::time::sleep_until(redraw_at.unwrap_or(now)), if redraw_at.is_some() => {}
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! Command-line arguments.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+/// The bch operator console: watch gatewayd's workers, ring, keys and spills live, and adjust the
+/// bounded policy's thresholds.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "bch-tui", version, about)]
+pub struct Cli {
+    /// gatewayd's telemetry websocket (the control plane's `/ws`).
+    #[arg(long, env = "BCH_TUI_URL", default_value = "ws://127.0.0.1:9090/ws")]
+    pub url: String,
+
+    /// File holding the control plane's admin token (gatewayd's `admin_token_file`); sent as
+    /// `Authorization: Bearer <token>` on the websocket upgrade.
+    #[arg(long, env = "BCH_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+}
+
+impl Cli {
+    /// Checks the URL before any terminal setup, so a typo is a plain error message rather than a
+    /// console stuck reconnecting.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.url.starts_with("wss://") {
+            bail!(
+                "--url {}: wss:// is not supported by this build; reach the control plane over \
+                 loopback or an SSH tunnel",
+                self.url
+            );
+        }
+        if !self.url.starts_with("ws://") {
+            bail!(
+                "--url {}: expected a ws:// URL such as ws://127.0.0.1:9090/ws",
+                self.url
+            );
+        }
+        self.url
+            .as_str()
+            .into_client_request()
+            .with_context(|| format!("--url {}", self.url))?;
+        Ok(())
+    }
+
+    /// Reads the token file, if one was given.
+    pub fn token(&self) -> anyhow::Result<Option<String>> {
+        self.token_file.as_deref().map(read_token).transpose()
+    }
+}
+
+/// Reads a bearer token: the file's contents without surrounding whitespace (files usually end in
+/// a newline, which is not part of the token).
+pub fn read_token(path: &Path) -> anyhow::Result<String> {
+    let raw = std::fs::read_to_string(path)
+        .with_context(|| format!("--token-file {}", path.display()))?;
+    let token = raw.trim();
+    if token.is_empty() {
+        bail!("--token-file {}: the file is empty", path.display());
+    }
+    Ok(token.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_and_validation() {
+        let cli = Cli::try_parse_from(["bch-tui"]).unwrap();
+        assert_eq!(cli.url, "ws://127.0.0.1:9090/ws");
+        assert!(cli.token_file.is_none());
+        cli.validate().unwrap();
+        for bad in ["http://127.0.0.1:9090/ws", "wss://gw:9090/ws", "ws://"] {
+            let cli = Cli::try_parse_from(["bch-tui", "--url", bad]).unwrap();
+            let err = cli.validate().unwrap_err();
+            assert!(format!("{err:#}").contains("--url"), "{bad}: {err:#}");
+        }
+    }
+
+    #[test]
+    fn token_file_is_trimmed_and_must_not_be_empty() {
+        let dir = std::env::temp_dir().join(format!("bch-tui-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good");
+        std::fs::write(&good, "s3cret\n").unwrap();
+        assert_eq!(read_token(&good).unwrap(), "s3cret");
+        let empty = dir.join("empty");
+        std::fs::write(&empty, "\n").unwrap();
+        assert!(
+            read_token(&empty)
+                .unwrap_err()
+                .to_string()
+                .contains("empty")
+        );
+        assert!(read_token(&dir.join("missing")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
