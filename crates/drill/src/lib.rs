@@ -1,1 +1,35 @@
-//! placeholder
+//! bch drills: everything needed to exercise a bch gateway without a GPU.
+//!
+//! - [`worker`]: simulated OpenAI-compatible inference workers whose latency follows a small, documented
+//!   model of a continuous-batching engine with a prefix (KV) cache ([`sim`], [`cache`]).
+//! - [`storm`]: a load generator that fires groups of sibling requests sharing a routing key and a long
+//!   prompt prefix, and reports throughput, TTFT, placement, spill and cached-token fraction.
+//! - [`ab`]: an A/B harness that switches the gateway policy between cells through the control API,
+//!   interleaves repetitions and reports paired throughput ratios with 95% confidence intervals.
+//!
+//! A worker fleet for a demo or a test is one call away:
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use bch_drill::sim::SimConfig;
+//! use bch_drill::worker::spawn_workers;
+//!
+//! let workers = spawn_workers(3, 0, SimConfig::default()).await?;
+//! for w in &workers {
+//!     println!("{} {}", w.name(), w.url());
+//! }
+//! for w in workers {
+//!     w.shutdown().await?;
+//! }
+//! # Ok(())
+//! # }
+//! ```
+#![forbid(unsafe_code)]
+
+pub mod ab;
+pub mod cache;
+pub mod control;
+pub mod sim;
+pub mod stats;
+pub mod storm;
+pub mod worker;
