@@ -67,8 +67,9 @@ pub fn draw(frame: &mut Frame, state: &State, now: Instant) {
             Layout::vertical([Constraint::Length(top_h), Constraint::Min(0)]).areas(body);
         let [workers, ring] =
             Layout::horizontal([Constraint::Percentage(60), Constraint::Percentage(40)]).areas(top);
+        // Even split: a spill line with all its numbers needs about 80 columns.
         let [keys, spills] =
-            Layout::horizontal([Constraint::Percentage(60), Constraint::Percentage(40)])
+            Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)])
                 .areas(bottom);
         draw_workers(frame, workers, state);
         draw_ring(frame, ring, state);
@@ -111,6 +112,29 @@ fn clamp_scroll(scroll: usize, len: usize, visible: usize) -> usize {
     scroll.min(len.saturating_sub(visible))
 }
 
+/// `" 17–32 of 64 "` when a panel holds more rows than it shows, so hidden rows are never a
+/// surprise.
+fn position_hint(start: usize, visible: usize, len: usize) -> Option<Line<'static>> {
+    (len > visible).then(|| {
+        let end = (start + visible).min(len);
+        Line::from(Span::styled(
+            format!(" {}–{end} of {len} ", start + 1),
+            Style::new().fg(Color::DarkGray),
+        ))
+        .right_aligned()
+    })
+}
+
+/// Draws `hint` on the bottom border of the panel at `area`, right-aligned.
+fn render_hint(frame: &mut Frame, area: Rect, hint: Option<Line<'static>>) {
+    let Some(hint) = hint else { return };
+    if area.height < 2 || area.width < 4 {
+        return;
+    }
+    let row = Rect::new(area.x + 1, area.bottom() - 1, area.width - 2, 1);
+    frame.render_widget(Paragraph::new(hint), row);
+}
+
 fn draw_header(frame: &mut Frame, area: Rect, state: &State, now: Instant) {
     let fleet = &state.live;
     let [l1, l2, l3, l4] = Layout::vertical([Constraint::Length(1); 4]).areas(area);
@@ -130,15 +154,6 @@ fn draw_header(frame: &mut Frame, area: Rect, state: &State, now: Instant) {
         Span::raw("  "),
         Span::raw(state.url.clone()),
     ];
-    if let ConnStatus::Reconnecting {
-        attempt, reason, ..
-    } = &state.conn
-    {
-        line1.push(Span::styled(
-            format!("  attempt {attempt}: {reason}"),
-            Style::new().fg(Color::Red),
-        ));
-    }
     line1.push(Span::raw(format!("  dropped {}", fleet.dropped_events)));
     if state.resyncing {
         line1.push(Span::styled(
@@ -184,13 +199,25 @@ fn draw_header(frame: &mut Frame, area: Rect, state: &State, now: Instant) {
 
     draw_sparklines(frame, l3, fleet);
 
-    let line4 = match (state.notice.as_deref(), state.last_command()) {
-        (Some(notice), _) => Line::from(Span::styled(
+    // One line for the most pressing thing to say: a local notice, then why the connection is
+    // down, then the fate of the last threshold change, else the key hints.
+    let line4 = match (state.notice.as_deref(), &state.conn, state.last_command()) {
+        (Some(notice), _, _) => Line::from(Span::styled(
             format!(" ! {notice}"),
             Style::new().fg(Color::Yellow),
         )),
-        (None, Some(cmd)) => command_line(cmd),
-        (None, None) => Line::from(Span::styled(
+        (
+            None,
+            ConnStatus::Reconnecting {
+                attempt, reason, ..
+            },
+            _,
+        ) => Line::from(Span::styled(
+            format!(" ✗ attempt {attempt}: {reason}"),
+            Style::new().fg(Color::Red),
+        )),
+        (None, _, Some(cmd)) => command_line(cmd),
+        (None, _, None) => Line::from(Span::styled(
             " g/G gap  s/S skew  p pause  Tab focus  / filter  o sort  ? help  q quit",
             dim,
         )),
@@ -200,18 +227,19 @@ fn draw_header(frame: &mut Frame, area: Rect, state: &State, now: Instant) {
 
 fn command_line(cmd: &CommandEntry) -> Line<'static> {
     let what = match cmd.change {
-        Change::Gap(from, to) => format!("min_load_gap {from} → {to}"),
-        Change::Skew(from, to) => format!("max_load_skew {from:.2} → {to:.2}"),
+        Change::Gap(from, to) => format!("gap {from} → {to}"),
+        Change::Skew(from, to) => format!("skew {from:.2} → {to:.2}"),
     };
+    // Short words: the gateway's message already names the field, and it must fit in 80 columns.
     let (status, style) = match &cmd.state {
-        CommandState::Pending => ("pending…".to_owned(), Style::new().fg(Color::Yellow)),
-        CommandState::Applied => ("applied".to_owned(), Style::new().fg(Color::Green)),
-        CommandState::Failed(msg) => (format!("refused: {msg}"), Style::new().fg(Color::Red)),
+        CommandState::Pending => ("… pending".to_owned(), Style::new().fg(Color::Yellow)),
+        CommandState::Applied => ("✓ applied".to_owned(), Style::new().fg(Color::Green)),
+        CommandState::Failed(msg) => (format!("✗ {msg}"), Style::new().fg(Color::Red)),
     };
     Line::from(vec![
         Span::styled(format!(" #{} ", cmd.id), Style::new().fg(Color::DarkGray)),
         Span::raw(what),
-        Span::raw("  "),
+        Span::raw(" "),
         Span::styled(status, style.bold()),
     ])
 }
@@ -271,16 +299,21 @@ fn draw_workers(frame: &mut Frame, area: Rect, state: &State) {
 
     let bounds = fleet.bounds();
     let legend = match bounds {
-        Some(b) => Line::from(vec![
-            Span::styled(format!("{GAP_MARKER} "), Style::new().fg(Color::Yellow)),
-            Span::raw(format!("min+gap {} ", b.gap_bound)),
-            Span::styled(format!("{SKEW_MARKER} "), Style::new().fg(Color::Magenta)),
-            Span::raw(format!("mean×skew {:.2}", b.skew_bound)),
-            Span::styled(
-                format!("  min {} mean {:.2}", b.min, b.mean),
-                Style::new().fg(Color::DarkGray),
-            ),
-        ]),
+        Some(b) => {
+            let mut spans = vec![
+                Span::styled(format!("{GAP_MARKER} "), Style::new().fg(Color::Yellow)),
+                Span::raw(format!("min+gap {}  ", b.gap_bound)),
+                Span::styled(format!("{SKEW_MARKER} "), Style::new().fg(Color::Magenta)),
+                Span::raw(format!("mean×skew {:.2}", b.skew_bound)),
+            ];
+            let inputs = format!("  min {} mean {:.2}", b.min, b.mean);
+            let used: usize = spans.iter().map(|s| s.width()).sum();
+            // The inputs are derivable from the bars; drop them rather than cut them mid-number.
+            if used + inputs.chars().count() <= inner.width as usize {
+                spans.push(Span::styled(inputs, Style::new().fg(Color::DarkGray)));
+            }
+            Line::from(spans)
+        }
         None if fleet.workers.is_empty() => {
             Line::from(Span::styled("no workers", Style::new().fg(Color::DarkGray)))
         }
@@ -313,6 +346,11 @@ fn draw_workers(frame: &mut Frame, area: Rect, state: &State) {
     let scale = (scale * 1.25).max(4.0);
 
     let start = clamp_scroll(state.scroll(Panel::Workers), fleet.workers.len(), rows_h);
+    render_hint(
+        frame,
+        area,
+        position_hint(start, rows_h, fleet.workers.len()),
+    );
     for worker in fleet.workers.iter().skip(start).take(rows_h) {
         lines.push(worker_line(worker, bounds, name_w, bar_w, scale, stats));
     }
@@ -462,8 +500,13 @@ fn draw_ring(frame: &mut Frame, area: Rect, state: &State) {
         .clamp(4, 12);
     let even = 1.0 / ring.workers.len().max(1) as f64;
     // glyph, name, share, bar, arcs
-    let bar_w = width.saturating_sub(2 + name_w + 1 + 7 + 1 + 9);
+    let bar_w = width.saturating_sub(2 + name_w + 1 + 8 + 10);
     let start = clamp_scroll(state.scroll(Panel::Ring), ring.workers.len(), rows_h);
+    render_hint(
+        frame,
+        area,
+        position_hint(start, rows_h, ring.workers.len()),
+    );
     for (i, share) in ring.workers.iter().enumerate().skip(start).take(rows_h) {
         // Bar length relative to twice the even share, so a balanced ring sits at half width and
         // an over- or under-owning worker stands out.
@@ -538,6 +581,7 @@ fn draw_keys(frame: &mut Frame, area: Rect, state: &State) {
 
     let visible = inner.height as usize - 1;
     let start = clamp_scroll(state.scroll(Panel::Keys), rows.len(), visible);
+    render_hint(frame, area, position_hint(start, visible, rows.len()));
     let name_w = fleet
         .workers
         .iter()
@@ -609,9 +653,19 @@ fn draw_spills(frame: &mut Frame, area: Rect, state: &State) {
     frame.render_widget(block, area);
     let visible = inner.height as usize;
     let start = clamp_scroll(state.scroll(Panel::Spills), fleet.spills.len(), visible);
+    render_hint(
+        frame,
+        area,
+        position_hint(start, visible, fleet.spills.len()),
+    );
     let lines: Vec<Line> = if fleet.spills.is_empty() {
+        let text = if fleet.policy.is_some() {
+            "no spills: every explicit key stayed on its preferred worker"
+        } else {
+            "no data yet"
+        };
         vec![Line::from(Span::styled(
-            "no spills: every explicit key stayed on its preferred worker",
+            text,
             Style::new().fg(Color::DarkGray),
         ))]
     } else {

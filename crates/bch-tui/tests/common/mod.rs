@@ -1,0 +1,52 @@
+//! Helpers shared by the integration tests: recorded frames and rendering to text.
+#![allow(dead_code)]
+
+use bch_core::telemetry::{ServerFrame, ServerMessage};
+use bch_tui::state::State;
+use bch_tui::view;
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+use ratatui::buffer::Buffer;
+use tokio::time::Instant;
+
+/// Loads a recorded frame from `tests/fixtures/<name>.json`.
+pub fn frame(name: &str) -> ServerFrame {
+    let path = format!("{}/tests/fixtures/{name}.json", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The recorded frame `name` renumbered to `seq`.
+pub fn frame_at(name: &str, seq: u64) -> ServerFrame {
+    let mut f = frame(name);
+    f.seq = seq;
+    f
+}
+
+/// The message inside a recorded frame.
+pub fn message(name: &str) -> ServerMessage {
+    frame(name).message
+}
+
+/// Draws the whole console into a `width × height` test terminal at `now`.
+pub fn render(state: &State, width: u16, height: u16, now: Instant) -> String {
+    let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
+    terminal.draw(|f| view::draw(f, state, now)).unwrap();
+    buffer_text(terminal.backend().buffer())
+}
+
+/// A buffer's symbols, one line per row, trailing blanks trimmed (colour is dropped; the view
+/// carries every distinction in glyphs too).
+pub fn buffer_text(buffer: &Buffer) -> String {
+    let area = buffer.area;
+    let mut out = String::new();
+    for y in area.top()..area.bottom() {
+        let mut line = String::new();
+        for x in area.left()..area.right() {
+            line.push_str(buffer[(x, y)].symbol());
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
