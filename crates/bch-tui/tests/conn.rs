@@ -2,6 +2,9 @@
 //! the snapshot, send `set_policy` on an action and see the ack, survive the gateway closing the
 //! connection, and show a reconnect countdown once the gateway is gone.
 
+// The handshake callback's error type is tungstenite's HTTP response; its size is not ours to pick.
+#![allow(clippy::result_large_err)]
+
 mod common;
 
 use std::time::Duration;
@@ -84,8 +87,10 @@ async fn connect_command_ack_and_reconnect() {
         else {
             panic!("expected set_policy, got {cmd_text}");
         };
-        let mut policy = bch_core::policy::PolicySettings::default();
-        policy.min_load_gap = min_load_gap.unwrap();
+        let policy = bch_core::policy::PolicySettings {
+            min_load_gap: min_load_gap.unwrap(),
+            ..Default::default()
+        };
         let ack = ServerFrame::new(1, ServerMessage::Ack(Ack { id, policy }));
         ws.send(text(&ack)).await.unwrap();
         ws.close(None).await.unwrap();
