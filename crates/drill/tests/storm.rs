@@ -1,0 +1,250 @@
+//! Storms against simulated workers and tiny fake gateways on 127.0.0.1.
+//!
+//! These run on real time: the storm's per-request timeout is a timer that paused tokio time would
+//! fire early whenever every task waits on socket readiness. The storms are small enough to take a
+//! fraction of a second, and no assertion depends on wall-clock speed.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::HeaderMap;
+use axum::routing::{get, post};
+use bch_drill::sim::SimConfig;
+use bch_drill::storm::{
+    BackgroundStormConfig, StormConfig, TtftBasis, background_storm, run_storm,
+};
+use bch_drill::worker::{WorkerHandle, spawn_worker};
+use reqwest::Url;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+async fn worker() -> WorkerHandle {
+    spawn_worker(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        "w",
+        SimConfig::default(),
+    )
+    .await
+    .unwrap()
+}
+
+async fn serve(app: Router) -> Url {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    Url::parse(&format!("http://{addr}")).unwrap()
+}
+
+fn small(gateway: Url, stream: bool) -> StormConfig {
+    StormConfig {
+        gateway,
+        groups: 6,
+        siblings: 4,
+        keys: 2,
+        concurrency: 2,
+        stream,
+        prefix_tokens: 64,
+        suffix_tokens: 8,
+        max_tokens: 4,
+        progress: false,
+        ..StormConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn a_streaming_storm_straight_at_a_worker_reports_everything() {
+    let w = worker().await;
+    let report = run_storm(&small(Url::parse(&w.url()).unwrap(), true))
+        .await
+        .unwrap();
+
+    assert_eq!(
+        (report.requests, report.ok, report.errors),
+        (24, 24, 0),
+        "{report}"
+    );
+    assert_eq!(report.status_counts.get(&200), Some(&24));
+    // No gateway headers: placement and branch are unknown.
+    assert_eq!(report.placement["storm-key-0"]["unknown"], 12);
+    assert_eq!(report.placement["storm-key-1"]["unknown"], 12);
+    assert_eq!(report.per_worker["unknown"], 24);
+    assert_eq!(report.branches["unknown"], 24);
+    assert_eq!(
+        (report.spill_fraction, report.hottest_worker_share),
+        (0.0, 1.0)
+    );
+    // 64 + 8 tokens per prompt, the usage chunk of every stream counted.
+    assert_eq!(report.prompt_tokens, 24 * 72);
+    assert_eq!(report.completion_tokens, 24 * 4);
+    // Later groups of each key find its 64-token prefix cached (four 16-token blocks).
+    assert!(report.cached_tokens >= 16 * 64, "{report}");
+    assert!(report.cached_token_fraction > 0.5 && report.cached_token_fraction < 1.0);
+    assert_eq!(report.ttft.basis, TtftBasis::FirstSseData);
+    assert_eq!(report.ttft.samples, 24);
+    assert!(report.ttft.p50_ms > 0.0 && report.ttft.p99_ms >= report.ttft.p50_ms);
+    assert!(report.throughput_rps > 0.0 && report.duration_s > 0.0);
+    assert_eq!(report.drain, None);
+    assert_eq!(w.stats().completed_total, 24);
+
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["status_counts"]["200"], 24);
+    assert_eq!(json["ttft"]["basis"], "first_sse_data");
+    let text = report.to_string();
+    assert!(
+        text.contains("storm-key-0") && text.contains("first SSE data chunk"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_non_streaming_storm_measures_the_full_response() {
+    let w = worker().await;
+    let report = run_storm(&small(Url::parse(&w.url()).unwrap(), false))
+        .await
+        .unwrap();
+    assert_eq!((report.ok, report.errors), (24, 0));
+    assert_eq!(report.ttft.basis, TtftBasis::FullResponse);
+    assert_eq!(report.prompt_tokens, 24 * 72);
+    assert!(report.cached_tokens > 0);
+    // Full response includes 3 decode steps of at least 10 ms after the first token.
+    assert!(report.ttft.mean_ms >= 30.0, "{}", report.ttft.mean_ms);
+}
+
+/// A fake gateway: answers like a worker but names a worker per key and marks every other request
+/// as spilled.
+fn fake_gateway() -> Router {
+    let counter = Arc::new(AtomicU64::new(0));
+    Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/v1/chat/completions",
+            post(move |headers: HeaderMap| {
+                let n = counter.fetch_add(1, Ordering::Relaxed);
+                async move {
+                    let key = headers["x-smg-routing-key"].to_str().unwrap().to_owned();
+                    let (worker, branch) = if n % 2 == 0 {
+                        (format!("home-of-{key}"), "explicit_routing_key_hit")
+                    } else {
+                        ("spare".to_owned(), "explicit_routing_key_spillover")
+                    };
+                    let body = json!({"usage": {"prompt_tokens": 100, "completion_tokens": 1,
+                    "prompt_tokens_details": {"cached_tokens": 25}}});
+                    (
+                        [
+                            ("x-bch-worker", worker),
+                            ("x-bch-branch", branch.to_owned()),
+                        ],
+                        axum::Json(body),
+                    )
+                }
+            }),
+        )
+}
+
+fn fake_control(active: u64) -> Router {
+    Router::new().route(
+        "/admin/workers",
+        get(move || async move {
+            axum::Json(json!({"workers": [
+                {"name": "a", "url": "http://a", "healthy": true, "active": 0, "requests_total": 1,
+                 "spilled_in_total": 0, "spilled_out_total": 0, "errors_total": 0},
+                {"name": "b", "url": "http://b", "healthy": true, "active": active, "requests_total": 1,
+                 "spilled_in_total": 0, "spilled_out_total": 0, "errors_total": 0},
+            ]}))
+        }),
+    )
+}
+
+#[tokio::test]
+async fn placement_branches_spill_and_drain_come_from_the_gateway() {
+    let gateway = serve(fake_gateway()).await;
+    let control = serve(fake_control(0)).await;
+    let config = StormConfig {
+        control: Some(control),
+        ..small(gateway, false)
+    };
+    let report = run_storm(&config).await.unwrap();
+
+    assert_eq!(report.ok, 24);
+    assert_eq!(report.spill_fraction, 0.5);
+    assert_eq!(report.branches["explicit_routing_key_spillover"], 12);
+    assert_eq!(report.branches["explicit_routing_key_hit"], 12);
+    assert_eq!(report.per_worker["spare"], 12);
+    assert_eq!(report.hottest_worker_share, 0.5);
+    let key0 = &report.placement["storm-key-0"];
+    assert_eq!(
+        key0.get("home-of-storm-key-0").copied().unwrap_or(0) + key0["spare"],
+        12
+    );
+    assert_eq!(report.cached_token_fraction, 0.25);
+    let drain = report.drain.unwrap();
+    assert!(drain.all_zero);
+    assert_eq!(drain.active["b"], 0);
+}
+
+#[tokio::test]
+async fn a_worker_that_never_drains_is_reported() {
+    let gateway = serve(fake_gateway()).await;
+    let control = serve(fake_control(3)).await;
+    let config = StormConfig {
+        control: Some(control),
+        drain_timeout: Duration::from_millis(100),
+        ..small(gateway, false)
+    };
+    let report = run_storm(&config).await.unwrap();
+    let drain = report.drain.clone().unwrap();
+    assert!(!drain.all_zero);
+    assert_eq!(drain.active["b"], 3);
+    assert!(report.to_string().contains("NOT DRAINED"));
+}
+
+#[tokio::test]
+async fn an_unreachable_gateway_is_one_clear_error() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+    drop(listener);
+    let error = run_storm(&small(url.clone(), true)).await.unwrap_err();
+    let text = format!("{error:#}");
+    assert!(
+        text.contains(&format!("gateway {url} is unreachable")),
+        "{text}"
+    );
+    assert!(!text.contains('\n'));
+}
+
+#[tokio::test]
+async fn the_background_storm_stops_after_its_group_limit() {
+    let w = worker().await;
+    let mut config = BackgroundStormConfig::new(Url::parse(&w.url()).unwrap());
+    config.prefix_tokens = 32;
+    config.max_tokens = 2;
+    config.group_interval = Duration::from_millis(2);
+    config.max_groups = Some(5);
+    let summary = background_storm(config, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(summary.groups, 5);
+    assert_eq!((summary.requests, summary.ok), (30, 30), "{summary:?}");
+    assert_eq!(w.stats().completed_total, 30);
+    assert!(w.stats().cached_tokens_total > 0);
+}
+
+#[tokio::test]
+async fn the_background_storm_stops_when_cancelled() {
+    let w = worker().await;
+    let cancel = CancellationToken::new();
+    let storm = tokio::spawn(background_storm(
+        BackgroundStormConfig::new(Url::parse(&w.url()).unwrap()),
+        cancel.clone(),
+    ));
+    cancel.cancel();
+    let summary = tokio::time::timeout(Duration::from_secs(10), storm)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(summary.groups <= 1, "{summary:?}");
+}
