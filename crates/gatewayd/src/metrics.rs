@@ -1,0 +1,241 @@
+//! Prometheus metrics (`GET /metrics` on the control plane), all prefixed `bch_`.
+//!
+//! Per-worker values are not kept in metric families: they are read from the router's atomic
+//! counters at scrape time by a collector, so the data path pays nothing for them and a removed
+//! worker simply disappears from the next scrape. Branch counts are plain atomics for the same
+//! reason; only the two latency histograms take prometheus-client's short internal lock.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bch_core::policy::Branch;
+use bch_core::router::Router;
+use bch_core::routing_key::IgnoredKey;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Data-path metrics. Cheap to update: atomics, plus one histogram observation per response.
+#[derive(Debug)]
+pub struct Metrics {
+    branches: [AtomicU64; Branch::ALL.len()],
+    ignored_keys: [AtomicU64; 3],
+    retries: AtomicU64,
+    rejected_connections: AtomicU64,
+    telemetry_dropped: AtomicU64,
+    /// Whole request duration, seconds (until the last body byte or the client left).
+    pub request_duration: Histogram,
+    /// Time until the worker's response headers arrived, seconds.
+    pub time_to_first_byte: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            branches: Default::default(),
+            ignored_keys: Default::default(),
+            retries: AtomicU64::new(0),
+            rejected_connections: AtomicU64::new(0),
+            telemetry_dropped: AtomicU64::new(0),
+            // 1 ms .. ~16 min: LLM requests range from instant cache hits to long generations.
+            request_duration: Histogram::new(exponential_buckets(0.001, 2.0, 20)),
+            time_to_first_byte: Histogram::new(exponential_buckets(0.001, 2.0, 20)),
+        }
+    }
+}
+
+impl Metrics {
+    /// Counts one routing decision.
+    pub fn record_branch(&self, branch: Branch) {
+        let index = Branch::ALL.iter().position(|b| *b == branch).unwrap_or(0);
+        self.branches[index].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Decisions taken on `branch` so far.
+    pub fn branch_count(&self, branch: Branch) -> u64 {
+        let index = Branch::ALL.iter().position(|b| *b == branch).unwrap_or(0);
+        self.branches[index].load(Ordering::Relaxed)
+    }
+
+    /// Counts an explicit routing key header that was ignored.
+    pub fn record_ignored_key(&self, reason: IgnoredKey) {
+        let index = match reason {
+            IgnoredKey::Empty => 0,
+            IgnoredKey::TooLong => 1,
+            IgnoredKey::NotUtf8 => 2,
+        };
+        self.ignored_keys[index].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a retry on the next worker after a failed connect.
+    pub fn record_retry(&self) {
+        self.retries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a connection refused because `max_connections` was reached.
+    pub fn record_rejected_connection(&self) {
+        self.rejected_connections.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a telemetry event dropped because the aggregator's queue was full.
+    pub fn record_telemetry_drop(&self) {
+        self.telemetry_dropped.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Builds the registry: the data-path metrics plus a collector over the router's worker counters.
+pub fn registry(metrics: Arc<Metrics>, router: Arc<Router>) -> Registry {
+    let mut registry = Registry::default();
+    registry.register(
+        "bch_request_duration_seconds",
+        "Proxied request duration until the last body byte or client disconnect",
+        metrics.request_duration.clone(),
+    );
+    registry.register(
+        "bch_time_to_first_byte_seconds",
+        "Time until the worker's response headers arrived",
+        metrics.time_to_first_byte.clone(),
+    );
+    registry.register_collector(Box::new(GatewayCollector { metrics, router }));
+    registry
+}
+
+#[derive(Debug)]
+struct GatewayCollector {
+    metrics: Arc<Metrics>,
+    router: Arc<Router>,
+}
+
+fn counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = (Vec<(&'static str, String)>, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, value) in rows {
+        ConstCounter::new(value).encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = (Vec<(&'static str, String)>, i64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, value) in rows {
+        ConstGauge::new(value).encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+impl Collector for GatewayCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let m = &self.metrics;
+        counter(
+            &mut encoder,
+            "bch_branch",
+            "Routing decisions by branch",
+            Branch::ALL.iter().enumerate().map(|(i, b)| {
+                (
+                    vec![("branch", b.as_str().to_owned())],
+                    m.branches[i].load(Ordering::Relaxed),
+                )
+            }),
+        )?;
+        counter(
+            &mut encoder,
+            "bch_ignored_routing_keys",
+            "Explicit routing key headers ignored as absent, by reason",
+            [IgnoredKey::Empty, IgnoredKey::TooLong, IgnoredKey::NotUtf8]
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    (
+                        vec![("reason", r.as_str().to_owned())],
+                        m.ignored_keys[i].load(Ordering::Relaxed),
+                    )
+                }),
+        )?;
+        counter(
+            &mut encoder,
+            "bch_retries",
+            "Requests retried on the next worker after a failed connect",
+            [(vec![], m.retries.load(Ordering::Relaxed))],
+        )?;
+        counter(
+            &mut encoder,
+            "bch_rejected_connections",
+            "Data plane connections refused at max_connections",
+            [(vec![], m.rejected_connections.load(Ordering::Relaxed))],
+        )?;
+        counter(
+            &mut encoder,
+            "bch_telemetry_dropped_events",
+            "Routing events the telemetry aggregator could not take (queue full)",
+            [(vec![], m.telemetry_dropped.load(Ordering::Relaxed))],
+        )?;
+        let table = self.router.table();
+        let workers = table.workers();
+        let health = table.health();
+        let label = |i: usize| vec![("worker", workers[i].spec.name.clone())];
+        gauge(
+            &mut encoder,
+            "bch_worker_active",
+            "In-flight requests of this gateway on the worker",
+            (0..workers.len()).map(|i| (label(i), workers[i].stats.active() as i64)),
+        )?;
+        gauge(
+            &mut encoder,
+            "bch_worker_healthy",
+            "1 when the worker is healthy",
+            (0..workers.len()).map(|i| (label(i), i64::from(health[i]))),
+        )?;
+        for (name, help, read) in [
+            (
+                "bch_worker_requests",
+                "Requests routed to the worker",
+                bch_core::load::WorkerStats::requests_total
+                    as fn(&bch_core::load::WorkerStats) -> u64,
+            ),
+            (
+                "bch_worker_spilled_in",
+                "Requests spilled onto the worker",
+                bch_core::load::WorkerStats::spilled_in_total,
+            ),
+            (
+                "bch_worker_spilled_out",
+                "Requests that preferred the worker but spilled elsewhere",
+                bch_core::load::WorkerStats::spilled_out_total,
+            ),
+            (
+                "bch_worker_errors",
+                "Requests to the worker that ended in a gateway-side error",
+                bch_core::load::WorkerStats::errors_total,
+            ),
+        ] {
+            counter(
+                &mut encoder,
+                name,
+                help,
+                (0..workers.len()).map(|i| (label(i), read(&workers[i].stats))),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Renders the registry in the Prometheus text format.
+pub fn render(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Encoding into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    out
+}

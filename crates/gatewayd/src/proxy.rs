@@ -1,0 +1,722 @@
+//! The data plane: route each request by its routing key and stream it to the chosen worker.
+//!
+//! Request and response bodies are streamed frame by frame, never buffered. The request's load
+//! guard lives in the response body ([`ProxyBody`]), so a worker's active load ends with the last
+//! byte sent to the client, on an upstream error, or when the client goes away — and when the
+//! client leaves before the worker sent anything, dropping the handler future drops the guard and
+//! the pending upstream request (closing that upstream connection).
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
+
+use bch_core::decide::Decision;
+use bch_core::load::LoadGuard;
+use bch_core::policy::Branch;
+use bch_core::router::RoutingTable;
+use bch_core::routing_key;
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use tokio::time::Sleep;
+
+use crate::config::WorkerUrl;
+use crate::gateway::Gateway;
+use crate::telemetry::KeyEvent;
+
+/// The pooled HTTP/1 client used to reach workers.
+pub type UpstreamClient = Client<HttpConnector, UpstreamBody>;
+
+/// Boxed error type for bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+static REQUEST_IDS: AtomicU64 = AtomicU64::new(1);
+
+/// `x-bch-worker`: the name of the worker that served the request.
+pub const WORKER_HEADER: HeaderName = HeaderName::from_static("x-bch-worker");
+/// `x-bch-branch`: the routing branch taken.
+pub const BRANCH_HEADER: HeaderName = HeaderName::from_static("x-bch-branch");
+
+/// Handles one data plane request. Never fails: gateway errors are OpenAI-shaped JSON responses.
+pub async fn handle(
+    gateway: Arc<Gateway>,
+    request: Request<Incoming>,
+) -> Result<Response<ProxyBody>, Infallible> {
+    let path = request.uri().path();
+    if request.method() == http::Method::GET {
+        if path == "/health" {
+            return Ok(json_response(
+                StatusCode::OK,
+                Bytes::from_static(b"{\"status\":\"ok\"}"),
+            ));
+        }
+        if path == "/readiness" {
+            let healthy = gateway
+                .router
+                .table()
+                .health()
+                .iter()
+                .filter(|h| **h)
+                .count();
+            let status = if healthy > 0 {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            let body = format!(r#"{{"ready":{},"healthy_workers":{healthy}}}"#, healthy > 0);
+            return Ok(json_response(status, Bytes::from(body)));
+        }
+    }
+    Ok(proxy(gateway, request).await)
+}
+
+async fn proxy(gateway: Arc<Gateway>, request: Request<Incoming>) -> Response<ProxyBody> {
+    let started = Instant::now();
+    let settings = gateway.settings.load();
+    if let Some(length) = content_length(request.headers()) {
+        if length > settings.max_body_bytes {
+            return gateway_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                &format!(
+                    "request body of {length} bytes exceeds the limit of {} bytes",
+                    settings.max_body_bytes
+                ),
+                None,
+            );
+        }
+    }
+    let (parts, body) = request.into_parts();
+    let headers = &parts.headers;
+    let extracted = routing_key::extract(&settings.routing_headers, |name| {
+        headers.get(name).map(HeaderValue::as_bytes)
+    });
+    if let Some(reason) = extracted.ignored_explicit {
+        gateway.metrics.record_ignored_key(reason);
+    }
+    let key = extracted.key;
+    let mut routed = gateway.router.route(&key);
+    gateway.metrics.record_branch(routed.decision.branch);
+    let key_event = KeyEvent::from_key(&key, settings.redact_keys);
+    gateway
+        .telemetry
+        .routed(&routed.table, &routed.decision, key_event.clone());
+    let (Some(mut worker), Some(guard)) = (routed.decision.worker, routed.guard.take()) else {
+        let (code, message) = match routed.decision.branch {
+            Branch::TargetWorkerMiss => (
+                "target_worker_miss",
+                "the target worker is unknown or unhealthy",
+            ),
+            _ => (
+                "no_healthy_workers",
+                "no healthy worker can take the request",
+            ),
+        };
+        return gateway_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            code,
+            message,
+            Some(routed.decision.branch),
+        );
+    };
+    let table = routed.table;
+    let decision = routed.decision;
+    let mut lease = Lease::new(
+        Arc::clone(&gateway),
+        guard,
+        Arc::clone(&table),
+        worker,
+        decision.branch,
+        key_event,
+        started,
+    );
+
+    let body = UpstreamBody::new(body, settings.max_body_bytes);
+    let mut attempt_body = body.clone_slot();
+    let mut retried = false;
+    loop {
+        let spec = &table.workers()[worker].spec;
+        let upstream_request = match build_upstream_request(&parts, spec, attempt_body) {
+            Ok(r) => r,
+            Err(message) => {
+                return gateway_error(
+                    StatusCode::BAD_GATEWAY,
+                    "bad_worker_url",
+                    &message,
+                    Some(decision.branch),
+                );
+            }
+        };
+        let sent = tokio::time::timeout(
+            settings.first_byte_timeout,
+            gateway.client.request(upstream_request),
+        )
+        .await;
+        match sent {
+            Ok(Ok(response)) => {
+                let ttfb = started.elapsed();
+                gateway
+                    .metrics
+                    .time_to_first_byte
+                    .observe(ttfb.as_secs_f64());
+                lease.status = response.status().as_u16();
+                return respond(response, lease, &spec.name, decision, &settings);
+            }
+            Ok(Err(error)) => {
+                lease.record_error();
+                let connect_failed = error.is_connect();
+                if connect_failed
+                    && settings.passive_health
+                    && gateway.router.set_health(&spec.name, false)
+                {
+                    tracing::warn!(worker = %spec.name, "connect failed; marked unhealthy until probes succeed");
+                }
+                // A request is retried only when nothing of it reached the worker: the connect
+                // failed and the body slot is untouched. Target-worker requests are pinned.
+                if connect_failed
+                    && !retried
+                    && decision.branch != Branch::TargetWorkerHit
+                    && body.untouched()
+                {
+                    if let Some((next, guard)) = gateway.router.route_retry(&table, &key, worker) {
+                        gateway.metrics.record_retry();
+                        tracing::debug!(from = %spec.name, to = %table.workers()[next].spec.name, "retrying after connect failure");
+                        worker = next;
+                        lease.move_to(guard, next);
+                        attempt_body = body.clone_slot();
+                        retried = true;
+                        continue;
+                    }
+                }
+                if body.too_large() {
+                    return gateway_error(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "payload_too_large",
+                        &format!(
+                            "request body exceeds the limit of {} bytes",
+                            settings.max_body_bytes
+                        ),
+                        Some(decision.branch),
+                    );
+                }
+                tracing::warn!(worker = %spec.name, error = %error_chain(&error), "worker request failed");
+                lease.status = 502;
+                return gateway_error(
+                    StatusCode::BAD_GATEWAY,
+                    "worker_unreachable",
+                    &format!("worker {} could not be reached", spec.name),
+                    Some(decision.branch),
+                );
+            }
+            Err(_elapsed) => {
+                lease.record_error();
+                lease.status = 504;
+                return gateway_error(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "first_byte_timeout",
+                    &format!(
+                        "worker {} sent no response headers within {} ms",
+                        spec.name,
+                        settings.first_byte_timeout.as_millis()
+                    ),
+                    Some(decision.branch),
+                );
+            }
+        }
+    }
+}
+
+fn respond(
+    response: Response<Incoming>,
+    lease: Lease,
+    worker_name: &str,
+    decision: Decision,
+    settings: &crate::gateway::RuntimeSettings,
+) -> Response<ProxyBody> {
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    if let Ok(value) = HeaderValue::from_str(worker_name) {
+        parts.headers.insert(WORKER_HEADER, value);
+    }
+    parts.headers.insert(
+        BRANCH_HEADER,
+        HeaderValue::from_static(decision.branch.as_str()),
+    );
+    let event_stream = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    Response::from_parts(
+        parts,
+        ProxyBody::stream(body, lease, event_stream, settings.stream_idle_timeout),
+    )
+}
+
+fn build_upstream_request(
+    parts: &http::request::Parts,
+    spec: &bch_core::router::WorkerSpec,
+    body: UpstreamBody,
+) -> Result<Request<UpstreamBody>, String> {
+    let url = WorkerUrl::parse(&spec.url)?;
+    let uri = url
+        .join(parts.uri.path_and_query())
+        .map_err(|e| format!("cannot build upstream URI for {}: {e}", spec.name))?;
+    let mut request = Request::new(body);
+    *request.method_mut() = parts.method.clone();
+    *request.uri_mut() = uri;
+    let headers = request.headers_mut();
+    headers.reserve(parts.headers.len());
+    for (name, value) in &parts.headers {
+        if name != header::HOST {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    strip_hop_by_hop(headers);
+    Ok(request)
+}
+
+/// Removes hop-by-hop headers (RFC 9110 §7.6.1): the fixed list plus any named in `Connection`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        header::CONNECTION,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+}
+
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// An OpenAI-shaped gateway error: `{"error":{"message","type","code"}}`.
+pub fn gateway_error(
+    status: StatusCode,
+    code: &str,
+    message: &str,
+    branch: Option<Branch>,
+) -> Response<ProxyBody> {
+    let body = serde_json::json!({
+        "error": {"message": message, "type": "gateway_error", "code": code}
+    });
+    let mut response = json_response(status, Bytes::from(body.to_string()));
+    if let Some(branch) = branch {
+        response
+            .headers_mut()
+            .insert(BRANCH_HEADER, HeaderValue::from_static(branch.as_str()));
+    }
+    response
+}
+
+fn json_response(status: StatusCode, body: Bytes) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::full(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// The request's hold on a worker: its load guard plus what the access log, metrics and telemetry
+/// need when the request ends. Dropping it ends the request.
+pub struct Lease {
+    gateway: Arc<Gateway>,
+    guard: Option<LoadGuard>,
+    table: Arc<RoutingTable>,
+    worker: usize,
+    branch: Branch,
+    key: Option<KeyEvent>,
+    started: Instant,
+    request_id: u64,
+    /// HTTP status sent to the client (0 until known).
+    pub status: u16,
+    errored: bool,
+}
+
+impl Lease {
+    fn new(
+        gateway: Arc<Gateway>,
+        guard: LoadGuard,
+        table: Arc<RoutingTable>,
+        worker: usize,
+        branch: Branch,
+        key: Option<KeyEvent>,
+        started: Instant,
+    ) -> Self {
+        Self {
+            gateway,
+            guard: Some(guard),
+            table,
+            worker,
+            branch,
+            key,
+            started,
+            request_id: REQUEST_IDS.fetch_add(1, Ordering::Relaxed),
+            status: 0,
+            errored: false,
+        }
+    }
+
+    fn move_to(&mut self, guard: LoadGuard, worker: usize) {
+        self.finish_on_worker();
+        self.guard = Some(guard);
+        self.worker = worker;
+    }
+
+    fn record_error(&mut self) {
+        if let Some(guard) = &self.guard {
+            guard.stats().record_error();
+        }
+        self.errored = true;
+    }
+
+    fn finish_on_worker(&mut self) {
+        if let Some(guard) = self.guard.take() {
+            drop(guard);
+            self.gateway
+                .telemetry
+                .finished(&self.table, self.worker, self.key.as_ref());
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.finish_on_worker();
+        let elapsed = self.started.elapsed();
+        self.gateway
+            .metrics
+            .request_duration
+            .observe(elapsed.as_secs_f64());
+        tracing::info!(
+            request_id = self.request_id,
+            worker = %self.table.workers()[self.worker].spec.name,
+            branch = %self.branch,
+            status = self.status,
+            duration_ms = elapsed.as_millis() as u64,
+            error = self.errored,
+            "request"
+        );
+    }
+}
+
+/// Response bodies: a fixed gateway answer, or a worker's stream carrying the request's lease.
+pub struct ProxyBody {
+    kind: BodyKind,
+}
+
+enum BodyKind {
+    Full(Option<Bytes>),
+    Stream(Box<StreamState>),
+}
+
+struct StreamState {
+    inner: Incoming,
+    lease: Option<Lease>,
+    event_stream: bool,
+    idle_timeout: Duration,
+    idle: Pin<Box<Sleep>>,
+}
+
+const SSE_ERROR_EVENT: &[u8] = b"event: error\ndata: {\"error\":{\"message\":\"the worker's stream ended abnormally\",\"type\":\"gateway_error\",\"code\":\"upstream_stream_error\"}}\n\n";
+
+impl ProxyBody {
+    /// A complete body.
+    pub fn full(bytes: Bytes) -> Self {
+        Self {
+            kind: BodyKind::Full(Some(bytes)),
+        }
+    }
+
+    fn stream(inner: Incoming, lease: Lease, event_stream: bool, idle_timeout: Duration) -> Self {
+        Self {
+            kind: BodyKind::Stream(Box::new(StreamState {
+                inner,
+                lease: Some(lease),
+                event_stream,
+                idle_timeout,
+                idle: Box::pin(tokio::time::sleep(idle_timeout)),
+            })),
+        }
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match &mut self.get_mut().kind {
+            BodyKind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            BodyKind::Stream(state) => state.poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            BodyKind::Full(bytes) => bytes.is_none(),
+            BodyKind::Stream(state) => state.lease.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            BodyKind::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
+            BodyKind::Full(None) => SizeHint::with_exact(0),
+            BodyKind::Stream(state) => state.inner.size_hint(),
+        }
+    }
+}
+
+impl StreamState {
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let Some(lease) = self.lease.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let deadline = tokio::time::Instant::now() + self.idle_timeout;
+                self.idle.as_mut().reset(deadline);
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(None) => {
+                self.lease = None;
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(error))) => {
+                lease.record_error();
+                tracing::warn!(error = %error_chain(&error), "worker stream broke");
+                Poll::Ready(self.end_abnormally(error.into()))
+            }
+            Poll::Pending => {
+                ready!(self.idle.as_mut().poll(cx));
+                lease.record_error();
+                tracing::warn!(
+                    idle_ms = self.idle_timeout.as_millis() as u64,
+                    "worker stream idle too long; ending it"
+                );
+                Poll::Ready(self.end_abnormally("worker stream idle timeout".into()))
+            }
+        }
+    }
+
+    /// Ends a broken stream. For SSE the client gets a final `event: error` so it can tell a cut
+    /// stream from a finished one; other bodies end with an error, which aborts the connection.
+    fn end_abnormally(&mut self, error: BoxError) -> Option<Result<Frame<Bytes>, BoxError>> {
+        self.lease = None;
+        if self.event_stream {
+            Some(Ok(Frame::data(Bytes::from_static(SSE_ERROR_EVENT))))
+        } else {
+            Some(Err(error))
+        }
+    }
+}
+
+/// The request body on its way to a worker. The client's body sits in a shared slot until the
+/// upstream connection first polls it, so a request whose connect failed still has its body and can
+/// be retried on another worker; once polled, it is no longer retryable.
+pub struct UpstreamBody {
+    slot: Option<Arc<Mutex<BodySlot>>>,
+    taken: Option<Incoming>,
+    size_hint: SizeHint,
+    remaining: u64,
+}
+
+struct BodySlot {
+    body: Option<Incoming>,
+    too_large: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("request body exceeds the configured limit")]
+struct BodyTooLarge;
+
+impl UpstreamBody {
+    fn new(body: Incoming, max_bytes: u64) -> Self {
+        let size_hint = body.size_hint();
+        let slot = if body.is_end_stream() {
+            None
+        } else {
+            Some(Arc::new(Mutex::new(BodySlot {
+                body: Some(body),
+                too_large: false,
+            })))
+        };
+        Self {
+            slot,
+            taken: None,
+            size_hint,
+            remaining: max_bytes,
+        }
+    }
+
+    /// Another handle on the same slot, for an attempt.
+    fn clone_slot(&self) -> Self {
+        Self {
+            slot: self.slot.clone(),
+            taken: None,
+            size_hint: self.size_hint,
+            remaining: self.remaining,
+        }
+    }
+
+    fn untouched(&self) -> bool {
+        self.slot.as_ref().is_none_or(|slot| {
+            slot.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .body
+                .is_some()
+        })
+    }
+
+    fn too_large(&self) -> bool {
+        self.slot.as_ref().is_some_and(|slot| {
+            slot.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .too_large
+        })
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if this.taken.is_none() {
+            let Some(slot) = &this.slot else {
+                return Poll::Ready(None);
+            };
+            match slot
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .body
+                .take()
+            {
+                Some(body) => this.taken = Some(body),
+                None => return Poll::Ready(None),
+            }
+        }
+        let inner = this.taken.as_mut().expect("set above");
+        match ready!(Pin::new(inner).poll_frame(cx)) {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    let len = data.len() as u64;
+                    if len > this.remaining {
+                        if let Some(slot) = &this.slot {
+                            slot.lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .too_large = true;
+                        }
+                        return Poll::Ready(Some(Err(Box::new(BodyTooLarge))));
+                    }
+                    this.remaining -= len;
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Some(Err(error)) => Poll::Ready(Some(Err(Box::new(error)))),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.slot.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.size_hint
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_are_removed() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret-hop"),
+        );
+        headers.insert("x-secret-hop", HeaderValue::from_static("1"));
+        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        headers.insert("x-smg-routing-key", HeaderValue::from_static("k"));
+        headers.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer t"));
+        strip_hop_by_hop(&mut headers);
+        let left: Vec<_> = headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, vec!["x-smg-routing-key", "authorization"]);
+    }
+
+    #[test]
+    fn gateway_errors_are_openai_shaped() {
+        let response = gateway_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_healthy_workers",
+            "none",
+            Some(Branch::NoHealthyWorkers),
+        );
+        assert_eq!(response.status(), 503);
+        assert_eq!(response.headers()[BRANCH_HEADER], "no_healthy_workers");
+        let BodyKind::Full(Some(bytes)) = &response.body().kind else {
+            panic!("full body expected");
+        };
+        let json: serde_json::Value = serde_json::from_slice(bytes).unwrap();
+        assert_eq!(json["error"]["code"], "no_healthy_workers");
+        assert_eq!(json["error"]["type"], "gateway_error");
+        assert_eq!(json["error"]["message"], "none");
+    }
+}

@@ -1,0 +1,153 @@
+//! Accept loops for both listeners: connection limit, header read timeout and graceful shutdown.
+//!
+//! Connections are served by hyper directly (HTTP/1.1) rather than `axum::serve` because the data
+//! plane needs a connection cap with a clean 503 and a header read timeout (slow-loris protection),
+//! and both planes need to drain in-flight requests on shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::gateway::Gateway;
+
+/// Per-listener connection settings.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    max_connections: usize,
+    header_read_timeout: Duration,
+}
+
+impl Limits {
+    /// From `[server]`.
+    pub fn from_config(config: &Config) -> Self {
+        Self {
+            max_connections: config.server.max_connections,
+            header_read_timeout: Duration::from_millis(config.server.header_read_timeout_ms),
+        }
+    }
+}
+
+const OVER_CAPACITY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 108\r\n\r\n{\"error\":{\"message\":\"gateway connection limit reached\",\"type\":\"gateway_error\",\"code\":\"too_many_connections\"}}";
+
+fn http1_builder(limits: &Limits) -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .keep_alive(true);
+    builder
+}
+
+/// Serves the data plane until shutdown.
+pub async fn serve_data_plane(
+    listener: TcpListener,
+    gateway: Arc<Gateway>,
+    limits: Limits,
+    tasks: TaskTracker,
+) {
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let builder = http1_builder(&limits);
+    loop {
+        let (stream, _peer) = tokio::select! {
+            _ = gateway.shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(error) => {
+                    // EMFILE and friends: back off briefly instead of spinning.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+            gateway.metrics.record_rejected_connection();
+            tasks.spawn(async move {
+                let mut stream = stream;
+                let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                    let _ = stream.write_all(OVER_CAPACITY).await;
+                    let _ = stream.shutdown().await;
+                })
+                .await;
+            });
+            continue;
+        };
+        let gateway = Arc::clone(&gateway);
+        let builder = builder.clone();
+        tasks.spawn(async move {
+            let shutdown = gateway.shutdown.clone();
+            let service =
+                service_fn(move |request| crate::proxy::handle(Arc::clone(&gateway), request));
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                result = connection.as_mut() => log_connection_error(result),
+                _ = shutdown.cancelled() => {
+                    connection.as_mut().graceful_shutdown();
+                    log_connection_error(connection.await);
+                }
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// Serves the control plane (axum router, with websocket upgrades) until shutdown.
+pub async fn serve_control_plane(
+    listener: TcpListener,
+    gateway: Arc<Gateway>,
+    limits: Limits,
+    tasks: TaskTracker,
+) {
+    let app = crate::control::router(Arc::clone(&gateway));
+    let builder = http1_builder(&limits);
+    loop {
+        let (stream, _peer) = tokio::select! {
+            _ = gateway.shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(error) => {
+                    tracing::warn!(%error, "control accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let builder = builder.clone();
+        let shutdown = gateway.shutdown.clone();
+        tasks.spawn(async move {
+            let connection = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades();
+            tokio::pin!(connection);
+            tokio::select! {
+                result = connection.as_mut() => log_connection_error(result),
+                _ = shutdown.cancelled() => {
+                    connection.as_mut().graceful_shutdown();
+                    log_connection_error(connection.await);
+                }
+            }
+        });
+    }
+}
+
+fn log_connection_error(result: Result<(), hyper::Error>) {
+    if let Err(error) = result {
+        if error.is_timeout() {
+            tracing::debug!("client too slow to send its request headers; closed");
+        } else if !error.is_incomplete_message() && !error.is_canceled() {
+            tracing::debug!(%error, "connection ended with an error");
+        }
+    }
+}

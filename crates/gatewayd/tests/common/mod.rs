@@ -1,0 +1,372 @@
+//! Test harness: fake workers (real axum servers on 127.0.0.1:0) and a gateway started in-process.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use futures_util::StreamExt;
+use gatewayd::RunningGateway;
+use gatewayd::config::{Config, WorkerConfig};
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, watch};
+
+/// A fake worker: records what it saw and can hold streams open until released.
+pub struct FakeWorker {
+    pub addr: SocketAddr,
+    pub state: Arc<WorkerState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+pub struct WorkerState {
+    pub name: String,
+    pub requests: AtomicU64,
+    /// Streams currently held open by `/hold`.
+    pub held: AtomicU64,
+    /// Requests currently stalled before their first byte by `/stall`.
+    pub stalled: AtomicU64,
+    /// Upstream requests that were cancelled (the gateway closed the connection).
+    pub cancelled: AtomicU64,
+    pub release: Notify,
+    pub release_all: watch::Sender<u64>,
+    pub changed: Notify,
+    pub fail_health: std::sync::atomic::AtomicBool,
+}
+
+impl FakeWorker {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Releases every held stream (current and future until reset).
+    pub fn release_all(&self) {
+        self.state.release_all.send_modify(|n| *n += 1);
+    }
+
+    /// Stops the server and waits until its listener is closed.
+    pub async fn stop(mut self) {
+        self.task.abort();
+        let task = std::mem::replace(&mut self.task, tokio::spawn(async {}));
+        let _ = task.await;
+    }
+}
+
+impl Drop for FakeWorker {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Counts a cancellation when dropped before being marked finished (field 1); for stalled requests
+/// (field 2) it also lowers `stalled`, so `stalled` means "currently stalled".
+struct CountOnDrop(Arc<WorkerState>, bool, bool);
+impl Drop for CountOnDrop {
+    fn drop(&mut self) {
+        if self.2 {
+            self.0.stalled.fetch_sub(1, Ordering::SeqCst);
+        }
+        if !self.1 {
+            self.0.cancelled.fetch_add(1, Ordering::SeqCst);
+        }
+        self.0.changed.notify_waiters();
+    }
+}
+
+pub async fn fake_worker(name: &str) -> FakeWorker {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    fake_worker_on(listener, name).await
+}
+
+pub async fn fake_worker_on(listener: TcpListener, name: &str) -> FakeWorker {
+    let addr = listener.local_addr().unwrap();
+    let (release_all, _) = watch::channel(0);
+    let state = Arc::new(WorkerState {
+        name: name.to_owned(),
+        requests: AtomicU64::new(0),
+        held: AtomicU64::new(0),
+        stalled: AtomicU64::new(0),
+        cancelled: AtomicU64::new(0),
+        release: Notify::new(),
+        release_all,
+        changed: Notify::new(),
+        fail_health: false.into(),
+    });
+    let app = Router::new()
+        .route("/health", get(health))
+        .route("/hold", any(hold))
+        .route("/stall", any(stall))
+        .route("/crash", any(crash))
+        .route("/status/{code}", any(status))
+        .route("/sse", any(sse))
+        .route("/echo", any(echo))
+        .fallback(any(echo))
+        .with_state(Arc::clone(&state));
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    FakeWorker { addr, state, task }
+}
+
+async fn health(State(state): State<Arc<WorkerState>>) -> StatusCode {
+    if state.fail_health.load(Ordering::SeqCst) {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    }
+}
+
+fn named(state: &WorkerState, response: impl IntoResponse) -> Response {
+    let mut response = response.into_response();
+    response
+        .headers_mut()
+        .insert("x-worker-name", state.name.parse().unwrap());
+    response
+}
+
+/// Echoes method, path, headers and body as JSON.
+async fn echo(State(state): State<Arc<WorkerState>>, request: Request) -> Response {
+    state.requests.fetch_add(1, Ordering::SeqCst);
+    let (parts, body) = request.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    let headers: serde_json::Map<String, serde_json::Value> = parts
+        .headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into()))
+        .collect();
+    named(
+        &state,
+        axum::Json(serde_json::json!({
+            "worker": state.name,
+            "method": parts.method.as_str(),
+            "uri": parts.uri.to_string(),
+            "headers": headers,
+            "body_len": body.len(),
+            "body": String::from_utf8_lossy(&body),
+        })),
+    )
+}
+
+/// Sends a first SSE chunk, then holds the stream open until `release_all`.
+async fn hold(State(state): State<Arc<WorkerState>>) -> Response {
+    state.requests.fetch_add(1, Ordering::SeqCst);
+    state.held.fetch_add(1, Ordering::SeqCst);
+    state.changed.notify_waiters();
+    let mut release = state.release_all.subscribe();
+    let start = *release.borrow_and_update();
+    let s = Arc::clone(&state);
+    let stream = async_stream(move |tx| async move {
+        let guard = CountOnDrop(Arc::clone(&s), false, false);
+        let _ = tx
+            .send(Ok(Bytes::from_static(b"data: {\"first\":true}\n\n")))
+            .await;
+        while *release.borrow_and_update() == start {
+            if release.changed().await.is_err() {
+                break;
+            }
+        }
+        let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
+        s.held.fetch_sub(1, Ordering::SeqCst);
+        let mut guard = guard;
+        guard.1 = true;
+    });
+    named(
+        &state,
+        (
+            [("content-type", "text/event-stream")],
+            Body::from_stream(stream),
+        ),
+    )
+}
+
+/// Never answers until released; counts a cancellation when the gateway drops the connection.
+async fn stall(State(state): State<Arc<WorkerState>>) -> Response {
+    state.requests.fetch_add(1, Ordering::SeqCst);
+    state.stalled.fetch_add(1, Ordering::SeqCst);
+    let mut guard = CountOnDrop(Arc::clone(&state), false, true);
+    state.changed.notify_waiters();
+    let mut release = state.release_all.subscribe();
+    let start = *release.borrow_and_update();
+    while *release.borrow_and_update() == start {
+        if release.changed().await.is_err() {
+            break;
+        }
+    }
+    guard.1 = true;
+    named(&state, "released")
+}
+
+/// Sends one chunk, then breaks the stream with an error (connection aborted mid-body).
+async fn crash(State(state): State<Arc<WorkerState>>) -> Response {
+    state.requests.fetch_add(1, Ordering::SeqCst);
+    let stream = futures_util::stream::iter([0, 1]).then(|i| async move {
+        if i == 0 {
+            Ok(Bytes::from_static(b"data: {\"n\":1}\n\n"))
+        } else {
+            // Give the first chunk time to leave before the connection is torn down, as a real
+            // crash mid-generation would.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            Err(std::io::Error::other("worker crashed"))
+        }
+    });
+    named(
+        &state,
+        (
+            [("content-type", "text/event-stream")],
+            Body::from_stream(stream),
+        ),
+    )
+}
+
+async fn status(
+    State(state): State<Arc<WorkerState>>,
+    axum::extract::Path(code): axum::extract::Path<u16>,
+) -> Response {
+    state.requests.fetch_add(1, Ordering::SeqCst);
+    named(
+        &state,
+        (
+            StatusCode::from_u16(code).unwrap(),
+            axum::Json(serde_json::json!({"error": "injected"})),
+        ),
+    )
+}
+
+/// Streams `n` (query `n`, default 5) SSE chunks, `gap_ms` apart (default 20).
+async fn sse(
+    State(state): State<Arc<WorkerState>>,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, u64>>,
+) -> Response {
+    state.requests.fetch_add(1, Ordering::SeqCst);
+    let n = q.get("n").copied().unwrap_or(5);
+    let gap = Duration::from_millis(q.get("gap_ms").copied().unwrap_or(20));
+    let stream = futures_util::stream::iter(0..n)
+        .then(move |i| async move {
+            if i > 0 {
+                tokio::time::sleep(gap).await;
+            }
+            Ok::<_, std::io::Error>(Bytes::from(format!("data: {{\"chunk\":{i}}}\n\n")))
+        })
+        .chain(futures_util::stream::once(async {
+            Ok(Bytes::from_static(b"data: [DONE]\n\n"))
+        }));
+    named(
+        &state,
+        (
+            [("content-type", "text/event-stream")],
+            Body::from_stream(stream),
+        ),
+    )
+}
+
+/// A tiny channel-backed stream builder (avoids a dependency on async-stream).
+fn async_stream<F, Fut>(f: F) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>>
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(f(tx));
+    tokio_stream_from(rx)
+}
+
+fn tokio_stream_from(
+    mut rx: tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// A config for tests: both listeners on 127.0.0.1:0, quick health probes.
+pub fn test_config(workers: &[&FakeWorker]) -> Config {
+    let mut config = Config::default();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.control_listen = "127.0.0.1:0".parse().unwrap();
+    config.server.shutdown_grace_ms = 2_000;
+    config.health.interval_ms = 100;
+    config.health.timeout_ms = 500;
+    config.telemetry.interval_ms = 50;
+    config.workers = workers
+        .iter()
+        .map(|w| WorkerConfig {
+            name: Some(w.state.name.clone()),
+            url: w.url(),
+            ring_id: None,
+            health_path: None,
+        })
+        .collect();
+    config
+}
+
+pub async fn start(config: Config) -> RunningGateway {
+    gatewayd::Gateway::start(config, None, Vec::new())
+        .await
+        .expect("gateway starts")
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap()
+}
+
+/// Active loads per worker name from `GET /admin/workers`.
+pub async fn active_loads(gateway: &RunningGateway) -> Vec<(String, u64)> {
+    let body: serde_json::Value =
+        reqwest::get(format!("http://{}/admin/workers", gateway.control_addr))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+    body["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["name"].as_str().unwrap().to_owned(),
+                w["active"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Waits (bounded) until every worker's active load is 0; returns the last loads seen.
+pub async fn wait_all_idle(gateway: &RunningGateway) -> Vec<(String, u64)> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let loads = active_loads(gateway).await;
+        if loads.iter().all(|(_, n)| *n == 0) || tokio::time::Instant::now() > deadline {
+            return loads;
+        }
+        // Loads drop when the gateway notices the end of a stream; poll at a short interval.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until `cond` holds on the worker state (signalled by `changed`), bounded.
+pub async fn wait_for(state: &WorkerState, cond: impl Fn(&WorkerState) -> bool) {
+    let deadline = Duration::from_secs(5);
+    tokio::time::timeout(deadline, async {
+        loop {
+            let notified = state.changed.notified();
+            if cond(state) {
+                return;
+            }
+            notified.await;
+        }
+    })
+    .await
+    .expect("condition reached in time");
+}
+
+pub fn headers_of(response: &reqwest::Response) -> HeaderMap {
+    response.headers().clone()
+}
