@@ -26,7 +26,9 @@ fn snapshot() -> ServerFrame {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
-    let addr = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:9191".into());
+    let addr = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "127.0.0.1:9191".into());
     let listener = TcpListener::bind(&addr).await?;
     eprintln!("fake gateway telemetry on ws://{addr}/ws");
     loop {

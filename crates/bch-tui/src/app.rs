@@ -97,6 +97,8 @@ where
         let now = Instant::now();
         let due = last_draw.map_or(now, |t| t + FRAME_BUDGET);
         if dirty && now >= due {
+            let size = terminal.size().context("reading the terminal size")?;
+            app.state.ui.viewport = view::viewports(size.into(), &app.state);
             terminal
                 .draw(|frame| view::draw(frame, &app.state, now))
                 .context("drawing the console")?;

@@ -283,6 +283,9 @@ pub struct Ui {
     pub filter_editing: bool,
     /// The help overlay is open.
     pub help: bool,
+    /// Content rows each panel showed at the last draw (0 before the first), so scrolling stops
+    /// at the last full page.
+    pub viewport: [usize; 4],
 }
 
 impl Default for Ui {
@@ -294,6 +297,7 @@ impl Default for Ui {
             filter: String::new(),
             filter_editing: false,
             help: false,
+            viewport: [0; 4],
         }
     }
 }
@@ -512,14 +516,13 @@ impl State {
                 self.ui.focus = Panel::ALL[(self.ui.focus.index() + step) % n];
             }
             Action::Scroll(delta) => {
-                let max = self.rows_in(self.ui.focus).saturating_sub(1);
+                let max = self.max_scroll(self.ui.focus);
                 let slot = &mut self.ui.scroll[self.ui.focus.index()];
                 *slot = slot.saturating_add_signed(delta as isize).min(max);
             }
             Action::ScrollTop => self.ui.scroll[self.ui.focus.index()] = 0,
             Action::ScrollBottom => {
-                self.ui.scroll[self.ui.focus.index()] =
-                    self.rows_in(self.ui.focus).saturating_sub(1);
+                self.ui.scroll[self.ui.focus.index()] = self.max_scroll(self.ui.focus);
             }
             Action::CycleSort => self.ui.sort = self.ui.sort.next(),
             Action::StartFilter => {
@@ -546,6 +549,13 @@ impl State {
     /// First visible row of `panel`'s content.
     pub fn scroll(&self, panel: Panel) -> usize {
         self.ui.scroll[panel.index()]
+    }
+
+    /// The last first-row that still fills the panel's viewport (or the last row, before the
+    /// viewport is known).
+    fn max_scroll(&self, panel: Panel) -> usize {
+        let visible = self.ui.viewport[panel.index()].max(1);
+        self.rows_in(panel).saturating_sub(visible)
     }
 
     fn rows_in(&self, panel: Panel) -> usize {

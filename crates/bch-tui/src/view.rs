@@ -53,15 +53,20 @@ fn worker_color(i: usize) -> Color {
     PALETTE[i % PALETTE.len()]
 }
 
-/// Draws the whole console.
-pub fn draw(frame: &mut Frame, state: &State, now: Instant) {
-    let area = frame.area();
-    let [header, body] = Layout::vertical([Constraint::Length(4), Constraint::Min(0)]).areas(area);
-    draw_header(frame, header, state, now);
+/// Where each part of the screen goes.
+#[derive(Debug, Clone, Copy)]
+struct Areas {
+    header: Rect,
+    workers: Rect,
+    ring: Rect,
+    keys: Rect,
+    spills: Rect,
+}
 
-    let fleet = state.visible();
+fn layout(area: Rect, workers: usize) -> Areas {
+    let [header, body] = Layout::vertical([Constraint::Length(4), Constraint::Min(0)]).areas(area);
     if area.width >= WIDE {
-        let worker_rows = fleet.workers.len() as u16 + 3;
+        let worker_rows = (workers as u16).saturating_add(3);
         let top_h = worker_rows.clamp(7, (body.height * 9 / 20).max(7));
         let [top, bottom] =
             Layout::vertical([Constraint::Length(top_h), Constraint::Min(0)]).areas(body);
@@ -71,10 +76,13 @@ pub fn draw(frame: &mut Frame, state: &State, now: Instant) {
         let [keys, spills] =
             Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)])
                 .areas(bottom);
-        draw_workers(frame, workers, state);
-        draw_ring(frame, ring, state);
-        draw_keys(frame, keys, state);
-        draw_spills(frame, spills, state);
+        Areas {
+            header,
+            workers,
+            ring,
+            keys,
+            spills,
+        }
     } else {
         let [top, keys, spills] = Layout::vertical([
             Constraint::Percentage(36),
@@ -84,12 +92,40 @@ pub fn draw(frame: &mut Frame, state: &State, now: Instant) {
         .areas(body);
         let [workers, ring] =
             Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(top);
-        draw_workers(frame, workers, state);
-        draw_ring(frame, ring, state);
-        draw_keys(frame, keys, state);
-        draw_spills(frame, spills, state);
+        Areas {
+            header,
+            workers,
+            ring,
+            keys,
+            spills,
+        }
     }
+}
 
+/// Content rows each panel shows on a terminal of `area`, indexed like [`Panel::ALL`]: the app
+/// hands them to the state so scrolling stops where the view does (no dead key presses past the
+/// end).
+pub fn viewports(area: Rect, state: &State) -> [usize; 4] {
+    let a = layout(area, state.visible().workers.len());
+    // Borders take two rows; workers, ring and keys also spend one on a legend, strip or header.
+    let rows = |r: Rect, extra: u16| r.height.saturating_sub(2 + extra) as usize;
+    [
+        rows(a.workers, 1),
+        rows(a.ring, 1),
+        rows(a.keys, 1),
+        rows(a.spills, 0),
+    ]
+}
+
+/// Draws the whole console.
+pub fn draw(frame: &mut Frame, state: &State, now: Instant) {
+    let area = frame.area();
+    let a = layout(area, state.visible().workers.len());
+    draw_header(frame, a.header, state, now);
+    draw_workers(frame, a.workers, state);
+    draw_ring(frame, a.ring, state);
+    draw_keys(frame, a.keys, state);
+    draw_spills(frame, a.spills, state);
     if state.ui.help {
         draw_help(frame, area);
     }

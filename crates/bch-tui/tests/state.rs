@@ -401,3 +401,22 @@ fn scrolling_stays_within_the_focused_panel() {
     s.apply_action(Action::FocusPrev);
     assert_eq!(s.ui.focus, bch_tui::state::Panel::Ring);
 }
+
+#[test]
+fn scrolling_stops_at_the_last_full_page_once_the_viewport_is_known() {
+    let mut s = connected();
+    s.ui.focus = bch_tui::state::Panel::Keys;
+    s.ui.viewport = bch_tui::view::viewports(ratatui::layout::Rect::new(0, 0, 80, 24), &s);
+    let shown = s.ui.viewport[2];
+    assert!(shown > 0 && shown < 8, "{shown}");
+    s.apply_action(Action::ScrollBottom);
+    assert_eq!(s.scroll(bch_tui::state::Panel::Keys), 8 - shown);
+    // One step up moves the view at once: no dead presses past the end.
+    s.apply_action(Action::Scroll(-1));
+    assert_eq!(s.scroll(bch_tui::state::Panel::Keys), 8 - shown - 1);
+    let screen = common::render(&s, 80, 24, tokio::time::Instant::now());
+    assert!(
+        screen.contains(&format!("{}–{} of 8", 8 - shown, 7)),
+        "{screen}"
+    );
+}
