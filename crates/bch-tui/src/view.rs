@@ -367,7 +367,7 @@ fn draw_workers(frame: &mut Frame, area: Rect, state: &State) {
         .map(|w| w.name.chars().count())
         .max()
         .unwrap_or(0)
-        .clamp(4, 14);
+        .clamp(4, 16);
     let stats = inner.width >= 86;
     let stats_w = if stats { 30 } else { 0 };
     // glyph + space, name, space, bar, active (5), flag (5), stats
@@ -420,7 +420,7 @@ fn worker_line(
     let mut spans = vec![
         Span::styled(format!("{glyph} "), glyph_style),
         Span::styled(
-            format!("{:<name_w$} ", truncate(&w.name, name_w)),
+            format!("{:<name_w$} ", truncate_left(&w.name, name_w)),
             if w.healthy {
                 Style::new()
             } else {
@@ -553,7 +553,7 @@ fn draw_ring(frame: &mut Frame, area: Rect, state: &State) {
                 Style::new().fg(Color::Black).bg(worker_color(i)),
             ),
             Span::styled(
-                format!("{:<name_w$} ", truncate(&share.name, name_w)),
+                format!("{:<name_w$} ", truncate_left(&share.name, name_w)),
                 if healthy(&share.name) {
                     Style::new()
                 } else {
@@ -650,9 +650,9 @@ fn key_row(k: &KeyRecord, name_w: usize) -> Row<'static> {
     let spilled = k.preferred != k.current;
     let placement = format!(
         "{:<name_w$} {} {}",
-        truncate(&k.preferred, name_w),
+        truncate_left(&k.preferred, name_w),
         if spilled { "↷" } else { "→" },
-        truncate(&k.current, name_w)
+        truncate_left(&k.current, name_w)
     );
     let active = k
         .active
@@ -795,6 +795,20 @@ pub fn clock(ts_ms: u64) -> String {
     )
 }
 
+/// Worker names cut from the left: names derived from URLs (`127.0.0.1:8001`) and fleets of
+/// numbered nodes (`gpu-node-17`) differ at the end, so the end is what must stay visible.
+fn truncate_left(s: &str, max: usize) -> String {
+    let n = s.chars().count();
+    if n <= max {
+        s.to_owned()
+    } else {
+        let keep = max.saturating_sub(1);
+        let mut t = String::from("…");
+        t.extend(s.chars().skip(n - keep));
+        t
+    }
+}
+
 fn truncate(s: &str, max: usize) -> String {
     if s.chars().count() <= max {
         s.to_owned()
@@ -826,5 +840,7 @@ mod tests {
     fn truncate_marks_cut_labels() {
         assert_eq!(truncate("abcdef", 4), "abc…");
         assert_eq!(truncate("abc", 4), "abc");
+        assert_eq!(truncate_left("127.0.0.1:18101", 8), "…1:18101");
+        assert_eq!(truncate_left("w0", 8), "w0");
     }
 }

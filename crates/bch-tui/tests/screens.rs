@@ -317,3 +317,30 @@ fn drawing_a_big_fleet_is_cheap() {
         "{per_frame:?} per frame"
     );
 }
+
+#[test]
+fn url_named_workers_stay_distinguishable_80x24() {
+    // gatewayd names a worker after its URL when the config gives no name; the port is what differs.
+    let mut f = frame("snapshot");
+    if let ServerMessage::Snapshot(ref mut snap) = f.message {
+        for (i, w) in snap.workers.iter_mut().enumerate() {
+            w.name = format!("127.0.0.1:1810{i}");
+        }
+        for (i, share) in snap.ring.workers.iter_mut().enumerate() {
+            share.name = format!("127.0.0.1:1810{i}");
+        }
+    }
+    let mut s = State::new("ws://127.0.0.1:9090/ws");
+    s.apply_conn_event(ConnEvent::Status(ConnStatus::Connected));
+    s.apply_frame(f);
+    let screen = render(&s, 80, 24, Instant::now());
+    let workers_panel: String = screen
+        .lines()
+        .skip(5)
+        .take(4)
+        .collect::<Vec<_>>()
+        .join("\n");
+    for port in ["18100", "18101", "18102", "18103"] {
+        assert!(workers_panel.contains(port), "{port} missing:\n{screen}");
+    }
+}
