@@ -324,10 +324,10 @@ fn url_named_workers_stay_distinguishable_80x24() {
     let mut f = frame("snapshot");
     if let ServerMessage::Snapshot(ref mut snap) = f.message {
         for (i, w) in snap.workers.iter_mut().enumerate() {
-            w.name = format!("127.0.0.1:1810{i}");
+            w.name = format!("node.cluster.internal:1810{i}");
         }
         for (i, share) in snap.ring.workers.iter_mut().enumerate() {
-            share.name = format!("127.0.0.1:1810{i}");
+            share.name = format!("node.cluster.internal:1810{i}");
         }
     }
     let mut s = State::new("ws://127.0.0.1:9090/ws");
@@ -336,7 +336,7 @@ fn url_named_workers_stay_distinguishable_80x24() {
     let screen = render(&s, 80, 24, Instant::now());
     let workers_panel: String = screen
         .lines()
-        .skip(5)
+        .skip(6)
         .take(4)
         .collect::<Vec<_>>()
         .join("\n");

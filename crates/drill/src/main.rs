@@ -1,2 +1,393 @@
-//! placeholder
-fn main() {}
+//! `bch-drill`: simulated workers, storms and A/B runs against a bch gateway.
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bch_drill::ab::{AbConfig, parse_cells, run_ab, write_plot};
+use bch_drill::sim::SimConfig;
+use bch_drill::storm::{StormConfig, run_storm};
+use bch_drill::worker::spawn_worker;
+use clap::{Args, Parser, Subcommand};
+use reqwest::Url;
+
+/// Drills for a bch gateway: simulated OpenAI-compatible workers, storms of sibling requests sharing
+/// routing keys, and A/B comparisons of routing policies.
+#[derive(Debug, Parser)]
+#[command(name = "bch-drill", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run simulated workers until Ctrl-C.
+    Workers(WorkersArgs),
+    /// Fire one storm at a gateway and report.
+    Storm(StormArgs),
+    /// Compare routing policies: switch the gateway's policy between cells and storm each.
+    Ab(AbArgs),
+}
+
+#[derive(Debug, Args)]
+struct WorkersArgs {
+    /// Number of workers (named sim-0, sim-1, …).
+    #[arg(long, default_value_t = 3)]
+    count: usize,
+    /// Port of the first worker; the others follow. 0 picks free ports.
+    #[arg(long, default_value_t = 8001)]
+    base_port: u16,
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: std::net::IpAddr,
+    #[command(flatten)]
+    sim: SimArgs,
+}
+
+/// Simulator parameters; each overrides the `--sim-config` file, which overrides the defaults.
+#[derive(Debug, Args)]
+struct SimArgs {
+    /// TOML file with any `SimConfig` fields (see docs/drill.md).
+    #[arg(long, value_name = "FILE")]
+    sim_config: Option<PathBuf>,
+    /// Multiplies every simulated duration; 0 = instant mode.
+    #[arg(long)]
+    time_scale: Option<f64>,
+    /// Output seed.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Requests decoded at once; more wait in a FIFO queue.
+    #[arg(long)]
+    max_batch: Option<usize>,
+    /// Tokens per prefix-cache block.
+    #[arg(long)]
+    block_size: Option<usize>,
+    /// Prefix-cache capacity in blocks (0 disables the cache).
+    #[arg(long)]
+    cache_blocks: Option<usize>,
+    /// Fixed per-request overhead before prefill, ms.
+    #[arg(long)]
+    prefill_base_ms: Option<f64>,
+    /// Prefill cost per uncached prompt token, µs.
+    #[arg(long)]
+    prefill_us_per_token: Option<f64>,
+    /// Decode step time of a lone request, ms.
+    #[arg(long)]
+    decode_base_ms: Option<f64>,
+    /// Extra decode step time per additional running request, ms.
+    #[arg(long)]
+    decode_per_running_ms: Option<f64>,
+}
+
+impl SimArgs {
+    fn config(&self) -> anyhow::Result<SimConfig> {
+        let mut c = match &self.sim_config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                toml::from_str(&text).with_context(|| format!("in {}", path.display()))?
+            }
+            None => SimConfig::default(),
+        };
+        let set = |target: &mut f64, v: Option<f64>| {
+            if let Some(v) = v {
+                *target = v;
+            }
+        };
+        set(&mut c.time_scale, self.time_scale);
+        set(&mut c.prefill_base_ms, self.prefill_base_ms);
+        set(&mut c.prefill_us_per_token, self.prefill_us_per_token);
+        set(&mut c.decode_step_base_ms, self.decode_base_ms);
+        set(
+            &mut c.decode_step_per_running_ms,
+            self.decode_per_running_ms,
+        );
+        c.seed = self.seed.unwrap_or(c.seed);
+        c.max_batch = self.max_batch.unwrap_or(c.max_batch);
+        c.block_size = self.block_size.unwrap_or(c.block_size);
+        c.cache_capacity_blocks = self.cache_blocks.unwrap_or(c.cache_capacity_blocks);
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+/// The storm's shape, shared by `storm` and `ab`.
+#[derive(Debug, Args)]
+struct StormOpts {
+    /// Data-plane URL of the gateway (or of one worker, for a baseline).
+    #[arg(long, env = "BCH_GATEWAY")]
+    gateway: Url,
+    /// Groups of sibling requests.
+    #[arg(long, default_value_t = 400)]
+    groups: usize,
+    /// Concurrent siblings per group, all with the group's routing key.
+    #[arg(long, default_value_t = 8)]
+    siblings: usize,
+    /// Distinct routing keys; groups cycle over them.
+    #[arg(long, default_value_t = 8)]
+    keys: usize,
+    /// Groups in flight at once.
+    #[arg(long, default_value_t = 4)]
+    concurrency: usize,
+    /// Ask for whole responses instead of SSE streams (TTFT is then the full response time).
+    #[arg(long)]
+    no_stream: bool,
+    /// Prompt tokens shared by every request of a key.
+    #[arg(long, default_value_t = 1024)]
+    prefix_tokens: usize,
+    /// Prompt tokens distinct to each request.
+    #[arg(long, default_value_t = 32)]
+    suffix_tokens: usize,
+    /// `max_tokens` of each request.
+    #[arg(long, default_value_t = 32)]
+    max_tokens: u32,
+    /// Header carrying the routing key.
+    #[arg(long, default_value = "X-SMG-Routing-Key")]
+    routing_key_header: String,
+    /// Model name sent in requests.
+    #[arg(long, default_value = "bch-sim")]
+    model: String,
+    /// Prompt seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Per-request timeout in seconds.
+    #[arg(long, default_value_t = 300)]
+    timeout_s: u64,
+    /// Bearer token for the control plane.
+    #[arg(long, env = "BCH_CONTROL_TOKEN", hide_env_values = true)]
+    control_token: Option<String>,
+}
+
+impl StormOpts {
+    fn config(&self, control: Option<Url>) -> StormConfig {
+        StormConfig {
+            gateway: self.gateway.clone(),
+            groups: self.groups,
+            siblings: self.siblings,
+            keys: self.keys,
+            concurrency: self.concurrency,
+            stream: !self.no_stream,
+            prefix_tokens: self.prefix_tokens,
+            suffix_tokens: self.suffix_tokens,
+            max_tokens: self.max_tokens,
+            routing_key_header: self.routing_key_header.clone(),
+            model: self.model.clone(),
+            control,
+            control_token: self.control_token.clone(),
+            seed: self.seed,
+            request_timeout: Duration::from_secs(self.timeout_s),
+            ..StormConfig::default()
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct StormArgs {
+    #[command(flatten)]
+    storm: StormOpts,
+    /// Control-plane URL; when given, the report checks that every worker's active load returns to 0.
+    #[arg(long, env = "BCH_CONTROL")]
+    control: Option<Url>,
+    /// Also write the report as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct AbArgs {
+    #[command(flatten)]
+    storm: StormOpts,
+    /// Control-plane URL of the gateway; the policy is switched there between cells.
+    #[arg(long, env = "BCH_CONTROL")]
+    control: Url,
+    /// Cells separated by `,`, options within a cell by `:`; the first cell is the baseline.
+    /// E.g. `strict,gap=1,gap=2:skew=1.25`.
+    #[arg(long, default_value = "strict,gap=1,gap=2,gap=4")]
+    cells: String,
+    /// Repetitions of every cell, interleaved.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Also write the report as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Also draw throughput and TTFT per cell: SVG for a `.svg` file, PNG otherwise.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+}
+
+fn write_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(value)?;
+    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
+}
+
+async fn workers(args: WorkersArgs) -> anyhow::Result<()> {
+    let config = args.sim.config()?;
+    let mut handles = Vec::with_capacity(args.count);
+    for i in 0..args.count {
+        let port = if args.base_port == 0 {
+            0
+        } else {
+            u16::try_from(usize::from(args.base_port) + i).context("port out of range")?
+        };
+        let handle =
+            spawn_worker((args.host, port).into(), format!("sim-{i}"), config.clone()).await?;
+        println!("{} {}", handle.name(), handle.url());
+        handles.push(handle);
+    }
+    eprintln!(
+        "{} simulated worker(s) running (time scale {}); Ctrl-C stops them",
+        handles.len(),
+        config.time_scale
+    );
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for Ctrl-C")?;
+    eprintln!("stopping: letting in-flight responses finish");
+    for handle in handles {
+        handle.shutdown().await?;
+    }
+    Ok(())
+}
+
+async fn storm(args: StormArgs) -> anyhow::Result<()> {
+    let report = run_storm(&args.storm.config(args.control.clone())).await?;
+    print!("{report}");
+    if let Some(path) = &args.out {
+        write_json(path, &report)?;
+    }
+    Ok(())
+}
+
+async fn ab(args: AbArgs) -> anyhow::Result<()> {
+    let cells = parse_cells(&args.cells).context("--cells")?;
+    let config = AbConfig {
+        storm: StormConfig {
+            progress: false,
+            ..args.storm.config(None)
+        },
+        control: args.control.clone(),
+        control_token: args.storm.control_token.clone(),
+        cells,
+        reps: args.reps,
+    };
+    let total = config.cells.len() * config.reps;
+    let report = run_ab(&config, |run| {
+        eprintln!(
+            "[{}/{total}] rep {} {:<16} {:>8.1} req/s  TTFT mean {:>7.1} ms  spill {:>5.1}%  cached {:>5.1}%",
+            run.order,
+            run.rep,
+            run.cell,
+            run.report.throughput_rps,
+            run.report.ttft.mean_ms,
+            run.report.spill_fraction * 100.0,
+            run.report.cached_token_fraction * 100.0,
+        );
+    })
+    .await?;
+    print!("{report}");
+    if let Some(path) = &args.out {
+        write_json(path, &report)?;
+    }
+    if let Some(path) = &args.plot {
+        write_plot(&report, path)?;
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Workers(args) => workers(args).await,
+        Command::Storm(args) => storm(args).await,
+        Command::Ab(args) => ab(args).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the context chain joined by ": ".
+            eprintln!("bch-drill: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn the_cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn storm_and_ab_options_parse() {
+        let cli = Cli::try_parse_from([
+            "bch-drill",
+            "ab",
+            "--gateway",
+            "http://127.0.0.1:8080",
+            "--control",
+            "http://127.0.0.1:9090",
+            "--cells",
+            "strict,gap=2:skew=1.25",
+            "--reps",
+            "3",
+            "--no-stream",
+            "--plot",
+            "ab.svg",
+        ])
+        .unwrap();
+        let Command::Ab(args) = cli.command else {
+            panic!("not ab")
+        };
+        assert_eq!(args.reps, 3);
+        assert!(!args.storm.config(None).stream);
+        assert_eq!(parse_cells(&args.cells).unwrap().len(), 2);
+
+        let cli = Cli::try_parse_from(["bch-drill", "storm", "--gateway", "http://127.0.0.1:8080"])
+            .unwrap();
+        let Command::Storm(args) = cli.command else {
+            panic!("not storm")
+        };
+        let config = args.storm.config(None);
+        assert_eq!((config.groups, config.siblings, config.keys), (400, 8, 8));
+        assert!(config.stream);
+    }
+
+    #[test]
+    fn simulator_flags_override_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("sim.toml");
+        std::fs::write(&file, "time_scale = 0.5\nmax_batch = 4\n").unwrap();
+        let cli = Cli::try_parse_from([
+            "bch-drill",
+            "workers",
+            "--sim-config",
+            file.to_str().unwrap(),
+            "--max-batch",
+            "8",
+        ])
+        .unwrap();
+        let Command::Workers(args) = cli.command else {
+            panic!("not workers")
+        };
+        let config = args.sim.config().unwrap();
+        assert_eq!((config.time_scale, config.max_batch), (0.5, 8));
+
+        std::fs::write(&file, "time_scael = 0.5\n").unwrap();
+        let error = format!("{:#}", args.sim.config().unwrap_err());
+        assert!(error.contains("time_scael"), "{error}");
+    }
+}
