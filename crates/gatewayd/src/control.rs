@@ -125,12 +125,34 @@ async fn list_workers(State(gateway): State<Arc<Gateway>>) -> Response {
 
 fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Box<Response>> {
     serde_json::from_slice(body).map_err(|e| {
-        Box::new(error(
-            StatusCode::BAD_REQUEST,
-            "invalid_json",
-            format!("invalid request body: {e}"),
-        ))
+        let message = match failing_field::<T>(body) {
+            Some(field) => format!("invalid request body: {field}: {e}"),
+            None => format!("invalid request body: {e}"),
+        };
+        Box::new(error(StatusCode::BAD_REQUEST, "invalid_json", message))
     })
+}
+
+/// serde_json names unknown and missing fields but not a field whose value has the wrong type
+/// (`{"max_load_skew":"NaN"}` gives "invalid type: string, expected f64"). For a JSON object, the
+/// culprit is the first field whose removal changes (or cures) the error.
+fn failing_field<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<String> {
+    let serde_json::Value::Object(map) = serde_json::from_slice(body).ok()? else {
+        return None;
+    };
+    let error_of = |map: serde_json::Map<String, serde_json::Value>| {
+        serde_json::from_value::<T>(serde_json::Value::Object(map))
+            .err()
+            .map(|e| e.to_string())
+    };
+    let whole = error_of(map.clone())?;
+    map.keys()
+        .find(|key| {
+            let mut without = map.clone();
+            without.remove(*key);
+            error_of(without).as_ref() != Some(&whole)
+        })
+        .cloned()
 }
 
 async fn add_worker(State(gateway): State<Arc<Gateway>>, body: axum::body::Bytes) -> Response {
