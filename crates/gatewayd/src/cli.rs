@@ -38,7 +38,7 @@ pub enum Command {
 }
 
 /// Options of the proxy. Flags override the configuration file.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     /// Configuration file (TOML; see config/gatewayd.toml).
     #[arg(long, short = 'c', env = "GATEWAYD_CONFIG")]
@@ -229,6 +229,14 @@ pub fn effective_config(args: &RunArgs) -> anyhow::Result<Config> {
         Some(path) => Config::load(path)?,
         None => Config::default(),
     };
+    apply_flags(args, &mut config);
+    config.validate()?;
+    Ok(config)
+}
+
+/// Overrides the file's values with the flags that were given. Also applied to every reload, so
+/// a flag keeps winning over the file after SIGHUP or `POST /admin/reload`.
+pub fn apply_flags(args: &RunArgs, config: &mut Config) {
     if let Some(listen) = args.listen {
         config.server.listen = listen;
     }
@@ -253,8 +261,6 @@ pub fn effective_config(args: &RunArgs) -> anyhow::Result<Config> {
     if let Some(format) = args.log_format {
         config.log.format = format;
     }
-    config.validate()?;
-    Ok(config)
 }
 
 fn init_logging(config: &Config) {
@@ -299,6 +305,11 @@ fn serve(args: RunArgs) -> ExitCode {
             tracing::warn!("no workers configured: every request gets 503 until one is added (POST /admin/workers or --worker URL)");
         }
         let running = Gateway::start(config, args.config.clone(), cli_workers).await?;
+        let flags = args.clone();
+        let _ = running
+            .gateway
+            .config_overrides
+            .set(Box::new(move |config| apply_flags(&flags, config)));
         eprintln!(
             "gatewayd: data plane http://{}  control plane http://{}  telemetry ws://{}/ws",
             running.data_addr, running.control_addr, running.control_addr

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -57,6 +57,10 @@ impl RuntimeSettings {
     }
 }
 
+/// Changes applied to the configuration file's contents before it is put in force (the command
+/// line's flags).
+pub type ConfigOverrides = Box<dyn Fn(&mut Config) + Send + Sync>;
+
 /// Shared state of one gateway process.
 pub struct Gateway {
     /// Routing table and selection.
@@ -69,6 +73,8 @@ pub struct Gateway {
     pub config_path: Option<PathBuf>,
     /// CLI-given workers, kept across reloads.
     pub cli_workers: Vec<WorkerConfig>,
+    /// Command-line overrides of file values, re-applied on every reload (set once by the CLI).
+    pub config_overrides: OnceLock<ConfigOverrides>,
     /// Pooled client to workers.
     pub client: UpstreamClient,
     /// Data path metrics.
@@ -190,6 +196,7 @@ impl Gateway {
             config: ArcSwap::from_pointee(config),
             config_path,
             cli_workers,
+            config_overrides: OnceLock::new(),
             client,
             metrics,
             registry,
@@ -233,6 +240,9 @@ impl Gateway {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let mut config = Config::load(path)?;
+        if let Some(overrides) = self.config_overrides.get() {
+            overrides(&mut config);
+        }
         config.workers.extend(self.cli_workers.iter().cloned());
         config.validate()?;
         let specs = config.worker_specs()?;

@@ -1,0 +1,533 @@
+//! The real `gatewayd` binary: `check-config`, `explain` (one scenario from flags, and `--batch`
+//! against the golden bounded-policy vectors, with bad lines and 10,000 lines), and the daemon
+//! itself: flags over the file, SIGHUP reload and SIGTERM shutdown.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+fn gatewayd() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gatewayd"));
+    // Keep the environment from changing what the flags say.
+    for var in [
+        "GATEWAYD_CONFIG",
+        "GATEWAYD_LISTEN",
+        "GATEWAYD_CONTROL_LISTEN",
+        "GATEWAYD_ADMIN_TOKEN_FILE",
+        "RUST_LOG",
+    ] {
+        command.env_remove(var);
+    }
+    command
+}
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A file in the temp dir with a unique name, removed on drop.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(contents: &str) -> TempFile {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "bch-cli-test-{}-{}.toml",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::write(&path, contents).unwrap();
+        TempFile(path)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Runs `command` with `stdin` written from another thread (so a full stdout pipe cannot
+/// deadlock the test) and returns its output.
+fn run_with_stdin(mut command: Command, stdin: String) -> Output {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gatewayd runs");
+    let mut pipe = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        pipe.write_all(stdin.as_bytes()).unwrap();
+    });
+    let output = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    output
+}
+
+fn stdout_lines(output: &Output) -> Vec<Value> {
+    String::from_utf8(output.stdout.clone())
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// check-config
+
+#[test]
+fn check_config_accepts_every_shipped_file() {
+    for name in ["gatewayd.toml", "llama-cpp.toml", "demo.toml"] {
+        let file = workspace().join("config").join(name);
+        let output = gatewayd().arg("check-config").arg(&file).output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(stdout.contains("ok"), "{stdout}");
+    }
+}
+
+#[test]
+fn check_config_rejects_bad_files_naming_the_field_or_line() {
+    let cases = [
+        ("[policy]\nmax_load_skew = 0.5\n", "policy.max_load_skew"),
+        ("[policy]\nmax_load_skew = nan\n", "policy.max_load_skew"),
+        ("[policy]\nmin_load_gap = -1\n", "min_load_gap"),
+        ("[policy]\nkind = \"strict\"\n", "kind"),
+        ("[server]\nlisten = \"nowhere\"\n", "listen"),
+        ("[health]\ninterval_ms = 0\n", "health.interval_ms"),
+        ("[log]\nlevels = \"debug\"\n", "levels"),
+        ("[[workers]]\nurl = \"not a url\"\n", "workers[0].url"),
+        (
+            "[[workers]]\nname = \"a\"\nurl = \"http://127.0.0.1:1\"\n[[workers]]\nname = \"a\"\nurl = \"http://127.0.0.1:2\"\n",
+            "workers[1].name",
+        ),
+        ("[server]\nlisten = \"127.0.0.1:1\"\n\n[policy\n", "line 4"),
+    ];
+    for (text, needle) in cases {
+        let file = TempFile::new(text);
+        let output = gatewayd()
+            .arg("check-config")
+            .arg(file.path())
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(1), "{text}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(needle), "{text}: {stderr:?} lacks {needle}");
+        assert!(
+            stderr.contains(&*file.path().to_string_lossy()),
+            "{stderr:?} names the file"
+        );
+    }
+    let output = gatewayd()
+        .args(["check-config", "/nonexistent/bch/gatewayd.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot read"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// explain
+
+fn golden() -> Value {
+    serde_json::from_str(include_str!(
+        "../../core/tests/fixtures/bounded_decisions.json"
+    ))
+    .unwrap()
+}
+
+/// The golden cases as scenario lines (top-level `workers` added, `expect_*` stripped) and the
+/// expected answers.
+fn golden_scenarios() -> Vec<(String, Value)> {
+    let golden = golden();
+    golden["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|case| {
+            let mut scenario = case.as_object().unwrap().clone();
+            let expected = json!({
+                "worker": scenario.remove("expect_worker").unwrap(),
+                "branch": scenario.remove("expect_branch").unwrap(),
+            });
+            assert!(
+                scenario.keys().all(|k| !k.starts_with("expect_")),
+                "{scenario:?}"
+            );
+            scenario.insert("workers".into(), golden["workers"].clone());
+            (Value::Object(scenario).to_string(), expected)
+        })
+        .collect()
+}
+
+#[test]
+fn explain_prints_one_answer_as_json() {
+    let golden = golden();
+    let workers: Vec<&str> = golden["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    let mut command = gatewayd();
+    command.arg("explain");
+    for w in &workers {
+        command.args(["--worker", w]);
+    }
+    // The golden near-idle case: three in flight on the preferred worker spill at gap 2, skew 1.5.
+    let case = golden["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["expect_branch"] == "explicit_routing_key_spillover")
+        .expect("a golden spill case");
+    for (url, load) in case["loads"].as_object().unwrap() {
+        command.args(["--load", &format!("{url}={load}")]);
+    }
+    for (url, healthy) in case["healthy"].as_object().unwrap() {
+        if healthy == false {
+            command.args(["--unhealthy", url]);
+        }
+    }
+    command.args([
+        "--routing-key",
+        case["routing_key"].as_str().unwrap(),
+        "--min-load-gap",
+        &case["min_load_gap"].to_string(),
+        "--max-load-skew",
+        &case["max_load_skew"].to_string(),
+    ]);
+    if case["explicit"] == false {
+        command.arg("--implicit");
+    }
+    let output = command.output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let answer: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
+    assert_eq!(answer["worker"], case["expect_worker"], "{answer}");
+    assert_eq!(answer["branch"], case["expect_branch"], "{answer}");
+    assert!(answer["preferred"].is_string(), "{answer}");
+    assert_ne!(answer["preferred"], answer["worker"], "a spill: {answer}");
+    assert!(answer["bound"].is_object(), "{answer}");
+
+    // Implicit keys never spill.
+    let mut implicit = gatewayd();
+    implicit.arg("explain");
+    for w in &workers {
+        implicit.args(["--worker", w]);
+    }
+    let output = implicit
+        .args(["--load", &format!("{}=50", workers[0])])
+        .args(["--routing-key", "Bearer abc", "--implicit"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let answer: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(answer["branch"], "implicit_routing_key_hit");
+
+    // Bad thresholds are refused with exit 1.
+    let output = gatewayd()
+        .args(["explain", "--worker", workers[0], "--routing-key", "k"])
+        .args(["--max-load-skew", "0.5"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("max_load_skew"));
+}
+
+#[test]
+fn explain_batch_reproduces_the_golden_decisions_in_order() {
+    let scenarios = golden_scenarios();
+    assert!(scenarios.len() >= 50, "{}", scenarios.len());
+    let input: String = scenarios
+        .iter()
+        .map(|(line, _)| format!("{line}\n"))
+        .collect();
+    let mut command = gatewayd();
+    command.args(["explain", "--batch"]);
+    let output = run_with_stdin(command, input);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let answers = stdout_lines(&output);
+    assert_eq!(answers.len(), scenarios.len());
+    for (i, ((line, expected), answer)) in scenarios.iter().zip(&answers).enumerate() {
+        assert_eq!(answer, expected, "line {}: {line}", i + 1);
+    }
+}
+
+#[test]
+fn explain_batch_reports_bad_lines_and_answers_the_rest() {
+    let scenarios = golden_scenarios();
+    let mut lines: Vec<String> = scenarios.iter().take(6).map(|(l, _)| l.clone()).collect();
+    let mut bad_skew: Value = serde_json::from_str(&lines[0]).unwrap();
+    bad_skew["max_load_skew"] = json!(0.5);
+    let mut stray: Value = serde_json::from_str(&lines[0]).unwrap();
+    stray["loads"]["http://elsewhere:1"] = json!(3);
+    // Lines 3, 5, 7 and 9 are bad in different ways; 1-based numbering.
+    lines.insert(2, "{\"workers\": [".to_owned());
+    lines.insert(4, bad_skew.to_string());
+    lines.insert(
+        6,
+        r#"{"workers":["http://a:1"],"routing_key":"k","explicit":true,"colour":"red"}"#.to_owned(),
+    );
+    lines.insert(8, stray.to_string());
+    let input: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    let mut command = gatewayd();
+    command.args(["explain", "--batch"]);
+    let output = run_with_stdin(command, input);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "a bad line makes the exit code 1"
+    );
+    let answers = stdout_lines(&output);
+    assert_eq!(answers.len(), lines.len(), "one answer per line");
+    let mut good = scenarios.iter().map(|(_, e)| e);
+    for (i, answer) in answers.iter().enumerate() {
+        let line_no = i + 1;
+        match line_no {
+            3 | 5 | 7 | 9 => {
+                assert_eq!(answer["line"], line_no, "{answer}");
+                let message = answer["error"].as_str().expect("an error message");
+                let needle = match line_no {
+                    5 => "max_load_skew",
+                    7 => "colour",
+                    9 => "http://elsewhere:1",
+                    _ => "",
+                };
+                assert!(message.contains(needle), "line {line_no}: {message}");
+            }
+            _ => assert_eq!(Some(answer), good.next(), "line {line_no}"),
+        }
+    }
+}
+
+#[test]
+fn explain_batch_answers_ten_thousand_lines() {
+    let scenarios = golden_scenarios();
+    let n = 10_000;
+    let input: String = (0..n)
+        .map(|i| format!("{}\n", scenarios[i % scenarios.len()].0))
+        .collect();
+    let mut command = gatewayd();
+    command.args(["explain", "--batch"]);
+    let started = Instant::now();
+    let output = run_with_stdin(command, input);
+    let elapsed = started.elapsed();
+    eprintln!(
+        "explain --batch: {n} lines in {elapsed:.2?} ({:.0} lines/s, this build profile)",
+        n as f64 / elapsed.as_secs_f64()
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let answers = stdout_lines(&output);
+    assert_eq!(answers.len(), n);
+    for (i, answer) in answers.iter().enumerate() {
+        assert_eq!(answer, &scenarios[i % scenarios.len()].1, "line {}", i + 1);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The daemon
+
+/// A running `gatewayd`, killed on drop if the test did not stop it.
+struct Daemon {
+    child: std::process::Child,
+    control: String,
+    stderr: std::sync::mpsc::Receiver<String>,
+}
+
+impl Daemon {
+    fn spawn(mut command: Command) -> Daemon {
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("gatewayd runs");
+        let (tx, stderr) = std::sync::mpsc::channel();
+        let pipe = BufReader::new(child.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            for line in pipe.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut daemon = Daemon {
+            child,
+            control: String::new(),
+            stderr,
+        };
+        // The banner names the bound addresses (the test binds port 0).
+        let banner = daemon.wait_for_stderr("control plane http://");
+        daemon.control = banner
+            .split("control plane http://")
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_owned();
+        daemon
+    }
+
+    fn wait_for_stderr(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.stderr.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("no {needle:?} on gatewayd's stderr: {e}"),
+            }
+        }
+    }
+
+    /// `GET path` on the control plane; the body.
+    fn get(&self, path: &str) -> String {
+        use std::io::Read;
+        let mut stream = std::net::TcpStream::connect(&self.control).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        response.split_once("\r\n\r\n").unwrap().1.to_owned()
+    }
+
+    fn get_json(&self, path: &str) -> Value {
+        serde_json::from_str(&self.get(path)).unwrap()
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits (bounded) for the process to exit.
+    fn wait(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "gatewayd did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn daemon_config(gap: u64, skew: f64, workers: &[&str]) -> String {
+    let mut text = format!(
+        "[policy]\nkind = \"bounded_consistent_hashing\"\nmin_load_gap = {gap}\nmax_load_skew = {skew:?}\n\n[server]\nshutdown_grace_ms = 1000\n"
+    );
+    for url in workers {
+        text.push_str(&format!("\n[[workers]]\nurl = \"{url}\"\n"));
+    }
+    text
+}
+
+#[test]
+fn flags_override_the_file_also_after_a_sighup_reload_and_sigterm_stops() {
+    let file = TempFile::new(&daemon_config(2, 1.5, &["http://127.0.0.1:9"]));
+    let mut command = gatewayd();
+    command
+        .env("GATEWAYD_CONFIG", file.path())
+        .args(["--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0"])
+        .args(["--min-load-gap", "5", "--worker", "http://127.0.0.1:10"]);
+    let mut daemon = Daemon::spawn(command);
+    let policy = daemon.get_json("/admin/policy");
+    assert_eq!(
+        policy["kind"], "bounded_consistent_hashing",
+        "from the file"
+    );
+    assert_eq!(policy["min_load_gap"], 5, "the flag wins over the file");
+    assert_eq!(policy["max_load_skew"], 1.5);
+    let names = |daemon: &Daemon| -> Vec<String> {
+        daemon.get_json("/admin/workers")["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["url"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        names(&daemon),
+        ["http://127.0.0.1:9", "http://127.0.0.1:10"]
+    );
+
+    // Edit the file and SIGHUP: the file's changes apply, the flags still win.
+    std::fs::write(
+        file.path(),
+        daemon_config(3, 2.5, &["http://127.0.0.1:9", "http://127.0.0.1:11"]),
+    )
+    .unwrap();
+    daemon.signal("HUP");
+    daemon.wait_for_stderr("configuration reloaded");
+    let policy = daemon.get_json("/admin/policy");
+    assert_eq!(policy["max_load_skew"], 2.5, "from the edited file");
+    assert_eq!(
+        policy["min_load_gap"], 5,
+        "the flag still wins after a reload"
+    );
+    assert_eq!(
+        names(&daemon),
+        [
+            "http://127.0.0.1:9",
+            "http://127.0.0.1:11",
+            "http://127.0.0.1:10"
+        ]
+    );
+
+    // A bad file on SIGHUP is logged and changes nothing.
+    std::fs::write(file.path(), "[policy]\nmax_load_skew = 0.5\n").unwrap();
+    daemon.signal("HUP");
+    let logged = daemon.wait_for_stderr("reload failed");
+    assert!(logged.contains("policy.max_load_skew"), "{logged}");
+    assert_eq!(daemon.get_json("/admin/policy")["max_load_skew"], 2.5);
+
+    daemon.signal("TERM");
+    let status = daemon.wait();
+    assert!(status.success(), "{status:?}");
+}
