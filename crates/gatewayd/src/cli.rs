@@ -266,8 +266,10 @@ pub fn apply_flags(args: &RunArgs, config: &mut Config) {
 fn init_logging(config: &Config) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&config.log.level));
+    // Colour only on a terminal: under systemd or a log shipper escapes would garble the lines.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = match config.log.format {
         LogFormat::Text => builder.try_init(),

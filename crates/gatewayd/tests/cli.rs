@@ -399,8 +399,16 @@ impl Daemon {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.stderr.recv_timeout(left) {
-                Ok(line) if line.contains(needle) => return line,
-                Ok(_) => {}
+                Ok(line) => {
+                    // stderr is a pipe here, as under systemd: no terminal colour codes.
+                    assert!(
+                        !line.contains('\x1b'),
+                        "ANSI escapes in a piped log: {line:?}"
+                    );
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
                 Err(e) => panic!("no {needle:?} on gatewayd's stderr: {e}"),
             }
         }
@@ -528,6 +536,7 @@ fn flags_override_the_file_also_after_a_sighup_reload_and_sigterm_stops() {
     assert_eq!(daemon.get_json("/admin/policy")["max_load_skew"], 2.5);
 
     daemon.signal("TERM");
+    daemon.wait_for_stderr("shutting down");
     let status = daemon.wait();
     assert!(status.success(), "{status:?}");
 }
