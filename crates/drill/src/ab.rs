@@ -239,7 +239,10 @@ pub async fn run_ab(config: &AbConfig, mut on_run: impl FnMut(&AbRun)) -> anyhow
             .await
             .with_context(|| format!("switching the policy to cell {}", cell.label))?;
         // Start from an idle fleet, whatever the previous run left in flight.
-        control.wait_drained(Duration::from_secs(5)).await?;
+        let idle = control.wait_drained(Duration::from_secs(5)).await?;
+        if !idle.all_zero {
+            tracing::warn!(cell = %cell.label, active = ?idle.active, "starting a run on a fleet that is not idle");
+        }
         let storm = StormConfig {
             control: Some(config.control.clone()),
             control_token: config.control_token.clone(),
