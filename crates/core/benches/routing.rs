@@ -1,2 +1,141 @@
-//! placeholder
-fn main() {}
+//! Routing hot-path benchmarks (issue 2).
+//!
+//! * `decide/16_workers_idle`: one bounded decision including hashing a 32-byte key
+//!   (`ExplicitKey::parse` + `Router::route` + dropping the guard) on 16 idle workers. Target: median
+//!   ≤ 250 ns.
+//! * `decide/64_workers_worst_walk`: the same on 64 workers where 63 are loaded over `mean × skew`
+//!   and the key's preferred worker must spill. The only eligible worker is the *last* distinct
+//!   worker on the key's clockwise walk, so the spill search visits the longest stretch of points it
+//!   can for that key. Target: median ≤ 400 ns.
+//! * `decide/64_workers_worst_of_1000_keys`: as above, for the key (of 1000 candidates) whose walk to
+//!   its last distinct worker is longest: an adversarial upper bound, reported for information.
+//! * `ring/build_64x150`: `Ring::build` for 64 workers × 150 virtual nodes. Target: ≤ 2 ms.
+//!
+//! Run: `cargo bench -p bch-core -- --warm-up-time 1 --measurement-time 3`.
+
+use std::hint::black_box;
+
+use bch_core::load::LoadGuard;
+use bch_core::policy::{Branch, PolicySettings};
+use bch_core::ring::Ring;
+use bch_core::router::{Router, WorkerSpec};
+use bch_core::routing_key::{ExplicitKey, RoutingKey};
+use criterion::{Criterion, criterion_group, criterion_main};
+
+fn urls(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| format!("http://10.0.{}.{}:8000", i / 200, 10 + i % 200))
+        .collect()
+}
+
+fn router(n: usize, policy: PolicySettings) -> Router {
+    let specs = urls(n)
+        .into_iter()
+        .enumerate()
+        .map(|(i, url)| WorkerSpec {
+            name: format!("w{i}"),
+            url,
+            ring_id: None,
+        })
+        .collect();
+    Router::new(specs, policy).unwrap()
+}
+
+/// A 32-byte routing key.
+fn key32(i: usize) -> [u8; 32] {
+    let mut raw = [b'.'; 32];
+    let text = format!("session-{i:08}-tenant-bench");
+    raw[..text.len()].copy_from_slice(text.as_bytes());
+    raw
+}
+
+/// The benchmarked step: parse (hash) the key, route it, drop the guard.
+fn route_once(router: &Router, raw: &[u8; 32]) -> Branch {
+    let key = ExplicitKey::parse(black_box(raw)).unwrap();
+    let routed = router.route(&RoutingKey::Explicit(key));
+    let branch = routed.decision.branch;
+    drop(black_box(routed));
+    branch
+}
+
+/// Points the spill search walks for `raw` before reaching the last distinct worker clockwise.
+fn walk_to_last(ring: &Ring, raw: &[u8; 32]) -> (usize, usize) {
+    let position = ExplicitKey::parse(raw).unwrap().position();
+    let last = *ring.workers_from(position).last().unwrap();
+    let steps = ring.points_from(position).position(|w| w == last).unwrap() + 1;
+    (last, steps)
+}
+
+/// Holds 4 requests on every worker but `eligible`: with skew 1.0 the mean is 252/64 = 3.94, so all
+/// 63 loaded workers are over the bound (4 > 3.94, and 4 − 0 > gap 2) and only `eligible` may take a
+/// spilled request.
+fn load_all_but(router: &Router, eligible: usize) -> Vec<LoadGuard> {
+    let mut held = Vec::new();
+    for w in 0..router.table().workers().len() {
+        if w != eligible {
+            for _ in 0..4 {
+                let name = format!("w{w}");
+                let routed = router.route(&RoutingKey::Target(name.as_bytes()));
+                held.push(routed.guard.unwrap());
+            }
+        }
+    }
+    held
+}
+
+fn worst_walk(c: &mut Criterion, name: &str, raw: [u8; 32]) {
+    let router = router(
+        64,
+        PolicySettings {
+            min_load_gap: 2,
+            max_load_skew: 1.0,
+            ..PolicySettings::default()
+        },
+    );
+    let table = router.table();
+    let (last, steps) = walk_to_last(table.ring(), &raw);
+    let _held = load_all_but(&router, last);
+    let key = RoutingKey::Explicit(ExplicitKey::parse(&raw).unwrap());
+    let decision = router.route(&key).decision;
+    assert_eq!(decision.branch, Branch::ExplicitRoutingKeySpillover);
+    assert_eq!(decision.worker, Some(last));
+    eprintln!(
+        "{name}: spill search walks {steps} of {} points to the only eligible worker",
+        table.ring().len()
+    );
+    c.bench_function(name, |b| b.iter(|| route_once(&router, &raw)));
+}
+
+fn decisions(c: &mut Criterion) {
+    let idle = router(16, PolicySettings::default());
+    let raw = key32(0);
+    assert_eq!(route_once(&idle, &raw), Branch::ExplicitRoutingKeyHit);
+    c.bench_function("decide/16_workers_idle", |b| {
+        b.iter(|| route_once(&idle, &raw))
+    });
+
+    let idle64 = router(64, PolicySettings::default());
+    assert_eq!(route_once(&idle64, &raw), Branch::ExplicitRoutingKeyHit);
+    c.bench_function("decide/64_workers_idle", |b| {
+        b.iter(|| route_once(&idle64, &raw))
+    });
+
+    worst_walk(c, "decide/64_workers_worst_walk", key32(0));
+
+    let ring = Ring::build(&urls(64), 150);
+    let worst = (0..1000)
+        .map(key32)
+        .max_by_key(|raw| walk_to_last(&ring, raw).1)
+        .unwrap();
+    worst_walk(c, "decide/64_workers_worst_of_1000_keys", worst);
+}
+
+fn ring_build(c: &mut Criterion) {
+    let ids = urls(64);
+    c.bench_function("ring/build_64x150", |b| {
+        b.iter(|| Ring::build(black_box(&ids), 150))
+    });
+}
+
+criterion_group!(benches, decisions, ring_build);
+criterion_main!(benches);

@@ -52,8 +52,11 @@ impl Decision {
 /// `random` policy); `turn` is a counter incremented per request (used by `round_robin`). Passing
 /// them in keeps this function pure and reproducible in tests.
 ///
-/// Never allocates. The worst case walks the ring once (every point of every worker), which
-/// happens only when nearly every worker is unhealthy or over the bound.
+/// Never allocates. Finding the preferred worker walks the ring from the key past unhealthy
+/// workers. A spill on a fleet of up to 64 workers costs two passes over the workers plus
+/// [`Ring::first_in_set`] (a short walk, then a binary search per eligible worker); on larger
+/// fleets the spill search walks the ring, up to once round when nearly every worker is over the
+/// bound.
 pub fn decide<F: FleetView>(
     ring: &Ring,
     policy: &PolicySettings,
@@ -109,9 +112,12 @@ pub fn decide<F: FleetView>(
             let (worker, branch) = if !bound.should_spill() {
                 (preferred, Branch::ExplicitRoutingKeyHit)
             } else {
-                let candidate = ring
-                    .points_from(position)
-                    .find(|&w| w != preferred && fleet.healthy(w) && bound.eligible(fleet.load(w)));
+                let candidate = match eligible_mask(fleet, preferred, &bound) {
+                    Some(mask) => ring.first_in_set(position, mask),
+                    None => ring.points_from(position).find(|&w| {
+                        w != preferred && fleet.healthy(w) && bound.eligible(fleet.load(w))
+                    }),
+                };
                 match candidate {
                     Some(target) => (target, Branch::ExplicitRoutingKeySpillover),
                     None => (preferred, Branch::ExplicitRoutingKeyNoEligibleCandidate),
@@ -154,6 +160,28 @@ fn bound_check<F: FleetView>(
         min_load_gap: policy.min_load_gap,
         max_load_skew: policy.max_load_skew,
     }
+}
+
+/// Fleets of at most this many workers get the bitmask spill search ([`eligible_mask`]).
+const SMALL_FLEET: usize = 64;
+
+/// For fleets of at most [`SMALL_FLEET`] workers: bit `w` is set iff worker `w` may take a spilled
+/// request (not the preferred worker, healthy, [`BoundCheck::eligible`]). With it
+/// [`Ring::first_in_set`] finds the target without visiting up to every ring point (the walk it
+/// replaces visits hundreds of points when only one worker on a 64-worker ring is under the bound).
+/// `None` for larger fleets, which test each point's worker while walking.
+fn eligible_mask<F: FleetView>(fleet: &F, preferred: usize, bound: &BoundCheck) -> Option<u64> {
+    let count = fleet.worker_count();
+    if count > SMALL_FLEET {
+        return None;
+    }
+    let mut mask = 0u64;
+    for worker in 0..count {
+        if worker != preferred && fleet.healthy(worker) && bound.eligible(fleet.load(worker)) {
+            mask |= 1 << worker;
+        }
+    }
+    Some(mask)
 }
 
 /// The `n`-th healthy worker in configuration order (0-based).

@@ -27,6 +27,10 @@ pub struct Ring {
     positions: Vec<u64>,
     /// `owners[i]` is the worker index owning `positions[i]`.
     owners: Vec<u32>,
+    /// Point indices grouped by worker, ascending within each group: worker `w`'s points are
+    /// `by_worker[w * virtual_nodes..(w + 1) * virtual_nodes]`. Lets [`Ring::first_in_set`] find a
+    /// worker's next point by binary search instead of walking the ring.
+    by_worker: Vec<u32>,
     worker_count: usize,
     virtual_nodes: u32,
 }
@@ -89,9 +93,19 @@ impl Ring {
                     .cmp(ring_ids[b.1 as usize].as_ref())
             })
         });
+        assert!(u32::try_from(points.len()).is_ok(), "too many ring points");
+        let per_worker = virtual_nodes as usize;
+        let mut by_worker = vec![0u32; points.len()];
+        let mut filled = vec![0usize; ring_ids.len()];
+        for (index, &(_, owner)) in points.iter().enumerate() {
+            let owner = owner as usize;
+            by_worker[owner * per_worker + filled[owner]] = index as u32;
+            filled[owner] += 1;
+        }
         Ring {
             positions: points.iter().map(|p| p.0).collect(),
             owners: points.iter().map(|p| p.1).collect(),
+            by_worker,
             worker_count: ring_ids.len(),
             virtual_nodes,
         }
@@ -137,8 +151,65 @@ impl Ring {
     /// that failed once fails again), which keeps routing allocation-free.
     pub fn points_from(&self, position: u64) -> impl Iterator<Item = usize> + '_ {
         let start = self.first_point(position).unwrap_or(0);
+        // Two plain slice walks instead of indexing with `% len`: no division per point.
+        let (before, from) = self.owners.split_at(start);
+        from.iter().chain(before).map(|&owner| owner as usize)
+    }
+
+    /// The first worker clockwise from `position` whose bit is set in `workers` (bit `w` stands for
+    /// worker index `w`, so only workers 0..64 can be named): exactly
+    /// `points_from(position).find(|&w| w < 64 && workers >> w & 1 == 1)`, without walking up to
+    /// the whole ring. `None` when no named worker is on the ring.
+    ///
+    /// A short walk answers when many workers are named; otherwise each named worker's next point
+    /// is found by binary search over its own points and the nearest wins. This bounds the bounded
+    /// policy's spill search when only a few workers are under the bound, which is exactly when a
+    /// plain walk is longest (hundreds of points on a 64-worker ring). No allocation.
+    pub fn first_in_set(&self, position: u64, workers: u64) -> Option<usize> {
+        /// Points walked before switching to per-worker search: with half the fleet named, the
+        /// walk fails this long with probability 2^-16.
+        const WALK: usize = 16;
         let n = self.owners.len();
-        (0..n).map(move |step| self.owners[(start + step) % n] as usize)
+        let start = self.first_point(position)?;
+        let named = |w: usize| w < 64 && (workers >> w) & 1 == 1;
+        let walk = WALK.min(n);
+        let (before, from) = self.owners.split_at(start);
+        if let Some(&w) = from
+            .iter()
+            .chain(before)
+            .take(walk)
+            .find(|&&w| named(w as usize))
+        {
+            return Some(w as usize);
+        }
+        if walk == n {
+            return None;
+        }
+        let per_worker = self.virtual_nodes as usize;
+        let mut nearest: Option<(usize, usize)> = None;
+        let mut rest = workers;
+        while rest != 0 {
+            let worker = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            if worker >= self.worker_count {
+                break;
+            }
+            let points = &self.by_worker[worker * per_worker..(worker + 1) * per_worker];
+            // The worker's first point at or after `start`, else (wrapping) its first point.
+            let next = points
+                .get(points.partition_point(|&p| (p as usize) < start))
+                .unwrap_or(&points[0]);
+            let next = *next as usize;
+            let distance = if next >= start {
+                next - start
+            } else {
+                next + n - start
+            };
+            if nearest.is_none_or(|(d, _)| distance < d) {
+                nearest = Some((distance, worker));
+            }
+        }
+        nearest.map(|(_, worker)| worker)
     }
 
     /// The distinct workers clockwise from `position`, each once, in ring order. Allocates a small

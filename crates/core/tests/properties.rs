@@ -316,55 +316,153 @@ proptest! {
         loads in prop::collection::vec(0u64..12, 8),
         extra in 0u64..40,
         min_load_gap in 0u64..6,
-        max_load_skew in prop_oneof![Just(1.0f64), Just(1.5), Just(2.0), 1.0f64..3.0],
+        max_load_skew in skews(),
         key in "[ -~]{1,40}",
         virtual_nodes in 1u32..=40,
     ) {
+        check_spill_rule(&healthy, &loads[..n], extra, min_load_gap, max_load_skew, &key, virtual_nodes)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// The same rule on fleets around the 64-worker line, where the spill search switches from a
+    /// bitmask of eligible workers to walking the ring point by point.
+    #[test]
+    fn spill_rule_holds_on_large_fleets(
+        n in 60usize..=72,
+        healthy in prop::collection::vec(prop::bool::weighted(0.9), 72),
+        loads in prop::collection::vec(0u64..6, 72),
+        extra in 0u64..400,
+        min_load_gap in 0u64..4,
+        max_load_skew in skews(),
+        key in "[ -~]{1,40}",
+    ) {
+        check_spill_rule(&healthy[..n], &loads[..n], extra, min_load_gap, max_load_skew, &key, 4)?;
+    }
+}
+
+fn skews() -> impl Strategy<Value = f64> {
+    prop_oneof![Just(1.0f64), Just(1.5), Just(2.0), 1.0f64..3.0]
+}
+
+/// Decides `key` on a ring of `healthy.len()` workers with the given loads (the preferred worker
+/// gets `extra` more) and checks the decision against the rule recomputed here.
+fn check_spill_rule(
+    healthy: &[bool],
+    loads: &[u64],
+    extra: u64,
+    min_load_gap: u64,
+    max_load_skew: f64,
+    key: &str,
+    virtual_nodes: u32,
+) -> Result<(), TestCaseError> {
+    let n = healthy.len();
+    let ids: Vec<String> = (0..n).map(|i| spec(i).url).collect();
+    let ring = Ring::build(&ids, virtual_nodes);
+    let explicit = ExplicitKey::parse(key.as_bytes()).unwrap();
+    let walk = ring.workers_from(explicit.position());
+    let preferred = walk.iter().copied().find(|&w| healthy[w]);
+    let mut fleet = Fleet {
+        healthy: healthy.to_vec(),
+        loads: loads.to_vec(),
+    };
+    if let Some(p) = preferred {
+        fleet.loads[p] += extra;
+    }
+    let policy = PolicySettings {
+        min_load_gap,
+        max_load_skew,
+        ..settings(virtual_nodes)
+    };
+    let decision = decide(
+        &ring,
+        &policy,
+        &RoutingKey::Explicit(explicit),
+        &fleet,
+        0,
+        0,
+    );
+
+    let Some(preferred) = preferred else {
+        prop_assert_eq!(decision.branch, Branch::NoHealthyWorkers);
+        prop_assert_eq!(decision.worker, None);
+        return Ok(());
+    };
+    let healthy_loads: Vec<u64> = (0..n)
+        .filter(|&w| healthy[w])
+        .map(|w| fleet.loads[w])
+        .collect();
+    let min = *healthy_loads.iter().min().unwrap();
+    let mean = healthy_loads.iter().sum::<u64>() as f64 / healthy_loads.len() as f64;
+    let p = fleet.loads[preferred];
+    let bound = decision
+        .bound
+        .expect("explicit key under the bounded policy");
+    prop_assert_eq!(bound.preferred_load, p);
+    prop_assert_eq!(bound.min_load, min);
+    prop_assert_eq!(bound.mean_load, mean);
+    prop_assert_eq!(bound.min_load_gap, min_load_gap);
+    prop_assert_eq!(bound.max_load_skew, max_load_skew);
+    prop_assert_eq!(decision.preferred, Some(preferred));
+
+    let limit = mean * max_load_skew;
+    let spill = p - min > min_load_gap && p as f64 > limit;
+    if spill {
+        let target = walk[1..]
+            .iter()
+            .copied()
+            .find(|&w| healthy[w] && fleet.loads[w] as f64 <= limit)
+            .expect("the healthy minimum is always eligible when skew >= 1");
+        prop_assert_eq!(decision.branch, Branch::ExplicitRoutingKeySpillover);
+        prop_assert_eq!(decision.worker, Some(target));
+        prop_assert!(target != preferred);
+        prop_assert!(fleet.loads[target] as f64 <= limit);
+    } else {
+        prop_assert_eq!(decision.branch, Branch::ExplicitRoutingKeyHit);
+        prop_assert_eq!(decision.worker, Some(preferred));
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// `Ring::first_in_set` (the spill search's shortcut) finds exactly the worker a point-by-point
+    /// walk finds, for sparse and dense sets, at and between points, on rings of up to 70 workers
+    /// (indices from 64 up cannot be named and are never returned).
+    #[test]
+    fn first_in_set_equals_the_walk(
+        n in 1usize..=70,
+        virtual_nodes in 1u32..=40,
+        sets in prop::collection::vec(
+            prop_oneof![
+                any::<u64>(),
+                (0u32..64).prop_map(|b| 1u64 << b),
+                // A few workers: the short walk usually misses them and the search decides.
+                prop::collection::vec(0u32..64, 2..5)
+                    .prop_map(|bits| bits.iter().fold(0u64, |set, b| set | 1 << b)),
+                Just(0u64),
+                Just(u64::MAX),
+            ],
+            8,
+        ),
+        positions in prop::collection::vec(any::<u64>(), 16),
+    ) {
         let ids: Vec<String> = (0..n).map(|i| spec(i).url).collect();
         let ring = Ring::build(&ids, virtual_nodes);
-        let explicit = ExplicitKey::parse(key.as_bytes()).unwrap();
-        let walk = ring.workers_from(explicit.position());
-        let preferred = walk.iter().copied().find(|&w| healthy[w]);
-        let mut fleet = Fleet { healthy: healthy.clone(), loads: loads[..n].to_vec() };
-        if let Some(p) = preferred {
-            fleet.loads[p] += extra;
+        let mut probes = positions;
+        for (_, arc) in ring.arcs().into_iter().take(16) {
+            probes.push(arc.end_inclusive);
         }
-        let policy = PolicySettings { min_load_gap, max_load_skew, ..settings(virtual_nodes) };
-        let decision = decide(&ring, &policy, &RoutingKey::Explicit(explicit), &fleet, 0, 0);
-
-        let Some(preferred) = preferred else {
-            prop_assert_eq!(decision.branch, Branch::NoHealthyWorkers);
-            prop_assert_eq!(decision.worker, None);
-            return Ok(());
-        };
-        let healthy_loads: Vec<u64> =
-            (0..n).filter(|&w| healthy[w]).map(|w| fleet.loads[w]).collect();
-        let min = *healthy_loads.iter().min().unwrap();
-        let mean = healthy_loads.iter().sum::<u64>() as f64 / healthy_loads.len() as f64;
-        let p = fleet.loads[preferred];
-        let bound = decision.bound.expect("explicit key under the bounded policy");
-        prop_assert_eq!(bound.preferred_load, p);
-        prop_assert_eq!(bound.min_load, min);
-        prop_assert_eq!(bound.mean_load, mean);
-        prop_assert_eq!(bound.min_load_gap, min_load_gap);
-        prop_assert_eq!(bound.max_load_skew, max_load_skew);
-        prop_assert_eq!(decision.preferred, Some(preferred));
-
-        let limit = mean * max_load_skew;
-        let spill = p - min > min_load_gap && p as f64 > limit;
-        if spill {
-            let target = walk[1..]
-                .iter()
-                .copied()
-                .find(|&w| healthy[w] && fleet.loads[w] as f64 <= limit)
-                .expect("the healthy minimum is always eligible when skew >= 1");
-            prop_assert_eq!(decision.branch, Branch::ExplicitRoutingKeySpillover);
-            prop_assert_eq!(decision.worker, Some(target));
-            prop_assert!(target != preferred);
-            prop_assert!(fleet.loads[target] as f64 <= limit);
-        } else {
-            prop_assert_eq!(decision.branch, Branch::ExplicitRoutingKeyHit);
-            prop_assert_eq!(decision.worker, Some(preferred));
+        for &set in &sets {
+            for &position in &probes {
+                let walked = ring
+                    .points_from(position)
+                    .find(|&w| w < 64 && (set >> w) & 1 == 1);
+                prop_assert_eq!(ring.first_in_set(position, set), walked, "set {:#x}", set);
+            }
         }
     }
 }
