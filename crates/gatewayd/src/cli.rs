@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context;
 use bch_core::explain::{Explainer, Scenario};
 use bch_core::policy::PolicyKind;
 use clap::{Args, Parser, Subcommand};
@@ -184,6 +185,13 @@ fn explain(args: ExplainArgs) -> ExitCode {
     }
 }
 
+/// One `--batch` answer line: `{"worker","branch"}`.
+#[derive(serde::Serialize)]
+struct BatchAnswer {
+    worker: Option<String>,
+    branch: bch_core::policy::Branch,
+}
+
 /// One answer line per input line, in order. A bad line gets `{"error":..,"line":N}` and the rest
 /// still run; the exit code is 1 if any line failed.
 fn explain_batch(explainer: &mut Explainer) -> ExitCode {
@@ -200,9 +208,13 @@ fn explain_batch(explainer: &mut Explainer) -> ExitCode {
                 .and_then(|s| explainer.explain(&s).map_err(|e| e.to_string())),
         };
         let written = match answer {
+            // A struct, not `json!`, so the fields come out in the documented order.
             Ok(a) => serde_json::to_writer(
                 &mut out,
-                &serde_json::json!({"worker": a.worker, "branch": a.branch}),
+                &BatchAnswer {
+                    worker: a.worker,
+                    branch: a.branch,
+                },
             ),
             Err(message) => {
                 failed = true;
@@ -312,11 +324,12 @@ fn serve(args: RunArgs) -> ExitCode {
             .gateway
             .config_overrides
             .set(Box::new(move |config| apply_flags(&flags, config)));
+        spawn_signal_handlers(std::sync::Arc::clone(&running.gateway))
+            .context("cannot install signal handlers")?;
         eprintln!(
             "gatewayd: data plane http://{}  control plane http://{}  telemetry ws://{}/ws",
             running.data_addr, running.control_addr, running.control_addr
         );
-        spawn_signal_handlers(std::sync::Arc::clone(&running.gateway));
         running.run_until_stopped().await;
         anyhow::Ok(())
     });
@@ -330,17 +343,16 @@ fn serve(args: RunArgs) -> ExitCode {
 }
 
 /// SIGTERM/SIGINT start a graceful shutdown; SIGHUP reloads the configuration file.
-pub fn spawn_signal_handlers(gateway: std::sync::Arc<Gateway>) {
+///
+/// The handlers are registered before this returns (not inside the spawned tasks), so a signal
+/// sent as soon as the start-up banner is out is handled instead of killing the process.
+pub fn spawn_signal_handlers(gateway: std::sync::Arc<Gateway>) -> std::io::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
     let shutdown = gateway.shutdown.clone();
     tokio::spawn(async move {
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            tracing::error!("cannot install signal handlers");
-            return;
-        };
         tokio::select! {
             _ = term.recv() => {}
             _ = int.recv() => {}
@@ -349,9 +361,6 @@ pub fn spawn_signal_handlers(gateway: std::sync::Arc<Gateway>) {
         shutdown.cancel();
     });
     tokio::spawn(async move {
-        let Ok(mut hup) = signal(SignalKind::hangup()) else {
-            return;
-        };
         while hup.recv().await.is_some() {
             match gateway.reload() {
                 Ok(()) => {}
@@ -361,6 +370,7 @@ pub fn spawn_signal_handlers(gateway: std::sync::Arc<Gateway>) {
             }
         }
     });
+    Ok(())
 }
 
 #[cfg(test)]

@@ -267,6 +267,13 @@ fn explain_batch_reproduces_the_golden_decisions_in_order() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    let stdout = String::from_utf8(output.stdout.clone()).unwrap();
+    for line in stdout.lines() {
+        assert!(
+            line.starts_with(r#"{"worker":"#) && line.contains(r#","branch":"#),
+            "documented field order: {line}"
+        );
+    }
     let answers = stdout_lines(&output);
     assert_eq!(answers.len(), scenarios.len());
     for (i, ((line, expected), answer)) in scenarios.iter().zip(&answers).enumerate() {
@@ -539,4 +546,26 @@ fn flags_override_the_file_also_after_a_sighup_reload_and_sigterm_stops() {
     daemon.wait_for_stderr("shutting down");
     let status = daemon.wait();
     assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn a_sighup_right_after_start_up_reloads_instead_of_killing() {
+    // The banner promises the daemon is up; a reload sent the moment it appears (systemd's
+    // ExecReload can do that) must find the handler installed, not SIGHUP's default: terminate.
+    for _ in 0..5 {
+        let file = TempFile::new(&daemon_config(2, 1.5, &[]));
+        let mut command = gatewayd();
+        command.arg("--config").arg(file.path()).args([
+            "--listen",
+            "127.0.0.1:0",
+            "--control-listen",
+            "127.0.0.1:0",
+        ]);
+        let mut daemon = Daemon::spawn(command);
+        daemon.signal("HUP");
+        daemon.wait_for_stderr("configuration reloaded");
+        assert_eq!(daemon.get_json("/admin/policy")["min_load_gap"], 2);
+        daemon.signal("TERM");
+        assert!(daemon.wait().success());
+    }
 }
