@@ -1,0 +1,481 @@
+//! Telemetry websocket tests: a real tokio-tungstenite client against a real gateway on loopback.
+
+mod common;
+
+use std::time::Duration;
+
+use bch_core::telemetry::{ServerFrame, ServerMessage};
+use common::*;
+use futures_util::{SinkExt, StreamExt};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+struct Client {
+    socket: Socket,
+    next_seq: u64,
+}
+
+impl Client {
+    async fn connect(gateway: &gatewayd::RunningGateway) -> Client {
+        let (socket, _) =
+            tokio_tungstenite::connect_async(format!("ws://{}/ws", gateway.control_addr))
+                .await
+                .expect("websocket upgrade");
+        Client {
+            socket,
+            next_seq: 0,
+        }
+    }
+
+    /// Next frame, checking the envelope: version 1 and a gap-free `seq`.
+    async fn frame(&mut self) -> ServerFrame {
+        loop {
+            let message = tokio::time::timeout(Duration::from_secs(5), self.socket.next())
+                .await
+                .expect("a frame within 5 s")
+                .expect("socket open")
+                .expect("valid frame");
+            let Message::Text(text) = message else {
+                continue;
+            };
+            let frame: ServerFrame = serde_json::from_str(&text).expect("frame parses");
+            assert_eq!(frame.v, 1);
+            assert_eq!(frame.seq, self.next_seq, "seq without gaps");
+            self.next_seq += 1;
+            return frame;
+        }
+    }
+
+    /// Reads frames until `pick` returns something.
+    async fn until<T>(&mut self, mut pick: impl FnMut(&ServerMessage) -> Option<T>) -> T {
+        for _ in 0..5_000 {
+            let frame = self.frame().await;
+            if let Some(found) = pick(&frame.message) {
+                return found;
+            }
+        }
+        panic!("condition not seen in 5,000 frames");
+    }
+
+    async fn send(&mut self, json: serde_json::Value) {
+        self.socket
+            .send(Message::Text(json.to_string().into()))
+            .await
+            .unwrap();
+    }
+}
+
+fn bounded_config(workers: &[&FakeWorker]) -> gatewayd::config::Config {
+    let mut config = test_config(workers);
+    config.policy.kind = bch_core::policy::PolicyKind::BoundedConsistentHashing;
+    config
+}
+
+#[tokio::test]
+async fn snapshot_first_then_ticks_follow_a_held_stream() {
+    let (a, b) = (fake_worker("a").await, fake_worker("b").await);
+    let gateway = start(bounded_config(&[&a, &b])).await;
+    let mut client = Client::connect(&gateway).await;
+    let first = client.frame().await;
+    let ServerMessage::Snapshot(snapshot) = first.message else {
+        panic!("first frame must be a snapshot, got {first:?}");
+    };
+    assert_eq!(snapshot.workers.len(), 2);
+    assert_eq!(snapshot.ring.workers.len(), 2);
+    let share_sum: f64 = snapshot.ring.workers.iter().map(|w| w.share).sum();
+    assert!((share_sum - 1.0).abs() < 1e-9);
+
+    let mut held = reqwest::Client::new()
+        .get(format!("http://{}/hold", gateway.data_addr))
+        .header("x-smg-routing-key", "watched-key")
+        .send()
+        .await
+        .unwrap();
+    let worker = held.headers()["x-bch-worker"].to_str().unwrap().to_owned();
+    held.chunk().await.unwrap();
+    // Worker and key records may arrive in one tick or in several: track the latest of each.
+    let mut worker_active = None;
+    let mut key = None;
+    client
+        .until(|m| {
+            if let ServerMessage::Tick(t) = m {
+                if let Some(w) = t.workers.iter().find(|w| w.name == worker) {
+                    worker_active = Some(w.active);
+                }
+                if let Some(k) = t.keys.iter().find(|k| k.key == "watched-key") {
+                    key = Some(k.clone());
+                }
+            }
+            (worker_active == Some(1) && key.is_some()).then_some(())
+        })
+        .await;
+    let key = key.unwrap();
+    assert_eq!(key.current, worker);
+    assert_eq!(key.preferred, worker);
+    assert_eq!(key.active.get(&worker), Some(&1));
+    drop(held);
+    client
+        .until(|m| match m {
+            ServerMessage::Tick(t) => t
+                .workers
+                .iter()
+                .find(|w| w.name == worker && w.active == 0)
+                .map(|_| ()),
+            _ => None,
+        })
+        .await;
+    a.release_all();
+    b.release_all();
+    gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_spill_appears_with_the_numbers_behind_it() {
+    let (a, b) = (fake_worker("a").await, fake_worker("b").await);
+    let mut config = bounded_config(&[&a, &b]);
+    config.policy.min_load_gap = 2;
+    let gateway = start(config).await;
+    let mut client = Client::connect(&gateway).await;
+    client.frame().await;
+    let http = reqwest::Client::new();
+    let mut open = Vec::new();
+    let mut placed = Vec::new();
+    // Loads [p, 0] spill at p = 3 with gap 2 and skew 1.5: the fourth request spills.
+    for _ in 0..4 {
+        let mut r = http
+            .get(format!("http://{}/hold", gateway.data_addr))
+            .header("x-smg-routing-key", "hot-key")
+            .send()
+            .await
+            .unwrap();
+        placed.push(r.headers()["x-bch-worker"].to_str().unwrap().to_owned());
+        r.chunk().await.unwrap();
+        open.push(r);
+    }
+    let home = placed[0].clone();
+    assert_eq!(&placed[..3], &[home.clone(), home.clone(), home.clone()]);
+    assert_ne!(placed[3], home);
+    let spill = client
+        .until(|m| match m {
+            ServerMessage::Tick(t) => t.spills.first().cloned(),
+            _ => None,
+        })
+        .await;
+    assert_eq!(spill.key, "hot-key");
+    assert_eq!(
+        spill.branch,
+        bch_core::policy::Branch::ExplicitRoutingKeySpillover
+    );
+    assert_eq!(
+        (spill.from.as_str(), spill.to.as_str()),
+        (home.as_str(), placed[3].as_str())
+    );
+    assert_eq!(spill.preferred_load, 3);
+    assert_eq!(spill.min_load, 0);
+    assert_eq!(spill.mean_load, 1.5);
+    assert_eq!((spill.min_load_gap, spill.max_load_skew), (2, 1.5));
+    drop(open);
+    a.release_all();
+    b.release_all();
+    gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn set_policy_is_acked_validated_and_announced_both_ways() {
+    let a = fake_worker("a").await;
+    let gateway = start(bounded_config(&[&a])).await;
+    let mut client = Client::connect(&gateway).await;
+    let mut observer = Client::connect(&gateway).await;
+    client.frame().await;
+    observer.frame().await;
+    let policy_url = format!("http://{}/admin/policy", gateway.control_addr);
+
+    client
+        .send(serde_json::json!({"type":"set_policy","id":7,"min_load_gap":5,"max_load_skew":2.0}))
+        .await;
+    let ack = client
+        .until(|m| match m {
+            ServerMessage::Ack(ack) => Some(ack.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(ack.id, Some(bch_core::telemetry::CommandId::Number(7)));
+    assert_eq!(
+        (ack.policy.min_load_gap, ack.policy.max_load_skew),
+        (5, 2.0)
+    );
+    let http: serde_json::Value = reqwest::get(&policy_url)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            http["min_load_gap"].as_u64(),
+            http["max_load_skew"].as_f64()
+        ),
+        (Some(5), Some(2.0))
+    );
+    let announced = observer
+        .until(|m| match m {
+            ServerMessage::Policy(p) => Some(p.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(announced.changed_by, bch_core::telemetry::ChangeSource::Ws);
+    assert_eq!(announced.policy.min_load_gap, 5);
+
+    for bad in [
+        serde_json::json!({"type":"set_policy","id":"x","max_load_skew":0.99}),
+        serde_json::json!({"type":"set_policy","id":"y","min_load_gap":-1}),
+        serde_json::json!({"type":"set_policy","id":"z","gap":1}),
+    ] {
+        client.send(bad).await;
+        let error = client
+            .until(|m| match m {
+                ServerMessage::Error(e) => Some(e.clone()),
+                _ => None,
+            })
+            .await;
+        assert!(
+            error.id.is_some(),
+            "the error echoes the command id: {error:?}"
+        );
+    }
+    let http: serde_json::Value = reqwest::get(&policy_url)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            http["min_load_gap"].as_u64(),
+            http["max_load_skew"].as_f64()
+        ),
+        (Some(5), Some(2.0)),
+        "rejected commands changed nothing"
+    );
+
+    let put = reqwest::Client::new()
+        .put(&policy_url)
+        .json(&serde_json::json!({"min_load_gap": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    let announced = client
+        .until(|m| match m {
+            ServerMessage::Policy(p) => Some(p.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(
+        announced.changed_by,
+        bch_core::telemetry::ChangeSource::Http
+    );
+    assert_eq!(announced.policy.min_load_gap, 1);
+    gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn resync_sends_a_fresh_snapshot_and_ring_changes_are_announced() {
+    let (a, b) = (fake_worker("a").await, fake_worker("b").await);
+    let gateway = start(bounded_config(&[&a])).await;
+    let mut client = Client::connect(&gateway).await;
+    client.frame().await;
+    client.send(serde_json::json!({"type":"resync"})).await;
+    client
+        .until(|m| matches!(m, ServerMessage::Snapshot(_)).then_some(()))
+        .await;
+    let added = reqwest::Client::new()
+        .post(format!("http://{}/admin/workers", gateway.control_addr))
+        .json(&serde_json::json!({"name": "b", "url": b.url()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 201);
+    let ring = client
+        .until(|m| match m {
+            ServerMessage::Ring(r) => Some(r.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(ring.workers.len(), 2);
+    assert_eq!(ring.ring.workers.len(), 2);
+    gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_client_that_never_reads_does_not_slow_routing() {
+    let a = fake_worker("a").await;
+    let mut config = bounded_config(&[&a]);
+    config.telemetry.interval_ms = 5;
+    config.telemetry.client_queue = 4;
+    let gateway = start(config).await;
+    // Connect and never read: the socket buffers fill, then the per-client queue.
+    let stalled = Client::connect(&gateway).await;
+    let mut watcher = Client::connect(&gateway).await;
+    watcher.frame().await;
+    let http = reqwest::Client::new();
+    let data = gateway.data_addr;
+    let mut handles = Vec::new();
+    for chunk in 0..8 {
+        let http = http.clone();
+        handles.push(tokio::spawn(async move {
+            for i in 0..250 {
+                let r = http
+                    .get(format!("http://{data}/echo"))
+                    .header("x-smg-routing-key", format!("key-{chunk}-{}", i % 300))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200);
+                r.bytes().await.unwrap();
+            }
+        }));
+    }
+    let all = async {
+        for h in handles {
+            h.await.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), all)
+        .await
+        .expect("2,000 requests complete while a client never reads");
+    let totals = watcher
+        .until(|m| match m {
+            ServerMessage::Tick(t) if t.totals.requests_total >= 2_000 => Some(t.totals),
+            _ => None,
+        })
+        .await;
+    assert!(totals.requests_total >= 2_000);
+    // The gateway kept serving its control plane too.
+    let policy = reqwest::get(format!("http://{}/admin/policy", gateway.control_addr))
+        .await
+        .unwrap();
+    assert_eq!(policy.status(), 200);
+    drop(stalled);
+    gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn upgrade_needs_the_token_when_one_is_configured() {
+    let a = fake_worker("a").await;
+    let mut config = bounded_config(&[&a]);
+    let token_file = std::env::temp_dir().join(format!("bch-ws-token-{}", std::process::id()));
+    std::fs::write(&token_file, "s3cret-token\n").unwrap();
+    config.server.admin_token_file = Some(token_file.clone());
+    let gateway = start(config).await;
+    let url = format!("ws://{}/ws", gateway.control_addr);
+    let refused = tokio_tungstenite::connect_async(&url).await;
+    match refused {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status(), 401)
+        }
+        other => panic!("expected 401, got {other:?}"),
+    }
+    let mut request = url.clone().into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("authorization", "Bearer wrong".parse().unwrap());
+    assert!(tokio_tungstenite::connect_async(request).await.is_err());
+    let mut request = url.into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("authorization", "Bearer s3cret-token".parse().unwrap());
+    let (mut socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    let first = socket.next().await.unwrap().unwrap();
+    assert!(first.to_text().unwrap().contains("\"type\":\"snapshot\""));
+    let _ = std::fs::remove_file(token_file);
+    gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn implicit_keys_are_shown_only_as_hashes() {
+    let a = fake_worker("a").await;
+    let gateway = start(bounded_config(&[&a])).await;
+    let mut client = Client::connect(&gateway).await;
+    client.frame().await;
+    let secret = "Bearer sk-live-DO-NOT-LEAK";
+    reqwest::Client::new()
+        .get(format!("http://{}/echo", gateway.data_addr))
+        .header("authorization", secret)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let key = client
+        .until(|m| match m {
+            ServerMessage::Tick(t) => t.keys.first().cloned(),
+            _ => None,
+        })
+        .await;
+    assert!(key.key.starts_with("implicit:") && key.key.len() == "implicit:".len() + 8);
+    client.send(serde_json::json!({"type":"resync"})).await;
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(5), client.socket.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let text = message.to_text().unwrap().to_owned();
+        assert!(!text.contains("DO-NOT-LEAK"));
+        if text.contains("\"type\":\"snapshot\"") {
+            assert!(text.contains(&key.key));
+            break;
+        }
+    }
+    gateway.shutdown().await;
+}
+
+/// The aggregator's side of back-pressure, observed directly: a client whose queue is full loses
+/// frames (counted in `dropped_events`) and gets a fresh snapshot once its queue has room.
+#[tokio::test]
+async fn a_full_client_queue_drops_ticks_then_resyncs() {
+    let a = fake_worker("a").await;
+    let mut config = bounded_config(&[&a]);
+    config.telemetry.interval_ms = 5;
+    config.telemetry.client_queue = 2;
+    let gateway = start(config).await;
+    let (id, mut frames) = gateway.gateway.telemetry.register();
+    let http = reqwest::Client::new();
+    // Keep traffic flowing so every tick carries changes, without reading the queue.
+    for i in 0..50 {
+        http.get(format!("http://{}/echo", gateway.data_addr))
+            .header("x-smg-routing-key", format!("k{i}"))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+    }
+    let mut seen_snapshots = 0;
+    let dropped = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let body = frames.recv().await.expect("client still registered");
+            let message: ServerMessage = serde_json::from_str(&body).unwrap();
+            match message {
+                ServerMessage::Snapshot(_) => seen_snapshots += 1,
+                ServerMessage::Tick(t) if t.dropped_events > 0 => return t.dropped_events,
+                _ => {}
+            }
+        }
+    })
+    .await
+    .expect("a tick reporting dropped frames");
+    assert!(dropped > 0);
+    assert!(
+        seen_snapshots >= 2,
+        "the initial snapshot, then a resync after the overflow"
+    );
+    gateway.gateway.telemetry.unregister(id);
+    gateway.shutdown().await;
+}
