@@ -68,11 +68,13 @@ async fn require_token(
     next: Next,
 ) -> Response {
     if let Some(token) = &gateway.admin_token {
+        // The scheme name is case-insensitive (RFC 9110 §11.1); the token is not.
         let presented = request
             .headers()
             .get(header::AUTHORIZATION)
-            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-            .unwrap_or(b"");
+            .map(|v| v.as_bytes())
+            .filter(|v| v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer "))
+            .map_or(&b""[..], |v| &v[7..]);
         if !bool::from(presented.ct_eq(token.as_bytes())) {
             let mut response = error(
                 StatusCode::UNAUTHORIZED,

@@ -235,6 +235,23 @@ async fn every_control_endpoint_needs_the_token_when_one_is_set() {
         .map(|w| w["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["a", "b"]);
+    // The scheme is case-insensitive (RFC 9110), the token is not.
+    for authorization in [format!("bearer {TOKEN}"), format!("BEARER {TOKEN}")] {
+        let response = client
+            .get(control(&gateway, "/admin/policy"))
+            .header("authorization", &authorization)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{authorization}");
+    }
+    let response = client
+        .get(control(&gateway, "/admin/policy"))
+        .bearer_auth(TOKEN.to_uppercase())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401);
     // The right token opens every endpoint.
     for path in [
         "/metrics",
