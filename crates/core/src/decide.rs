@@ -176,13 +176,29 @@ fn eligible_mask<F: FleetView>(fleet: &F, preferred: usize, bound: &BoundCheck) 
         return None;
     }
     let mut mask = 0u64;
-    for worker in 0..count {
-        if worker != preferred && fleet.healthy(worker) && bound.eligible(fleet.load(worker)) {
-            mask |= 1 << worker;
+    let limit = bound.skew_bound();
+    if (0.0..EXACT_IN_F64).contains(&limit) {
+        // `load as f64 <= limit` is monotone in `load`; for a limit in [0, 2^53) it is exactly
+        // `load <= floor(limit)` (loads up to 2^53 convert exactly, larger ones exceed the limit
+        // either way). An integer compare per worker instead of an unsigned-to-float conversion.
+        let threshold = limit as u64;
+        for worker in 0..count {
+            if fleet.healthy(worker) && fleet.load(worker) <= threshold {
+                mask |= 1 << worker;
+            }
+        }
+    } else {
+        for worker in 0..count {
+            if fleet.healthy(worker) && bound.eligible(fleet.load(worker)) {
+                mask |= 1 << worker;
+            }
         }
     }
-    Some(mask)
+    Some(mask & !(1 << preferred))
 }
+
+/// Integers up to this convert to `f64` exactly.
+const EXACT_IN_F64: f64 = (1u64 << 53) as f64;
 
 /// The `n`-th healthy worker in configuration order (0-based).
 fn nth_healthy<F: FleetView>(fleet: &F, n: usize) -> Option<usize> {

@@ -343,6 +343,23 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// The same rule with loads beyond 2^53, where `u64 → f64` rounds and `mean × skew` is no
+    /// longer below the range where an integer threshold is exact.
+    #[test]
+    fn spill_rule_holds_with_huge_loads(
+        (n, _order, healthy) in fleet_shape(6),
+        loads in prop::collection::vec((1u64 << 50)..(1u64 << 58), 6),
+        extra in prop_oneof![Just(0u64), (1u64 << 50)..(1u64 << 59)],
+        max_load_skew in skews(),
+        key in "[ -~]{1,40}",
+    ) {
+        check_spill_rule(&healthy, &loads[..n], extra, 2, max_load_skew, &key, 8)?;
+    }
+}
+
 fn skews() -> impl Strategy<Value = f64> {
     prop_oneof![Just(1.0f64), Just(1.5), Just(2.0), 1.0f64..3.0]
 }
