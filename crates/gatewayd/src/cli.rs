@@ -290,13 +290,17 @@ fn init_logging(config: &Config) {
 }
 
 fn serve(args: RunArgs) -> ExitCode {
-    let config = match effective_config(&args) {
+    let mut config = match effective_config(&args) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e:#}");
             return ExitCode::FAILURE;
         }
     };
+    if args.demo && config.log.level == "info" {
+        // One access-log line per request would bury the demo banner; warnings still show.
+        config.log.level = "info,gatewayd::proxy=warn".to_owned();
+    }
     init_logging(&config);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -312,6 +316,11 @@ fn serve(args: RunArgs) -> ExitCode {
         let cli_workers: Vec<WorkerConfig> =
             args.workers.iter().map(|u| WorkerConfig::from_url(u)).collect();
         if args.demo {
+            let mut config = config;
+            // The demo exists to show spills: bounded unless the operator chose otherwise.
+            if args.policy.is_none() && args.config.is_none() {
+                config.policy.kind = PolicyKind::BoundedConsistentHashing;
+            }
             return crate::demo::run(config, args.config.clone(), cli_workers, args.demo_workers)
                 .await;
         }

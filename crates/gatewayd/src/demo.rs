@@ -1,15 +1,82 @@
-//! `gatewayd --demo`: embedded simulated workers plus a gentle background storm.
+//! `gatewayd --demo`: embedded simulated workers plus a gentle background storm, so a newcomer sees
+//! the whole system (routing, spills, telemetry, the console) with nothing else installed.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use bch_drill::sim::SimConfig;
+use bch_drill::storm::{BackgroundStormConfig, background_storm};
+use bch_drill::worker::spawn_workers;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, WorkerConfig};
+use crate::gateway::Gateway;
 
-/// Runs the demo until interrupted.
+/// Runs the demo until SIGINT/SIGTERM: `workers` simulated workers on free loopback ports, the
+/// gateway (bounded policy unless `--policy`/`--config` said otherwise) and a background storm
+/// with a few hot keys.
 pub async fn run(
-    _config: Config,
-    _config_path: Option<PathBuf>,
-    _cli_workers: Vec<WorkerConfig>,
-    _workers: usize,
+    mut config: Config,
+    config_path: Option<PathBuf>,
+    cli_workers: Vec<WorkerConfig>,
+    workers: usize,
 ) -> anyhow::Result<()> {
-    anyhow::bail!("the demo is not available yet")
+    anyhow::ensure!(
+        (1..=64).contains(&workers),
+        "--demo-workers must be between 1 and 64"
+    );
+    let simulated = spawn_workers(workers, 0, SimConfig::default())
+        .await
+        .context("cannot start the simulated workers")?;
+    config
+        .workers
+        .extend(simulated.iter().map(|w| WorkerConfig {
+            name: Some(w.name().to_owned()),
+            url: w.url(),
+            ring_id: None,
+            health_path: None,
+        }));
+    // The default ports may be taken (another gatewayd, a previous demo): fall back to free ones
+    // rather than failing a newcomer's first command.
+    let running = match Gateway::start(config.clone(), config_path.clone(), cli_workers.clone())
+        .await
+    {
+        Ok(running) => running,
+        Err(error) if format!("{error:#}").contains("cannot bind") => {
+            tracing::warn!(error = %format!("{error:#}"), "default ports busy; using free ports");
+            config.server.listen.set_port(0);
+            config.server.control_listen.set_port(0);
+            Gateway::start(config, config_path, cli_workers).await?
+        }
+        Err(error) => return Err(error),
+    };
+    crate::cli::spawn_signal_handlers(Arc::clone(&running.gateway))
+        .context("cannot install signal handlers")?;
+    let storm_cancel = CancellationToken::new();
+    let gateway_url: reqwest::Url = format!("http://{}", running.data_addr).parse()?;
+    let storm = tokio::spawn(background_storm(
+        BackgroundStormConfig::new(gateway_url),
+        storm_cancel.clone(),
+    ));
+    let policy = *running.gateway.router.table().policy();
+    eprintln!(
+        "\n\
+         bch demo: {workers} simulated workers, policy {} (min_load_gap {}, max_load_skew {}), gentle storm on keys hot-0, hot-1, cold-0..5\n\
+         \n  data plane     http://{data}\n  control plane  http://{control}   (GET /admin/workers, /admin/policy, /metrics)\n  telemetry      ws://{control}/ws\n\
+         \n  watch it:      cargo run -p bch-tui -- --url ws://{control}/ws\n  try a request: curl -s http://{data}/v1/chat/completions -H 'X-SMG-Routing-Key: my-session' \\\n                   -H 'content-type: application/json' -d '{{\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}],\"max_tokens\":8}}' -i\n\
+         \nCtrl-C stops everything.\n",
+        policy.kind,
+        policy.min_load_gap,
+        policy.max_load_skew,
+        data = running.data_addr,
+        control = running.control_addr,
+    );
+    running.run_until_stopped().await;
+    storm_cancel.cancel();
+    let _ = storm.await;
+    for worker in simulated {
+        let _ = worker.shutdown().await;
+    }
+    Ok(())
 }
