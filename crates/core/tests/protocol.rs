@@ -1,0 +1,196 @@
+//! Wire-format snapshots of every telemetry message (docs/protocol.md quotes them). A change here is
+//! a protocol change: bump `PROTOCOL_VERSION` if it is incompatible, and update docs/protocol.md.
+
+use std::collections::BTreeMap;
+
+use bch_core::policy::{Branch, PolicyKind, PolicySettings};
+use bch_core::telemetry::*;
+
+fn policy() -> PolicySettings {
+    PolicySettings {
+        kind: PolicyKind::BoundedConsistentHashing,
+        min_load_gap: 2,
+        max_load_skew: 1.5,
+        virtual_nodes: 150,
+    }
+}
+
+fn worker(name: &str, active: u64, healthy: bool) -> WorkerRecord {
+    WorkerRecord {
+        name: name.into(),
+        url: format!("http://10.0.0.{}:8000", name.len()),
+        healthy,
+        active,
+        requests_total: 120 + active,
+        spilled_in_total: 3,
+        spilled_out_total: 1,
+        errors_total: 0,
+    }
+}
+
+fn ring() -> RingOwnership {
+    RingOwnership {
+        virtual_nodes: 150,
+        workers: vec![
+            RingShare {
+                name: "gpu-a".into(),
+                share: 0.512,
+                arcs: vec![[0.0, 0.25], [0.5, 0.762]],
+            },
+            RingShare {
+                name: "gpu-b".into(),
+                share: 0.488,
+                arcs: vec![[0.25, 0.5], [0.762, 1.0]],
+            },
+        ],
+    }
+}
+
+fn key() -> KeyRecord {
+    KeyRecord {
+        key: "session-42".into(),
+        kind: KeyKind::Explicit,
+        preferred: "gpu-a".into(),
+        current: "gpu-b".into(),
+        active: BTreeMap::from([("gpu-a".into(), 3), ("gpu-b".into(), 1)]),
+        requests_total: 9,
+        spills_total: 1,
+        last_seen_ms: 1_764_500_000_123,
+    }
+}
+
+fn spill() -> SpillEvent {
+    SpillEvent {
+        ts_ms: 1_764_500_000_123,
+        key: "session-42".into(),
+        branch: Branch::ExplicitRoutingKeySpillover,
+        from: "gpu-a".into(),
+        to: "gpu-b".into(),
+        preferred_load: 3,
+        min_load: 0,
+        mean_load: 1.5,
+        min_load_gap: 2,
+        max_load_skew: 1.5,
+    }
+}
+
+fn totals() -> Totals {
+    Totals {
+        requests_per_s: 42.0,
+        spills_per_s: 2.5,
+        requests_total: 1234,
+        spills_total: 56,
+    }
+}
+
+fn frames() -> Vec<(&'static str, ServerFrame)> {
+    let ts_ms = 1_764_500_000_000;
+    vec![
+        (
+            "snapshot",
+            ServerFrame::new(
+                0,
+                ServerMessage::Snapshot(Snapshot {
+                    ts_ms,
+                    policy: policy(),
+                    workers: vec![worker("gpu-a", 3, true), worker("gpu-b", 1, true)],
+                    ring: ring(),
+                    keys: vec![key()],
+                    spills: vec![spill()],
+                    totals: totals(),
+                }),
+            ),
+        ),
+        (
+            "tick",
+            ServerFrame::new(
+                1,
+                ServerMessage::Tick(Tick {
+                    ts_ms,
+                    workers: vec![worker("gpu-b", 2, false)],
+                    keys: vec![key()],
+                    removed_keys: vec!["implicit:9f86d081".into()],
+                    spills: vec![spill()],
+                    totals: totals(),
+                    dropped_events: 0,
+                }),
+            ),
+        ),
+        (
+            "ring",
+            ServerFrame::new(
+                2,
+                ServerMessage::Ring(RingUpdate {
+                    ts_ms,
+                    workers: vec![worker("gpu-a", 0, true), worker("gpu-b", 0, true)],
+                    ring: ring(),
+                }),
+            ),
+        ),
+        (
+            "policy",
+            ServerFrame::new(
+                3,
+                ServerMessage::Policy(PolicyUpdate {
+                    ts_ms,
+                    policy: policy(),
+                    changed_by: ChangeSource::Http,
+                }),
+            ),
+        ),
+        (
+            "ack",
+            ServerFrame::new(
+                4,
+                ServerMessage::Ack(Ack {
+                    id: Some(CommandId::Number(7)),
+                    policy: policy(),
+                }),
+            ),
+        ),
+        (
+            "error",
+            ServerFrame::new(
+                5,
+                ServerMessage::Error(CommandError {
+                    id: Some(CommandId::Number(8)),
+                    message: "max_load_skew must be a finite number >= 1.0, got 0.95".into(),
+                }),
+            ),
+        ),
+    ]
+}
+
+#[test]
+fn every_server_message_has_a_stable_shape() {
+    for (name, frame) in frames() {
+        insta::assert_json_snapshot!(name, frame, {
+            ".ts_ms" => "[ts_ms]",
+            ".**.ts_ms" => "[ts_ms]",
+            ".**.last_seen_ms" => "[ts_ms]",
+        });
+        let json = serde_json::to_string(&frame).unwrap();
+        let back: ServerFrame = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, frame, "{name} round-trips");
+    }
+}
+
+#[test]
+fn client_commands_have_a_stable_shape() {
+    let set_policy = ClientCommand::SetPolicy {
+        id: Some(CommandId::Number(7)),
+        kind: None,
+        min_load_gap: Some(3),
+        max_load_skew: Some(1.25),
+    };
+    insta::assert_json_snapshot!("set_policy", set_policy);
+    insta::assert_json_snapshot!("resync", ClientCommand::Resync { id: None });
+}
+
+#[test]
+fn unknown_fields_from_a_newer_server_are_ignored() {
+    let json = r#"{"v":1,"seq":9,"type":"policy","ts_ms":1,"changed_by":"ws","future":true,
+        "policy":{"kind":"round_robin","min_load_gap":0,"max_load_skew":1.0,"virtual_nodes":150}}"#;
+    let frame: ServerFrame = serde_json::from_str(json).unwrap();
+    assert_eq!(frame.seq, 9);
+}
