@@ -342,6 +342,29 @@ impl Router {
         })
     }
 
+    /// Replaces the worker list and the whole policy in one swap (configuration reload): readers see
+    /// either the old table or the new one, never new workers with the old thresholds. Both are
+    /// validated first; on error nothing changes. Workers that stay keep their counters and health.
+    pub fn reconfigure(
+        &self,
+        workers: Vec<WorkerSpec>,
+        policy: PolicySettings,
+    ) -> Result<(), RouterError> {
+        policy.validate()?;
+        validate_membership(&workers)?;
+        let mut registry = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.table.load_full();
+        let table = build_table(
+            &mut registry,
+            workers,
+            policy,
+            Some(&current),
+            current.membership_generation + 1,
+        );
+        self.table.store(Arc::new(table));
+        Ok(())
+    }
+
     fn change_membership(
         &self,
         edit: impl FnOnce(&mut Vec<WorkerSpec>) -> Result<(), MembershipError>,
@@ -540,6 +563,37 @@ mod tests {
         assert_eq!(router.table().workers()[0].stats.active(), 1);
         drop(routed);
         assert_eq!(router.table().workers()[0].stats.active(), 0);
+    }
+
+    #[test]
+    fn reconfigure_swaps_workers_and_policy_together_or_not_at_all() {
+        let router = Router::new(vec![spec(1), spec(2)], PolicySettings::default()).unwrap();
+        router.set_health("w2", false);
+        let before = router.table();
+        let bad = PolicySettings {
+            max_load_skew: 0.5,
+            ..Default::default()
+        };
+        assert!(router.reconfigure(vec![spec(2), spec(3)], bad).is_err());
+        assert!(Arc::ptr_eq(&before, &router.table()));
+        let good = PolicySettings {
+            min_load_gap: 9,
+            ..Default::default()
+        };
+        router.reconfigure(vec![spec(2), spec(3)], good).unwrap();
+        let after = router.table();
+        assert_eq!(after.policy().min_load_gap, 9);
+        let names: Vec<_> = after
+            .workers()
+            .iter()
+            .map(|w| w.spec.name.as_str())
+            .collect();
+        assert_eq!(names, ["w2", "w3"]);
+        assert_eq!(after.health(), &[false, true], "w2 keeps its health");
+        assert_eq!(
+            after.membership_generation(),
+            before.membership_generation() + 1
+        );
     }
 
     #[test]

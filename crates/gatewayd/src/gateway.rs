@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use arc_swap::ArcSwap;
-use bch_core::policy::PolicyPatch;
 use bch_core::router::Router;
 use bch_core::routing_key::RoutingHeaders;
 use bch_core::telemetry::ChangeSource;
@@ -247,11 +246,9 @@ impl Gateway {
         config.validate()?;
         let specs = config.worker_specs()?;
         let current = self.router.table().policy().to_owned();
-        let wanted = config.policy.settings();
-        // Validate the policy first so a bad one leaves the workers untouched too.
-        current.patched(&patch_from(&wanted))?;
-        self.router.replace_workers(specs)?;
-        let applied = self.router.set_policy(&patch_from(&wanted))?;
+        let applied = config.policy.settings();
+        // One swap: no request sees the new workers with the old thresholds or the reverse.
+        self.router.reconfigure(specs, applied)?;
         self.settings
             .store(Arc::new(RuntimeSettings::from_config(&config)));
         self.config.store(Arc::new(config));
@@ -260,14 +257,5 @@ impl Gateway {
         }
         tracing::info!(path = %path.display(), "configuration reloaded");
         Ok(())
-    }
-}
-
-fn patch_from(settings: &bch_core::policy::PolicySettings) -> PolicyPatch {
-    PolicyPatch {
-        kind: Some(settings.kind),
-        min_load_gap: Some(settings.min_load_gap),
-        max_load_skew: Some(settings.max_load_skew),
-        virtual_nodes: Some(settings.virtual_nodes),
     }
 }
