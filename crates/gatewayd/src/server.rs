@@ -36,7 +36,17 @@ impl Limits {
     }
 }
 
-const OVER_CAPACITY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 108\r\n\r\n{\"error\":{\"message\":\"gateway connection limit reached\",\"type\":\"gateway_error\",\"code\":\"too_many_connections\"}}";
+const OVER_CAPACITY_BODY: &str = r#"{"error":{"message":"gateway connection limit reached","type":"gateway_error","code":"too_many_connections"}}"#;
+
+/// The whole 503 answer to a connection over `max_connections`, written raw: such a connection is
+/// never handed to hyper, so it costs no task beyond this write.
+fn over_capacity_response() -> String {
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{}",
+        OVER_CAPACITY_BODY.len(),
+        OVER_CAPACITY_BODY
+    )
+}
 
 fn http1_builder(limits: &Limits) -> http1::Builder {
     let mut builder = http1::Builder::new();
@@ -75,7 +85,7 @@ pub async fn serve_data_plane(
             tasks.spawn(async move {
                 let mut stream = stream;
                 let _ = tokio::time::timeout(Duration::from_secs(1), async {
-                    let _ = stream.write_all(OVER_CAPACITY).await;
+                    let _ = stream.write_all(over_capacity_response().as_bytes()).await;
                     let _ = stream.shutdown().await;
                 })
                 .await;
@@ -149,5 +159,26 @@ fn log_connection_error(result: Result<(), hyper::Error>) {
         } else if !error.is_incomplete_message() && !error.is_canceled() {
             tracing::debug!(%error, "connection ended with an error");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn over_capacity_answer_is_well_formed_http() {
+        let response = over_capacity_response();
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 503 "));
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(length, body.len());
+        let json: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(json["error"]["code"], "too_many_connections");
     }
 }
