@@ -115,6 +115,25 @@ impl RoutingTable {
         self.workers.iter().position(|w| w.spec.name == name)
     }
 
+    /// Every worker's record (configuration order), the shape of `GET /admin/workers` and of the
+    /// telemetry worker records.
+    pub fn worker_records(&self) -> Vec<crate::telemetry::WorkerRecord> {
+        self.workers
+            .iter()
+            .zip(&self.healthy)
+            .map(|(w, healthy)| crate::telemetry::WorkerRecord {
+                name: w.spec.name.clone(),
+                url: w.spec.url.clone(),
+                healthy: *healthy,
+                active: w.stats.active(),
+                requests_total: w.stats.requests_total(),
+                spilled_in_total: w.stats.spilled_in_total(),
+                spilled_out_total: w.stats.spilled_out_total(),
+                errors_total: w.stats.errors_total(),
+            })
+            .collect()
+    }
+
     /// What a key would get right now, without taking load (for `/admin/explain`).
     pub fn explain(&self, key: &RoutingKey<'_>) -> Decision {
         decide(&self.ring, &self.policy, key, self, 0, 0)

@@ -103,22 +103,7 @@ async fn metrics(State(gateway): State<Arc<Gateway>>) -> Response {
 
 /// Current worker records, configuration order.
 pub fn worker_records(gateway: &Gateway) -> Vec<WorkerRecord> {
-    let table = gateway.router.table();
-    table
-        .workers()
-        .iter()
-        .zip(table.health())
-        .map(|(w, healthy)| WorkerRecord {
-            name: w.spec.name.clone(),
-            url: w.spec.url.clone(),
-            healthy: *healthy,
-            active: w.stats.active(),
-            requests_total: w.stats.requests_total(),
-            spilled_in_total: w.stats.spilled_in_total(),
-            spilled_out_total: w.stats.spilled_out_total(),
-            errors_total: w.stats.errors_total(),
-        })
-        .collect()
+    gateway.router.table().worker_records()
 }
 
 async fn list_workers(State(gateway): State<Arc<Gateway>>) -> Response {

@@ -438,24 +438,6 @@ impl Aggregator {
         }
     }
 
-    fn workers(&self, table: &RoutingTable) -> Vec<WorkerRecord> {
-        table
-            .workers()
-            .iter()
-            .zip(table.health())
-            .map(|(w, healthy)| WorkerRecord {
-                name: w.spec.name.clone(),
-                url: w.spec.url.clone(),
-                healthy: *healthy,
-                active: w.stats.active(),
-                requests_total: w.stats.requests_total(),
-                spilled_in_total: w.stats.spilled_in_total(),
-                spilled_out_total: w.stats.spilled_out_total(),
-                errors_total: w.stats.errors_total(),
-            })
-            .collect()
-    }
-
     fn snapshot_message(&self) -> Arc<str> {
         let table = self.router.table();
         let mut keys: Vec<&KeyState> = self.keys.values().collect();
@@ -463,7 +445,7 @@ impl Aggregator {
         encode_message(&ServerMessage::Snapshot(Snapshot {
             ts_ms: now_ms(),
             policy: *table.policy(),
-            workers: self.workers(&table),
+            workers: table.worker_records(),
             ring: if table.membership_generation() == self.ring_generation {
                 self.ring.clone()
             } else {
@@ -520,13 +502,13 @@ impl Aggregator {
             self.ring = ring_ownership(&table);
             let message = encode_message(&ServerMessage::Ring(RingUpdate {
                 ts_ms: now_ms(),
-                workers: self.workers(&table),
+                workers: table.worker_records(),
                 ring: self.ring.clone(),
             }));
             self.broadcast(&message);
         }
 
-        let workers = self.workers(&table);
+        let workers = table.worker_records();
         let changed_workers: Vec<WorkerRecord> = workers
             .into_iter()
             .filter(|w| self.last_workers.get(&w.name) != Some(w))
