@@ -23,6 +23,14 @@ const ADMIN_SECRET: &str = "ADMINTOKEN-SECRET-d00d";
 const WRONG_SECRET: &str = "WRONGTOKEN-SECRET-beef";
 const SECRETS: [&str; 4] = [AUTH_SECRET, COOKIE_SECRET, ADMIN_SECRET, WRONG_SECRET];
 
+/// A data-plane request: method, path, one extra header, body.
+type Case = (
+    &'static str,
+    &'static str,
+    Option<(&'static str, &'static str)>,
+    Vec<u8>,
+);
+
 #[derive(Clone, Default)]
 struct Buffer(Arc<Mutex<Vec<u8>>>);
 
@@ -143,7 +151,7 @@ async fn credentials_never_leak() {
     let mut error_bodies = Vec::new();
     let mut statuses = Vec::new();
     // (method, path, extra header, body): every data-plane path, each with both credentials.
-    let cases: Vec<(&str, &str, Option<(&str, &str)>, Vec<u8>)> = vec![
+    let cases: Vec<Case> = vec![
         // First, while "dead" is still marked healthy: 502 (later keyed requests may hash to it,
         // fail to connect and mark it down).
         (
