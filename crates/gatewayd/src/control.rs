@@ -6,7 +6,7 @@
 use std::sync::{Arc, PoisonError};
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -18,7 +18,6 @@ use bch_core::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource, RoutingKey
 use bch_core::telemetry::{
     Ack, ChangeSource, ClientCommand, CommandError, ServerMessage, WorkerRecord,
 };
-use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
 use crate::config::WorkerConfig;
@@ -232,36 +231,64 @@ async fn put_policy(State(gateway): State<Arc<Gateway>>, body: axum::body::Bytes
     }
 }
 
-/// `GET /admin/explain` query: the key, and whether it is explicit (default) or implicit, or a
-/// target worker.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// `GET /admin/explain` query: `routing_key=K[&explicit=true|false]` or `target_worker=NAME`.
+/// Values are kept as raw bytes after percent-decoding, so a key that is not UTF-8 is judged exactly
+/// as the data plane judges the same bytes in a header (ignored), not silently repaired.
+#[derive(Debug, Default)]
 struct ExplainQuery {
-    routing_key: Option<String>,
-    #[serde(default = "yes")]
+    routing_key: Option<Vec<u8>>,
     explicit: bool,
-    target_worker: Option<String>,
+    target_worker: Option<Vec<u8>>,
 }
 
-fn yes() -> bool {
-    true
+impl ExplainQuery {
+    fn parse(raw: Option<&str>) -> Result<Self, String> {
+        let mut query = ExplainQuery {
+            explicit: true,
+            ..Default::default()
+        };
+        for pair in raw.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            // Form encoding: '+' is a space.
+            let value = value.replace('+', " ");
+            let value: Vec<u8> = percent_encoding::percent_decode_str(&value).collect();
+            match name {
+                "routing_key" => query.routing_key = Some(value),
+                "target_worker" => query.target_worker = Some(value),
+                "explicit" => {
+                    query.explicit = match &value[..] {
+                        b"true" => true,
+                        b"false" => false,
+                        _ => return Err("explicit must be true or false".into()),
+                    }
+                }
+                other => return Err(format!("unknown query parameter {other:?}")),
+            }
+        }
+        Ok(query)
+    }
 }
 
 async fn explain(
     State(gateway): State<Arc<Gateway>>,
-    query: Result<Query<ExplainQuery>, axum::extract::rejection::QueryRejection>,
+    axum::extract::RawQuery(raw): axum::extract::RawQuery,
 ) -> Response {
-    let Ok(Query(query)) = query else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "invalid_query",
-            "expected ?routing_key=K[&explicit=true|false] or ?target_worker=NAME",
-        );
+    let query = match ExplainQuery::parse(raw.as_deref()) {
+        Ok(q) => q,
+        Err(message) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_query",
+                format!(
+                    "{message}; expected ?routing_key=K[&explicit=true|false] or ?target_worker=NAME"
+                ),
+            );
+        }
     };
     let table = gateway.router.table();
     let key = match (&query.target_worker, &query.routing_key) {
-        (Some(target), _) => RoutingKey::Target(target.as_bytes()),
-        (None, Some(key)) if query.explicit => match ExplicitKey::parse(key.as_bytes()) {
+        (Some(target), _) => RoutingKey::Target(target),
+        (None, Some(key)) if query.explicit => match ExplicitKey::parse(key) {
             Ok(k) => RoutingKey::Explicit(k),
             Err(reason) => {
                 return error(
@@ -274,10 +301,9 @@ async fn explain(
                 );
             }
         },
-        (None, Some(key)) if !key.is_empty() => RoutingKey::Implicit(ImplicitKey::from_value(
-            ImplicitSource::Authorization,
-            key.as_bytes(),
-        )),
+        (None, Some(key)) if !key.is_empty() => {
+            RoutingKey::Implicit(ImplicitKey::from_value(ImplicitSource::Authorization, key))
+        }
         _ => RoutingKey::None,
     };
     let decision = table.explain(&key);
