@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
+use anyhow::{Context, anyhow, bail};
 use clap::Parser;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
@@ -38,10 +38,30 @@ impl Cli {
                 self.url
             );
         }
-        self.url
+        // The error's own text, not a context chain: tungstenite's error repeats its source.
+        let request = self
+            .url
             .as_str()
             .into_client_request()
-            .with_context(|| format!("--url {}", self.url))?;
+            .map_err(|e| anyhow!("--url {}: {e}", self.url))?;
+        // `http` drops a port it cannot parse (`:99999`) and tungstenite would then quietly
+        // connect to port 80.
+        let uri = request.uri();
+        let host_port = uri
+            .authority()
+            .map(|a| a.as_str().rsplit('@').next().unwrap_or_default())
+            .unwrap_or_default();
+        let written_port = host_port
+            .rsplit_once(':')
+            .map(|(_, port)| port)
+            .filter(|port| !port.is_empty() && !port.ends_with(']'));
+        let usable = uri.port_u16().is_some_and(|p| p != 0);
+        if let (Some(port), false) = (written_port, usable) {
+            bail!(
+                "--url {}: port {port} is not a number from 1 to 65535",
+                self.url
+            );
+        }
         Ok(())
     }
 
@@ -79,10 +99,27 @@ mod tests {
         assert_eq!(cli.url, "ws://127.0.0.1:9090/ws");
         assert!(cli.token_file.is_none());
         cli.validate().unwrap();
-        for bad in ["http://127.0.0.1:9090/ws", "wss://gw:9090/ws", "ws://"] {
+        for bad in [
+            "http://127.0.0.1:9090/ws",
+            "wss://gw:9090/ws",
+            "ws://",
+            "ws://127.0.0.1:99999/ws",
+            "ws://127.0.0.1:0/ws",
+            "ws://127.0.0.1:90x/ws",
+        ] {
             let cli = Cli::try_parse_from(["bch-tui", "--url", bad]).unwrap();
             let err = cli.validate().unwrap_err();
             assert!(format!("{err:#}").contains("--url"), "{bad}: {err:#}");
+        }
+        for good in [
+            "ws://127.0.0.1:9090/ws",
+            "ws://gw/ws",
+            "ws://[::1]:9090/ws",
+            "ws://[::1]/ws",
+            "ws://user:pw@gw:9090/ws",
+        ] {
+            let cli = Cli::try_parse_from(["bch-tui", "--url", good]).unwrap();
+            cli.validate().unwrap_or_else(|e| panic!("{good}: {e:#}"));
         }
     }
 

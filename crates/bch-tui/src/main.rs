@@ -1,6 +1,9 @@
 //! `bch-tui`: the bch operator console. See `docs/tui.md`.
 #![forbid(unsafe_code)]
 
+use std::process::ExitCode;
+
+use anyhow::Context;
 use bch_tui::app::{self, App};
 use bch_tui::cli::Cli;
 use bch_tui::conn::{self, ConnConfig};
@@ -12,8 +15,19 @@ use crossterm::event::EventStream;
 // One thread is plenty: the work is parsing a few frames a second and drawing at most 25 fps, and
 // a single thread keeps an idle console nearly free.
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+async fn main() -> ExitCode {
+    match run(Cli::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // `error: …` with its causes on one line, like gatewayd; no backtrace even with
+            // RUST_BACKTRACE=1 (these are operator mistakes, not bugs).
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     cli.validate()?;
     let token = cli.token()?;
 
@@ -22,7 +36,8 @@ async fn main() -> anyhow::Result<()> {
     let handle = conn::spawn(config);
     let mut app = App::new(State::new(cli.url), handle.commands);
 
-    let mut guard = TerminalGuard::enter()?;
+    let mut guard = TerminalGuard::enter()
+        .context("cannot set up the terminal (bch-tui needs an interactive terminal)")?;
     let result = app::run(
         guard.terminal(),
         EventStream::new(),
