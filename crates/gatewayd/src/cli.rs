@@ -45,10 +45,10 @@ pub struct RunArgs {
     #[arg(long, short = 'c', env = "GATEWAYD_CONFIG")]
     pub config: Option<PathBuf>,
     /// Data plane listen address [default: 127.0.0.1:8080].
-    #[arg(long, env = "GATEWAYD_LISTEN")]
+    #[arg(long, env = "GATEWAYD_LISTEN", value_name = "IP:PORT", value_parser = parse_addr)]
     pub listen: Option<SocketAddr>,
     /// Control plane listen address (metrics, admin API, /ws) [default: 127.0.0.1:9090].
-    #[arg(long, env = "GATEWAYD_CONTROL_LISTEN")]
+    #[arg(long, env = "GATEWAYD_CONTROL_LISTEN", value_name = "IP:PORT", value_parser = parse_addr)]
     pub control_listen: Option<SocketAddr>,
     /// Worker base URL; repeat for more workers (added after the file's workers).
     #[arg(long = "worker", value_name = "URL")]
@@ -114,6 +114,29 @@ pub struct ExplainArgs {
 fn parse_policy(s: &str) -> Result<PolicyKind, String> {
     s.parse()
         .map_err(|e: bch_core::policy::PolicyError| e.to_string())
+}
+
+fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse().map_err(|_| {
+        format!("expected IP:PORT such as 127.0.0.1:8080 (host names are not resolved), got {s:?}")
+    })
+}
+
+/// `{e:#}` without repeats: some errors (the configuration's read error) already print their
+/// cause, which `{:#}` would append a second time.
+pub fn error_chain(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let cause = cause.to_string();
+        if text.contains(&cause) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause);
+    }
+    text
 }
 
 fn parse_load(s: &str) -> Result<(String, u64), String> {
@@ -293,7 +316,7 @@ fn serve(args: RunArgs) -> ExitCode {
     let mut config = match effective_config(&args) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_chain(&e));
             return ExitCode::FAILURE;
         }
     };
@@ -321,8 +344,17 @@ fn serve(args: RunArgs) -> ExitCode {
             if args.policy.is_none() && args.config.is_none() {
                 config.policy.kind = PolicyKind::BoundedConsistentHashing;
             }
-            return crate::demo::run(config, args.config.clone(), cli_workers, args.demo_workers)
-                .await;
+            // Ports the operator chose (flag, environment or file) are kept even when busy.
+            let ports_chosen =
+                args.listen.is_some() || args.control_listen.is_some() || args.config.is_some();
+            return crate::demo::run(
+                config,
+                args.config.clone(),
+                cli_workers,
+                args.demo_workers,
+                !ports_chosen,
+            )
+            .await;
         }
         if config.workers.is_empty() && cli_workers.is_empty() {
             tracing::warn!("no workers configured: every request gets 503 until one is added (POST /admin/workers or --worker URL)");
@@ -345,7 +377,7 @@ fn serve(args: RunArgs) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }
@@ -374,7 +406,7 @@ pub fn spawn_signal_handlers(gateway: std::sync::Arc<Gateway>) -> std::io::Resul
             match gateway.reload() {
                 Ok(()) => {}
                 Err(e) => {
-                    tracing::error!(error = %format!("{e:#}"), "reload failed; configuration unchanged")
+                    tracing::error!(error = %error_chain(&e), "reload failed; configuration unchanged")
                 }
             }
         }
@@ -390,6 +422,21 @@ mod tests {
     #[test]
     fn cli_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn listen_addresses_and_error_messages() {
+        let err = Cli::try_parse_from(["gatewayd", "--listen", "localhost:8080"]).unwrap_err();
+        assert!(err.to_string().contains("IP:PORT"), "{err}");
+        let cli = Cli::parse_from(["gatewayd", "--config", "/nonexistent/gatewayd.toml"]);
+        let text = error_chain(&effective_config(&cli.run).unwrap_err());
+        assert_eq!(
+            text.matches("No such file").count(),
+            1,
+            "the cause once: {text}"
+        );
+        let nested = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_chain(&nested), "outer: inner");
     }
 
     #[test]

@@ -15,12 +15,14 @@ use crate::gateway::Gateway;
 
 /// Runs the demo until SIGINT/SIGTERM: `workers` simulated workers on free loopback ports, the
 /// gateway (bounded policy unless `--policy`/`--config` said otherwise) and a background storm
-/// with a few hot keys.
+/// with a few hot keys. With `fallback_ports`, busy listen addresses (the defaults, when the
+/// operator chose none) are replaced by free ports instead of failing.
 pub async fn run(
     mut config: Config,
     config_path: Option<PathBuf>,
     cli_workers: Vec<WorkerConfig>,
     workers: usize,
+    fallback_ports: bool,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
         (1..=64).contains(&workers),
@@ -43,7 +45,7 @@ pub async fn run(
         .await
     {
         Ok(running) => running,
-        Err(error) if format!("{error:#}").contains("cannot bind") => {
+        Err(error) if fallback_ports && format!("{error:#}").contains("cannot bind") => {
             tracing::warn!(error = %format!("{error:#}"), "default ports busy; using free ports");
             config.server.listen.set_port(0);
             config.server.control_listen.set_port(0);
@@ -64,7 +66,7 @@ pub async fn run(
         "\n\
          bch demo: {workers} simulated workers, policy {} (min_load_gap {}, max_load_skew {}), gentle storm on keys hot-0, hot-1, cold-0..5\n\
          \n  data plane     http://{data}\n  control plane  http://{control}   (GET /admin/workers, /admin/policy, /metrics)\n  telemetry      ws://{control}/ws\n\
-         \n  watch it:      cargo run -p bch-tui -- --url ws://{control}/ws\n  try a request: curl -s http://{data}/v1/chat/completions -H 'X-SMG-Routing-Key: my-session' \\\n                   -H 'content-type: application/json' -d '{{\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}],\"max_tokens\":8}}' -i\n\
+         \n  watch it:      cargo run --release -p bch-tui -- --url ws://{control}/ws\n  try a request: curl -s http://{data}/v1/chat/completions -H 'X-SMG-Routing-Key: my-session' \\\n                   -H 'content-type: application/json' -d '{{\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}],\"max_tokens\":8}}' -i\n\
          \nCtrl-C stops everything.\n",
         policy.kind,
         policy.min_load_gap,
