@@ -122,23 +122,6 @@ fn parse_addr(s: &str) -> Result<SocketAddr, String> {
     })
 }
 
-/// `{e:#}` without repeats: some errors (the configuration's read error) already print their
-/// cause, which `{:#}` would append a second time.
-pub fn error_chain(error: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in error.chain() {
-        let cause = cause.to_string();
-        if text.contains(&cause) {
-            continue;
-        }
-        if !text.is_empty() {
-            text.push_str(": ");
-        }
-        text.push_str(&cause);
-    }
-    text
-}
-
 fn parse_load(s: &str) -> Result<(String, u64), String> {
     let (url, n) = s
         .rsplit_once('=')
@@ -316,7 +299,7 @@ fn serve(args: RunArgs) -> ExitCode {
     let mut config = match effective_config(&args) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {}", error_chain(&e));
+            eprintln!("error: {e:#}");
             return ExitCode::FAILURE;
         }
     };
@@ -377,7 +360,7 @@ fn serve(args: RunArgs) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", error_chain(&e));
+            eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -406,7 +389,7 @@ pub fn spawn_signal_handlers(gateway: std::sync::Arc<Gateway>) -> std::io::Resul
             match gateway.reload() {
                 Ok(()) => {}
                 Err(e) => {
-                    tracing::error!(error = %error_chain(&e), "reload failed; configuration unchanged")
+                    tracing::error!(error = %format!("{e:#}"), "reload failed; configuration unchanged")
                 }
             }
         }
@@ -429,14 +412,12 @@ mod tests {
         let err = Cli::try_parse_from(["gatewayd", "--listen", "localhost:8080"]).unwrap_err();
         assert!(err.to_string().contains("IP:PORT"), "{err}");
         let cli = Cli::parse_from(["gatewayd", "--config", "/nonexistent/gatewayd.toml"]);
-        let text = error_chain(&effective_config(&cli.run).unwrap_err());
+        let text = format!("{:#}", effective_config(&cli.run).unwrap_err());
         assert_eq!(
             text.matches("No such file").count(),
             1,
             "the cause once: {text}"
         );
-        let nested = anyhow::anyhow!("inner").context("outer");
-        assert_eq!(error_chain(&nested), "outer: inner");
     }
 
     #[test]

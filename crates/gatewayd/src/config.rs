@@ -244,12 +244,13 @@ pub struct WorkerConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read config {path}: {source}")]
+    #[error("cannot read config {path}: {cause}")]
     Read {
         /// File.
         path: PathBuf,
-        /// Cause.
-        source: std::io::Error,
+        /// Cause. Part of the message, deliberately not the error's `source()`, so `{:#}` chains
+        /// print it once.
+        cause: std::io::Error,
     },
     /// TOML syntax, unknown field or wrong type (the message gives line, column and key).
     #[error("invalid config {path}: {message}")]
@@ -339,9 +340,9 @@ impl WorkerUrl {
 impl Config {
     /// Reads, parses and validates a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read {
             path: path.to_owned(),
-            source,
+            cause,
         })?;
         let config: Config = toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: path.to_owned(),
