@@ -238,13 +238,18 @@ async fn workers(args: WorkersArgs) -> anyhow::Result<()> {
         handles.push(handle);
     }
     eprintln!(
-        "{} simulated worker(s) running (time scale {}); Ctrl-C stops them",
+        "{} simulated worker(s) running (time scale {}); Ctrl-C or SIGTERM stops them",
         handles.len(),
         config.time_scale
     );
-    tokio::signal::ctrl_c()
-        .await
-        .context("waiting for Ctrl-C")?;
+    // SIGTERM too: scripts and `kill %1` stop background workers that way, and they should wind
+    // down as gracefully as after Ctrl-C.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result.context("waiting for Ctrl-C")?,
+        _ = terminate.recv() => {}
+    }
     eprintln!("stopping: letting in-flight responses finish");
     for handle in handles {
         handle.shutdown().await?;
