@@ -76,6 +76,8 @@ pub struct Gateway {
     pub config_overrides: OnceLock<ConfigOverrides>,
     /// Pooled client to workers.
     pub client: UpstreamClient,
+    /// Parsed upstream targets of the current membership generation.
+    pub upstreams: crate::proxy::Upstreams,
     /// Data path metrics.
     pub metrics: Arc<Metrics>,
     /// Prometheus registry.
@@ -174,7 +176,7 @@ impl Gateway {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(1024)
-            .build(connector);
+            .build(crate::proxy::UpstreamConnector(connector));
 
         let data_listener = TcpListener::bind(config.server.listen)
             .await
@@ -197,6 +199,7 @@ impl Gateway {
             cli_workers,
             config_overrides: OnceLock::new(),
             client,
+            upstreams: crate::proxy::Upstreams::default(),
             metrics,
             registry,
             telemetry,

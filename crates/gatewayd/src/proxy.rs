@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwapOption;
+
 use bch_core::decide::Decision;
 use bch_core::load::LoadGuard;
 use bch_core::policy::Branch;
@@ -20,19 +22,47 @@ use bch_core::router::RoutingTable;
 use bch_core::routing_key;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, StatusCode};
+use http::{Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::rt::TokioIo;
 use tokio::time::Sleep;
 
 use crate::config::WorkerUrl;
 use crate::gateway::Gateway;
+use crate::server::CoalescingIo;
 use crate::telemetry::KeyEvent;
 
 /// The pooled HTTP/1 client used to reach workers.
-pub type UpstreamClient = Client<HttpConnector, UpstreamBody>;
+pub type UpstreamClient = Client<UpstreamConnector, UpstreamBody>;
+
+/// Connects to workers like [`HttpConnector`] and wraps each connection in a [`CoalescingIo`], so a
+/// request's head and its body frames reach the worker in one write instead of one per frame.
+#[derive(Clone)]
+pub struct UpstreamConnector(pub HttpConnector);
+
+impl tower::Service<Uri> for UpstreamConnector {
+    type Response = CoalescingIo<TokioIo<tokio::net::TcpStream>>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.0.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.0.call(uri);
+        Box::pin(async move { Ok(CoalescingIo::new(connecting.await?)) })
+    }
+}
+
+impl<T: Connection> Connection for CoalescingIo<T> {
+    fn connected(&self) -> Connected {
+        self.get_ref().connected()
+    }
+}
 
 /// Boxed error type for bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -141,9 +171,11 @@ async fn proxy(gateway: Arc<Gateway>, request: Request<Incoming>) -> Response<Pr
     let body = UpstreamBody::new(body, settings.max_body_bytes);
     let mut attempt_body = body.clone_slot();
     let mut retried = false;
+    let targets = gateway.upstreams.for_table(&table);
     loop {
         let spec = &table.workers()[worker].spec;
-        let upstream_request = match build_upstream_request(&parts, spec, attempt_body) {
+        let upstream_request = match build_upstream_request(&parts, &targets[worker], attempt_body)
+        {
             Ok(r) => r,
             Err(message) => {
                 return gateway_error(
@@ -167,7 +199,7 @@ async fn proxy(gateway: Arc<Gateway>, request: Request<Incoming>) -> Response<Pr
                     .time_to_first_byte
                     .observe(ttfb.as_secs_f64());
                 lease.status = response.status().as_u16();
-                return respond(response, lease, &spec.name, decision, &settings);
+                return respond(response, lease, &targets[worker], decision, &settings);
             }
             Ok(Err(error)) => {
                 lease.record_error();
@@ -236,14 +268,14 @@ async fn proxy(gateway: Arc<Gateway>, request: Request<Incoming>) -> Response<Pr
 fn respond(
     response: Response<Incoming>,
     lease: Lease,
-    worker_name: &str,
+    target: &UpstreamTarget,
     decision: Decision,
     settings: &crate::gateway::RuntimeSettings,
 ) -> Response<ProxyBody> {
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    if let Ok(value) = HeaderValue::from_str(worker_name) {
-        parts.headers.insert(WORKER_HEADER, value);
+    if let Some(value) = &target.worker_header {
+        parts.headers.insert(WORKER_HEADER, value.clone());
     }
     parts.headers.insert(
         BRANCH_HEADER,
@@ -261,25 +293,121 @@ fn respond(
 
 fn build_upstream_request(
     parts: &http::request::Parts,
-    spec: &bch_core::router::WorkerSpec,
+    target: &UpstreamTarget,
     body: UpstreamBody,
 ) -> Result<Request<UpstreamBody>, String> {
-    let url = WorkerUrl::parse(&spec.url)?;
-    let uri = url
-        .join(parts.uri.path_and_query())
-        .map_err(|e| format!("cannot build upstream URI for {}: {e}", spec.name))?;
+    let url = target.url.as_ref().map_err(String::clone)?;
+    let uri = if url.prefix.is_empty() {
+        // The common case builds the URI from shared parts without copying the path.
+        let mut uri = http::uri::Parts::default();
+        uri.scheme = Some(url.scheme.clone());
+        uri.authority = Some(url.authority.clone());
+        uri.path_and_query = Some(
+            parts
+                .uri
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+        );
+        Uri::from_parts(uri).map_err(|e| e.to_string())
+    } else {
+        url.join(parts.uri.path_and_query())
+            .map_err(|e| e.to_string())
+    }
+    .map_err(|e| format!("cannot build upstream URI for {}: {e}", target.name))?;
     let mut request = Request::new(body);
     *request.method_mut() = parts.method.clone();
     *request.uri_mut() = uri;
     let headers = request.headers_mut();
-    headers.reserve(parts.headers.len());
+    headers.reserve(parts.headers.len() + 1);
     for (name, value) in &parts.headers {
         if name != header::HOST {
             headers.append(name.clone(), value.clone());
         }
     }
     strip_hop_by_hop(headers);
+    if let Some(host) = &target.host_header {
+        // Set here from the cache so the client does not format one per request.
+        headers.insert(header::HOST, host.clone());
+    }
     Ok(request)
+}
+
+/// What the proxy needs to reach one worker, derived once per routing-table membership
+/// generation instead of once per request: the parsed URL, the `Host` header and the
+/// `x-bch-worker` response header.
+pub struct UpstreamTarget {
+    name: String,
+    url: Result<WorkerUrl, String>,
+    host_header: Option<HeaderValue>,
+    worker_header: Option<HeaderValue>,
+}
+
+impl UpstreamTarget {
+    fn new(spec: &bch_core::router::WorkerSpec) -> Self {
+        let url = WorkerUrl::parse(&spec.url);
+        let host_header = url
+            .as_ref()
+            .ok()
+            .and_then(|u| HeaderValue::from_str(u.authority.as_str()).ok());
+        Self {
+            name: spec.name.clone(),
+            url,
+            host_header,
+            worker_header: HeaderValue::from_str(&spec.name).ok(),
+        }
+    }
+}
+
+struct UpstreamTargets {
+    generation: u64,
+    targets: Vec<UpstreamTarget>,
+}
+
+impl std::ops::Index<usize> for UpstreamTargets {
+    type Output = UpstreamTarget;
+
+    fn index(&self, worker: usize) -> &UpstreamTarget {
+        &self.targets[worker]
+    }
+}
+
+/// Per-generation cache of [`UpstreamTarget`]s. Reading it takes no lock (an `ArcSwap` load); a
+/// request that sees a table of another generation builds that generation's targets, and stores
+/// them if they are newer.
+#[derive(Default)]
+pub struct Upstreams {
+    current: ArcSwapOption<UpstreamTargets>,
+}
+
+impl Upstreams {
+    fn for_table(&self, table: &RoutingTable) -> Arc<UpstreamTargets> {
+        let generation = table.membership_generation();
+        if let Some(cached) = self.current.load_full() {
+            if cached.generation == generation {
+                return cached;
+            }
+            if cached.generation > generation {
+                return Arc::new(UpstreamTargets::build(table));
+            }
+        }
+        let built = Arc::new(UpstreamTargets::build(table));
+        self.current.store(Some(Arc::clone(&built)));
+        built
+    }
+}
+
+impl UpstreamTargets {
+    fn build(table: &RoutingTable) -> Self {
+        Self {
+            generation: table.membership_generation(),
+            targets: table
+                .workers()
+                .iter()
+                .map(|w| UpstreamTarget::new(&w.spec))
+                .collect(),
+        }
+    }
 }
 
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1): the fixed list plus any named in `Connection`.
@@ -456,7 +584,11 @@ struct StreamState {
     lease: Option<Lease>,
     event_stream: bool,
     idle_timeout: Duration,
-    idle: Pin<Box<Sleep>>,
+    /// When the last frame arrived (or the stream started).
+    last_frame: tokio::time::Instant,
+    /// Armed the first time the worker makes the stream wait, then moved forward only when it
+    /// fires: a frame costs a clock read, not a timer update.
+    idle: Option<Pin<Box<Sleep>>>,
 }
 
 const SSE_ERROR_EVENT: &[u8] = b"event: error\ndata: {\"error\":{\"message\":\"the worker's stream ended abnormally\",\"type\":\"gateway_error\",\"code\":\"upstream_stream_error\"}}\n\n";
@@ -476,7 +608,8 @@ impl ProxyBody {
                 lease: Some(lease),
                 event_stream,
                 idle_timeout,
-                idle: Box::pin(tokio::time::sleep(idle_timeout)),
+                last_frame: tokio::time::Instant::now(),
+                idle: None,
             })),
         }
     }
@@ -519,8 +652,9 @@ impl StreamState {
         };
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                let deadline = tokio::time::Instant::now() + self.idle_timeout;
-                self.idle.as_mut().reset(deadline);
+                if self.idle.is_some() {
+                    self.last_frame = tokio::time::Instant::now();
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(None) => {
@@ -533,7 +667,24 @@ impl StreamState {
                 Poll::Ready(self.end_abnormally(error.into()))
             }
             Poll::Pending => {
-                ready!(self.idle.as_mut().poll(cx));
+                let idle_timeout = self.idle_timeout;
+                if self.idle.is_none() {
+                    // First wait: every frame so far came at once, so the silence starts now.
+                    self.last_frame = tokio::time::Instant::now();
+                }
+                let deadline = self.last_frame + idle_timeout;
+                let idle = self
+                    .idle
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                loop {
+                    ready!(idle.as_mut().poll(cx));
+                    // Fired: a frame may have come since it was armed.
+                    let deadline = self.last_frame + idle_timeout;
+                    if deadline <= tokio::time::Instant::now() {
+                        break;
+                    }
+                    idle.as_mut().reset(deadline);
+                }
                 lease.record_error();
                 tracing::warn!(
                     idle_ms = self.idle_timeout.as_millis() as u64,
