@@ -16,7 +16,7 @@ use bch_core::decide::Decision;
 use bch_core::policy::Branch;
 use bch_core::ring::Ring;
 use bch_core::router::{Router, RoutingTable};
-use bch_core::routing_key::RoutingKey;
+use bch_core::routing_key::{ExplicitKey, ImplicitKey, MAX_EXPLICIT_KEY_BYTES, RoutingKey};
 use bch_core::telemetry::{
     ChangeSource, KeyKind, KeyRecord, PolicyUpdate, RingOwnership, RingShare, RingUpdate,
     ServerMessage, Snapshot, SpillEvent, Tick, Totals, WorkerRecord,
@@ -31,30 +31,70 @@ use crate::metrics::Metrics;
 /// hundred milliseconds of slack before events are dropped.
 const EVENT_QUEUE: usize = 65_536;
 
-/// A routing key as telemetry sees it: an identity plus a display label. Implicit keys carry only
-/// their hash, so no credential ever reaches the aggregator.
+/// A routing key as telemetry sees it: an identity plus what its display label is made from.
+/// Implicit keys carry only their hash, so no credential ever reaches the aggregator.
+///
+/// The label is rendered by the aggregator, and only when it needs one (a key it does not track
+/// yet, a spill event): the data path copies at most [`MAX_EXPLICIT_KEY_BYTES`] bytes inline and
+/// allocates nothing per request.
 #[derive(Debug, Clone)]
 pub struct KeyEvent {
     id: u64,
     kind: KeyKind,
-    label: Arc<str>,
+    label: KeyLabel,
+}
+
+#[derive(Debug, Clone)]
+enum KeyLabel {
+    Explicit {
+        redact: bool,
+        len: u8,
+        text: [u8; MAX_EXPLICIT_KEY_BYTES],
+    },
+    Implicit(ImplicitKey),
+}
+
+impl KeyLabel {
+    /// The label the key would get from [`ExplicitKey::label`] / [`ImplicitKey::label`].
+    fn render(&self) -> Arc<str> {
+        match self {
+            KeyLabel::Explicit { redact, len, text } => {
+                match ExplicitKey::parse(&text[..usize::from(*len)]) {
+                    Ok(key) => key.label(*redact).into(),
+                    Err(_) => Arc::from(""),
+                }
+            }
+            KeyLabel::Implicit(key) => key.label().into(),
+        }
+    }
 }
 
 impl KeyEvent {
     /// Telemetry identity of a request's key; `None` for target-worker and keyless requests.
     pub fn from_key(key: &RoutingKey<'_>, redact: bool) -> Option<KeyEvent> {
         match key {
-            RoutingKey::Explicit(explicit) => Some(KeyEvent {
-                id: explicit.position(),
-                kind: KeyKind::Explicit,
-                label: explicit.label(redact).into(),
-            }),
+            RoutingKey::Explicit(explicit) => {
+                let raw = explicit.as_str().as_bytes();
+                let mut text = [0u8; MAX_EXPLICIT_KEY_BYTES];
+                // A parsed explicit key is at most MAX_EXPLICIT_KEY_BYTES (128) bytes.
+                let len = raw.len().min(MAX_EXPLICIT_KEY_BYTES);
+                text[..len].copy_from_slice(&raw[..len]);
+                Some(KeyEvent {
+                    id: explicit.position(),
+                    kind: KeyKind::Explicit,
+                    label: KeyLabel::Explicit {
+                        redact,
+                        len: len as u8,
+                        text,
+                    },
+                })
+            }
             RoutingKey::Implicit(implicit) => Some(KeyEvent {
                 // Flip a bit so an implicit key never shares a record with an explicit one that
                 // happens to hash alike.
                 id: implicit.position() ^ 1,
                 kind: KeyKind::Implicit,
-                label: implicit.label().into(),
+                label: KeyLabel::Implicit(*implicit),
             }),
             RoutingKey::Target(_) | RoutingKey::None => None,
         }
@@ -344,7 +384,7 @@ impl Aggregator {
                     ts_ms,
                     key: key
                         .as_ref()
-                        .map(|k| k.label.to_string())
+                        .map(|k| k.label.render().to_string())
                         .unwrap_or_default(),
                     branch: decision.branch,
                     from: name(from),
@@ -371,10 +411,12 @@ impl Aggregator {
         if self.config.max_keys == 0 {
             return;
         }
-        let worker_name = name(worker);
+        // Steady state (a tracked key on the same workers) allocates nothing: names are only
+        // copied when they change.
+        let worker_name = &table.workers()[worker].spec.name;
         let state = self.keys.entry(key.id).or_insert_with(|| KeyState {
             kind: key.kind,
-            label: Arc::clone(&key.label),
+            label: key.label.render(),
             preferred: String::new(),
             current: String::new(),
             active: BTreeMap::new(),
@@ -383,9 +425,24 @@ impl Aggregator {
             last_seen_ms: ts_ms,
             dirty: true,
         });
-        state.preferred = decision.preferred.map(name).unwrap_or_default();
-        *state.active.entry(worker_name.clone()).or_insert(0) += 1;
-        state.current = worker_name;
+        match decision.preferred {
+            Some(p) => {
+                let preferred = &table.workers()[p].spec.name;
+                if state.preferred != *preferred {
+                    state.preferred.clone_from(preferred);
+                }
+            }
+            None => state.preferred.clear(),
+        }
+        match state.active.get_mut(worker_name.as_str()) {
+            Some(count) => *count += 1,
+            None => {
+                state.active.insert(worker_name.clone(), 1);
+            }
+        }
+        if state.current != *worker_name {
+            state.current.clone_from(worker_name);
+        }
         state.requests_total += 1;
         if decision.branch == Branch::ExplicitRoutingKeySpillover {
             state.spills_total += 1;
