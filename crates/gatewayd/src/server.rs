@@ -166,27 +166,6 @@ fn log_connection_error(result: Result<(), hyper::Error>) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn over_capacity_answer_is_well_formed_http() {
-        let response = over_capacity_response();
-        let (head, body) = response.split_once("\r\n\r\n").unwrap();
-        assert!(head.starts_with("HTTP/1.1 503 "));
-        let length: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length: "))
-            .unwrap()
-            .parse()
-            .unwrap();
-        assert_eq!(length, body.len());
-        let json: serde_json::Value = serde_json::from_str(body).unwrap();
-        assert_eq!(json["error"]["code"], "too_many_connections");
-    }
-}
-
 /// Bytes a [`CoalescingIo`] gathers before it writes regardless of what else is on its way.
 const COALESCE_LIMIT: usize = 16 * 1024;
 /// Largest buffer a connection keeps between flushes; a bigger one is freed once written, so an
@@ -316,5 +295,26 @@ impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for CoalescingIo<T> {
         let this = self.get_mut();
         ready!(this.poll_drain(cx))?;
         Pin::new(&mut this.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn over_capacity_answer_is_well_formed_http() {
+        let response = over_capacity_response();
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 503 "));
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(length, body.len());
+        let json: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(json["error"]["code"], "too_many_connections");
     }
 }
