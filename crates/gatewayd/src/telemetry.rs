@@ -7,7 +7,8 @@
 //! bounded frame queue; when it is full the client loses frames (counted in its `dropped_events`)
 //! and gets a fresh `snapshot` as soon as its queue has room again.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -279,6 +280,8 @@ struct Aggregator {
     config: TelemetryConfig,
     clients: HashMap<u64, Client>,
     keys: HashMap<u64, KeyState>,
+    /// `(last_seen_ms, key id)` of every tracked key: the eviction order.
+    by_age: BTreeSet<(u64, u64)>,
     removed_keys: Vec<String>,
     spills: VecDeque<SpillEvent>,
     new_spills: Vec<SpillEvent>,
@@ -304,6 +307,7 @@ impl Aggregator {
             config,
             clients: HashMap::new(),
             keys: HashMap::new(),
+            by_age: BTreeSet::new(),
             removed_keys: Vec::new(),
             spills: VecDeque::new(),
             new_spills: Vec::new(),
@@ -417,17 +421,30 @@ impl Aggregator {
         // Steady state (a tracked key on the same workers) allocates nothing: names are only
         // copied when they change.
         let worker_name = &table.workers()[worker].spec.name;
-        let state = self.keys.entry(key.id).or_insert_with(|| KeyState {
-            kind: key.kind,
-            label: key.label.render(),
-            preferred: String::new(),
-            current: String::new(),
-            active: BTreeMap::new(),
-            requests_total: 0,
-            spills_total: 0,
-            last_seen_ms: ts_ms,
-            dirty: true,
-        });
+        let state = match self.keys.entry(key.id) {
+            Entry::Occupied(entry) => {
+                let state = entry.into_mut();
+                if state.last_seen_ms != ts_ms {
+                    self.by_age.remove(&(state.last_seen_ms, key.id));
+                    self.by_age.insert((ts_ms, key.id));
+                }
+                state
+            }
+            Entry::Vacant(entry) => {
+                self.by_age.insert((ts_ms, key.id));
+                entry.insert(KeyState {
+                    kind: key.kind,
+                    label: key.label.render(),
+                    preferred: String::new(),
+                    current: String::new(),
+                    active: BTreeMap::new(),
+                    requests_total: 0,
+                    spills_total: 0,
+                    last_seen_ms: ts_ms,
+                    dirty: true,
+                })
+            }
+        };
         match decision.preferred {
             Some(p) => {
                 let preferred = &table.workers()[p].spec.name;
@@ -455,8 +472,9 @@ impl Aggregator {
     }
 
     fn evict_oldest(&mut self) {
-        // Linear scan: max_keys is small (default 256) and eviction only happens for new keys.
-        if let Some((&id, _)) = self.keys.iter().min_by_key(|(_, k)| k.last_seen_ms) {
+        // With more live keys than max_keys this runs for most requests: the age index makes it
+        // O(log n) instead of a scan of every tracked key.
+        if let Some((_, id)) = self.by_age.pop_first() {
             if let Some(state) = self.keys.remove(&id) {
                 self.removed_keys.push(state.label.to_string());
             }
