@@ -178,7 +178,7 @@ wait_http "http://127.0.0.1:$GW/readiness" 60 "gatewayd"
 
 # ---------------------------------------------------------------- checks
 set +e
-"$PY" "$HERE/checks.py" \
+timeout 1800 "$PY" "$HERE/checks.py" \
   --gateway "http://127.0.0.1:$GW" --control "http://127.0.0.1:$CTL" \
   --worker "http://127.0.0.1:$W0" --worker "http://127.0.0.1:$W1" \
   --readme "$ROOT/README.md" --summary "$WORK/summary.txt"
