@@ -290,11 +290,15 @@ struct Aggregator {
     ring: RingOwnership,
     requests_total: u64,
     spills_total: u64,
-    requests_at_last_tick: u64,
-    spills_at_last_tick: u64,
-    last_tick: tokio::time::Instant,
+    /// `(time, requests_total, spills_total)` at recent ticks, oldest first, spanning about
+    /// [`RATE_WINDOW`]: rates are averaged over it.
+    rate_samples: VecDeque<(tokio::time::Instant, u64, u64)>,
     totals: Totals,
 }
+
+/// Rates (requests/s, spills/s) are averaged over this window rather than one tick: traffic comes in
+/// bursts (a group of sibling requests), and a per-100 ms rate would flicker between 0 and a peak.
+const RATE_WINDOW: Duration = Duration::from_secs(1);
 
 impl Aggregator {
     fn new(router: Arc<Router>, config: TelemetryConfig) -> Self {
@@ -314,9 +318,7 @@ impl Aggregator {
             last_workers: HashMap::new(),
             requests_total: 0,
             spills_total: 0,
-            requests_at_last_tick: 0,
-            spills_at_last_tick: 0,
-            last_tick: tokio::time::Instant::now(),
+            rate_samples: VecDeque::from([(tokio::time::Instant::now(), 0, 0)]),
             totals: Totals::default(),
         }
     }
@@ -564,16 +566,22 @@ impl Aggregator {
     fn tick(&mut self) {
         let table = self.router.table();
         let now = tokio::time::Instant::now();
-        let elapsed = now.duration_since(self.last_tick).as_secs_f64().max(1e-3);
-        self.last_tick = now;
+        // Keep one sample at least RATE_WINDOW old (or the oldest there is) as the base.
+        while self.rate_samples.len() > 1
+            && now.duration_since(self.rate_samples[1].0) >= RATE_WINDOW
+        {
+            self.rate_samples.pop_front();
+        }
+        let (since, requests_then, spills_then) = self.rate_samples[0];
+        let elapsed = now.duration_since(since).as_secs_f64().max(1e-3);
         self.totals = Totals {
-            requests_per_s: (self.requests_total - self.requests_at_last_tick) as f64 / elapsed,
-            spills_per_s: (self.spills_total - self.spills_at_last_tick) as f64 / elapsed,
+            requests_per_s: (self.requests_total - requests_then) as f64 / elapsed,
+            spills_per_s: (self.spills_total - spills_then) as f64 / elapsed,
             requests_total: self.requests_total,
             spills_total: self.spills_total,
         };
-        self.requests_at_last_tick = self.requests_total;
-        self.spills_at_last_tick = self.spills_total;
+        self.rate_samples
+            .push_back((now, self.requests_total, self.spills_total));
 
         if table.membership_generation() != self.ring_generation {
             self.ring_generation = table.membership_generation();
@@ -681,6 +689,27 @@ fn round6(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn rates_average_over_a_second_not_one_tick() {
+        let router = Arc::new(Router::new(Vec::new(), Default::default()).unwrap());
+        let mut aggregator = Aggregator::new(router, TelemetryConfig::default());
+        aggregator.requests_total = 10;
+        tokio::time::advance(Duration::from_millis(100)).await;
+        aggregator.tick();
+        assert!((aggregator.totals.requests_per_s - 100.0).abs() < 1e-6);
+        // A quiet tick right after a burst still shows the burst, averaged over the window.
+        tokio::time::advance(Duration::from_millis(100)).await;
+        aggregator.tick();
+        assert!((aggregator.totals.requests_per_s - 50.0).abs() < 1e-6);
+        // Once the burst is older than the window, the rate is zero.
+        for _ in 0..12 {
+            tokio::time::advance(Duration::from_millis(100)).await;
+            aggregator.tick();
+        }
+        assert_eq!(aggregator.totals.requests_per_s, 0.0);
+        assert_eq!(aggregator.totals.requests_total, 10);
+    }
 
     #[test]
     fn envelope_prefixes_version_and_seq() {
