@@ -284,9 +284,9 @@ pub struct SpillEvent {
 /// Fleet-wide rates and totals.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Totals {
-    /// Requests routed per second over the last tick interval.
+    /// Requests routed per second, averaged over the last second (traffic is bursty).
     pub requests_per_s: f64,
-    /// Spills per second over the last tick interval.
+    /// Spills per second, averaged over the last second.
     pub spills_per_s: f64,
     /// Requests routed since start.
     pub requests_total: u64,
