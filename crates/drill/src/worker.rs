@@ -34,6 +34,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt as _;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -282,6 +283,12 @@ pub async fn spawn_worker(
     let app = router(shared.clone());
     let cancel = shared.cancel.clone();
     let task = tokio::spawn(async move {
+        // TCP_NODELAY, as vLLM's and SGLang's servers (uvicorn/asyncio) have it: a stream's chunks
+        // are small writes, and with Nagle each keep-alive stream's tail would wait for the
+        // client's delayed ACK (~40 ms on Linux) — a stall no real engine has.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         axum::serve(listener, app)
             .with_graceful_shutdown(cancel.cancelled_owned())
             .await
