@@ -58,7 +58,7 @@ if [[ $QUICK == 1 ]]; then
   PROFILE=${PROFILE:-dev}
 fi
 PROFILE=${PROFILE:-release}
-OUT=${OUT:-bench/results/proxy$([[ $QUICK == 1 ]] && echo -quick).json}
+OUT=${OUT:-bench/results/proxy$([[ $QUICK == 1 ]] && echo -quick || true).json}
 
 log() { printf '[bench %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 die() { echo "bench/proxy.sh: error: $*" >&2; exit 1; }
@@ -109,7 +109,8 @@ log "building gatewayd and bch-drill (profile $PROFILE)"
 cargo build --quiet --profile "$PROFILE" -p gatewayd -p bch-drill
 TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 BIN_DIR=$TARGET_DIR/$([[ $PROFILE == dev ]] && echo debug || echo "$PROFILE")
-GATEWAYD=$BIN_DIR/gatewayd
+# BENCH_GATEWAYD_BIN runs another gatewayd build (e.g. an older commit's, for before/after numbers).
+GATEWAYD=${BENCH_GATEWAYD_BIN:-$BIN_DIR/gatewayd}
 DRILL=$BIN_DIR/bch-drill
 
 WORK=$(mktemp -d /tmp/bch-bench.XXXXXX)
@@ -339,6 +340,6 @@ python3 "$ROOT/bench/report.py" --trials "$WORK/trials.jsonl" --shape "$WORK/sha
   --meta "quick=$QUICK" "reps=$REPS" "duration_s=$DURATION" "warmup_s=$WARMUP" "connections=$CONNECTIONS" \
   "keys=$KEYS" "workers=$WORKERS" "streams=$STREAMS" "hold_s=$HOLD" "pinned=$PIN" "profile=$PROFILE" \
   "nproc=$(nproc)" "haproxy=$("$HAPROXY" -v | head -n1 | awk '{print $3}')" \
-  "wrk=$(wrk -v 2>&1 | head -n1 | awk '{print $2}')" "git=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+  "wrk=$(wrk -v 2>&1 | head -n1 | awk '{print $2}')" "git=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" "gatewayd=$GATEWAYD" \
   "elapsed_s=$(( $(date +%s) - START ))"
 log "results written to $OUT"

@@ -30,7 +30,7 @@ while [[ $# -gt 0 ]]; do
 done
 [[ $QUICK == 1 ]] && { PHASE=3; ROUNDS=1; PROFILE=${PROFILE:-dev}; }
 PROFILE=${PROFILE:-release}
-OUT=${OUT:-bench/results/telemetry$([[ $QUICK == 1 ]] && echo -quick).json}
+OUT=${OUT:-bench/results/telemetry$([[ $QUICK == 1 ]] && echo -quick || true).json}
 log() { printf '[telemetry %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 
 PROXY_RUN=(); LOAD_RUN=()
