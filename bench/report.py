@@ -24,8 +24,8 @@ def median(rows, key):
     return statistics.median(values) if values else None
 
 
-def fmt(value, spec):
-    return "—" if value is None else format(value, spec)
+def fmt(value, spec, suffix=""):
+    return "—" if value is None else format(value, spec) + suffix
 
 
 def main():
@@ -72,9 +72,10 @@ def main():
         r = ratios.get(w)
         if r:
             lines.append(
-                f"| {WORKLOADS[w]} | **gatewayd / HAProxy** | {fmt(r['rps'], '.2f')}× | {fmt(r['p50_ms'], '.2f')}× "
-                f"| {fmt(r['p99_ms'], '.2f')}× | {fmt(r['cpu_per_1k'], '.2f')}× | {fmt(r['peak_rss_kib'], '.2f')}× "
-                f"| {fmt(r['rss_per_stream_kib'], '.2f')}× | |"
+                f"| {WORKLOADS[w]} | **gatewayd / HAProxy** | {fmt(r['rps'], '.2f', '×')} "
+                f"| {fmt(r['p50_ms'], '.2f', '×')} | {fmt(r['p99_ms'], '.2f', '×')} "
+                f"| {fmt(r['cpu_per_1k'], '.2f', '×')} | {fmt(r['peak_rss_kib'], '.2f', '×')} "
+                f"| {fmt(r['rss_per_stream_kib'], '.2f', '×')} | |"
             )
     table = "\n".join(lines)
     print(table)
