@@ -134,6 +134,14 @@ wait_port() {
   die "nothing listening on 127.0.0.1:$1 after 10 s"
 }
 # Ports: fast workers BASE.., slow workers BASE+20.., gatewayd BASE+40/41 and BASE+42/43, HAProxy BASE+44/45.
+# Without BENCH_PORT_BASE, a busy range (another run of this script) moves the base up by 100.
+range_free() {
+  local p
+  for p in $(seq "$1" $(($1 + 45))); do port_free "$p" || return 1; done
+}
+if [[ -z ${BENCH_PORT_BASE:-} ]]; then
+  for _ in $(seq 1 20); do range_free "$PORT_BASE" && break; PORT_BASE=$((PORT_BASE + 100)); done
+fi
 FAST_BASE=$PORT_BASE
 SLOW_BASE=$((PORT_BASE + 20))
 GW_FAST=$((PORT_BASE + 40)); GW_FAST_CTL=$((PORT_BASE + 41))

@@ -62,6 +62,16 @@ wait_port() {
   echo "bench/telemetry.sh: nothing listening on 127.0.0.1:$1" >&2; exit 1
 }
 
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+if [[ -z ${BENCH_PORT_BASE:-} ]]; then
+  # Another run holds the default range: move up by 100 until 12 ports are free.
+  for _ in $(seq 1 20); do
+    busy=0
+    for p in $(seq "$PORT_BASE" $((PORT_BASE + 11))); do port_free "$p" || { busy=1; break; }; done
+    [[ $busy == 0 ]] && break
+    PORT_BASE=$((PORT_BASE + 100))
+  done
+fi
 WORKERS=4
 "${LOAD_RUN[@]}" "$BIN/bch-drill" workers --count $WORKERS --base-port "$PORT_BASE" --time-scale 0 \
   --cache-blocks 0 >"$WORK/workers.log" 2>&1 &
