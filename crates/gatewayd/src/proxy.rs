@@ -853,6 +853,58 @@ mod tests {
         assert_eq!(left, vec!["authorization", "x-smg-routing-key"]);
     }
 
+    /// Records every write that reaches the socket.
+    #[derive(Default)]
+    struct Recorder {
+        writes: Vec<Vec<u8>>,
+    }
+
+    impl hyper::rt::Write for Recorder {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            data: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            self.get_mut().writes.push(data.to_vec());
+            Poll::Ready(Ok(data.len()))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[test]
+    fn coalescing_io_writes_a_burst_in_one_go() {
+        use hyper::rt::Write as _;
+        let mut io = CoalescingIo::new(Recorder::default());
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut io = Pin::new(&mut io);
+        assert!(io.as_mut().poll_write(&mut cx, b"event 1\n").is_ready());
+        // The first flush yields so the tasks feeding the connection can add more.
+        assert!(io.as_mut().poll_flush(&mut cx).is_pending());
+        assert!(io.get_ref().writes.is_empty());
+        assert!(io.as_mut().poll_write(&mut cx, b"event 2\n").is_ready());
+        assert!(io.as_mut().poll_flush(&mut cx).is_pending());
+        // Nothing new since the last yield: everything goes out in one write.
+        assert!(io.as_mut().poll_flush(&mut cx).is_ready());
+        assert_eq!(io.get_ref().writes, vec![b"event 1\nevent 2\n".to_vec()]);
+        // An empty buffer flushes at once.
+        assert!(io.as_mut().poll_flush(&mut cx).is_ready());
+        // A write over the limit goes straight to the socket.
+        let big = vec![7u8; 16 * 1024 + 1];
+        assert!(io.as_mut().poll_write(&mut cx, &big).is_ready());
+        assert_eq!(io.get_ref().writes.len(), 2);
+        // Shutdown writes what is buffered.
+        assert!(io.as_mut().poll_write(&mut cx, b"tail").is_ready());
+        assert!(io.as_mut().poll_shutdown(&mut cx).is_ready());
+        assert_eq!(io.get_ref().writes.last().unwrap(), b"tail");
+    }
+
     #[test]
     fn gateway_errors_are_openai_shaped() {
         let response = gateway_error(
