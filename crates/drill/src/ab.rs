@@ -23,7 +23,9 @@ use reqwest::Url;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::control::{ControlClient, PolicyPatch};
+use bch_core::policy::{PolicyKind, PolicyPatch};
+
+use crate::control::ControlClient;
 use crate::stats::{PairedRatio, Significance, mean, paired_ratio};
 use crate::storm::{StormConfig, StormReport, run_storm};
 
@@ -67,9 +69,9 @@ pub fn parse_cells(spec: &str) -> anyhow::Result<Vec<Cell>> {
 }
 
 fn parse_cell(label: &str) -> anyhow::Result<Cell> {
-    let mut kind: Option<&str> = None;
+    let mut kind: Option<PolicyKind> = None;
     let (mut gap, mut skew, mut vnodes) = (None, None, None);
-    let mut set_kind = |k: &'static str| -> anyhow::Result<()> {
+    let mut set_kind = |k: PolicyKind| -> anyhow::Result<()> {
         anyhow::ensure!(
             kind.is_none_or(|old| old == k),
             "two policy kinds in one cell"
@@ -80,24 +82,26 @@ fn parse_cell(label: &str) -> anyhow::Result<Cell> {
     for option in label.split(':').map(str::trim) {
         match option.split_once('=') {
             None => match option {
-                "strict" | "consistent_hashing" => set_kind("consistent_hashing")?,
-                "bounded" | "bounded_consistent_hashing" => set_kind("bounded_consistent_hashing")?,
-                "rr" | "round_robin" => set_kind("round_robin")?,
-                "random" => set_kind("random")?,
+                "strict" | "consistent_hashing" => set_kind(PolicyKind::ConsistentHashing)?,
+                "bounded" | "bounded_consistent_hashing" => {
+                    set_kind(PolicyKind::BoundedConsistentHashing)?
+                }
+                "rr" | "round_robin" => set_kind(PolicyKind::RoundRobin)?,
+                "random" => set_kind(PolicyKind::Random)?,
                 other => anyhow::bail!(
                     "unknown option {other:?}; expected strict, bounded, gap=N, skew=X, vnodes=N, \
                      round_robin or random"
                 ),
             },
             Some(("gap", n)) => {
-                set_kind("bounded_consistent_hashing")?;
+                set_kind(PolicyKind::BoundedConsistentHashing)?;
                 gap = Some(
                     n.parse::<u64>()
                         .with_context(|| format!("gap must be an integer >= 0, got {n:?}"))?,
                 );
             }
             Some(("skew", x)) => {
-                set_kind("bounded_consistent_hashing")?;
+                set_kind(PolicyKind::BoundedConsistentHashing)?;
                 let x: f64 = x
                     .parse()
                     .with_context(|| format!("skew must be a number, got {x:?}"))?;
@@ -121,11 +125,11 @@ fn parse_cell(label: &str) -> anyhow::Result<Cell> {
     }
     let kind =
         kind.context("no policy: name strict, bounded, gap=N, skew=X, round_robin or random")?;
-    let bounded = kind == "bounded_consistent_hashing";
+    let bounded = kind == PolicyKind::BoundedConsistentHashing;
     Ok(Cell {
         label: label.to_owned(),
         policy: PolicyPatch {
-            kind: Some(kind.to_owned()),
+            kind: Some(kind),
             min_load_gap: bounded.then(|| gap.unwrap_or(DEFAULT_GAP)),
             max_load_skew: bounded.then(|| skew.unwrap_or(DEFAULT_SKEW)),
             virtual_nodes: vnodes,
@@ -298,7 +302,7 @@ pub fn summarise(cells: &[Cell], reps: usize, runs: Vec<AbRun>) -> AbReport {
                 .flatten();
             CellSummary {
                 label: cell.label.clone(),
-                policy: cell.policy.clone(),
+                policy: cell.policy,
                 runs: mine.len(),
                 throughput_rps: avg(&|r| r.throughput_rps),
                 significance: ratio.map(|r| r.significance()),
@@ -652,7 +656,7 @@ mod tests {
         let cells = parse_cells("strict, gap=1,gap=2:skew=1.25,bounded:vnodes=300,rr").unwrap();
         let bodies: Vec<Value> = cells
             .iter()
-            .map(|c| serde_json::to_value(&c.policy).unwrap())
+            .map(|c| serde_json::to_value(c.policy).unwrap())
             .collect();
         assert_eq!(bodies[0], serde_json::json!({"kind": "consistent_hashing"}));
         assert_eq!(

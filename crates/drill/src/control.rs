@@ -9,49 +9,16 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::time::Instant;
 
-/// One row of `GET /admin/workers`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct WorkerStatus {
-    /// Worker name.
-    pub name: String,
-    /// Worker base URL.
-    pub url: String,
-    /// Health as the gateway sees it.
-    pub healthy: bool,
-    /// Requests in flight through this gateway process.
-    pub active: u64,
-    /// Requests routed to the worker since start.
-    pub requests_total: u64,
-    /// Requests spilled onto the worker from their preferred worker.
-    pub spilled_in_total: u64,
-    /// Requests spilled away from the worker while it was preferred.
-    pub spilled_out_total: u64,
-    /// Failed upstream requests.
-    pub errors_total: u64,
-}
+/// One row of `GET /admin/workers`: the gateway's own wire type.
+pub use bch_core::telemetry::WorkerRecord as WorkerStatus;
 
 #[derive(Deserialize)]
 struct WorkersBody {
     workers: Vec<WorkerStatus>,
 }
 
-/// A `PUT /admin/policy` body: any subset of the policy fields; absent fields keep their value.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct PolicyPatch {
-    /// `consistent_hashing`, `bounded_consistent_hashing`, `round_robin` or `random`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
-    /// Bounded policy: minimum gap (active requests) between the preferred and the least loaded worker.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub min_load_gap: Option<u64>,
-    /// Bounded policy: how far above the mean load the preferred worker may be.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_load_skew: Option<f64>,
-    /// Ring points per worker.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub virtual_nodes: Option<u32>,
-}
+/// A `PUT /admin/policy` body: the gateway's own wire type (any subset of the policy fields).
+pub use bch_core::policy::PolicyPatch;
 
 /// Whether every worker's in-flight load returned to zero after a drill.
 #[derive(Clone, Debug, PartialEq, Serialize)]
