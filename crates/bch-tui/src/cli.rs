@@ -38,6 +38,16 @@ impl Cli {
                 self.url
             );
         }
+        let authority = self.url["ws://".len()..]
+            .split(['/', '?'])
+            .next()
+            .unwrap_or_default();
+        if authority.is_empty() || authority.starts_with(':') {
+            bail!(
+                "--url {}: no host; expected ws://HOST:PORT/ws such as ws://127.0.0.1:9090/ws",
+                self.url
+            );
+        }
         // The error's own text, not a context chain: tungstenite's error repeats its source.
         let request = self
             .url
@@ -110,6 +120,11 @@ mod tests {
             let cli = Cli::try_parse_from(["bch-tui", "--url", bad]).unwrap();
             let err = cli.validate().unwrap_err();
             assert!(format!("{err:#}").contains("--url"), "{bad}: {err:#}");
+        }
+        for hostless in ["ws://", "ws:///ws", "ws://:9090/ws"] {
+            let cli = Cli::try_parse_from(["bch-tui", "--url", hostless]).unwrap();
+            let err = format!("{:#}", cli.validate().unwrap_err());
+            assert!(err.contains("no host"), "{hostless}: {err}");
         }
         for good in [
             "ws://127.0.0.1:9090/ws",
