@@ -69,19 +69,7 @@ pub async fn serve_data_plane(
 ) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let builder = http1_builder(&limits);
-    loop {
-        let (stream, _peer) = tokio::select! {
-            _ = gateway.shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(error) => {
-                    // EMFILE and friends: back off briefly instead of spinning.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some(stream) = next_connection(&listener, &gateway, "data").await {
         let _ = stream.set_nodelay(true);
         let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
             gateway.metrics.record_rejected_connection();
@@ -125,18 +113,7 @@ pub async fn serve_control_plane(
 ) {
     let app = crate::control::router(Arc::clone(&gateway));
     let builder = http1_builder(&limits);
-    loop {
-        let (stream, _peer) = tokio::select! {
-            _ = gateway.shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(error) => {
-                    tracing::warn!(%error, "control accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some(stream) = next_connection(&listener, &gateway, "control").await {
         let service = TowerToHyperService::new(app.clone());
         let builder = builder.clone();
         let shutdown = gateway.shutdown.clone();
@@ -153,6 +130,27 @@ pub async fn serve_control_plane(
                 }
             }
         });
+    }
+}
+
+/// The next accepted connection, or `None` once shutdown starts. Accept errors (EMFILE and friends)
+/// are logged and retried after a short pause instead of spinning.
+async fn next_connection(
+    listener: &TcpListener,
+    gateway: &Gateway,
+    plane: &'static str,
+) -> Option<tokio::net::TcpStream> {
+    loop {
+        tokio::select! {
+            _ = gateway.shutdown.cancelled() => return None,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => return Some(stream),
+                Err(error) => {
+                    tracing::warn!(%error, plane, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
     }
 }
 
