@@ -60,12 +60,35 @@ impl Client {
         panic!("condition not seen in 5,000 frames");
     }
 
+    /// The next `policy` frame.
+    async fn next_policy(&mut self) -> bch_core::telemetry::PolicyUpdate {
+        self.until(|m| match m {
+            ServerMessage::Policy(p) => Some(p.clone()),
+            _ => None,
+        })
+        .await
+    }
+
     async fn send(&mut self, json: serde_json::Value) {
         self.socket
             .send(Message::Text(json.to_string().into()))
             .await
             .unwrap();
     }
+}
+
+/// `(min_load_gap, max_load_skew)` as `GET /admin/policy` reports them.
+async fn http_thresholds(policy_url: &str) -> (Option<u64>, Option<f64>) {
+    let policy: serde_json::Value = reqwest::get(policy_url)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    (
+        policy["min_load_gap"].as_u64(),
+        policy["max_load_skew"].as_f64(),
+    )
 }
 
 fn bounded_config(workers: &[&FakeWorker]) -> gatewayd::config::Config {
@@ -207,25 +230,8 @@ async fn set_policy_is_acked_validated_and_announced_both_ways() {
         (ack.policy.min_load_gap, ack.policy.max_load_skew),
         (5, 2.0)
     );
-    let http: serde_json::Value = reqwest::get(&policy_url)
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(
-        (
-            http["min_load_gap"].as_u64(),
-            http["max_load_skew"].as_f64()
-        ),
-        (Some(5), Some(2.0))
-    );
-    let announced = observer
-        .until(|m| match m {
-            ServerMessage::Policy(p) => Some(p.clone()),
-            _ => None,
-        })
-        .await;
+    assert_eq!(http_thresholds(&policy_url).await, (Some(5), Some(2.0)));
+    let announced = observer.next_policy().await;
     assert_eq!(announced.changed_by, bch_core::telemetry::ChangeSource::Ws);
     assert_eq!(announced.policy.min_load_gap, 5);
 
@@ -246,17 +252,8 @@ async fn set_policy_is_acked_validated_and_announced_both_ways() {
             "the error echoes the command id: {error:?}"
         );
     }
-    let http: serde_json::Value = reqwest::get(&policy_url)
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
     assert_eq!(
-        (
-            http["min_load_gap"].as_u64(),
-            http["max_load_skew"].as_f64()
-        ),
+        http_thresholds(&policy_url).await,
         (Some(5), Some(2.0)),
         "rejected commands changed nothing"
     );
@@ -268,12 +265,7 @@ async fn set_policy_is_acked_validated_and_announced_both_ways() {
         .await
         .unwrap();
     assert_eq!(put.status(), 200);
-    let announced = client
-        .until(|m| match m {
-            ServerMessage::Policy(p) => Some(p.clone()),
-            _ => None,
-        })
-        .await;
+    let announced = client.next_policy().await;
     assert_eq!(
         announced.changed_by,
         bch_core::telemetry::ChangeSource::Http
