@@ -601,40 +601,30 @@ fn draw<DB: DrawingBackend>(report: &AbReport, root: DrawingArea<DB, Shift>) -> 
         .y_desc("ms")
         .draw()
         .map_err(err)?;
-    let p99 = RGBColor(240, 170, 90);
-    let avg = RGBColor(190, 80, 40);
-    chart
-        .draw_series(
-            Histogram::vertical(&chart)
-                .style(p99.filled())
-                .margin(10)
-                .data(
-                    report
-                        .cells
-                        .iter()
-                        .enumerate()
-                        .map(|(i, c)| (i as i32, c.ttft_p99_ms)),
-                ),
-        )
-        .map_err(err)?
-        .label("p99")
-        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], p99.filled()));
-    chart
-        .draw_series(
-            Histogram::vertical(&chart)
-                .style(avg.filled())
-                .margin(30)
-                .data(
-                    report
-                        .cells
-                        .iter()
-                        .enumerate()
-                        .map(|(i, c)| (i as i32, c.ttft_mean_ms)),
-                ),
-        )
-        .map_err(err)?
-        .label("mean")
-        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], avg.filled()));
+    // p99 drawn first and wider, the mean inside it: one bar per cell shows both.
+    type Series = (&'static str, RGBColor, u32, fn(&CellSummary) -> f64);
+    let series: [Series; 2] = [
+        ("p99", RGBColor(240, 170, 90), 10, |c| c.ttft_p99_ms),
+        ("mean", RGBColor(190, 80, 40), 30, |c| c.ttft_mean_ms),
+    ];
+    for (label, color, margin, value) in series {
+        chart
+            .draw_series(
+                Histogram::vertical(&chart)
+                    .style(color.filled())
+                    .margin(margin)
+                    .data(
+                        report
+                            .cells
+                            .iter()
+                            .enumerate()
+                            .map(|(i, c)| (i as i32, value(c))),
+                    ),
+            )
+            .map_err(err)?
+            .label(label)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+    }
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))
