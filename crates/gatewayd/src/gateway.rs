@@ -10,16 +10,12 @@ use arc_swap::ArcSwap;
 use bch_core::router::Router;
 use bch_core::routing_key::RoutingHeaders;
 use bch_core::telemetry::ChangeSource;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, WorkerConfig};
 use crate::metrics::Metrics;
-use crate::proxy::UpstreamClient;
 use crate::telemetry::Telemetry;
 
 /// Settings the data path reads per request, derived from the configuration and swapped as a
@@ -74,10 +70,9 @@ pub struct Gateway {
     pub cli_workers: Vec<WorkerConfig>,
     /// Command-line overrides of file values, re-applied on every reload (set once by the CLI).
     pub config_overrides: OnceLock<ConfigOverrides>,
-    /// Pooled client to workers.
-    pub client: UpstreamClient,
-    /// Parsed upstream targets of the current membership generation.
-    pub upstreams: crate::proxy::Upstreams,
+    /// How requests reach workers: parsed targets of the current membership generation and each
+    /// worker's pool of keep-alive connections.
+    pub upstreams: crate::upstream::Upstreams,
     /// Data path metrics.
     pub metrics: Arc<Metrics>,
     /// Prometheus registry.
@@ -168,16 +163,6 @@ impl Gateway {
             Arc::clone(&metrics),
             shutdown.clone(),
         );
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_millis(
-            config.server.connect_timeout_ms,
-        )));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(1024)
-            .build(crate::proxy::UpstreamConnector(connector));
-
         let data_listener = TcpListener::bind(config.server.listen)
             .await
             .with_context(|| format!("cannot bind data plane {}", config.server.listen))?;
@@ -189,6 +174,7 @@ impl Gateway {
         let data_addr = data_listener.local_addr()?;
         let control_addr = control_listener.local_addr()?;
         let grace = Duration::from_millis(config.server.shutdown_grace_ms);
+        let connect_timeout = Duration::from_millis(config.server.connect_timeout_ms);
         let server_limits = crate::server::Limits::from_config(&config);
 
         let gateway = Arc::new(Gateway {
@@ -198,8 +184,7 @@ impl Gateway {
             config_path,
             cli_workers,
             config_overrides: OnceLock::new(),
-            client,
-            upstreams: crate::proxy::Upstreams::default(),
+            upstreams: crate::upstream::Upstreams::new(connect_timeout),
             metrics,
             registry,
             telemetry,
@@ -221,6 +206,7 @@ impl Gateway {
             tasks.clone(),
         ));
         tokio::spawn(crate::health::run(Arc::clone(&gateway)));
+        tokio::spawn(sweep_idle_connections(Arc::clone(&gateway)));
         tracing::info!(%data_addr, %control_addr, "gatewayd listening");
         Ok(RunningGateway {
             gateway,
@@ -260,5 +246,18 @@ impl Gateway {
         }
         tracing::info!(path = %path.display(), "configuration reloaded");
         Ok(())
+    }
+}
+
+/// Closes worker connections that sat idle past [`crate::upstream::IDLE_TIMEOUT`], every
+/// 30 s until shutdown (busy pools also expire them whenever a connection is checked in).
+async fn sweep_idle_connections(gateway: Arc<Gateway>) {
+    let mut every = tokio::time::interval(Duration::from_secs(30));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = gateway.shutdown.cancelled() => return,
+            _ = every.tick() => gateway.upstreams.sweep(),
+        }
     }
 }

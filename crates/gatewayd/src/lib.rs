@@ -8,6 +8,7 @@
 //!   one retry after a failed connect, OpenAI-shaped errors);
 //! - [`control`]: metrics, admin API and the telemetry websocket;
 //! - [`telemetry`]: the aggregator that owns telemetry data and publishes frames;
+//! - [`upstream`]: per-worker pools of keep-alive connections, driven by the request's own task;
 //! - [`health`]: active probes; [`config`]: the TOML configuration; [`server`]: accept loops;
 //! - [`cli`]: command-line parsing, `check-config` and `explain`; [`demo`]: `gatewayd --demo`.
 #![forbid(unsafe_code)]
@@ -22,5 +23,6 @@ pub mod metrics;
 pub mod proxy;
 pub mod server;
 pub mod telemetry;
+pub mod upstream;
 
 pub use gateway::{Gateway, RunningGateway};

@@ -8,12 +8,10 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
-
-use arc_swap::ArcSwapOption;
 
 use bch_core::decide::Decision;
 use bch_core::load::LoadGuard;
@@ -25,47 +23,13 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
-use hyper_util::rt::TokioIo;
 use tokio::time::Sleep;
 
-use crate::config::WorkerUrl;
 use crate::gateway::Gateway;
-use crate::server::CoalescingIo;
 use crate::telemetry::KeyEvent;
-
-/// The pooled HTTP/1 client used to reach workers.
-pub type UpstreamClient = Client<UpstreamConnector, UpstreamBody>;
-
-/// Connects to workers like [`HttpConnector`] and wraps each connection in a [`CoalescingIo`], so a
-/// request's head and its body frames reach the worker in one write instead of one per frame.
-#[derive(Clone)]
-pub struct UpstreamConnector(pub HttpConnector);
-
-impl tower::Service<Uri> for UpstreamConnector {
-    type Response = CoalescingIo<TokioIo<tokio::net::TcpStream>>;
-    type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.0.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        let connecting = self.0.call(uri);
-        Box::pin(async move { Ok(CoalescingIo::new(connecting.await?)) })
-    }
-}
-
-impl<T: Connection> Connection for CoalescingIo<T> {
-    fn connected(&self) -> Connected {
-        self.get_ref().connected()
-    }
-}
-
-/// Boxed error type for bodies.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::upstream::{
+    BoxError, SendError, UpstreamBody, UpstreamConnection, UpstreamTarget, is_body_too_large,
+};
 
 static REQUEST_IDS: AtomicU64 = AtomicU64::new(1);
 
@@ -168,14 +132,13 @@ async fn proxy(gateway: Arc<Gateway>, request: Request<Incoming>) -> Response<Pr
         started,
     );
 
-    let body = UpstreamBody::new(body, settings.max_body_bytes);
-    let mut attempt_body = body.clone_slot();
+    let mut body = UpstreamBody::new(body, settings.max_body_bytes);
     let mut retried = false;
     let targets = gateway.upstreams.for_table(&table);
     loop {
         let spec = &table.workers()[worker].spec;
-        let upstream_request = match build_upstream_request(&parts, &targets[worker], attempt_body)
-        {
+        let target = &targets[worker];
+        let upstream_request = match build_upstream_request(&parts, target, body) {
             Ok(r) => r,
             Err(message) => {
                 return gateway_error(
@@ -188,46 +151,50 @@ async fn proxy(gateway: Arc<Gateway>, request: Request<Incoming>) -> Response<Pr
         };
         let sent = tokio::time::timeout(
             settings.first_byte_timeout,
-            gateway.client.request(upstream_request),
+            gateway.upstreams.send(target, upstream_request),
         )
         .await;
         match sent {
-            Ok(Ok(response)) => {
+            Ok(Ok((response, connection))) => {
                 let ttfb = started.elapsed();
                 gateway
                     .metrics
                     .time_to_first_byte
                     .observe(ttfb.as_secs_f64());
                 lease.status = response.status().as_u16();
-                return respond(response, lease, &targets[worker], decision, &settings);
+                return respond(response, connection, lease, target, decision, &settings);
             }
-            Ok(Err(error)) => {
+            Ok(Err(SendError::NotSent { error, request })) => {
                 lease.record_error();
-                let connect_failed = error.is_connect();
-                if connect_failed
-                    && settings.passive_health
-                    && gateway.router.set_health(&spec.name, false)
-                {
-                    tracing::warn!(worker = %spec.name, "connect failed; marked unhealthy until probes succeed");
+                if settings.passive_health && gateway.router.set_health(&spec.name, false) {
+                    tracing::warn!(worker = %spec.name, error = %error_chain(&*error), "connect failed; marked unhealthy until probes succeed");
                 }
-                // A request is retried only when nothing of it reached the worker: the connect
-                // failed and the body slot is untouched. Target-worker requests are pinned.
-                if connect_failed
-                    && !retried
-                    && decision.branch != Branch::TargetWorkerHit
-                    && body.untouched()
-                {
+                // Nothing of the request reached this worker, so it may go to another one, once.
+                // Target-worker requests are pinned.
+                if !retried && decision.branch != Branch::TargetWorkerHit {
                     if let Some((next, guard)) = gateway.router.route_retry(&table, &key, worker) {
                         gateway.metrics.record_retry();
                         tracing::debug!(from = %spec.name, to = %table.workers()[next].spec.name, "retrying after connect failure");
                         worker = next;
                         lease.move_to(guard, next);
-                        attempt_body = body.clone_slot();
+                        body = request.into_body();
                         retried = true;
                         continue;
                     }
                 }
-                if body.too_large() {
+                tracing::warn!(worker = %spec.name, error = %error_chain(&*error), "worker request failed");
+                lease.status = 502;
+                return gateway_error(
+                    StatusCode::BAD_GATEWAY,
+                    "worker_unreachable",
+                    &format!("worker {} could not be reached", spec.name),
+                    Some(decision.branch),
+                );
+            }
+            Ok(Err(SendError::Failed(error))) => {
+                lease.record_error();
+                if is_body_too_large(&error) {
+                    lease.status = 413;
                     return gateway_error(
                         StatusCode::PAYLOAD_TOO_LARGE,
                         "payload_too_large",
@@ -267,6 +234,7 @@ async fn proxy(gateway: Arc<Gateway>, request: Request<Incoming>) -> Response<Pr
 
 fn respond(
     response: Response<Incoming>,
+    connection: UpstreamConnection,
     lease: Lease,
     target: &UpstreamTarget,
     decision: Decision,
@@ -281,37 +249,47 @@ fn respond(
         BRANCH_HEADER,
         HeaderValue::from_static(decision.branch.as_str()),
     );
+    if body.is_end_stream() {
+        // No body (204, 304, `Content-Length: 0`): hyper will not poll one, so the exchange ends
+        // here and the connection can serve the next request.
+        connection.release();
+        drop(lease);
+        return Response::from_parts(parts, ProxyBody::empty());
+    }
     let event_stream = parts
         .headers
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     Response::from_parts(
         parts,
-        ProxyBody::stream(body, lease, event_stream, settings.stream_idle_timeout),
+        ProxyBody::stream(
+            body,
+            connection,
+            lease,
+            event_stream,
+            settings.stream_idle_timeout,
+        ),
     )
 }
 
+/// The request for `target`, in origin form (`/path?query`, the worker's path prefix in front)
+/// with the worker's `Host` and without hop-by-hop headers.
 fn build_upstream_request(
     parts: &http::request::Parts,
     target: &UpstreamTarget,
     body: UpstreamBody,
 ) -> Result<Request<UpstreamBody>, String> {
     let url = target.url.as_ref().map_err(String::clone)?;
+    let path_and_query = parts.uri.path_and_query();
     let uri = if url.prefix.is_empty() {
-        // The common case builds the URI from shared parts without copying the path.
-        let mut uri = http::uri::Parts::default();
-        uri.scheme = Some(url.scheme.clone());
-        uri.authority = Some(url.authority.clone());
-        uri.path_and_query = Some(
-            parts
-                .uri
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
-        );
-        Uri::from_parts(uri).map_err(|e| e.to_string())
+        // The common case shares the client's path instead of copying it.
+        Ok(Uri::from(path_and_query.cloned().unwrap_or_else(|| {
+            http::uri::PathAndQuery::from_static("/")
+        })))
     } else {
-        url.join(parts.uri.path_and_query())
+        let path_and_query = path_and_query.map_or("/", |pq| pq.as_str());
+        format!("{}{path_and_query}", url.prefix)
+            .parse::<Uri>()
             .map_err(|e| e.to_string())
     }
     .map_err(|e| format!("cannot build upstream URI for {}: {e}", target.name))?;
@@ -327,87 +305,9 @@ fn build_upstream_request(
     }
     strip_hop_by_hop(headers);
     if let Some(host) = &target.host_header {
-        // Set here from the cache so the client does not format one per request.
         headers.insert(header::HOST, host.clone());
     }
     Ok(request)
-}
-
-/// What the proxy needs to reach one worker, derived once per routing-table membership
-/// generation instead of once per request: the parsed URL, the `Host` header and the
-/// `x-bch-worker` response header.
-pub struct UpstreamTarget {
-    name: String,
-    url: Result<WorkerUrl, String>,
-    host_header: Option<HeaderValue>,
-    worker_header: Option<HeaderValue>,
-}
-
-impl UpstreamTarget {
-    fn new(spec: &bch_core::router::WorkerSpec) -> Self {
-        let url = WorkerUrl::parse(&spec.url);
-        let host_header = url
-            .as_ref()
-            .ok()
-            .and_then(|u| HeaderValue::from_str(u.authority.as_str()).ok());
-        Self {
-            name: spec.name.clone(),
-            url,
-            host_header,
-            worker_header: HeaderValue::from_str(&spec.name).ok(),
-        }
-    }
-}
-
-struct UpstreamTargets {
-    generation: u64,
-    targets: Vec<UpstreamTarget>,
-}
-
-impl std::ops::Index<usize> for UpstreamTargets {
-    type Output = UpstreamTarget;
-
-    fn index(&self, worker: usize) -> &UpstreamTarget {
-        &self.targets[worker]
-    }
-}
-
-/// Per-generation cache of [`UpstreamTarget`]s. Reading it takes no lock (an `ArcSwap` load); a
-/// request that sees a table of another generation builds that generation's targets, and stores
-/// them if they are newer.
-#[derive(Default)]
-pub struct Upstreams {
-    current: ArcSwapOption<UpstreamTargets>,
-}
-
-impl Upstreams {
-    fn for_table(&self, table: &RoutingTable) -> Arc<UpstreamTargets> {
-        let generation = table.membership_generation();
-        if let Some(cached) = self.current.load_full() {
-            if cached.generation == generation {
-                return cached;
-            }
-            if cached.generation > generation {
-                return Arc::new(UpstreamTargets::build(table));
-            }
-        }
-        let built = Arc::new(UpstreamTargets::build(table));
-        self.current.store(Some(Arc::clone(&built)));
-        built
-    }
-}
-
-impl UpstreamTargets {
-    fn build(table: &RoutingTable) -> Self {
-        Self {
-            generation: table.membership_generation(),
-            targets: table
-                .workers()
-                .iter()
-                .map(|w| UpstreamTarget::new(&w.spec))
-                .collect(),
-        }
-    }
 }
 
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1): the fixed list plus any named in `Connection`.
@@ -581,6 +481,8 @@ enum BodyKind {
 
 struct StreamState {
     inner: Incoming,
+    /// The worker connection `inner` comes from, driven here; `None` once released or closed.
+    upstream: Option<UpstreamConnection>,
     lease: Option<Lease>,
     event_stream: bool,
     idle_timeout: Duration,
@@ -594,6 +496,13 @@ struct StreamState {
 const SSE_ERROR_EVENT: &[u8] = b"event: error\ndata: {\"error\":{\"message\":\"the worker's stream ended abnormally\",\"type\":\"gateway_error\",\"code\":\"upstream_stream_error\"}}\n\n";
 
 impl ProxyBody {
+    /// No body.
+    pub fn empty() -> Self {
+        Self {
+            kind: BodyKind::Full(None),
+        }
+    }
+
     /// A complete body.
     pub fn full(bytes: Bytes) -> Self {
         Self {
@@ -601,10 +510,17 @@ impl ProxyBody {
         }
     }
 
-    fn stream(inner: Incoming, lease: Lease, event_stream: bool, idle_timeout: Duration) -> Self {
+    fn stream(
+        inner: Incoming,
+        upstream: UpstreamConnection,
+        lease: Lease,
+        event_stream: bool,
+        idle_timeout: Duration,
+    ) -> Self {
         Self {
             kind: BodyKind::Stream(Box::new(StreamState {
                 inner,
+                upstream: Some(upstream),
                 lease: Some(lease),
                 event_stream,
                 idle_timeout,
@@ -650,15 +566,24 @@ impl StreamState {
         let Some(lease) = self.lease.as_mut() else {
             return Poll::Ready(None);
         };
+        // The worker's bytes come in through this task: drive its connection, then take what it
+        // delivered to the body.
+        if let Some(upstream) = &mut self.upstream {
+            upstream.drive(cx);
+        }
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if self.idle.is_some() {
+                if self.inner.is_end_stream() {
+                    // The last byte of a Content-Length body: hyper drops a body once its length
+                    // is written, without polling it again, so the request ends here.
+                    self.finish();
+                } else if self.idle.is_some() {
                     self.last_frame = tokio::time::Instant::now();
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(None) => {
-                self.lease = None;
+                self.finish();
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(error))) => {
@@ -695,135 +620,26 @@ impl StreamState {
         }
     }
 
+    /// Ends a complete response: its worker connection goes back to the pool (if hyper can reuse
+    /// it) and the lease ends.
+    fn finish(&mut self) {
+        if let Some(upstream) = self.upstream.take() {
+            upstream.release();
+        }
+        self.lease = None;
+    }
+
     /// Ends a broken stream. For SSE the client gets a final `event: error` so it can tell a cut
     /// stream from a finished one; other bodies end with an error, which aborts the connection.
     fn end_abnormally(&mut self, error: BoxError) -> Option<Result<Frame<Bytes>, BoxError>> {
+        // Closes the worker connection: the worker sees the client is gone.
+        self.upstream = None;
         self.lease = None;
         if self.event_stream {
             Some(Ok(Frame::data(Bytes::from_static(SSE_ERROR_EVENT))))
         } else {
             Some(Err(error))
         }
-    }
-}
-
-/// The request body on its way to a worker. The client's body sits in a shared slot until the
-/// upstream connection first polls it, so a request whose connect failed still has its body and can
-/// be retried on another worker; once polled, it is no longer retryable.
-pub struct UpstreamBody {
-    slot: Option<Arc<Mutex<BodySlot>>>,
-    taken: Option<Incoming>,
-    size_hint: SizeHint,
-    remaining: u64,
-}
-
-struct BodySlot {
-    body: Option<Incoming>,
-    too_large: bool,
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("request body exceeds the configured limit")]
-struct BodyTooLarge;
-
-impl UpstreamBody {
-    fn new(body: Incoming, max_bytes: u64) -> Self {
-        let size_hint = body.size_hint();
-        let slot = if body.is_end_stream() {
-            None
-        } else {
-            Some(Arc::new(Mutex::new(BodySlot {
-                body: Some(body),
-                too_large: false,
-            })))
-        };
-        Self {
-            slot,
-            taken: None,
-            size_hint,
-            remaining: max_bytes,
-        }
-    }
-
-    /// Another handle on the same slot, for an attempt.
-    fn clone_slot(&self) -> Self {
-        Self {
-            slot: self.slot.clone(),
-            taken: None,
-            size_hint: self.size_hint,
-            remaining: self.remaining,
-        }
-    }
-
-    fn untouched(&self) -> bool {
-        self.slot.as_ref().is_none_or(|slot| {
-            slot.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .body
-                .is_some()
-        })
-    }
-
-    fn too_large(&self) -> bool {
-        self.slot.as_ref().is_some_and(|slot| {
-            slot.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .too_large
-        })
-    }
-}
-
-impl Body for UpstreamBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        if this.taken.is_none() {
-            let Some(slot) = &this.slot else {
-                return Poll::Ready(None);
-            };
-            match slot
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .body
-                .take()
-            {
-                Some(body) => this.taken = Some(body),
-                None => return Poll::Ready(None),
-            }
-        }
-        let inner = this.taken.as_mut().expect("set above");
-        match ready!(Pin::new(inner).poll_frame(cx)) {
-            Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    let len = data.len() as u64;
-                    if len > this.remaining {
-                        if let Some(slot) = &this.slot {
-                            slot.lock()
-                                .unwrap_or_else(PoisonError::into_inner)
-                                .too_large = true;
-                        }
-                        return Poll::Ready(Some(Err(Box::new(BodyTooLarge))));
-                    }
-                    this.remaining -= len;
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Some(Err(error)) => Poll::Ready(Some(Err(Box::new(error)))),
-            None => Poll::Ready(None),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.slot.is_none()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.size_hint
     }
 }
 
@@ -881,7 +697,7 @@ mod tests {
     #[test]
     fn coalescing_io_writes_a_burst_in_one_go() {
         use hyper::rt::Write as _;
-        let mut io = CoalescingIo::new(Recorder::default());
+        let mut io = crate::server::CoalescingIo::new(Recorder::default());
         let mut cx = Context::from_waker(std::task::Waker::noop());
         let mut io = Pin::new(&mut io);
         assert!(io.as_mut().poll_write(&mut cx, b"event 1\n").is_ready());

@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::*;
@@ -519,5 +520,70 @@ async fn many_streams_in_parallel() {
         assert!(t.await.unwrap() >= 1);
     }
     assert!(wait_all_idle(&gateway).await.iter().all(|(_, n)| *n == 0));
+    gateway.shutdown().await;
+}
+
+/// Keep-alive to workers: sequential requests travel on one worker connection whatever the
+/// response's framing (Content-Length, chunked SSE, an error status, no body), and a connection whose
+/// response was abandoned midway is closed rather than handed to the next request.
+#[tokio::test]
+async fn sequential_requests_reuse_one_worker_connection() {
+    let worker = fake_worker("w").await;
+    let gateway = start(test_config(&[&worker])).await;
+    let client = client();
+    let base = format!("http://{}", gateway.data_addr);
+    for round in 0..5 {
+        let response = client
+            .post(format!("{base}/echo"))
+            .body("x".repeat(100))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let echoed: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(echoed["body_len"], 100);
+        wait_all_idle(&gateway).await;
+
+        let response = client
+            .get(format!("{base}/sse?n=3&gap_ms=0"))
+            .send()
+            .await
+            .unwrap();
+        let text = response.text().await.unwrap();
+        assert!(text.ends_with("data: [DONE]\n\n"), "round {round}: {text}");
+        wait_all_idle(&gateway).await;
+
+        let response = client
+            .get(format!("{base}/status/404"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 404);
+        response.bytes().await.unwrap();
+        wait_all_idle(&gateway).await;
+
+        let response = client
+            .get(format!("{base}/status/204"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 204);
+        assert!(response.bytes().await.unwrap().is_empty());
+        wait_all_idle(&gateway).await;
+    }
+    assert_eq!(worker.state.requests.load(Ordering::SeqCst), 20);
+    assert_eq!(worker.state.data_connections.lock().unwrap().len(), 1);
+
+    // Abandon a stream after its first event: its connection cannot carry another request.
+    let (_, open) = hold_streams(&gateway, "k", 1).await;
+    drop(open);
+    wait_all_idle(&gateway).await;
+    let response = client.get(format!("{base}/echo")).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    response.bytes().await.unwrap();
+    wait_all_idle(&gateway).await;
+    let connections = worker.state.data_connections.lock().unwrap().len();
+    // The reused connection carried the abandoned stream and was closed with it.
+    assert_eq!(connections, 2);
     gateway.shutdown().await;
 }

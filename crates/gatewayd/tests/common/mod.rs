@@ -38,6 +38,8 @@ pub struct WorkerState {
     pub release_all: watch::Sender<u64>,
     pub changed: Notify,
     pub fail_health: std::sync::atomic::AtomicBool,
+    /// Client addresses (one per TCP connection) that sent anything but a health probe.
+    pub data_connections: std::sync::Mutex<std::collections::HashSet<SocketAddr>>,
 }
 
 impl FakeWorker {
@@ -97,6 +99,7 @@ pub async fn fake_worker_on(listener: TcpListener, name: &str) -> FakeWorker {
         release_all,
         changed: Notify::new(),
         fail_health: false.into(),
+        data_connections: Default::default(),
     });
     let app = Router::new()
         .route("/health", get(health))
@@ -107,11 +110,32 @@ pub async fn fake_worker_on(listener: TcpListener, name: &str) -> FakeWorker {
         .route("/sse", any(sse))
         .route("/echo", any(echo))
         .fallback(any(echo))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            record_connection,
+        ))
         .with_state(Arc::clone(&state));
     let task = tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
     });
     FakeWorker { addr, state, task }
+}
+
+async fn record_connection(
+    State(state): State<Arc<WorkerState>>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<SocketAddr>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if request.uri().path() != "/health" {
+        state.data_connections.lock().unwrap().insert(peer);
+    }
+    next.run(request).await
 }
 
 async fn health(State(state): State<Arc<WorkerState>>) -> StatusCode {
