@@ -18,7 +18,7 @@ use bch_core::load::LoadGuard;
 use bch_core::policy::Branch;
 use bch_core::router::RoutingTable;
 use bch_core::routing_key;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame, SizeHint};
@@ -483,6 +483,8 @@ struct StreamState {
     inner: Incoming,
     /// The worker connection `inner` comes from, driven here; `None` once released or closed.
     upstream: Option<UpstreamConnection>,
+    /// A frame (trailers) or error met while gathering, returned by the next poll.
+    deferred: Option<Result<Frame<Bytes>, hyper::Error>>,
     lease: Option<Lease>,
     event_stream: bool,
     idle_timeout: Duration,
@@ -492,6 +494,9 @@ struct StreamState {
     /// fires: a frame costs a clock read, not a timer update.
     idle: Option<Pin<Box<Sleep>>>,
 }
+
+/// Most bytes [`StreamState::gather`] merges into one frame.
+const GATHER_LIMIT: usize = 16 * 1024;
 
 const SSE_ERROR_EVENT: &[u8] = b"event: error\ndata: {\"error\":{\"message\":\"the worker's stream ended abnormally\",\"type\":\"gateway_error\",\"code\":\"upstream_stream_error\"}}\n\n";
 
@@ -521,6 +526,7 @@ impl ProxyBody {
             kind: BodyKind::Stream(Box::new(StreamState {
                 inner,
                 upstream: Some(upstream),
+                deferred: None,
                 lease: Some(lease),
                 event_stream,
                 idle_timeout,
@@ -563,17 +569,20 @@ impl Body for ProxyBody {
 
 impl StreamState {
     fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let Some(lease) = self.lease.as_mut() else {
+        if self.lease.is_none() {
             return Poll::Ready(None);
-        };
-        // The worker's bytes come in through this task: drive its connection, then take what it
-        // delivered to the body.
-        if let Some(upstream) = &mut self.upstream {
-            upstream.drive(cx);
         }
-        match Pin::new(&mut self.inner).poll_frame(cx) {
+        let polled = match self.deferred.take() {
+            Some(frame) => Poll::Ready(Some(frame)),
+            None => self.poll_worker(cx),
+        };
+        match polled {
             Poll::Ready(Some(Ok(frame))) => {
-                if self.inner.is_end_stream() {
+                let frame = match frame.into_data() {
+                    Ok(data) => Frame::data(self.gather(data, cx)),
+                    Err(other) => other,
+                };
+                if self.inner.is_end_stream() && self.deferred.is_none() {
                     // The last byte of a Content-Length body: hyper drops a body once its length
                     // is written, without polling it again, so the request ends here.
                     self.finish();
@@ -587,7 +596,7 @@ impl StreamState {
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(error))) => {
-                lease.record_error();
+                self.record_error();
                 tracing::warn!(error = %error_chain(&error), "worker stream broke");
                 Poll::Ready(self.end_abnormally(error.into()))
             }
@@ -610,7 +619,7 @@ impl StreamState {
                     }
                     idle.as_mut().reset(deadline);
                 }
-                lease.record_error();
+                self.record_error();
                 tracing::warn!(
                     idle_ms = self.idle_timeout.as_millis() as u64,
                     "worker stream idle too long; ending it"
@@ -618,6 +627,63 @@ impl StreamState {
                 Poll::Ready(self.end_abnormally("worker stream idle timeout".into()))
             }
         }
+    }
+
+    fn record_error(&mut self) {
+        if let Some(lease) = &mut self.lease {
+            lease.record_error();
+        }
+    }
+
+    /// The worker's next frame. Its bytes come in through this task: drive the connection, then
+    /// take what it delivered to the body.
+    fn poll_worker(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        if let Some(upstream) = &mut self.upstream {
+            upstream.drive(cx);
+        }
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    /// `first` plus the data frames the worker has already delivered behind it, up to
+    /// [`GATHER_LIMIT`] bytes: a burst of SSE events (one chunk each) becomes one frame for the
+    /// client's connection instead of one chunk header, queue entry and poll round each. Nothing
+    /// waits: gathering stops at the first frame that is not there yet. A trailer frame or error
+    /// met on the way is kept for the next poll; the end of the body finishes the response.
+    fn gather(&mut self, first: Bytes, cx: &mut Context<'_>) -> Bytes {
+        let mut merged: Option<BytesMut> = None;
+        while !self.inner.is_end_stream()
+            && merged.as_ref().map_or(first.len(), BytesMut::len) < GATHER_LIMIT
+        {
+            match self.poll_worker(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => merged
+                        .get_or_insert_with(|| {
+                            let mut merged =
+                                BytesMut::with_capacity(2 * (first.len() + data.len()));
+                            merged.extend_from_slice(&first);
+                            merged
+                        })
+                        .extend_from_slice(&data),
+                    Err(other) => {
+                        self.deferred = Some(Ok(other));
+                        break;
+                    }
+                },
+                Poll::Ready(Some(Err(error))) => {
+                    self.deferred = Some(Err(error));
+                    break;
+                }
+                Poll::Ready(None) => {
+                    self.finish();
+                    break;
+                }
+                Poll::Pending => break,
+            }
+        }
+        merged.map_or(first, BytesMut::freeze)
     }
 
     /// Ends a complete response: its worker connection goes back to the pool (if hyper can reuse
@@ -667,58 +733,6 @@ mod tests {
         let mut left: Vec<_> = headers.keys().map(|k| k.as_str()).collect();
         left.sort_unstable();
         assert_eq!(left, vec!["authorization", "x-smg-routing-key"]);
-    }
-
-    /// Records every write that reaches the socket.
-    #[derive(Default)]
-    struct Recorder {
-        writes: Vec<Vec<u8>>,
-    }
-
-    impl hyper::rt::Write for Recorder {
-        fn poll_write(
-            self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-            data: &[u8],
-        ) -> Poll<std::io::Result<usize>> {
-            self.get_mut().writes.push(data.to_vec());
-            Poll::Ready(Ok(data.len()))
-        }
-
-        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-            Poll::Ready(Ok(()))
-        }
-    }
-
-    #[test]
-    fn coalescing_io_writes_a_burst_in_one_go() {
-        use hyper::rt::Write as _;
-        let mut io = crate::server::CoalescingIo::new(Recorder::default());
-        let mut cx = Context::from_waker(std::task::Waker::noop());
-        let mut io = Pin::new(&mut io);
-        assert!(io.as_mut().poll_write(&mut cx, b"event 1\n").is_ready());
-        // The first flush yields so the tasks feeding the connection can add more.
-        assert!(io.as_mut().poll_flush(&mut cx).is_pending());
-        assert!(io.get_ref().writes.is_empty());
-        assert!(io.as_mut().poll_write(&mut cx, b"event 2\n").is_ready());
-        assert!(io.as_mut().poll_flush(&mut cx).is_pending());
-        // Nothing new since the last yield: everything goes out in one write.
-        assert!(io.as_mut().poll_flush(&mut cx).is_ready());
-        assert_eq!(io.get_ref().writes, vec![b"event 1\nevent 2\n".to_vec()]);
-        // An empty buffer flushes at once.
-        assert!(io.as_mut().poll_flush(&mut cx).is_ready());
-        // A write over the limit goes straight to the socket.
-        let big = vec![7u8; 16 * 1024 + 1];
-        assert!(io.as_mut().poll_write(&mut cx, &big).is_ready());
-        assert_eq!(io.get_ref().writes.len(), 2);
-        // Shutdown writes what is buffered.
-        assert!(io.as_mut().poll_write(&mut cx, b"tail").is_ready());
-        assert!(io.as_mut().poll_shutdown(&mut cx).is_ready());
-        assert_eq!(io.get_ref().writes.last().unwrap(), b"tail");
     }
 
     #[test]

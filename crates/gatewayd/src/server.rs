@@ -4,10 +4,7 @@
 //! plane needs a connection cap with a clean 503 and a header read timeout (slow-loris protection),
 //! and both planes need to drain in-flight requests on shutdown.
 
-use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use hyper::server::conn::http1;
@@ -87,9 +84,13 @@ pub async fn serve_data_plane(
         let builder = builder.clone();
         tasks.spawn(async move {
             let shutdown = gateway.shutdown.clone();
-            let service =
-                service_fn(move |request| crate::proxy::handle(Arc::clone(&gateway), request));
-            let io = CoalescingIo::new(TokioIo::new(stream));
+            let service = service_fn(move |request| {
+                // Boxed per request: hyper keeps one slot the size of the handler's future for
+                // the connection's whole life, and the proxy's future is ~3.5 KiB. A box
+                // that is freed once the response head is out costs a held stream nothing.
+                Box::pin(crate::proxy::handle(Arc::clone(&gateway), request))
+            });
+            let io = TokioIo::new(stream);
             let connection = builder.serve_connection(io, service);
             tokio::pin!(connection);
             tokio::select! {
@@ -161,138 +162,6 @@ fn log_connection_error(result: Result<(), hyper::Error>) {
         } else if !error.is_incomplete_message() && !error.is_canceled() {
             tracing::debug!(%error, "connection ended with an error");
         }
-    }
-}
-
-/// Bytes a [`CoalescingIo`] gathers before it writes regardless of what else is on its way.
-const COALESCE_LIMIT: usize = 16 * 1024;
-/// Largest buffer a connection keeps between flushes; a bigger one is freed once written, so an
-/// idle connection (a held stream) does not sit on the memory of its largest burst.
-const COALESCE_KEEP: usize = 2 * 1024;
-
-/// Write coalescing for a data plane connection.
-///
-/// hyper writes and flushes every body frame as soon as the next one is not ready yet. A proxied
-/// response's frames come from the upstream connection's task one at a time, so without help every
-/// SSE event of a burst the worker sent in one segment becomes its own `writev` (and its own wake-up of
-/// the client). Here writes are copied into a buffer and a flush first yields once to the scheduler:
-/// if the other tasks produced more bytes for this connection meanwhile, it yields again, otherwise
-/// (or at [`COALESCE_LIMIT`] bytes) it writes everything in one system call. What is already on its
-/// way goes out together; nothing waits for data that has not arrived.
-pub struct CoalescingIo<T> {
-    inner: T,
-    buf: Vec<u8>,
-    written: usize,
-    /// `buf.len()` when the last flush yielded; a flush that finds no more bytes than that writes.
-    yielded_at: Option<usize>,
-}
-
-impl<T> CoalescingIo<T> {
-    /// Wraps a connection.
-    pub fn new(inner: T) -> Self {
-        Self {
-            inner,
-            buf: Vec::new(),
-            written: 0,
-            yielded_at: None,
-        }
-    }
-
-    /// The wrapped connection.
-    pub fn get_ref(&self) -> &T {
-        &self.inner
-    }
-}
-
-impl<T: hyper::rt::Write + Unpin> CoalescingIo<T> {
-    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while self.written < self.buf.len() {
-            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.buf[self.written..]))?;
-            if n == 0 {
-                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-            }
-            self.written += n;
-        }
-        if self.buf.capacity() > COALESCE_KEEP {
-            self.buf = Vec::new();
-        } else {
-            self.buf.clear();
-        }
-        self.written = 0;
-        self.yielded_at = None;
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for CoalescingIo<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: hyper::rt::ReadBufCursor<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
-    }
-}
-
-impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for CoalescingIo<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        if this.buf.len() + data.len() > COALESCE_LIMIT {
-            ready!(this.poll_drain(cx))?;
-            if data.len() >= COALESCE_LIMIT {
-                return Pin::new(&mut this.inner).poll_write(cx, data);
-            }
-        }
-        this.buf.extend_from_slice(data);
-        Poll::Ready(Ok(data.len()))
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let total: usize = bufs.iter().map(|b| b.len()).sum();
-        if this.buf.len() + total > COALESCE_LIMIT {
-            ready!(this.poll_drain(cx))?;
-            if total >= COALESCE_LIMIT {
-                return Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
-            }
-        }
-        for b in bufs {
-            this.buf.extend_from_slice(b);
-        }
-        Poll::Ready(Ok(total))
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if this.written < this.buf.len() {
-            if this.yielded_at != Some(this.buf.len()) {
-                // Let the tasks feeding this connection run first (the wake puts this task at the
-                // back of the run queue), then write whatever they added in one go.
-                this.yielded_at = Some(this.buf.len());
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
-            }
-            ready!(this.poll_drain(cx))?;
-        }
-        Pin::new(&mut this.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        ready!(this.poll_drain(cx))?;
-        Pin::new(&mut this.inner).poll_shutdown(cx)
     }
 }
 

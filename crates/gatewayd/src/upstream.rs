@@ -35,7 +35,6 @@ use hyper_util::rt::TokioIo;
 use tower::ServiceExt;
 
 use crate::config::WorkerUrl;
-use crate::server::CoalescingIo;
 
 /// Boxed error type for bodies and connects.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -49,7 +48,7 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// 1,024 concurrent requests a busy worker may see, so a burst's connections are reused by the next.
 pub const MAX_IDLE_PER_WORKER: usize = 1024;
 
-type UpstreamIo = CoalescingIo<TokioIo<tokio::net::TcpStream>>;
+type UpstreamIo = TokioIo<tokio::net::TcpStream>;
 
 /// Why a request could not be sent to a worker.
 pub enum SendError {
@@ -360,7 +359,7 @@ impl Upstreams {
             .path_and_query("/")
             .build()?;
         let io = self.connector.clone().oneshot(uri).await?;
-        let (sender, connection) = self.http1.handshake(CoalescingIo::new(io)).await?;
+        let (sender, connection) = self.http1.handshake(io).await?;
         Ok(UpstreamConnection {
             sender,
             connection: Some(connection),
