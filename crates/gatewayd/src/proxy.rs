@@ -88,10 +88,7 @@ async fn proxy(gateway: Arc<Gateway>, request: Request<Incoming>) -> Response<Pr
         }
     }
     let (parts, body) = request.into_parts();
-    let headers = &parts.headers;
-    let extracted = routing_key::extract(&settings.routing_headers, |name| {
-        headers.get(name).map(HeaderValue::as_bytes)
-    });
+    let extracted = extract_key(&settings, &parts.headers);
     if let Some(reason) = extracted.ignored_explicit {
         gateway.metrics.record_ignored_key(reason);
     }
@@ -132,23 +129,22 @@ async fn proxy(gateway: Arc<Gateway>, request: Request<Incoming>) -> Response<Pr
         started,
     );
 
-    let mut body = UpstreamBody::new(body, settings.max_body_bytes);
+    let client_path = parts.uri.path_and_query().cloned();
+    let mut upstream_request =
+        upstream_request(parts, UpstreamBody::new(body, settings.max_body_bytes));
     let mut retried = false;
     let targets = gateway.upstreams.for_table(&table);
     loop {
         let spec = &table.workers()[worker].spec;
         let target = &targets[worker];
-        let upstream_request = match build_upstream_request(&parts, target, body) {
-            Ok(r) => r,
-            Err(message) => {
-                return gateway_error(
-                    StatusCode::BAD_GATEWAY,
-                    "bad_worker_url",
-                    &message,
-                    Some(decision.branch),
-                );
-            }
-        };
+        if let Err(message) = point_at(&mut upstream_request, client_path.as_ref(), target) {
+            return gateway_error(
+                StatusCode::BAD_GATEWAY,
+                "bad_worker_url",
+                &message,
+                Some(decision.branch),
+            );
+        }
         let sent = tokio::time::timeout(
             settings.first_byte_timeout,
             gateway.upstreams.send(target, upstream_request),
@@ -172,12 +168,15 @@ async fn proxy(gateway: Arc<Gateway>, request: Request<Incoming>) -> Response<Pr
                 // Nothing of the request reached this worker, so it may go to another one, once.
                 // Target-worker requests are pinned.
                 if !retried && decision.branch != Branch::TargetWorkerHit {
+                    // The key borrows the request's headers, which travelled with the request: the
+                    // same headers give the same key.
+                    let key = extract_key(&settings, request.headers()).key;
                     if let Some((next, guard)) = gateway.router.route_retry(&table, &key, worker) {
                         gateway.metrics.record_retry();
                         tracing::debug!(from = %spec.name, to = %table.workers()[next].spec.name, "retrying after connect failure");
                         worker = next;
                         lease.move_to(guard, next);
-                        body = request.into_body();
+                        upstream_request = *request;
                         retried = true;
                         continue;
                     }
@@ -272,46 +271,76 @@ fn respond(
     )
 }
 
-/// The request for `target`, in origin form (`/path?query`, the worker's path prefix in front)
-/// with the worker's `Host` and without hop-by-hop headers.
-fn build_upstream_request(
-    parts: &http::request::Parts,
+fn extract_key<'a>(
+    settings: &crate::gateway::RuntimeSettings,
+    headers: &'a HeaderMap,
+) -> routing_key::Extracted<'a> {
+    routing_key::extract(&settings.routing_headers, |name| {
+        headers.get(name).map(HeaderValue::as_bytes)
+    })
+}
+
+/// The client's request made into a request for a worker, reusing its head (no header copies):
+/// HTTP/1.1, without `Host` and hop-by-hop headers, extensions dropped. [`point_at`] then
+/// gives it a worker's URI and `Host`.
+fn upstream_request(parts: http::request::Parts, body: UpstreamBody) -> Request<UpstreamBody> {
+    let mut request = Request::from_parts(parts, body);
+    *request.version_mut() = http::Version::HTTP_11;
+    request.extensions_mut().clear();
+    let headers = request.headers_mut();
+    headers.remove(header::HOST);
+    strip_hop_by_hop(headers);
+    request
+}
+
+/// Points `request` at `target`: origin-form URI (the worker's path prefix, then the client's path
+/// and query) and the worker's `Host`. Called again when a retry moves the request to another
+/// worker.
+fn point_at(
+    request: &mut Request<UpstreamBody>,
+    client_path: Option<&http::uri::PathAndQuery>,
     target: &UpstreamTarget,
-    body: UpstreamBody,
-) -> Result<Request<UpstreamBody>, String> {
+) -> Result<(), String> {
     let url = target.url.as_ref().map_err(String::clone)?;
-    let path_and_query = parts.uri.path_and_query();
     let uri = if url.prefix.is_empty() {
         // The common case shares the client's path instead of copying it.
-        Ok(Uri::from(path_and_query.cloned().unwrap_or_else(|| {
+        Ok(Uri::from(client_path.cloned().unwrap_or_else(|| {
             http::uri::PathAndQuery::from_static("/")
         })))
     } else {
-        let path_and_query = path_and_query.map_or("/", |pq| pq.as_str());
+        let path_and_query = client_path.map_or("/", http::uri::PathAndQuery::as_str);
         format!("{}{path_and_query}", url.prefix)
             .parse::<Uri>()
             .map_err(|e| e.to_string())
     }
     .map_err(|e| format!("cannot build upstream URI for {}: {e}", target.name))?;
-    let mut request = Request::new(body);
-    *request.method_mut() = parts.method.clone();
     *request.uri_mut() = uri;
-    let headers = request.headers_mut();
-    headers.reserve(parts.headers.len() + 1);
-    for (name, value) in &parts.headers {
-        if name != header::HOST {
-            headers.append(name.clone(), value.clone());
-        }
-    }
-    strip_hop_by_hop(headers);
     if let Some(host) = &target.host_header {
-        headers.insert(header::HOST, host.clone());
+        request.headers_mut().insert(header::HOST, host.clone());
     }
-    Ok(request)
+    Ok(())
 }
+
+/// Hop-by-hop headers that are never forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
 
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1): the fixed list plus any named in `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most requests and responses carry none: one pass over the names (cheap comparisons for
+    // standard headers) instead of nine hashed removals.
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -322,17 +351,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in named {
         headers.remove(name);
     }
-    for name in [
-        header::CONNECTION,
-        HeaderName::from_static("keep-alive"),
-        HeaderName::from_static("proxy-connection"),
-        header::PROXY_AUTHENTICATE,
-        header::PROXY_AUTHORIZATION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-    ] {
+    for name in HOP_BY_HOP {
         headers.remove(name);
     }
 }
