@@ -250,7 +250,9 @@ struct Client {
 
 struct KeyState {
     kind: KeyKind,
-    label: Arc<str>,
+    /// Rendered only when a record is built for a client: with more live keys than `max_keys`,
+    /// most requests bring a new key, and most such keys are evicted before anyone looks.
+    label: KeyLabel,
     preferred: String,
     current: String,
     active: BTreeMap<String, u64>,
@@ -263,7 +265,7 @@ struct KeyState {
 impl KeyState {
     fn record(&self) -> KeyRecord {
         KeyRecord {
-            key: self.label.to_string(),
+            key: self.label.render().to_string(),
             kind: self.kind,
             preferred: self.preferred.clone(),
             current: self.current.clone(),
@@ -436,7 +438,7 @@ impl Aggregator {
                 self.by_age.insert((ts_ms, key.id));
                 entry.insert(KeyState {
                     kind: key.kind,
-                    label: key.label.render(),
+                    label: key.label,
                     preferred: String::new(),
                     current: String::new(),
                     active: BTreeMap::new(),
@@ -478,7 +480,11 @@ impl Aggregator {
         // O(log n) instead of a scan of every tracked key.
         if let Some((_, id)) = self.by_age.pop_first() {
             if let Some(state) = self.keys.remove(&id) {
-                self.removed_keys.push(state.label.to_string());
+                // Only clients need to hear about it; without any, a new client's snapshot is
+                // the whole truth.
+                if !self.clients.is_empty() {
+                    self.removed_keys.push(state.label.render().to_string());
+                }
             }
         }
     }
@@ -604,6 +610,15 @@ impl Aggregator {
         for w in &changed_workers {
             self.last_workers.insert(w.name.clone(), w.clone());
         }
+        if self.clients.is_empty() {
+            // Nobody to tell: a client that connects later starts from a snapshot.
+            for key in self.keys.values_mut() {
+                key.dirty = false;
+            }
+            self.new_spills.clear();
+            self.removed_keys.clear();
+            return;
+        }
         let changed_keys: Vec<KeyRecord> = self
             .keys
             .values_mut()
@@ -613,12 +628,6 @@ impl Aggregator {
                 k.record()
             })
             .collect();
-
-        if self.clients.is_empty() {
-            self.new_spills.clear();
-            self.removed_keys.clear();
-            return;
-        }
         let snapshot_needed = self.clients.values().any(|c| c.needs_snapshot);
         if snapshot_needed {
             let snapshot = self.snapshot_message();
