@@ -152,20 +152,8 @@ for p in $(seq "$FAST_BASE" $((FAST_BASE + WORKERS - 1))) $(seq "$SLOW_BASE" $((
   port_free "$p" || die "port $p is in use; set BENCH_PORT_BASE to a free range"
 done
 
-# Request bodies: ~1 KiB of JSON each. (a) asks for a ~1 KiB answer, (b) for 62 tokens = 64 SSE
-# events (62 tokens, the finish chunk, [DONE]), (c) for a stream that outlives the hold.
-python3 - "$WORK" <<'PY'
-import json, sys
-work = sys.argv[1]
-words = ("the quick brown fox jumps over the lazy dog while the gateway routes every request by key " * 30)
-def body(max_tokens, stream):
-    b = {"model": "bch-sim", "max_tokens": max_tokens, "stream": stream,
-         "messages": [{"role": "user", "content": ""}]}
-    b["messages"][0]["content"] = words[: 1024 - len(json.dumps(b))].rstrip()
-    return json.dumps(b)
-for name, mt, stream in (("a", 170, False), ("b", 62, True), ("c", 100000, True)):
-    open(f"{work}/body_{name}.json", "w").write(body(mt, stream))
-PY
+# Request bodies: ~1 KiB of JSON each (bench/bodies.py).
+python3 "$ROOT/bench/bodies.py" "$WORK"
 
 # Upstreams: one process of instant workers (a, b) and one of slow workers for the held streams (c):
 # a chunk per second per stream, no prefill, unbounded batch.

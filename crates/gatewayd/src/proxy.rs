@@ -1,10 +1,12 @@
 //! The data plane: route each request by its routing key and stream it to the chosen worker.
 //!
-//! Request and response bodies are streamed frame by frame, never buffered. The request's load
-//! guard lives in the response body ([`ProxyBody`]), so a worker's active load ends with the last
-//! byte sent to the client, on an upstream error, or when the client goes away — and when the
-//! client leaves before the worker sent anything, dropping the handler future drops the guard and
-//! the pending upstream request (closing that upstream connection).
+//! Request and response bodies are streamed as they arrive, never held back: response frames that
+//! have already arrived are passed on together, nothing waits for more. The worker connection is
+//! driven from the response body ([`ProxyBody`], see [`crate::upstream`]), and the request's load
+//! guard lives there too, so a worker's active load ends with the last byte sent to the client, on
+//! an upstream error, or when the client goes away — and when the client leaves before the worker
+//! sent anything, dropping the handler future drops the guard and the pending upstream request
+//! (closing that upstream connection).
 
 use std::convert::Infallible;
 use std::pin::Pin;
