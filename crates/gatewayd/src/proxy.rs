@@ -257,10 +257,14 @@ fn respond(
         drop(lease);
         return Response::from_parts(parts, ProxyBody::empty());
     }
-    let event_stream = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    // A broken event stream ends with an appended `event: error`, which only a body of no fixed
+    // length can carry: with a `Content-Length` the client would get the event cut at that
+    // length, a "complete" body that is not one. Such a stream is aborted like any other body.
+    let event_stream = body.size_hint().exact().is_none()
+        && parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     Response::from_parts(
         parts,
         ProxyBody::stream(
@@ -603,9 +607,11 @@ impl StreamState {
                     Ok(data) => Frame::data(self.gather(data, cx)),
                     Err(other) => other,
                 };
-                if self.inner.is_end_stream() && self.deferred.is_none() {
-                    // The last byte of a Content-Length body: hyper drops a body once its length
-                    // is written, without polling it again, so the request ends here.
+                if frame.is_trailers() || (self.inner.is_end_stream() && self.deferred.is_none()) {
+                    // The last byte of a Content-Length body, or trailers (always last): hyper
+                    // drops a body once its length or its trailers are written, without polling it
+                    // again, so the request ends here, and the worker connection, read to its
+                    // end, can serve the next one.
                     self.finish();
                 } else if self.idle.is_some() {
                     self.last_frame = tokio::time::Instant::now();

@@ -18,7 +18,7 @@
 
 use std::future::poll_fn;
 use std::pin::{Pin, pin};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Waker, ready};
 use std::time::{Duration, Instant};
 
@@ -72,7 +72,10 @@ pub struct UpstreamConnection {
     sender: SendRequest<UpstreamBody>,
     /// `None` once hyper's connection future has finished (the socket is closed).
     connection: Option<Connection<UpstreamIo, UpstreamBody>>,
-    pool: Arc<WorkerPool>,
+    /// Weak: the pool holds its idle connections, so a strong reference would keep a pool whose
+    /// worker left the membership (and its sockets) alive forever. A connection that finishes
+    /// after its pool is gone is closed.
+    pool: Weak<WorkerPool>,
 }
 
 impl UpstreamConnection {
@@ -100,8 +103,9 @@ impl UpstreamConnection {
         // idle connection wakes nobody: whoever takes it next drives it with their own waker.
         self.drive(&mut Context::from_waker(Waker::noop()));
         if self.reusable() {
-            let pool = Arc::clone(&self.pool);
-            pool.check_in(self);
+            if let Some(pool) = self.pool.upgrade() {
+                pool.check_in(self);
+            }
         }
     }
 }
@@ -363,7 +367,7 @@ impl Upstreams {
         Ok(UpstreamConnection {
             sender,
             connection: Some(connection),
-            pool: Arc::clone(&target.pool),
+            pool: Arc::downgrade(&target.pool),
         })
     }
 }
