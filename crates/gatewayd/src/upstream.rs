@@ -133,8 +133,10 @@ impl WorkerPool {
         loop {
             let idle = self.lock().pop()?;
             if idle.since.elapsed() >= IDLE_TIMEOUT {
-                // It was the newest, so every other one is older still.
-                drop(std::mem::take(&mut *self.lock()));
+                // It was the newest, so every other one is older still. Closed after the lock
+                // is released.
+                let expired = std::mem::take(&mut *self.lock());
+                drop(expired);
                 return None;
             }
             let mut connection = idle.connection;
