@@ -625,17 +625,21 @@ fn draw_keys(frame: &mut Frame, area: Rect, state: &State) {
         .max()
         .unwrap_or(4)
         .clamp(2, 12) as u16;
+    let placement_w = (name_w * 2 + 3).max(19);
+    // The key column's share of what the fixed columns and the four gaps leave (Fill 3 of 5), so a
+    // long key is cut in the middle here rather than at its end by the table.
+    let key_w = usize::from(inner.width.saturating_sub(placement_w + 6 + 6 + 4)) * 3 / 5;
     let table_rows: Vec<Row> = rows
         .iter()
         .skip(start)
         .take(visible)
-        .map(|k| key_row(k, name_w as usize))
+        .map(|k| key_row(k, name_w as usize, key_w.max(6)))
         .collect();
     let header = Row::new(["key", "preferred → current", "active", "req", "spills"])
         .style(Style::new().fg(Color::DarkGray).bold());
     let widths = [
         Constraint::Fill(3),
-        Constraint::Length((name_w * 2 + 3).max(19)),
+        Constraint::Length(placement_w),
         Constraint::Fill(2),
         Constraint::Length(6),
         Constraint::Length(6),
@@ -646,7 +650,7 @@ fn draw_keys(frame: &mut Frame, area: Rect, state: &State) {
     frame.render_widget(table, inner);
 }
 
-fn key_row(k: &KeyRecord, name_w: usize) -> Row<'static> {
+fn key_row(k: &KeyRecord, name_w: usize, key_w: usize) -> Row<'static> {
     let spilled = k.preferred != k.current;
     let placement = format!(
         "{:<name_w$} {} {}",
@@ -666,7 +670,7 @@ fn key_row(k: &KeyRecord, name_w: usize) -> Row<'static> {
         Style::new()
     };
     Row::new([
-        Cell::from(k.key.clone()),
+        Cell::from(truncate_middle(&k.key, key_w)),
         Cell::from(placement),
         Cell::from(active),
         Cell::from(format!("{:>6}", k.requests_total)),
@@ -711,13 +715,50 @@ fn draw_spills(frame: &mut Frame, area: Rect, state: &State) {
             .rev()
             .skip(start)
             .take(visible)
-            .map(spill_line)
+            .map(|s| spill_line(s, usize::from(inner.width)))
             .collect()
     };
     frame.render_widget(Paragraph::new(lines), inner);
 }
 
-fn spill_line(s: &SpillEvent) -> Line<'static> {
+/// One spill, in full when `width` columns allow it. Otherwise in the compact form that keeps every
+/// number of the rule — `12:00:00 key w0→w1 9>2+2 9>3.50×1.50`: the preferred worker's load was
+/// above min + gap and above mean × skew — and shortens the key instead.
+fn spill_line(s: &SpillEvent, width: usize) -> Line<'static> {
+    let full = spill_line_full(s);
+    if full.width() <= width {
+        return full;
+    }
+    let dim = Style::new().fg(Color::DarkGray);
+    let (target, target_style) = if s.branch == Branch::ExplicitRoutingKeyNoEligibleCandidate {
+        (format!("{}✗", s.from), Style::new().fg(Color::Red))
+    } else {
+        (
+            format!("{}→{}", s.from, s.to),
+            Style::new().fg(Color::Yellow),
+        )
+    };
+    let time = clock(s.ts_ms);
+    let time = time.split('.').next().unwrap_or_default().to_owned();
+    let rule = format!(
+        "{p}>{min}+{gap} {p}>{mean:.2}×{skew:.2}",
+        p = s.preferred_load,
+        min = s.min_load,
+        gap = s.min_load_gap,
+        mean = s.mean_load,
+        skew = s.max_load_skew,
+    );
+    let fixed = time.chars().count() + target.chars().count() + rule.chars().count() + 3;
+    let key = truncate_middle(&s.key, width.saturating_sub(fixed).max(6));
+    Line::from(vec![
+        Span::styled(format!("{time} "), dim),
+        Span::raw(format!("{key} ")),
+        Span::styled(target, target_style),
+        Span::raw(format!(" {rule}")),
+    ])
+}
+
+fn spill_line_full(s: &SpillEvent) -> Line<'static> {
     let dim = Style::new().fg(Color::DarkGray);
     let target = if s.branch == Branch::ExplicitRoutingKeyNoEligibleCandidate {
         Span::styled(format!("{} ✗ stayed", s.from), Style::new().fg(Color::Red))
@@ -729,7 +770,7 @@ fn spill_line(s: &SpillEvent) -> Line<'static> {
     };
     Line::from(vec![
         Span::styled(format!("{} ", clock(s.ts_ms)), dim),
-        Span::raw(format!("{} ", truncate(&s.key, 18))),
+        Span::raw(format!("{} ", truncate_middle(&s.key, 18))),
         target,
         Span::styled(" pref ", dim),
         Span::raw(s.preferred_load.to_string()),
@@ -767,6 +808,10 @@ fn draw_help(frame: &mut Frame, area: Rect) {
     lines.push(Line::raw(
         " ↷ in the key table: served off its preferred worker.",
     ));
+    lines.push(Line::raw(
+        " Narrow spill log: 9>2+2 9>3.50×1.50 = load > min+gap,",
+    ));
+    lines.push(Line::raw("   load > mean×skew."));
     let height = (lines.len() as u16 + 2).min(area.height);
     let width = 60.min(area.width);
     let popup = area.centered(Constraint::Length(width), Constraint::Length(height));
@@ -809,14 +854,19 @@ fn truncate_left(s: &str, max: usize) -> String {
     }
 }
 
-fn truncate(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        s.to_owned()
-    } else {
-        let mut t: String = s.chars().take(max.saturating_sub(1)).collect();
-        t.push('…');
-        t
+/// Routing keys cut in the middle: keys of one fleet tend to share a prefix (`chat-session-`) and
+/// differ at the end, yet the prefix says what kind of key it is, so both ends stay visible.
+fn truncate_middle(s: &str, max: usize) -> String {
+    let n = s.chars().count();
+    if n <= max {
+        return s.to_owned();
     }
+    let keep = max.saturating_sub(1);
+    let head = keep.div_ceil(2);
+    let mut t: String = s.chars().take(head).collect();
+    t.push('…');
+    t.extend(s.chars().skip(n - (keep - head)));
+    t
 }
 
 #[cfg(test)]
@@ -838,8 +888,9 @@ mod tests {
 
     #[test]
     fn truncate_marks_cut_labels() {
-        assert_eq!(truncate("abcdef", 4), "abc…");
-        assert_eq!(truncate("abc", 4), "abc");
+        assert_eq!(truncate_middle("chat-session-0001", 9), "chat…0001");
+        assert_eq!(truncate_middle("abcdef", 4), "ab…f");
+        assert_eq!(truncate_middle("abc", 4), "abc");
         assert_eq!(truncate_left("127.0.0.1:18101", 8), "…1:18101");
         assert_eq!(truncate_left("w0", 8), "w0");
     }

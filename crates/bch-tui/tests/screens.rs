@@ -57,6 +57,15 @@ fn spill_happening_80x24() {
     assert_snapshot!(render(&spilling(), 80, 24, Instant::now()));
 }
 
+/// At the narrowest two-column width the spill log keeps every number of the rule and shortens
+/// the key instead.
+#[test]
+fn spill_happening_120x40() {
+    let screen = render(&spilling(), 120, 40, Instant::now());
+    assert!(screen.contains("w0→w1 9>2+2 9>3.50×1.50"), "{screen}");
+    assert_snapshot!(screen);
+}
+
 #[test]
 fn spill_happening_160x48() {
     assert_snapshot!(render(&spilling(), 160, 48, Instant::now()));
