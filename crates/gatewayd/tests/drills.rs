@@ -1036,19 +1036,53 @@ async fn concurrent_threshold_changes() {
         (spills, updates)
     });
 
+    // Storm keys: two that share a preferred worker and one elsewhere, so that worker carries
+    // twice the mean and the bound fires under every pair with skew < 2 (worker ports, hence ring
+    // placement, differ from run to run; three arbitrary keys may land on three workers).
+    let hot_keys: Arc<Vec<String>> = {
+        let http = client();
+        let mut by_worker: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for i in 0..500 {
+            let key = format!("hot-{i}");
+            let v: serde_json::Value = http
+                .get(format!(
+                    "http://{}/admin/explain?routing_key={key}",
+                    gateway.control_addr
+                ))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let worker = v["preferred"].as_str().unwrap().to_owned();
+            by_worker.entry(worker).or_default().push(key);
+            if by_worker.len() >= 2 && by_worker.values().any(|keys| keys.len() >= 2) {
+                break;
+            }
+        }
+        let pair = by_worker.values().find(|keys| keys.len() >= 2).unwrap();
+        let other = by_worker
+            .values()
+            .find(|keys| !keys.contains(&pair[0]))
+            .unwrap();
+        Arc::new(vec![pair[0].clone(), pair[1].clone(), other[0].clone()])
+    };
+
     // Storm: hot keys with short streams, so loads pile up and the bound spills.
     let stop = CancellationToken::new();
     let requests = Arc::new(AtomicUsize::new(0));
     let mut storm = Vec::new();
     for i in 0..24u64 {
         let (gateway, stop, requests) = (Arc::clone(&gateway), stop.clone(), Arc::clone(&requests));
+        let hot_keys = Arc::clone(&hot_keys);
         storm.push(tokio::spawn(async move {
             let client = reqwest::Client::new();
             let url = format!("http://{}/sse?n=3&gap_ms=3", gateway.data_addr);
             while !stop.is_cancelled() {
                 let response = client
                     .get(&url)
-                    .header(ROUTING_KEY, format!("hot-{}", i % 3))
+                    .header(ROUTING_KEY, hot_keys[i as usize % 3].as_str())
                     .send()
                     .await
                     .expect("gateway answers");
