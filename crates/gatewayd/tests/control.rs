@@ -96,18 +96,6 @@ async fn healthy(gateway: &RunningGateway, name: &str) -> bool {
         .unwrap()
 }
 
-/// The preferred worker for an explicit key, per `/admin/explain`.
-async fn preferred(gateway: &RunningGateway, key: &str) -> String {
-    get_json(&control(
-        gateway,
-        &format!("/admin/explain?routing_key={key}"),
-    ))
-    .await["preferred"]
-        .as_str()
-        .unwrap()
-        .to_owned()
-}
-
 /// Asserts the OpenAI error shape and returns the message.
 fn error_message(body: &Value) -> String {
     let error = &body["error"];
@@ -447,7 +435,7 @@ async fn changing_virtual_nodes_rebuilds_the_ring() {
     let keys: Vec<String> = (0..60).map(|i| format!("key-{i}")).collect();
     let mut before = Vec::new();
     for key in &keys {
-        before.push(preferred(&gateway, key).await);
+        before.push(preferred_worker(&gateway, key).await);
     }
     let response = client()
         .put(control(&gateway, "/admin/policy"))
@@ -459,7 +447,7 @@ async fn changing_virtual_nodes_rebuilds_the_ring() {
     assert_eq!(policy(&gateway).await["virtual_nodes"], 1);
     let mut after = Vec::new();
     for key in &keys {
-        after.push(preferred(&gateway, key).await);
+        after.push(preferred_worker(&gateway, key).await);
     }
     let moved = before.iter().zip(&after).filter(|(x, y)| x != y).count();
     assert!(moved > 0, "no key moved with 1 virtual node instead of 150");
@@ -480,7 +468,7 @@ async fn changing_virtual_nodes_rebuilds_the_ring() {
         .unwrap();
     let mut restored = Vec::new();
     for key in &keys {
-        restored.push(preferred(&gateway, key).await);
+        restored.push(preferred_worker(&gateway, key).await);
     }
     assert_eq!(restored, before);
     gateway.shutdown().await;
@@ -1090,7 +1078,7 @@ async fn health_probes_flip_a_worker_without_moving_other_keys() {
     let keys: Vec<String> = (0..60).map(|i| format!("user-{i}")).collect();
     let mut before = Vec::new();
     for key in &keys {
-        before.push(preferred(&gateway, key).await);
+        before.push(preferred_worker(&gateway, key).await);
     }
     assert!(before.iter().any(|w| w == "sick"), "{before:?}");
     assert!(before.iter().any(|w| w != "sick"), "{before:?}");
@@ -1110,7 +1098,7 @@ async fn health_probes_flip_a_worker_without_moving_other_keys() {
     // Health is a filter on the ring walk, not a rebuild: keys of healthy workers stay put and
     // the sick worker's keys move to the next healthy worker.
     for (key, home) in keys.iter().zip(&before) {
-        let now = preferred(&gateway, key).await;
+        let now = preferred_worker(&gateway, key).await;
         if home == "sick" {
             assert_ne!(now, "sick", "{key}");
         } else {
@@ -1144,7 +1132,7 @@ async fn health_probes_flip_a_worker_without_moving_other_keys() {
     });
     let mut after = Vec::new();
     for key in &keys {
-        after.push(preferred(&gateway, key).await);
+        after.push(preferred_worker(&gateway, key).await);
     }
     assert_eq!(after, before, "every key is home again");
     gateway.shutdown().await;

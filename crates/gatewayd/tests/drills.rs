@@ -1040,22 +1040,10 @@ async fn concurrent_threshold_changes() {
     // twice the mean and the bound fires under every pair with skew < 2 (worker ports, hence ring
     // placement, differ from run to run; three arbitrary keys may land on three workers).
     let hot_keys: Arc<Vec<String>> = {
-        let http = client();
         let mut by_worker: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for i in 0..500 {
             let key = format!("hot-{i}");
-            let v: serde_json::Value = http
-                .get(format!(
-                    "http://{}/admin/explain?routing_key={key}",
-                    gateway.control_addr
-                ))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            let worker = v["preferred"].as_str().unwrap().to_owned();
+            let worker = preferred_worker(&gateway, &key).await;
             by_worker.entry(worker).or_default().push(key);
             if by_worker.len() >= 2 && by_worker.values().any(|keys| keys.len() >= 2) {
                 break;

@@ -17,20 +17,6 @@ fn bounded(config: &mut gatewayd::config::Config, gap: u64) {
     config.policy.max_load_skew = 1.5;
 }
 
-/// The worker the gateway names for `key` right now (`/admin/explain`).
-async fn preferred(gateway: &gatewayd::RunningGateway, key: &str) -> String {
-    let v: serde_json::Value = reqwest::get(format!(
-        "http://{}/admin/explain?routing_key={key}",
-        gateway.control_addr
-    ))
-    .await
-    .unwrap()
-    .json()
-    .await
-    .unwrap();
-    v["preferred"].as_str().unwrap().to_owned()
-}
-
 #[tokio::test]
 async fn keyed_requests_follow_the_golden_ring() {
     let parity: serde_json::Value =
@@ -118,7 +104,7 @@ async fn hold_streams(
 async fn strict_policy_never_spills() {
     let (a, b) = (fake_worker("a").await, fake_worker("b").await);
     let gateway = start(test_config(&[&a, &b])).await;
-    let home = preferred(&gateway, "hot").await;
+    let home = preferred_worker(&gateway, "hot").await;
     let (placed, open) = hold_streams(&gateway, "hot", 8).await;
     assert!(placed.iter().all(|w| *w == home), "{placed:?}");
     drop(open);
@@ -135,7 +121,7 @@ async fn bounded_policy_spills_exactly_when_the_rule_says() {
         let mut config = test_config(&[&a, &b]);
         bounded(&mut config, gap);
         let gateway = start(config).await;
-        let home = preferred(&gateway, "session-a").await;
+        let home = preferred_worker(&gateway, "session-a").await;
         let (placed, open) = hold_streams(&gateway, "session-a", 8).await;
         // Replay the rule by hand: loads before each request, two healthy workers.
         let mut loads = std::collections::HashMap::<String, u64>::new();
@@ -316,7 +302,7 @@ async fn removing_a_worker_stops_traffic_and_re_adding_keeps_counters() {
     let gateway = start(test_config(&[&a, &b])).await;
     let client = client();
     let control = format!("http://{}", gateway.control_addr);
-    let home = preferred(&gateway, "k").await;
+    let home = preferred_worker(&gateway, "k").await;
     let (home_worker, other) = if home == "a" { (&a, "b") } else { (&b, "a") };
     let (_, open) = hold_streams(&gateway, "k", 2).await;
 
@@ -463,7 +449,7 @@ async fn gateway_errors_and_bad_input() {
 async fn connect_failure_is_retried_once_on_the_next_worker() {
     let (a, b) = (fake_worker("a").await, fake_worker("b").await);
     let gateway = start(test_config(&[&a, &b])).await;
-    let home = preferred(&gateway, "retry-me").await;
+    let home = preferred_worker(&gateway, "retry-me").await;
     let (dead, alive) = if home == "a" { (a, b) } else { (b, a) };
     dead.stop().await;
     let response = client()

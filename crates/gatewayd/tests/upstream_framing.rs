@@ -585,16 +585,7 @@ async fn a_retried_request_keeps_method_path_headers_and_body_under_the_next_wor
     config.workers[0].url = format!("{}/prefix-a", a.url());
     config.workers[1].url = format!("{}/prefix-b/", b.url());
     let gateway = start(config).await;
-    let explain: serde_json::Value = reqwest::get(format!(
-        "http://{}/admin/explain?routing_key=retry-me",
-        gateway.control_addr
-    ))
-    .await
-    .unwrap()
-    .json()
-    .await
-    .unwrap();
-    let home = explain["preferred"].as_str().unwrap().to_owned();
+    let home = preferred_worker(&gateway, "retry-me").await;
     let (dead, alive, prefix) = if home == "a" {
         (a, b, "/prefix-b")
     } else {

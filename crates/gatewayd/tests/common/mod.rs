@@ -333,6 +333,23 @@ pub async fn start(config: Config) -> RunningGateway {
         .expect("gateway starts")
 }
 
+/// The worker the gateway names as preferred for the explicit key `key` right now
+/// (`/admin/explain`; keys here are plain ASCII, so the query needs no encoding).
+pub async fn preferred_worker(gateway: &RunningGateway, key: &str) -> String {
+    let explain: serde_json::Value = client()
+        .get(format!(
+            "http://{}/admin/explain?routing_key={key}",
+            gateway.control_addr
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    explain["preferred"].as_str().unwrap().to_owned()
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .pool_max_idle_per_host(0)
