@@ -12,6 +12,9 @@
 # another build. Needs valgrind and wrk (installed with apt-get when missing). Loopback only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+BENCH_NAME=instructions
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 ROOT=$PWD
 WORKLOADS=a,b
 SECONDS_PER=10
@@ -27,8 +30,6 @@ while [[ $# -gt 0 ]]; do
   esac
   shift
 done
-log() { printf '[instructions %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
-die() { echo "bench/instructions.sh: error: $*" >&2; exit 1; }
 
 missing=()
 command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
@@ -41,28 +42,11 @@ fi
 
 log "building gatewayd and bch-drill (release)"
 cargo build --quiet --release -p gatewayd -p bch-drill
-TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+TARGET_DIR=$(bench_target_dir)
 GATEWAYD=${BENCH_GATEWAYD_BIN:-$TARGET_DIR/release/gatewayd}
 DRILL=$TARGET_DIR/release/bch-drill
 
-WORK=$(mktemp -d /tmp/bch-instructions.XXXXXX)
-PIDS=()
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-wait_port() {
-  local i
-  for i in $(seq 1 600); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.1
-  done
-  die "nothing listening on 127.0.0.1:$1 after 60 s"
-}
+bench_workdir
 PIN=()
 [[ $(nproc) -ge 2 ]] && command -v taskset >/dev/null 2>&1 && PIN=(taskset -c 0)
 LOAD=()
@@ -85,7 +69,7 @@ for workload in ${WORKLOADS//,/ }; do
   RUST_LOG=warn "${PIN[@]}" valgrind --tool=callgrind --callgrind-out-file="$WORK/cg-$workload.out" \
     "$GATEWAYD" --config "$WORK/gatewayd.toml" >"$WORK/gatewayd-$workload.log" 2>&1 &
   pid=$!
-  wait_port "$GW"
+  wait_port "$GW" 60
   BENCH_BODY="$WORK/body_$workload.json" BENCH_KEYS=1000 BENCH_OUT="$WORK/wrk-$workload.json" \
     "${LOAD[@]}" wrk -t1 -c"$CONNECTIONS" -d"${SECONDS_PER}s" --timeout 30s -s "$ROOT/bench/keyed.lua" \
     "http://127.0.0.1:$GW" >/dev/null || die "wrk failed"

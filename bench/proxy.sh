@@ -12,6 +12,9 @@
 # Everything listens on 127.0.0.1 only; every process started here is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+BENCH_NAME=bench
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 ROOT=$PWD
 
 QUICK=0
@@ -60,8 +63,6 @@ fi
 PROFILE=${PROFILE:-release}
 OUT=${OUT:-bench/results/proxy$([[ $QUICK == 1 ]] && echo -quick || true).json}
 
-log() { printf '[bench %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
-die() { echo "bench/proxy.sh: error: $*" >&2; exit 1; }
 
 # ---------------------------------------------------------------------------------------------
 # Tools: haproxy, wrk, python3 (Debian packages), taskset (util-linux).
@@ -107,32 +108,14 @@ fi
 # ---------------------------------------------------------------------------------------------
 log "building gatewayd and bch-drill (profile $PROFILE)"
 cargo build --quiet --profile "$PROFILE" -p gatewayd -p bch-drill
-TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+TARGET_DIR=$(bench_target_dir)
 BIN_DIR=$TARGET_DIR/$([[ $PROFILE == dev ]] && echo debug || echo "$PROFILE")
 # BENCH_GATEWAYD_BIN runs another gatewayd build (e.g. an older commit's, for before/after numbers).
 GATEWAYD=${BENCH_GATEWAYD_BIN:-$BIN_DIR/gatewayd}
 DRILL=$BIN_DIR/bch-drill
 
-WORK=$(mktemp -d /tmp/bch-bench.XXXXXX)
-PIDS=()
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+bench_workdir
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-wait_port() {
-  local i
-  for i in $(seq 1 200); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  die "nothing listening on 127.0.0.1:$1 after 10 s"
-}
 # Ports: fast workers BASE.., slow workers BASE+20.., gatewayd BASE+40/41 and BASE+42/43, HAProxy BASE+44/45.
 # Without BENCH_PORT_BASE, a busy range (another run of this script) moves the base up by 100.
 range_free() {

@@ -9,6 +9,9 @@
 # --profile P (cargo profile; release by default, dev in --quick).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+BENCH_NAME=telemetry
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 
 RATE=1000 KEYS=256 CLIENTS=10 PHASE=10 ROUNDS=3 PIN=1 QUICK=0 OUT="" PROFILE=""
 PORT_BASE=${BENCH_PORT_BASE:-28600}
@@ -31,7 +34,6 @@ done
 [[ $QUICK == 1 ]] && { PHASE=3; ROUNDS=1; PROFILE=${PROFILE:-dev}; }
 PROFILE=${PROFILE:-release}
 OUT=${OUT:-bench/results/telemetry$([[ $QUICK == 1 ]] && echo -quick || true).json}
-log() { printf '[telemetry %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 
 PROXY_RUN=(); LOAD_RUN=()
 if [[ $PIN == 1 ]] && [[ $(nproc) -ge 2 ]] && command -v taskset >/dev/null 2>&1; then
@@ -40,29 +42,11 @@ fi
 
 log "building gatewayd, bch-drill and the telemetry_cost example (profile $PROFILE)"
 cargo build --quiet --profile "$PROFILE" -p gatewayd -p bch-drill --bins --example telemetry_cost
-TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+TARGET_DIR=$(bench_target_dir)
 BIN=$TARGET_DIR/$([[ $PROFILE == dev ]] && echo debug || echo "$PROFILE")
 
-WORK=$(mktemp -d /tmp/bch-telemetry.XXXXXX)
-PIDS=()
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-wait_port() {
-  local i
-  for i in $(seq 1 200); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "bench/telemetry.sh: nothing listening on 127.0.0.1:$1" >&2; exit 1
-}
+bench_workdir
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 if [[ -z ${BENCH_PORT_BASE:-} ]]; then
   # Another run holds the default range: move up by 100 until 12 ports are free.
   for _ in $(seq 1 20); do
