@@ -1,4 +1,4 @@
-//! Routing hot-path benchmarks (issue 2).
+//! Routing hot-path benchmarks.
 //!
 //! * `decide/16_workers_idle`: one bounded decision including hashing a 32-byte key
 //!   (`ExplicitKey::parse` + `Router::route` + dropping the guard) on 16 idle workers. Target: median

@@ -2,7 +2,7 @@
 //! fleet (health, loads, names). The live [`Router`](crate::router::Router) and the offline
 //! [`explain`](crate::explain) both call [`decide`], so what `explain` predicts is what routing does.
 
-use crate::policy::{BoundCheck, Branch, PolicyKind, PolicySettings};
+use crate::policy::{BoundCheck, Branch, FleetLoad, PolicyKind, PolicySettings};
 use crate::ring::Ring;
 use crate::routing_key::RoutingKey;
 
@@ -46,7 +46,7 @@ impl Decision {
     }
 }
 
-/// Decides where a request goes (DESIGN.md §4–§5).
+/// Decides where a request goes: the key precedence and the rules of docs/policy.md.
 ///
 /// `entropy` is a uniformly random number (used by the keyless power-of-two-choices pick and the
 /// `random` policy); `turn` is a counter incremented per request (used by `round_robin`). Passing
@@ -108,7 +108,7 @@ pub fn decide<F: FleetView>(
             if policy.kind == PolicyKind::ConsistentHashing {
                 return Decision::simple(Some(preferred), Branch::ExplicitRoutingKeyHit);
             }
-            let bound = bound_check(fleet, preferred, healthy_count, policy);
+            let bound = bound_check(fleet, preferred, policy);
             let (worker, branch) = if !bound.should_spill() {
                 (preferred, Branch::ExplicitRoutingKeyHit)
             } else {
@@ -138,28 +138,18 @@ pub fn first_healthy<F: FleetView>(ring: &Ring, fleet: &F, position: u64) -> Opt
     ring.points_from(position).find(|&w| fleet.healthy(w))
 }
 
-fn bound_check<F: FleetView>(
-    fleet: &F,
-    preferred: usize,
-    healthy_count: usize,
-    policy: &PolicySettings,
-) -> BoundCheck {
-    let mut min_load = u64::MAX;
-    let mut sum: u128 = 0;
-    for worker in 0..fleet.worker_count() {
-        if fleet.healthy(worker) {
-            let load = fleet.load(worker);
-            min_load = min_load.min(load);
-            sum += u128::from(load);
-        }
-    }
-    BoundCheck {
-        preferred_load: fleet.load(preferred),
-        min_load,
-        mean_load: sum as f64 / healthy_count as f64,
-        min_load_gap: policy.min_load_gap,
-        max_load_skew: policy.max_load_skew,
-    }
+fn bound_check<F: FleetView>(fleet: &F, preferred: usize, policy: &PolicySettings) -> BoundCheck {
+    let healthy_loads = (0..fleet.worker_count())
+        .filter(|&worker| fleet.healthy(worker))
+        .map(|worker| fleet.load(worker));
+    // The caller found the preferred worker healthy, so the summary exists; an empty one (a view
+    // that contradicts itself) must not panic the data plane.
+    let fleet_load = FleetLoad::of(healthy_loads).unwrap_or(FleetLoad {
+        min_load: 0,
+        mean_load: 0.0,
+        healthy: 0,
+    });
+    fleet_load.bound_for(fleet.load(preferred), policy)
 }
 
 /// Fleets of at most this many workers get the bitmask spill search ([`eligible_mask`]).

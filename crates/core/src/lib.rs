@@ -21,7 +21,7 @@
 //!     .collect();
 //! let router = Router::new(workers, PolicySettings::default()).unwrap();
 //! let key = RoutingKey::Explicit(ExplicitKey::parse(b"session-a").unwrap());
-//! // Eight same-key requests held in flight on two idle workers land 6:2 (DESIGN.md §5).
+//! // Eight same-key requests held in flight on two idle workers land 6:2 (docs/policy.md, "The 6:2 burst").
 //! let held: Vec<_> = (0..8).map(|_| router.route(&key)).collect();
 //! let on = |w: usize| held.iter().filter(|r| r.decision.worker == Some(w)).count();
 //! assert_eq!((on(0), on(1)), (2, 6));

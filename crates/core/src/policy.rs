@@ -1,6 +1,6 @@
 //! Routing policies, their settings, the branches a decision can take and the bounded spill rule.
 //!
-//! The rule (DESIGN.md §5, compatible with SGLang Model Gateway's `bounded_consistent_hashing`):
+//! The rule (docs/policy.md, compatible with SGLang Model Gateway's `bounded_consistent_hashing`):
 //! for an explicit routing key, with loads read *before* the new request is added and `min`/`mean`
 //! taken over healthy workers, the request spills off its preferred worker iff
 //! `preferred − min > min_load_gap` **and** `preferred > mean × max_load_skew` (both strict). The
@@ -169,7 +169,7 @@ impl PolicySettings {
     }
 }
 
-/// Which path a routing decision took (DESIGN.md §5). Serialized in snake case; the same names are
+/// Which path a routing decision took (docs/policy.md, "Branches"). Serialized in snake case; the same names are
 /// used in the `x-bch-branch` response header and the `bch_branch_total` metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -251,7 +251,57 @@ pub struct BoundCheck {
     pub max_load_skew: f64,
 }
 
+/// The minimum and mean load over the healthy workers: what the bounded rule compares a preferred
+/// worker's load with. One definition for routing ([`crate::decide::decide`]) and for anyone who
+/// wants to show the bound (the console's OVER marker), so both always agree.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FleetLoad {
+    /// Minimum in-flight requests over healthy workers.
+    pub min_load: u64,
+    /// Mean in-flight requests over healthy workers (a float, no floor).
+    pub mean_load: f64,
+    /// Number of healthy workers the minimum and mean were taken over.
+    pub healthy: usize,
+}
+
+impl FleetLoad {
+    /// Summarises the in-flight loads (requests) of the healthy workers; `None` for an empty fleet,
+    /// where there is no bound. Allocation-free.
+    pub fn of(healthy_loads: impl IntoIterator<Item = u64>) -> Option<FleetLoad> {
+        let mut min_load = u64::MAX;
+        let mut sum: u128 = 0;
+        let mut healthy = 0usize;
+        for load in healthy_loads {
+            min_load = min_load.min(load);
+            sum += u128::from(load);
+            healthy += 1;
+        }
+        (healthy > 0).then(|| FleetLoad {
+            min_load,
+            mean_load: sum as f64 / healthy as f64,
+            healthy,
+        })
+    }
+
+    /// The bound check for a request whose preferred worker has `preferred_load` in-flight requests
+    /// (read before the request is added), under `policy`'s thresholds.
+    pub fn bound_for(&self, preferred_load: u64, policy: &PolicySettings) -> BoundCheck {
+        BoundCheck {
+            preferred_load,
+            min_load: self.min_load,
+            mean_load: self.mean_load,
+            min_load_gap: policy.min_load_gap,
+            max_load_skew: policy.max_load_skew,
+        }
+    }
+}
+
 impl BoundCheck {
+    /// `min + min_load_gap` (saturating): the load a preferred worker must exceed to spill.
+    pub fn gap_bound(&self) -> u64 {
+        self.min_load.saturating_add(self.min_load_gap)
+    }
+
     /// `mean × max_load_skew`: the load a spill target may not exceed, and the one the preferred
     /// worker must exceed.
     pub fn skew_bound(&self) -> f64 {
@@ -333,6 +383,27 @@ mod tests {
             };
             assert_eq!(check.should_spill(), spill, "p={p} gap={gap}");
         }
+    }
+
+    #[test]
+    fn fleet_load_summarises_healthy_loads() {
+        assert_eq!(FleetLoad::of([]), None);
+        let fleet = FleetLoad::of([4, 0, 2]).unwrap();
+        assert_eq!((fleet.min_load, fleet.healthy), (0, 3));
+        assert!((fleet.mean_load - 2.0).abs() < 1e-12);
+        let policy = PolicySettings {
+            min_load_gap: 2,
+            max_load_skew: 1.5,
+            ..PolicySettings::default()
+        };
+        // 4 − 0 > 2 and 4 > 2 × 1.5: spills. 3 − 0 > 2 but 3 = 3: stays (both tests are strict).
+        assert!(fleet.bound_for(4, &policy).should_spill());
+        assert!(!fleet.bound_for(3, &policy).should_spill());
+        assert_eq!(fleet.bound_for(3, &policy).gap_bound(), 2);
+        let saturated = FleetLoad::of([u64::MAX])
+            .unwrap()
+            .bound_for(u64::MAX, &policy);
+        assert_eq!(saturated.gap_bound(), u64::MAX);
     }
 
     #[test]

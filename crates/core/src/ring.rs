@@ -39,14 +39,14 @@ pub struct Ring {
 /// keys hashing after the previous point and up to and including this one. The arc that wraps past
 /// `u64::MAX` is reported as two arcs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Arc {
+pub struct RingArc {
     /// Exclusive start position (`None` means the very bottom, position 0, is included).
     pub start_exclusive: Option<u64>,
     /// Inclusive end position.
     pub end_inclusive: u64,
 }
 
-impl Arc {
+impl RingArc {
     /// Number of positions in the arc.
     pub fn len(&self) -> u128 {
         match self.start_exclusive {
@@ -245,8 +245,8 @@ impl Ring {
     }
 
     /// Every arc with its owner, in position order; adjacent arcs of the same owner are merged.
-    pub fn arcs(&self) -> Vec<(usize, Arc)> {
-        let mut arcs: Vec<(usize, Arc)> = Vec::new();
+    pub fn arcs(&self) -> Vec<(usize, RingArc)> {
+        let mut arcs: Vec<(usize, RingArc)> = Vec::new();
         let n = self.positions.len();
         if n == 0 {
             return arcs;
@@ -265,7 +265,7 @@ impl Ring {
                 Some((last_owner, last)) if *last_owner == owner => last.end_inclusive = end,
                 _ => arcs.push((
                     owner,
-                    Arc {
+                    RingArc {
                         start_exclusive: start,
                         end_inclusive: end,
                     },
@@ -277,7 +277,7 @@ impl Ring {
             let owner = self.owners[0] as usize;
             arcs.push((
                 owner,
-                Arc {
+                RingArc {
                     start_exclusive: Some(last),
                     end_inclusive: u64::MAX,
                 },

@@ -193,7 +193,7 @@ pub struct Routed {
 
 /// Membership bookkeeping, touched only by writers.
 #[derive(Debug, Default)]
-struct Registry {
+struct CounterRegistry {
     /// Counters by worker URL, kept weakly: a removed worker's counters live on while its guards do,
     /// and a re-added worker with the same URL picks them up again.
     counters: HashMap<String, Weak<WorkerStats>>,
@@ -204,7 +204,7 @@ struct Registry {
 pub struct Router {
     table: ArcSwap<RoutingTable>,
     select: Mutex<()>,
-    writer: Mutex<Registry>,
+    writer: Mutex<CounterRegistry>,
     turn: AtomicU64,
     entropy: AtomicU64,
 }
@@ -214,7 +214,7 @@ impl Router {
     pub fn new(workers: Vec<WorkerSpec>, policy: PolicySettings) -> Result<Router, RouterError> {
         policy.validate()?;
         validate_membership(&workers)?;
-        let mut registry = Registry::default();
+        let mut registry = CounterRegistry::default();
         let table = build_table(&mut registry, workers, policy, None, 0);
         Ok(Router {
             table: ArcSwap::from_pointee(table),
@@ -352,15 +352,6 @@ impl Router {
         Ok(removed.expect("set on success"))
     }
 
-    /// Replaces the whole worker list (configuration reload). Workers that stay keep their counters
-    /// and health; new ones start healthy.
-    pub fn replace_workers(&self, workers: Vec<WorkerSpec>) -> Result<(), MembershipError> {
-        self.change_membership(|specs| {
-            *specs = workers;
-            Ok(())
-        })
-    }
-
     /// Replaces the worker list and the whole policy in one swap (configuration reload): readers see
     /// either the old table or the new one, never new workers with the old thresholds. Both are
     /// validated first; on error nothing changes. Workers that stay keep their counters and health.
@@ -453,7 +444,7 @@ fn validate_membership(specs: &[WorkerSpec]) -> Result<(), MembershipError> {
 }
 
 fn build_table(
-    registry: &mut Registry,
+    registry: &mut CounterRegistry,
     specs: Vec<WorkerSpec>,
     policy: PolicySettings,
     previous: Option<&RoutingTable>,

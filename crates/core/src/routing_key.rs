@@ -1,4 +1,5 @@
-//! Routing key extraction from request headers (DESIGN.md §4).
+//! Routing key extraction from request headers (docs/policy.md, "Routing keys"), and the names of
+//! the headers bch adds to responses.
 //!
 //! Precedence, first match wins:
 //! 1. target worker header (`X-SMG-Target-Worker`): a worker's name, else its exact URL, else a
@@ -25,6 +26,10 @@ pub const MAX_KEY_LABEL_CHARS: usize = 64;
 pub const DEFAULT_ROUTING_KEY_HEADER: &str = "x-smg-routing-key";
 /// Default target worker header (SGLang Model Gateway's name).
 pub const DEFAULT_TARGET_WORKER_HEADER: &str = "x-smg-target-worker";
+/// Response header naming the worker that served the request (its configured name).
+pub const WORKER_HEADER: &str = "x-bch-worker";
+/// Response header naming the routing branch the request took ([`crate::policy::Branch::as_str`]).
+pub const BRANCH_HEADER: &str = "x-bch-branch";
 /// Headers that give an implicit key, in precedence order (lower case).
 pub const IMPLICIT_KEY_HEADERS: [&str; 3] = ["authorization", "x-forwarded-for", "cookie"];
 
@@ -200,6 +205,14 @@ pub enum IgnoredKey {
 }
 
 impl IgnoredKey {
+    /// Every reason, in documentation order; `ALL[reason.index()]` is `reason` (metric slots).
+    pub const ALL: [IgnoredKey; 3] = [IgnoredKey::Empty, IgnoredKey::TooLong, IgnoredKey::NotUtf8];
+
+    /// Position in [`IgnoredKey::ALL`], for per-reason counter arrays.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// Metric label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -269,6 +282,14 @@ fn hash_label(prefix: &str, position: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn ignored_key_indices_match_all() {
+        for (i, reason) in IgnoredKey::ALL.iter().enumerate() {
+            assert_eq!(reason.index(), i);
+        }
+    }
+
     use super::*;
 
     fn lookup<'a>(pairs: &'a [(&'a str, &'a [u8])]) -> impl Fn(&str) -> Option<&'a [u8]> {

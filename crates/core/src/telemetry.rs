@@ -122,6 +122,17 @@ pub enum ChangeSource {
     Reload,
 }
 
+impl ChangeSource {
+    /// The snake-case name used on the wire (`ws`, `http`, `reload`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeSource::Ws => "ws",
+            ChangeSource::Http => "http",
+            ChangeSource::Reload => "reload",
+        }
+    }
+}
+
 /// Answer to a successful client command.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Ack {
@@ -308,6 +319,13 @@ impl ServerFrame {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn change_source_names_match_the_wire() {
+        for source in [ChangeSource::Ws, ChangeSource::Http, ChangeSource::Reload] {
+            assert_eq!(serde_json::to_value(source).unwrap(), source.as_str());
+        }
+    }
 
     #[test]
     fn frame_json_is_flat_and_round_trips() {

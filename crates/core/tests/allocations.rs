@@ -1,4 +1,4 @@
-//! Routing a request allocates nothing (issue 2): `ExplicitKey::parse` + `Router::route` + dropping
+//! Routing a request allocates nothing: `ExplicitKey::parse` + `Router::route` + dropping
 //! the guard, on every path a data-plane request can take under the bounded policy (explicit hit,
 //! explicit spill, implicit, keyless, target worker) and under the baselines, counted with
 //! `allocation-counter` (per thread, so parallel tests do not disturb each other).

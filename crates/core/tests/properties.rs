@@ -1,6 +1,6 @@
-//! Property tests of the ring, the bounded rule and load accounting (issue 2).
+//! Property tests of the ring, the bounded rule and load accounting.
 //!
-//! Each property is checked against an independent statement of the contract (DESIGN.md §3–§6):
+//! Each property is checked against an independent statement of the contract (docs/policy.md):
 //! placements are compared by worker URL across registration orders and membership changes, the
 //! spill rule is recomputed here from the generated loads, and load accounting is checked after every
 //! step of random operation sequences against the guards the test itself holds. Case counts and
@@ -188,7 +188,7 @@ proptest! {
         let newcomer = spec(n);
         let mut grown = specs.clone();
         grown.insert(insert_at.index(n + 1), newcomer.clone());
-        router.replace_workers(grown).unwrap();
+        router.reconfigure(grown, *router.table().policy()).unwrap();
         let grown_table = router.table();
         let after_add = placements(&grown_table, &keys);
         let mut moved = 0;

@@ -1,4 +1,4 @@
-//! Multi-threaded stress of the live router (issue 2): concurrent routing and guard drops while
+//! Multi-threaded stress of the live router: concurrent routing and guard drops while
 //! another thread flips health and thresholds. Afterwards every counter is 0 and the counted
 //! increments equal the decisions that chose a worker. A second test checks that selection and the
 //! load increment are one step: concurrent same-key bursts land exactly like sequential ones.
@@ -199,7 +199,7 @@ fn concurrent_routing_with_health_and_threshold_churn_balances_to_zero() {
 }
 
 /// Eight same-key requests arriving at once on two idle workers land 6:2, exactly as when they
-/// arrive one after another (DESIGN.md §5): each selection sees the load taken by the ones before
+/// arrive one after another (docs/policy.md, "The 6:2 burst"): each selection sees the load taken by the ones before
 /// it. If deciding and taking load were separate steps, simultaneous requests would read the same
 /// stale loads and pile onto the preferred worker.
 #[test]
