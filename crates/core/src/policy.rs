@@ -127,6 +127,18 @@ pub struct PolicyPatch {
     pub virtual_nodes: Option<u32>,
 }
 
+impl From<PolicySettings> for PolicyPatch {
+    /// The patch that sets every field to `settings`' value.
+    fn from(settings: PolicySettings) -> Self {
+        PolicyPatch {
+            kind: Some(settings.kind),
+            min_load_gap: Some(settings.min_load_gap),
+            max_load_skew: Some(settings.max_load_skew),
+            virtual_nodes: Some(settings.virtual_nodes),
+        }
+    }
+}
+
 /// Why a policy setting was refused. Messages name the field so an operator can fix it.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PolicyError {

@@ -419,7 +419,10 @@ pub enum RouterError {
     Membership(#[from] MembershipError),
 }
 
-fn validate_membership(specs: &[WorkerSpec]) -> Result<(), MembershipError> {
+/// Checks a worker list the way every membership change does: no empty name or URL, and no two
+/// workers sharing a name, a URL or a ring identity. A caller that must prepare for a change (open
+/// connection pools, say) before the router takes it checks first with this.
+pub fn validate_membership(specs: &[WorkerSpec]) -> Result<(), MembershipError> {
     let mut names = std::collections::HashSet::new();
     let mut urls = std::collections::HashSet::new();
     let mut ring_ids = std::collections::HashSet::new();

@@ -1,8 +1,6 @@
 //! `gatewayd --demo`: embedded simulated workers plus a gentle background storm, so a newcomer sees
-//! the whole system (routing, spills, telemetry, the console) with nothing else installed.
-
-use std::path::PathBuf;
-use std::sync::Arc;
+//! the whole system (routing, spills, telemetry, the console) with nothing else installed. Built
+//! only with the `demo` cargo feature (on by default), which is what links the simulator.
 
 use anyhow::Context;
 use bch_drill::sim::SimConfig;
@@ -10,17 +8,15 @@ use bch_drill::storm::{BackgroundStormConfig, background_storm};
 use bch_drill::worker::spawn_workers;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, WorkerConfig};
-use crate::gateway::Gateway;
+use crate::app::{StartError, StartOptions};
+use crate::config::WorkerConfig;
 
-/// Runs the demo until SIGINT/SIGTERM: `workers` simulated workers on free loopback ports, the
-/// gateway (bounded policy unless `--policy`/`--config` said otherwise) and a background storm
-/// with a few hot keys. With `fallback_ports`, busy listen addresses (the defaults, when the
-/// operator chose none) are replaced by free ports instead of failing.
+/// Runs the demo until SIGINT/SIGTERM: `workers` simulated workers on free loopback ports, pinned
+/// (a reload keeps them), the gateway of `options` and a background storm with a few hot keys.
+/// With `fallback_ports`, busy listen addresses (the defaults, when the operator chose none) are
+/// replaced by free ports instead of failing.
 pub async fn run(
-    mut config: Config,
-    config_path: Option<PathBuf>,
-    cli_workers: Vec<WorkerConfig>,
+    options: StartOptions,
     workers: usize,
     fallback_ports: bool,
 ) -> anyhow::Result<()> {
@@ -31,37 +27,29 @@ pub async fn run(
     let simulated = spawn_workers(workers, 0, SimConfig::default())
         .await
         .context("cannot start the simulated workers")?;
-    config
-        .workers
-        .extend(simulated.iter().map(|w| WorkerConfig {
-            name: Some(w.name().to_owned()),
-            url: w.url(),
-            ring_id: None,
-            health_path: None,
-        }));
+    let options = options.pin_more_workers(simulated.iter().map(|w| WorkerConfig {
+        name: Some(w.name().to_owned()),
+        url: w.url(),
+        ring_id: None,
+        health_path: None,
+    }));
     // The default ports may be taken (another gatewayd, a previous demo): fall back to free ones
     // rather than failing a newcomer's first command.
-    let running = match Gateway::start(config.clone(), config_path.clone(), cli_workers.clone())
-        .await
-    {
+    let running = match crate::app::start(options.clone()).await {
         Ok(running) => running,
-        Err(error) if fallback_ports && format!("{error:#}").contains("cannot bind") => {
-            tracing::warn!(error = %format!("{error:#}"), "default ports busy; using free ports");
-            config.server.listen.set_port(0);
-            config.server.control_listen.set_port(0);
-            Gateway::start(config, config_path, cli_workers).await?
+        Err(error @ StartError::Bind { .. }) if fallback_ports => {
+            tracing::warn!(%error, "default ports busy; using free ports");
+            crate::app::start(options.free_ports()).await?
         }
-        Err(error) => return Err(error),
+        Err(error) => return Err(error.into()),
     };
-    crate::cli::spawn_signal_handlers(Arc::clone(&running.gateway))
-        .context("cannot install signal handlers")?;
     let storm_cancel = CancellationToken::new();
     let gateway_url: reqwest::Url = format!("http://{}", running.data_addr).parse()?;
     let storm = tokio::spawn(background_storm(
         BackgroundStormConfig::new(gateway_url),
         storm_cancel.clone(),
     ));
-    let policy = *running.gateway.router.table().policy();
+    let policy = *running.routing_table().policy();
     eprintln!(
         "\n\
          bch demo: {workers} simulated workers, policy {} (min_load_gap {}, max_load_skew {}), gentle storm on keys hot-0, hot-1, cold-0..5\n\

@@ -3,24 +3,26 @@
 //! A worker goes unhealthy after `unhealthy_threshold` consecutive failures (or at once on a failed
 //! connect when passive marking is on) and comes back after `healthy_threshold` consecutive
 //! successes. Health is applied through the router, which swaps the routing snapshot without
-//! rebuilding the ring.
+//! rebuilding the ring. The probe URIs are built once per configuration change, not per probe.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bch_core::router::Router;
 use bytes::Bytes;
 use futures_util::future::join_all;
-use http::Request;
+use http::{Request, Uri};
 use http_body_util::Empty;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use tokio_util::sync::CancellationToken;
 
-use crate::config::WorkerUrl;
-use crate::gateway::Gateway;
+use crate::config::{Config, HealthConfig, SharedConfig};
 
-#[derive(Default, Clone, Copy)]
+/// Consecutive probe results of one worker.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Streak {
     successes: u32,
     failures: u32,
@@ -29,91 +31,165 @@ struct Streak {
     seen_healthy: Option<bool>,
 }
 
-/// Runs probes until shutdown.
-pub async fn run(gateway: Arc<Gateway>) {
+impl Streak {
+    /// Counts one probe result (`ok`) of a worker whose health is `healthy` right now, and answers
+    /// the health it should flip to when the streak reached its threshold.
+    fn observe(&mut self, ok: bool, healthy: bool, thresholds: &HealthConfig) -> Option<bool> {
+        if self.seen_healthy != Some(healthy) {
+            *self = Streak {
+                seen_healthy: Some(healthy),
+                ..Streak::default()
+            };
+        }
+        if ok {
+            self.successes = self.successes.saturating_add(1);
+            self.failures = 0;
+        } else {
+            self.failures = self.failures.saturating_add(1);
+            self.successes = 0;
+        }
+        if healthy && self.failures >= thresholds.unhealthy_threshold {
+            Some(false)
+        } else if !healthy && self.successes >= thresholds.healthy_threshold {
+            Some(true)
+        } else {
+            None
+        }
+    }
+}
+
+/// One worker's probe: its URL (the streak's key) and the URI probed, `None` when the worker's URL
+/// and health path make no valid URI (reported once, and probed as failing).
+struct Probe {
+    url: String,
+    uri: Option<Uri>,
+}
+
+/// The probes for `config`'s workers, by name.
+fn probes(config: &Config) -> HashMap<String, Probe> {
+    let Ok(members) = config.members() else {
+        // The configuration in force was validated when it was put in force.
+        return HashMap::new();
+    };
+    members
+        .into_iter()
+        .map(|member| {
+            let path = config.probe_path(member.health_path.as_deref());
+            let uri = path
+                .parse()
+                .ok()
+                .and_then(|path| member.url.join(Some(&path)).ok());
+            if uri.is_none() {
+                tracing::warn!(worker = %member.spec.name, path, "health path makes no valid URI; the worker's probes fail");
+            }
+            let probe = Probe {
+                url: member.spec.url,
+                uri,
+            };
+            (member.spec.name, probe)
+        })
+        .collect()
+}
+
+/// Probes every worker of the router's table until `shutdown`, with the timing, thresholds and
+/// paths of the configuration in force (re-read every round).
+pub async fn run(router: Arc<Router>, config: SharedConfig, shutdown: CancellationToken) {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     let client: Client<HttpConnector, Empty<Bytes>> =
         Client::builder(TokioExecutor::new()).build(connector);
     let mut streaks: HashMap<String, Streak> = HashMap::new();
+    let mut built_for: Option<Arc<Config>> = None;
+    let mut by_name = HashMap::new();
     loop {
-        let config = gateway.config.load_full();
-        let interval = Duration::from_millis(config.health.interval_ms);
-        let timeout = Duration::from_millis(config.health.timeout_ms);
-        let table = gateway.router.table();
-        let probes = table.workers().iter().map(|worker| {
-            let path = config.health_path_for(&worker.spec.url).to_owned();
+        let current = config.load_full();
+        if !built_for.as_ref().is_some_and(|c| Arc::ptr_eq(c, &current)) {
+            by_name = probes(&current);
+            built_for = Some(Arc::clone(&current));
+        }
+        let timeout = Duration::from_millis(current.health.timeout_ms);
+        let table = router.table();
+        let rounds = table.workers().iter().filter_map(|worker| {
+            let probe = by_name.get(&worker.spec.name)?;
             let client = client.clone();
-            let url = worker.spec.url.clone();
-            async move {
-                let ok = probe(&client, &url, &path, timeout).await;
-                (url, ok)
-            }
+            Some(async move {
+                let ok = probe_once(&client, probe.uri.as_ref(), timeout).await;
+                (worker.spec.name.clone(), probe.url.clone(), ok)
+            })
         });
-        let results = join_all(probes).await;
-        let table = gateway.router.table();
+        let results = join_all(rounds).await;
+        let table = router.table();
         streaks.retain(|url, _| table.workers().iter().any(|w| &w.spec.url == url));
-        for (url, ok) in results {
-            let Some(index) = table.workers().iter().position(|w| w.spec.url == url) else {
+        for (name, url, ok) in results {
+            let Some(index) = table.index_of(&name) else {
                 continue;
             };
-            let name = &table.workers()[index].spec.name;
             let healthy = table.health()[index];
             let streak = streaks.entry(url).or_default();
-            if streak.seen_healthy != Some(healthy) {
-                *streak = Streak {
-                    seen_healthy: Some(healthy),
-                    ..Streak::default()
-                };
-            }
-            if ok {
-                streak.successes = streak.successes.saturating_add(1);
-                streak.failures = 0;
-            } else {
-                streak.failures = streak.failures.saturating_add(1);
-                streak.successes = 0;
-            }
-            if healthy
-                && streak.failures >= config.health.unhealthy_threshold
-                && gateway.router.set_health(name, false)
-            {
-                streak.seen_healthy = Some(false);
-                tracing::warn!(worker = %name, failures = streak.failures, "worker marked unhealthy");
-            } else if !healthy
-                && streak.successes >= config.health.healthy_threshold
-                && gateway.router.set_health(name, true)
-            {
-                streak.seen_healthy = Some(true);
-                tracing::info!(worker = %name, "worker healthy again");
+            let Some(to) = streak.observe(ok, healthy, &current.health) else {
+                continue;
+            };
+            if router.set_health(&name, to) {
+                streak.seen_healthy = Some(to);
+                if to {
+                    tracing::info!(worker = %name, "worker healthy again");
+                } else {
+                    tracing::warn!(worker = %name, failures = streak.failures, "worker marked unhealthy");
+                }
             }
         }
         tokio::select! {
-            _ = gateway.shutdown.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(current.health.interval_ms)) => {}
         }
     }
 }
 
-async fn probe(
+async fn probe_once(
     client: &Client<HttpConnector, Empty<Bytes>>,
-    url: &str,
-    path: &str,
+    uri: Option<&Uri>,
     timeout: Duration,
 ) -> bool {
-    let Ok(base) = WorkerUrl::parse(url) else {
+    let Some(uri) = uri else {
         return false;
     };
-    let Ok(path) = path.parse() else {
-        return false;
-    };
-    let Ok(uri) = base.join(Some(&path)) else {
-        return false;
-    };
-    let Ok(request) = Request::get(uri).body(Empty::new()) else {
+    let Ok(request) = Request::get(uri.clone()).body(Empty::new()) else {
         return false;
     };
     match tokio::time::timeout(timeout, client.request(request)).await {
         Ok(Ok(response)) => response.status().is_success(),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streak_flips_at_thresholds_and_restarts_when_health_changed_elsewhere() {
+        let thresholds = HealthConfig {
+            unhealthy_threshold: 3,
+            healthy_threshold: 2,
+            ..HealthConfig::default()
+        };
+        let mut streak = Streak::default();
+        assert_eq!(streak.observe(false, true, &thresholds), None);
+        assert_eq!(streak.observe(false, true, &thresholds), None);
+        assert_eq!(streak.observe(false, true, &thresholds), Some(false));
+        streak.seen_healthy = Some(false);
+        assert_eq!(streak.observe(true, false, &thresholds), None);
+        assert_eq!(streak.observe(true, false, &thresholds), Some(true));
+        // Passive marking flipped the worker to unhealthy behind the prober's back: the two
+        // successes seen while it was unhealthy do not count, it needs two fresh ones.
+        let mut streak = Streak::default();
+        assert_eq!(streak.observe(true, true, &thresholds), None);
+        assert_eq!(streak.observe(true, false, &thresholds), None);
+        assert_eq!(streak.observe(true, false, &thresholds), Some(true));
+        // A failure resets the successes.
+        let mut streak = Streak::default();
+        streak.observe(true, false, &thresholds);
+        streak.observe(false, false, &thresholds);
+        assert_eq!(streak.observe(true, false, &thresholds), None);
     }
 }

@@ -2,27 +2,44 @@
 //!
 //! The bch gateway daemon: a reverse proxy in front of LLM inference workers that routes each
 //! request by its routing key on a consistent-hash ring and, under `bounded_consistent_hashing`,
-//! spills an explicit key off a clearly overloaded worker (DESIGN.md §5, `bch-core`).
+//! spills an explicit key off a clearly overloaded worker (docs/policy.md, `bch-core`).
 //!
-//! - [`proxy`]: the data plane (streaming, load guards that live as long as the response body,
-//!   one retry after a failed connect, OpenAI-shaped errors);
-//! - [`control`]: metrics, admin API and the telemetry websocket;
-//! - [`telemetry`]: the aggregator that owns telemetry data and publishes frames;
-//! - [`upstream`]: per-worker pools of keep-alive connections, driven by the request's own task;
-//! - [`health`]: active probes; [`config`]: the TOML configuration; [`server`]: accept loops;
-//! - [`cli`]: command-line parsing, `check-config` and `explain`; [`demo`]: `gatewayd --demo`.
+//! The library is what the `gatewayd` binary and the integration tests use: [`start`] a gateway
+//! from [`StartOptions`] and stop it through [`RunningGateway`]; [`config`] is the TOML
+//! configuration; [`cli`] is the command line. Everything else is private; docs/architecture.md
+//! maps the modules:
+//!
+//! - `app`: the composition root (start-up, signals, logging);
+//! - `admin`: the one owner of membership and policy changes;
+//! - `proxy`: the data plane (streaming, load guards that live as long as the response body, one
+//!   retry after a failed connect, OpenAI-shaped errors);
+//! - `control`: metrics, the admin API and the telemetry websocket;
+//! - `telemetry`: the aggregator that owns telemetry data and publishes frames;
+//! - `upstream`: per-worker endpoints and pools of keep-alive connections;
+//! - `health`: active probes; `server`: accept loops; `metrics`: Prometheus; `error`: the one
+//!   error type of gateway answers; `demo`: `gatewayd --demo` (cargo feature `demo`).
 #![forbid(unsafe_code)]
 
+mod admin;
+mod app;
 pub mod cli;
 pub mod config;
-pub mod control;
-pub mod demo;
-pub mod gateway;
-pub mod health;
-pub mod metrics;
-pub mod proxy;
-pub mod server;
-pub mod telemetry;
-pub mod upstream;
+mod control;
+#[cfg(feature = "demo")]
+mod demo;
+mod error;
+mod health;
+mod metrics;
+mod proxy;
+mod server;
+mod telemetry;
+mod upstream;
 
-pub use gateway::{Gateway, RunningGateway};
+pub use admin::ConfigOverrides;
+pub use app::{RunningGateway, StartError, StartOptions, start};
+
+/// Internals that the fuzz tests drive directly. Not a stable API.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::proxy::request::strip_hop_by_hop;
+}

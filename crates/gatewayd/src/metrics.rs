@@ -23,7 +23,7 @@ use prometheus_client::registry::Registry;
 #[derive(Debug)]
 pub struct Metrics {
     branches: [AtomicU64; Branch::ALL.len()],
-    ignored_keys: [AtomicU64; 3],
+    ignored_keys: [AtomicU64; IgnoredKey::ALL.len()],
     retries: AtomicU64,
     rejected_connections: AtomicU64,
     telemetry_dropped: AtomicU64,
@@ -55,20 +55,9 @@ impl Metrics {
         self.branches[index].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Decisions taken on `branch` so far.
-    pub fn branch_count(&self, branch: Branch) -> u64 {
-        let index = Branch::ALL.iter().position(|b| *b == branch).unwrap_or(0);
-        self.branches[index].load(Ordering::Relaxed)
-    }
-
     /// Counts an explicit routing key header that was ignored.
     pub fn record_ignored_key(&self, reason: IgnoredKey) {
-        let index = match reason {
-            IgnoredKey::Empty => 0,
-            IgnoredKey::TooLong => 1,
-            IgnoredKey::NotUtf8 => 2,
-        };
-        self.ignored_keys[index].fetch_add(1, Ordering::Relaxed);
+        self.ignored_keys[reason.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a retry on the next worker after a failed connect.
@@ -154,15 +143,12 @@ impl Collector for GatewayCollector {
             &mut encoder,
             "bch_ignored_routing_keys",
             "Explicit routing key headers ignored as absent, by reason",
-            [IgnoredKey::Empty, IgnoredKey::TooLong, IgnoredKey::NotUtf8]
-                .iter()
-                .enumerate()
-                .map(|(i, r)| {
-                    (
-                        vec![("reason", r.as_str().to_owned())],
-                        m.ignored_keys[i].load(Ordering::Relaxed),
-                    )
-                }),
+            IgnoredKey::ALL.iter().enumerate().map(|(i, r)| {
+                (
+                    vec![("reason", r.as_str().to_owned())],
+                    m.ignored_keys[i].load(Ordering::Relaxed),
+                )
+            }),
         )?;
         counter(
             &mut encoder,

@@ -1,97 +1,88 @@
-//! Accept loops for both listeners: connection limit, header read timeout and graceful shutdown.
+//! Accept loops: HTTP/1.1 connections served by hyper with a header read timeout, an optional
+//! connection cap, and graceful shutdown. They know nothing of what they serve: the composition
+//! root hands each loop a service.
 //!
-//! Connections are served by hyper directly (HTTP/1.1) rather than `axum::serve` because the data
-//! plane needs a connection cap with a clean 503 and a header read timeout (slow-loris protection),
-//! and both planes need to drain in-flight requests on shutdown.
+//! Connections are served by hyper directly rather than `axum::serve` because the data plane needs
+//! a connection cap with a clean 503 and a header read timeout (slow-loris protection), and both
+//! planes need to drain in-flight requests on shutdown.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
-use hyper::service::service_fn;
+use hyper::service::Service;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::Config;
-use crate::gateway::Gateway;
-
-/// Per-listener connection settings.
-#[derive(Debug, Clone)]
-pub struct Limits {
-    max_connections: usize,
-    header_read_timeout: Duration,
+/// How a listener serves its connections.
+#[derive(Clone)]
+pub struct Listening {
+    /// Time a client has to send its request headers.
+    pub header_read_timeout: Duration,
+    /// Cancelled on shutdown: stop accepting, let open connections finish their requests.
+    pub shutdown: CancellationToken,
+    /// Every connection task, so shutdown can wait for them.
+    pub tasks: TaskTracker,
+    /// Which plane, for log lines.
+    pub plane: &'static str,
 }
 
-impl Limits {
-    /// From `[server]`.
-    pub fn from_config(config: &Config) -> Self {
-        Self {
-            max_connections: config.server.max_connections,
-            header_read_timeout: Duration::from_millis(config.server.header_read_timeout_ms),
-        }
+/// A cap on concurrent connections: a connection over it is answered `response` (complete raw
+/// HTTP bytes) and closed, and `on_reject` is called (to count it).
+pub struct ConnectionCap {
+    /// Most concurrent connections.
+    pub max_connections: usize,
+    /// The whole answer written to a refused connection.
+    pub response: Bytes,
+    /// Called once per refused connection.
+    pub on_reject: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl Listening {
+    fn builder(&self) -> http1::Builder {
+        let mut builder = http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.header_read_timeout)
+            .keep_alive(true);
+        builder
     }
 }
 
-const OVER_CAPACITY_BODY: &str = r#"{"error":{"message":"gateway connection limit reached","type":"gateway_error","code":"too_many_connections"}}"#;
-
-/// The whole 503 answer to a connection over `max_connections`, written raw: such a connection is
-/// never handed to hyper, so it costs no task beyond this write.
-fn over_capacity_response() -> String {
-    format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{}",
-        OVER_CAPACITY_BODY.len(),
-        OVER_CAPACITY_BODY
-    )
-}
-
-fn http1_builder(limits: &Limits) -> http1::Builder {
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .keep_alive(true);
-    builder
-}
-
-/// Serves the data plane until shutdown.
-pub async fn serve_data_plane(
+/// Serves `listener` until shutdown with a service per connection from `make_service`, capped by
+/// `cap`. `TCP_NODELAY` is set: a streamed response must not wait for a delayed ACK.
+pub async fn serve_capped<S, B>(
     listener: TcpListener,
-    gateway: Arc<Gateway>,
-    limits: Limits,
-    tasks: TaskTracker,
-) {
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
-    let builder = http1_builder(&limits);
-    while let Some(stream) = next_connection(&listener, &gateway, "data").await {
+    listening: Listening,
+    cap: ConnectionCap,
+    make_service: impl Fn() -> S,
+) where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let permits = Arc::new(Semaphore::new(cap.max_connections));
+    let builder = listening.builder();
+    while let Some(stream) = next_connection(&listener, &listening).await {
         let _ = stream.set_nodelay(true);
         let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
-            gateway.metrics.record_rejected_connection();
-            tasks.spawn(async move {
-                let mut stream = stream;
-                let _ = tokio::time::timeout(Duration::from_secs(1), async {
-                    let _ = stream.write_all(over_capacity_response().as_bytes()).await;
-                    let _ = stream.shutdown().await;
-                })
-                .await;
-            });
+            (cap.on_reject)();
+            listening.tasks.spawn(refuse(stream, cap.response.clone()));
             continue;
         };
-        let gateway = Arc::clone(&gateway);
-        let builder = builder.clone();
-        tasks.spawn(async move {
-            let shutdown = gateway.shutdown.clone();
-            let service = service_fn(move |request| {
-                // Boxed per request: hyper keeps one slot the size of the handler's future for
-                // the connection's whole life, and the proxy's future is ~3.5 KiB. A box
-                // that is freed once the response head is out costs a held stream nothing.
-                Box::pin(crate::proxy::handle(Arc::clone(&gateway), request))
-            });
-            let io = TokioIo::new(stream);
-            let connection = builder.serve_connection(io, service);
+        let connection = builder.serve_connection(TokioIo::new(stream), make_service());
+        let shutdown = listening.shutdown.clone();
+        listening.tasks.spawn(async move {
             tokio::pin!(connection);
             tokio::select! {
                 result = connection.as_mut() => log_connection_error(result),
@@ -105,23 +96,25 @@ pub async fn serve_data_plane(
     }
 }
 
-/// Serves the control plane (axum router, with websocket upgrades) until shutdown.
-pub async fn serve_control_plane(
+/// Serves `listener` until shutdown, with HTTP upgrades (websockets) allowed.
+pub async fn serve_upgradable<S, B>(
     listener: TcpListener,
-    gateway: Arc<Gateway>,
-    limits: Limits,
-    tasks: TaskTracker,
-) {
-    let app = crate::control::router(Arc::clone(&gateway));
-    let builder = http1_builder(&limits);
-    while let Some(stream) = next_connection(&listener, &gateway, "control").await {
-        let service = TowerToHyperService::new(app.clone());
-        let builder = builder.clone();
-        let shutdown = gateway.shutdown.clone();
-        tasks.spawn(async move {
-            let connection = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .with_upgrades();
+    listening: Listening,
+    make_service: impl Fn() -> S,
+) where
+    S: Service<Request<Incoming>, Response = Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let builder = listening.builder();
+    while let Some(stream) = next_connection(&listener, &listening).await {
+        let connection = builder
+            .serve_connection(TokioIo::new(stream), make_service())
+            .with_upgrades();
+        let shutdown = listening.shutdown.clone();
+        listening.tasks.spawn(async move {
             tokio::pin!(connection);
             tokio::select! {
                 result = connection.as_mut() => log_connection_error(result),
@@ -134,20 +127,26 @@ pub async fn serve_control_plane(
     }
 }
 
+/// Writes the over-capacity answer and closes; bounded, so a client that does not read cannot
+/// keep the task.
+async fn refuse(mut stream: TcpStream, response: Bytes) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = stream.write_all(&response).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
+}
+
 /// The next accepted connection, or `None` once shutdown starts. Accept errors (EMFILE and friends)
 /// are logged and retried after a short pause instead of spinning.
-async fn next_connection(
-    listener: &TcpListener,
-    gateway: &Gateway,
-    plane: &'static str,
-) -> Option<tokio::net::TcpStream> {
+async fn next_connection(listener: &TcpListener, listening: &Listening) -> Option<TcpStream> {
     loop {
         tokio::select! {
-            _ = gateway.shutdown.cancelled() => return None,
+            _ = listening.shutdown.cancelled() => return None,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => return Some(stream),
                 Err(error) => {
-                    tracing::warn!(%error, plane, "accept failed");
+                    tracing::warn!(%error, plane = listening.plane, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
@@ -162,26 +161,5 @@ fn log_connection_error(result: Result<(), hyper::Error>) {
         } else if !error.is_incomplete_message() && !error.is_canceled() {
             tracing::debug!(%error, "connection ended with an error");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn over_capacity_answer_is_well_formed_http() {
-        let response = over_capacity_response();
-        let (head, body) = response.split_once("\r\n\r\n").unwrap();
-        assert!(head.starts_with("HTTP/1.1 503 "));
-        let length: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length: "))
-            .unwrap()
-            .parse()
-            .unwrap();
-        assert_eq!(length, body.len());
-        let json: serde_json::Value = serde_json::from_str(body).unwrap();
-        assert_eq!(json["error"]["code"], "too_many_connections");
     }
 }

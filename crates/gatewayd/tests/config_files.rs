@@ -55,7 +55,10 @@ fn the_llama_cpp_example_uses_bounded_policy_and_v1_models() {
     assert_eq!(urls, ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]);
     for worker in &config.workers {
         assert_eq!(worker.health_path.as_deref(), Some("/v1/models"));
-        assert_eq!(config.health_path_for(&worker.url), "/v1/models");
+        assert_eq!(
+            config.probe_path(worker.health_path.as_deref()),
+            "/v1/models"
+        );
     }
 }
 

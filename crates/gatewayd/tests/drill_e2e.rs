@@ -39,7 +39,7 @@ fn config_for(workers: &[WorkerHandle], kind: PolicyKind, gap: u64) -> Config {
 async fn wait_in_flight(gateway: &gatewayd::RunningGateway, total: u64) {
     tokio::time::timeout(Duration::from_secs(10), async {
         loop {
-            let table = gateway.gateway.router.table();
+            let table = gateway.routing_table();
             let sum: u64 = table.workers().iter().map(|w| w.stats.active()).sum();
             if sum >= total {
                 return;
@@ -83,9 +83,7 @@ async fn eight_held_same_key_requests_land_six_to_two_bounded_and_eight_to_zero_
             wait_in_flight(&gateway, i + 1).await;
         }
         let mut loads: Vec<u64> = gateway
-            .gateway
-            .router
-            .table()
+            .routing_table()
             .workers()
             .iter()
             .map(|w| w.stats.active())

@@ -136,9 +136,7 @@ async fn eventually(what: &str, limit: Duration, mut cond: impl FnMut() -> bool)
 /// Every worker's active load, read from the router in-process.
 fn active_counters(gateway: &RunningGateway) -> Vec<(String, u64)> {
     gateway
-        .gateway
-        .router
-        .table()
+        .routing_table()
         .workers()
         .iter()
         .map(|w| (w.spec.name.clone(), w.stats.active()))
@@ -159,7 +157,7 @@ async fn assert_all_idle(gateway: &RunningGateway) -> Vec<(String, u64)> {
         "active counters not back to 0: {counters:?}"
     );
     // The admin API agrees with the router (when it needs no token).
-    if gateway.gateway.admin_token.is_none() {
+    if !gateway.requires_token() {
         assert!(
             active_loads(gateway).await.iter().all(|(_, n)| *n == 0),
             "admin API shows load"
@@ -372,7 +370,7 @@ async fn progress(done: &AtomicUsize, n: usize, storm_over: &CancellationToken) 
 }
 
 fn worker_healthy(gateway: &RunningGateway, index: usize) -> bool {
-    gateway.gateway.router.table().health()[index]
+    gateway.routing_table().health()[index]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -428,7 +426,7 @@ async fn fault_storm() {
             let mut transitions: Vec<(usize, bool)> = Vec::new();
             let mut last = [true; 4];
             loop {
-                let health = gateway.gateway.router.table().health().to_vec();
+                let health = gateway.routing_table().health().to_vec();
                 for (i, h) in health.iter().enumerate() {
                     if *h != last[i] {
                         transitions.push((i, *h));
@@ -637,7 +635,7 @@ async fn stalled_upstream_disconnecting_clients() {
     let cycles = scaled(1_000, 10_000);
     let worker = fake_worker("stall").await;
     let gateway = start(test_config(&[&worker])).await;
-    let stats = Arc::clone(&gateway.gateway.router.table().workers()[0].stats);
+    let stats = Arc::clone(&gateway.routing_table().workers()[0].stats);
     let request = b"POST /stall HTTP/1.1\r\nhost: drill\r\nx-smg-routing-key: stalled\r\ncontent-length: 0\r\n\r\n";
     let mut release = Vec::with_capacity(cycles);
     let mut upstream_closed = Vec::with_capacity(cycles);
@@ -1221,7 +1219,7 @@ async fn concurrent_threshold_changes() {
     put(final_pair.0, final_pair.1).await;
     let (spills, updates) = observer.await.unwrap();
     assert_eq!(updates.last(), Some(&final_pair));
-    assert_eq!(pair_of(gateway.gateway.router.table().policy()), final_pair);
+    assert_eq!(pair_of(gateway.routing_table().policy()), final_pair);
 
     let mut by_pair: BTreeMap<String, usize> = BTreeMap::new();
     for event in &spills {
@@ -1358,7 +1356,7 @@ fn rss_kib() -> Option<u64> {
 }
 
 fn metric(gateway: &RunningGateway, name: &str) -> f64 {
-    let text = gatewayd::metrics::render(&gateway.gateway.registry);
+    let text = gateway.metrics_text();
     // Sum over every label set of the family.
     text.lines()
         .filter(|l| {
@@ -1796,7 +1794,7 @@ async fn abuse_tokens_and_path_traversal() {
     config.server.admin_token_file = Some(token_file.clone());
     let gateway = start(config).await;
     let control = gateway.control_addr;
-    let policy_before = gateway.gateway.router.table().policy().to_owned();
+    let policy_before = gateway.routing_table().policy().to_owned();
 
     let endpoints = [
         ("GET", "/metrics"),
@@ -1895,7 +1893,7 @@ async fn abuse_tokens_and_path_traversal() {
         .await
         .unwrap();
     assert!(via_data.headers().contains_key("x-worker-name"));
-    let table = gateway.gateway.router.table();
+    let table = gateway.routing_table();
     assert_eq!(*table.policy(), policy_before);
     let names: Vec<&str> = table
         .workers()

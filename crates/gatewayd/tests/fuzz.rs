@@ -141,7 +141,7 @@ fn check_config_text(text: &str) {
     match loaded {
         Ok(config) => {
             config.validate().expect("a loaded config validates");
-            config.worker_specs().expect("a loaded config has specs");
+            config.members().expect("a loaded config has valid members");
             for worker in &config.workers {
                 WorkerUrl::parse(&worker.url).expect("loaded URLs parse");
             }
@@ -183,7 +183,7 @@ proptest! {
                 let pq = path.parse().unwrap();
                 let _ = parsed.join(Some(&pq));
             }
-            Err(message) => prop_assert!(message.contains(&format!("{url:?}")), "{}", message),
+            Err(error) => prop_assert!(error.to_string().contains(&format!("{url:?}")), "{}", error),
         }
     }
 }
@@ -281,7 +281,7 @@ proptest! {
         } else {
             Vec::new()
         };
-        gatewayd::proxy::strip_hop_by_hop(&mut map);
+        gatewayd::testing::strip_hop_by_hop(&mut map);
         for hop in ["connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade", "proxy-authorization"] {
             prop_assert!(!map.contains_key(hop));
         }
@@ -386,7 +386,7 @@ struct Live {
     runtime: tokio::runtime::Runtime,
     data: SocketAddr,
     control: SocketAddr,
-    gateway: std::sync::Arc<gatewayd::Gateway>,
+    gateway: gatewayd::RunningGateway,
 }
 
 /// One gateway (and two fake workers) for the whole binary, on its own runtime.
@@ -407,13 +407,7 @@ fn live() -> &'static Live {
             // The workers and the gateway live as long as the runtime (the test binary).
             std::mem::forget(a);
             std::mem::forget(b);
-            let addrs = (
-                running.data_addr,
-                running.control_addr,
-                std::sync::Arc::clone(&running.gateway),
-            );
-            std::mem::forget(running);
-            addrs
+            (running.data_addr, running.control_addr, running)
         });
         Live {
             runtime,
@@ -440,7 +434,7 @@ fn exchange(addr: SocketAddr, request: &[u8]) -> Option<u16> {
 fn assert_idle(live: &Live) {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let table = live.gateway.router.table();
+        let table = live.gateway.routing_table();
         if table.workers().iter().all(|w| w.stats.active() == 0) {
             return;
         }
@@ -490,7 +484,7 @@ proptest! {
         let request = format!("GET /admin/explain?{query} HTTP/1.1\r\nhost: fuzz\r\nconnection: close\r\n\r\n");
         let status = exchange(live.control, request.as_bytes()).expect("an answer");
         prop_assert!(status == 200 || status == 400, "explain status {}", status);
-        let policy = *live.gateway.router.table().policy();
+        let policy = *live.gateway.routing_table().policy();
         prop_assert!(policy.max_load_skew.is_finite() && policy.max_load_skew >= 1.0);
     }
 
@@ -523,7 +517,7 @@ proptest! {
                 }
             }
         });
-        let policy = *live.gateway.router.table().policy();
+        let policy = *live.gateway.routing_table().policy();
         prop_assert!(policy.max_load_skew.is_finite() && policy.max_load_skew >= 1.0);
     }
 }

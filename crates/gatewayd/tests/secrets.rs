@@ -253,9 +253,7 @@ async fn credentials_never_leak() {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         let idle = gateway
-            .gateway
-            .router
-            .table()
+            .routing_table()
             .workers()
             .iter()
             .all(|w| w.stats.active() == 0);

@@ -328,7 +328,7 @@ pub fn test_config(workers: &[&FakeWorker]) -> Config {
 }
 
 pub async fn start(config: Config) -> RunningGateway {
-    gatewayd::Gateway::start(config, None, Vec::new())
+    gatewayd::start(gatewayd::StartOptions::new(config))
         .await
         .expect("gateway starts")
 }

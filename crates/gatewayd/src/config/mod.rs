@@ -1,16 +1,35 @@
 //! gatewayd configuration: TOML with `deny_unknown_fields`, every field defaulted, validated as a
 //! whole before anything is put in force. The annotated reference is `config/gatewayd.toml`.
+//!
+//! [`worker`] holds one worker entry and its parsed URL; [`runtime`] the per-request settings
+//! derived from a whole configuration.
+
+pub mod runtime;
+pub mod worker;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 
 use bch_core::policy::{
     DEFAULT_MAX_LOAD_SKEW, DEFAULT_MIN_LOAD_GAP, DEFAULT_VIRTUAL_NODES, PolicyKind, PolicySettings,
 };
 use bch_core::router::WorkerSpec;
 use bch_core::routing_key::{DEFAULT_ROUTING_KEY_HEADER, DEFAULT_TARGET_WORKER_HEADER};
-use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 use serde::{Deserialize, Serialize};
+
+pub use worker::{Member, WorkerConfig, WorkerError, WorkerUrl, WorkerUrlError};
+
+/// The policy a gateway runs when its configuration names none: strict `consistent_hashing`. The
+/// bounded policy is opt-in because a spill gives up KV-cache locality (docs/policy.md). bch-core's
+/// own `PolicySettings::default()` is the bounded policy, the one `explain` and the drills study.
+pub const DEFAULT_POLICY_KIND: PolicyKind = PolicyKind::ConsistentHashing;
+
+/// The configuration in force, shared by its one writer (the admin owner) and its readers (health
+/// probes, the control plane): a lock-free load.
+pub type SharedConfig = Arc<ArcSwap<Config>>;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -26,13 +45,13 @@ pub struct Config {
     pub health: HealthConfig,
     /// Websocket telemetry.
     pub telemetry: TelemetryConfig,
-    /// Logging.
+    /// Log format and filter.
     pub log: LogConfig,
     /// Workers, in configuration order (the order target-worker indices refer to).
     pub workers: Vec<WorkerConfig>,
 }
 
-/// `[server]`.
+/// `[server]`: listeners, limits and timeouts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
@@ -77,13 +96,14 @@ impl Default for ServerConfig {
     }
 }
 
-/// `[routing]`.
+/// `[routing]`: which headers carry routing keys.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RoutingConfig {
-    /// Explicit routing key header.
+    /// Header carrying the explicit routing key (case-insensitive; default `x-smg-routing-key`).
     pub routing_key_header: String,
-    /// Target worker header.
+    /// Header pinning a request to one worker by name, URL or index (case-insensitive; default
+    /// `x-smg-target-worker`).
     pub target_worker_header: String,
 }
 
@@ -96,16 +116,17 @@ impl Default for RoutingConfig {
     }
 }
 
-/// `[policy]`.
+/// `[policy]`: the routing policy and the bounded policy's thresholds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyConfig {
-    /// Policy kind. Default `consistent_hashing`: the bounded policy is opt-in (DESIGN.md §5)
-    /// because a spill gives up KV-cache locality.
+    /// Policy kind; default [`DEFAULT_POLICY_KIND`].
     pub kind: PolicyKind,
-    /// Requests (integer ≥ 0).
+    /// Bounded policy: how many in-flight requests the preferred worker may exceed the fleet
+    /// minimum by before it can spill (integer ≥ 0).
     pub min_load_gap: u64,
-    /// Factor (finite, ≥ 1.0).
+    /// Bounded policy: the factor over the fleet mean load the preferred worker must exceed before
+    /// it can spill (finite, ≥ 1.0).
     pub max_load_skew: f64,
     /// Points per worker on the ring; 150 gives placement parity with SGLang Model Gateway.
     pub virtual_nodes: u32,
@@ -114,7 +135,7 @@ pub struct PolicyConfig {
 impl Default for PolicyConfig {
     fn default() -> Self {
         Self {
-            kind: PolicyKind::ConsistentHashing,
+            kind: DEFAULT_POLICY_KIND,
             min_load_gap: DEFAULT_MIN_LOAD_GAP,
             max_load_skew: DEFAULT_MAX_LOAD_SKEW,
             virtual_nodes: DEFAULT_VIRTUAL_NODES,
@@ -123,7 +144,7 @@ impl Default for PolicyConfig {
 }
 
 impl PolicyConfig {
-    /// As core settings.
+    /// The same values as the router's policy settings.
     pub fn settings(&self) -> PolicySettings {
         PolicySettings {
             kind: self.kind,
@@ -134,7 +155,7 @@ impl PolicyConfig {
     }
 }
 
-/// `[health]`.
+/// `[health]`: active probes of every worker, and passive marking on connect failures.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HealthConfig {
@@ -142,7 +163,7 @@ pub struct HealthConfig {
     pub path: String,
     /// Time between probes of one worker, ms.
     pub interval_ms: u64,
-    /// Probe timeout, ms.
+    /// Time a probe may take before it counts as a failure, ms.
     pub timeout_ms: u64,
     /// Consecutive failures before a worker is marked unhealthy.
     pub unhealthy_threshold: u32,
@@ -165,11 +186,11 @@ impl Default for HealthConfig {
     }
 }
 
-/// `[telemetry]`.
+/// `[telemetry]`: what the websocket telemetry tracks and how often it ticks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
-    /// Tick interval, ms.
+    /// Time between two `tick` frames to websocket clients, ms.
     pub interval_ms: u64,
     /// Most recently active routing keys tracked.
     pub max_keys: usize,
@@ -204,11 +225,11 @@ pub enum LogFormat {
     Json,
 }
 
-/// `[log]`.
+/// `[log]`: format and filter of gatewayd's log on stderr.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
-    /// Output format.
+    /// Text for people, JSON for log shippers.
     pub format: LogFormat,
     /// `tracing` filter, e.g. `info` or `gatewayd=debug`. `RUST_LOG` overrides it.
     pub level: String,
@@ -223,30 +244,13 @@ impl Default for LogConfig {
     }
 }
 
-/// One `[[workers]]` entry.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WorkerConfig {
-    /// Unique name; defaults to the URL's `host:port`.
-    #[serde(default)]
-    pub name: Option<String>,
-    /// Base URL, `http://host:port` with an optional path prefix.
-    pub url: String,
-    /// Ring identity; defaults to the URL exactly as written (SGLang Model Gateway parity).
-    #[serde(default)]
-    pub ring_id: Option<String>,
-    /// Health probe path for this worker (llama.cpp's server has no `/health`; use `/v1/models`).
-    #[serde(default)]
-    pub health_path: Option<String>,
-}
-
 /// A configuration error, naming the file and the field.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
     #[error("cannot read config {path}: {cause}")]
     Read {
-        /// File.
+        /// The configuration file that could not be read.
         path: PathBuf,
         /// Cause. Part of the message, deliberately not the error's `source()`, so `{:#}` chains
         /// print it once.
@@ -255,7 +259,7 @@ pub enum ConfigError {
     /// TOML syntax, unknown field or wrong type (the message gives line, column and key).
     #[error("invalid config {path}: {message}")]
     Parse {
-        /// File.
+        /// The configuration file that does not parse.
         path: PathBuf,
         /// toml's message with line and key.
         message: String,
@@ -270,71 +274,6 @@ pub enum ConfigError {
         /// What is wrong.
         message: String,
     },
-}
-
-/// A worker's URL split into the parts the proxy needs, parsed once.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WorkerUrl {
-    /// `http`.
-    pub scheme: Scheme,
-    /// `host:port`.
-    pub authority: Authority,
-    /// Path prefix without a trailing slash (usually empty).
-    pub prefix: String,
-}
-
-impl WorkerUrl {
-    /// Parses and checks a worker URL: `http` scheme, a host, no query or fragment.
-    pub fn parse(url: &str) -> Result<WorkerUrl, String> {
-        let uri: Uri = url
-            .parse()
-            .map_err(|e| format!("{url:?} is not a URL: {e}"))?;
-        let scheme = uri
-            .scheme()
-            .cloned()
-            .ok_or_else(|| format!("{url:?} has no scheme; write http://host:port"))?;
-        if scheme != Scheme::HTTP {
-            return Err(format!(
-                "{url:?}: only http:// workers are supported (terminate TLS in front of gatewayd's upstreams)"
-            ));
-        }
-        let authority = uri
-            .authority()
-            .cloned()
-            .ok_or_else(|| format!("{url:?} has no host"))?;
-        if authority.host().is_empty() {
-            return Err(format!("{url:?} has no host"));
-        }
-        if uri.query().is_some() {
-            return Err(format!("{url:?} must not have a query"));
-        }
-        let prefix = uri.path().trim_end_matches('/').to_owned();
-        Ok(WorkerUrl {
-            scheme,
-            authority,
-            prefix,
-        })
-    }
-
-    /// The upstream URI for a request path and query.
-    pub fn join(&self, path_and_query: Option<&PathAndQuery>) -> Result<Uri, http::Error> {
-        let pq = path_and_query.map(PathAndQuery::as_str).unwrap_or("/");
-        let builder = Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone());
-        if self.prefix.is_empty() {
-            builder.path_and_query(pq).build()
-        } else {
-            builder
-                .path_and_query(format!("{}{}", self.prefix, pq))
-                .build()
-        }
-    }
-
-    /// Default worker name: `host:port`.
-    pub fn default_name(&self) -> String {
-        self.authority.as_str().to_owned()
-    }
 }
 
 impl Config {
@@ -435,102 +374,44 @@ impl Config {
                 "must be at least 1".into(),
             ));
         }
-        self.worker_specs()?;
+        self.members()?;
         Ok(())
     }
 
-    /// The worker list as core specs (names defaulted, URLs checked, duplicates refused).
-    pub fn worker_specs(&self) -> Result<Vec<WorkerSpec>, ConfigError> {
-        let mut specs: Vec<WorkerSpec> = Vec::with_capacity(self.workers.len());
+    /// The path a worker is probed at: its own `health_path` when it has one, else `[health] path`.
+    pub fn probe_path<'a>(&'a self, worker_health_path: Option<&'a str>) -> &'a str {
+        worker_health_path.unwrap_or(&self.health.path)
+    }
+
+    /// The worker list validated: names defaulted, URLs parsed, duplicate names, URLs and ring
+    /// identities refused. The error names the entry and field, e.g. `workers[2].url`.
+    pub fn members(&self) -> Result<Vec<Member>, ConfigError> {
+        let mut members: Vec<Member> = Vec::with_capacity(self.workers.len());
         for (index, worker) in self.workers.iter().enumerate() {
-            let spec = worker
-                .spec()
-                .map_err(|(field, message)| ConfigError::Invalid {
-                    path: None,
-                    field: format!("workers[{index}].{field}"),
-                    message,
-                })?;
-            let clash = |field: &str, what: &str| ConfigError::Invalid {
+            let member = worker.member().map_err(|e| ConfigError::Invalid {
                 path: None,
-                field: format!("workers[{index}].{field}"),
-                message: format!("duplicate worker {what} {:?}", what_value(&spec, field)),
-            };
-            if specs.iter().any(|s| s.name == spec.name) {
-                return Err(clash("name", "name"));
+                field: format!("workers[{index}].{}", e.field),
+                message: e.message,
+            })?;
+            let spec = &member.spec;
+            type Field = fn(&WorkerSpec) -> &str;
+            let fields: [(&str, &str, Field); 3] = [
+                ("name", &spec.name, |s| &s.name),
+                ("url", &spec.url, |s| &s.url),
+                ("ring_id", spec.ring_id(), WorkerSpec::ring_id),
+            ];
+            for (field, value, of) in fields {
+                if members.iter().any(|m| of(&m.spec) == value) {
+                    return Err(ConfigError::Invalid {
+                        path: None,
+                        field: format!("workers[{index}].{field}"),
+                        message: format!("duplicate worker {field} {value:?}"),
+                    });
+                }
             }
-            if specs.iter().any(|s| s.url == spec.url) {
-                return Err(clash("url", "url"));
-            }
-            if specs.iter().any(|s| s.ring_id() == spec.ring_id()) {
-                return Err(clash("ring_id", "ring_id"));
-            }
-            specs.push(spec);
+            members.push(member);
         }
-        Ok(specs)
-    }
-
-    /// The health path for the worker at `url` (its own `health_path`, else `[health] path`).
-    pub fn health_path_for(&self, url: &str) -> &str {
-        self.workers
-            .iter()
-            .find(|w| w.url == url)
-            .and_then(|w| w.health_path.as_deref())
-            .unwrap_or(&self.health.path)
-    }
-}
-
-fn what_value<'a>(spec: &'a WorkerSpec, field: &str) -> &'a str {
-    match field {
-        "name" => &spec.name,
-        "url" => &spec.url,
-        _ => spec.ring_id(),
-    }
-}
-
-impl WorkerConfig {
-    /// A worker entry for a bare URL (the `--worker` flag and the admin API's minimal body).
-    pub fn from_url(url: &str) -> WorkerConfig {
-        WorkerConfig {
-            name: None,
-            url: url.to_owned(),
-            ring_id: None,
-            health_path: None,
-        }
-    }
-
-    /// Validates the entry into a core spec; errors name the field.
-    pub fn spec(&self) -> Result<WorkerSpec, (&'static str, String)> {
-        let parsed = WorkerUrl::parse(&self.url).map_err(|m| ("url", m))?;
-        let name = match &self.name {
-            Some(name) if name.trim().is_empty() => {
-                return Err(("name", "must not be empty".into()));
-            }
-            Some(name) => name.clone(),
-            None => parsed.default_name(),
-        };
-        if name.len() > 128 || name.chars().any(|c| c.is_control() || c == '/') {
-            return Err((
-                "name",
-                format!(
-                    "{name:?} must be at most 128 characters, without '/' or control characters"
-                ),
-            ));
-        }
-        if let Some(path) = &self.health_path {
-            if !path.starts_with('/') {
-                return Err(("health_path", "must start with '/'".into()));
-            }
-        }
-        if let Some(ring_id) = &self.ring_id {
-            if ring_id.is_empty() {
-                return Err(("ring_id", "must not be empty".into()));
-            }
-        }
-        Ok(WorkerSpec {
-            name,
-            url: self.url.clone(),
-            ring_id: self.ring_id.clone(),
-        })
+        Ok(members)
     }
 }
 
@@ -582,19 +463,5 @@ mod tests {
                 "{text:?} gave {err:?}, expected {needle:?}"
             );
         }
-    }
-
-    #[test]
-    fn worker_names_default_to_authority_and_urls_join() {
-        let config = parse("[[workers]]\nurl = \"http://10.0.0.7:8000/prefix/\"\n").unwrap();
-        let specs = config.worker_specs().unwrap();
-        assert_eq!(specs[0].name, "10.0.0.7:8000");
-        assert_eq!(specs[0].ring_id(), "http://10.0.0.7:8000/prefix/");
-        let url = WorkerUrl::parse(&specs[0].url).unwrap();
-        let pq: PathAndQuery = "/v1/models?x=1".parse().unwrap();
-        assert_eq!(
-            url.join(Some(&pq)).unwrap().to_string(),
-            "http://10.0.0.7:8000/prefix/v1/models?x=1"
-        );
     }
 }

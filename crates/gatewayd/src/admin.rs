@@ -1,0 +1,280 @@
+//! The admin owner: the one place that changes membership and policy, for every source of change
+//! — the admin API, the telemetry websocket, a configuration reload (`POST /admin/reload`, SIGHUP)
+//! — so the configuration in force, the published worker endpoints, the router and telemetry
+//! always agree.
+//!
+//! Every change builds the next configuration and goes through [`Admin::apply`]: validate
+//! everything, publish the endpoints the new membership needs, then swap the router's table
+//! (workers and policy together, one swap), the per-request settings and the configuration. A
+//! refused change leaves all of it as it was. Changes are serialised by a lock that is only ever
+//! held for this short, synchronous sequence, never by the data path.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bch_core::policy::{PolicyError, PolicyPatch, PolicySettings};
+use bch_core::router::{MembershipError, Router, RouterError, WorkerSpec, validate_membership};
+use bch_core::telemetry::{ChangeSource, WorkerRecord};
+
+use crate::config::runtime::{RuntimeSettings, SharedSettings};
+use crate::config::{Config, ConfigError, Member, SharedConfig, WorkerConfig, WorkerError};
+use crate::error::GatewayError;
+use crate::telemetry::Telemetry;
+use crate::upstream::Upstreams;
+
+/// Changes applied to the configuration file's contents before it is put in force (the command
+/// line's flags), at start-up and on every reload.
+pub type ConfigOverrides = Arc<dyn Fn(&mut Config) + Send + Sync>;
+
+/// Where the configuration in force comes from: the file (if any), then the overrides, then the
+/// pinned workers (`--worker` flags, the demo's simulated workers), which every reload keeps.
+#[derive(Clone)]
+pub struct ConfigOrigin {
+    /// The file to re-read on reload; `None` when started without one.
+    pub path: Option<PathBuf>,
+    /// Command-line overrides of file values.
+    pub overrides: Option<ConfigOverrides>,
+    /// Workers added after the file's, kept across reloads.
+    pub pinned_workers: Vec<WorkerConfig>,
+}
+
+impl ConfigOrigin {
+    /// The configuration `base` (the file's contents, or defaults) gives once the overrides and
+    /// pinned workers are applied, validated.
+    pub fn effective(&self, mut base: Config) -> Result<Config, ConfigError> {
+        if let Some(overrides) = &self.overrides {
+            overrides(&mut base);
+        }
+        base.workers.extend(self.pinned_workers.iter().cloned());
+        base.validate()?;
+        Ok(base)
+    }
+}
+
+/// Why the admin owner refused a change; nothing changed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// The configuration (file, or one built from the change) is invalid; names file and field.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A worker entry is invalid; names the field.
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+    /// The membership would break a uniqueness rule.
+    #[error(transparent)]
+    Membership(#[from] MembershipError),
+    /// The policy patch is invalid; names the field.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// No worker has this name.
+    #[error("no worker named {0:?}")]
+    UnknownWorker(String),
+    /// A reload was asked of a gateway started without a configuration file.
+    #[error("gatewayd was started without --config; nothing to reload")]
+    NoConfigFile,
+}
+
+impl From<RouterError> for AdminError {
+    fn from(error: RouterError) -> Self {
+        match error {
+            RouterError::Policy(e) => AdminError::Policy(e),
+            RouterError::Membership(e) => AdminError::Membership(e),
+        }
+    }
+}
+
+impl From<AdminError> for GatewayError {
+    fn from(error: AdminError) -> Self {
+        match error {
+            AdminError::Config(e) => GatewayError::InvalidConfig(e.to_string()),
+            AdminError::Worker(e) => GatewayError::InvalidWorker(e.to_string()),
+            AdminError::Membership(MembershipError::UnknownWorker(name))
+            | AdminError::UnknownWorker(name) => GatewayError::UnknownWorker(name),
+            AdminError::Membership(MembershipError::Empty(_)) => {
+                GatewayError::InvalidWorker(error.to_string())
+            }
+            AdminError::Membership(e) => GatewayError::WorkerConflict(e.to_string()),
+            AdminError::Policy(e) => GatewayError::InvalidPolicy(e.to_string()),
+            AdminError::NoConfigFile => GatewayError::NoConfigFile(error.to_string()),
+        }
+    }
+}
+
+/// The configuration in force and its validated workers, changed only under the admin lock.
+struct InForce {
+    config: Arc<Config>,
+    members: Vec<Member>,
+}
+
+/// The admin owner. See the module documentation.
+pub struct Admin {
+    router: Arc<Router>,
+    upstreams: Arc<Upstreams>,
+    telemetry: Telemetry,
+    settings: SharedSettings,
+    config: SharedConfig,
+    origin: ConfigOrigin,
+    in_force: Mutex<InForce>,
+}
+
+impl Admin {
+    /// The owner of a gateway whose router, endpoints, settings and shared configuration were
+    /// built from `config` (already effective and validated) with `members`.
+    pub fn new(
+        router: Arc<Router>,
+        upstreams: Arc<Upstreams>,
+        telemetry: Telemetry,
+        settings: SharedSettings,
+        config: SharedConfig,
+        origin: ConfigOrigin,
+        members: Vec<Member>,
+    ) -> Self {
+        let in_force = InForce {
+            config: config.load_full(),
+            members,
+        };
+        Self {
+            router,
+            upstreams,
+            telemetry,
+            settings,
+            config,
+            origin,
+            in_force: Mutex::new(in_force),
+        }
+    }
+
+    /// Adds a worker; answers its record. 400-class errors name the field; a clash with a
+    /// registered worker is a [`MembershipError`].
+    pub fn add_worker(&self, worker: WorkerConfig) -> Result<WorkerRecord, AdminError> {
+        let member = worker.member()?;
+        let name = member.spec.name.clone();
+        let url = member.spec.url.clone();
+        self.change(ChangeSource::Http, |config, members| {
+            config.workers.push(worker);
+            members.push(member);
+            Ok(())
+        })?;
+        tracing::info!(worker = %name, %url, "worker added");
+        Ok(self
+            .router
+            .table()
+            .worker_records()
+            .into_iter()
+            .find(|w| w.name == name)
+            .expect("the worker was just added"))
+    }
+
+    /// Removes the worker called `name` and answers its spec. Requests already routed to it keep
+    /// their load guards and finish; no new request reaches it once this returns.
+    pub fn remove_worker(&self, name: &str) -> Result<WorkerSpec, AdminError> {
+        let mut removed = None;
+        self.change(ChangeSource::Http, |config, members| {
+            let index = members
+                .iter()
+                .position(|m| m.spec.name == name)
+                .ok_or_else(|| AdminError::UnknownWorker(name.to_owned()))?;
+            let member = members.remove(index);
+            config.workers.retain(|w| w.url != member.spec.url);
+            removed = Some(member.spec);
+            Ok(())
+        })?;
+        let spec = removed.expect("set when the change succeeded");
+        tracing::info!(worker = %spec.name, "worker removed");
+        Ok(spec)
+    }
+
+    /// Applies a policy patch (any subset of kind, thresholds, virtual nodes) and answers the
+    /// policy in force; `source` is announced to telemetry clients.
+    pub fn set_policy(
+        &self,
+        patch: &PolicyPatch,
+        source: ChangeSource,
+    ) -> Result<PolicySettings, AdminError> {
+        self.change(source, |config, _| {
+            let policy = config.policy.settings().patched(patch)?;
+            config.policy.kind = policy.kind;
+            config.policy.min_load_gap = policy.min_load_gap;
+            config.policy.max_load_skew = policy.max_load_skew;
+            config.policy.virtual_nodes = policy.virtual_nodes;
+            Ok(())
+        })?;
+        Ok(*self.router.table().policy())
+    }
+
+    /// Re-reads the configuration file and puts it in force (with the flags and pinned workers);
+    /// on any error nothing changes. Listener addresses and the admin token need a restart.
+    pub fn reload(&self) -> Result<(), AdminError> {
+        let path = self.origin.path.as_ref().ok_or(AdminError::NoConfigFile)?;
+        let config = self.origin.effective(Config::load(path)?)?;
+        let members = config.members()?;
+        let mut in_force = self.lock();
+        self.apply(&mut in_force, config, members, ChangeSource::Reload)?;
+        tracing::info!(path = %path.display(), "configuration reloaded");
+        Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, InForce> {
+        self.in_force.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Edits a copy of the configuration in force (and its members, in step) and applies it.
+    fn change(
+        &self,
+        source: ChangeSource,
+        edit: impl FnOnce(&mut Config, &mut Vec<Member>) -> Result<(), AdminError>,
+    ) -> Result<(), AdminError> {
+        let mut in_force = self.lock();
+        let mut config = (*in_force.config).clone();
+        let mut members = in_force.members.clone();
+        edit(&mut config, &mut members)?;
+        self.apply(&mut in_force, config, members, source)
+    }
+
+    /// The one path of every change: validate, publish endpoints, swap the router's table, the
+    /// settings and the configuration, announce a policy change.
+    fn apply(
+        &self,
+        in_force: &mut InForce,
+        config: Config,
+        members: Vec<Member>,
+        source: ChangeSource,
+    ) -> Result<(), AdminError> {
+        let specs: Vec<WorkerSpec> = members.iter().map(|m| m.spec.clone()).collect();
+        let policy = config.policy.settings();
+        validate_membership(&specs)?;
+        policy.validate()?;
+        let table = self.router.table();
+        let before = *table.policy();
+        let same_members = table.workers().len() == specs.len()
+            && table
+                .workers()
+                .iter()
+                .zip(&specs)
+                .all(|(w, s)| w.spec == *s);
+        if same_members {
+            // Thresholds and kind reuse the ring (a new `virtual_nodes` rebuilds it): no ring
+            // rebuild, no new membership generation, no `ring` frame for a policy change.
+            if policy != before {
+                self.router.set_policy(&PolicyPatch::from(policy))?;
+            }
+        } else {
+            // Endpoints first: every table the router publishes finds its workers' endpoints.
+            self.upstreams.publish(&members);
+            if let Err(error) = self.router.reconfigure(specs, policy) {
+                self.upstreams.publish(&in_force.members);
+                return Err(error.into());
+            }
+        }
+        self.settings
+            .store(Arc::new(RuntimeSettings::from_config(&config)));
+        let config = Arc::new(config);
+        self.config.store(Arc::clone(&config));
+        *in_force = InForce { config, members };
+        if policy != before {
+            tracing::info!(source = source.as_str(), kind = %policy.kind, min_load_gap = policy.min_load_gap, max_load_skew = policy.max_load_skew, virtual_nodes = policy.virtual_nodes, "policy changed");
+            self.telemetry.policy_changed(source);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,374 @@
+//! The composition root: the only module that names all the others. [`start`] validates the
+//! configuration, binds both listeners, builds the router, the admin owner, the data plane, the
+//! control plane, telemetry and metrics, hands each part its narrow handle, and spawns the accept
+//! loops, the health prober and the idle-connection sweeper. [`RunningGateway`] stops them.
+//!
+//! Nothing outside this module holds the whole gateway: the data plane gets a
+//! [`DataPlane`](crate::proxy::DataPlane), the control plane a
+//! [`ControlPlane`](crate::control::ControlPlane), health probes the router and the configuration
+//! in force, and every change of membership or policy goes through the [`Admin`] owner.
+
+mod logging;
+mod signals;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bch_core::router::{Router, RouterError, RoutingTable};
+use hyper::service::service_fn;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use logging::init_logging;
+
+use crate::admin::{Admin, ConfigOrigin, ConfigOverrides};
+use crate::config::runtime::RuntimeSettings;
+use crate::config::{Config, ConfigError, WorkerConfig};
+use crate::control::ControlPlane;
+use crate::metrics::Metrics;
+use crate::proxy::DataPlane;
+use crate::server::{ConnectionCap, Listening};
+use crate::telemetry::Telemetry;
+use crate::upstream::Upstreams;
+
+/// What to start a gateway from. The configuration in force is `config` with `overrides` applied
+/// and `pinned_workers` appended, and every reload rebuilds it the same way from the file, so the
+/// command line and the demo's workers are in force from the first request on, and stay.
+#[derive(Clone)]
+pub struct StartOptions {
+    config: Config,
+    origin: ConfigOrigin,
+    handle_signals: bool,
+}
+
+impl StartOptions {
+    /// Start from `config` as it is: no file to reload, no overrides, no pinned workers, no signal
+    /// handlers (an embedding program or a test keeps its own).
+    pub fn new(config: Config) -> Self {
+        Self {
+            config,
+            origin: ConfigOrigin {
+                path: None,
+                overrides: None,
+                pinned_workers: Vec::new(),
+            },
+            handle_signals: false,
+        }
+    }
+
+    /// `config` was read from `path`, which `POST /admin/reload` and SIGHUP re-read.
+    pub fn config_file(mut self, path: PathBuf) -> Self {
+        self.origin.path = Some(path);
+        self
+    }
+
+    /// Changes applied to the file's contents at start and on every reload (the command line).
+    pub fn overrides(mut self, overrides: ConfigOverrides) -> Self {
+        self.origin.overrides = Some(overrides);
+        self
+    }
+
+    /// Workers added after the file's, at start and on every reload.
+    pub fn pinned_workers(mut self, workers: Vec<WorkerConfig>) -> Self {
+        self.origin.pinned_workers = workers;
+        self
+    }
+
+    /// Appends `workers` to the pinned workers.
+    pub fn pin_more_workers(mut self, workers: impl IntoIterator<Item = WorkerConfig>) -> Self {
+        self.origin.pinned_workers.extend(workers);
+        self
+    }
+
+    /// Listens on free ports (port 0) instead of the configured ones, keeping the addresses.
+    pub fn free_ports(mut self) -> Self {
+        self.config.server.listen.set_port(0);
+        self.config.server.control_listen.set_port(0);
+        self
+    }
+
+    /// Installs SIGTERM/SIGINT (graceful shutdown) and SIGHUP (reload) handlers: for the daemon.
+    pub fn handle_signals(mut self) -> Self {
+        self.handle_signals = true;
+        self
+    }
+}
+
+/// Why a gateway did not start. Nothing is left running.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration is invalid; names file and field.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// `admin_token_file` cannot be read.
+    #[error("cannot read admin_token_file {path}: {cause}")]
+    TokenFile {
+        /// The token file.
+        path: PathBuf,
+        /// Why it cannot be read.
+        cause: std::io::Error,
+    },
+    /// `admin_token_file` holds nothing but whitespace.
+    #[error("admin_token_file {0} is empty")]
+    EmptyToken(PathBuf),
+    /// A control plane reachable beyond this host without a token would let anyone rewrite routing.
+    #[error(
+        "refusing to bind the control plane to {0} without a token: set server.admin_token_file or listen on loopback"
+    )]
+    UnprotectedControlPlane(SocketAddr),
+    /// A listener address cannot be bound (in use, not local, no permission).
+    #[error("cannot bind {plane} plane {address}: {cause}")]
+    Bind {
+        /// `data` or `control`.
+        plane: &'static str,
+        /// The address asked for.
+        address: SocketAddr,
+        /// Why binding failed.
+        cause: std::io::Error,
+    },
+    /// The router refused the workers or policy (only when the configuration contradicts itself).
+    #[error(transparent)]
+    Router(#[from] RouterError),
+    /// SIGTERM/SIGINT/SIGHUP handlers cannot be installed.
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
+}
+
+/// A started gateway: its bound addresses, read-only views for its owner, and the way to stop it.
+pub struct RunningGateway {
+    /// Bound data plane address.
+    pub data_addr: SocketAddr,
+    /// Bound control plane address.
+    pub control_addr: SocketAddr,
+    router: Arc<Router>,
+    registry: Arc<prometheus_client::registry::Registry>,
+    requires_token: bool,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+    grace: Duration,
+}
+
+impl RunningGateway {
+    /// The routing table in force (workers, health, policy, and each worker's live counters).
+    pub fn routing_table(&self) -> Arc<RoutingTable> {
+        self.router.table()
+    }
+
+    /// `GET /metrics` as it would answer now.
+    pub fn metrics_text(&self) -> String {
+        crate::metrics::render(&self.registry)
+    }
+
+    /// Whether the control plane needs a bearer token.
+    pub fn requires_token(&self) -> bool {
+        self.requires_token
+    }
+
+    /// Stops accepting, lets in-flight requests finish for up to `shutdown_grace_ms`, then returns.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        self.tasks.close();
+        if tokio::time::timeout(self.grace, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                grace_ms = self.grace.as_millis() as u64,
+                "shutdown grace expired with requests still in flight"
+            );
+        }
+    }
+
+    /// Waits until shutdown was requested (a signal), then shuts down gracefully.
+    pub async fn run_until_stopped(self) {
+        self.shutdown.cancelled().await;
+        self.shutdown().await;
+    }
+}
+
+/// Starts a gateway: see the module documentation.
+pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> {
+    let StartOptions {
+        config,
+        origin,
+        handle_signals,
+    } = options;
+    let config = origin.effective(config)?;
+    let members = config.members()?;
+    let token = admin_token(&config)?;
+    if token.is_none() && !config.server.control_listen.ip().is_loopback() {
+        return Err(StartError::UnprotectedControlPlane(
+            config.server.control_listen,
+        ));
+    }
+    let data_listener = bind("data", config.server.listen).await?;
+    let control_listener = bind("control", config.server.control_listen).await?;
+    let data_addr = local_addr("data", &data_listener, config.server.listen)?;
+    let control_addr = local_addr("control", &control_listener, config.server.control_listen)?;
+
+    let router = Arc::new(Router::new(
+        members.iter().map(|m| m.spec.clone()).collect(),
+        config.policy.settings(),
+    )?);
+    let metrics = Arc::new(Metrics::default());
+    let registry = Arc::new(crate::metrics::registry(
+        Arc::clone(&metrics),
+        Arc::clone(&router),
+    ));
+    let shutdown = CancellationToken::new();
+    let telemetry = Telemetry::start(
+        Arc::clone(&router),
+        &config.telemetry,
+        Arc::clone(&metrics),
+        shutdown.clone(),
+    );
+    let upstreams = Arc::new(Upstreams::new(Duration::from_millis(
+        config.server.connect_timeout_ms,
+    )));
+    upstreams.publish(&members);
+    let settings = Arc::new(ArcSwap::from_pointee(RuntimeSettings::from_config(&config)));
+    let listening = |plane, tasks: &TaskTracker| Listening {
+        header_read_timeout: Duration::from_millis(config.server.header_read_timeout_ms),
+        shutdown: shutdown.clone(),
+        tasks: tasks.clone(),
+        plane,
+    };
+    let tasks = TaskTracker::new();
+    let data_listening = listening("data", &tasks);
+    let control_listening = listening("control", &tasks);
+    let grace = Duration::from_millis(config.server.shutdown_grace_ms);
+    let cap = ConnectionCap {
+        max_connections: config.server.max_connections,
+        response: crate::error::over_capacity_response(),
+        on_reject: {
+            let metrics = Arc::clone(&metrics);
+            Arc::new(move || metrics.record_rejected_connection())
+        },
+    };
+    let config = Arc::new(ArcSwap::from_pointee(config));
+    let admin = Arc::new(Admin::new(
+        Arc::clone(&router),
+        Arc::clone(&upstreams),
+        telemetry.clone(),
+        Arc::clone(&settings),
+        Arc::clone(&config),
+        origin,
+        members,
+    ));
+    let data_plane = Arc::new(DataPlane {
+        router: Arc::clone(&router),
+        settings,
+        upstreams: Arc::clone(&upstreams),
+        metrics,
+        telemetry: telemetry.clone(),
+    });
+    let requires_token = token.is_some();
+    let control_plane = Arc::new(ControlPlane {
+        admin: Arc::clone(&admin),
+        router: Arc::clone(&router),
+        telemetry,
+        registry: Arc::clone(&registry),
+        token,
+        shutdown: shutdown.clone(),
+    });
+
+    tasks.spawn(crate::server::serve_capped(
+        data_listener,
+        data_listening,
+        cap,
+        move || {
+            let plane = Arc::clone(&data_plane);
+            service_fn(move |request| {
+                // Boxed per request: hyper keeps one slot the size of the handler's future for
+                // the connection's whole life, and the proxy's future is ~3.5 KiB. A box that is
+                // freed once the response head is out costs a held stream nothing.
+                Box::pin(crate::proxy::handle(Arc::clone(&plane), request))
+            })
+        },
+    ));
+    let control_app = crate::control::router(control_plane);
+    tasks.spawn(crate::server::serve_upgradable(
+        control_listener,
+        control_listening,
+        move || TowerToHyperService::new(control_app.clone()),
+    ));
+    tokio::spawn(crate::health::run(
+        Arc::clone(&router),
+        config,
+        shutdown.clone(),
+    ));
+    tokio::spawn(sweep_idle_connections(upstreams, shutdown.clone()));
+    if handle_signals {
+        if let Err(error) = signals::install(admin, shutdown.clone()) {
+            shutdown.cancel();
+            return Err(StartError::Signals(error));
+        }
+    }
+    tracing::info!(%data_addr, %control_addr, "gatewayd listening");
+    Ok(RunningGateway {
+        data_addr,
+        control_addr,
+        router,
+        registry,
+        requires_token,
+        shutdown,
+        tasks,
+        grace,
+    })
+}
+
+/// The bearer token from `admin_token_file`, trimmed; `None` when no file is configured.
+fn admin_token(config: &Config) -> Result<Option<String>, StartError> {
+    let Some(path) = &config.server.admin_token_file else {
+        return Ok(None);
+    };
+    let token = std::fs::read_to_string(path).map_err(|cause| StartError::TokenFile {
+        path: path.clone(),
+        cause,
+    })?;
+    let token = token.trim();
+    if token.is_empty() {
+        return Err(StartError::EmptyToken(path.clone()));
+    }
+    Ok(Some(token.to_owned()))
+}
+
+async fn bind(plane: &'static str, address: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(address)
+        .await
+        .map_err(|cause| StartError::Bind {
+            plane,
+            address,
+            cause,
+        })
+}
+
+fn local_addr(
+    plane: &'static str,
+    listener: &TcpListener,
+    address: SocketAddr,
+) -> Result<SocketAddr, StartError> {
+    listener.local_addr().map_err(|cause| StartError::Bind {
+        plane,
+        address,
+        cause,
+    })
+}
+
+/// Closes worker connections that sat idle past [`crate::upstream::pool::IDLE_TIMEOUT`], every 30 s
+/// until shutdown (busy pools also expire them whenever a connection is checked in).
+async fn sweep_idle_connections(upstreams: Arc<Upstreams>, shutdown: CancellationToken) {
+    let mut every = tokio::time::interval(Duration::from_secs(30));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = every.tick() => upstreams.sweep(),
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! `gatewayd explain`: the offline what-if. The scenario (workers, loads, health, thresholds, a
+//! key) goes through the same decision function as live routing (docs/explain.md).
+
+use std::io::{BufRead, Write};
+use std::process::ExitCode;
+
+use bch_core::explain::{Explainer, Scenario};
+use bch_core::policy::PolicyKind;
+use clap::Args;
+
+/// `gatewayd explain` options.
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// Read one JSON scenario per line on stdin and write one `{"worker","branch"}` per line.
+    #[arg(long, conflicts_with_all = ["workers", "routing_key"])]
+    pub batch: bool,
+    /// A worker URL, in configuration order; repeat for every worker.
+    #[arg(long = "worker", value_name = "URL", required_unless_present = "batch")]
+    pub workers: Vec<String>,
+    /// In-flight requests on a worker before the request, as `URL=N`; repeat. Unlisted workers
+    /// have 0.
+    #[arg(long = "load", value_name = "URL=N", value_parser = parse_load)]
+    pub loads: Vec<(String, u64)>,
+    /// A worker (by URL) that is unhealthy and so cannot be chosen; repeat for more.
+    #[arg(long = "unhealthy", value_name = "URL")]
+    pub unhealthy: Vec<String>,
+    /// The routing key to place.
+    #[arg(long, required_unless_present = "batch")]
+    pub routing_key: Option<String>,
+    /// Treat the key as implicit (Authorization-like): never spills.
+    #[arg(long)]
+    pub implicit: bool,
+    /// In-flight requests the preferred worker may exceed the fleet minimum by before the key can
+    /// spill.
+    #[arg(long, default_value_t = bch_core::policy::DEFAULT_MIN_LOAD_GAP)]
+    pub min_load_gap: u64,
+    /// Factor over the fleet mean load the preferred worker must exceed before the key can spill
+    /// (finite, at least 1.0).
+    #[arg(long, default_value_t = bch_core::policy::DEFAULT_MAX_LOAD_SKEW)]
+    pub max_load_skew: f64,
+    /// The routing policy to decide with; explain studies the bounded policy unless told otherwise.
+    #[arg(long, value_parser = parse_policy, default_value = "bounded_consistent_hashing")]
+    pub policy: PolicyKind,
+}
+
+/// A policy name for clap: `consistent_hashing`, `bounded_consistent_hashing`, `round_robin`,
+/// `random`.
+pub fn parse_policy(s: &str) -> Result<PolicyKind, String> {
+    s.parse()
+        .map_err(|e: bch_core::policy::PolicyError| e.to_string())
+}
+
+fn parse_load(s: &str) -> Result<(String, u64), String> {
+    let (url, n) = s
+        .rsplit_once('=')
+        .ok_or_else(|| format!("expected URL=N, got {s:?}"))?;
+    let n = n
+        .parse()
+        .map_err(|_| format!("load in {s:?} must be a non-negative integer"))?;
+    Ok((url.to_owned(), n))
+}
+
+/// Runs `gatewayd explain`: one scenario from the flags, or `--batch` scenarios from stdin.
+pub fn explain(args: ExplainArgs) -> ExitCode {
+    let mut explainer = Explainer::new();
+    if args.batch {
+        return explain_batch(&mut explainer);
+    }
+    let scenario = Scenario {
+        loads: args.loads.into_iter().collect(),
+        healthy: args.unhealthy.iter().map(|u| (u.clone(), false)).collect(),
+        workers: args.workers,
+        routing_key: args.routing_key.unwrap_or_default(),
+        explicit: !args.implicit,
+        min_load_gap: args.min_load_gap,
+        max_load_skew: args.max_load_skew,
+        policy: args.policy,
+    };
+    match explainer.explain(&scenario) {
+        Ok(answer) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&answer).expect("answers serialise")
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One `--batch` answer line: `{"worker","branch"}`.
+#[derive(serde::Serialize)]
+struct BatchAnswer {
+    worker: Option<String>,
+    branch: bch_core::policy::Branch,
+}
+
+/// One answer line per input line, in order. A bad line gets `{"error":..,"line":N}` and the rest
+/// still run; the exit code is 1 if any line failed.
+fn explain_batch(explainer: &mut Explainer) -> ExitCode {
+    let stdin = std::io::stdin().lock();
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut failed = false;
+    for (index, line) in stdin.lines().enumerate() {
+        let line_no = index + 1;
+        let answer = match line {
+            Err(e) => Err(format!("cannot read line: {e}")),
+            Ok(line) if line.trim().is_empty() => continue,
+            Ok(line) => serde_json::from_str::<Scenario>(&line)
+                .map_err(|e| format!("invalid scenario: {e}"))
+                .and_then(|s| explainer.explain(&s).map_err(|e| e.to_string())),
+        };
+        let written = match answer {
+            // A struct, not `json!`, so the fields come out in the documented order.
+            Ok(a) => serde_json::to_writer(
+                &mut out,
+                &BatchAnswer {
+                    worker: a.worker,
+                    branch: a.branch,
+                },
+            ),
+            Err(message) => {
+                failed = true;
+                serde_json::to_writer(
+                    &mut out,
+                    &serde_json::json!({"error": message, "line": line_no}),
+                )
+            }
+        };
+        if written.is_err() || out.write_all(b"\n").is_err() {
+            return ExitCode::FAILURE;
+        }
+    }
+    if out.flush().is_err() || failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}

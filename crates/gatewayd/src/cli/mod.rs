@@ -1,0 +1,296 @@
+//! The command line: clap types and dispatch. Without a subcommand gatewayd runs the proxy (or
+//! `--demo`); `check-config FILE` validates a file; `explain` is the offline what-if.
+
+mod explain;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use bch_core::policy::PolicyKind;
+use clap::{Args, Parser, Subcommand};
+
+use crate::app::{StartOptions, init_logging};
+use crate::config::{Config, LogFormat, WorkerConfig};
+use explain::{ExplainArgs, parse_policy};
+
+/// bch gateway daemon: bounded consistent hashing in front of LLM inference workers.
+#[derive(Debug, Parser)]
+#[command(name = "gatewayd", version, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    /// A subcommand; without one, gatewayd runs the proxy.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Options of the proxy itself.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// What gatewayd can do besides running the proxy.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate a configuration file and print the effective configuration; exit 1 on error.
+    CheckConfig {
+        /// The TOML file to validate.
+        file: PathBuf,
+    },
+    /// Offline what-if: which worker and branch would a key get? Reserves nothing.
+    Explain(ExplainArgs),
+}
+
+/// Options of the proxy. Flags override the configuration file, at start and on every reload.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Configuration file (TOML; see config/gatewayd.toml).
+    #[arg(long, short = 'c', env = "GATEWAYD_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Data plane listen address [default: 127.0.0.1:8080].
+    #[arg(long, env = "GATEWAYD_LISTEN", value_name = "IP:PORT", value_parser = parse_addr)]
+    pub listen: Option<SocketAddr>,
+    /// Control plane listen address (metrics, admin API, /ws) [default: 127.0.0.1:9090].
+    #[arg(long, env = "GATEWAYD_CONTROL_LISTEN", value_name = "IP:PORT", value_parser = parse_addr)]
+    pub control_listen: Option<SocketAddr>,
+    /// Worker base URL; repeat for more workers (added after the file's workers, kept on reload).
+    #[arg(long = "worker", value_name = "URL")]
+    pub workers: Vec<String>,
+    /// Routing policy: consistent_hashing (default), bounded_consistent_hashing, round_robin or
+    /// random.
+    #[arg(long, value_parser = parse_policy)]
+    pub policy: Option<PolicyKind>,
+    /// Bounded policy: in-flight requests the preferred worker may exceed the fleet minimum by
+    /// before a key can spill.
+    #[arg(long)]
+    pub min_load_gap: Option<u64>,
+    /// Bounded policy: factor over the fleet mean load the preferred worker must exceed before a
+    /// key can spill (finite, at least 1.0).
+    #[arg(long)]
+    pub max_load_skew: Option<f64>,
+    /// File holding the control plane's bearer token.
+    #[arg(long, env = "GATEWAYD_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Health probe path for every worker without its own (e.g. /v1/models for llama.cpp).
+    #[arg(long)]
+    pub health_path: Option<String>,
+    /// Log format: text for people, json for log shippers.
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Run the demo: embedded simulated workers, a gentle background storm, bounded policy.
+    #[arg(long)]
+    pub demo: bool,
+    /// How many simulated workers the demo starts (1 to 64).
+    #[arg(long, default_value_t = 4, requires = "demo")]
+    pub demo_workers: usize,
+}
+
+fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse().map_err(|_| {
+        format!("expected IP:PORT such as 127.0.0.1:8080 (host names are not resolved), got {s:?}")
+    })
+}
+
+/// Runs the parsed command line.
+pub fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Some(Command::CheckConfig { file }) => check_config(&file),
+        Some(Command::Explain(args)) => explain::explain(args),
+        None => serve(cli.run),
+    }
+}
+
+fn check_config(file: &std::path::Path) -> ExitCode {
+    match Config::load(file) {
+        Ok(config) => {
+            println!(
+                "{}: ok ({} workers, policy {}, min_load_gap {}, max_load_skew {})",
+                file.display(),
+                config.workers.len(),
+                config.policy.kind,
+                config.policy.min_load_gap,
+                config.policy.max_load_skew
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The file's contents (or defaults), before the flags.
+fn base_config(args: &RunArgs) -> anyhow::Result<Config> {
+    Ok(match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    })
+}
+
+/// Builds the effective configuration: file (or defaults) then flags, validated.
+pub fn effective_config(args: &RunArgs) -> anyhow::Result<Config> {
+    let mut config = base_config(args)?;
+    apply_flags(args, &mut config);
+    config.validate()?;
+    Ok(config)
+}
+
+/// Overrides the file's values with the flags that were given. Also applied to every reload, so
+/// a flag keeps winning over the file after SIGHUP or `POST /admin/reload`.
+pub fn apply_flags(args: &RunArgs, config: &mut Config) {
+    if let Some(listen) = args.listen {
+        config.server.listen = listen;
+    }
+    if let Some(control) = args.control_listen {
+        config.server.control_listen = control;
+    }
+    if let Some(kind) = args.policy {
+        config.policy.kind = kind;
+    }
+    if let Some(gap) = args.min_load_gap {
+        config.policy.min_load_gap = gap;
+    }
+    if let Some(skew) = args.max_load_skew {
+        config.policy.max_load_skew = skew;
+    }
+    if let Some(file) = &args.admin_token_file {
+        config.server.admin_token_file = Some(file.clone());
+    }
+    if let Some(path) = &args.health_path {
+        config.health.path = path.clone();
+    }
+    if let Some(format) = args.log_format {
+        config.log.format = format;
+    }
+}
+
+/// The start options the flags describe: the file, the flags as overrides, `--worker`s pinned,
+/// signal handlers on.
+fn start_options(args: &RunArgs, mut base: Config) -> StartOptions {
+    if args.demo && args.policy.is_none() && args.config.is_none() {
+        // The demo exists to show spills: bounded unless the operator chose otherwise.
+        base.policy.kind = PolicyKind::BoundedConsistentHashing;
+    }
+    let flags = args.clone();
+    let mut options = StartOptions::new(base)
+        .overrides(Arc::new(move |config| apply_flags(&flags, config)))
+        .pinned_workers(
+            args.workers
+                .iter()
+                .map(|u| WorkerConfig::from_url(u))
+                .collect(),
+        )
+        .handle_signals();
+    if let Some(path) = &args.config {
+        options = options.config_file(path.clone());
+    }
+    options
+}
+
+fn serve(args: RunArgs) -> ExitCode {
+    let mut config = match effective_config(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.demo && config.log.level == "info" {
+        // One access-log line per request would bury the demo banner; warnings still show.
+        config.log.level = "info,gatewayd::proxy=warn".to_owned();
+    }
+    init_logging(&config);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        let options = start_options(&args, base_config(&args)?);
+        if args.demo {
+            return demo(&args, options).await;
+        }
+        if config.workers.is_empty() && args.workers.is_empty() {
+            tracing::warn!("no workers configured: every request gets 503 until one is added (POST /admin/workers or --worker URL)");
+        }
+        let running = crate::app::start(options).await?;
+        eprintln!(
+            "gatewayd: data plane http://{}  control plane http://{}  telemetry ws://{}/ws",
+            running.data_addr, running.control_addr, running.control_addr
+        );
+        running.run_until_stopped().await;
+        anyhow::Ok(())
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(feature = "demo")]
+async fn demo(args: &RunArgs, options: StartOptions) -> anyhow::Result<()> {
+    // Ports the operator chose (flag, environment or file) are kept even when busy.
+    let ports_chosen =
+        args.listen.is_some() || args.control_listen.is_some() || args.config.is_some();
+    crate::demo::run(options, args.demo_workers, !ports_chosen).await
+}
+
+#[cfg(not(feature = "demo"))]
+async fn demo(_args: &RunArgs, _options: StartOptions) -> anyhow::Result<()> {
+    anyhow::bail!("this gatewayd was built without the demo (cargo feature \"demo\")")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn listen_addresses_and_error_messages() {
+        let err = Cli::try_parse_from(["gatewayd", "--listen", "localhost:8080"]).unwrap_err();
+        assert!(err.to_string().contains("IP:PORT"), "{err}");
+        let cli = Cli::parse_from(["gatewayd", "--config", "/nonexistent/gatewayd.toml"]);
+        let text = format!("{:#}", effective_config(&cli.run).unwrap_err());
+        assert_eq!(
+            text.matches("No such file").count(),
+            1,
+            "the cause once: {text}"
+        );
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let cli = Cli::parse_from([
+            "gatewayd",
+            "--policy",
+            "bounded_consistent_hashing",
+            "--min-load-gap",
+            "5",
+            "--listen",
+            "127.0.0.1:0",
+        ]);
+        let config = effective_config(&cli.run).unwrap();
+        assert_eq!(config.policy.kind, PolicyKind::BoundedConsistentHashing);
+        assert_eq!(config.policy.min_load_gap, 5);
+        assert_eq!(config.server.listen.port(), 0);
+        let bad = Cli::parse_from(["gatewayd", "--max-load-skew", "0.5"]);
+        assert!(
+            effective_config(&bad.run)
+                .unwrap_err()
+                .to_string()
+                .contains("max_load_skew")
+        );
+    }
+}

@@ -1,0 +1,48 @@
+//! The part of the configuration the data plane reads on every request, derived once per
+//! configuration change and swapped as a whole, so a request never sees half of a reload.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bch_core::routing_key::RoutingHeaders;
+
+use super::Config;
+
+/// Per-request settings, derived from a [`Config`].
+#[derive(Debug, Clone)]
+pub struct RuntimeSettings {
+    /// Routing header names, lower case.
+    pub routing_headers: RoutingHeaders,
+    /// Largest request body accepted, bytes; larger gets 413.
+    pub max_body_bytes: u64,
+    /// Time the worker has to send response headers; then 504.
+    pub first_byte_timeout: Duration,
+    /// Longest silence inside a streamed response body; then the stream is ended.
+    pub stream_idle_timeout: Duration,
+    /// Mark a worker unhealthy at once when a connection to it fails.
+    pub passive_health: bool,
+    /// Show explicit keys hashed in telemetry.
+    pub redact_keys: bool,
+}
+
+impl RuntimeSettings {
+    /// The settings `config` puts in force.
+    pub fn from_config(config: &Config) -> Self {
+        Self {
+            routing_headers: RoutingHeaders {
+                routing_key: config.routing.routing_key_header.to_ascii_lowercase(),
+                target_worker: config.routing.target_worker_header.to_ascii_lowercase(),
+            },
+            max_body_bytes: config.server.max_body_bytes,
+            first_byte_timeout: Duration::from_millis(config.server.first_byte_timeout_ms),
+            stream_idle_timeout: Duration::from_millis(config.server.stream_idle_timeout_ms),
+            passive_health: config.health.passive,
+            redact_keys: config.telemetry.redact_keys,
+        }
+    }
+}
+
+/// The settings in force, shared by their one writer (the admin owner) and their readers (the data
+/// plane): a lock-free load per request.
+pub type SharedSettings = Arc<ArcSwap<RuntimeSettings>>;

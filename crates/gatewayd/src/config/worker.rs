@@ -1,0 +1,234 @@
+//! One worker as configured (`[[workers]]`, `--worker URL`, `POST /admin/workers`) and as parsed:
+//! its URL is checked and split once, here, and carried parsed from then on, so nothing on the
+//! data path or in the health prober parses it again.
+
+use bch_core::router::WorkerSpec;
+use http::uri::{Authority, PathAndQuery, Scheme, Uri};
+use serde::{Deserialize, Serialize};
+
+/// One `[[workers]]` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Unique name; defaults to the URL's `host:port`.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Base URL, `http://host:port` with an optional path prefix.
+    pub url: String,
+    /// Ring identity; defaults to the URL exactly as written (SGLang Model Gateway parity).
+    #[serde(default)]
+    pub ring_id: Option<String>,
+    /// Health probe path for this worker (llama.cpp's server has no `/health`; use `/v1/models`).
+    #[serde(default)]
+    pub health_path: Option<String>,
+}
+
+/// Why a worker URL was refused; the message quotes the URL.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorkerUrlError {
+    /// Not a URI at all.
+    #[error("{url:?} is not a URL: {reason}")]
+    NotAUrl {
+        /// The URL as written.
+        url: String,
+        /// The parser's explanation.
+        reason: String,
+    },
+    /// No `http://`.
+    #[error("{0:?} has no scheme; write http://host:port")]
+    NoScheme(String),
+    /// A scheme other than `http`.
+    #[error(
+        "{0:?}: only http:// workers are supported (terminate TLS in front of gatewayd's upstreams)"
+    )]
+    UnsupportedScheme(String),
+    /// No host.
+    #[error("{0:?} has no host")]
+    NoHost(String),
+    /// A query string, which would be glued to every request path.
+    #[error("{0:?} must not have a query")]
+    Query(String),
+}
+
+/// A worker's URL split into the parts the proxy needs, parsed once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerUrl {
+    /// `http`.
+    pub scheme: Scheme,
+    /// `host:port`.
+    pub authority: Authority,
+    /// Path prefix without a trailing slash (usually empty).
+    pub prefix: String,
+}
+
+impl WorkerUrl {
+    /// Parses and checks a worker URL: `http` scheme, a host, no query or fragment.
+    pub fn parse(url: &str) -> Result<WorkerUrl, WorkerUrlError> {
+        let uri: Uri = url
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| WorkerUrlError::NotAUrl {
+                url: url.to_owned(),
+                reason: e.to_string(),
+            })?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| WorkerUrlError::NoScheme(url.to_owned()))?;
+        if scheme != Scheme::HTTP {
+            return Err(WorkerUrlError::UnsupportedScheme(url.to_owned()));
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .filter(|a| !a.host().is_empty())
+            .ok_or_else(|| WorkerUrlError::NoHost(url.to_owned()))?;
+        if uri.query().is_some() {
+            return Err(WorkerUrlError::Query(url.to_owned()));
+        }
+        let prefix = uri.path().trim_end_matches('/').to_owned();
+        Ok(WorkerUrl {
+            scheme,
+            authority,
+            prefix,
+        })
+    }
+
+    /// The absolute URI for a request path and query on this worker (`None` means `/`). Fails only
+    /// when the prefix and the path together are not a valid URI.
+    pub fn join(&self, path_and_query: Option<&PathAndQuery>) -> Result<Uri, http::Error> {
+        let pq = path_and_query.map(PathAndQuery::as_str).unwrap_or("/");
+        let builder = Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone());
+        if self.prefix.is_empty() {
+            builder.path_and_query(pq).build()
+        } else {
+            builder
+                .path_and_query(format!("{}{}", self.prefix, pq))
+                .build()
+        }
+    }
+
+    /// Default worker name: `host:port`.
+    pub fn default_name(&self) -> String {
+        self.authority.as_str().to_owned()
+    }
+}
+
+/// A worker entry that passed validation: the router's spec plus what only gatewayd needs, with
+/// the URL already parsed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Member {
+    /// Name, URL as written and ring identity, as the router sees them.
+    pub spec: WorkerSpec,
+    /// The URL, parsed.
+    pub url: WorkerUrl,
+    /// This worker's own health probe path, when it has one.
+    pub health_path: Option<String>,
+}
+
+/// Why one worker entry is invalid: the field (`url`, `name`, `health_path`, `ring_id`) and what is
+/// wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct WorkerError {
+    /// The offending field of the entry.
+    pub field: &'static str,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl WorkerConfig {
+    /// A worker entry for a bare URL (the `--worker` flag and the admin API's minimal body).
+    pub fn from_url(url: &str) -> WorkerConfig {
+        WorkerConfig {
+            name: None,
+            url: url.to_owned(),
+            ring_id: None,
+            health_path: None,
+        }
+    }
+
+    /// Validates the entry; the error names the field.
+    pub fn member(&self) -> Result<Member, WorkerError> {
+        let invalid = |field, message: String| WorkerError { field, message };
+        let url = WorkerUrl::parse(&self.url).map_err(|e| invalid("url", e.to_string()))?;
+        let name = match &self.name {
+            Some(name) if name.trim().is_empty() => {
+                return Err(invalid("name", "must not be empty".into()));
+            }
+            Some(name) => name.clone(),
+            None => url.default_name(),
+        };
+        if name.len() > 128 || name.chars().any(|c| c.is_control() || c == '/') {
+            return Err(invalid(
+                "name",
+                format!(
+                    "{name:?} must be at most 128 characters, without '/' or control characters"
+                ),
+            ));
+        }
+        if self
+            .health_path
+            .as_ref()
+            .is_some_and(|p| !p.starts_with('/'))
+        {
+            return Err(invalid("health_path", "must start with '/'".into()));
+        }
+        if self.ring_id.as_ref().is_some_and(String::is_empty) {
+            return Err(invalid("ring_id", "must not be empty".into()));
+        }
+        Ok(Member {
+            spec: WorkerSpec {
+                name,
+                url: self.url.clone(),
+                ring_id: self.ring_id.clone(),
+            },
+            url,
+            health_path: self.health_path.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_default_to_authority_and_urls_join() {
+        let member = WorkerConfig::from_url("http://10.0.0.7:8000/prefix/")
+            .member()
+            .unwrap();
+        assert_eq!(member.spec.name, "10.0.0.7:8000");
+        assert_eq!(member.spec.ring_id(), "http://10.0.0.7:8000/prefix/");
+        let pq: PathAndQuery = "/v1/models?x=1".parse().unwrap();
+        assert_eq!(
+            member.url.join(Some(&pq)).unwrap().to_string(),
+            "http://10.0.0.7:8000/prefix/v1/models?x=1"
+        );
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        for (entry, field) in [
+            (WorkerConfig::from_url("https://a:1"), "url"),
+            (WorkerConfig::from_url("http://a:1/?q=1"), "url"),
+            (
+                WorkerConfig {
+                    name: Some(" ".into()),
+                    ..WorkerConfig::from_url("http://a:1")
+                },
+                "name",
+            ),
+            (
+                WorkerConfig {
+                    health_path: Some("health".into()),
+                    ..WorkerConfig::from_url("http://a:1")
+                },
+                "health_path",
+            ),
+        ] {
+            assert_eq!(entry.member().unwrap_err().field, field, "{entry:?}");
+        }
+    }
+}

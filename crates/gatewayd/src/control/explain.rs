@@ -1,0 +1,98 @@
+//! `GET /admin/explain`: what a key would get right now, and why, without reserving load. The
+//! decision is the router's own (`RoutingTable::explain`), so it is exactly what routing does.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{RawQuery, State};
+use axum::response::{IntoResponse, Response};
+use bch_core::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource, RoutingKey};
+
+use super::state::ControlPlane;
+use crate::error::GatewayError;
+
+/// `GET /admin/explain` query: `routing_key=K[&explicit=true|false]` or `target_worker=NAME`.
+/// Values are kept as raw bytes after percent-decoding, so a key that is not UTF-8 is judged exactly
+/// as the data plane judges the same bytes in a header (ignored), not silently repaired.
+#[derive(Debug, Default)]
+struct ExplainQuery {
+    routing_key: Option<Vec<u8>>,
+    explicit: bool,
+    target_worker: Option<Vec<u8>>,
+}
+
+impl ExplainQuery {
+    fn parse(raw: Option<&str>) -> Result<Self, String> {
+        let mut query = ExplainQuery {
+            explicit: true,
+            ..Default::default()
+        };
+        for pair in raw.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            // Form encoding: '+' is a space.
+            let value = value.replace('+', " ");
+            let value: Vec<u8> = percent_encoding::percent_decode_str(&value).collect();
+            match name {
+                "routing_key" => query.routing_key = Some(value),
+                "target_worker" => query.target_worker = Some(value),
+                "explicit" => {
+                    query.explicit = match &value[..] {
+                        b"true" => true,
+                        b"false" => false,
+                        _ => return Err("explicit must be true or false".into()),
+                    }
+                }
+                other => return Err(format!("unknown query parameter {other:?}")),
+            }
+        }
+        Ok(query)
+    }
+}
+
+/// `GET /admin/explain?routing_key=K[&explicit=true|false]` or `?target_worker=NAME`.
+pub async fn explain(
+    State(plane): State<Arc<ControlPlane>>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, GatewayError> {
+    let query = ExplainQuery::parse(raw.as_deref()).map_err(|message| {
+        GatewayError::InvalidQuery(format!(
+            "{message}; expected ?routing_key=K[&explicit=true|false] or ?target_worker=NAME"
+        ))
+    })?;
+    let table = plane.router.table();
+    let key = match (&query.target_worker, &query.routing_key) {
+        (Some(target), _) => RoutingKey::Target(target),
+        (None, Some(key)) if query.explicit => {
+            RoutingKey::Explicit(ExplicitKey::parse(key).map_err(|reason| {
+                GatewayError::InvalidRoutingKey(format!(
+                    "routing_key would be ignored by the gateway ({}): it must be non-empty UTF-8 of at most 128 bytes",
+                    reason.as_str()
+                ))
+            })?)
+        }
+        (None, Some(key)) if !key.is_empty() => {
+            RoutingKey::Implicit(ImplicitKey::from_value(ImplicitSource::Authorization, key))
+        }
+        _ => RoutingKey::None,
+    };
+    let decision = table.explain(&key);
+    let name = |w: usize| table.workers()[w].spec.name.clone();
+    let loads: serde_json::Map<String, serde_json::Value> = table
+        .workers()
+        .iter()
+        .map(|w| (w.spec.name.clone(), w.stats.active().into()))
+        .collect();
+    Ok(Json(serde_json::json!({
+        "worker": decision.worker.map(name),
+        "branch": decision.branch,
+        "preferred": decision.preferred.map(name),
+        "bound": decision.bound,
+        "policy": table.policy(),
+        "loads": loads,
+        "note": match key {
+            RoutingKey::None => Some("keyless requests pick the less loaded of two random healthy workers; explain shows one such pick"),
+            _ => None,
+        },
+    }))
+    .into_response())
+}

@@ -1,0 +1,71 @@
+//! The control plane: metrics, the admin API and the telemetry websocket (docs/api.md,
+//! docs/protocol.md).
+//!
+//! Every route sits behind the bearer-token check when `admin_token_file` is set. Errors use the
+//! same OpenAI shape as the data plane and name the offending field. Files: `state` (the handle
+//! handlers share), `api` (`/admin/*`, `/metrics`), `explain`, `ws` (telemetry), `reply`
+//! (errors as responses).
+
+mod api;
+mod explain;
+mod reply;
+pub mod state;
+mod ws;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use subtle::ConstantTimeEq;
+
+use crate::error::GatewayError;
+pub use state::ControlPlane;
+
+/// The control plane's routes over `plane`.
+pub fn router(plane: Arc<ControlPlane>) -> Router {
+    Router::new()
+        .route("/metrics", get(api::metrics))
+        .route(
+            "/admin/workers",
+            get(api::list_workers).post(api::add_worker),
+        )
+        .route("/admin/workers/{name}", delete(api::remove_worker))
+        .route("/admin/policy", get(api::get_policy).put(api::put_policy))
+        .route("/admin/explain", get(explain::explain))
+        .route("/admin/reload", post(api::reload))
+        .route("/ws", get(ws::websocket))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&plane),
+            require_token,
+        ))
+        .with_state(plane)
+}
+
+async fn not_found() -> GatewayError {
+    GatewayError::NotFound
+}
+
+async fn require_token(
+    State(plane): State<Arc<ControlPlane>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some(token) = &plane.token {
+        // The scheme name is case-insensitive (RFC 9110 §11.1); the token is not.
+        let presented = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .map(|v| v.as_bytes())
+            .filter(|v| v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer "))
+            .map_or(&b""[..], |v| &v[7..]);
+        if !bool::from(presented.ct_eq(token.as_bytes())) {
+            return GatewayError::Unauthorized.into_response();
+        }
+    }
+    next.run(request).await
+}

@@ -1,0 +1,114 @@
+//! `GET /ws`: the telemetry websocket. Each connection is the only writer of its socket, so its
+//! frames carry a gap-free `seq`; it forwards the aggregator's frames and answers client commands
+//! (docs/protocol.md).
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::response::Response;
+use bch_core::policy::PolicyPatch;
+use bch_core::telemetry::{Ack, ChangeSource, ClientCommand, CommandError, ServerMessage};
+
+use super::state::ControlPlane;
+use crate::telemetry::wire::{encode_message, envelope};
+
+/// Largest websocket message a client may send, bytes. Commands are tiny; anything bigger is abuse.
+const MAX_CLIENT_MESSAGE: usize = 16 * 1024;
+
+/// `GET /ws`: upgrades to the telemetry websocket.
+pub async fn websocket(
+    State(plane): State<Arc<ControlPlane>>,
+    upgrade: WebSocketUpgrade,
+) -> Response {
+    upgrade
+        .max_message_size(MAX_CLIENT_MESSAGE)
+        .max_frame_size(MAX_CLIENT_MESSAGE)
+        .on_upgrade(move |socket| serve_client(plane, socket))
+}
+
+/// One websocket client: the only writer of its socket, so its frames carry a gap-free `seq`.
+async fn serve_client(plane: Arc<ControlPlane>, mut socket: WebSocket) {
+    let (id, mut frames) = plane.telemetry.register();
+    let mut seq: u64 = 0;
+    let shutdown = plane.shutdown.clone();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => {
+                let _ = socket.send(Message::Close(Some(CloseFrame { code: 1001, reason: "gateway shutting down".into() }))).await;
+                break;
+            }
+            frame = frames.recv() => {
+                let Some(body) = frame else { break };
+                if socket.send(Message::Text(envelope(seq, &body).into())).await.is_err() {
+                    break;
+                }
+                seq += 1;
+            }
+            incoming = socket.recv() => {
+                let reply = match incoming {
+                    Some(Ok(Message::Text(text))) => handle_command(&plane, id, text.as_str()),
+                    Some(Ok(Message::Binary(_))) => Some(command_error(None, "binary messages are not supported; send JSON text")),
+                    Some(Ok(Message::Close(_))) | None => break,
+                    Some(Ok(_)) => None,
+                    Some(Err(error)) => {
+                        tracing::debug!(%error, "websocket client sent a malformed frame; closing");
+                        break;
+                    }
+                };
+                if let Some(body) = reply {
+                    if socket.send(Message::Text(envelope(seq, &body).into())).await.is_err() {
+                        break;
+                    }
+                    seq += 1;
+                }
+            }
+        }
+    }
+    plane.telemetry.unregister(id);
+}
+
+fn command_error(id: Option<bch_core::telemetry::CommandId>, message: &str) -> Arc<str> {
+    encode_message(&ServerMessage::Error(CommandError {
+        id,
+        message: message.to_owned(),
+    }))
+}
+
+/// Answers one client command: `resync` (no answer; a snapshot follows) or `set_policy` (an `ack`
+/// or an `error` with the same `id`).
+fn handle_command(plane: &ControlPlane, client: u64, text: &str) -> Option<Arc<str>> {
+    let command: ClientCommand = match serde_json::from_str(text) {
+        Ok(c) => c,
+        Err(e) => {
+            // Echo the id back if the message was JSON with one, so the client can match it.
+            let id = serde_json::from_str::<serde_json::Value>(text)
+                .ok()
+                .and_then(|v| serde_json::from_value(v.get("id")?.clone()).ok());
+            return Some(command_error(id, &format!("invalid command: {e}")));
+        }
+    };
+    match command {
+        ClientCommand::Resync { .. } => {
+            plane.telemetry.resync(client);
+            None
+        }
+        ClientCommand::SetPolicy {
+            id,
+            kind,
+            min_load_gap,
+            max_load_skew,
+        } => {
+            let patch = PolicyPatch {
+                kind,
+                min_load_gap,
+                max_load_skew,
+                virtual_nodes: None,
+            };
+            Some(match plane.admin.set_policy(&patch, ChangeSource::Ws) {
+                Ok(policy) => encode_message(&ServerMessage::Ack(Ack { id, policy })),
+                Err(error) => command_error(id, &error.to_string()),
+            })
+        }
+    }
+}

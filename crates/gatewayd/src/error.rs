@@ -1,0 +1,326 @@
+//! The one error type of gatewayd's answers: every refusal the gateway itself produces, on the data
+//! plane (413, 502, 503, 504, the connection-limit 503, the `event: error` that ends a broken SSE
+//! stream) and on the control plane (400, 401, 404, 409), with its HTTP status and its OpenAI error
+//! body `{"error":{"message","type","code"}}`.
+//!
+//! Clients of an OpenAI-compatible server already parse that body, so a gateway refusal reads like
+//! a server error to them. `type` says which side answered: `gateway_error` for the data plane,
+//! `control_error` for the control plane. `code` is stable and machine-readable; the message is for
+//! people and names the field, worker or limit involved.
+
+use std::sync::LazyLock;
+
+use bytes::Bytes;
+use http::StatusCode;
+
+/// A refusal by the gateway. Each variant fixes its status and `code`; see [`GatewayError::status`]
+/// and [`GatewayError::code`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GatewayError {
+    /// The request body is larger than `max_body_bytes` (413). `length` is the declared
+    /// `Content-Length` when there was one; a streamed body is cut when it passes the limit.
+    #[error("{}", body_too_large_message(*.length, *.limit))]
+    PayloadTooLarge {
+        /// Declared body length, bytes, when known up front.
+        length: Option<u64>,
+        /// The limit in force, bytes.
+        limit: u64,
+    },
+    /// No healthy worker can take the request (503).
+    #[error("no healthy worker can take the request")]
+    NoHealthyWorkers,
+    /// The target worker header named an unknown or unhealthy worker (503; never a fall-through).
+    #[error("the target worker is unknown or unhealthy")]
+    TargetWorkerMiss,
+    /// The worker chosen on an older routing table left the membership before the request could be
+    /// sent to it (502).
+    #[error("worker {worker} left the membership before the request was sent")]
+    WorkerGone {
+        /// The worker's name.
+        worker: String,
+    },
+    /// The worker's path prefix and the client's path make no valid URI (502).
+    #[error("cannot build the upstream URI for worker {worker}")]
+    BadUpstreamUri {
+        /// The worker's name.
+        worker: String,
+    },
+    /// The connection to the worker failed, or the exchange broke before response headers (502).
+    #[error("worker {worker} could not be reached")]
+    WorkerUnreachable {
+        /// The worker's name.
+        worker: String,
+    },
+    /// The worker sent no response headers within `first_byte_timeout_ms` (504).
+    #[error("worker {worker} sent no response headers within {timeout_ms} ms")]
+    FirstByteTimeout {
+        /// The worker's name.
+        worker: String,
+        /// The timeout in force, ms.
+        timeout_ms: u64,
+    },
+    /// The data plane is at `max_connections` (503, then the connection is closed).
+    #[error("gateway connection limit reached")]
+    TooManyConnections,
+    /// A streamed response broke after its headers were sent; only ever sent as an SSE event.
+    #[error("the worker's stream ended abnormally")]
+    UpstreamStreamError,
+    /// No control endpoint at this path (404).
+    #[error("no such control endpoint")]
+    NotFound,
+    /// The control plane needs a bearer token and the request had none or a wrong one (401).
+    #[error("missing or wrong bearer token")]
+    Unauthorized,
+    /// A control request body is not the JSON the endpoint takes (400); the message names the field.
+    #[error("{0}")]
+    InvalidJson(String),
+    /// A worker definition is invalid (400); the message names the field.
+    #[error("{0}")]
+    InvalidWorker(String),
+    /// A worker clashes with a registered one (409): same name, URL or ring identity.
+    #[error("{0}")]
+    WorkerConflict(String),
+    /// No worker has this name (404).
+    #[error("no worker named {0:?}")]
+    UnknownWorker(String),
+    /// A policy change was refused (400); the message names the field.
+    #[error("{0}")]
+    InvalidPolicy(String),
+    /// A query string the endpoint cannot take (400).
+    #[error("{0}")]
+    InvalidQuery(String),
+    /// A routing key the data plane would ignore (400).
+    #[error("{0}")]
+    InvalidRoutingKey(String),
+    /// `POST /admin/reload` on a gateway started without a configuration file (409).
+    #[error("{0}")]
+    NoConfigFile(String),
+    /// The configuration file does not load or validate (400); the message names file and field.
+    #[error("{0}")]
+    InvalidConfig(String),
+}
+
+fn body_too_large_message(length: Option<u64>, limit: u64) -> String {
+    match length {
+        Some(length) => {
+            format!("request body of {length} bytes exceeds the limit of {limit} bytes")
+        }
+        None => format!("request body exceeds the limit of {limit} bytes"),
+    }
+}
+
+impl GatewayError {
+    /// The HTTP status this refusal is answered with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::NoHealthyWorkers
+            | GatewayError::TargetWorkerMiss
+            | GatewayError::TooManyConnections => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::WorkerGone { .. }
+            | GatewayError::BadUpstreamUri { .. }
+            | GatewayError::WorkerUnreachable { .. }
+            | GatewayError::UpstreamStreamError => StatusCode::BAD_GATEWAY,
+            GatewayError::FirstByteTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            GatewayError::NotFound | GatewayError::UnknownWorker(_) => StatusCode::NOT_FOUND,
+            GatewayError::Unauthorized => StatusCode::UNAUTHORIZED,
+            GatewayError::InvalidJson(_)
+            | GatewayError::InvalidWorker(_)
+            | GatewayError::InvalidPolicy(_)
+            | GatewayError::InvalidQuery(_)
+            | GatewayError::InvalidRoutingKey(_)
+            | GatewayError::InvalidConfig(_) => StatusCode::BAD_REQUEST,
+            GatewayError::WorkerConflict(_) | GatewayError::NoConfigFile(_) => StatusCode::CONFLICT,
+        }
+    }
+
+    /// The stable, machine-readable `code` of the OpenAI error body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            GatewayError::PayloadTooLarge { .. } => "payload_too_large",
+            GatewayError::NoHealthyWorkers => "no_healthy_workers",
+            GatewayError::TargetWorkerMiss => "target_worker_miss",
+            GatewayError::WorkerGone { .. } | GatewayError::BadUpstreamUri { .. } => {
+                "bad_worker_url"
+            }
+            GatewayError::WorkerUnreachable { .. } => "worker_unreachable",
+            GatewayError::FirstByteTimeout { .. } => "first_byte_timeout",
+            GatewayError::TooManyConnections => "too_many_connections",
+            GatewayError::UpstreamStreamError => "upstream_stream_error",
+            GatewayError::NotFound => "not_found",
+            GatewayError::Unauthorized => "unauthorized",
+            GatewayError::InvalidJson(_) => "invalid_json",
+            GatewayError::InvalidWorker(_) => "invalid_worker",
+            GatewayError::WorkerConflict(_) => "worker_conflict",
+            GatewayError::UnknownWorker(_) => "unknown_worker",
+            GatewayError::InvalidPolicy(_) => "invalid_policy",
+            GatewayError::InvalidQuery(_) => "invalid_query",
+            GatewayError::InvalidRoutingKey(_) => "invalid_routing_key",
+            GatewayError::NoConfigFile(_) => "no_config_file",
+            GatewayError::InvalidConfig(_) => "invalid_config",
+        }
+    }
+
+    /// The OpenAI `type`: `gateway_error` for data plane refusals, `control_error` for control
+    /// plane ones.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            GatewayError::PayloadTooLarge { .. }
+            | GatewayError::NoHealthyWorkers
+            | GatewayError::TargetWorkerMiss
+            | GatewayError::WorkerGone { .. }
+            | GatewayError::BadUpstreamUri { .. }
+            | GatewayError::WorkerUnreachable { .. }
+            | GatewayError::FirstByteTimeout { .. }
+            | GatewayError::TooManyConnections
+            | GatewayError::UpstreamStreamError => "gateway_error",
+            _ => "control_error",
+        }
+    }
+
+    /// The JSON body, `{"error":{"message","type","code"}}`, fields in that order.
+    pub fn body(&self) -> Bytes {
+        openai_error_body(self.error_type(), self.code(), &self.to_string())
+    }
+}
+
+/// `{"error":{"message","type","code"}}` with the fields in the order OpenAI sends them.
+fn openai_error_body(error_type: &str, code: &str, message: &str) -> Bytes {
+    #[derive(serde::Serialize)]
+    struct Body<'a> {
+        error: Fields<'a>,
+    }
+    #[derive(serde::Serialize)]
+    struct Fields<'a> {
+        message: &'a str,
+        #[serde(rename = "type")]
+        error_type: &'a str,
+        code: &'a str,
+    }
+    let body = Body {
+        error: Fields {
+            message,
+            error_type,
+            code,
+        },
+    };
+    Bytes::from(serde_json::to_vec(&body).expect("strings always serialise"))
+}
+
+/// The event appended to an SSE stream that broke after its headers were sent, so a client can
+/// tell a cut stream from a finished one: `event: error` with the OpenAI error body as data.
+pub fn sse_stream_error_event() -> Bytes {
+    static EVENT: LazyLock<Bytes> = LazyLock::new(|| {
+        let body = GatewayError::UpstreamStreamError.body();
+        let mut event = Vec::with_capacity(body.len() + 24);
+        event.extend_from_slice(b"event: error\ndata: ");
+        event.extend_from_slice(&body);
+        event.extend_from_slice(b"\n\n");
+        Bytes::from(event)
+    });
+    EVENT.clone()
+}
+
+/// `error` and its causes, `outer: inner: innermost`, for log lines (hyper's errors keep the
+/// interesting part, such as "connection refused", in their sources).
+pub fn display_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// The complete raw HTTP/1.1 answer to a connection over `max_connections`: such a connection is
+/// never handed to hyper, so the answer is written as bytes and the connection closed.
+pub fn over_capacity_response() -> Bytes {
+    let error = GatewayError::TooManyConnections;
+    let body = error.body();
+    let status = error.status();
+    let mut response = format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or(""),
+        body.len()
+    )
+    .into_bytes();
+    response.extend_from_slice(&body);
+    Bytes::from(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_are_openai_shaped_with_type_by_plane() {
+        let data = GatewayError::NoHealthyWorkers;
+        let json: serde_json::Value = serde_json::from_slice(&data.body()).unwrap();
+        assert_eq!(json["error"]["code"], "no_healthy_workers");
+        assert_eq!(json["error"]["type"], "gateway_error");
+        assert_eq!(
+            json["error"]["message"],
+            "no healthy worker can take the request"
+        );
+        assert_eq!(data.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let control = GatewayError::UnknownWorker("w9".into());
+        let json: serde_json::Value = serde_json::from_slice(&control.body()).unwrap();
+        assert_eq!(json["error"]["type"], "control_error");
+        assert_eq!(json["error"]["message"], "no worker named \"w9\"");
+        assert_eq!(control.status(), StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn payload_message_says_the_declared_length_when_known() {
+        let declared = GatewayError::PayloadTooLarge {
+            length: Some(10),
+            limit: 4,
+        };
+        assert_eq!(
+            declared.to_string(),
+            "request body of 10 bytes exceeds the limit of 4 bytes"
+        );
+        let streamed = GatewayError::PayloadTooLarge {
+            length: None,
+            limit: 4,
+        };
+        assert_eq!(
+            streamed.to_string(),
+            "request body exceeds the limit of 4 bytes"
+        );
+    }
+
+    #[test]
+    fn sse_error_event_carries_the_body() {
+        let event = sse_stream_error_event();
+        let text = std::str::from_utf8(&event).unwrap();
+        let data = text
+            .strip_prefix("event: error\ndata: ")
+            .and_then(|rest| rest.strip_suffix("\n\n"))
+            .unwrap();
+        assert_eq!(
+            data,
+            r#"{"error":{"message":"the worker's stream ended abnormally","type":"gateway_error","code":"upstream_stream_error"}}"#
+        );
+    }
+
+    #[test]
+    fn over_capacity_answer_is_well_formed_http() {
+        let response = over_capacity_response();
+        let response = std::str::from_utf8(&response).unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 503 Service Unavailable\r\n"));
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(length, body.len());
+        let json: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(json["error"]["code"], "too_many_connections");
+    }
+}

@@ -1,0 +1,341 @@
+//! The data plane: route each request by its routing key and stream it to the chosen worker.
+//!
+//! A request goes through three steps, each its own function: [`route`] (size check, key, decision,
+//! load), `send_with_retry` (one retry on another worker when nothing reached the first) and
+//! `respond` (response head, then the body streamed). Errors travel as [`GatewayError`] values;
+//! one place turns them into answers, and the request's [`Exchange`](exchange) logs every request
+//! once when it ends.
+//!
+//! Request and response bodies are streamed as they arrive, never held back. The worker connection
+//! is driven from the response body ([`ProxyBody`], see [`crate::upstream`]), and the request's
+//! load guard lives there too, so a worker's active load ends with the last byte sent to the
+//! client, on an upstream error, or when the client goes away — and when the client leaves before
+//! the worker sent anything, dropping the handler future drops the guard and the pending upstream
+//! request (closing that upstream connection).
+
+pub mod body;
+mod exchange;
+pub mod plane;
+pub mod request;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bch_core::policy::Branch;
+use bch_core::routing_key::{self, RoutingKey};
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::uri::PathAndQuery;
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use hyper::body::Incoming;
+
+pub use body::ProxyBody;
+pub use plane::DataPlane;
+
+use crate::config::runtime::RuntimeSettings;
+use crate::error::{GatewayError, display_chain};
+use crate::telemetry::keys::KeyTag;
+use crate::upstream::{SendError, UpstreamBody, UpstreamConnection, is_body_too_large};
+use exchange::Exchange;
+use request::{content_length, extract_key, point_at, strip_hop_by_hop, upstream_request};
+
+/// `x-bch-worker`: the name of the worker that served the request.
+pub const WORKER_HEADER: HeaderName = HeaderName::from_static(routing_key::WORKER_HEADER);
+/// `x-bch-branch`: the routing branch taken.
+pub const BRANCH_HEADER: HeaderName = HeaderName::from_static(routing_key::BRANCH_HEADER);
+
+/// Handles one data plane request. Never fails: gateway errors are OpenAI-shaped JSON responses.
+pub async fn handle(
+    plane: Arc<DataPlane>,
+    request: Request<Incoming>,
+) -> Result<Response<ProxyBody>, Infallible> {
+    if request.method() == http::Method::GET {
+        match request.uri().path() {
+            "/health" => {
+                return Ok(json_response(
+                    StatusCode::OK,
+                    Bytes::from_static(b"{\"status\":\"ok\"}"),
+                ));
+            }
+            "/readiness" => return Ok(readiness(&plane)),
+            _ => {}
+        }
+    }
+    Ok(proxy(plane, request).await)
+}
+
+/// `GET /readiness`: 200 while some worker is healthy, else 503.
+fn readiness(plane: &DataPlane) -> Response<ProxyBody> {
+    let healthy = plane.router.table().health().iter().filter(|h| **h).count();
+    let status = if healthy > 0 {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = format!(r#"{{"ready":{},"healthy_workers":{healthy}}}"#, healthy > 0);
+    json_response(status, Bytes::from(body))
+}
+
+async fn proxy(plane: Arc<DataPlane>, request: Request<Incoming>) -> Response<ProxyBody> {
+    let mut exchange = Exchange::begin(Arc::clone(&plane), Instant::now());
+    let settings = plane.settings.load();
+    let forwarded = match route(&plane, &settings, request, &mut exchange) {
+        Ok(routed) => send_with_retry(&plane, &settings, routed, &mut exchange).await,
+        Err(error) => Err(error),
+    };
+    match forwarded {
+        Ok(answered) => respond(answered, exchange, &settings),
+        Err(error) => refuse(exchange, &error),
+    }
+}
+
+/// A routed request, ready to be sent.
+struct Routed {
+    request: Request<UpstreamBody>,
+    client_path: Option<PathAndQuery>,
+    table: Arc<bch_core::router::RoutingTable>,
+    worker: usize,
+    branch: Branch,
+}
+
+/// A worker's answer: its response head (body unread) and the connection it came on.
+struct Answered {
+    response: Response<Incoming>,
+    connection: UpstreamConnection,
+    worker_header: Option<HeaderValue>,
+    branch: Branch,
+}
+
+/// Checks the declared size, extracts the key, decides and takes load on the chosen worker.
+fn route(
+    plane: &DataPlane,
+    settings: &RuntimeSettings,
+    request: Request<Incoming>,
+    exchange: &mut Exchange,
+) -> Result<Routed, GatewayError> {
+    let limit = settings.max_body_bytes;
+    if let Some(length) = content_length(request.headers()).filter(|l| *l > limit) {
+        return Err(GatewayError::PayloadTooLarge {
+            length: Some(length),
+            limit,
+        });
+    }
+    let (parts, body) = request.into_parts();
+    let extracted = extract_key(&settings.routing_headers, &parts.headers);
+    if let Some(reason) = extracted.ignored_explicit {
+        plane.metrics.record_ignored_key(reason);
+    }
+    let mut routed = plane.router.route(&extracted.key);
+    let decision = routed.decision;
+    plane.metrics.record_branch(decision.branch);
+    let key = KeyTag::from_key(&extracted.key, settings.redact_keys);
+    plane
+        .telemetry
+        .routed(&routed.table, &decision, key.clone());
+    exchange.routed(&routed.table, &decision, routed.guard.take(), key);
+    let Some(worker) = decision.worker else {
+        return Err(match decision.branch {
+            Branch::TargetWorkerMiss => GatewayError::TargetWorkerMiss,
+            _ => GatewayError::NoHealthyWorkers,
+        });
+    };
+    Ok(Routed {
+        client_path: parts.uri.path_and_query().cloned(),
+        request: upstream_request(parts, UpstreamBody::new(body, limit)),
+        table: routed.table,
+        worker,
+        branch: decision.branch,
+    })
+}
+
+/// Sends the request and waits for the response head. A request that provably never reached its
+/// worker (the connect failed) goes once to the next healthy worker clockwise; target-worker
+/// requests are pinned and never move.
+async fn send_with_retry(
+    plane: &DataPlane,
+    settings: &RuntimeSettings,
+    routed: Routed,
+    exchange: &mut Exchange,
+) -> Result<Answered, GatewayError> {
+    let Routed {
+        mut request,
+        client_path,
+        table,
+        mut worker,
+        branch,
+    } = routed;
+    let targets = plane.upstreams.for_table(&table);
+    let mut retried = false;
+    loop {
+        let name = &table.workers()[worker].spec.name;
+        let target = targets
+            .get(worker)
+            .ok_or_else(|| GatewayError::WorkerGone {
+                worker: name.clone(),
+            })?;
+        point_at(&mut request, client_path.as_ref(), target)?;
+        let sent = tokio::time::timeout(
+            settings.first_byte_timeout,
+            plane.upstreams.send(target, request),
+        )
+        .await;
+        let error = match sent {
+            Ok(Ok((response, connection))) => {
+                plane
+                    .metrics
+                    .time_to_first_byte
+                    .observe(exchange.elapsed().as_secs_f64());
+                exchange.set_status(response.status());
+                return Ok(Answered {
+                    response,
+                    connection,
+                    worker_header: target.worker_header.clone(),
+                    branch,
+                });
+            }
+            Ok(Err(SendError::NotSent {
+                error,
+                request: back,
+            })) => {
+                exchange.record_error();
+                if settings.passive_health && plane.router.set_health(name, false) {
+                    tracing::warn!(worker = %name, error = %display_chain(&*error), "connect failed; marked unhealthy until probes succeed");
+                }
+                // Nothing of the request reached this worker, so it may go to another one, once.
+                if !retried && branch != Branch::TargetWorkerHit {
+                    // The same headers give the same key.
+                    let key = extract_key(&settings.routing_headers, back.headers()).key;
+                    if let Some(next) = retry_target(plane, &table, &key, worker, exchange) {
+                        worker = next;
+                        request = *back;
+                        retried = true;
+                        continue;
+                    }
+                }
+                display_chain(&*error)
+            }
+            Ok(Err(SendError::Failed(error))) => {
+                exchange.record_error();
+                if is_body_too_large(&error) {
+                    return Err(GatewayError::PayloadTooLarge {
+                        length: None,
+                        limit: settings.max_body_bytes,
+                    });
+                }
+                display_chain(&error)
+            }
+            Err(_elapsed) => {
+                exchange.record_error();
+                return Err(GatewayError::FirstByteTimeout {
+                    worker: name.clone(),
+                    timeout_ms: settings.first_byte_timeout.as_millis() as u64,
+                });
+            }
+        };
+        tracing::warn!(worker = %name, %error, "worker request failed");
+        return Err(GatewayError::WorkerUnreachable {
+            worker: name.clone(),
+        });
+    }
+}
+
+/// Moves the request to the retry pick after a failed connect to `failed`, if there is one.
+fn retry_target(
+    plane: &DataPlane,
+    table: &Arc<bch_core::router::RoutingTable>,
+    key: &RoutingKey<'_>,
+    failed: usize,
+    exchange: &mut Exchange,
+) -> Option<usize> {
+    let (next, guard) = plane.router.route_retry(table, key, failed)?;
+    plane.metrics.record_retry();
+    tracing::debug!(from = %table.workers()[failed].spec.name, to = %table.workers()[next].spec.name, "retrying after connect failure");
+    exchange.move_to(guard, next);
+    Some(next)
+}
+
+/// The worker's response head, with gatewayd's headers, and its body streamed.
+fn respond(
+    answered: Answered,
+    exchange: Exchange,
+    settings: &RuntimeSettings,
+) -> Response<ProxyBody> {
+    let Answered {
+        response,
+        connection,
+        worker_header,
+        branch,
+    } = answered;
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    if let Some(value) = worker_header {
+        parts.headers.insert(WORKER_HEADER, value);
+    }
+    parts
+        .headers
+        .insert(BRANCH_HEADER, HeaderValue::from_static(branch.as_str()));
+    if body.is_end_stream() {
+        // No body (204, 304, `Content-Length: 0`): hyper will not poll one, so the exchange ends
+        // here and the connection can serve the next request.
+        connection.release();
+        drop(exchange);
+        return Response::from_parts(parts, ProxyBody::empty());
+    }
+    // A broken event stream ends with an appended `event: error`, which only a body of no fixed
+    // length can carry: with a `Content-Length` the client would get the event cut at that
+    // length, a "complete" body that is not one. Such a stream is aborted like any other body.
+    let event_stream = body.size_hint().exact().is_none()
+        && parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    Response::from_parts(
+        parts,
+        ProxyBody::stream(
+            body,
+            connection,
+            exchange,
+            event_stream,
+            settings.stream_idle_timeout,
+        ),
+    )
+}
+
+/// The gateway's own answer to a refused or failed request; the exchange ends (and logs) here.
+fn refuse(mut exchange: Exchange, error: &GatewayError) -> Response<ProxyBody> {
+    exchange.set_status(error.status());
+    let mut response = json_response(error.status(), error.body());
+    if let Some(branch) = exchange.branch() {
+        response
+            .headers_mut()
+            .insert(BRANCH_HEADER, HeaderValue::from_static(branch.as_str()));
+    }
+    response
+}
+
+fn json_response(status: StatusCode, body: Bytes) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::full(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gateway_errors_are_openai_shaped_and_carry_the_branch_header() {
+        let response = json_response(
+            GatewayError::NoHealthyWorkers.status(),
+            GatewayError::NoHealthyWorkers.body(),
+        );
+        assert_eq!(response.status(), 503);
+        assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+    }
+}

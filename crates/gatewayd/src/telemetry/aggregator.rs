@@ -1,0 +1,326 @@
+//! The aggregator task: the one owner of all telemetry data. It applies routing events, answers
+//! control commands and, every `[telemetry] interval_ms`, publishes what changed.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bch_core::decide::Decision;
+use bch_core::router::{Router, RoutingTable};
+use bch_core::telemetry::{
+    PolicyUpdate, RingOwnership, RingUpdate, ServerMessage, Snapshot, SpillEvent, Tick, Totals,
+    WorkerRecord,
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::clients::Clients;
+use super::event::{Control, Event};
+use super::keys::{KeyTag, KeyTracker};
+use super::wire::{encode_message, now_ms, ring_ownership};
+use crate::config::TelemetryConfig;
+
+/// Rates (requests/s, spills/s) are averaged over this window rather than one tick: traffic comes in
+/// bursts (a group of sibling requests), and a per-100 ms rate would flicker between 0 and a peak.
+const RATE_WINDOW: Duration = Duration::from_secs(1);
+
+/// Request and spill counts at recent ticks, for rates averaged over [`RATE_WINDOW`].
+struct Rates {
+    /// `(time, requests_total, spills_total)` at recent ticks, oldest first, spanning about
+    /// [`RATE_WINDOW`].
+    samples: VecDeque<(tokio::time::Instant, u64, u64)>,
+}
+
+impl Rates {
+    fn new() -> Self {
+        Self {
+            samples: VecDeque::from([(tokio::time::Instant::now(), 0, 0)]),
+        }
+    }
+
+    /// The totals at `now`, with rates over the window, and `now` remembered as a sample.
+    fn sample(
+        &mut self,
+        now: tokio::time::Instant,
+        requests_total: u64,
+        spills_total: u64,
+    ) -> Totals {
+        // Keep one sample at least RATE_WINDOW old (or the oldest there is) as the base.
+        while self.samples.len() > 1 && now.duration_since(self.samples[1].0) >= RATE_WINDOW {
+            self.samples.pop_front();
+        }
+        let (since, requests_then, spills_then) = self.samples[0];
+        let elapsed = now.duration_since(since).as_secs_f64().max(1e-3);
+        self.samples.push_back((now, requests_total, spills_total));
+        Totals {
+            requests_per_s: (requests_total - requests_then) as f64 / elapsed,
+            spills_per_s: (spills_total - spills_then) as f64 / elapsed,
+            requests_total,
+            spills_total,
+        }
+    }
+}
+
+/// The most recent spill events (for snapshots) and the ones since the last tick.
+struct SpillLog {
+    kept: VecDeque<SpillEvent>,
+    max: usize,
+    new: Vec<SpillEvent>,
+}
+
+impl SpillLog {
+    fn record(
+        &mut self,
+        ts_ms: u64,
+        table: &RoutingTable,
+        decision: &Decision,
+        key: Option<&KeyTag>,
+    ) {
+        let (Some(bound), Some(from), Some(to)) =
+            (decision.bound, decision.preferred, decision.worker)
+        else {
+            return;
+        };
+        let name = |w: usize| table.workers()[w].spec.name.clone();
+        let event = SpillEvent {
+            ts_ms,
+            key: key
+                .map(|k| k.label.render().to_string())
+                .unwrap_or_default(),
+            branch: decision.branch,
+            from: name(from),
+            to: name(to),
+            preferred_load: bound.preferred_load,
+            min_load: bound.min_load,
+            mean_load: bound.mean_load,
+            min_load_gap: bound.min_load_gap,
+            max_load_skew: bound.max_load_skew,
+        };
+        self.kept.push_back(event.clone());
+        while self.kept.len() > self.max {
+            self.kept.pop_front();
+        }
+        self.new.push(event);
+    }
+}
+
+/// All telemetry data, owned by one task.
+pub(super) struct Aggregator {
+    router: Arc<Router>,
+    interval: Duration,
+    clients: Clients,
+    keys: KeyTracker,
+    spills: SpillLog,
+    last_workers: HashMap<String, WorkerRecord>,
+    ring_generation: u64,
+    ring: RingOwnership,
+    requests_total: u64,
+    spills_total: u64,
+    rates: Rates,
+    totals: Totals,
+}
+
+impl Aggregator {
+    pub(super) fn new(router: Arc<Router>, config: &TelemetryConfig) -> Self {
+        let table = router.table();
+        let ring = ring_ownership(&table);
+        Self {
+            ring_generation: table.membership_generation(),
+            ring,
+            router,
+            interval: Duration::from_millis(config.interval_ms.max(1)),
+            clients: Clients::default(),
+            keys: KeyTracker::new(config.max_keys),
+            spills: SpillLog {
+                kept: VecDeque::new(),
+                max: config.max_spill_events,
+                new: Vec::new(),
+            },
+            last_workers: HashMap::new(),
+            requests_total: 0,
+            spills_total: 0,
+            rates: Rates::new(),
+            totals: Totals::default(),
+        }
+    }
+
+    /// Runs until `shutdown`: events first as they come (a burst in one wake-up), commands, ticks.
+    pub(super) async fn run(
+        mut self,
+        mut events: mpsc::Receiver<Event>,
+        mut control: mpsc::UnboundedReceiver<Control>,
+        shutdown: CancellationToken,
+    ) {
+        let mut interval = tokio::time::interval(self.interval);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                Some(event) = events.recv() => {
+                    self.apply(event);
+                    while let Ok(event) = events.try_recv() {
+                        self.apply(event);
+                    }
+                }
+                Some(command) = control.recv() => self.control(command),
+                _ = interval.tick() => self.tick(),
+            }
+        }
+    }
+
+    fn apply(&mut self, event: Event) {
+        match event {
+            Event::Routed {
+                ts_ms,
+                table,
+                decision,
+                key,
+            } => {
+                self.requests_total += 1;
+                if decision.branch.is_spill_event() {
+                    self.spills_total += 1;
+                    self.spills.record(ts_ms, &table, &decision, key.as_ref());
+                }
+                if let Some(key) = key {
+                    let announce = !self.clients.is_empty();
+                    self.keys.routed(ts_ms, &table, &decision, key, announce);
+                }
+            }
+            Event::Finished {
+                table,
+                worker,
+                key_id,
+            } => self
+                .keys
+                .finished(key_id, &table.workers()[worker].spec.name),
+        }
+    }
+
+    fn control(&mut self, command: Control) {
+        match command {
+            Control::Register { id, frames } => {
+                self.clients.add(id, frames);
+                let snapshot = self.snapshot_message();
+                self.clients.deliver_snapshots(&snapshot);
+            }
+            Control::Unregister(id) => self.clients.remove(id),
+            Control::Resync(id) => {
+                self.clients.resync(id);
+                let snapshot = self.snapshot_message();
+                self.clients.deliver_snapshots(&snapshot);
+            }
+            Control::PolicyChanged(source) => {
+                let message = encode_message(&ServerMessage::Policy(PolicyUpdate {
+                    ts_ms: now_ms(),
+                    policy: *self.router.table().policy(),
+                    changed_by: source,
+                }));
+                self.clients.broadcast(&message);
+            }
+        }
+    }
+
+    fn snapshot_message(&self) -> Arc<str> {
+        let table = self.router.table();
+        encode_message(&ServerMessage::Snapshot(Snapshot {
+            ts_ms: now_ms(),
+            policy: *table.policy(),
+            workers: table.worker_records(),
+            ring: if table.membership_generation() == self.ring_generation {
+                self.ring.clone()
+            } else {
+                ring_ownership(&table)
+            },
+            keys: self.keys.records(),
+            spills: self.spills.kept.iter().cloned().collect(),
+            totals: self.totals,
+        }))
+    }
+
+    fn tick(&mut self) {
+        let table = self.router.table();
+        self.totals = self.rates.sample(
+            tokio::time::Instant::now(),
+            self.requests_total,
+            self.spills_total,
+        );
+        self.announce_ring_change(&table);
+        let changed_workers = self.changed_workers(&table);
+        if self.clients.is_empty() {
+            // Nobody to tell: a client that connects later starts from a snapshot.
+            self.keys.discard_changes();
+            self.spills.new.clear();
+            return;
+        }
+        let (changed_keys, removed_keys) = self.keys.take_changes();
+        if self.clients.snapshot_needed() {
+            let snapshot = self.snapshot_message();
+            self.clients.deliver_snapshots(&snapshot);
+        }
+        self.clients.send_ticks(Tick {
+            ts_ms: now_ms(),
+            workers: changed_workers,
+            keys: changed_keys,
+            removed_keys,
+            spills: std::mem::take(&mut self.spills.new),
+            totals: self.totals,
+            dropped_events: 0,
+        });
+    }
+
+    /// Sends a `ring` frame when the membership (or `virtual_nodes`) changed since the last tick.
+    fn announce_ring_change(&mut self, table: &RoutingTable) {
+        if table.membership_generation() == self.ring_generation {
+            return;
+        }
+        self.ring_generation = table.membership_generation();
+        self.ring = ring_ownership(table);
+        let message = encode_message(&ServerMessage::Ring(RingUpdate {
+            ts_ms: now_ms(),
+            workers: table.worker_records(),
+            ring: self.ring.clone(),
+        }));
+        self.clients.broadcast(&message);
+    }
+
+    /// The worker records that differ from the last tick's, remembered for the next one.
+    fn changed_workers(&mut self, table: &RoutingTable) -> Vec<WorkerRecord> {
+        let changed: Vec<WorkerRecord> = table
+            .worker_records()
+            .into_iter()
+            .filter(|w| self.last_workers.get(&w.name) != Some(w))
+            .collect();
+        self.last_workers
+            .retain(|name, _| table.index_of(name).is_some());
+        for w in &changed {
+            self.last_workers.insert(w.name.clone(), w.clone());
+        }
+        changed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn rates_average_over_a_second_not_one_tick() {
+        let router = Arc::new(Router::new(Vec::new(), Default::default()).unwrap());
+        let mut aggregator = Aggregator::new(router, &TelemetryConfig::default());
+        aggregator.requests_total = 10;
+        tokio::time::advance(Duration::from_millis(100)).await;
+        aggregator.tick();
+        assert!((aggregator.totals.requests_per_s - 100.0).abs() < 1e-6);
+        // A quiet tick right after a burst still shows the burst, averaged over the window.
+        tokio::time::advance(Duration::from_millis(100)).await;
+        aggregator.tick();
+        assert!((aggregator.totals.requests_per_s - 50.0).abs() < 1e-6);
+        // Once the burst is older than the window, the rate is zero.
+        for _ in 0..12 {
+            tokio::time::advance(Duration::from_millis(100)).await;
+            aggregator.tick();
+        }
+        assert_eq!(aggregator.totals.requests_per_s, 0.0);
+        assert_eq!(aggregator.totals.requests_total, 10);
+    }
+}

@@ -1,0 +1,190 @@
+//! Live telemetry: one aggregator task owns all telemetry data and publishes frames to websocket
+//! clients (`GET /ws` on the control plane, protocol in `docs/protocol.md`).
+//!
+//! The data path only calls [`Telemetry::routed`] and [`Telemetry::finished`], which `try_send`
+//! into a bounded queue: routing never waits for telemetry, and if the aggregator falls behind the
+//! event is dropped and counted. The aggregator never awaits a client either: each client has a
+//! bounded frame queue; when it is full the client loses frames (counted in its `dropped_events`)
+//! and gets a fresh `snapshot` as soon as its queue has room again.
+//!
+//! Files: [`keys`] (key identities and the tracked-key table), `event` (what flows into the
+//! aggregator), `aggregator` (the task), `clients` (per-client queues), [`wire`] (encoding).
+
+mod aggregator;
+mod clients;
+mod event;
+pub mod keys;
+pub mod wire;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bch_core::decide::Decision;
+use bch_core::router::{Router, RoutingTable};
+use bch_core::telemetry::ChangeSource;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::TelemetryConfig;
+use crate::metrics::Metrics;
+use aggregator::Aggregator;
+use event::{Control, Event};
+use keys::KeyTag;
+use wire::now_ms;
+
+/// Capacity of the data path → aggregator queue, in events. At 100k requests/s this is a few
+/// hundred milliseconds of slack before events are dropped.
+const EVENT_QUEUE: usize = 65_536;
+
+/// Handle to the aggregator, used by the data path and the control plane. Cheap to clone.
+#[derive(Clone)]
+pub struct Telemetry {
+    events: mpsc::Sender<Event>,
+    control: mpsc::UnboundedSender<Control>,
+    metrics: Arc<Metrics>,
+    next_client: Arc<AtomicU64>,
+    client_queue: usize,
+}
+
+impl Telemetry {
+    /// Starts the aggregator task over `router`'s tables; it stops when `shutdown` is cancelled.
+    /// Dropped events are counted in `metrics`.
+    pub fn start(
+        router: Arc<Router>,
+        config: &TelemetryConfig,
+        metrics: Arc<Metrics>,
+        shutdown: CancellationToken,
+    ) -> Telemetry {
+        let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
+        let (control_tx, control_rx) = mpsc::unbounded_channel();
+        let aggregator = Aggregator::new(router, config);
+        tokio::spawn(aggregator.run(events_rx, control_rx, shutdown));
+        Telemetry {
+            events: events_tx,
+            control: control_tx,
+            metrics,
+            next_client: Arc::new(AtomicU64::new(1)),
+            client_queue: config.client_queue,
+        }
+    }
+
+    /// Records a routing decision. Never blocks; drops (and counts) the event if the queue is full.
+    pub fn routed(&self, table: &Arc<RoutingTable>, decision: &Decision, key: Option<KeyTag>) {
+        let event = Event::Routed {
+            ts_ms: now_ms(),
+            table: Arc::clone(table),
+            decision: *decision,
+            key,
+        };
+        if self.events.try_send(event).is_err() {
+            self.metrics.record_telemetry_drop();
+        }
+    }
+
+    /// Records the end of a request on `worker` (an index into `table`). Never blocks; only
+    /// tracked keys need it.
+    pub fn finished(&self, table: &Arc<RoutingTable>, worker: usize, key: Option<&KeyTag>) {
+        let Some(key) = key else { return };
+        let event = Event::Finished {
+            table: Arc::clone(table),
+            worker,
+            key_id: key.id,
+        };
+        if self.events.try_send(event).is_err() {
+            self.metrics.record_telemetry_drop();
+        }
+    }
+
+    /// Announces a policy change to every client, naming who made it.
+    pub fn policy_changed(&self, source: ChangeSource) {
+        let _ = self.control.send(Control::PolicyChanged(source));
+    }
+
+    /// Registers a websocket client: its id and the queue of its frames (message bodies, to be
+    /// wrapped in the envelope by the connection). The first frame is a snapshot.
+    pub fn register(&self) -> (u64, mpsc::Receiver<Arc<str>>) {
+        let id = self.next_client.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(self.client_queue);
+        let _ = self.control.send(Control::Register { id, frames: tx });
+        (id, rx)
+    }
+
+    /// Removes a client.
+    pub fn unregister(&self, id: u64) {
+        let _ = self.control.send(Control::Unregister(id));
+    }
+
+    /// Asks for a fresh snapshot for a client.
+    pub fn resync(&self, id: u64) {
+        let _ = self.control.send(Control::Resync(id));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bch_core::router::WorkerSpec;
+    use bch_core::routing_key::{ExplicitKey, RoutingKey};
+    use bch_core::telemetry::ServerMessage;
+
+    use super::*;
+
+    /// Back-pressure as the aggregator applies it: a client whose queue is full loses frames
+    /// (counted in `dropped_events`) and gets a fresh snapshot once its queue has room.
+    #[tokio::test(start_paused = true)]
+    async fn a_full_client_queue_drops_ticks_then_resyncs() {
+        let worker = WorkerSpec {
+            name: "a".into(),
+            url: "http://127.0.0.1:1".into(),
+            ring_id: None,
+        };
+        let router = Arc::new(Router::new(vec![worker], Default::default()).unwrap());
+        let config = TelemetryConfig {
+            interval_ms: 5,
+            client_queue: 2,
+            ..TelemetryConfig::default()
+        };
+        let shutdown = CancellationToken::new();
+        let telemetry = Telemetry::start(
+            Arc::clone(&router),
+            &config,
+            Arc::new(Metrics::default()),
+            shutdown.clone(),
+        );
+        let (id, mut frames) = telemetry.register();
+        // Traffic that changes a key on every request, while nobody reads the queue: ticks (one
+        // every 5 ms of paused, auto-advancing time) overflow the 2-frame queue.
+        for i in 0..50 {
+            let text = format!("k{i}");
+            let key = RoutingKey::Explicit(ExplicitKey::parse(text.as_bytes()).unwrap());
+            let routed = router.route(&key);
+            telemetry.routed(
+                &routed.table,
+                &routed.decision,
+                KeyTag::from_key(&key, false),
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let mut seen_snapshots = 0;
+        let dropped = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let body = frames.recv().await.expect("client still registered");
+                match serde_json::from_str(&body).unwrap() {
+                    ServerMessage::Snapshot(_) => seen_snapshots += 1,
+                    ServerMessage::Tick(t) if t.dropped_events > 0 => return t.dropped_events,
+                    _ => {}
+                }
+            }
+        })
+        .await
+        .expect("a tick reporting dropped frames");
+        assert!(dropped > 0);
+        assert!(
+            seen_snapshots >= 2,
+            "the initial snapshot, then a resync after the overflow"
+        );
+        telemetry.unregister(id);
+        shutdown.cancel();
+    }
+}

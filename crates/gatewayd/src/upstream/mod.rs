@@ -1,0 +1,280 @@
+//! Connections to workers: per-worker pools of HTTP/1.1 keep-alive connections, each driven by
+//! the task of the request that uses it.
+//!
+//! hyper-util's pooled client runs every upstream connection in a task of its own and hands each
+//! response frame to the client's task through a one-slot channel, so every SSE event crossed
+//! tasks twice (a wake-up each way). A profile put that handoff at about 1.1 µs per event, the
+//! largest remaining cost of streaming (docs/benchmarks.md, "Before and after"). Here a connection is a
+//! plain [`hyper::client::conn::http1`] connection that the request's own task polls: while it
+//! waits for the response head ([`Upstreams::send`]) and then inside the response body
+//! ([`UpstreamConnection::drive`], called by the proxy's response body). A response moves from
+//! the worker's socket to the client's without leaving the task, and a held stream costs no
+//! task, channel or pool bookkeeping beyond its two sockets' buffers.
+//!
+//! A connection goes back to its worker's pool only when its response ended cleanly and hyper
+//! says it can take another request; anything else closes it. Idle connections are checked
+//! when taken (a closed one is dropped), expire after [`pool::IDLE_TIMEOUT`] and are capped at
+//! [`pool::MAX_IDLE_PER_WORKER`] per worker.
+//!
+//! What the proxy needs to reach a worker — its parsed URL, the `Host` and `x-bch-worker` header
+//! values, its pool — is an [`Endpoint`], built when the worker joins the membership (the admin
+//! owner [publishes](Upstreams::publish) endpoints before it changes the router) and looked up by
+//! URL once per membership generation, never per request.
+
+pub mod body;
+pub mod pool;
+
+use std::collections::HashMap;
+use std::future::poll_fn;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use bch_core::router::{RoutingTable, WorkerSpec};
+use http::header::HeaderValue;
+use http::{Request, Response, Uri};
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper_util::client::legacy::connect::HttpConnector;
+use tower::ServiceExt;
+
+pub use body::{BoxError, UpstreamBody, is_body_too_large};
+pub use pool::{UpstreamConnection, WorkerPool};
+
+use crate::config::{Member, WorkerUrl};
+
+/// Why a request could not be sent to a worker.
+pub enum SendError {
+    /// Nothing of the request reached the worker: the TCP connect failed, or a new connection closed
+    /// before the request was written. The request comes back untouched, so it can go to another
+    /// worker.
+    NotSent {
+        /// What failed.
+        error: BoxError,
+        /// The request, body unread.
+        request: Box<Request<UpstreamBody>>,
+    },
+    /// The request was (at least partly) written and the exchange failed before a response head.
+    Failed(hyper::Error),
+}
+
+/// One worker as the proxy reaches it: everything derived from its name and URL, built once when
+/// it joins the membership, and its pool of keep-alive connections, which lives as long as some
+/// membership generation still names the worker's URL.
+pub struct Endpoint {
+    /// The worker's name.
+    pub name: String,
+    /// The worker's URL, parsed.
+    pub url: WorkerUrl,
+    /// `Host` for requests to this worker (`None` if the authority is no valid header value).
+    pub host_header: Option<HeaderValue>,
+    /// `x-bch-worker` for responses from this worker (`None` if the name is no valid header value).
+    pub worker_header: Option<HeaderValue>,
+    /// `http://host:port/`, what a new connection is opened to.
+    connect_uri: Uri,
+    pool: Arc<WorkerPool>,
+}
+
+impl Endpoint {
+    fn new(name: &str, url: WorkerUrl, pool: Arc<WorkerPool>) -> Self {
+        let connect_uri = Uri::builder()
+            .scheme(url.scheme.clone())
+            .authority(url.authority.clone())
+            .path_and_query("/")
+            .build()
+            .expect("scheme and authority come from a parsed URI");
+        Self {
+            name: name.to_owned(),
+            host_header: HeaderValue::from_str(url.authority.as_str()).ok(),
+            worker_header: HeaderValue::from_str(name).ok(),
+            url,
+            connect_uri,
+            pool,
+        }
+    }
+}
+
+/// The [`Endpoint`]s of one membership generation, indexed like the table's workers.
+pub struct UpstreamTargets {
+    generation: u64,
+    targets: Vec<Option<Arc<Endpoint>>>,
+}
+
+impl UpstreamTargets {
+    /// The endpoint of worker `worker`; `None` only for a worker that left the membership, with an
+    /// unparseable URL, before its first request could be sent.
+    pub fn get(&self, worker: usize) -> Option<&Endpoint> {
+        self.targets.get(worker)?.as_deref()
+    }
+}
+
+/// The way to workers: the published endpoints by URL, the per-generation targets built from them
+/// (read without a lock, through `ArcSwap`s) and how to open new connections.
+pub struct Upstreams {
+    endpoints: ArcSwap<HashMap<String, Arc<Endpoint>>>,
+    current: ArcSwapOption<UpstreamTargets>,
+    connector: HttpConnector,
+    http1: http1::Builder,
+}
+
+impl Upstreams {
+    /// Connections time out after `connect_timeout` and use `TCP_NODELAY` (an SSE event must not
+    /// wait for a delayed ACK).
+    pub fn new(connect_timeout: Duration) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(connect_timeout));
+        Self {
+            endpoints: ArcSwap::from_pointee(HashMap::new()),
+            current: ArcSwapOption::empty(),
+            connector,
+            http1: http1::Builder::new(),
+        }
+    }
+
+    /// Makes `members` the published endpoints. Called by the admin owner before the router sees a
+    /// new membership, so every routing table a request can load finds its workers here. A worker
+    /// whose URL stays keeps its pool (also across a rename); a worker that left is dropped here,
+    /// and its pool closes once no cached generation names it any more.
+    pub fn publish(&self, members: &[Member]) {
+        let previous = self.endpoints.load();
+        let endpoints = members
+            .iter()
+            .map(|member| {
+                let spec = &member.spec;
+                let endpoint = match previous.get(&spec.url) {
+                    Some(old) if old.name == spec.name && old.url == member.url => Arc::clone(old),
+                    Some(old) => Arc::new(Endpoint::new(
+                        &spec.name,
+                        member.url.clone(),
+                        Arc::clone(&old.pool),
+                    )),
+                    None => Arc::new(Endpoint::new(
+                        &spec.name,
+                        member.url.clone(),
+                        Arc::default(),
+                    )),
+                };
+                (spec.url.clone(), endpoint)
+            })
+            .collect();
+        self.endpoints.store(Arc::new(endpoints));
+    }
+
+    /// The targets for `table`'s membership generation. A request that sees a newer generation
+    /// than the cached one builds and stores it; one holding an older table gets a private copy.
+    pub fn for_table(&self, table: &RoutingTable) -> Arc<UpstreamTargets> {
+        let generation = table.membership_generation();
+        let cached = self.current.load_full();
+        if let Some(cached) = &cached {
+            if cached.generation == generation {
+                return Arc::clone(cached);
+            }
+            if cached.generation > generation {
+                return Arc::new(self.build(table));
+            }
+        }
+        let built = Arc::new(self.build(table));
+        self.current.store(Some(Arc::clone(&built)));
+        built
+    }
+
+    fn build(&self, table: &RoutingTable) -> UpstreamTargets {
+        let endpoints = self.endpoints.load();
+        UpstreamTargets {
+            generation: table.membership_generation(),
+            targets: table
+                .workers()
+                .iter()
+                .map(|w| {
+                    endpoints
+                        .get(&w.spec.url)
+                        .map(Arc::clone)
+                        .or_else(|| departed_endpoint(&w.spec))
+                })
+                .collect(),
+        }
+    }
+
+    /// Closes idle connections past [`pool::IDLE_TIMEOUT`] in every current worker's pool; called
+    /// periodically so a worker that gets no traffic does not keep sockets open forever.
+    pub fn sweep(&self) {
+        if let Some(current) = self.current.load_full() {
+            for target in current.targets.iter().flatten() {
+                target.pool.sweep();
+            }
+        }
+    }
+
+    /// Sends `request` (origin-form URI, `Host` set) to `target` on an idle pooled connection or a
+    /// new one, and waits for the response head. On success the connection comes back with the
+    /// response: the caller must keep [driving](UpstreamConnection::drive) it while it reads the
+    /// body, then [release](UpstreamConnection::release) it.
+    ///
+    /// A pooled connection the worker closed while the request was on its way is replaced by
+    /// another (the request comes back untouched from hyper); the caller decides about other
+    /// workers on [`SendError::NotSent`].
+    pub async fn send(
+        &self,
+        target: &Endpoint,
+        mut request: Request<UpstreamBody>,
+    ) -> Result<(Response<Incoming>, UpstreamConnection), SendError> {
+        loop {
+            let (mut connection, pooled) = match target.pool.check_out() {
+                Some(connection) => (connection, true),
+                None => match self.connect(target).await {
+                    Ok(connection) => (connection, false),
+                    Err(error) => {
+                        return Err(SendError::NotSent {
+                            error,
+                            request: Box::new(request),
+                        });
+                    }
+                },
+            };
+            let mut response = pin!(connection.sender.try_send_request(request));
+            let result = poll_fn(|cx| {
+                connection.drive(cx);
+                response.as_mut().poll(cx)
+            })
+            .await;
+            match result {
+                Ok(response) => return Ok((response, connection)),
+                Err(mut error) => match error.take_message() {
+                    Some(back) if pooled => request = back,
+                    Some(back) => {
+                        return Err(SendError::NotSent {
+                            error: error.into_error().into(),
+                            request: Box::new(back),
+                        });
+                    }
+                    None => return Err(SendError::Failed(error.into_error())),
+                },
+            }
+        }
+    }
+
+    async fn connect(&self, target: &Endpoint) -> Result<UpstreamConnection, BoxError> {
+        let io = self
+            .connector
+            .clone()
+            .oneshot(target.connect_uri.clone())
+            .await?;
+        let (sender, connection) = self.http1.handshake(io).await?;
+        Ok(UpstreamConnection {
+            sender,
+            connection: Some(connection),
+            pool: Arc::downgrade(&target.pool),
+        })
+    }
+}
+
+/// The endpoint of a worker the admin owner removed between a request's routing decision and its
+/// first look at the targets (the two are microseconds apart, so this is rare): the request was
+/// routed while the worker was a member, so it is still served, on a connection of its own. The URL
+/// was validated when the worker joined; should it not parse, the request gets a 502.
+fn departed_endpoint(spec: &WorkerSpec) -> Option<Arc<Endpoint>> {
+    let url = WorkerUrl::parse(&spec.url).ok()?;
+    Some(Arc::new(Endpoint::new(&spec.name, url, Arc::default())))
+}
