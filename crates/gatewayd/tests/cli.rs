@@ -362,6 +362,7 @@ fn explain_batch_answers_ten_thousand_lines() {
 /// A running `gatewayd`, killed on drop if the test did not stop it.
 struct Daemon {
     child: std::process::Child,
+    data: String,
     control: String,
     stderr: std::sync::mpsc::Receiver<String>,
 }
@@ -385,19 +386,26 @@ impl Daemon {
         });
         let mut daemon = Daemon {
             child,
+            data: String::new(),
             control: String::new(),
             stderr,
         };
-        // The banner names the bound addresses (the test binds port 0).
-        let banner = daemon.wait_for_stderr("control plane http://");
-        daemon.control = banner
-            .split("control plane http://")
-            .nth(1)
-            .unwrap()
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .to_owned();
+        // The banner names the bound addresses (the test binds port 0); the demo's banner puts
+        // them on lines of their own.
+        let address_after = |line: &str, label: &str| {
+            let rest = line.split(label).nth(1)?;
+            let rest = rest.split("http://").nth(1)?;
+            Some(rest.split_whitespace().next()?.to_owned())
+        };
+        while daemon.data.is_empty() || daemon.control.is_empty() {
+            let line = daemon.wait_for_stderr("plane");
+            if let Some(address) = address_after(&line, "data plane") {
+                daemon.data = address;
+            }
+            if let Some(address) = address_after(&line, "control plane") {
+                daemon.control = address;
+            }
+        }
         daemon
     }
 
@@ -423,20 +431,14 @@ impl Daemon {
 
     /// `GET path` on the control plane; the body.
     fn get(&self, path: &str) -> String {
-        use std::io::Read;
-        let mut stream = std::net::TcpStream::connect(&self.control).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .unwrap();
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-        response.split_once("\r\n\r\n").unwrap().1.to_owned()
+        let (status, body) = exchange(&self.control, &format!("GET {path} HTTP/1.1\r\n"), "");
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    /// `POST path` (empty body) on the control plane; the status.
+    fn post(&self, path: &str) -> u16 {
+        exchange(&self.control, &format!("POST {path} HTTP/1.1\r\n"), "").0
     }
 
     fn get_json(&self, path: &str) -> Value {
@@ -471,6 +473,34 @@ impl Drop for Daemon {
             let _ = self.child.wait();
         }
     }
+}
+
+/// One HTTP/1.1 exchange on a fresh connection: `head` is the request line plus any header lines
+/// (each ending in CRLF); `Host`, `Connection: close` and the body's length are added. Answers
+/// the status and the body.
+fn exchange(address: &str, head: &str, body: &str) -> (u16, String) {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    write!(
+        stream,
+        "{head}host: localhost\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {response:?}"));
+    (
+        status,
+        response.split_once("\r\n\r\n").unwrap().1.to_owned(),
+    )
 }
 
 fn daemon_config(gap: u64, skew: f64, workers: &[&str]) -> String {
@@ -568,4 +598,118 @@ fn a_sighup_right_after_start_up_reloads_instead_of_killing() {
         daemon.signal("TERM");
         assert!(daemon.wait().success());
     }
+}
+
+#[test]
+fn demo_workers_survive_a_sighup_and_an_http_reload() {
+    let file = TempFile::new(&daemon_config(2, 1.5, &["http://127.0.0.1:9"]));
+    let mut command = gatewayd();
+    command
+        .args(["--demo", "--demo-workers", "2", "--config"])
+        .arg(file.path())
+        .args(["--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0"]);
+    let mut daemon = Daemon::spawn(command);
+    let names = |daemon: &Daemon| -> Vec<String> {
+        daemon.get_json("/admin/workers")["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let at_start = names(&daemon);
+    assert_eq!(
+        at_start.len(),
+        3,
+        "the file's worker and two simulated ones: {at_start:?}"
+    );
+    assert_eq!(at_start[0], "127.0.0.1:9");
+
+    daemon.signal("HUP");
+    daemon.wait_for_stderr("configuration reloaded");
+    assert_eq!(
+        names(&daemon),
+        at_start,
+        "SIGHUP keeps the simulated workers"
+    );
+
+    assert_eq!(daemon.post("/admin/reload"), 200);
+    assert_eq!(
+        names(&daemon),
+        at_start,
+        "POST /admin/reload keeps them too"
+    );
+
+    daemon.signal("TERM");
+    assert!(daemon.wait().success());
+}
+
+/// The access log's request lines (JSON log format) seen on stderr until `count` of them came.
+fn request_lines(daemon: &mut Daemon, count: usize) -> Vec<Value> {
+    let mut lines = Vec::new();
+    while lines.len() < count {
+        let line = daemon.wait_for_stderr("\"message\":\"request\"");
+        lines.push(serde_json::from_str::<Value>(&line).expect("JSON log lines")["fields"].clone());
+    }
+    lines
+}
+
+#[test]
+fn refused_and_failed_requests_are_logged_once_and_timed_with_their_status() {
+    let file = TempFile::new(
+        "[server]\nmax_body_bytes = 16\n\n[health]\ninterval_ms = 60000\n\n[[workers]]\nname = \"dead\"\nurl = \"http://127.0.0.1:9\"\n",
+    );
+    let mut command = gatewayd();
+    command
+        .arg("--config")
+        .arg(file.path())
+        .args(["--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0"])
+        .args(["--log-format", "json"]);
+    let mut daemon = Daemon::spawn(command);
+    let too_large = exchange(
+        &daemon.data,
+        "POST /v1/completions HTTP/1.1\r\n",
+        &"x".repeat(17),
+    );
+    assert_eq!(too_large.0, 413, "{}", too_large.1);
+    let miss = exchange(
+        &daemon.data,
+        "GET /v1/models HTTP/1.1\r\nx-smg-target-worker: nobody\r\n",
+        "",
+    );
+    assert_eq!(miss.0, 503, "{}", miss.1);
+    // Nothing listens on port 9: the connect fails and there is no other worker to retry on.
+    let unreachable = exchange(
+        &daemon.data,
+        "GET /v1/models HTTP/1.1\r\nx-smg-routing-key: k\r\n",
+        "",
+    );
+    assert_eq!(unreachable.0, 502, "{}", unreachable.1);
+
+    let lines = request_lines(&mut daemon, 3);
+    let statuses: Vec<u64> = lines
+        .iter()
+        .map(|l| l["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses, [413, 503, 502], "{lines:?}");
+    assert_eq!(lines[0]["branch"], "-", "refused before routing");
+    assert_eq!(lines[1]["branch"], "target_worker_miss");
+    assert_eq!(lines[2]["worker"], "dead");
+    assert_eq!(lines[2]["error"], true);
+    let metrics = daemon.get("/metrics");
+    let count = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("bch_request_duration_seconds_count "))
+        .expect("the duration histogram");
+    assert_eq!(count.trim(), "3", "every request timed once");
+
+    daemon.signal("TERM");
+    assert!(daemon.wait().success());
+    // Exactly once: no second line for any of them came before the process ended.
+    let extra: Vec<String> = daemon
+        .stderr
+        .try_iter()
+        .filter(|l| l.contains("\"message\":\"request\""))
+        .collect();
+    assert!(extra.is_empty(), "{extra:?}");
 }

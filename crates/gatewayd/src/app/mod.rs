@@ -28,7 +28,7 @@ pub use logging::init_logging;
 
 use crate::admin::{Admin, ConfigOrigin, ConfigOverrides};
 use crate::config::runtime::RuntimeSettings;
-use crate::config::{Config, ConfigError, WorkerConfig};
+use crate::config::{Config, ConfigError, Member, SharedConfig, WorkerConfig};
 use crate::control::ControlPlane;
 use crate::metrics::Metrics;
 use crate::proxy::DataPlane;
@@ -193,116 +193,18 @@ impl RunningGateway {
 
 /// Starts a gateway: see the module documentation.
 pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> {
-    let StartOptions {
-        config,
-        origin,
-        handle_signals,
-    } = options;
-    let config = origin.effective(config)?;
-    let members = config.members()?;
-    let token = admin_token(&config)?;
-    if token.is_none() && !config.server.control_listen.ip().is_loopback() {
-        return Err(StartError::UnprotectedControlPlane(
-            config.server.control_listen,
-        ));
-    }
-    let data_listener = bind("data", config.server.listen).await?;
-    let control_listener = bind("control", config.server.control_listen).await?;
-    let data_addr = local_addr("data", &data_listener, config.server.listen)?;
-    let control_addr = local_addr("control", &control_listener, config.server.control_listen)?;
-
-    let router = Arc::new(Router::new(
-        members.iter().map(|m| m.spec.clone()).collect(),
-        config.policy.settings(),
-    )?);
-    let metrics = Arc::new(Metrics::default());
-    let registry = Arc::new(crate::metrics::registry(
-        Arc::clone(&metrics),
-        Arc::clone(&router),
-    ));
+    let prepared = prepare(options)?;
+    let listeners = Listeners::bind(&prepared.config).await?;
     let shutdown = CancellationToken::new();
-    let telemetry = Telemetry::start(
-        Arc::clone(&router),
-        &config.telemetry,
-        Arc::clone(&metrics),
-        shutdown.clone(),
-    );
-    let upstreams = Arc::new(Upstreams::new(Duration::from_millis(
-        config.server.connect_timeout_ms,
-    )));
-    upstreams.publish(&members);
-    let settings = Arc::new(ArcSwap::from_pointee(RuntimeSettings::from_config(&config)));
-    let listening = |plane, tasks: &TaskTracker| Listening {
-        header_read_timeout: Duration::from_millis(config.server.header_read_timeout_ms),
-        shutdown: shutdown.clone(),
-        tasks: tasks.clone(),
-        plane,
-    };
     let tasks = TaskTracker::new();
-    let data_listening = listening("data", &tasks);
-    let control_listening = listening("control", &tasks);
-    let grace = Duration::from_millis(config.server.shutdown_grace_ms);
-    let cap = ConnectionCap {
-        max_connections: config.server.max_connections,
-        response: crate::error::over_capacity_response(),
-        on_reject: {
-            let metrics = Arc::clone(&metrics);
-            Arc::new(move || metrics.record_rejected_connection())
-        },
-    };
-    let config = Arc::new(ArcSwap::from_pointee(config));
-    let admin = Arc::new(Admin::new(
-        Arc::clone(&router),
-        Arc::clone(&upstreams),
-        telemetry.clone(),
-        Arc::clone(&settings),
-        Arc::clone(&config),
-        origin,
-        members,
-    ));
-    let data_plane = Arc::new(DataPlane {
-        router: Arc::clone(&router),
-        settings,
-        upstreams: Arc::clone(&upstreams),
-        metrics,
-        telemetry: telemetry.clone(),
-    });
-    let requires_token = token.is_some();
-    let control_plane = Arc::new(ControlPlane {
-        admin: Arc::clone(&admin),
-        router: Arc::clone(&router),
-        telemetry,
-        registry: Arc::clone(&registry),
-        token,
-        shutdown: shutdown.clone(),
-    });
-
-    tasks.spawn(crate::server::serve_capped(
-        data_listener,
-        data_listening,
-        cap,
-        move || {
-            let plane = Arc::clone(&data_plane);
-            service_fn(move |request| {
-                // Boxed per request: hyper keeps one slot the size of the handler's future for
-                // the connection's whole life, and the proxy's future is ~3.5 KiB. A box that is
-                // freed once the response head is out costs a held stream nothing.
-                Box::pin(crate::proxy::handle(Arc::clone(&plane), request))
-            })
-        },
-    ));
-    let control_app = crate::control::router(control_plane);
-    tasks.spawn(crate::server::serve_upgradable(
-        control_listener,
-        control_listening,
-        move || TowerToHyperService::new(control_app.clone()),
-    ));
-    tokio::spawn(crate::health::run(
-        Arc::clone(&router),
-        config,
-        shutdown.clone(),
-    ));
-    tokio::spawn(sweep_idle_connections(upstreams, shutdown.clone()));
+    let grace = Duration::from_millis(prepared.config.server.shutdown_grace_ms);
+    let handle_signals = prepared.handle_signals;
+    let (data_addr, control_addr) = (listeners.data_addr, listeners.control_addr);
+    let parts = assemble(prepared, &shutdown)?;
+    let (router, registry) = (Arc::clone(&parts.router), Arc::clone(&parts.registry));
+    let requires_token = parts.control_plane.token.is_some();
+    let admin = Arc::clone(&parts.admin);
+    spawn_services(parts, listeners, &shutdown, &tasks);
     if handle_signals {
         if let Err(error) = signals::install(admin, shutdown.clone()) {
             shutdown.cancel();
@@ -320,6 +222,194 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
         tasks,
         grace,
     })
+}
+
+/// A configuration checked for everything that needs no socket: in force, with its members and
+/// token.
+struct Prepared {
+    config: Config,
+    origin: ConfigOrigin,
+    members: Vec<Member>,
+    token: Option<String>,
+    handle_signals: bool,
+}
+
+/// Every start-up check that needs no socket: the effective configuration validates, the token
+/// file reads, and a control plane beyond loopback has a token.
+fn prepare(options: StartOptions) -> Result<Prepared, StartError> {
+    let StartOptions {
+        config,
+        origin,
+        handle_signals,
+    } = options;
+    let config = origin.effective(config)?;
+    let members = config.members()?;
+    let token = admin_token(&config)?;
+    if token.is_none() && !config.server.control_listen.ip().is_loopback() {
+        return Err(StartError::UnprotectedControlPlane(
+            config.server.control_listen,
+        ));
+    }
+    Ok(Prepared {
+        config,
+        origin,
+        members,
+        token,
+        handle_signals,
+    })
+}
+
+/// Both listeners, bound, with the addresses they got.
+struct Listeners {
+    data: TcpListener,
+    control: TcpListener,
+    data_addr: SocketAddr,
+    control_addr: SocketAddr,
+    header_read_timeout: Duration,
+    max_connections: usize,
+}
+
+impl Listeners {
+    async fn bind(config: &Config) -> Result<Self, StartError> {
+        let data = bind("data", config.server.listen).await?;
+        let control = bind("control", config.server.control_listen).await?;
+        Ok(Self {
+            data_addr: local_addr("data", &data, config.server.listen)?,
+            control_addr: local_addr("control", &control, config.server.control_listen)?,
+            data,
+            control,
+            header_read_timeout: Duration::from_millis(config.server.header_read_timeout_ms),
+            max_connections: config.server.max_connections,
+        })
+    }
+}
+
+/// The parts of a gateway, each with its narrow handle, before anything runs.
+struct Parts {
+    router: Arc<Router>,
+    registry: Arc<prometheus_client::registry::Registry>,
+    metrics: Arc<Metrics>,
+    upstreams: Arc<Upstreams>,
+    config: SharedConfig,
+    admin: Arc<Admin>,
+    data_plane: Arc<DataPlane>,
+    control_plane: Arc<ControlPlane>,
+}
+
+/// Builds every part from the prepared configuration; the telemetry aggregator starts here and
+/// stops with `shutdown`.
+fn assemble(prepared: Prepared, shutdown: &CancellationToken) -> Result<Parts, StartError> {
+    let Prepared {
+        config,
+        origin,
+        members,
+        token,
+        ..
+    } = prepared;
+    let router = Arc::new(Router::new(
+        members.iter().map(|m| m.spec.clone()).collect(),
+        config.policy.settings(),
+    )?);
+    let metrics = Arc::new(Metrics::default());
+    let registry = Arc::new(crate::metrics::registry(
+        Arc::clone(&metrics),
+        Arc::clone(&router),
+    ));
+    let telemetry = Telemetry::start(
+        Arc::clone(&router),
+        &config.telemetry,
+        Arc::clone(&metrics),
+        shutdown.clone(),
+    );
+    let upstreams = Arc::new(Upstreams::new(Duration::from_millis(
+        config.server.connect_timeout_ms,
+    )));
+    upstreams.publish(&members);
+    let settings = Arc::new(ArcSwap::from_pointee(RuntimeSettings::from_config(&config)));
+    let config = Arc::new(ArcSwap::from_pointee(config));
+    let admin = Arc::new(Admin::new(
+        Arc::clone(&router),
+        Arc::clone(&upstreams),
+        telemetry.clone(),
+        Arc::clone(&settings),
+        Arc::clone(&config),
+        origin,
+        members,
+    ));
+    let data_plane = Arc::new(DataPlane {
+        router: Arc::clone(&router),
+        settings,
+        upstreams: Arc::clone(&upstreams),
+        metrics: Arc::clone(&metrics),
+        telemetry: telemetry.clone(),
+    });
+    let control_plane = Arc::new(ControlPlane {
+        admin: Arc::clone(&admin),
+        router: Arc::clone(&router),
+        telemetry,
+        registry: Arc::clone(&registry),
+        token,
+        shutdown: shutdown.clone(),
+    });
+    Ok(Parts {
+        router,
+        registry,
+        metrics,
+        upstreams,
+        config,
+        admin,
+        data_plane,
+        control_plane,
+    })
+}
+
+/// Spawns the accept loops (tracked by `tasks`, so shutdown can wait for their connections), the
+/// health prober and the idle-connection sweeper.
+fn spawn_services(
+    parts: Parts,
+    listeners: Listeners,
+    shutdown: &CancellationToken,
+    tasks: &TaskTracker,
+) {
+    let listening = |plane| Listening {
+        header_read_timeout: listeners.header_read_timeout,
+        shutdown: shutdown.clone(),
+        tasks: tasks.clone(),
+        plane,
+    };
+    let metrics = parts.metrics;
+    let cap = ConnectionCap {
+        max_connections: listeners.max_connections,
+        response: crate::error::over_capacity_response(),
+        on_reject: Arc::new(move || metrics.record_rejected_connection()),
+    };
+    let data_plane = parts.data_plane;
+    tasks.spawn(crate::server::serve_capped(
+        listeners.data,
+        listening("data"),
+        cap,
+        move || {
+            let plane = Arc::clone(&data_plane);
+            service_fn(move |request| {
+                // Boxed per request: hyper keeps one slot the size of the handler's future for
+                // the connection's whole life, and the proxy's future is ~3.5 KiB. A box that is
+                // freed once the response head is out costs a held stream nothing.
+                Box::pin(crate::proxy::handle(Arc::clone(&plane), request))
+            })
+        },
+    ));
+    let control_app = crate::control::router(parts.control_plane);
+    tasks.spawn(crate::server::serve_upgradable(
+        listeners.control,
+        listening("control"),
+        move || TowerToHyperService::new(control_app.clone()),
+    ));
+    tokio::spawn(crate::health::run(
+        parts.router,
+        parts.config,
+        shutdown.clone(),
+    ));
+    tokio::spawn(sweep_idle_connections(parts.upstreams, shutdown.clone()));
 }
 
 /// The bearer token from `admin_token_file`, trimmed; `None` when no file is configured.

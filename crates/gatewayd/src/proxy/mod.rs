@@ -23,7 +23,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bch_core::policy::Branch;
-use bch_core::routing_key::{self, RoutingKey};
+use bch_core::router::RoutingTable;
+use bch_core::routing_key;
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
@@ -95,7 +96,7 @@ async fn proxy(plane: Arc<DataPlane>, request: Request<Incoming>) -> Response<Pr
 struct Routed {
     request: Request<UpstreamBody>,
     client_path: Option<PathAndQuery>,
-    table: Arc<bch_core::router::RoutingTable>,
+    table: Arc<RoutingTable>,
     worker: usize,
     branch: Branch,
 }
@@ -106,6 +107,22 @@ struct Answered {
     connection: UpstreamConnection,
     worker_header: Option<HeaderValue>,
     branch: Branch,
+}
+
+impl Answered {
+    fn new(
+        response: Response<Incoming>,
+        connection: UpstreamConnection,
+        worker_header: Option<HeaderValue>,
+        branch: Branch,
+    ) -> Self {
+        Self {
+            response,
+            connection,
+            worker_header,
+            branch,
+        }
+    }
 }
 
 /// Checks the declared size, extracts the key, decides and takes load on the chosen worker.
@@ -167,7 +184,7 @@ async fn send_with_retry(
         branch,
     } = routed;
     let targets = plane.upstreams.for_table(&table);
-    let mut retried = false;
+    let mut may_retry = branch != Branch::TargetWorkerHit;
     loop {
         let name = &table.workers()[worker].spec.name;
         let target = targets
@@ -181,57 +198,49 @@ async fn send_with_retry(
             plane.upstreams.send(target, request),
         )
         .await;
+        let Ok(sent) = sent else {
+            exchange.record_error();
+            return Err(GatewayError::FirstByteTimeout {
+                worker: name.clone(),
+                timeout_ms: settings.first_byte_timeout.as_millis() as u64,
+            });
+        };
         let error = match sent {
-            Ok(Ok((response, connection))) => {
+            Ok((response, connection)) => {
                 plane
                     .metrics
                     .time_to_first_byte
                     .observe(exchange.elapsed().as_secs_f64());
                 exchange.set_status(response.status());
-                return Ok(Answered {
-                    response,
-                    connection,
-                    worker_header: target.worker_header.clone(),
-                    branch,
-                });
+                let worker_header = target.worker_header.clone();
+                return Ok(Answered::new(response, connection, worker_header, branch));
             }
-            Ok(Err(SendError::NotSent {
+            Err(SendError::NotSent {
                 error,
                 request: back,
-            })) => {
-                exchange.record_error();
-                if settings.passive_health && plane.router.set_health(name, false) {
-                    tracing::warn!(worker = %name, error = %display_chain(&*error), "connect failed; marked unhealthy until probes succeed");
-                }
-                // Nothing of the request reached this worker, so it may go to another one, once.
-                if !retried && branch != Branch::TargetWorkerHit {
-                    // The same headers give the same key.
-                    let key = extract_key(&settings.routing_headers, back.headers()).key;
-                    if let Some(next) = retry_target(plane, &table, &key, worker, exchange) {
-                        worker = next;
-                        request = *back;
-                        retried = true;
-                        continue;
-                    }
+            }) => {
+                let failed = FailedConnect {
+                    table: &table,
+                    worker,
+                    may_retry,
+                };
+                if let Some(next) = failed.handle(plane, settings, &*error, &back, exchange) {
+                    (worker, request, may_retry) = (next, *back, false);
+                    continue;
                 }
                 display_chain(&*error)
             }
-            Ok(Err(SendError::Failed(error))) => {
+            Err(SendError::Failed(error)) if is_body_too_large(&error) => {
                 exchange.record_error();
-                if is_body_too_large(&error) {
-                    return Err(GatewayError::PayloadTooLarge {
-                        length: None,
-                        limit: settings.max_body_bytes,
-                    });
-                }
-                display_chain(&error)
-            }
-            Err(_elapsed) => {
-                exchange.record_error();
-                return Err(GatewayError::FirstByteTimeout {
-                    worker: name.clone(),
-                    timeout_ms: settings.first_byte_timeout.as_millis() as u64,
+                let limit = settings.max_body_bytes;
+                return Err(GatewayError::PayloadTooLarge {
+                    length: None,
+                    limit,
                 });
+            }
+            Err(SendError::Failed(error)) => {
+                exchange.record_error();
+                display_chain(&error)
             }
         };
         tracing::warn!(worker = %name, %error, "worker request failed");
@@ -241,19 +250,40 @@ async fn send_with_retry(
     }
 }
 
-/// Moves the request to the retry pick after a failed connect to `failed`, if there is one.
-fn retry_target(
-    plane: &DataPlane,
-    table: &Arc<bch_core::router::RoutingTable>,
-    key: &RoutingKey<'_>,
-    failed: usize,
-    exchange: &mut Exchange,
-) -> Option<usize> {
-    let (next, guard) = plane.router.route_retry(table, key, failed)?;
-    plane.metrics.record_retry();
-    tracing::debug!(from = %table.workers()[failed].spec.name, to = %table.workers()[next].spec.name, "retrying after connect failure");
-    exchange.move_to(guard, next);
-    Some(next)
+/// A connect to `worker` that failed before anything of the request was sent.
+struct FailedConnect<'a> {
+    table: &'a Arc<RoutingTable>,
+    worker: usize,
+    may_retry: bool,
+}
+
+impl FailedConnect<'_> {
+    /// Counts the error, marks the worker unhealthy (passive health), and moves the request to the
+    /// retry pick if it may move and there is one: the next healthy worker clockwise from the
+    /// request's key (the same headers give the same key).
+    fn handle(
+        &self,
+        plane: &DataPlane,
+        settings: &RuntimeSettings,
+        error: &(dyn std::error::Error + 'static),
+        request: &Request<UpstreamBody>,
+        exchange: &mut Exchange,
+    ) -> Option<usize> {
+        exchange.record_error();
+        let name = &self.table.workers()[self.worker].spec.name;
+        if settings.passive_health && plane.router.set_health(name, false) {
+            tracing::warn!(worker = %name, error = %display_chain(error), "connect failed; marked unhealthy until probes succeed");
+        }
+        if !self.may_retry {
+            return None;
+        }
+        let key = extract_key(&settings.routing_headers, request.headers()).key;
+        let (next, guard) = plane.router.route_retry(self.table, &key, self.worker)?;
+        plane.metrics.record_retry();
+        tracing::debug!(from = %name, to = %self.table.workers()[next].spec.name, "retrying after connect failure");
+        exchange.move_to(guard, next);
+        Some(next)
+    }
 }
 
 /// The worker's response head, with gatewayd's headers, and its body streamed.
