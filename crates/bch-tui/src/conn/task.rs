@@ -1,10 +1,8 @@
-//! The connection to gatewayd's telemetry websocket: a state machine that connects, forwards frames,
-//! sends commands and reconnects with a capped exponential backoff, plus the status it reports.
+//! The network task: the state machine that connects to gatewayd's telemetry websocket, forwards
+//! frames to the UI and commands to the gateway, and reconnects with a capped exponential backoff.
 //!
-//! The network runs in its own task and talks to the UI only over channels, so a slow or dead
-//! gateway never delays a key press. The task owns the backoff; the UI only learns *when* the next
-//! attempt is due ([`ConnStatus::Reconnecting::retry_at`]) and counts down to it on its own tick, so
-//! neither key presses nor redraws can restart the timer.
+//! It owns the socket and the backoff; the UI only sees the [`ConnEvent`]s it sends, so a slow or
+//! dead gateway never delays a key press.
 
 use std::time::Duration;
 
@@ -16,116 +14,11 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::{self, Message};
 
-/// First reconnect delay after a failed attempt or a lost connection.
-pub const BACKOFF_INITIAL: Duration = Duration::from_millis(250);
-/// The delay never grows past this, so a gateway that comes back is picked up within seconds.
-pub const BACKOFF_CAP: Duration = Duration::from_secs(5);
+use super::status::{Backoff, ConnEvent, ConnStatus};
+
 /// A connect attempt (TCP + websocket upgrade) that takes longer than this counts as failed;
 /// without it a black-holed address would leave the console "connecting" forever.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Capped exponential backoff: 250 ms, 500 ms, 1 s, 2 s, 4 s, 5 s, 5 s, …
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    initial: Duration,
-    cap: Duration,
-    next: Duration,
-    attempt: u32,
-}
-
-impl Backoff {
-    /// A backoff starting at `initial` and doubling up to `cap`.
-    pub fn new(initial: Duration, cap: Duration) -> Self {
-        Self {
-            initial,
-            cap,
-            next: initial,
-            attempt: 0,
-        }
-    }
-
-    /// The delay before the next attempt; each call doubles the following one, up to the cap.
-    pub fn next_delay(&mut self) -> Duration {
-        let delay = self.next;
-        self.next = (self.next * 2).min(self.cap);
-        self.attempt += 1;
-        delay
-    }
-
-    /// How many delays were handed out since the last reset.
-    pub fn attempt(&self) -> u32 {
-        self.attempt
-    }
-
-    /// Called after a successful connect, so a later drop retries quickly again.
-    pub fn reset(&mut self) {
-        self.next = self.initial;
-        self.attempt = 0;
-    }
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self::new(BACKOFF_INITIAL, BACKOFF_CAP)
-    }
-}
-
-/// Where the connection stands, as shown in the header.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ConnStatus {
-    /// The first attempt (or an attempt after the backoff expired) is in progress.
-    Connecting,
-    /// The websocket is open.
-    Connected,
-    /// The last attempt failed or the connection dropped; the next attempt starts at `retry_at`.
-    Reconnecting {
-        /// When the next attempt starts.
-        retry_at: Instant,
-        /// Consecutive failed attempts since the last successful connect.
-        attempt: u32,
-        /// Why the last attempt failed or the connection ended.
-        reason: String,
-    },
-}
-
-impl ConnStatus {
-    /// The status word shown in the header, with the countdown computed against `now` (passed in so
-    /// rendering stays deterministic in tests).
-    pub fn label(&self, now: Instant) -> String {
-        match self {
-            ConnStatus::Connecting => "CONNECTING…".to_owned(),
-            ConnStatus::Connected => "CONNECTED".to_owned(),
-            ConnStatus::Reconnecting { retry_at, .. } => {
-                format!("RECONNECTING IN {}s", countdown_secs(*retry_at, now))
-            }
-        }
-    }
-
-    /// True while the header shows a countdown that needs a redraw on the UI tick.
-    pub fn is_counting_down(&self) -> bool {
-        matches!(self, ConnStatus::Reconnecting { .. })
-    }
-}
-
-/// Whole seconds left until `retry_at`, rounded up so "0s" never shows while still waiting.
-pub fn countdown_secs(retry_at: Instant, now: Instant) -> u64 {
-    let left = retry_at.saturating_duration_since(now);
-    let millis = left.as_millis() as u64;
-    millis.div_ceil(1000)
-}
-
-/// What the network task tells the UI.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ConnEvent {
-    /// The connection state changed.
-    Status(ConnStatus),
-    /// A telemetry frame arrived.
-    Frame(Box<ServerFrame>),
-    /// A text frame arrived that is not a valid telemetry frame (shown, then ignored).
-    BadFrame(String),
-    /// A command could not be sent because there was no open connection.
-    NotSent(ClientCommand),
-}
 
 /// How to reach the gateway.
 #[derive(Debug, Clone)]
@@ -318,41 +211,5 @@ async fn forward(
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_to_the_cap_and_resets() {
-        let mut b = Backoff::default();
-        let delays: Vec<u64> = (0..8).map(|_| b.next_delay().as_millis() as u64).collect();
-        assert_eq!(delays, [250, 500, 1000, 2000, 4000, 5000, 5000, 5000]);
-        assert_eq!(b.attempt(), 8);
-        b.reset();
-        assert_eq!(b.attempt(), 0);
-        assert_eq!(b.next_delay(), Duration::from_millis(250));
-    }
-
-    #[test]
-    fn countdown_rounds_up_and_stops_at_zero() {
-        let now = Instant::now();
-        let at = now + Duration::from_millis(4_200);
-        assert_eq!(countdown_secs(at, now), 5);
-        assert_eq!(countdown_secs(at, now + Duration::from_millis(1_200)), 3);
-        assert_eq!(countdown_secs(at, now + Duration::from_millis(4_200)), 0);
-        assert_eq!(countdown_secs(at, now + Duration::from_secs(9)), 0);
-        let status = ConnStatus::Reconnecting {
-            retry_at: at,
-            attempt: 3,
-            reason: "refused".into(),
-        };
-        assert_eq!(status.label(now), "RECONNECTING IN 5s");
-        assert_eq!(
-            status.label(now + Duration::from_millis(3_500)),
-            "RECONNECTING IN 1s"
-        );
     }
 }
