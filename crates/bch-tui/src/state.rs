@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use bch_core::policy::PolicySettings;
+use bch_core::policy::{BoundCheck, FleetLoad, PolicySettings};
 use bch_core::telemetry::{
     ChangeSource, ClientCommand, CommandId, KeyRecord, RingOwnership, ServerFrame, ServerMessage,
     Snapshot, SpillEvent, Tick, Totals, WorkerRecord,
@@ -61,48 +61,49 @@ pub struct Sample {
     pub spills_per_s: f64,
 }
 
-/// The bound the bounded policy enforces right now, from the healthy workers' loads.
+/// The bound the bounded policy enforces right now: the healthy workers' load summary and the
+/// thresholds in force. The numbers and the spill test are bch-core's ([`FleetLoad`],
+/// [`BoundCheck`]), the same code the gateway routes with, so the OVER flag can never disagree
+/// with the gateway's decision on the same loads (`docs/policy.md`).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Bounds {
-    /// Minimum active load over healthy workers.
-    pub min: u64,
-    /// Mean active load over healthy workers.
-    pub mean: f64,
-    /// Healthy workers counted.
-    pub healthy: usize,
-    /// `min + min_load_gap`: a preferred worker must be *above* this to spill.
-    pub gap_bound: u64,
-    /// `mean × max_load_skew`: a preferred worker must be *above* this to spill, and a target must
-    /// be at or below it.
-    pub skew_bound: f64,
+pub struct FleetBound {
+    load: FleetLoad,
+    policy: PolicySettings,
 }
 
-impl Bounds {
-    /// Whether a new explicit-key request preferring a worker with `active` in-flight requests would
-    /// spill (both strict tests of DESIGN.md §5).
-    pub fn over(&self, active: u64) -> bool {
-        active > self.gap_bound && active as f64 > self.skew_bound
+impl FleetBound {
+    /// Min, mean and count of the healthy workers' in-flight requests.
+    pub fn load(&self) -> FleetLoad {
+        self.load
+    }
+
+    /// The check for a new explicit-key request whose preferred worker has `active` in-flight
+    /// requests; [`BoundCheck::should_spill`] says whether it would spill.
+    pub fn check(&self, active: u64) -> BoundCheck {
+        self.load.bound_for(active, &self.policy)
+    }
+
+    /// `min + min_load_gap`, in requests: a preferred worker must be above it to spill. It does not
+    /// depend on the preferred worker's load, so any load gives it.
+    pub fn gap_bound(&self) -> u64 {
+        self.check(self.load.min_load).gap_bound()
+    }
+
+    /// `mean × max_load_skew`, in requests: a preferred worker must be above it to spill and a
+    /// target must be at or below it. Independent of the preferred worker's load, like the gap bound.
+    pub fn skew_bound(&self) -> f64 {
+        self.check(self.load.min_load).skew_bound()
     }
 }
 
 impl Fleet {
     /// The current bound, or `None` before the policy is known or while no worker is healthy.
-    pub fn bounds(&self) -> Option<Bounds> {
+    pub fn bound(&self) -> Option<FleetBound> {
         let policy = self.policy?;
-        let healthy: Vec<u64> = self
-            .workers
-            .iter()
-            .filter(|w| w.healthy)
-            .map(|w| w.active)
-            .collect();
-        let min = *healthy.iter().min()?;
-        let mean = healthy.iter().sum::<u64>() as f64 / healthy.len() as f64;
-        Some(Bounds {
-            min,
-            mean,
-            healthy: healthy.len(),
-            gap_bound: min.saturating_add(policy.min_load_gap),
-            skew_bound: mean * policy.max_load_skew,
+        let healthy = self.workers.iter().filter(|w| w.healthy).map(|w| w.active);
+        Some(FleetBound {
+            load: FleetLoad::of(healthy)?,
+            policy,
         })
     }
 

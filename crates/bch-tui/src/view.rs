@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use crate::conn::ConnStatus;
 use crate::input::HELP;
-use crate::state::{Bounds, Change, CommandEntry, CommandState, Fleet, Panel, Sample, State};
+use crate::state::{Change, CommandEntry, CommandState, Fleet, FleetBound, Panel, Sample, State};
 
 /// Marker drawn in a load bar at `min + min_load_gap`.
 pub const GAP_MARKER: char = '│';
@@ -333,16 +333,16 @@ fn draw_workers(frame: &mut Frame, area: Rect, state: &State) {
         return;
     }
 
-    let bounds = fleet.bounds();
-    let legend = match bounds {
+    let bound = fleet.bound();
+    let legend = match bound {
         Some(b) => {
             let mut spans = vec![
                 Span::styled(format!("{GAP_MARKER} "), Style::new().fg(Color::Yellow)),
-                Span::raw(format!("min+gap {}  ", b.gap_bound)),
+                Span::raw(format!("min+gap {}  ", b.gap_bound())),
                 Span::styled(format!("{SKEW_MARKER} "), Style::new().fg(Color::Magenta)),
-                Span::raw(format!("mean×skew {:.2}", b.skew_bound)),
+                Span::raw(format!("mean×skew {:.2}", b.skew_bound())),
             ];
-            let inputs = format!("  min {} mean {:.2}", b.min, b.mean);
+            let inputs = format!("  min {} mean {:.2}", b.load().min_load, b.load().mean_load);
             let used: usize = spans.iter().map(|s| s.width()).sum();
             // The inputs are derivable from the bars; drop them rather than cut them mid-number.
             if used + inputs.chars().count() <= inner.width as usize {
@@ -375,8 +375,8 @@ fn draw_workers(frame: &mut Frame, area: Rect, state: &State) {
     let bar_w = (inner.width as usize).saturating_sub(fixed).max(4);
     let max_active = fleet.workers.iter().map(|w| w.active).max().unwrap_or(0);
     let mut scale = max_active as f64;
-    if let Some(b) = bounds {
-        scale = scale.max(b.gap_bound as f64).max(b.skew_bound);
+    if let Some(b) = bound {
+        scale = scale.max(b.gap_bound() as f64).max(b.skew_bound());
     }
     // Headroom so the bound markers never sit on the panel's edge.
     let scale = (scale * 1.25).max(4.0);
@@ -388,20 +388,20 @@ fn draw_workers(frame: &mut Frame, area: Rect, state: &State) {
         position_hint(start, rows_h, fleet.workers.len()),
     );
     for worker in fleet.workers.iter().skip(start).take(rows_h) {
-        lines.push(worker_line(worker, bounds, name_w, bar_w, scale, stats));
+        lines.push(worker_line(worker, bound, name_w, bar_w, scale, stats));
     }
     frame.render_widget(Paragraph::new(lines), inner);
 }
 
 fn worker_line(
     w: &WorkerRecord,
-    bounds: Option<Bounds>,
+    bound: Option<FleetBound>,
     name_w: usize,
     bar_w: usize,
     scale: f64,
     stats: bool,
 ) -> Line<'static> {
-    let over = w.healthy && bounds.is_some_and(|b| b.over(w.active));
+    let over = w.healthy && bound.is_some_and(|b| b.check(w.active).should_spill());
     let (glyph, glyph_style) = if w.healthy {
         ("●", Style::new().fg(Color::Green))
     } else {
@@ -414,8 +414,8 @@ fn worker_line(
     };
     let cell_of = |v: f64| ((v / scale * bar_w as f64).round() as usize).min(bar_w - 1);
     let filled = ((w.active as f64 / scale * bar_w as f64).round() as usize).min(bar_w);
-    let gap_col = bounds.map(|b| cell_of(b.gap_bound as f64));
-    let skew_col = bounds.map(|b| cell_of(b.skew_bound));
+    let gap_col = bound.map(|b| cell_of(b.gap_bound() as f64));
+    let skew_col = bound.map(|b| cell_of(b.skew_bound()));
 
     let mut spans = vec![
         Span::styled(format!("{glyph} "), glyph_style),

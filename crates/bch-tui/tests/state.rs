@@ -85,24 +85,30 @@ fn tick_upserts_removes_and_appends() {
 }
 
 #[test]
-fn bounds_use_healthy_workers_only() {
+fn bound_uses_healthy_workers_only() {
     let mut s = connected();
     s.apply_frame(frame("tick_spill"));
-    let b = s.live.bounds().unwrap();
+    let b = s.live.bound().unwrap();
     // Loads [9, 3, 1, 1]: min 1, mean 3.5; gap 2 → 3; skew 1.5 → 5.25.
-    assert_eq!((b.min, b.healthy, b.gap_bound), (1, 4, 3));
-    assert_eq!(b.skew_bound, 5.25);
-    assert!(b.over(9));
-    assert!(!b.over(5), "above min+gap but not above mean×skew");
+    assert_eq!(
+        (b.load().min_load, b.load().healthy, b.gap_bound()),
+        (1, 4, 3)
+    );
+    assert_eq!(b.skew_bound(), 5.25);
+    assert!(b.check(9).should_spill());
+    assert!(
+        !b.check(5).should_spill(),
+        "above min+gap but not above mean×skew"
+    );
     s.apply_frame(frame("tick_unhealthy"));
-    let b = s.live.bounds().unwrap();
+    let b = s.live.bound().unwrap();
     // w2 is down: loads [9, 3, 1].
-    assert_eq!((b.min, b.healthy), (1, 3));
-    assert!((b.mean - 13.0 / 3.0).abs() < 1e-9);
+    assert_eq!((b.load().min_load, b.load().healthy), (1, 3));
+    assert!((b.load().mean_load - 13.0 / 3.0).abs() < 1e-9);
 }
 
 #[test]
-fn bounds_agree_with_the_core_spill_rule() {
+fn bound_agrees_with_the_spill_rule_on_the_fleet_loads() {
     let mut s = connected();
     for loads in [
         [0, 0, 0, 0],
@@ -122,19 +128,22 @@ fn bounds_agree_with_the_core_spill_rule() {
                     w.active = load;
                     w.healthy = true;
                 }
-                let b = s.live.bounds().unwrap();
+                let b = s.live.bound().unwrap();
+                // min and mean worked out here, not by the code under test.
+                let min = *loads.iter().min().unwrap();
+                let mean = loads.iter().sum::<u64>() as f64 / loads.len() as f64;
                 let check = BoundCheck {
                     preferred_load: loads[0],
-                    min_load: b.min,
-                    mean_load: b.mean,
+                    min_load: min,
+                    mean_load: mean,
                     min_load_gap: gap,
                     max_load_skew: skew,
                 };
-                assert_eq!(
-                    b.over(loads[0]),
-                    check.should_spill(),
-                    "{loads:?} {gap} {skew}"
-                );
+                let by_hand = loads[0] > min + gap && loads[0] as f64 > mean * skew;
+                let over = b.check(loads[0]).should_spill();
+                assert_eq!(over, check.should_spill(), "{loads:?} {gap} {skew}");
+                assert_eq!(over, by_hand, "{loads:?} {gap} {skew}");
+                assert_eq!(b.check(loads[0]), check, "{loads:?} {gap} {skew}");
             }
         }
     }
