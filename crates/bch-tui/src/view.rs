@@ -221,11 +221,7 @@ fn draw_header(frame: &mut Frame, area: Rect, state: &State, now: Instant) {
                 Span::raw(format!("{:.1}", fleet.totals.spills_per_s)),
             ];
             if let Some(by) = fleet.policy_changed_by {
-                let by = serde_json::to_value(by)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default();
-                spans.push(Span::styled(format!("  (changed by {by})"), dim));
+                spans.push(Span::styled(format!("  (changed by {})", by.as_str()), dim));
             }
             Line::from(spans)
         }

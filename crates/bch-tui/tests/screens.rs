@@ -353,3 +353,13 @@ fn url_named_workers_stay_distinguishable_80x24() {
         assert!(workers_panel.contains(port), "{port} missing:\n{screen}");
     }
 }
+
+#[test]
+fn a_policy_change_names_who_made_it() {
+    let mut s = connected();
+    s.apply_frame(frame_at("policy", 1));
+    let screen = render(&s, 160, 48, Instant::now());
+    let policy_line = screen.lines().nth(1).unwrap();
+    assert!(policy_line.contains("gap 3"), "{screen}");
+    assert!(policy_line.ends_with("(changed by http)"), "{screen}");
+}
