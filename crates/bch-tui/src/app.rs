@@ -30,8 +30,7 @@ pub const TICK: Duration = Duration::from_millis(250);
 /// The state plus the way out to the network task.
 #[derive(Debug)]
 pub struct App {
-    /// Everything the console knows.
-    pub state: State,
+    state: State,
     commands: mpsc::UnboundedSender<ClientCommand>,
 }
 
@@ -39,6 +38,11 @@ impl App {
     /// An app whose commands go to `commands` (the network task's inbox).
     pub fn new(state: State, commands: mpsc::UnboundedSender<ClientCommand>) -> Self {
         Self { state, commands }
+    }
+
+    /// Everything the console knows, for reading; it changes only through the `handle_*` methods.
+    pub fn state(&self) -> &State {
+        &self.state
     }
 
     /// Handles one key press; returns `true` when the operator asked to quit.
@@ -98,7 +102,8 @@ where
         let due = last_draw.map_or(now, |t| t + FRAME_BUDGET);
         if dirty && now >= due {
             let size = terminal.size().context("reading the terminal size")?;
-            app.state.ui.viewport = view::viewports(size.into(), &app.state);
+            let viewports = view::viewports(size.into(), &app.state);
+            app.state.set_viewports(viewports);
             terminal
                 .draw(|frame| view::draw(frame, &app.state, now))
                 .context("drawing the console")?;
@@ -134,7 +139,7 @@ where
                 None => anyhow::bail!("the connection task stopped"),
             },
             _ = tick.tick() => {
-                if app.state.conn.is_counting_down() {
+                if app.state.conn().is_counting_down() {
                     dirty = true;
                 }
             }

@@ -126,13 +126,13 @@ pub fn draw(frame: &mut Frame, state: &State, now: Instant) {
     draw_ring(frame, a.ring, state);
     draw_keys(frame, a.keys, state);
     draw_spills(frame, a.spills, state);
-    if state.ui.help {
+    if state.ui().help_open() {
         draw_help(frame, area);
     }
 }
 
 fn panel_block<'a>(state: &State, panel: Panel, title: Line<'a>) -> Block<'a> {
-    let focused = state.ui.focus == panel;
+    let focused = state.ui().focus() == panel;
     let block = Block::bordered().title(title);
     if focused {
         block
@@ -172,10 +172,10 @@ fn render_hint(frame: &mut Frame, area: Rect, hint: Option<Line<'static>>) {
 }
 
 fn draw_header(frame: &mut Frame, area: Rect, state: &State, now: Instant) {
-    let fleet = &state.live;
+    let fleet = state.live();
     let [l1, l2, l3, l4] = Layout::vertical([Constraint::Length(1); 4]).areas(area);
 
-    let (dot, color) = match state.conn {
+    let (dot, color) = match state.conn() {
         ConnStatus::Connected => ("●", Color::Green),
         ConnStatus::Connecting => ("○", Color::Yellow),
         ConnStatus::Reconnecting { .. } => ("○", Color::Red),
@@ -184,22 +184,22 @@ fn draw_header(frame: &mut Frame, area: Rect, state: &State, now: Instant) {
         Span::styled(" bch ", Style::new().bold().reversed()),
         Span::raw(" "),
         Span::styled(
-            format!("{dot} {}", state.conn.label(now)),
+            format!("{dot} {}", state.conn().label(now)),
             Style::new().fg(color).bold(),
         ),
         Span::raw("  "),
-        Span::raw(state.url.clone()),
+        Span::raw(state.url().to_owned()),
     ];
     line1.push(Span::raw(format!("  dropped {}", fleet.dropped_events)));
-    if state.resyncing {
+    if state.resyncing() {
         line1.push(Span::styled(
             "  RESYNCING",
             Style::new().fg(Color::Yellow).bold(),
         ));
     }
-    if let Some(frozen) = &state.frozen {
+    if state.paused() {
         line1.push(Span::styled(
-            format!("  PAUSED at {}", clock(frozen.ts_ms)),
+            format!("  PAUSED at {}", clock(state.visible().ts_ms)),
             Style::new().fg(Color::Black).bg(Color::Yellow).bold(),
         ));
     }
@@ -233,7 +233,7 @@ fn draw_header(frame: &mut Frame, area: Rect, state: &State, now: Instant) {
 
     // One line for the most pressing thing to say: a local notice, then why the connection is
     // down, then the fate of the last threshold change, else the key hints.
-    let line4 = match (state.notice.as_deref(), &state.conn, state.last_command()) {
+    let line4 = match (state.notice(), state.conn(), state.last_command()) {
         (Some(notice), _, _) => Line::from(Span::styled(
             format!(" ! {notice}"),
             Style::new().fg(Color::Yellow),
@@ -585,21 +585,21 @@ fn draw_keys(frame: &mut Frame, area: Rect, state: &State) {
             Style::new().fg(Color::DarkGray),
         ),
         Span::styled(
-            format!("sort {} ", state.ui.sort.name()),
+            format!("sort {} ", state.ui().sort().name()),
             Style::new().fg(Color::DarkGray),
         ),
     ];
-    if !state.ui.filter.is_empty() && !state.ui.filter_editing {
+    if !state.ui().filter().is_empty() && !state.ui().filter_editing() {
         title.push(Span::styled(
-            format!("filter \"{}\" ", state.ui.filter),
+            format!("filter \"{}\" ", state.ui().filter()),
             Style::new().fg(Color::Yellow),
         ));
     }
     let mut block = panel_block(state, Panel::Keys, Line::from(title));
-    if state.ui.filter_editing {
+    if state.ui().filter_editing() {
         block = block.title_bottom(Line::from(vec![
             Span::styled(
-                format!(" /{}▏", state.ui.filter),
+                format!(" /{}▏", state.ui().filter()),
                 Style::new().fg(Color::Yellow).bold(),
             ),
             Span::styled(" Enter keep · Esc clear ", Style::new().fg(Color::DarkGray)),

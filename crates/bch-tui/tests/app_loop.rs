@@ -83,7 +83,7 @@ async fn countdown_ticks_without_events_and_keys_do_not_restart_it() {
         .unwrap()
         .unwrap();
     result.unwrap();
-    assert!(!app.state.ui.help);
+    assert!(!app.state().ui().help_open());
     let screen = buffer_text(terminal.backend().buffer());
     // Last tick redraw at 2.5 s: 2.5 s left, shown rounded up.
     assert!(screen.contains("RECONNECTING IN 3s"), "{screen}");
@@ -126,10 +126,11 @@ async fn a_seq_gap_sends_resync_and_ctrl_c_quits_while_typing_a_filter() {
         .unwrap();
     result.unwrap();
     assert_eq!(
-        app.state.ui.filter, "q",
+        app.state().ui().filter(),
+        "q",
         "q was typed into the filter, not taken as quit"
     );
-    assert!(app.state.resyncing);
+    assert!(app.state().resyncing());
     let screen = buffer_text(terminal.backend().buffer());
     assert!(screen.contains("RESYNCING"), "{screen}");
 }

@@ -13,7 +13,7 @@ use bch_core::telemetry::{
 use bch_tui::conn::{ConnEvent, ConnStatus};
 use bch_tui::input::Action;
 use bch_tui::state::State;
-use common::{frame, frame_at, render};
+use common::{connected_with, frame, frame_at, refusal, render};
 use insta::assert_snapshot;
 use tokio::time::{Duration, Instant};
 
@@ -157,13 +157,12 @@ fn threshold_change_applied_80x24() {
 
 #[test]
 fn threshold_change_refused_80x24() {
-    let mut s = connected();
-    let mut policy = s.live.policy.unwrap();
-    policy.max_load_skew = 1.0;
-    s.live.policy = Some(policy);
-    s.next_id = 2;
+    let mut s = connected_with(|snap| snap.policy.max_load_skew = 1.0);
+    // Refused twice: the status line shows the newest, #2.
     s.apply_action(Action::SkewDown);
-    s.apply_frame(frame_at("error_skew", 1));
+    s.apply_frame(refusal(1, 1));
+    s.apply_action(Action::SkewDown);
+    s.apply_frame(refusal(2, 2));
     assert_snapshot!(render(&s, 80, 24, Instant::now()));
 }
 
