@@ -16,7 +16,7 @@ use ratatui::widgets::{Block, BorderType, Cell, Clear, Paragraph, Row, Sparkline
 use tokio::time::Instant;
 
 use crate::conn::ConnStatus;
-use crate::input::HELP;
+use crate::input::BINDINGS;
 use crate::state::{Change, CommandEntry, CommandState, Fleet, FleetBound, Panel, Sample, State};
 
 /// Marker drawn in a load bar at `min + min_load_gap`.
@@ -782,12 +782,15 @@ fn spill_line_full(s: &SpillEvent) -> Line<'static> {
 }
 
 fn draw_help(frame: &mut Frame, area: Rect) {
-    let mut lines: Vec<Line> = HELP
+    let mut lines: Vec<Line> = BINDINGS
         .iter()
-        .map(|(keys, what)| {
+        .map(|b| {
             Line::from(vec![
-                Span::styled(format!(" {keys:<14}"), Style::new().fg(Color::Cyan).bold()),
-                Span::raw(*what),
+                Span::styled(
+                    format!(" {:<14}", b.keys),
+                    Style::new().fg(Color::Cyan).bold(),
+                ),
+                Span::raw(b.meaning),
             ])
         })
         .collect();
