@@ -25,7 +25,7 @@ use crate::view;
 /// Minimum time between two redraws (25 fps).
 pub const FRAME_BUDGET: Duration = Duration::from_millis(40);
 /// Redraw tick while something time-based (the reconnect countdown) is on screen.
-pub const TICK: Duration = Duration::from_millis(250);
+const TICK: Duration = Duration::from_millis(250);
 
 /// The state plus the way out to the network task.
 #[derive(Debug)]

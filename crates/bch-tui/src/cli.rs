@@ -83,7 +83,7 @@ impl Cli {
 
 /// Reads a bearer token: the file's contents without surrounding whitespace (files usually end in
 /// a newline, which is not part of the token).
-pub fn read_token(path: &Path) -> anyhow::Result<String> {
+fn read_token(path: &Path) -> anyhow::Result<String> {
     let raw = std::fs::read_to_string(path)
         .with_context(|| format!("--token-file {}", path.display()))?;
     let token = raw.trim();

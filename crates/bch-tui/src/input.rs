@@ -48,11 +48,11 @@ pub enum Action {
 }
 
 /// Rows moved by PgUp/PgDn.
-pub const PAGE: i32 = 10;
+pub(crate) const PAGE: i32 = 10;
 
 /// Which keys mean what depends on whether a text prompt or the help overlay is open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// The panels have the keyboard.
     Normal,
     /// The `/` filter prompt has the keyboard: letters are text, not commands.
@@ -84,11 +84,11 @@ type KeyTest = fn(&KeyEvent) -> bool;
 
 /// One line of the help overlay and the keys behind it.
 #[derive(Debug)]
-pub struct Binding {
+pub(crate) struct Binding {
     /// The keys as the help overlay names them (`g / G`).
-    pub keys: &'static str,
+    pub(crate) keys: &'static str,
     /// What they do, in the help overlay's words.
-    pub meaning: &'static str,
+    pub(crate) meaning: &'static str,
     /// Each key of the line and the action it stands for. A key may be left out of `keys` when
     /// it is an alias (`j`/`k` for the arrows) or the line's meaning already covers it (`Esc`
     /// clears the filter).
@@ -98,7 +98,7 @@ pub struct Binding {
 /// The bindings of [`Mode::Normal`], in help-overlay order: the one place they are written down, so
 /// the dispatcher and the help overlay cannot disagree. No key matches two entries, so the order
 /// only matters to the overlay.
-pub const BINDINGS: &[Binding] = &[
+pub(crate) const BINDINGS: &[Binding] = &[
     Binding {
         keys: "g / G",
         meaning: "min_load_gap −1 / +1",
@@ -180,7 +180,7 @@ pub const BINDINGS: &[Binding] = &[
 ];
 
 /// Maps one terminal key event to an action, or `None` for keys with no binding in `mode`.
-pub fn map_key(mode: Mode, key: &KeyEvent) -> Option<Action> {
+pub(crate) fn map_key(mode: Mode, key: &KeyEvent) -> Option<Action> {
     // Releases are dropped: Windows consoles (and terminals speaking the kitty keyboard protocol
     // with event types on) report a key coming up as an event of its own, which would act on every
     // press twice. Repeats are kept on purpose: a held key goes on doing what it does (hold ↓ to

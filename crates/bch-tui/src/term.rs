@@ -13,7 +13,7 @@ use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
 
 /// The terminal type the binary draws on.
-pub type Tui = Terminal<CrosstermBackend<Stdout>>;
+type Tui = Terminal<CrosstermBackend<Stdout>>;
 
 /// Owns the terminal while the console runs; dropping it restores the terminal.
 pub struct TerminalGuard {
@@ -67,7 +67,7 @@ impl Drop for TerminalGuard {
 
 /// Leaves the alternate screen, shows the cursor and disables raw mode. Safe to call more than once
 /// and from a panic hook: errors are ignored because there is nowhere left to report them.
-pub fn restore() {
+fn restore() {
     let _ = disable_raw_mode();
     let _ = execute!(io::stdout(), LeaveAlternateScreen, Show);
 }

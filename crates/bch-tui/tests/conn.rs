@@ -10,10 +10,7 @@ mod common;
 use std::time::Duration;
 
 use bch_core::telemetry::{Ack, ClientCommand, ServerFrame, ServerMessage};
-use bch_tui::app::App;
-use bch_tui::conn::{self, ConnConfig, ConnEvent, ConnStatus};
-use bch_tui::input::Action;
-use bch_tui::state::{CommandState, State};
+use bch_tui::{Action, App, CommandState, ConnConfig, ConnEvent, ConnHandle, ConnStatus, State};
 use common::{frame, render};
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpListener;
@@ -110,7 +107,7 @@ async fn connect_command_ack_and_reconnect() {
 
     let mut config = ConnConfig::new(url.clone());
     config.token = Some("s3cret".into());
-    let handle = conn::spawn(config);
+    let handle = ConnHandle::spawn(config);
     let mut events = handle.events;
     let mut app = App::new(State::new(url), handle.commands);
 
@@ -214,7 +211,7 @@ async fn a_refused_token_is_reported_and_retried() {
         })
         .await;
     });
-    let handle = conn::spawn(ConnConfig::new(url.clone()));
+    let handle = ConnHandle::spawn(ConnConfig::new(url.clone()));
     let mut events = handle.events;
     let mut app = App::new(State::new(url), handle.commands);
     pump_until(&mut app, &mut events, "reconnecting after 401", |s| {

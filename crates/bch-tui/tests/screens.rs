@@ -10,9 +10,7 @@ use bch_core::telemetry::{
     KeyKind, KeyRecord, RingOwnership, RingShare, ServerFrame, ServerMessage, Snapshot, SpillEvent,
     Tick, Totals, WorkerRecord,
 };
-use bch_tui::conn::{ConnEvent, ConnStatus};
-use bch_tui::input::Action;
-use bch_tui::state::State;
+use bch_tui::{Action, ConnEvent, ConnStatus, State};
 use common::{connected_with, frame, frame_at, refusal, render};
 use insta::assert_snapshot;
 use tokio::time::{Duration, Instant};
@@ -316,7 +314,7 @@ fn drawing_a_big_fleet_is_cheap() {
     let start = std::time::Instant::now();
     for _ in 0..20 {
         terminal
-            .draw(|f| bch_tui::view::draw(f, &s, Instant::now()))
+            .draw(|f| bch_tui::draw(f, &s, Instant::now()))
             .unwrap();
     }
     let per_frame = start.elapsed() / 20;

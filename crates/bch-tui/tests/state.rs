@@ -4,9 +4,10 @@ mod common;
 
 use bch_core::policy::{BoundCheck, PolicyKind};
 use bch_core::telemetry::{ChangeSource, ClientCommand, CommandId, ServerMessage, SpillEvent};
-use bch_tui::conn::{ConnEvent, ConnStatus};
-use bch_tui::input::Action;
-use bch_tui::state::{CommandState, Effect, Fleet, SPILL_LOG_CAP, SortColumn, State};
+use bch_tui::{
+    Action, CommandState, ConnEvent, ConnStatus, Effect, Fleet, Panel, SPILL_LOG_CAP, SortColumn,
+    State,
+};
 use common::{connected_with, frame, frame_at, refusal};
 use tokio::time::{Duration, Instant};
 
@@ -407,19 +408,15 @@ fn key_table_sorts_and_filters() {
 fn scrolling_stays_within_the_focused_panel() {
     let mut s = connected();
     s.apply_action(Action::Scroll(10));
-    assert_eq!(
-        s.scroll(bch_tui::state::Panel::Workers),
-        3,
-        "clamped to the last worker"
-    );
+    assert_eq!(s.scroll(Panel::Workers), 3, "clamped to the last worker");
     s.apply_action(Action::FocusNext);
     s.apply_action(Action::FocusNext);
     s.apply_action(Action::ScrollBottom);
-    assert_eq!(s.scroll(bch_tui::state::Panel::Keys), 7);
+    assert_eq!(s.scroll(Panel::Keys), 7);
     s.apply_action(Action::Scroll(-100));
-    assert_eq!(s.scroll(bch_tui::state::Panel::Keys), 0);
+    assert_eq!(s.scroll(Panel::Keys), 0);
     s.apply_action(Action::FocusPrev);
-    assert_eq!(s.ui().focus(), bch_tui::state::Panel::Ring);
+    assert_eq!(s.ui().focus(), Panel::Ring);
 }
 
 #[test]
@@ -427,18 +424,18 @@ fn scrolling_stops_at_the_last_full_page_once_the_viewport_is_known() {
     let mut s = connected();
     s.apply_action(Action::FocusNext);
     s.apply_action(Action::FocusNext);
-    assert_eq!(s.ui().focus(), bch_tui::state::Panel::Keys);
-    s.set_viewports(bch_tui::view::viewports(
+    assert_eq!(s.ui().focus(), Panel::Keys);
+    s.set_viewports(bch_tui::viewports(
         ratatui::layout::Rect::new(0, 0, 80, 24),
         &s,
     ));
-    let shown = s.ui().viewport(bch_tui::state::Panel::Keys);
+    let shown = s.ui().viewport(Panel::Keys);
     assert!(shown > 0 && shown < 8, "{shown}");
     s.apply_action(Action::ScrollBottom);
-    assert_eq!(s.scroll(bch_tui::state::Panel::Keys), 8 - shown);
+    assert_eq!(s.scroll(Panel::Keys), 8 - shown);
     // One step up moves the view at once: no dead presses past the end.
     s.apply_action(Action::Scroll(-1));
-    assert_eq!(s.scroll(bch_tui::state::Panel::Keys), 8 - shown - 1);
+    assert_eq!(s.scroll(Panel::Keys), 8 - shown - 1);
     let screen = common::render(&s, 80, 24, tokio::time::Instant::now());
     assert!(
         screen.contains(&format!("{}–{} of 8", 8 - shown, 7)),

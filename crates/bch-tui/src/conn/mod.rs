@@ -9,5 +9,5 @@
 mod status;
 mod task;
 
-pub use status::{BACKOFF_CAP, BACKOFF_INITIAL, Backoff, ConnEvent, ConnStatus, countdown_secs};
-pub use task::{CONNECT_TIMEOUT, ConnConfig, ConnHandle, run, spawn};
+pub use self::status::{ConnEvent, ConnStatus};
+pub use self::task::{ConnConfig, ConnHandle};

@@ -10,13 +10,13 @@ use bch_core::telemetry::{ClientCommand, ServerFrame};
 use tokio::time::Instant;
 
 /// First reconnect delay after a failed attempt or a lost connection.
-pub const BACKOFF_INITIAL: Duration = Duration::from_millis(250);
+const BACKOFF_INITIAL: Duration = Duration::from_millis(250);
 /// The delay never grows past this, so a gateway that comes back is picked up within seconds.
-pub const BACKOFF_CAP: Duration = Duration::from_secs(5);
+const BACKOFF_CAP: Duration = Duration::from_secs(5);
 
 /// Capped exponential backoff: 250 ms, 500 ms, 1 s, 2 s, 4 s, 5 s, 5 s, …
 #[derive(Debug, Clone)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     initial: Duration,
     cap: Duration,
     next: Duration,
@@ -25,7 +25,7 @@ pub struct Backoff {
 
 impl Backoff {
     /// A backoff starting at `initial` and doubling up to `cap`.
-    pub fn new(initial: Duration, cap: Duration) -> Self {
+    pub(crate) fn new(initial: Duration, cap: Duration) -> Self {
         Self {
             initial,
             cap,
@@ -35,7 +35,7 @@ impl Backoff {
     }
 
     /// The delay before the next attempt; each call doubles the following one, up to the cap.
-    pub fn next_delay(&mut self) -> Duration {
+    pub(crate) fn next_delay(&mut self) -> Duration {
         let delay = self.next;
         self.next = (self.next * 2).min(self.cap);
         self.attempt += 1;
@@ -43,12 +43,12 @@ impl Backoff {
     }
 
     /// How many delays were handed out since the last reset.
-    pub fn attempt(&self) -> u32 {
+    pub(crate) fn attempt(&self) -> u32 {
         self.attempt
     }
 
     /// Called after a successful connect, so a later drop retries quickly again.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.next = self.initial;
         self.attempt = 0;
     }
@@ -98,7 +98,7 @@ impl ConnStatus {
 }
 
 /// Whole seconds left until `retry_at`, rounded up so "0s" never shows while still waiting.
-pub fn countdown_secs(retry_at: Instant, now: Instant) -> u64 {
+fn countdown_secs(retry_at: Instant, now: Instant) -> u64 {
     let left = retry_at.saturating_duration_since(now);
     let millis = left.as_millis() as u64;
     millis.div_ceil(1000)

@@ -18,7 +18,7 @@ use super::status::{Backoff, ConnEvent, ConnStatus};
 
 /// A connect attempt (TCP + websocket upgrade) that takes longer than this counts as failed;
 /// without it a black-holed address would leave the console "connecting" forever.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How to reach the gateway.
 #[derive(Debug, Clone)]
@@ -28,8 +28,8 @@ pub struct ConnConfig {
     /// Bearer token sent as `Authorization: Bearer <token>` on the upgrade, if the control plane
     /// requires one.
     pub token: Option<String>,
-    /// Reconnect backoff.
-    pub backoff: Backoff,
+    /// Spacing of reconnect attempts; reset by every successful connect.
+    backoff: Backoff,
 }
 
 impl ConnConfig {
@@ -43,26 +43,29 @@ impl ConnConfig {
     }
 }
 
-/// The UI's ends of the network task's channels.
+/// The UI's ends of the network task's channels, and the task.
 #[derive(Debug)]
 pub struct ConnHandle {
     /// Commands to send to the gateway. Dropping it stops the task.
     pub commands: mpsc::UnboundedSender<ClientCommand>,
-    /// Events from the task.
+    /// Status changes, frames and unsent commands from the task, in the order they happened.
     pub events: mpsc::UnboundedReceiver<ConnEvent>,
-    /// The task itself.
+    /// The task itself, to abort it on the way out or to await its end in tests.
     pub task: tokio::task::JoinHandle<()>,
 }
 
-/// Starts the network task on the current tokio runtime.
-pub fn spawn(config: ConnConfig) -> ConnHandle {
-    let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
-    let (ev_tx, ev_rx) = mpsc::unbounded_channel();
-    let task = tokio::spawn(run(config, cmd_rx, ev_tx));
-    ConnHandle {
-        commands: cmd_tx,
-        events: ev_rx,
-        task,
+impl ConnHandle {
+    /// Starts the network task on the current tokio runtime. It connects at once, and keeps
+    /// reconnecting until the returned `commands` sender or `events` receiver is dropped.
+    pub fn spawn(config: ConnConfig) -> ConnHandle {
+        let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+        let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(run(config, cmd_rx, ev_tx));
+        ConnHandle {
+            commands: cmd_tx,
+            events: ev_rx,
+            task,
+        }
     }
 }
 
@@ -77,7 +80,7 @@ enum Ended {
 /// The connection state machine: connect → forward → (lost) → wait backoff → connect …
 ///
 /// Runs until the UI drops its command sender or event receiver.
-pub async fn run(
+async fn run(
     mut config: ConnConfig,
     mut commands: mpsc::UnboundedReceiver<ClientCommand>,
     events: mpsc::UnboundedSender<ConnEvent>,
@@ -89,21 +92,8 @@ pub async fn run(
         {
             return;
         }
-        let reason = match connect(&config).await {
-            Ok(ws) => {
-                config.backoff.reset();
-                if events
-                    .send(ConnEvent::Status(ConnStatus::Connected))
-                    .is_err()
-                {
-                    return;
-                }
-                match forward(ws, &mut commands, &events).await {
-                    Ended::Shutdown => return,
-                    Ended::Lost(reason) => reason,
-                }
-            }
-            Err(reason) => reason,
+        let Some(reason) = session(&mut config, &mut commands, &events).await else {
+            return;
         };
         let delay = config.backoff.next_delay();
         let retry_at = Instant::now() + delay;
@@ -115,29 +105,64 @@ pub async fn run(
         if events.send(ConnEvent::Status(status)).is_err() {
             return;
         }
-        // Commands typed while disconnected are answered at once rather than queued: replaying
-        // stale threshold changes minutes later, after the operator moved on, would surprise them.
-        let sleep = tokio::time::sleep_until(retry_at);
-        tokio::pin!(sleep);
-        loop {
-            tokio::select! {
-                _ = &mut sleep => break,
-                cmd = commands.recv() => match cmd {
-                    Some(cmd) => {
-                        if events.send(ConnEvent::NotSent(cmd)).is_err() {
-                            return;
-                        }
-                    }
-                    None => return,
-                },
-            }
+        if !refuse_until(retry_at, &mut commands, &events).await {
+            return;
         }
     }
 }
 
+/// One connect attempt and, if it succeeds, the life of that connection. Returns why it ended, or
+/// `None` when the UI went away.
+async fn session(
+    config: &mut ConnConfig,
+    commands: &mut mpsc::UnboundedReceiver<ClientCommand>,
+    events: &mpsc::UnboundedSender<ConnEvent>,
+) -> Option<String> {
+    let ws = match connect(config).await {
+        Ok(ws) => ws,
+        Err(reason) => return Some(reason),
+    };
+    config.backoff.reset();
+    events.send(ConnEvent::Status(ConnStatus::Connected)).ok()?;
+    match forward(ws, commands, events).await {
+        Ended::Shutdown => None,
+        Ended::Lost(reason) => Some(reason),
+    }
+}
+
+/// Waits until `retry_at`, answering every command that arrives meanwhile with
+/// [`ConnEvent::NotSent`]. Returns `false` when the UI went away.
+///
+/// Commands typed while disconnected are answered at once rather than queued: replaying stale
+/// threshold changes minutes later, after the operator moved on, would surprise them.
+async fn refuse_until(
+    retry_at: Instant,
+    commands: &mut mpsc::UnboundedReceiver<ClientCommand>,
+    events: &mpsc::UnboundedSender<ConnEvent>,
+) -> bool {
+    let sleep = tokio::time::sleep_until(retry_at);
+    tokio::pin!(sleep);
+    loop {
+        tokio::select! {
+            _ = &mut sleep => return true,
+            cmd = commands.recv() => match cmd {
+                Some(cmd) => {
+                    if events.send(ConnEvent::NotSent(cmd)).is_err() {
+                        return false;
+                    }
+                }
+                None => return false,
+            },
+        }
+    }
+}
+
+/// The websocket as tokio-tungstenite hands it over (plain TCP: this build has no TLS).
 type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
+/// Opens the websocket, with the bearer token if there is one, within [`CONNECT_TIMEOUT`]; the
+/// error is the reason the header shows.
 async fn connect(config: &ConnConfig) -> Result<Ws, String> {
     let mut request = config
         .url
@@ -168,6 +193,8 @@ fn describe(e: &tungstenite::Error) -> String {
     }
 }
 
+/// Forwards frames to the UI and commands to the gateway until the connection ends (`Lost`, with
+/// a reason for the header) or the UI goes away (`Shutdown`).
 async fn forward(
     ws: Ws,
     commands: &mut mpsc::UnboundedReceiver<ClientCommand>,

@@ -9,13 +9,13 @@ use bch_core::telemetry::{ClientCommand, CommandId};
 
 /// Threshold changes remembered; the status line shows only the newest, the rest are there so a
 /// late `ack` or `error` still finds its entry.
-pub const COMMAND_LOG_CAP: usize = 16;
+const COMMAND_LOG_CAP: usize = 16;
 /// How far one press of `s` / `S` moves `max_load_skew`.
-pub const SKEW_STEP: f64 = 0.05;
+const SKEW_STEP: f64 = 0.05;
 
 /// A threshold of the bounded policy the console can change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Threshold {
+pub(crate) enum Threshold {
     /// `min_load_gap`, in in-flight requests.
     MinLoadGap,
     /// `max_load_skew`, a factor over the fleet mean.
@@ -34,7 +34,7 @@ pub enum Change {
 
 impl Change {
     /// Which threshold this changes.
-    pub fn threshold(self) -> Threshold {
+    pub(crate) fn threshold(self) -> Threshold {
         match self {
             Change::Gap(..) => Threshold::MinLoadGap,
             Change::Skew(..) => Threshold::MaxLoadSkew,

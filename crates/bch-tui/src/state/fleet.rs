@@ -17,7 +17,7 @@ use bch_core::telemetry::{
 pub const SPILL_LOG_CAP: usize = 200;
 /// Rate samples kept for the sparklines (one per tick: 24 s at the default 100 ms interval), more
 /// than the widest screen shows.
-pub const HISTORY_CAP: usize = 240;
+const HISTORY_CAP: usize = 240;
 
 /// The fleet as the gateway last described it. Cloned whole when the view is paused, so the
 /// panels can show a frozen copy while frames keep applying to the live one.

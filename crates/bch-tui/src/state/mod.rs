@@ -13,11 +13,9 @@ mod ui;
 
 use bch_core::telemetry::{ClientCommand, CommandId, KeyRecord, ServerFrame, ServerMessage};
 
-use self::commands::CommandLog;
-pub use self::commands::{
-    COMMAND_LOG_CAP, Change, CommandEntry, CommandState, SKEW_STEP, Threshold,
-};
-pub use self::fleet::{Fleet, FleetBound, HISTORY_CAP, SPILL_LOG_CAP, Sample};
+pub use self::commands::{Change, CommandEntry, CommandState};
+use self::commands::{CommandLog, Threshold};
+pub use self::fleet::{Fleet, FleetBound, SPILL_LOG_CAP, Sample};
 pub use self::ui::{Panel, SortColumn, Ui};
 use crate::conn::{ConnEvent, ConnStatus};
 use crate::input::{Action, Mode};
@@ -109,7 +107,8 @@ impl State {
         self.notice.as_deref()
     }
 
-    /// The threshold changes sent, oldest first, at most [`COMMAND_LOG_CAP`].
+    /// The threshold changes sent, oldest first; the oldest fall off past `COMMAND_LOG_CAP`, so a
+    /// long session stays bounded.
     pub fn commands(&self) -> impl DoubleEndedIterator<Item = &CommandEntry> + ExactSizeIterator {
         self.commands.iter()
     }

@@ -125,7 +125,7 @@ impl Ui {
     }
 
     /// Which key bindings apply now.
-    pub fn mode(&self) -> Mode {
+    pub(crate) fn mode(&self) -> Mode {
         if self.help {
             Mode::Help
         } else if self.filter_editing {

@@ -2,9 +2,7 @@
 #![allow(dead_code)]
 
 use bch_core::telemetry::{CommandId, ServerFrame, ServerMessage, Snapshot};
-use bch_tui::conn::{ConnEvent, ConnStatus};
-use bch_tui::state::State;
-use bch_tui::view;
+use bch_tui::{ConnEvent, ConnStatus, State};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 use ratatui::buffer::Buffer;
@@ -62,7 +60,7 @@ pub fn connected_with(edit: impl FnOnce(&mut Snapshot)) -> State {
 /// Draws the whole console into a `width × height` test terminal at `now`.
 pub fn render(state: &State, width: u16, height: u16, now: Instant) -> String {
     let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
-    terminal.draw(|f| view::draw(f, state, now)).unwrap();
+    terminal.draw(|f| bch_tui::draw(f, state, now)).unwrap();
     buffer_text(terminal.backend().buffer())
 }
 
