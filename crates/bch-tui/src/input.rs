@@ -9,15 +9,15 @@ use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 /// key does is testable without a terminal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
-    /// Leave the console.
+    /// Restore the terminal and leave the console.
     Quit,
-    /// `min_load_gap` − 1.
+    /// Ask the gateway for `min_load_gap` − 1 (not sent at 0, where there is nothing below).
     GapDown,
-    /// `min_load_gap` + 1.
+    /// Ask the gateway for `min_load_gap` + 1.
     GapUp,
-    /// `max_load_skew` − 0.05.
+    /// Ask the gateway for `max_load_skew` − 0.05; below 1.0 the gateway refuses and says why.
     SkewDown,
-    /// `max_load_skew` + 0.05.
+    /// Ask the gateway for `max_load_skew` + 0.05.
     SkewUp,
     /// Freeze or unfreeze the panels (data keeps flowing underneath).
     TogglePause,
@@ -33,7 +33,7 @@ pub enum Action {
     ScrollBottom,
     /// Cycle the key table's sort column.
     CycleSort,
-    /// Start typing a key filter.
+    /// Open the `/` prompt and move focus to the key table, to type a key filter.
     StartFilter,
     /// A character typed into the filter.
     FilterChar(char),
@@ -47,13 +47,13 @@ pub enum Action {
     ToggleHelp,
 }
 
-/// Rows moved by PgUp/PgDn.
+/// Rows PgUp/PgDn scroll by.
 pub(crate) const PAGE: i32 = 10;
 
 /// Which keys mean what depends on whether a text prompt or the help overlay is open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
-    /// The panels have the keyboard.
+    /// The panels have the keyboard: keys mean what [`BINDINGS`] says.
     Normal,
     /// The `/` filter prompt has the keyboard: letters are text, not commands.
     Filter,
@@ -131,7 +131,7 @@ pub(crate) const BINDINGS: &[Binding] = &[
     Binding {
         keys: "↑ ↓ PgUp PgDn",
         meaning: "scroll the focused panel",
-        // `k`/`j` match with any modifier, like the arrows.
+        // `k`/`j` are vi aliases of the arrows and, like them, ignore modifiers.
         actions: &[
             (
                 |k| matches!(k.code, KeyCode::Up | KeyCode::Char('k')),

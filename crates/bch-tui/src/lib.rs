@@ -5,11 +5,13 @@
 //! `max_load_skew`, over gatewayd's telemetry websocket. What it shows and how to use it is in
 //! `docs/tui.md`; the rule behind the bound is in `docs/policy.md`.
 //!
-//! Split the way tokio-console is, with dependencies pointing one way (app → view → state → conn
-//! status and input): `conn` (the network task and the status it reports), `state` (pure: frames
-//! and actions in, commands out), `view` (draws from `&State` only), `input` (keys → actions) and
-//! `term` (the terminal guard), tied together by `app`. The modules are private; this root
-//! re-exports what the binary and the integration tests use.
+//! Split the way tokio-console is: `conn` (the network task and the status it reports), `state`
+//! (pure: frames and actions in, commands out), `view` (draws from `&State` only), `input` (keys →
+//! actions) and `term` (the terminal guard), tied together by `app`. Dependencies point one way:
+//! `app` uses everything, `view` reads `state` (and `conn`'s status, `input`'s key table), `state`
+//! uses `conn`'s status types and `input`'s actions, and `conn` and `input` use nothing of the
+//! crate. The modules are private; this root re-exports what the binary and the integration tests
+//! use.
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 

@@ -20,6 +20,8 @@ pub struct TerminalGuard {
     terminal: Tui,
 }
 
+/// The restoring panic hook goes in once per process, however often a guard is entered, so hooks
+/// do not pile up around each other.
 static PANIC_HOOK: Once = Once::new();
 
 impl TerminalGuard {
@@ -53,7 +55,7 @@ impl TerminalGuard {
         }
     }
 
-    /// The terminal to draw on.
+    /// The terminal to draw on; raw mode and the alternate screen last as long as the guard.
     pub fn terminal(&mut self) -> &mut Tui {
         &mut self.terminal
     }

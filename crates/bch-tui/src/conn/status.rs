@@ -65,11 +65,11 @@ impl Default for Backoff {
 pub enum ConnStatus {
     /// The first attempt (or an attempt after the backoff expired) is in progress.
     Connecting,
-    /// The websocket is open.
+    /// The websocket is open; frames flow and commands can be sent.
     Connected,
     /// The last attempt failed or the connection dropped; the next attempt starts at `retry_at`.
     Reconnecting {
-        /// When the next attempt starts.
+        /// When the next attempt starts, on tokio's clock (so paused-time tests can step it).
         retry_at: Instant,
         /// Consecutive failed attempts since the last successful connect.
         attempt: u32,
@@ -107,9 +107,9 @@ fn countdown_secs(retry_at: Instant, now: Instant) -> u64 {
 /// What the network task tells the UI.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ConnEvent {
-    /// The connection state changed.
+    /// The connection state changed; the header shows the new one.
     Status(ConnStatus),
-    /// A telemetry frame arrived.
+    /// A telemetry frame arrived and parsed.
     Frame(Box<ServerFrame>),
     /// A text frame arrived that is not a valid telemetry frame (shown, then ignored).
     BadFrame(String),

@@ -20,7 +20,7 @@ use super::status::{Backoff, ConnEvent, ConnStatus};
 /// without it a black-holed address would leave the console "connecting" forever.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How to reach the gateway.
+/// How to reach the gateway: where, with which token, and how to space reconnect attempts.
 #[derive(Debug, Clone)]
 pub struct ConnConfig {
     /// Websocket URL, e.g. `ws://127.0.0.1:9090/ws`.

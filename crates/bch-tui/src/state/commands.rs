@@ -110,9 +110,9 @@ pub enum CommandState {
 pub struct CommandEntry {
     /// The command id sent in `set_policy`, which the gateway's `ack` or `error` echoes.
     pub id: u64,
-    /// What was asked for.
+    /// The change asked for, with the value it was computed from.
     pub change: Change,
-    /// Its fate so far.
+    /// Where it stands: pending until the gateway answers, or failed if the connection went first.
     pub state: CommandState,
 }
 
@@ -191,7 +191,7 @@ impl CommandLog {
         }
     }
 
-    /// The changes, oldest first.
+    /// The changes, oldest first (the status line shows the last).
     pub(crate) fn iter(
         &self,
     ) -> impl DoubleEndedIterator<Item = &CommandEntry> + ExactSizeIterator {

@@ -31,7 +31,9 @@ pub enum Effect {
     Quit,
 }
 
-/// The whole console state.
+/// The whole console state: the connection, the live and the frozen fleet, the threshold changes,
+/// the operator notice and the view-only state. A plain value with no I/O in it: the app owns one
+/// and tests build their own.
 #[derive(Debug, Clone, PartialEq)]
 pub struct State {
     url: String,
@@ -70,7 +72,7 @@ impl State {
         &self.url
     }
 
-    /// Where the connection stands.
+    /// Where the connection stands, for the header and the reconnect countdown.
     pub fn conn(&self) -> &ConnStatus {
         &self.conn
     }
@@ -86,7 +88,7 @@ impl State {
         self.frozen.as_ref().unwrap_or(&self.live)
     }
 
-    /// Whether the view is paused.
+    /// Whether the view is paused (`p`): the panels show a frozen copy while frames keep applying.
     pub fn paused(&self) -> bool {
         self.frozen.is_some()
     }
@@ -226,7 +228,7 @@ impl State {
         }
     }
 
-    /// Carries out an operator action.
+    /// Carries out an operator action; the effect tells the app what to send, or to quit.
     pub fn apply_action(&mut self, action: Action) -> Effect {
         match action {
             Action::Quit => return Effect::Quit,

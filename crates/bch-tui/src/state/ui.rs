@@ -27,7 +27,7 @@ impl Panel {
     }
 }
 
-/// The key table's sort column.
+/// The key table's sort column; `o` cycles through them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SortColumn {
     /// Most recently seen first (the gateway's own order).
@@ -104,7 +104,7 @@ impl Ui {
         self.focus
     }
 
-    /// The key table's sort column.
+    /// The column the key table is sorted by.
     pub fn sort(&self) -> SortColumn {
         self.sort
     }
@@ -124,7 +124,7 @@ impl Ui {
         self.help
     }
 
-    /// Which key bindings apply now.
+    /// Which key bindings apply now: an open overlay or prompt takes the keyboard from the panels.
     pub(crate) fn mode(&self) -> Mode {
         if self.help {
             Mode::Help
