@@ -1,8 +1,8 @@
 //! The event loop that ties the pieces together: key presses and telemetry in, state transitions,
 //! commands out, and redraws paced to a frame budget.
 //!
-//! Input never waits on the network: the connection runs in its own task ([`crate::conn`]) and
-//! both sides only exchange channel messages. Drawing happens only when something changed, at most
+//! Input never waits on the network: the connection runs in its own task (`conn`) and both sides
+//! only exchange channel messages. Drawing happens only when something changed, at most
 //! once per [`FRAME_BUDGET`], plus on a [`TICK`] while a reconnect countdown is showing — so an idle
 //! console costs next to no CPU and a storm of ticks does not turn into a storm of redraws.
 
@@ -18,20 +18,19 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::conn::ConnEvent;
-use crate::input::map_key;
+use crate::input::{Action, map_key};
 use crate::state::{Effect, State};
 use crate::view;
 
 /// Minimum time between two redraws (25 fps).
 pub const FRAME_BUDGET: Duration = Duration::from_millis(40);
 /// Redraw tick while something time-based (the reconnect countdown) is on screen.
-pub const TICK: Duration = Duration::from_millis(250);
+const TICK: Duration = Duration::from_millis(250);
 
 /// The state plus the way out to the network task.
 #[derive(Debug)]
 pub struct App {
-    /// Everything the console knows.
-    pub state: State,
+    state: State,
     commands: mpsc::UnboundedSender<ClientCommand>,
 }
 
@@ -41,8 +40,13 @@ impl App {
         Self { state, commands }
     }
 
+    /// Everything the console knows, for reading; it changes only through the `handle_*` methods.
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
     /// Handles one key press; returns `true` when the operator asked to quit.
-    pub fn handle_key(&mut self, key: &KeyEvent) -> bool {
+    fn handle_key(&mut self, key: &KeyEvent) -> bool {
         match map_key(self.state.mode(), key) {
             Some(action) => self.handle_action(action),
             None => false,
@@ -50,7 +54,7 @@ impl App {
     }
 
     /// Carries out an action; returns `true` when it was quit.
-    pub fn handle_action(&mut self, action: crate::input::Action) -> bool {
+    pub fn handle_action(&mut self, action: Action) -> bool {
         match self.state.apply_action(action) {
             Effect::None => false,
             Effect::Send(cmd) => {
@@ -97,11 +101,7 @@ where
         let now = Instant::now();
         let due = last_draw.map_or(now, |t| t + FRAME_BUDGET);
         if dirty && now >= due {
-            let size = terminal.size().context("reading the terminal size")?;
-            app.state.ui.viewport = view::viewports(size.into(), &app.state);
-            terminal
-                .draw(|frame| view::draw(frame, &app.state, now))
-                .context("drawing the console")?;
+            draw(terminal, app, now)?;
             dirty = false;
             last_draw = Some(now);
         }
@@ -109,36 +109,69 @@ where
         tokio::select! {
             // Keys first: a quit must not queue behind a burst of telemetry.
             biased;
-            event = input.next() => match event {
-                Some(Ok(Event::Key(key))) => {
-                    if app.handle_key(&key) {
-                        return Ok(());
-                    }
-                    dirty = true;
-                }
-                Some(Ok(Event::Resize(..))) => dirty = true,
-                Some(Ok(_)) => {}
-                Some(Err(e)) => return Err(e).context("reading the terminal"),
-                None => return Ok(()),
+            event = input.next() => match on_terminal_event(app, event)? {
+                After::Quit => return Ok(()),
+                After::Redraw => dirty = true,
+                After::Nothing => {}
             },
-            event = conn_events.recv() => match event {
-                Some(event) => {
+            event = conn_events.recv() => {
+                let event = event.context("the connection task stopped")?;
+                app.handle_conn(event);
+                // Apply everything already queued before the next draw, so a backlog is caught up
+                // in one frame instead of one frame per message.
+                while let Ok(event) = conn_events.try_recv() {
                     app.handle_conn(event);
-                    // Apply everything already queued before the next draw, so a backlog is
-                    // caught up in one frame instead of one frame per message.
-                    while let Ok(event) = conn_events.try_recv() {
-                        app.handle_conn(event);
-                    }
-                    dirty = true;
                 }
-                None => anyhow::bail!("the connection task stopped"),
-            },
+                dirty = true;
+            }
             _ = tick.tick() => {
-                if app.state.conn.is_counting_down() {
+                if app.state.conn().is_counting_down() {
                     dirty = true;
                 }
             }
             _ = tokio::time::sleep_until(redraw_at.unwrap_or(now)), if redraw_at.is_some() => {}
         }
     }
+}
+
+/// What the loop does after a terminal event.
+enum After {
+    Quit,
+    Redraw,
+    Nothing,
+}
+
+/// Handles one item of the terminal's event stream; the end of the stream quits, like `q`.
+fn on_terminal_event(
+    app: &mut App,
+    event: Option<std::io::Result<Event>>,
+) -> anyhow::Result<After> {
+    Ok(match event {
+        Some(Ok(Event::Key(key))) => {
+            if app.handle_key(&key) {
+                After::Quit
+            } else {
+                After::Redraw
+            }
+        }
+        Some(Ok(Event::Resize(..))) => After::Redraw,
+        Some(Ok(_)) => After::Nothing,
+        Some(Err(e)) => return Err(e).context("reading the terminal"),
+        None => After::Quit,
+    })
+}
+
+/// Draws one frame at `now`, first telling the state how many rows each panel gets at this size.
+fn draw<B>(terminal: &mut Terminal<B>, app: &mut App, now: Instant) -> anyhow::Result<()>
+where
+    B: Backend,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    let size = terminal.size().context("reading the terminal size")?;
+    let viewports = view::viewports(size.into(), &app.state);
+    app.state.set_viewports(viewports);
+    terminal
+        .draw(|frame| view::draw(frame, &app.state, now))
+        .context("drawing the console")?;
+    Ok(())
 }

@@ -1,4 +1,6 @@
-//! Command-line arguments.
+//! The command line: `--url` and `--token-file`, each also taken from the environment, checked
+//! before the terminal is touched so that a typo is a plain error message rather than a console
+//! stuck reconnecting.
 
 use std::path::{Path, PathBuf};
 
@@ -6,17 +8,18 @@ use anyhow::{Context, anyhow, bail};
 use clap::Parser;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
-/// The bch operator console: watch gatewayd's workers, ring, keys and spills live, and adjust the
-/// bounded policy's thresholds.
+/// The bch operator console shows gatewayd's workers, ring, routing keys and spills live, and
+/// changes the bounded policy's thresholds while it runs.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "bch-tui", version, about)]
+#[command(name = "bch-tui", version)]
 pub struct Cli {
-    /// gatewayd's telemetry websocket (the control plane's `/ws`).
+    /// The URL of gatewayd's telemetry websocket, the control plane's `/ws` endpoint; only ws://
+    /// is supported.
     #[arg(long, env = "BCH_TUI_URL", default_value = "ws://127.0.0.1:9090/ws")]
     pub url: String,
 
-    /// File holding the control plane's admin token (gatewayd's `admin_token_file`); sent as
-    /// `Authorization: Bearer <token>` on the websocket upgrade.
+    /// A file holding the control plane's admin token (gatewayd's `admin_token_file`), which is
+    /// sent as `Authorization: Bearer <token>` on the websocket upgrade.
     #[arg(long, env = "BCH_TOKEN_FILE", value_name = "FILE")]
     pub token_file: Option<PathBuf>,
 }
@@ -25,6 +28,12 @@ impl Cli {
     /// Checks the URL before any terminal setup, so a typo is a plain error message rather than a
     /// console stuck reconnecting.
     pub fn validate(&self) -> anyhow::Result<()> {
+        self.check_scheme()?;
+        self.check_host()?;
+        self.check_parsed_port()
+    }
+
+    fn check_scheme(&self) -> anyhow::Result<()> {
         if self.url.starts_with("wss://") {
             bail!(
                 "--url {}: wss:// is not supported by this build; reach the control plane over \
@@ -38,6 +47,11 @@ impl Cli {
                 self.url
             );
         }
+        Ok(())
+    }
+
+    /// Called after `check_scheme`, so the URL starts with `ws://`.
+    fn check_host(&self) -> anyhow::Result<()> {
         let authority = self.url["ws://".len()..]
             .split(['/', '?'])
             .next()
@@ -48,6 +62,11 @@ impl Cli {
                 self.url
             );
         }
+        Ok(())
+    }
+
+    /// Parses the URL the way the connection will, and checks that the port survived the parse.
+    fn check_parsed_port(&self) -> anyhow::Result<()> {
         // The error's own text, not a context chain: tungstenite's error repeats its source.
         let request = self
             .url
@@ -75,7 +94,8 @@ impl Cli {
         Ok(())
     }
 
-    /// Reads the token file, if one was given.
+    /// The bearer token from `--token-file`, or `None` without one; an unreadable or empty file is
+    /// an error naming the flag.
     pub fn token(&self) -> anyhow::Result<Option<String>> {
         self.token_file.as_deref().map(read_token).transpose()
     }
@@ -83,7 +103,7 @@ impl Cli {
 
 /// Reads a bearer token: the file's contents without surrounding whitespace (files usually end in
 /// a newline, which is not part of the token).
-pub fn read_token(path: &Path) -> anyhow::Result<String> {
+fn read_token(path: &Path) -> anyhow::Result<String> {
     let raw = std::fs::read_to_string(path)
         .with_context(|| format!("--token-file {}", path.display()))?;
     let token = raw.trim();

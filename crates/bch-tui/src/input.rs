@@ -1,20 +1,23 @@
-//! Key presses → [`Action`]s, through small named predicates so each binding reads as what it means
-//! and the help overlay and the docs can list the same bindings.
+//! Key presses → [`Action`]s. The panels' bindings are one table, [`BINDINGS`], that both the
+//! dispatcher and the help overlay read, so a key cannot work without being listed or be listed
+//! without working. The filter prompt and the help overlay take the keyboard with rules of their
+//! own ([`Mode`]).
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
-/// Something the operator asked for. [`crate::state::State::apply_action`] carries it out.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Something the operator asked for; the state carries it out (`State::apply_action`), so what a
+/// key does is testable without a terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
-    /// Leave the console.
+    /// Restore the terminal and leave the console.
     Quit,
-    /// `min_load_gap` − 1.
+    /// Ask the gateway for `min_load_gap` − 1 (not sent at 0, where there is nothing below).
     GapDown,
-    /// `min_load_gap` + 1.
+    /// Ask the gateway for `min_load_gap` + 1.
     GapUp,
-    /// `max_load_skew` − 0.05.
+    /// Ask the gateway for `max_load_skew` − 0.05; below 1.0 the gateway refuses and says why.
     SkewDown,
-    /// `max_load_skew` + 0.05.
+    /// Ask the gateway for `max_load_skew` + 0.05.
     SkewUp,
     /// Freeze or unfreeze the panels (data keeps flowing underneath).
     TogglePause,
@@ -30,7 +33,7 @@ pub enum Action {
     ScrollBottom,
     /// Cycle the key table's sort column.
     CycleSort,
-    /// Start typing a key filter.
+    /// Open the `/` prompt and move focus to the key table, to type a key filter.
     StartFilter,
     /// A character typed into the filter.
     FilterChar(char),
@@ -44,13 +47,13 @@ pub enum Action {
     ToggleHelp,
 }
 
-/// Rows moved by PgUp/PgDn.
-pub const PAGE: i32 = 10;
+/// Rows PgUp/PgDn scroll by.
+pub(crate) const PAGE: i32 = 10;
 
 /// Which keys mean what depends on whether a text prompt or the help overlay is open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// The panels have the keyboard.
+pub(crate) enum Mode {
+    /// The panels have the keyboard: keys mean what [`BINDINGS`] says.
     Normal,
     /// The `/` filter prompt has the keyboard: letters are text, not commands.
     Filter,
@@ -59,43 +62,13 @@ pub enum Mode {
 }
 
 /// Ctrl-C quits from every mode, including while typing a filter.
-pub fn is_ctrl_c(key: &KeyEvent) -> bool {
+fn is_ctrl_c(key: &KeyEvent) -> bool {
     key.code == KeyCode::Char('c') && key.modifiers.contains(KeyModifiers::CONTROL)
 }
 
-/// `q` quits.
-pub fn is_quit(key: &KeyEvent) -> bool {
+/// `q` quits (in every mode but the filter prompt, where it is a letter).
+fn is_quit(key: &KeyEvent) -> bool {
     is_char(key, 'q')
-}
-
-/// `?` toggles help.
-pub fn is_help(key: &KeyEvent) -> bool {
-    is_char(key, '?')
-}
-
-/// `Tab` moves focus forward.
-pub fn is_focus_next(key: &KeyEvent) -> bool {
-    key.code == KeyCode::Tab
-}
-
-/// `Shift-Tab` moves focus back.
-pub fn is_focus_prev(key: &KeyEvent) -> bool {
-    key.code == KeyCode::BackTab
-}
-
-/// `/` opens the filter prompt.
-pub fn is_filter(key: &KeyEvent) -> bool {
-    is_char(key, '/')
-}
-
-/// `p` pauses the view.
-pub fn is_pause(key: &KeyEvent) -> bool {
-    is_char(key, 'p')
-}
-
-/// `o` cycles the key table's sort order.
-pub fn is_sort(key: &KeyEvent) -> bool {
-    is_char(key, 'o')
 }
 
 /// A plain (no Ctrl/Alt) press of `c`. Shift is allowed because terminals report `G` as Shift+g.
@@ -106,9 +79,112 @@ fn is_char(key: &KeyEvent, c: char) -> bool {
             .intersects(KeyModifiers::CONTROL | KeyModifiers::ALT)
 }
 
+/// Whether a key event is the key a binding means.
+type KeyTest = fn(&KeyEvent) -> bool;
+
+/// One line of the help overlay and the keys behind it.
+#[derive(Debug)]
+pub(crate) struct Binding {
+    /// The keys as the help overlay names them (`g / G`).
+    pub(crate) keys: &'static str,
+    /// What they do, in the help overlay's words.
+    pub(crate) meaning: &'static str,
+    /// Each key of the line and the action it stands for. A key may be left out of `keys` when
+    /// it is an alias (`j`/`k` for the arrows) or the line's meaning already covers it (`Esc`
+    /// clears the filter).
+    actions: &'static [(KeyTest, Action)],
+}
+
+/// The bindings of [`Mode::Normal`], in help-overlay order: the one place they are written down, so
+/// the dispatcher and the help overlay cannot disagree. No key matches two entries, so the order
+/// only matters to the overlay.
+pub(crate) const BINDINGS: &[Binding] = &[
+    Binding {
+        keys: "g / G",
+        meaning: "min_load_gap −1 / +1",
+        actions: &[
+            (|k| is_char(k, 'g'), Action::GapDown),
+            (|k| is_char(k, 'G'), Action::GapUp),
+        ],
+    },
+    Binding {
+        keys: "s / S",
+        meaning: "max_load_skew −0.05 / +0.05",
+        actions: &[
+            (|k| is_char(k, 's'), Action::SkewDown),
+            (|k| is_char(k, 'S'), Action::SkewUp),
+        ],
+    },
+    Binding {
+        keys: "p",
+        meaning: "pause the view (data keeps flowing)",
+        actions: &[(|k| is_char(k, 'p'), Action::TogglePause)],
+    },
+    Binding {
+        keys: "Tab / S-Tab",
+        meaning: "focus next / previous panel",
+        actions: &[
+            (|k| k.code == KeyCode::Tab, Action::FocusNext),
+            (|k| k.code == KeyCode::BackTab, Action::FocusPrev),
+        ],
+    },
+    Binding {
+        keys: "↑ ↓ PgUp PgDn",
+        meaning: "scroll the focused panel",
+        // `k`/`j` are vi aliases of the arrows and, like them, ignore modifiers.
+        actions: &[
+            (
+                |k| matches!(k.code, KeyCode::Up | KeyCode::Char('k')),
+                Action::Scroll(-1),
+            ),
+            (
+                |k| matches!(k.code, KeyCode::Down | KeyCode::Char('j')),
+                Action::Scroll(1),
+            ),
+            (|k| k.code == KeyCode::PageUp, Action::Scroll(-PAGE)),
+            (|k| k.code == KeyCode::PageDown, Action::Scroll(PAGE)),
+        ],
+    },
+    Binding {
+        keys: "Home / End",
+        meaning: "first / last row",
+        actions: &[
+            (|k| k.code == KeyCode::Home, Action::ScrollTop),
+            (|k| k.code == KeyCode::End, Action::ScrollBottom),
+        ],
+    },
+    Binding {
+        keys: "o",
+        meaning: "cycle the key table's sort column",
+        actions: &[(|k| is_char(k, 'o'), Action::CycleSort)],
+    },
+    Binding {
+        keys: "/",
+        meaning: "filter keys: type, Enter keep, Esc clear",
+        // Esc outside the prompt clears a filter kept with Enter.
+        actions: &[
+            (|k| is_char(k, '/'), Action::StartFilter),
+            (|k| k.code == KeyCode::Esc, Action::FilterClear),
+        ],
+    },
+    Binding {
+        keys: "?",
+        meaning: "this help (any key closes)",
+        actions: &[(|k| is_char(k, '?'), Action::ToggleHelp)],
+    },
+    Binding {
+        keys: "q / Ctrl-C",
+        meaning: "quit",
+        actions: &[(is_quit, Action::Quit), (is_ctrl_c, Action::Quit)],
+    },
+];
+
 /// Maps one terminal key event to an action, or `None` for keys with no binding in `mode`.
-pub fn map_key(mode: Mode, key: &KeyEvent) -> Option<Action> {
-    // Key release and repeat events (reported by some terminals) would double every press.
+pub(crate) fn map_key(mode: Mode, key: &KeyEvent) -> Option<Action> {
+    // Releases are dropped: Windows consoles (and terminals speaking the kitty keyboard protocol
+    // with event types on) report a key coming up as an event of its own, which would act on every
+    // press twice. Repeats are kept on purpose: a held key goes on doing what it does (hold ↓ to
+    // scroll), as it does on the many terminals that send a held key as a stream of presses.
     if key.kind == KeyEventKind::Release {
         return None;
     }
@@ -127,48 +203,13 @@ pub fn map_key(mode: Mode, key: &KeyEvent) -> Option<Action> {
         },
         Mode::Help if is_quit(key) => Some(Action::Quit),
         Mode::Help => Some(Action::ToggleHelp),
-        Mode::Normal => normal(key),
+        Mode::Normal => BINDINGS
+            .iter()
+            .flat_map(|b| b.actions)
+            .find(|(matches, _)| matches(key))
+            .map(|&(_, action)| action),
     }
 }
-
-fn normal(key: &KeyEvent) -> Option<Action> {
-    let action = match key.code {
-        _ if is_quit(key) => Action::Quit,
-        _ if is_help(key) => Action::ToggleHelp,
-        _ if is_pause(key) => Action::TogglePause,
-        _ if is_filter(key) => Action::StartFilter,
-        _ if is_sort(key) => Action::CycleSort,
-        _ if is_focus_next(key) => Action::FocusNext,
-        _ if is_focus_prev(key) => Action::FocusPrev,
-        _ if is_char(key, 'g') => Action::GapDown,
-        _ if is_char(key, 'G') => Action::GapUp,
-        _ if is_char(key, 's') => Action::SkewDown,
-        _ if is_char(key, 'S') => Action::SkewUp,
-        KeyCode::Up | KeyCode::Char('k') => Action::Scroll(-1),
-        KeyCode::Down | KeyCode::Char('j') => Action::Scroll(1),
-        KeyCode::PageUp => Action::Scroll(-PAGE),
-        KeyCode::PageDown => Action::Scroll(PAGE),
-        KeyCode::Home => Action::ScrollTop,
-        KeyCode::End => Action::ScrollBottom,
-        KeyCode::Esc => Action::FilterClear,
-        _ => return None,
-    };
-    Some(action)
-}
-
-/// The bindings as (keys, meaning) pairs, for the help overlay.
-pub const HELP: &[(&str, &str)] = &[
-    ("g / G", "min_load_gap −1 / +1"),
-    ("s / S", "max_load_skew −0.05 / +0.05"),
-    ("p", "pause the view (data keeps flowing)"),
-    ("Tab / S-Tab", "focus next / previous panel"),
-    ("↑ ↓ PgUp PgDn", "scroll the focused panel"),
-    ("Home / End", "first / last row"),
-    ("o", "cycle the key table's sort column"),
-    ("/", "filter keys: type, Enter keep, Esc clear"),
-    ("?", "this help (any key closes)"),
-    ("q / Ctrl-C", "quit"),
-];
 
 #[cfg(test)]
 mod tests {
@@ -228,15 +269,71 @@ mod tests {
     }
 
     #[test]
-    fn releases_and_ctrl_letters_are_ignored() {
+    fn releases_and_ctrl_letters_are_ignored_and_repeats_act() {
         let mut release = key(KeyCode::Char('q'));
         release.kind = KeyEventKind::Release;
         assert_eq!(map_key(Mode::Normal, &release), None);
+        let mut held = key(KeyCode::Down);
+        held.kind = KeyEventKind::Repeat;
+        assert_eq!(map_key(Mode::Normal, &held), Some(Action::Scroll(1)));
         let ctrl_g = KeyEvent::new(KeyCode::Char('g'), KeyModifiers::CONTROL);
         assert_eq!(map_key(Mode::Normal, &ctrl_g), None);
         assert_eq!(
             map_key(Mode::Normal, &key(KeyCode::PageDown)),
             Some(Action::Scroll(PAGE))
         );
+    }
+
+    /// One key per table entry, each with the action the old hand-written dispatcher gave it.
+    #[test]
+    fn every_binding_dispatches_its_action_and_no_key_is_bound_twice() {
+        let shift = |c| KeyEvent::new(KeyCode::Char(c), KeyModifiers::SHIFT);
+        let ctrl = |c| KeyEvent::new(KeyCode::Char(c), KeyModifiers::CONTROL);
+        let expected = [
+            (key(KeyCode::Char('g')), Action::GapDown),
+            (shift('G'), Action::GapUp),
+            (key(KeyCode::Char('s')), Action::SkewDown),
+            (shift('S'), Action::SkewUp),
+            (key(KeyCode::Char('p')), Action::TogglePause),
+            (key(KeyCode::Tab), Action::FocusNext),
+            (key(KeyCode::BackTab), Action::FocusPrev),
+            (key(KeyCode::Up), Action::Scroll(-1)),
+            (key(KeyCode::Char('k')), Action::Scroll(-1)),
+            (ctrl('k'), Action::Scroll(-1)),
+            (key(KeyCode::Down), Action::Scroll(1)),
+            (key(KeyCode::Char('j')), Action::Scroll(1)),
+            (key(KeyCode::PageUp), Action::Scroll(-PAGE)),
+            (key(KeyCode::PageDown), Action::Scroll(PAGE)),
+            (key(KeyCode::Home), Action::ScrollTop),
+            (key(KeyCode::End), Action::ScrollBottom),
+            (key(KeyCode::Char('o')), Action::CycleSort),
+            (key(KeyCode::Char('/')), Action::StartFilter),
+            (key(KeyCode::Esc), Action::FilterClear),
+            (key(KeyCode::Char('?')), Action::ToggleHelp),
+            (key(KeyCode::Char('q')), Action::Quit),
+            (ctrl('c'), Action::Quit),
+        ];
+        for (k, action) in expected {
+            assert_eq!(map_key(Mode::Normal, &k), Some(action), "{k:?}");
+            let matching = BINDINGS
+                .iter()
+                .flat_map(|b| b.actions)
+                .filter(|(matches, _)| matches(&k))
+                .count();
+            assert_eq!(matching, 1, "{k:?} matches {matching} table entries");
+        }
+        let entries: usize = BINDINGS.iter().map(|b| b.actions.len()).sum();
+        assert_eq!(
+            entries, 19,
+            "a binding was added without a key in this test"
+        );
+        for unbound in [
+            shift('K'),
+            ctrl('q'),
+            key(KeyCode::Char('x')),
+            key(KeyCode::Enter),
+        ] {
+            assert_eq!(map_key(Mode::Normal, &unbound), None, "{unbound:?}");
+        }
     }
 }

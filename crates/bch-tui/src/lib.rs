@@ -2,18 +2,34 @@
 //!
 //! The operator console for gatewayd: live worker load bars with the bounded policy's spill bound,
 //! ring ownership, per-key placement, the spill log, and runtime changes to `min_load_gap` and
-//! `max_load_skew`, over gatewayd's telemetry websocket (DESIGN.md §8, §9; `docs/tui.md`).
+//! `max_load_skew`, over gatewayd's telemetry websocket. What it shows and how to use it is in
+//! `docs/tui.md`; the rule behind the bound is in `docs/policy.md`.
 //!
-//! Split the way tokio-console is: [`conn`] (the connection state machine and its status),
-//! [`state`] (pure: frames and actions in, commands out), [`view`] (draws from `&State` only),
-//! [`input`] (key predicates → actions) and [`term`] (the terminal guard), tied together by
-//! [`app`].
+//! Split the way tokio-console is: `conn` (the network task and the status it reports), `state`
+//! (pure: frames and actions in, commands out), `view` (draws from `&State` only), `input` (keys →
+//! actions) and `term` (the terminal guard), tied together by `app`. Dependencies point one way:
+//! `app` uses everything, `view` reads `state` (and `conn`'s status, `input`'s key table), `state`
+//! uses `conn`'s status types and `input`'s actions, and `conn` and `input` use nothing of the
+//! crate. The modules are private; this root re-exports what the binary and the integration tests
+//! use.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
-pub mod app;
-pub mod cli;
-pub mod conn;
-pub mod input;
-pub mod state;
-pub mod term;
-pub mod view;
+mod app;
+mod cli;
+mod conn;
+mod input;
+mod state;
+mod term;
+mod view;
+
+pub use app::{App, FRAME_BUDGET, run};
+pub use cli::Cli;
+pub use conn::{ConnConfig, ConnEvent, ConnHandle, ConnStatus};
+pub use input::Action;
+pub use state::{
+    Change, CommandEntry, CommandState, Effect, Fleet, FleetBound, Panel, SPILL_LOG_CAP, Sample,
+    SortColumn, State, Ui,
+};
+pub use term::TerminalGuard;
+pub use view::{draw, viewports};

@@ -4,11 +4,7 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use bch_tui::app::{self, App};
-use bch_tui::cli::Cli;
-use bch_tui::conn::{self, ConnConfig};
-use bch_tui::state::State;
-use bch_tui::term::TerminalGuard;
+use bch_tui::{App, Cli, ConnConfig, ConnHandle, State, TerminalGuard};
 use clap::Parser;
 use crossterm::event::EventStream;
 
@@ -33,12 +29,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 
     let mut config = ConnConfig::new(cli.url.clone());
     config.token = token;
-    let handle = conn::spawn(config);
+    let handle = ConnHandle::spawn(config);
     let mut app = App::new(State::new(cli.url), handle.commands);
 
     let mut guard = TerminalGuard::enter()
         .context("cannot set up the terminal (bch-tui needs an interactive terminal)")?;
-    let result = app::run(
+    let result = bch_tui::run(
         guard.terminal(),
         EventStream::new(),
         &mut app,

@@ -13,13 +13,15 @@ use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
 
 /// The terminal type the binary draws on.
-pub type Tui = Terminal<CrosstermBackend<Stdout>>;
+type Tui = Terminal<CrosstermBackend<Stdout>>;
 
 /// Owns the terminal while the console runs; dropping it restores the terminal.
 pub struct TerminalGuard {
     terminal: Tui,
 }
 
+/// The restoring panic hook goes in once per process, however often a guard is entered, so hooks
+/// do not pile up around each other.
 static PANIC_HOOK: Once = Once::new();
 
 impl TerminalGuard {
@@ -53,7 +55,7 @@ impl TerminalGuard {
         }
     }
 
-    /// The terminal to draw on.
+    /// The terminal to draw on; raw mode and the alternate screen last as long as the guard.
     pub fn terminal(&mut self) -> &mut Tui {
         &mut self.terminal
     }
@@ -67,7 +69,7 @@ impl Drop for TerminalGuard {
 
 /// Leaves the alternate screen, shows the cursor and disables raw mode. Safe to call more than once
 /// and from a panic hook: errors are ignored because there is nowhere left to report them.
-pub fn restore() {
+fn restore() {
     let _ = disable_raw_mode();
     let _ = execute!(io::stdout(), LeaveAlternateScreen, Show);
 }

@@ -6,9 +6,7 @@ mod common;
 use std::pin::Pin;
 use std::time::Duration;
 
-use bch_tui::app::{self, App};
-use bch_tui::conn::{ConnEvent, ConnStatus};
-use bch_tui::state::State;
+use bch_tui::{App, ConnEvent, ConnStatus, State};
 use common::{buffer_text, frame};
 use crossterm::event::{Event, KeyCode, KeyEvent, KeyModifiers};
 use futures_util::Stream;
@@ -47,7 +45,7 @@ fn start() -> Harness {
     let task = tokio::spawn(async move {
         let mut terminal = Terminal::new(TestBackend::new(80, 24)).unwrap();
         let mut app = App::new(State::new("ws://127.0.0.1:9090/ws"), cmd_tx);
-        let result = app::run(&mut terminal, input, &mut app, conn_rx).await;
+        let result = bch_tui::run(&mut terminal, input, &mut app, conn_rx).await;
         (result, terminal, app)
     });
     Harness {
@@ -83,7 +81,7 @@ async fn countdown_ticks_without_events_and_keys_do_not_restart_it() {
         .unwrap()
         .unwrap();
     result.unwrap();
-    assert!(!app.state.ui.help);
+    assert!(!app.state().ui().help_open());
     let screen = buffer_text(terminal.backend().buffer());
     // Last tick redraw at 2.5 s: 2.5 s left, shown rounded up.
     assert!(screen.contains("RECONNECTING IN 3s"), "{screen}");
@@ -111,7 +109,7 @@ async fn a_seq_gap_sends_resync_and_ctrl_c_quits_while_typing_a_filter() {
     );
 
     // Let one frame budget pass so the throttled redraw happens before the quit.
-    tokio::time::sleep(app::FRAME_BUDGET * 2).await;
+    tokio::time::sleep(bch_tui::FRAME_BUDGET * 2).await;
     h.keys.send(press('/')).unwrap();
     h.keys.send(press('q')).unwrap();
     h.keys
@@ -126,10 +124,11 @@ async fn a_seq_gap_sends_resync_and_ctrl_c_quits_while_typing_a_filter() {
         .unwrap();
     result.unwrap();
     assert_eq!(
-        app.state.ui.filter, "q",
+        app.state().ui().filter(),
+        "q",
         "q was typed into the filter, not taken as quit"
     );
-    assert!(app.state.resyncing);
+    assert!(app.state().resyncing());
     let screen = buffer_text(terminal.backend().buffer());
     assert!(screen.contains("RESYNCING"), "{screen}");
 }

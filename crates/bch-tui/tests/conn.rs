@@ -10,10 +10,7 @@ mod common;
 use std::time::Duration;
 
 use bch_core::telemetry::{Ack, ClientCommand, ServerFrame, ServerMessage};
-use bch_tui::app::App;
-use bch_tui::conn::{self, ConnConfig, ConnEvent, ConnStatus};
-use bch_tui::input::Action;
-use bch_tui::state::{CommandState, State};
+use bch_tui::{Action, App, CommandState, ConnConfig, ConnEvent, ConnHandle, ConnStatus, State};
 use common::{frame, render};
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpListener;
@@ -33,11 +30,14 @@ async fn pump_until(
     done: impl Fn(&State) -> bool,
 ) {
     let deadline = tokio::time::Instant::now() + WAIT;
-    while !done(&app.state) {
+    while !done(app.state()) {
         let event = tokio::time::timeout_at(deadline, events.recv())
             .await
             .unwrap_or_else(|_| {
-                panic!("timed out waiting for: {what}; state: {:?}", app.state.conn)
+                panic!(
+                    "timed out waiting for: {what}; state: {:?}",
+                    app.state().conn()
+                )
             })
             .expect("network task ended");
         app.handle_conn(event);
@@ -107,12 +107,12 @@ async fn connect_command_ack_and_reconnect() {
 
     let mut config = ConnConfig::new(url.clone());
     config.token = Some("s3cret".into());
-    let handle = conn::spawn(config);
+    let handle = ConnHandle::spawn(config);
     let mut events = handle.events;
     let mut app = App::new(State::new(url), handle.commands);
 
     pump_until(&mut app, &mut events, "connected with a snapshot", |s| {
-        s.conn == ConnStatus::Connected && s.live.policy.is_some()
+        *s.conn() == ConnStatus::Connected && s.live().policy.is_some()
     })
     .await;
     let auth = tokio::time::timeout(WAIT, seen_rx.recv())
@@ -120,12 +120,12 @@ async fn connect_command_ack_and_reconnect() {
         .unwrap()
         .unwrap();
     assert_eq!(auth, "Bearer s3cret");
-    assert_eq!(app.state.live.workers.len(), 4);
+    assert_eq!(app.state().live().workers.len(), 4);
 
     // The operator presses G: set_policy goes out and the change shows as pending.
     assert!(!app.handle_action(Action::GapUp));
     assert_eq!(
-        app.state.last_command().unwrap().state,
+        app.state().last_command().unwrap().state,
         CommandState::Pending
     );
     let sent = tokio::time::timeout(WAIT, seen_rx.recv())
@@ -142,22 +142,22 @@ async fn connect_command_ack_and_reconnect() {
         s.last_command().unwrap().state == CommandState::Applied
     })
     .await;
-    assert_eq!(app.state.live.policy.unwrap().min_load_gap, 3);
+    assert_eq!(app.state().live().policy.unwrap().min_load_gap, 3);
 
     // The gateway closes; the client backs off and reconnects on its own.
     pump_until(&mut app, &mut events, "reconnecting after close", |s| {
-        matches!(s.conn, ConnStatus::Reconnecting { .. })
+        matches!(s.conn(), ConnStatus::Reconnecting { .. })
     })
     .await;
     pump_until(
         &mut app,
         &mut events,
         "reconnected with a fresh snapshot",
-        |s| s.conn == ConnStatus::Connected && s.last_seq == Some(0),
+        |s| *s.conn() == ConnStatus::Connected && s.last_seq() == Some(0),
     )
     .await;
     assert!(
-        !app.state.resyncing,
+        !app.state().resyncing(),
         "seq restarts at 0 on a new connection"
     );
 
@@ -169,17 +169,17 @@ async fn connect_command_ack_and_reconnect() {
         &mut app,
         &mut events,
         "a second failed attempt",
-        |s| matches!(s.conn, ConnStatus::Reconnecting { attempt, .. } if attempt >= 2),
+        |s| matches!(s.conn(), ConnStatus::Reconnecting { attempt, .. } if *attempt >= 2),
     )
     .await;
     let ConnStatus::Reconnecting {
         retry_at, reason, ..
-    } = app.state.conn.clone()
+    } = app.state().conn().clone()
     else {
         unreachable!()
     };
     assert!(!reason.is_empty());
-    let screen = render(&app.state, 80, 24, retry_at - Duration::from_millis(300));
+    let screen = render(app.state(), 80, 24, retry_at - Duration::from_millis(300));
     assert!(screen.contains("RECONNECTING IN 1s"), "{screen}");
 
     // A change typed while disconnected is answered at once, not queued for later.
@@ -188,7 +188,7 @@ async fn connect_command_ack_and_reconnect() {
         matches!(s.last_command().unwrap().state, CommandState::Failed(_))
     })
     .await;
-    assert_eq!(app.state.last_command().unwrap().id, 2);
+    assert_eq!(app.state().last_command().unwrap().id, 2);
     drop(app);
     // With the command sender gone the network task ends by itself.
     tokio::time::timeout(WAIT, handle.task)
@@ -211,16 +211,16 @@ async fn a_refused_token_is_reported_and_retried() {
         })
         .await;
     });
-    let handle = conn::spawn(ConnConfig::new(url.clone()));
+    let handle = ConnHandle::spawn(ConnConfig::new(url.clone()));
     let mut events = handle.events;
     let mut app = App::new(State::new(url), handle.commands);
     pump_until(&mut app, &mut events, "reconnecting after 401", |s| {
-        matches!(s.conn, ConnStatus::Reconnecting { .. })
+        matches!(s.conn(), ConnStatus::Reconnecting { .. })
     })
     .await;
     let ConnStatus::Reconnecting {
         reason, attempt, ..
-    } = &app.state.conn
+    } = app.state().conn()
     else {
         unreachable!()
     };

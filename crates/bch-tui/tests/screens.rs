@@ -10,10 +10,8 @@ use bch_core::telemetry::{
     KeyKind, KeyRecord, RingOwnership, RingShare, ServerFrame, ServerMessage, Snapshot, SpillEvent,
     Tick, Totals, WorkerRecord,
 };
-use bch_tui::conn::{ConnEvent, ConnStatus};
-use bch_tui::input::Action;
-use bch_tui::state::State;
-use common::{frame, frame_at, render};
+use bch_tui::{Action, ConnEvent, ConnStatus, State};
+use common::{connected_with, frame, frame_at, refusal, render};
 use insta::assert_snapshot;
 use tokio::time::{Duration, Instant};
 
@@ -157,13 +155,12 @@ fn threshold_change_applied_80x24() {
 
 #[test]
 fn threshold_change_refused_80x24() {
-    let mut s = connected();
-    let mut policy = s.live.policy.unwrap();
-    policy.max_load_skew = 1.0;
-    s.live.policy = Some(policy);
-    s.next_id = 2;
+    let mut s = connected_with(|snap| snap.policy.max_load_skew = 1.0);
+    // Refused twice: the status line shows the newest, #2.
     s.apply_action(Action::SkewDown);
-    s.apply_frame(frame_at("error_skew", 1));
+    s.apply_frame(refusal(1, 1));
+    s.apply_action(Action::SkewDown);
+    s.apply_frame(refusal(2, 2));
     assert_snapshot!(render(&s, 80, 24, Instant::now()));
 }
 
@@ -317,7 +314,7 @@ fn drawing_a_big_fleet_is_cheap() {
     let start = std::time::Instant::now();
     for _ in 0..20 {
         terminal
-            .draw(|f| bch_tui::view::draw(f, &s, Instant::now()))
+            .draw(|f| bch_tui::draw(f, &s, Instant::now()))
             .unwrap();
     }
     let per_frame = start.elapsed() / 20;
@@ -352,4 +349,14 @@ fn url_named_workers_stay_distinguishable_80x24() {
     for port in ["18100", "18101", "18102", "18103"] {
         assert!(workers_panel.contains(port), "{port} missing:\n{screen}");
     }
+}
+
+#[test]
+fn a_policy_change_names_who_made_it() {
+    let mut s = connected();
+    s.apply_frame(frame_at("policy", 1));
+    let screen = render(&s, 160, 48, Instant::now());
+    let policy_line = screen.lines().nth(1).unwrap();
+    assert!(policy_line.contains("gap 3"), "{screen}");
+    assert!(policy_line.ends_with("(changed by http)"), "{screen}");
 }

@@ -4,10 +4,11 @@ mod common;
 
 use bch_core::policy::{BoundCheck, PolicyKind};
 use bch_core::telemetry::{ChangeSource, ClientCommand, CommandId, ServerMessage, SpillEvent};
-use bch_tui::conn::{ConnEvent, ConnStatus};
-use bch_tui::input::Action;
-use bch_tui::state::{CommandState, Effect, Fleet, SPILL_LOG_CAP, SortColumn, State};
-use common::{frame, frame_at};
+use bch_tui::{
+    Action, CommandState, ConnEvent, ConnStatus, Effect, Fleet, Panel, SPILL_LOG_CAP, SortColumn,
+    State,
+};
+use common::{connected_with, frame, frame_at, refusal};
 use tokio::time::{Duration, Instant};
 
 fn connected() -> State {
@@ -24,7 +25,7 @@ fn worker<'a>(f: &'a Fleet, name: &str) -> &'a bch_core::telemetry::WorkerRecord
 #[test]
 fn snapshot_replaces_everything() {
     let mut s = connected();
-    let f = &s.live;
+    let f = s.live();
     assert_eq!(f.workers.len(), 4);
     assert_eq!(f.keys.len(), 8);
     assert_eq!(f.spills.len(), 2);
@@ -47,11 +48,11 @@ fn snapshot_replaces_everything() {
         body.spills.clear();
     }
     s.apply_frame(snap);
-    assert_eq!(s.live.keys.len(), 1);
-    assert!(s.live.spills.is_empty());
-    assert_eq!(worker(&s.live, "w0").active, 2);
+    assert_eq!(s.live().keys.len(), 1);
+    assert!(s.live().spills.is_empty());
+    assert_eq!(worker(s.live(), "w0").active, 2);
     assert_eq!(
-        s.live.history.len(),
+        s.live().history.len(),
         1,
         "sparkline history survives a snapshot"
     );
@@ -61,7 +62,7 @@ fn snapshot_replaces_everything() {
 fn tick_upserts_removes_and_appends() {
     let mut s = connected();
     assert_eq!(s.apply_frame(frame("tick_spill")), None);
-    let f = &s.live;
+    let f = s.live();
     assert_eq!(worker(f, "w0").active, 9);
     assert_eq!(
         worker(f, "w2").active,
@@ -76,7 +77,7 @@ fn tick_upserts_removes_and_appends() {
     assert_eq!(f.history.len(), 1);
 
     s.apply_frame(frame("tick_unhealthy"));
-    let f = &s.live;
+    let f = s.live();
     assert!(!worker(f, "w2").healthy);
     assert!(!f.keys.contains_key("summarize-long-context-tenant-42"));
     assert_eq!(f.keys.len(), 7);
@@ -85,25 +86,30 @@ fn tick_upserts_removes_and_appends() {
 }
 
 #[test]
-fn bounds_use_healthy_workers_only() {
+fn bound_uses_healthy_workers_only() {
     let mut s = connected();
     s.apply_frame(frame("tick_spill"));
-    let b = s.live.bounds().unwrap();
+    let b = s.live().bound().unwrap();
     // Loads [9, 3, 1, 1]: min 1, mean 3.5; gap 2 → 3; skew 1.5 → 5.25.
-    assert_eq!((b.min, b.healthy, b.gap_bound), (1, 4, 3));
-    assert_eq!(b.skew_bound, 5.25);
-    assert!(b.over(9));
-    assert!(!b.over(5), "above min+gap but not above mean×skew");
+    assert_eq!(
+        (b.load().min_load, b.load().healthy, b.gap_bound()),
+        (1, 4, 3)
+    );
+    assert_eq!(b.skew_bound(), 5.25);
+    assert!(b.check(9).should_spill());
+    assert!(
+        !b.check(5).should_spill(),
+        "above min+gap but not above mean×skew"
+    );
     s.apply_frame(frame("tick_unhealthy"));
-    let b = s.live.bounds().unwrap();
+    let b = s.live().bound().unwrap();
     // w2 is down: loads [9, 3, 1].
-    assert_eq!((b.min, b.healthy), (1, 3));
-    assert!((b.mean - 13.0 / 3.0).abs() < 1e-9);
+    assert_eq!((b.load().min_load, b.load().healthy), (1, 3));
+    assert!((b.load().mean_load - 13.0 / 3.0).abs() < 1e-9);
 }
 
 #[test]
-fn bounds_agree_with_the_core_spill_rule() {
-    let mut s = connected();
+fn bound_agrees_with_the_spill_rule_on_the_fleet_loads() {
     for loads in [
         [0, 0, 0, 0],
         [3, 0, 0, 0],
@@ -114,27 +120,30 @@ fn bounds_agree_with_the_core_spill_rule() {
     ] {
         for gap in 0..4 {
             for skew in [1.0, 1.25, 1.5, 2.0] {
-                let mut policy = s.live.policy.unwrap();
-                policy.min_load_gap = gap;
-                policy.max_load_skew = skew;
-                s.live.policy = Some(policy);
-                for (w, &load) in s.live.workers.iter_mut().zip(&loads) {
-                    w.active = load;
-                    w.healthy = true;
-                }
-                let b = s.live.bounds().unwrap();
+                let s = connected_with(|snap| {
+                    snap.policy.min_load_gap = gap;
+                    snap.policy.max_load_skew = skew;
+                    for (w, &load) in snap.workers.iter_mut().zip(&loads) {
+                        w.active = load;
+                        w.healthy = true;
+                    }
+                });
+                let b = s.live().bound().unwrap();
+                // min and mean worked out here, not by the code under test.
+                let min = *loads.iter().min().unwrap();
+                let mean = loads.iter().sum::<u64>() as f64 / loads.len() as f64;
                 let check = BoundCheck {
                     preferred_load: loads[0],
-                    min_load: b.min,
-                    mean_load: b.mean,
+                    min_load: min,
+                    mean_load: mean,
                     min_load_gap: gap,
                     max_load_skew: skew,
                 };
-                assert_eq!(
-                    b.over(loads[0]),
-                    check.should_spill(),
-                    "{loads:?} {gap} {skew}"
-                );
+                let by_hand = loads[0] > min + gap && loads[0] as f64 > mean * skew;
+                let over = b.check(loads[0]).should_spill();
+                assert_eq!(over, check.should_spill(), "{loads:?} {gap} {skew}");
+                assert_eq!(over, by_hand, "{loads:?} {gap} {skew}");
+                assert_eq!(b.check(loads[0]), check, "{loads:?} {gap} {skew}");
             }
         }
     }
@@ -144,15 +153,22 @@ fn bounds_agree_with_the_core_spill_rule() {
 fn ring_and_policy_frames_replace_their_part() {
     let mut s = connected();
     s.apply_frame(frame_at("ring", 1));
-    assert_eq!(s.live.workers.len(), 5);
-    assert_eq!(s.live.ring.as_ref().unwrap().workers.len(), 5);
-    assert!(s.live.arcs.iter().any(|&(_, _, i)| i == 4));
-    assert_eq!(s.live.keys.len(), 8, "a ring change keeps the tracked keys");
+    assert_eq!(s.live().workers.len(), 5);
+    assert_eq!(s.live().ring.as_ref().unwrap().workers.len(), 5);
+    assert!(
+        (0..1000).any(|i| s.live().owner_at(i as f64 / 1000.0) == Some(4)),
+        "the new worker owns part of the ring"
+    );
+    assert_eq!(
+        s.live().keys.len(),
+        8,
+        "a ring change keeps the tracked keys"
+    );
 
     s.apply_frame(frame_at("policy", 2));
-    assert_eq!(s.live.policy.unwrap().min_load_gap, 3);
-    assert_eq!(s.live.policy_changed_by, Some(ChangeSource::Http));
-    assert!(!s.resyncing);
+    assert_eq!(s.live().policy.unwrap().min_load_gap, 3);
+    assert_eq!(s.live().policy_changed_by, Some(ChangeSource::Http));
+    assert!(!s.resyncing());
 }
 
 #[test]
@@ -164,14 +180,14 @@ fn seq_gap_sends_one_resync_until_the_next_snapshot() {
         s.apply_frame(frame_at("tick_unhealthy", 3)),
         Some(ClientCommand::Resync { id: None })
     );
-    assert!(s.resyncing);
+    assert!(s.resyncing());
     // The gap is already being repaired: no second resync for the next jump.
     assert_eq!(s.apply_frame(frame_at("tick_spill", 9)), None);
-    assert!(s.resyncing);
+    assert!(s.resyncing());
     assert_eq!(s.apply_frame(frame_at("snapshot", 10)), None);
-    assert!(!s.resyncing);
+    assert!(!s.resyncing());
     assert_eq!(s.apply_frame(frame_at("tick_spill", 11)), None);
-    assert!(!s.resyncing);
+    assert!(!s.resyncing());
 }
 
 #[test]
@@ -179,7 +195,7 @@ fn a_snapshot_after_a_gap_needs_no_resync() {
     // The gateway follows a queue overflow with a fresh snapshot on its own.
     let mut s = connected();
     assert_eq!(s.apply_frame(frame_at("snapshot", 5)), None);
-    assert!(!s.resyncing);
+    assert!(!s.resyncing());
 }
 
 #[test]
@@ -194,7 +210,7 @@ fn a_new_connection_restarts_seq() {
     s.apply_conn_event(ConnEvent::Status(ConnStatus::Connected));
     assert_eq!(s.apply_frame(frame_at("snapshot", 0)), None);
     assert_eq!(s.apply_frame(frame_at("tick_spill", 1)), None);
-    assert!(!s.resyncing);
+    assert!(!s.resyncing());
 }
 
 fn sent(effect: Effect) -> serde_json::Value {
@@ -214,34 +230,42 @@ fn gap_change_goes_pending_then_applied() {
     );
     assert_eq!(s.last_command().unwrap().state, CommandState::Pending);
     assert_eq!(
-        s.live.policy.unwrap().min_load_gap,
+        s.live().policy.unwrap().min_load_gap,
         2,
         "nothing changes before the ack"
     );
 
     s.apply_frame(frame_at("ack", 1));
     assert_eq!(s.last_command().unwrap().state, CommandState::Applied);
-    assert_eq!(s.live.policy.unwrap().min_load_gap, 3);
+    assert_eq!(s.live().policy.unwrap().min_load_gap, 3);
 }
 
 #[test]
 fn skew_below_one_is_sent_and_the_gateway_error_shown() {
-    let mut s = connected();
-    let mut policy = s.live.policy.unwrap();
-    policy.max_load_skew = 1.0;
-    s.live.policy = Some(policy);
-    s.next_id = 2;
+    let mut s = connected_with(|snap| snap.policy.max_load_skew = 1.0);
+    let json = sent(s.apply_action(Action::SkewDown));
+    assert_eq!(
+        json,
+        serde_json::json!({"type":"set_policy","id":1,"max_load_skew":0.95})
+    );
+    s.apply_frame(refusal(1, 1));
+    assert_eq!(
+        s.last_command().unwrap().state,
+        CommandState::Failed("max_load_skew must be a finite number >= 1.0, got 0.95".into())
+    );
+    // The next press starts from the policy in force again, not from the refused value, and gets
+    // the next id.
     let json = sent(s.apply_action(Action::SkewDown));
     assert_eq!(
         json,
         serde_json::json!({"type":"set_policy","id":2,"max_load_skew":0.95})
     );
-    s.apply_frame(frame_at("error_skew", 1));
+    s.apply_frame(frame_at("error_skew", 2));
     assert_eq!(
         s.last_command().unwrap().state,
         CommandState::Failed("max_load_skew must be a finite number >= 1.0, got 0.95".into())
     );
-    assert_eq!(s.live.policy.unwrap().max_load_skew, 1.0);
+    assert_eq!(s.live().policy.unwrap().max_load_skew, 1.0);
 }
 
 #[test]
@@ -252,25 +276,22 @@ fn quick_presses_build_on_the_pending_value() {
     assert_eq!(sent(s.apply_action(Action::SkewUp))["max_load_skew"], 1.55);
     assert_eq!(sent(s.apply_action(Action::SkewUp))["max_load_skew"], 1.6);
     assert_eq!(sent(s.apply_action(Action::SkewUp))["max_load_skew"], 1.65);
-    assert_eq!(s.commands.len(), 5);
+    assert_eq!(s.commands().len(), 5);
 }
 
 #[test]
 fn gap_cannot_go_below_zero() {
-    let mut s = connected();
-    let mut policy = s.live.policy.unwrap();
-    policy.min_load_gap = 0;
-    s.live.policy = Some(policy);
+    let mut s = connected_with(|snap| snap.policy.min_load_gap = 0);
     assert_eq!(s.apply_action(Action::GapDown), Effect::None);
-    assert!(s.notice.as_deref().unwrap().contains("already 0"));
-    assert!(s.commands.is_empty());
+    assert!(s.notice().unwrap().contains("already 0"));
+    assert_eq!(s.commands().len(), 0);
 }
 
 #[test]
 fn no_threshold_change_before_the_policy_is_known() {
     let mut s = State::new("ws://x/ws");
     assert_eq!(s.apply_action(Action::GapUp), Effect::None);
-    assert!(s.notice.is_some());
+    assert!(s.notice().is_some());
 }
 
 #[test]
@@ -313,7 +334,7 @@ fn an_error_without_our_id_becomes_a_notice() {
         e.id = Some(CommandId::Number(99));
     }
     s.apply_frame(f);
-    assert!(s.notice.as_deref().unwrap().contains("max_load_skew"));
+    assert!(s.notice().unwrap().contains("max_load_skew"));
 }
 
 #[test]
@@ -322,7 +343,7 @@ fn pause_freezes_the_view_while_frames_keep_applying() {
     s.apply_action(Action::TogglePause);
     assert!(s.paused());
     s.apply_frame(frame_at("tick_spill", 1));
-    assert_eq!(worker(&s.live, "w0").active, 9);
+    assert_eq!(worker(s.live(), "w0").active, 9);
     assert_eq!(worker(s.visible(), "w0").active, 2);
     s.apply_action(Action::TogglePause);
     assert_eq!(worker(s.visible(), "w0").active, 9);
@@ -331,7 +352,7 @@ fn pause_freezes_the_view_while_frames_keep_applying() {
 #[test]
 fn spill_log_is_bounded_and_keeps_the_newest() {
     let mut s = connected();
-    let template: SpillEvent = s.live.spills[0].clone();
+    let template: SpillEvent = s.live().spills[0].clone();
     for seq in 1..=30u64 {
         let mut f = frame_at("tick_spill", seq);
         if let ServerMessage::Tick(ref mut t) = f.message {
@@ -344,9 +365,9 @@ fn spill_log_is_bounded_and_keeps_the_newest() {
         }
         s.apply_frame(f);
     }
-    assert_eq!(s.live.spills.len(), SPILL_LOG_CAP);
-    assert_eq!(s.live.spills.back().unwrap().ts_ms, 3009);
-    assert_eq!(s.live.spills.front().unwrap().ts_ms, 1100);
+    assert_eq!(s.live().spills.len(), SPILL_LOG_CAP);
+    assert_eq!(s.live().spills.back().unwrap().ts_ms, 3009);
+    assert_eq!(s.live().spills.front().unwrap().ts_ms, 1100);
 }
 
 #[test]
@@ -360,11 +381,11 @@ fn key_table_sorts_and_filters() {
     };
     assert_eq!(labels(&s)[0], "chat-session-0001", "most recent first");
     s.apply_action(Action::CycleSort);
-    assert_eq!(s.ui.sort, SortColumn::Key);
+    assert_eq!(s.ui().sort(), SortColumn::Key);
     assert_eq!(labels(&s)[0], "agent-7/code");
     s.apply_action(Action::CycleSort);
     s.apply_action(Action::CycleSort);
-    assert_eq!(s.ui.sort, SortColumn::Requests);
+    assert_eq!(s.ui().sort(), SortColumn::Requests);
     assert_eq!(labels(&s)[0], "rag-docs-v2");
 
     s.apply_action(Action::StartFilter);
@@ -377,7 +398,7 @@ fn key_table_sorts_and_filters() {
         "case-insensitive, live while typing"
     );
     s.apply_action(Action::FilterApply);
-    assert!(!s.ui.filter_editing);
+    assert!(!s.ui().filter_editing());
     assert_eq!(labels(&s).len(), 2);
     s.apply_action(Action::FilterClear);
     assert_eq!(labels(&s).len(), 8);
@@ -387,33 +408,34 @@ fn key_table_sorts_and_filters() {
 fn scrolling_stays_within_the_focused_panel() {
     let mut s = connected();
     s.apply_action(Action::Scroll(10));
-    assert_eq!(
-        s.scroll(bch_tui::state::Panel::Workers),
-        3,
-        "clamped to the last worker"
-    );
+    assert_eq!(s.scroll(Panel::Workers), 3, "clamped to the last worker");
     s.apply_action(Action::FocusNext);
     s.apply_action(Action::FocusNext);
     s.apply_action(Action::ScrollBottom);
-    assert_eq!(s.scroll(bch_tui::state::Panel::Keys), 7);
+    assert_eq!(s.scroll(Panel::Keys), 7);
     s.apply_action(Action::Scroll(-100));
-    assert_eq!(s.scroll(bch_tui::state::Panel::Keys), 0);
+    assert_eq!(s.scroll(Panel::Keys), 0);
     s.apply_action(Action::FocusPrev);
-    assert_eq!(s.ui.focus, bch_tui::state::Panel::Ring);
+    assert_eq!(s.ui().focus(), Panel::Ring);
 }
 
 #[test]
 fn scrolling_stops_at_the_last_full_page_once_the_viewport_is_known() {
     let mut s = connected();
-    s.ui.focus = bch_tui::state::Panel::Keys;
-    s.ui.viewport = bch_tui::view::viewports(ratatui::layout::Rect::new(0, 0, 80, 24), &s);
-    let shown = s.ui.viewport[2];
+    s.apply_action(Action::FocusNext);
+    s.apply_action(Action::FocusNext);
+    assert_eq!(s.ui().focus(), Panel::Keys);
+    s.set_viewports(bch_tui::viewports(
+        ratatui::layout::Rect::new(0, 0, 80, 24),
+        &s,
+    ));
+    let shown = s.ui().viewport(Panel::Keys);
     assert!(shown > 0 && shown < 8, "{shown}");
     s.apply_action(Action::ScrollBottom);
-    assert_eq!(s.scroll(bch_tui::state::Panel::Keys), 8 - shown);
+    assert_eq!(s.scroll(Panel::Keys), 8 - shown);
     // One step up moves the view at once: no dead presses past the end.
     s.apply_action(Action::Scroll(-1));
-    assert_eq!(s.scroll(bch_tui::state::Panel::Keys), 8 - shown - 1);
+    assert_eq!(s.scroll(Panel::Keys), 8 - shown - 1);
     let screen = common::render(&s, 80, 24, tokio::time::Instant::now());
     assert!(
         screen.contains(&format!("{}–{} of 8", 8 - shown, 7)),

@@ -1,9 +1,8 @@
 //! Helpers shared by the integration tests: recorded frames and rendering to text.
 #![allow(dead_code)]
 
-use bch_core::telemetry::{ServerFrame, ServerMessage};
-use bch_tui::state::State;
-use bch_tui::view;
+use bch_core::telemetry::{CommandId, ServerFrame, ServerMessage, Snapshot};
+use bch_tui::{ConnEvent, ConnStatus, State};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 use ratatui::buffer::Buffer;
@@ -23,15 +22,45 @@ pub fn frame_at(name: &str, seq: u64) -> ServerFrame {
     f
 }
 
+/// The recorded `error` frame (the gateway refusing a skew below 1.0), answering command `id`, at
+/// `seq`.
+pub fn refusal(id: u64, seq: u64) -> ServerFrame {
+    let mut f = frame_at("error_skew", seq);
+    let ServerMessage::Error(ref mut e) = f.message else {
+        panic!("error_skew.json holds a {:?}", f.message);
+    };
+    e.id = Some(CommandId::Number(id));
+    f
+}
+
 /// The message inside a recorded frame.
 pub fn message(name: &str) -> ServerMessage {
     frame(name).message
 }
 
+/// The recorded snapshot with `edit` applied to it: the way to start from other thresholds or
+/// loads through the front door, as the gateway would send them.
+pub fn snapshot_with(edit: impl FnOnce(&mut Snapshot)) -> ServerFrame {
+    let mut f = frame("snapshot");
+    let ServerMessage::Snapshot(ref mut snap) = f.message else {
+        panic!("snapshot.json holds a {:?}", f.message);
+    };
+    edit(snap);
+    f
+}
+
+/// A connected console that has applied `snapshot_with(edit)`.
+pub fn connected_with(edit: impl FnOnce(&mut Snapshot)) -> State {
+    let mut s = State::new("ws://127.0.0.1:9090/ws");
+    s.apply_conn_event(ConnEvent::Status(ConnStatus::Connected));
+    assert_eq!(s.apply_frame(snapshot_with(edit)), None);
+    s
+}
+
 /// Draws the whole console into a `width × height` test terminal at `now`.
 pub fn render(state: &State, width: u16, height: u16, now: Instant) -> String {
     let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
-    terminal.draw(|f| view::draw(f, state, now)).unwrap();
+    terminal.draw(|f| bch_tui::draw(f, state, now)).unwrap();
     buffer_text(terminal.backend().buffer())
 }
 

@@ -1,0 +1,200 @@
+//! The threshold changes the operator made and what became of them: the step one key press asks
+//! for ([`Change::step`]), and the log of sent changes with their fate ([`CommandLog`]), which is
+//! what the status line shows and what `ack`/`error` frames are matched against.
+
+use std::collections::VecDeque;
+
+use bch_core::policy::PolicySettings;
+use bch_core::telemetry::{ClientCommand, CommandId};
+
+/// Threshold changes remembered; the status line shows only the newest, the rest are there so a
+/// late `ack` or `error` still finds its entry.
+const COMMAND_LOG_CAP: usize = 16;
+/// How far one press of `s` / `S` moves `max_load_skew`.
+const SKEW_STEP: f64 = 0.05;
+
+/// A threshold of the bounded policy the console can change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Threshold {
+    /// `min_load_gap`, in in-flight requests.
+    MinLoadGap,
+    /// `max_load_skew`, a factor over the fleet mean.
+    MaxLoadSkew,
+}
+
+/// One requested threshold change, as `(from, to)`: `from` is what the change was computed from,
+/// so the status line can say `gap 2 → 3`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Change {
+    /// `min_load_gap` from → to, in requests.
+    Gap(u64, u64),
+    /// `max_load_skew` from → to, as factors.
+    Skew(f64, f64),
+}
+
+impl Change {
+    /// Which threshold this changes.
+    pub(crate) fn threshold(self) -> Threshold {
+        match self {
+            Change::Gap(..) => Threshold::MinLoadGap,
+            Change::Skew(..) => Threshold::MaxLoadSkew,
+        }
+    }
+
+    /// The change one key press asks for: a step `up` or down from `pending` (the newest change to
+    /// the same threshold still awaiting an answer) or, without one, from the policy in force. So
+    /// pressing `G` three times quickly asks for +3, not for +1 three times. `Err` says why there
+    /// is no change to make.
+    pub(crate) fn step(
+        threshold: Threshold,
+        up: bool,
+        pending: Option<Change>,
+        policy: &PolicySettings,
+    ) -> Result<Change, &'static str> {
+        match threshold {
+            Threshold::MinLoadGap => {
+                let from = match pending {
+                    Some(Change::Gap(_, to)) => to,
+                    _ => policy.min_load_gap,
+                };
+                let to = if up {
+                    from.saturating_add(1)
+                } else {
+                    from.checked_sub(1).ok_or("min_load_gap is already 0")?
+                };
+                Ok(Change::Gap(from, to))
+            }
+            Threshold::MaxLoadSkew => {
+                let from = match pending {
+                    Some(Change::Skew(_, to)) => to,
+                    _ => policy.max_load_skew,
+                };
+                let delta = if up { SKEW_STEP } else { -SKEW_STEP };
+                // Round to the step's precision so repeated presses do not drift (1.5 + 0.05 × 3 =
+                // 1.65, not 1.6500000000000001). Not clamped at 1.0: the gateway validates and
+                // says why.
+                let to = ((from + delta) * 100.0).round() / 100.0;
+                Ok(Change::Skew(from, to))
+            }
+        }
+    }
+
+    /// The `set_policy` command asking for this change under command id `id`.
+    fn command(self, id: u64) -> ClientCommand {
+        let (min_load_gap, max_load_skew) = match self {
+            Change::Gap(_, to) => (Some(to), None),
+            Change::Skew(_, to) => (None, Some(to)),
+        };
+        ClientCommand::SetPolicy {
+            id: Some(CommandId::Number(id)),
+            kind: None,
+            min_load_gap,
+            max_load_skew,
+        }
+    }
+}
+
+/// Where a sent threshold change stands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CommandState {
+    /// Sent; no `ack` or `error` yet.
+    Pending,
+    /// The gateway acknowledged it and the policy now holds the new value.
+    Applied,
+    /// The gateway refused it (its message), or it never reached the gateway (why not).
+    Failed(String),
+}
+
+/// One threshold change the operator made, and its fate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommandEntry {
+    /// The command id sent in `set_policy`, which the gateway's `ack` or `error` echoes.
+    pub id: u64,
+    /// The change asked for, with the value it was computed from.
+    pub change: Change,
+    /// Where it stands: pending until the gateway answers, or failed if the connection went first.
+    pub state: CommandState,
+}
+
+/// The sent threshold changes, oldest first, at most [`COMMAND_LOG_CAP`], and the id the next one
+/// gets. Ids start at 1 and only grow, so an answer can never be matched to the wrong change.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct CommandLog {
+    entries: VecDeque<CommandEntry>,
+    next_id: u64,
+}
+
+impl Default for CommandLog {
+    fn default() -> Self {
+        Self {
+            entries: VecDeque::new(),
+            next_id: 1,
+        }
+    }
+}
+
+impl CommandLog {
+    /// Records `change` as pending and returns the command that asks the gateway for it.
+    pub(crate) fn send(&mut self, change: Change) -> ClientCommand {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.entries.push_back(CommandEntry {
+            id,
+            change,
+            state: CommandState::Pending,
+        });
+        while self.entries.len() > COMMAND_LOG_CAP {
+            self.entries.pop_front();
+        }
+        change.command(id)
+    }
+
+    /// The newest change to `threshold` still waiting for an answer.
+    pub(crate) fn newest_pending(&self, threshold: Threshold) -> Option<Change> {
+        self.entries
+            .iter()
+            .rev()
+            .filter(|c| c.state == CommandState::Pending)
+            .map(|c| c.change)
+            .find(|c| c.threshold() == threshold)
+    }
+
+    /// Whether `id` is one of the changes in the log.
+    pub(crate) fn knows(&self, id: u64) -> bool {
+        self.entries.iter().any(|c| c.id == id)
+    }
+
+    /// Marks change `id` applied (the gateway's `ack`).
+    pub(crate) fn applied(&mut self, id: u64) {
+        if let Some(entry) = self.entries.iter_mut().find(|c| c.id == id) {
+            entry.state = CommandState::Applied;
+        }
+    }
+
+    /// Marks change `id` failed with `message`, unless it already has an answer: a late failure
+    /// must not overwrite what the gateway said.
+    pub(crate) fn failed(&mut self, id: u64, message: String) {
+        if let Some(entry) = self.entries.iter_mut().find(|c| c.id == id) {
+            if entry.state == CommandState::Pending {
+                entry.state = CommandState::Failed(message);
+            }
+        }
+    }
+
+    /// Marks every pending change failed with `message`: after a lost connection no answer can
+    /// come for them.
+    pub(crate) fn fail_pending(&mut self, message: &str) {
+        for entry in &mut self.entries {
+            if entry.state == CommandState::Pending {
+                entry.state = CommandState::Failed(message.to_owned());
+            }
+        }
+    }
+
+    /// The changes, oldest first (the status line shows the last).
+    pub(crate) fn iter(
+        &self,
+    ) -> impl DoubleEndedIterator<Item = &CommandEntry> + ExactSizeIterator {
+        self.entries.iter()
+    }
+}

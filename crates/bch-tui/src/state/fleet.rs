@@ -1,0 +1,199 @@
+//! The telemetry-derived picture of the fleet ([`Fleet`]): workers, ring, tracked keys, the spill log
+//! and the rate history, kept as the gateway last described them, plus the spill bound
+//! ([`FleetBound`]) worked out from them with bch-core's rule.
+//!
+//! Only the state module changes a fleet (the `apply_*` methods); everyone else gets `&Fleet`.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use bch_core::policy::{BoundCheck, FleetLoad, PolicySettings};
+use bch_core::telemetry::{
+    ChangeSource, KeyRecord, PolicyUpdate, RingOwnership, RingUpdate, Snapshot, SpillEvent, Tick,
+    Totals, WorkerRecord,
+};
+
+/// Spill events kept for the log; older ones fall off the front. More than the tallest screen
+/// shows, few enough that a clone for pausing stays cheap.
+pub const SPILL_LOG_CAP: usize = 200;
+/// Rate samples kept for the sparklines (one per tick: 24 s at the default 100 ms interval), more
+/// than the widest screen shows.
+const HISTORY_CAP: usize = 240;
+
+/// The fleet as the gateway last described it. Cloned whole when the view is paused, so the
+/// panels can show a frozen copy while frames keep applying to the live one.
+///
+/// The fields mirror the telemetry records; they are public to read, and only `&Fleet` ever leaves
+/// the state.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Fleet {
+    /// Gateway time of the last applied snapshot or tick, ms since the Unix epoch.
+    pub ts_ms: u64,
+    /// The policy and thresholds in force; `None` until the first snapshot.
+    pub policy: Option<PolicySettings>,
+    /// Who made the last policy change seen on this connection; `None` when none was seen since
+    /// the last snapshot.
+    pub policy_changed_by: Option<ChangeSource>,
+    /// Every registered worker, in configuration order (the gateway's order, kept so rows do not
+    /// jump between frames).
+    pub workers: Vec<WorkerRecord>,
+    /// Who owns which part of the hash ring; `None` until the first snapshot.
+    pub ring: Option<RingOwnership>,
+    /// Tracked routing keys by label, so a tick's record replaces the old one in place.
+    pub keys: BTreeMap<String, KeyRecord>,
+    /// Recent spill events, oldest first, at most [`SPILL_LOG_CAP`].
+    pub spills: VecDeque<SpillEvent>,
+    /// Fleet-wide rates (per second) and totals from the last snapshot or tick.
+    pub totals: Totals,
+    /// Frames the gateway dropped for this connection because the console read too slowly
+    /// (cumulative, as the gateway counts them).
+    pub dropped_events: u64,
+    /// Rate history for the sparklines, oldest first, at most [`HISTORY_CAP`]; survives snapshots
+    /// so a resync does not blank the sparklines.
+    pub history: VecDeque<Sample>,
+    /// Every arc of the ring as `(start, end, index into ring.workers)`, sorted by start, so the
+    /// owner of any position is a binary search away.
+    arcs: Vec<(f64, f64, usize)>,
+}
+
+/// One point of the sparklines: the fleet-wide rates of one tick.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Sample {
+    /// Requests per second over all workers.
+    pub requests_per_s: f64,
+    /// Spills per second over all workers.
+    pub spills_per_s: f64,
+}
+
+/// The bound the bounded policy enforces right now: the healthy workers' load summary and the
+/// thresholds in force. The numbers and the spill test are bch-core's ([`FleetLoad`],
+/// [`BoundCheck`]), the same code the gateway routes with, so the OVER flag can never disagree
+/// with the gateway's decision on the same loads (`docs/policy.md`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FleetBound {
+    load: FleetLoad,
+    policy: PolicySettings,
+}
+
+impl FleetBound {
+    /// Min, mean and count of the healthy workers' in-flight requests.
+    pub fn load(&self) -> FleetLoad {
+        self.load
+    }
+
+    /// The check for a new explicit-key request whose preferred worker has `active` in-flight
+    /// requests; [`BoundCheck::should_spill`] says whether it would spill.
+    pub fn check(&self, active: u64) -> BoundCheck {
+        self.load.bound_for(active, &self.policy)
+    }
+
+    /// `min + min_load_gap`, in requests: a preferred worker must be above it to spill. It does not
+    /// depend on the preferred worker's load, so any load gives it.
+    pub fn gap_bound(&self) -> u64 {
+        self.check(self.load.min_load).gap_bound()
+    }
+
+    /// `mean × max_load_skew`, in requests: a preferred worker must be above it to spill and a
+    /// target must be at or below it. Independent of the preferred worker's load, like the gap
+    /// bound.
+    pub fn skew_bound(&self) -> f64 {
+        self.check(self.load.min_load).skew_bound()
+    }
+}
+
+impl Fleet {
+    /// The current bound, or `None` before the policy is known or while no worker is healthy.
+    pub fn bound(&self) -> Option<FleetBound> {
+        let policy = self.policy?;
+        let healthy = self.workers.iter().filter(|w| w.healthy).map(|w| w.active);
+        Some(FleetBound {
+            load: FleetLoad::of(healthy)?,
+            policy,
+        })
+    }
+
+    /// Index into `ring.workers` of the worker owning ring position `x` (0.0..1.0), or `None`
+    /// before the ring is known.
+    pub fn owner_at(&self, x: f64) -> Option<usize> {
+        let i = self.arcs.partition_point(|&(start, _, _)| start <= x);
+        let &(start, end, owner) = self.arcs.get(i.checked_sub(1)?)?;
+        (start <= x && x < end).then_some(owner)
+    }
+
+    /// Replaces everything but the rate history with the snapshot's picture.
+    pub(super) fn apply_snapshot(&mut self, snap: Snapshot) {
+        let history = std::mem::take(&mut self.history);
+        *self = Fleet {
+            ts_ms: snap.ts_ms,
+            policy: Some(snap.policy),
+            workers: snap.workers,
+            keys: snap.keys.into_iter().map(|k| (k.key.clone(), k)).collect(),
+            totals: snap.totals,
+            history,
+            ..Fleet::default()
+        };
+        self.set_ring(snap.ring);
+        self.push_spills(snap.spills);
+    }
+
+    /// Merges a tick: its records replace the ones with the same name, everything else stays.
+    pub(super) fn apply_tick(&mut self, tick: Tick) {
+        self.ts_ms = tick.ts_ms;
+        for worker in tick.workers {
+            match self.workers.iter_mut().find(|w| w.name == worker.name) {
+                Some(slot) => *slot = worker,
+                None => self.workers.push(worker),
+            }
+        }
+        for key in tick.keys {
+            self.keys.insert(key.key.clone(), key);
+        }
+        for gone in &tick.removed_keys {
+            self.keys.remove(gone);
+        }
+        self.push_spills(tick.spills);
+        self.totals = tick.totals;
+        self.dropped_events = tick.dropped_events;
+        self.history.push_back(Sample {
+            requests_per_s: tick.totals.requests_per_s,
+            spills_per_s: tick.totals.spills_per_s,
+        });
+        while self.history.len() > HISTORY_CAP {
+            self.history.pop_front();
+        }
+    }
+
+    /// A membership change: the new worker list and ring; tracked keys stay.
+    pub(super) fn apply_ring(&mut self, update: RingUpdate) {
+        self.workers = update.workers;
+        self.set_ring(update.ring);
+    }
+
+    /// A policy change made by anyone (this console, another one, the HTTP API, a reload).
+    pub(super) fn apply_policy(&mut self, update: PolicyUpdate) {
+        self.policy = Some(update.policy);
+        self.policy_changed_by = Some(update.changed_by);
+    }
+
+    /// The policy in force after one of this console's commands was applied.
+    pub(super) fn apply_acked_policy(&mut self, policy: PolicySettings) {
+        self.policy = Some(policy);
+    }
+
+    fn set_ring(&mut self, ring: RingOwnership) {
+        self.arcs = ring
+            .workers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, share)| share.arcs.iter().map(move |&[s, e]| (s, e, i)))
+            .collect();
+        self.arcs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        self.ring = Some(ring);
+    }
+
+    fn push_spills(&mut self, spills: Vec<SpillEvent>) {
+        self.spills.extend(spills);
+        while self.spills.len() > SPILL_LOG_CAP {
+            self.spills.pop_front();
+        }
+    }
+}

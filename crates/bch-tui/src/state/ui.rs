@@ -1,0 +1,200 @@
+//! View-only state ([`Ui`]): which panel has focus, how far each panel is scrolled, the key table's
+//! sort column and filter, and whether the help overlay is open. Nothing here is sent to the
+//! gateway or changed by telemetry.
+
+use crate::input::Mode;
+
+/// A panel that can have focus.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Panel {
+    /// Worker load bars with the spill bound's markers.
+    Workers,
+    /// Ring ownership: the strip and each worker's share.
+    Ring,
+    /// Per-key placement table: preferred and current worker of each tracked key.
+    Keys,
+    /// Spill log, newest first, with the numbers behind each spill.
+    Spills,
+}
+
+impl Panel {
+    /// Every panel, in focus order (Tab moves along it); per-panel arrays (scroll offsets,
+    /// viewport heights) are indexed the same way.
+    pub const ALL: [Panel; 4] = [Panel::Workers, Panel::Ring, Panel::Keys, Panel::Spills];
+
+    fn index(self) -> usize {
+        Panel::ALL.iter().position(|p| *p == self).unwrap_or(0)
+    }
+}
+
+/// The key table's sort column; `o` cycles through them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SortColumn {
+    /// Most recently seen first (the gateway's own order).
+    Recent,
+    /// Label, A→Z.
+    Key,
+    /// Most in-flight requests first.
+    Active,
+    /// Most requests first.
+    Requests,
+    /// Most spills first.
+    Spills,
+}
+
+impl SortColumn {
+    /// Every column, in the order `o` cycles through them.
+    pub const ALL: [SortColumn; 5] = [
+        SortColumn::Recent,
+        SortColumn::Key,
+        SortColumn::Active,
+        SortColumn::Requests,
+        SortColumn::Spills,
+    ];
+
+    /// Short name shown in the key table's title (`sort recent`).
+    pub fn name(self) -> &'static str {
+        match self {
+            SortColumn::Recent => "recent",
+            SortColumn::Key => "key",
+            SortColumn::Active => "active",
+            SortColumn::Requests => "requests",
+            SortColumn::Spills => "spills",
+        }
+    }
+
+    fn next(self) -> Self {
+        let i = SortColumn::ALL.iter().position(|c| *c == self).unwrap_or(0);
+        SortColumn::ALL[(i + 1) % SortColumn::ALL.len()]
+    }
+}
+
+/// View-only state: focus, scrolling, sorting, filter, overlays.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ui {
+    focus: Panel,
+    /// First visible row per panel, indexed like [`Panel::ALL`].
+    scroll: [usize; 4],
+    sort: SortColumn,
+    filter: String,
+    filter_editing: bool,
+    help: bool,
+    /// Content rows each panel showed at the last draw (0 before the first), so scrolling stops
+    /// at the last full page.
+    viewport: [usize; 4],
+}
+
+impl Default for Ui {
+    fn default() -> Self {
+        Self {
+            focus: Panel::Workers,
+            scroll: [0; 4],
+            sort: SortColumn::Recent,
+            filter: String::new(),
+            filter_editing: false,
+            help: false,
+            viewport: [0; 4],
+        }
+    }
+}
+
+impl Ui {
+    /// The panel that scrolling keys act on, drawn with a double border.
+    pub fn focus(&self) -> Panel {
+        self.focus
+    }
+
+    /// The column the key table is sorted by.
+    pub fn sort(&self) -> SortColumn {
+        self.sort
+    }
+
+    /// The key filter: a case-insensitive substring of the key label, applied live while typing.
+    pub fn filter(&self) -> &str {
+        &self.filter
+    }
+
+    /// Whether the `/` prompt is open (letters go into the filter, not to the commands).
+    pub fn filter_editing(&self) -> bool {
+        self.filter_editing
+    }
+
+    /// Whether the help overlay is open.
+    pub fn help_open(&self) -> bool {
+        self.help
+    }
+
+    /// Which key bindings apply now: an open overlay or prompt takes the keyboard from the panels.
+    pub(crate) fn mode(&self) -> Mode {
+        if self.help {
+            Mode::Help
+        } else if self.filter_editing {
+            Mode::Filter
+        } else {
+            Mode::Normal
+        }
+    }
+
+    /// First row the panel asks to show, as last scrolled (the view clamps it to the content).
+    pub fn scroll(&self, panel: Panel) -> usize {
+        self.scroll[panel.index()]
+    }
+
+    /// Content rows `panel` showed at the last draw; 0 before the first.
+    pub fn viewport(&self, panel: Panel) -> usize {
+        self.viewport[panel.index()]
+    }
+
+    pub(super) fn set_viewports(&mut self, rows: [usize; 4]) {
+        self.viewport = rows;
+    }
+
+    pub(super) fn focus_step(&mut self, forward: bool) {
+        let n = Panel::ALL.len();
+        let step = if forward { 1 } else { n - 1 };
+        self.focus = Panel::ALL[(self.focus.index() + step) % n];
+    }
+
+    /// Scrolls the focused panel by `delta` rows (negative is up), stopping at `max`.
+    pub(super) fn scroll_by(&mut self, delta: i32, max: usize) {
+        let slot = &mut self.scroll[self.focus.index()];
+        *slot = slot.saturating_add_signed(delta as isize).min(max);
+    }
+
+    pub(super) fn scroll_to(&mut self, row: usize) {
+        self.scroll[self.focus.index()] = row;
+    }
+
+    pub(super) fn cycle_sort(&mut self) {
+        self.sort = self.sort.next();
+    }
+
+    /// Opens the `/` prompt; the key table takes focus so the operator sees what the filter does.
+    pub(super) fn start_filter(&mut self) {
+        self.filter_editing = true;
+        self.focus = Panel::Keys;
+    }
+
+    /// Types `c` into the filter. Back to the first row: the rows below may be gone.
+    pub(super) fn type_filter(&mut self, c: char) {
+        self.filter.push(c);
+        self.scroll[Panel::Keys.index()] = 0;
+    }
+
+    pub(super) fn erase_filter_char(&mut self) {
+        self.filter.pop();
+    }
+
+    pub(super) fn keep_filter(&mut self) {
+        self.filter_editing = false;
+    }
+
+    pub(super) fn clear_filter(&mut self) {
+        self.filter_editing = false;
+        self.filter.clear();
+    }
+
+    pub(super) fn toggle_help(&mut self) {
+        self.help = !self.help;
+    }
+}

@@ -1,0 +1,160 @@
+//! The four header lines above the panels: connection and pause status, the policy in force with
+//! the fleet's rates, the rate sparklines, and one line for the most pressing message. The header
+//! always shows the live fleet, so rates and the policy stay current while the panels are paused.
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::Style;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Paragraph, Sparkline};
+use tokio::time::Instant;
+
+use super::styles::{Styles, Tone};
+use super::text::clock;
+use crate::conn::ConnStatus;
+use crate::state::{Change, CommandEntry, CommandState, Fleet, Sample, State};
+
+/// The key hints shown when there is nothing more pressing to say; the full list is in the help
+/// overlay.
+const KEY_HINTS: &str = " g/G gap  s/S skew  p pause  Tab focus  / filter  o sort  ? help  q quit";
+
+/// Draws the header into its four rows at `area`, with the reconnect countdown taken at `now`.
+pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, now: Instant, styles: &Styles) {
+    let [status, policy, rates, message] = Layout::vertical([Constraint::Length(1); 4]).areas(area);
+    frame.render_widget(Paragraph::new(status_line(state, now, styles)), status);
+    frame.render_widget(Paragraph::new(policy_line(state.live(), styles)), policy);
+    sparklines(frame, rates, state.live(), styles);
+    frame.render_widget(Paragraph::new(message_line(state, styles)), message);
+}
+
+/// `bch ● CONNECTED ws://… dropped N`, then RESYNCING and PAUSED when they apply.
+fn status_line(state: &State, now: Instant, styles: &Styles) -> Line<'static> {
+    let (dot, tone) = match state.conn() {
+        ConnStatus::Connected => ("●", Tone::Good),
+        ConnStatus::Connecting => ("○", Tone::Warning),
+        ConnStatus::Reconnecting { .. } => ("○", Tone::Alert),
+    };
+    let mut spans = vec![
+        Span::styled(" bch ", styles.brand()),
+        Span::raw(" "),
+        Span::styled(
+            format!("{dot} {}", state.conn().label(now)),
+            styles.status(tone),
+        ),
+        Span::raw("  "),
+        Span::raw(state.url().to_owned()),
+        Span::raw(format!("  dropped {}", state.live().dropped_events)),
+    ];
+    if state.resyncing() {
+        spans.push(Span::styled("  RESYNCING", styles.status(Tone::Warning)));
+    }
+    if state.paused() {
+        spans.push(Span::styled(
+            format!("  PAUSED at {}", clock(state.visible().ts_ms)),
+            styles.paused(),
+        ));
+    }
+    Line::from(spans)
+}
+
+/// The policy kind and both thresholds, the fleet's rates, and who last changed the policy.
+fn policy_line(fleet: &Fleet, styles: &Styles) -> Line<'static> {
+    let dim = styles.dim();
+    let Some(p) = &fleet.policy else {
+        return Line::from(Span::styled(" waiting for the gateway's snapshot…", dim));
+    };
+    let mut spans = vec![
+        Span::styled(" policy ", dim),
+        Span::styled(p.kind.as_str(), styles.value()),
+        Span::styled("  gap ", dim),
+        Span::styled(p.min_load_gap.to_string(), styles.value()),
+        Span::styled("  skew ", dim),
+        Span::styled(format!("{:.2}", p.max_load_skew), styles.value()),
+        Span::styled("  req/s ", dim),
+        Span::raw(format!("{:.1}", fleet.totals.requests_per_s)),
+        Span::styled("  spill/s ", dim),
+        Span::raw(format!("{:.1}", fleet.totals.spills_per_s)),
+    ];
+    if let Some(by) = fleet.policy_changed_by {
+        spans.push(Span::styled(format!("  (changed by {})", by.as_str()), dim));
+    }
+    Line::from(spans)
+}
+
+/// Request and spill rates side by side, newest sample at the right edge.
+fn sparklines(frame: &mut Frame, area: Rect, fleet: &Fleet, styles: &Styles) {
+    let [left, right] =
+        Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(area);
+    type Get = fn(&Sample) -> f64;
+    let series: [(&str, Rect, Style, Get); 2] = [
+        (" req/s   ", left, styles.requests_sparkline(), |s| {
+            s.requests_per_s
+        }),
+        ("  spill/s ", right, styles.spills_sparkline(), |s| {
+            s.spills_per_s
+        }),
+    ];
+    for (label, rect, style, get) in series {
+        let [label_area, spark_area] = Layout::horizontal([
+            Constraint::Length(label.chars().count() as u16),
+            Constraint::Min(0),
+        ])
+        .areas(rect);
+        frame.render_widget(Span::styled(label, styles.dim()), label_area);
+        let skip = fleet
+            .history
+            .len()
+            .saturating_sub(spark_area.width as usize);
+        // Tenths, so a fleet spilling 0.3/s still draws a bar.
+        let data: Vec<u64> = fleet
+            .history
+            .iter()
+            .skip(skip)
+            .map(|s| (get(s) * 10.0).round().max(0.0) as u64)
+            .collect();
+        frame.render_widget(Sparkline::default().data(data).style(style), spark_area);
+    }
+}
+
+/// One line for the most pressing thing to say: a local notice, then why the connection is down,
+/// then the fate of the last threshold change, else the key hints.
+fn message_line(state: &State, styles: &Styles) -> Line<'static> {
+    match (state.notice(), state.conn(), state.last_command()) {
+        (Some(notice), _, _) => Line::from(Span::styled(
+            format!(" ! {notice}"),
+            styles.tone(Tone::Warning),
+        )),
+        (
+            None,
+            ConnStatus::Reconnecting {
+                attempt, reason, ..
+            },
+            _,
+        ) => Line::from(Span::styled(
+            format!(" ✗ attempt {attempt}: {reason}"),
+            styles.tone(Tone::Alert),
+        )),
+        (None, _, Some(cmd)) => command_line(cmd, styles),
+        (None, _, None) => Line::from(Span::styled(KEY_HINTS, styles.dim())),
+    }
+}
+
+/// `#3 gap 2 → 3 ✓ applied`: a threshold change and its fate.
+fn command_line(cmd: &CommandEntry, styles: &Styles) -> Line<'static> {
+    let what = match cmd.change {
+        Change::Gap(from, to) => format!("gap {from} → {to}"),
+        Change::Skew(from, to) => format!("skew {from:.2} → {to:.2}"),
+    };
+    // Short words: the gateway's message already names the field, and it must fit in 80 columns.
+    let (status, tone) = match &cmd.state {
+        CommandState::Pending => ("… pending".to_owned(), Tone::Warning),
+        CommandState::Applied => ("✓ applied".to_owned(), Tone::Good),
+        CommandState::Failed(msg) => (format!("✗ {msg}"), Tone::Alert),
+    };
+    Line::from(vec![
+        Span::styled(format!(" #{} ", cmd.id), styles.dim()),
+        Span::raw(what),
+        Span::raw(" "),
+        Span::styled(status, styles.status(tone)),
+    ])
+}

@@ -1,0 +1,124 @@
+//! Drawing. Everything here reads `&State` and the time passed in, and writes only to the frame:
+//! rendering cannot change state, and the same state at the same `now` draws the same screen (the
+//! snapshot tests rely on it).
+//!
+//! This file owns the layout and [`draw`]; each panel has its own file (`header`, `workers`,
+//! `ring`, `keys`, `spills`, `help`), drawn in the common frame of `panel`, with every colour from
+//! `styles` and the text cutting of `text`.
+//!
+//! Distinctions that matter to an operator (healthy or not, over the bound or not, spilled or not,
+//! focused panel) are carried by glyphs and words as well as colour, so they survive a monochrome
+//! terminal, a screen reader and a text snapshot.
+
+mod header;
+mod help;
+mod keys;
+mod panel;
+mod ring;
+mod spills;
+mod styles;
+mod text;
+mod workers;
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use tokio::time::Instant;
+
+use self::styles::Styles;
+use crate::state::State;
+
+/// Widths at or above this get the two-column layout with the key table beside the spill log.
+const WIDE: u16 = 120;
+/// The header's rows: status, policy, sparklines, message.
+const HEADER_ROWS: u16 = 4;
+
+/// Where each part of the screen goes.
+#[derive(Debug, Clone, Copy)]
+struct Areas {
+    header: Rect,
+    workers: Rect,
+    ring: Rect,
+    keys: Rect,
+    spills: Rect,
+}
+
+/// Splits `area` for a fleet of `workers` workers: two columns from [`WIDE`] on, one below it.
+fn layout(area: Rect, workers: usize) -> Areas {
+    let [header, body] =
+        Layout::vertical([Constraint::Length(HEADER_ROWS), Constraint::Min(0)]).areas(area);
+    if area.width >= WIDE {
+        wide_layout(header, body, workers)
+    } else {
+        narrow_layout(header, body)
+    }
+}
+
+/// Workers and ring side by side on top, sized to the fleet up to nearly half the height; keys and
+/// spills side by side below.
+fn wide_layout(header: Rect, body: Rect, workers: usize) -> Areas {
+    let worker_rows = (workers as u16).saturating_add(3);
+    let top_h = worker_rows.clamp(7, (body.height * 9 / 20).max(7));
+    let [top, bottom] =
+        Layout::vertical([Constraint::Length(top_h), Constraint::Min(0)]).areas(body);
+    let [workers, ring] =
+        Layout::horizontal([Constraint::Percentage(60), Constraint::Percentage(40)]).areas(top);
+    // Even split: a spill line with all its numbers needs about 80 columns.
+    let [keys, spills] =
+        Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(bottom);
+    Areas {
+        header,
+        workers,
+        ring,
+        keys,
+        spills,
+    }
+}
+
+/// Workers and ring side by side on top, then keys, then spills, in bands of about a third.
+fn narrow_layout(header: Rect, body: Rect) -> Areas {
+    let [top, keys, spills] = Layout::vertical([
+        Constraint::Percentage(36),
+        Constraint::Percentage(36),
+        Constraint::Min(0),
+    ])
+    .areas(body);
+    let [workers, ring] =
+        Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(top);
+    Areas {
+        header,
+        workers,
+        ring,
+        keys,
+        spills,
+    }
+}
+
+/// Content rows each panel shows on a terminal of `area`, indexed like `Panel::ALL`: the app hands
+/// them to the state so scrolling stops where the view does (no dead key presses past the end).
+pub fn viewports(area: Rect, state: &State) -> [usize; 4] {
+    let a = layout(area, state.visible().workers.len());
+    // Borders take two rows; workers, ring and keys also spend one on a legend, strip or header.
+    let rows = |r: Rect, extra: u16| r.height.saturating_sub(2 + extra) as usize;
+    [
+        rows(a.workers, 1),
+        rows(a.ring, 1),
+        rows(a.keys, 1),
+        rows(a.spills, 0),
+    ]
+}
+
+/// Draws the whole console for `state`, with time-based text (the reconnect countdown) taken at
+/// `now`.
+pub fn draw(frame: &mut Frame, state: &State, now: Instant) {
+    let styles = Styles::default();
+    let area = frame.area();
+    let a = layout(area, state.visible().workers.len());
+    header::draw(frame, a.header, state, now, &styles);
+    workers::draw(frame, a.workers, state, &styles);
+    ring::draw(frame, a.ring, state, &styles);
+    keys::draw(frame, a.keys, state, &styles);
+    spills::draw(frame, a.spills, state, &styles);
+    if state.ui().help_open() {
+        help::draw(frame, area, &styles);
+    }
+}

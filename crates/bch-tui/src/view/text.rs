@@ -1,0 +1,65 @@
+//! Text utilities the panels share: gateway time of day, and cutting worker names and routing keys
+//! to a width so that the part that tells them apart stays visible. Widths are in characters (every
+//! glyph the console draws is one column wide).
+
+/// `HH:MM:SS.mmm` (UTC) of a Unix-epoch millisecond timestamp. Gateway time, not local time: the
+/// spill log must agree with the gateway's own logs.
+pub(super) fn clock(ts_ms: u64) -> String {
+    let ms = ts_ms % 1000;
+    let secs = ts_ms / 1000;
+    format!(
+        "{:02}:{:02}:{:02}.{ms:03}",
+        (secs / 3600) % 24,
+        (secs / 60) % 60,
+        secs % 60
+    )
+}
+
+/// Worker names cut from the left: names derived from URLs (`127.0.0.1:8001`) and fleets of
+/// numbered nodes (`gpu-node-17`) differ at the end, so the end is what must stay visible.
+pub(super) fn truncate_left(s: &str, max: usize) -> String {
+    let n = s.chars().count();
+    if n <= max {
+        s.to_owned()
+    } else {
+        let keep = max.saturating_sub(1);
+        let mut t = String::from("…");
+        t.extend(s.chars().skip(n - keep));
+        t
+    }
+}
+
+/// Routing keys cut in the middle: keys of one fleet tend to share a prefix (`chat-session-`) and
+/// differ at the end, yet the prefix says what kind of key it is, so both ends stay visible.
+pub(super) fn truncate_middle(s: &str, max: usize) -> String {
+    let n = s.chars().count();
+    if n <= max {
+        return s.to_owned();
+    }
+    let keep = max.saturating_sub(1);
+    let head = keep.div_ceil(2);
+    let mut t: String = s.chars().take(head).collect();
+    t.push('…');
+    t.extend(s.chars().skip(n - (keep - head)));
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clock_is_utc_time_of_day() {
+        assert_eq!(clock(1_700_000_000_123), "22:13:20.123");
+        assert_eq!(clock(0), "00:00:00.000");
+    }
+
+    #[test]
+    fn truncate_marks_cut_labels() {
+        assert_eq!(truncate_middle("chat-session-0001", 9), "chat…0001");
+        assert_eq!(truncate_middle("abcdef", 4), "ab…f");
+        assert_eq!(truncate_middle("abc", 4), "abc");
+        assert_eq!(truncate_left("127.0.0.1:18101", 8), "…1:18101");
+        assert_eq!(truncate_left("w0", 8), "w0");
+    }
+}
