@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end test of the operator console in a real terminal (issue 6):
+# End-to-end test of the operator console in a real terminal:
 #
 #   bash tests/e2e/tui_tmux.sh
 #

@@ -1,4 +1,4 @@
-//! What live telemetry costs a running gatewayd (issue 4's benchmark; run by `bench/telemetry.sh`).
+//! What live telemetry costs a running gatewayd (run by `bench/telemetry.sh`; docs/benchmarks.md).
 //!
 //! Drives a gatewayd *process* at a fixed request rate (open loop, keyed POSTs over `--keys` keys)
 //! and reads the process's CPU time (utime + stime from `/proc/<pid>/stat`) over alternating phases

@@ -1,5 +1,5 @@
 //! Control plane integration tests: the admin API, bearer-token auth, reload, explain, metrics and
-//! health probes, against a real gateway and real fake workers on loopback (DESIGN.md §7).
+//! health probes, against a real gateway and real fake workers on loopback (docs/api.md).
 
 mod common;
 

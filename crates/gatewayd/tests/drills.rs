@@ -1,4 +1,4 @@
-//! Reliability and security drills (issue 9): faults, bad input and abuse against a real gateway
+//! Reliability and security drills (docs/reliability.md): faults, bad input and abuse against a real gateway
 //! on loopback, with nothing lost. Each drill is bounded in time and asserts the load accounting at
 //! the end (every active counter exactly 0) and that nothing panicked.
 //!

@@ -1,4 +1,4 @@
-//! Fuzzing on the stable toolchain (issue 9): proptest over arbitrary bytes and structure-aware
+//! Fuzzing on the stable toolchain (docs/reliability.md): proptest over arbitrary bytes and structure-aware
 //! generators for configuration parsing, routing-key extraction, header handling, worker URLs and
 //! telemetry/admin command parsing — in-process and against a live gateway on loopback.
 //!

@@ -1,4 +1,4 @@
-//! Secrets drill (issue 9): an `Authorization` or `Cookie` value sent by a client, the admin token
+//! Secrets drill (docs/reliability.md): an `Authorization` or `Cookie` value sent by a client, the admin token
 //! and a wrong token presented to the control plane never appear in the logs (every level, text and
 //! JSON), the metrics, the telemetry frames or the gateway's error bodies — on success and on every
 //! error path (502, 503, 504, 413, 401, a broken stream).
