@@ -156,13 +156,13 @@ impl Admin {
             Ok(())
         })?;
         tracing::info!(worker = %name, %url, "worker added");
-        Ok(self
-            .router
+        // A concurrent removal may have taken it out again already.
+        self.router
             .table()
             .worker_records()
             .into_iter()
             .find(|w| w.name == name)
-            .expect("the worker was just added"))
+            .ok_or(AdminError::UnknownWorker(name))
     }
 
     /// Removes the worker called `name` and answers its spec. Requests already routed to it keep
@@ -191,15 +191,16 @@ impl Admin {
         patch: &PolicyPatch,
         source: ChangeSource,
     ) -> Result<PolicySettings, AdminError> {
+        // The answer is the policy this change put in force, not whatever a concurrent change
+        // left in the table a moment later.
         self.change(source, |config, _| {
             let policy = config.policy.settings().patched(patch)?;
             config.policy.kind = policy.kind;
             config.policy.min_load_gap = policy.min_load_gap;
             config.policy.max_load_skew = policy.max_load_skew;
             config.policy.virtual_nodes = policy.virtual_nodes;
-            Ok(())
-        })?;
-        Ok(*self.router.table().policy())
+            Ok(policy)
+        })
     }
 
     /// Re-reads the configuration file and puts it in force (with the flags and pinned workers);
@@ -218,17 +219,19 @@ impl Admin {
         self.in_force.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Edits a copy of the configuration in force (and its members, in step) and applies it.
-    fn change(
+    /// Edits a copy of the configuration in force (and its members, in step) and applies it;
+    /// answers what `edit` answered.
+    fn change<T>(
         &self,
         source: ChangeSource,
-        edit: impl FnOnce(&mut Config, &mut Vec<Member>) -> Result<(), AdminError>,
-    ) -> Result<(), AdminError> {
+        edit: impl FnOnce(&mut Config, &mut Vec<Member>) -> Result<T, AdminError>,
+    ) -> Result<T, AdminError> {
         let mut in_force = self.lock();
         let mut config = (*in_force.config).clone();
         let mut members = in_force.members.clone();
-        edit(&mut config, &mut members)?;
-        self.apply(&mut in_force, config, members, source)
+        let answer = edit(&mut config, &mut members)?;
+        self.apply(&mut in_force, config, members, source)?;
+        Ok(answer)
     }
 
     /// The one path of every change: validate, publish endpoints, swap the router's table, the
