@@ -32,15 +32,15 @@ pub struct Scenario {
     /// Health per worker URL; missing workers are healthy.
     #[serde(default)]
     pub healthy: HashMap<String, bool>,
-    /// The key's value.
+    /// The routing key's value (the header's text).
     pub routing_key: String,
     /// `true`: the value came in the explicit routing-key header (may spill). `false`: it came in an
     /// implicit header such as Authorization (never spills).
     pub explicit: bool,
-    /// Threshold (requests).
+    /// `min_load_gap`: in-flight requests the preferred worker may exceed the minimum by (default 2).
     #[serde(default = "default_gap")]
     pub min_load_gap: u64,
-    /// Threshold (factor).
+    /// `max_load_skew`: the factor over the mean the preferred worker must exceed (default 1.5).
     #[serde(default = "default_skew")]
     pub max_load_skew: f64,
     /// Policy; defaults to `bounded_consistent_hashing`.
@@ -62,7 +62,7 @@ fn default_skew() -> f64 {
 pub struct Answer {
     /// URL of the chosen worker, `null` for a 503.
     pub worker: Option<String>,
-    /// Branch taken.
+    /// The branch the decision took (the `x-bch-branch` value the gateway would send).
     pub branch: Branch,
     /// URL of the ring's preferred worker (omitted when there is none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -75,7 +75,7 @@ pub struct Answer {
 /// Why a scenario could not be evaluated.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ScenarioError {
-    /// Bad thresholds.
+    /// `min_load_gap` / `max_load_skew` / `policy` out of range; the message names the field.
     #[error(transparent)]
     Policy(#[from] PolicyError),
     /// The same URL twice in `workers`.

@@ -85,7 +85,7 @@ impl std::str::FromStr for PolicyKind {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicySettings {
-    /// Policy kind.
+    /// Which policy decides (`bounded_consistent_hashing` unless set).
     pub kind: PolicyKind,
     /// Bounded policy: the preferred worker must exceed the healthy minimum by more than this many
     /// in-flight requests before it may spill. Integer ≥ 0.
@@ -257,9 +257,9 @@ pub struct BoundCheck {
     pub min_load: u64,
     /// Mean in-flight requests over healthy workers (no floor).
     pub mean_load: f64,
-    /// Threshold in force.
+    /// `min_load_gap` in force (requests).
     pub min_load_gap: u64,
-    /// Threshold in force.
+    /// `max_load_skew` in force (factor).
     pub max_load_skew: f64,
 }
 

@@ -66,7 +66,7 @@ pub enum MembershipError {
 /// A registered worker inside a routing table.
 #[derive(Debug)]
 pub struct Worker {
-    /// Its configuration.
+    /// Its name, URL and ring identity.
     pub spec: WorkerSpec,
     /// Its counters, shared with every table and guard that names it.
     pub stats: Arc<WorkerStats>,
@@ -89,12 +89,12 @@ impl RoutingTable {
         &self.workers
     }
 
-    /// The ring.
+    /// The ring the table was built with (every registered worker, whatever its health).
     pub fn ring(&self) -> &Arc<Ring> {
         &self.ring
     }
 
-    /// Policy in force.
+    /// The policy and thresholds this table routes with.
     pub fn policy(&self) -> &PolicySettings {
         &self.policy
     }
@@ -137,6 +137,21 @@ impl RoutingTable {
     /// What a key would get right now, without taking load (for `/admin/explain`).
     pub fn explain(&self, key: &RoutingKey<'_>) -> Decision {
         decide(&self.ring, &self.policy, key, self, 0, 0)
+    }
+}
+
+impl RoutingTable {
+    /// The same membership and ring (shared, not rebuilt) with other health or policy: what a
+    /// health flip or a threshold change publishes.
+    fn with(&self, healthy: Vec<bool>, policy: PolicySettings) -> RoutingTable {
+        RoutingTable {
+            workers: Arc::clone(&self.workers),
+            ring: Arc::clone(&self.ring),
+            healthy_count: healthy.iter().filter(|h| **h).count(),
+            healthy,
+            policy,
+            membership_generation: self.membership_generation,
+        }
     }
 }
 
@@ -185,7 +200,7 @@ pub fn resolve_target<'a>(
 pub struct Routed {
     /// Snapshot the decision used (resolve `decision.worker` against it).
     pub table: Arc<RoutingTable>,
-    /// The decision.
+    /// Where the request goes and why.
     pub decision: Decision,
     /// Load on the chosen worker; `None` when no worker was chosen.
     pub guard: Option<LoadGuard>,
@@ -225,7 +240,7 @@ impl Router {
         })
     }
 
-    /// The current table.
+    /// The table in force now: one lock-free load (an `Arc` clone).
     pub fn table(&self) -> Arc<RoutingTable> {
         self.table.load_full()
     }
@@ -289,14 +304,8 @@ impl Router {
         }
         let mut health = current.healthy.clone();
         health[index] = healthy;
-        self.table.store(Arc::new(RoutingTable {
-            workers: Arc::clone(&current.workers),
-            ring: Arc::clone(&current.ring),
-            healthy_count: health.iter().filter(|h| **h).count(),
-            healthy: health,
-            policy: current.policy,
-            membership_generation: current.membership_generation,
-        }));
+        self.table
+            .store(Arc::new(current.with(health, current.policy)));
         true
     }
 
@@ -316,14 +325,7 @@ impl Router {
                 current.membership_generation + 1,
             )
         } else {
-            RoutingTable {
-                workers: Arc::clone(&current.workers),
-                ring: Arc::clone(&current.ring),
-                healthy: current.healthy.clone(),
-                healthy_count: current.healthy_count,
-                policy,
-                membership_generation: current.membership_generation,
-            }
+            current.with(current.healthy.clone(), policy)
         };
         self.table.store(Arc::new(table));
         Ok(policy)
@@ -411,10 +413,10 @@ impl Router {
 /// Errors from [`Router::new`].
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RouterError {
-    /// Bad policy settings.
+    /// The policy settings are out of range.
     #[error(transparent)]
     Policy(#[from] PolicyError),
-    /// Bad worker list.
+    /// The worker list breaks a uniqueness rule or has an empty field.
     #[error(transparent)]
     Membership(#[from] MembershipError),
 }
