@@ -1,4 +1,8 @@
 //! Test harness: fake workers (real axum servers on 127.0.0.1:0) and a gateway started in-process.
+//!
+//! These fakes exist beside bch-drill's simulated workers on purpose: a test here needs exact
+//! control (hold a stream until told, stall before the first byte, crash mid-body, count
+//! cancellations), where the drill's workers model an LLM server's timing instead.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -20,13 +24,18 @@ use tokio::sync::{Notify, watch};
 
 /// A fake worker: records what it saw and can hold streams open until released.
 pub struct FakeWorker {
+    /// Where it listens.
     pub addr: SocketAddr,
+    /// What it saw and the switches that steer it.
     pub state: Arc<WorkerState>,
     task: tokio::task::JoinHandle<()>,
 }
 
+/// A fake worker's counters and switches, shared with the test.
 pub struct WorkerState {
+    /// Its name in the gateway's configuration.
     pub name: String,
+    /// Requests it received (health probes excluded).
     pub requests: AtomicU64,
     /// Streams currently held open by `/hold`.
     pub held: AtomicU64,
@@ -34,15 +43,20 @@ pub struct WorkerState {
     pub stalled: AtomicU64,
     /// Upstream requests that were cancelled (the gateway closed the connection).
     pub cancelled: AtomicU64,
+    /// Releases one held stream.
     pub release: Notify,
+    /// Bumped to release every held stream.
     pub release_all: watch::Sender<u64>,
+    /// Notified whenever a counter changes (see [`wait_for`]).
     pub changed: Notify,
+    /// When set, `/health` answers 503.
     pub fail_health: std::sync::atomic::AtomicBool,
     /// Client addresses (one per TCP connection) that sent anything but a health probe.
     pub data_connections: std::sync::Mutex<std::collections::HashSet<SocketAddr>>,
 }
 
 impl FakeWorker {
+    /// `http://addr`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
@@ -81,11 +95,13 @@ impl Drop for CountOnDrop {
     }
 }
 
+/// A fake worker called `name` on a free loopback port.
 pub async fn fake_worker(name: &str) -> FakeWorker {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     fake_worker_on(listener, name).await
 }
 
+/// A fake worker called `name` on `listener` (to reuse a port after a restart).
 pub async fn fake_worker_on(listener: TcpListener, name: &str) -> FakeWorker {
     let addr = listener.local_addr().unwrap();
     let (release_all, _) = watch::channel(0);
@@ -327,6 +343,7 @@ pub fn test_config(workers: &[&FakeWorker]) -> Config {
     config
 }
 
+/// A gateway started in-process from `config`.
 pub async fn start(config: Config) -> RunningGateway {
     gatewayd::start(gatewayd::StartOptions::new(config))
         .await
@@ -350,6 +367,7 @@ pub async fn preferred_worker(gateway: &RunningGateway, key: &str) -> String {
     explain["preferred"].as_str().unwrap().to_owned()
 }
 
+/// An HTTP client that opens a new connection per request (no pooling between test steps).
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .pool_max_idle_per_host(0)
@@ -408,6 +426,7 @@ pub async fn wait_for(state: &WorkerState, cond: impl Fn(&WorkerState) -> bool) 
     .expect("condition reached in time");
 }
 
+/// A copy of a response's headers.
 pub fn headers_of(response: &reqwest::Response) -> HeaderMap {
     response.headers().clone()
 }
