@@ -12,7 +12,6 @@
 //! absent, e.g. when pointing the storm straight at a worker).
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,16 +27,13 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use bch_core::policy::Branch;
+use bch_core::routing_key::{BRANCH_HEADER, WORKER_HEADER};
+
 use crate::control::{ControlClient, DrainCheck};
 use crate::sim::{filler_text, fnv1a_extend};
 use crate::stats::{mean, percentile};
 
-/// Response header naming the worker that served a request (set by gatewayd).
-pub const WORKER_HEADER: &str = "x-bch-worker";
-/// Response header naming the routing branch gatewayd took.
-pub const BRANCH_HEADER: &str = "x-bch-branch";
-/// The branch of a spilled explicit routing key.
-pub const SPILL_BRANCH: &str = "explicit_routing_key_spillover";
 /// Placement and branch name used when a response lacks the header.
 pub const UNKNOWN: &str = "unknown";
 
@@ -293,7 +289,7 @@ impl Shooter {
         let response = match sent {
             Ok(response) => response,
             Err(e) => {
-                outcome.error = Some(error_chain(&e));
+                outcome.error = Some(describe(e));
                 return outcome;
             }
         };
@@ -323,21 +319,17 @@ impl Shooter {
                         Err(e) => outcome.error = Some(format!("invalid JSON response: {e}")),
                     }
                 }
-                Err(e) => outcome.error = Some(error_chain(&e)),
+                Err(e) => outcome.error = Some(describe(e)),
             }
         }
         outcome
     }
 }
 
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        let _ = write!(text, ": {e}");
-        source = e.source();
-    }
-    text
+/// An HTTP error with its whole cause chain on one line ("error sending request: ...: connection
+/// refused"): reqwest's own message alone rarely says what went wrong.
+fn describe(error: reqwest::Error) -> String {
+    format!("{:#}", anyhow::Error::from(error))
 }
 
 fn take_usage(v: &Value, outcome: &mut Outcome) {
@@ -359,7 +351,7 @@ async fn read_stream(response: reqwest::Response, start: Instant, outcome: &mut 
         let chunk = match chunk {
             Ok(chunk) => chunk,
             Err(e) => {
-                outcome.error = Some(format!("stream broken: {}", error_chain(&e)));
+                outcome.error = Some(format!("stream broken: {}", describe(e)));
                 return;
             }
         };
@@ -433,7 +425,7 @@ async fn preflight(gateway: &Url) -> anyhow::Result<()> {
         .get(&url)
         .send()
         .await
-        .map_err(|e| anyhow::anyhow!("gateway {gateway} is unreachable: {}", error_chain(&e)))?;
+        .with_context(|| format!("gateway {gateway} is unreachable"))?;
     Ok(())
 }
 
@@ -553,7 +545,7 @@ fn summarise(
                 .or_insert(0) += 1;
             *per_worker.entry(worker).or_insert(0) += 1;
             let branch = o.branch.as_deref().unwrap_or(UNKNOWN);
-            if branch == SPILL_BRANCH {
+            if branch == Branch::ExplicitRoutingKeySpillover.as_str() {
                 spilled += 1;
             }
             *branches.entry(branch.to_owned()).or_insert(0) += 1;
