@@ -66,7 +66,7 @@ pub enum Fault {
 
 /// Counters of one worker since it started.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct WorkerStats {
+pub struct SimStats {
     /// Inference requests received, including those answered by a fault.
     pub requests_total: u64,
     /// Inference requests whose last token was produced.
@@ -86,7 +86,7 @@ pub struct WorkerStats {
 }
 
 /// The metrics a worker exports; they are also its live state (the gauges are the batch occupancy).
-struct Metrics {
+struct WorkerMetrics {
     running: Gauge,
     waiting: Gauge,
     requests: Counter,
@@ -97,7 +97,7 @@ struct Metrics {
     registry: Registry,
 }
 
-impl Metrics {
+impl WorkerMetrics {
     fn new() -> Self {
         let mut m = Self {
             running: Gauge::default(),
@@ -156,7 +156,7 @@ struct Shared {
     config: SimConfig,
     cache: Mutex<PrefixCache>,
     batch: Arc<Semaphore>,
-    metrics: Metrics,
+    metrics: WorkerMetrics,
     fault: watch::Sender<Fault>,
     cancel: CancellationToken,
     next_id: AtomicU64,
@@ -171,9 +171,9 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn stats(&self) -> WorkerStats {
+    fn stats(&self) -> SimStats {
         let m = &self.metrics;
-        WorkerStats {
+        SimStats {
             requests_total: m.requests.get(),
             completed_total: m.success.get(),
             prompt_tokens_total: m.prompt_tokens.get(),
@@ -229,7 +229,7 @@ impl WorkerHandle {
     }
 
     /// Counters since start.
-    pub fn stats(&self) -> WorkerStats {
+    pub fn stats(&self) -> SimStats {
         self.shared.stats()
     }
 
@@ -273,7 +273,7 @@ pub async fn spawn_worker(
             config.cache_capacity_blocks,
         )),
         batch: Arc::new(Semaphore::new(config.max_batch)),
-        metrics: Metrics::new(),
+        metrics: WorkerMetrics::new(),
         fault: watch::Sender::new(Fault::None),
         cancel: CancellationToken::new(),
         next_id: AtomicU64::new(0),
