@@ -7,6 +7,11 @@
 //! - [`ab`]: an A/B harness that switches the gateway policy between cells through the control API,
 //!   interleaves repetitions and reports paired throughput ratios with 95% confidence intervals.
 //!
+//! Without Cargo features the crate is [`sim`], [`worker`] and the background storm of [`storm`]:
+//! what `gatewayd --demo` links. The `harness` feature adds the measured storm, its report and the
+//! A/B harness (with indicatif and plotters); `cli`, the default, adds the `bch-drill` binary. See
+//! docs/drill.md, "Cargo features".
+//!
 //! A worker fleet for a demo or a test is one call away:
 //!
 //! ```no_run
@@ -26,10 +31,14 @@
 //! ```
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "harness")]
 pub mod ab;
-pub mod cache;
-pub mod control;
 pub mod sim;
-pub mod stats;
 pub mod storm;
 pub mod worker;
+
+mod cache;
+#[cfg(feature = "harness")]
+mod control;
+#[cfg(feature = "harness")]
+mod stats;

@@ -15,9 +15,9 @@ pub struct Cell {
 }
 
 /// `max_load_skew` of a bounded cell that names none.
-pub const DEFAULT_SKEW: f64 = 1.5;
+const DEFAULT_SKEW: f64 = 1.5;
 /// `min_load_gap` (in requests) of a bounded cell that names none, gatewayd's default.
-pub const DEFAULT_GAP: u64 = 2;
+const DEFAULT_GAP: u64 = 2;
 
 /// Parses a cell list.
 ///

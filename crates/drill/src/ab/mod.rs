@@ -18,7 +18,7 @@ mod plot;
 mod report;
 mod run;
 
-pub use cells::{Cell, DEFAULT_GAP, DEFAULT_SKEW, parse_cells};
+pub use cells::{Cell, parse_cells};
 pub use plot::write_plot;
 pub use report::{AbReport, AbRun, CellSummary};
 pub use run::{AbConfig, run_ab};

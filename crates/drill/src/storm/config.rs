@@ -84,6 +84,6 @@ impl StormConfig {
 
 /// The routing key of key index `k`, `storm-key-{k}`: stable names, so placements are comparable
 /// across runs and seeds.
-pub fn routing_key(k: usize) -> String {
+pub(super) fn routing_key(k: usize) -> String {
     format!("storm-key-{k}")
 }

@@ -11,21 +11,30 @@
 //! response's `x-bch-worker` and `x-bch-branch` headers give placement and branch (`unknown` when
 //! absent, e.g. when pointing the storm straight at a worker).
 //!
+//! Only the background storm is built without the `harness` feature.
+//!
 //! The pieces, each depending only on those listed before it: `prompts` (the prompt text), `shooter`
 //! (sending a request and reading its answer), `config` (the measured storm's shape), `report` (what
 //! it measured), `run` (firing it), and `background` (the endless demo storm, built on `prompts` and
 //! `shooter` only).
 
 mod background;
+#[cfg(feature = "harness")]
 mod config;
 mod prompts;
+#[cfg(feature = "harness")]
 mod report;
+#[cfg(feature = "harness")]
 mod run;
 mod shooter;
 
 pub use background::{BackgroundStormConfig, BackgroundSummary, background_storm};
-pub use config::{StormConfig, routing_key};
+#[cfg(feature = "harness")]
+pub use config::StormConfig;
+#[cfg(feature = "harness")]
 pub use report::{StormReport, StormShape, TtftBasis, TtftSummary};
+#[cfg(feature = "harness")]
 pub use run::run_storm;
 
+#[cfg(feature = "harness")]
 pub use crate::control::DrainCheck;

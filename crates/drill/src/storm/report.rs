@@ -245,17 +245,17 @@ fn ttft_summary(stream: bool, mut ttfts_ms: Vec<f64>) -> TtftSummary {
     }
 }
 
-/// Folds a storm's outcomes into its report; `keys[o.key]` names each outcome's routing key.
+/// Folds a storm's outcomes, each with the index of its routing key in `keys`, into its report.
 pub(super) fn summarise(
     shape: StormShape,
     keys: &[String],
-    outcomes: &[Outcome],
+    outcomes: &[(usize, Outcome)],
     duration: Duration,
     drain: Option<DrainCheck>,
 ) -> StormReport {
     let mut tally = Tally::default();
-    for o in outcomes {
-        tally.add(&keys[o.key], o);
+    for (key, o) in outcomes {
+        tally.add(&keys[*key], o);
     }
     tally.into_report(shape, outcomes.len(), duration, drain)
 }

@@ -85,26 +85,27 @@ fn progress_bar(config: &StormConfig) -> ProgressBar {
 }
 
 /// Fires every group, `concurrency` at a time: group `g` uses key `g mod keys`, and a new group
-/// starts as soon as one finishes.
+/// starts as soon as one finishes. Each outcome comes with the index of its key.
 async fn fire_groups(
     config: &StormConfig,
     shooter: &Shooter,
     prompts: &Prompts,
     keys: &[String],
     progress: &ProgressBar,
-) -> Vec<Outcome> {
+) -> Vec<(usize, Outcome)> {
     let mut outcomes = Vec::with_capacity(config.groups * config.siblings);
     let groups = futures_util::stream::iter(0..config.groups)
         .map(|group| {
             let key = group % config.keys;
-            shooter.fire_group(prompts, key, &keys[key], group, config.siblings)
+            let fired = shooter.fire_group(prompts, key, &keys[key], group, config.siblings);
+            async move { (key, fired.await) }
         })
         .buffer_unordered(config.concurrency);
     futures_util::pin_mut!(groups);
     // Aggregation happens here, in the one task that owns the results, never in request futures.
-    while let Some(group) = groups.next().await {
+    while let Some((key, group)) = groups.next().await {
         progress.inc(group.len() as u64);
-        outcomes.extend(group);
+        outcomes.extend(group.into_iter().map(|o| (key, o)));
     }
     outcomes
 }

@@ -17,8 +17,6 @@ use super::prompts::Prompts;
 /// One request's result.
 #[derive(Debug, Default)]
 pub(super) struct Outcome {
-    /// Index of the request's routing key.
-    pub(super) key: usize,
     /// HTTP status, when a response arrived.
     pub(super) status: Option<u16>,
     /// Why the request has no complete answer: transport error, timeout, broken stream.
@@ -97,17 +95,14 @@ impl Shooter {
     ) -> Vec<Outcome> {
         let requests = (0..siblings).map(|s| {
             let prompt = prompts.prompt(key, group, s);
-            async move { self.fire(key, key_name, &prompt).await }
+            async move { self.fire(key_name, &prompt).await }
         });
         futures_util::future::join_all(requests).await
     }
 
     /// Sends one request and reads its answer.
-    async fn fire(&self, key_index: usize, key: &str, prompt: &str) -> Outcome {
-        let mut outcome = Outcome {
-            key: key_index,
-            ..Outcome::default()
-        };
+    async fn fire(&self, key: &str, prompt: &str) -> Outcome {
+        let mut outcome = Outcome::default();
         let body = self.body(prompt);
         let key = match HeaderValue::from_str(key) {
             Ok(key) => key,
