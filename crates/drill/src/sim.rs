@@ -16,6 +16,10 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+/// Model id of a simulated worker unless its [`SimConfig::model`] says otherwise; the storms ask for
+/// it too.
+pub const DEFAULT_MODEL: &str = "bch-sim";
+
 /// Parameters of a simulated worker. Every field has a default, so a partial TOML/JSON document works.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -53,7 +57,7 @@ pub struct SimConfig {
 impl Default for SimConfig {
     fn default() -> Self {
         Self {
-            model: "bch-sim".to_owned(),
+            model: DEFAULT_MODEL.to_owned(),
             block_size: 16,
             cache_capacity_blocks: 4096,
             prefill_base_ms: 1.0,
@@ -75,7 +79,12 @@ impl SimConfig {
         self
     }
 
-    /// Checks the values a worker cannot run with, naming the field.
+    /// Checks the values a worker cannot run with.
+    ///
+    /// # Errors
+    ///
+    /// When `block_size` or `max_batch` is 0, or a duration or the time scale is negative or not
+    /// finite; the message names the field.
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.block_size > 0, "block_size must be at least 1");
         anyhow::ensure!(self.max_batch > 0, "max_batch must be at least 1");

@@ -24,7 +24,7 @@ pub struct AbRun {
     pub order: usize,
     /// The policy as the gateway answered the `PUT /admin/policy`.
     pub policy: Value,
-    /// The storm's report.
+    /// What the run's storm measured.
     pub report: StormReport,
 }
 

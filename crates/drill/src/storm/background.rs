@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::prompts::Prompts;
 use super::shooter::{Outcome, Shooter};
+use crate::sim::DEFAULT_MODEL;
 
 /// Prompt tokens of each request's own suffix: short, so the hot keys' prefixes dominate.
 const SUFFIX_TOKENS: usize = 16;
@@ -145,7 +146,7 @@ impl Storm {
             &config.routing_key_header,
             config.stream,
             config.max_tokens,
-            "bch-sim",
+            DEFAULT_MODEL,
             REQUEST_TIMEOUT,
         )?;
         let prompts = Prompts::new(config.seed, keys.len(), config.prefix_tokens, SUFFIX_TOKENS);

@@ -6,7 +6,10 @@ use std::time::Duration;
 use bch_core::routing_key::DEFAULT_ROUTING_KEY_HEADER;
 use reqwest::Url;
 
-/// What a storm fires and where.
+use crate::sim::DEFAULT_MODEL;
+
+/// What a measured storm fires and where. `Default` is the frozen eight-sibling pattern: 400 groups
+/// of 8 siblings over 8 keys, 4 groups in flight, streaming, 1,024-token shared prefixes.
 #[derive(Clone, Debug)]
 pub struct StormConfig {
     /// Data-plane base URL of the gateway (or of a single worker, for a baseline without routing).
@@ -58,7 +61,7 @@ impl Default for StormConfig {
             suffix_tokens: 32,
             max_tokens: 32,
             routing_key_header: DEFAULT_ROUTING_KEY_HEADER.to_owned(),
-            model: "bch-sim".to_owned(),
+            model: DEFAULT_MODEL.to_owned(),
             control: None,
             control_token: None,
             seed: 0,

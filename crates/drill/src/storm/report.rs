@@ -21,7 +21,7 @@ const UNKNOWN: &str = "unknown";
 /// Error messages kept in a report: enough to see the kinds of failure without flooding it.
 const ERROR_SAMPLES: usize = 5;
 
-/// How TTFT was measured.
+/// What a TTFT measures, which depends on whether the storm streamed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TtftBasis {
@@ -90,10 +90,11 @@ impl StormShape {
     }
 }
 
-/// Everything a storm measured.
+/// Everything a measured storm observed. It serialises to the `--out` JSON, and `Display` prints the
+/// summary `bch-drill storm` shows.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StormReport {
-    /// What was fired.
+    /// The storm as configured.
     pub shape: StormShape,
     /// Requests sent.
     pub requests: u64,
@@ -109,7 +110,7 @@ pub struct StormReport {
     pub duration_s: f64,
     /// `ok / duration_s`: completed requests per second.
     pub throughput_rps: f64,
-    /// Time to first token.
+    /// Time to first token of the successful requests, ms.
     pub ttft: TtftSummary,
     /// Per routing key: worker (from `x-bch-worker`) → responses.
     pub placement: BTreeMap<String, BTreeMap<String, u64>>,
