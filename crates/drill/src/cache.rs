@@ -13,7 +13,7 @@ use lru::LruCache;
 use crate::sim::{fnv1a, fnv1a_extend};
 
 /// Bounded LRU cache of token-block hashes.
-pub struct PrefixCache {
+pub(crate) struct PrefixCache {
     block_size: usize,
     /// `None` when the capacity is 0: caching disabled.
     blocks: Option<LruCache<u64, ()>>,
@@ -21,7 +21,7 @@ pub struct PrefixCache {
 
 impl PrefixCache {
     /// A cache of at most `capacity_blocks` blocks of `block_size` tokens (`block_size` ≥ 1).
-    pub fn new(block_size: usize, capacity_blocks: usize) -> Self {
+    pub(crate) fn new(block_size: usize, capacity_blocks: usize) -> Self {
         assert!(block_size > 0, "block_size must be at least 1");
         Self {
             block_size,
@@ -29,23 +29,13 @@ impl PrefixCache {
         }
     }
 
-    /// Tokens per block.
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-
     /// Blocks currently cached.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.blocks.as_ref().map_or(0, LruCache::len)
     }
 
-    /// True when nothing is cached.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Chained hashes of the full blocks of `tokens`; a trailing partial block has none.
-    pub fn block_hashes(&self, tokens: &[u32]) -> Vec<u64> {
+    fn block_hashes(&self, tokens: &[u32]) -> Vec<u64> {
         chain_hashes(self.block_size, tokens)
     }
 
@@ -53,7 +43,7 @@ impl PrefixCache {
     ///
     /// Like vLLM, at most `len - 1` tokens count as a hit: the engine must compute the last prompt token
     /// itself to get the logits of the first output token. The blocks hit are marked recently used.
-    pub fn lookup(&mut self, tokens: &[u32]) -> usize {
+    pub(crate) fn lookup(&mut self, tokens: &[u32]) -> usize {
         let usable = tokens.len().saturating_sub(1);
         let Some(blocks) = self.blocks.as_mut() else {
             return 0;
@@ -71,7 +61,7 @@ impl PrefixCache {
 
     /// Caches every full block of `tokens` (after their prefill), evicting least recently used blocks
     /// beyond capacity.
-    pub fn insert(&mut self, tokens: &[u32]) {
+    pub(crate) fn insert(&mut self, tokens: &[u32]) {
         let hashes = self.block_hashes(tokens);
         let Some(blocks) = self.blocks.as_mut() else {
             return;
@@ -81,9 +71,17 @@ impl PrefixCache {
             blocks.put(hash, ());
         }
     }
+}
+
+/// What the tests inspect, beyond what the worker needs.
+#[cfg(test)]
+impl PrefixCache {
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 
     /// True when the block with this chained hash is cached (does not refresh it).
-    pub fn contains(&self, hash: u64) -> bool {
+    fn contains(&self, hash: u64) -> bool {
         self.blocks.as_ref().is_some_and(|b| b.contains(&hash))
     }
 }

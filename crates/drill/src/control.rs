@@ -10,15 +10,14 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 /// One row of `GET /admin/workers`: the gateway's own wire type.
-pub use bch_core::telemetry::WorkerRecord as WorkerStatus;
+use bch_core::telemetry::WorkerRecord as WorkerStatus;
 
 #[derive(Deserialize)]
 struct WorkersBody {
     workers: Vec<WorkerStatus>,
 }
 
-/// A `PUT /admin/policy` body: the gateway's own wire type (any subset of the policy fields).
-pub use bch_core::policy::PolicyPatch;
+use bch_core::policy::PolicyPatch;
 
 /// Whether every worker's in-flight load returned to zero after a drill.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -33,7 +32,7 @@ pub struct DrainCheck {
 
 /// HTTP client of one gateway's control plane.
 #[derive(Clone, Debug)]
-pub struct ControlClient {
+pub(crate) struct ControlClient {
     base: String,
     token: Option<String>,
     http: reqwest::Client,
@@ -42,7 +41,7 @@ pub struct ControlClient {
 impl ControlClient {
     /// A client of the control plane at `base` (e.g. `http://127.0.0.1:9090`), sending
     /// `Authorization: Bearer <token>` when a token is given.
-    pub fn new(base: &Url, token: Option<String>) -> Self {
+    pub(crate) fn new(base: &Url, token: Option<String>) -> Self {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()
@@ -81,7 +80,7 @@ impl ControlClient {
     }
 
     /// `GET /admin/workers`.
-    pub async fn workers(&self) -> anyhow::Result<Vec<WorkerStatus>> {
+    pub(crate) async fn workers(&self) -> anyhow::Result<Vec<WorkerStatus>> {
         let value = self
             .send(
                 self.request(reqwest::Method::GET, "/admin/workers"),
@@ -94,7 +93,7 @@ impl ControlClient {
     }
 
     /// `PUT /admin/policy`; answers the resulting policy as the gateway reports it.
-    pub async fn set_policy(&self, patch: &PolicyPatch) -> anyhow::Result<Value> {
+    pub(crate) async fn set_policy(&self, patch: &PolicyPatch) -> anyhow::Result<Value> {
         let request = self
             .request(reqwest::Method::PUT, "/admin/policy")
             .json(patch);
@@ -105,7 +104,7 @@ impl ControlClient {
     ///
     /// Polling, not a single read: the gateway drops a request's load guard just after the last byte
     /// reaches the client, so a read right after the storm may still see the last few requests.
-    pub async fn wait_drained(&self, within: Duration) -> anyhow::Result<DrainCheck> {
+    pub(crate) async fn wait_drained(&self, within: Duration) -> anyhow::Result<DrainCheck> {
         let start = Instant::now();
         let mut poll = tokio::time::interval(Duration::from_millis(20));
         loop {

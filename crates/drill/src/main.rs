@@ -1,4 +1,5 @@
-//! `bch-drill`: simulated workers, storms and A/B runs against a bch gateway.
+//! `bch-drill`: simulated workers, storms and A/B runs against a bch gateway. The command line only:
+//! every subcommand is a thin shell over the library (docs/drill.md).
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
@@ -6,8 +7,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use bch_core::routing_key::DEFAULT_ROUTING_KEY_HEADER;
 use bch_drill::ab::{AbConfig, parse_cells, run_ab, write_plot};
-use bch_drill::sim::SimConfig;
+use bch_drill::sim::{DEFAULT_MODEL, SimConfig};
 use bch_drill::storm::{StormConfig, run_storm};
 use bch_drill::worker::spawn_worker;
 use clap::{Args, Parser, Subcommand};
@@ -34,13 +36,13 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct WorkersArgs {
-    /// Number of workers (named sim-0, sim-1, …).
+    /// How many workers to start; they are named sim-0, sim-1, …
     #[arg(long, default_value_t = 3)]
     count: usize,
-    /// Port of the first worker; the others follow. 0 picks free ports.
+    /// Port of the first worker; the others take the ports after it. 0 picks free ports.
     #[arg(long, default_value_t = 8001)]
     base_port: u16,
-    /// Address to bind.
+    /// Address the workers listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: std::net::IpAddr,
     #[command(flatten)]
@@ -50,34 +52,37 @@ struct WorkersArgs {
 /// Simulator parameters; each overrides the `--sim-config` file, which overrides the defaults.
 #[derive(Debug, Args)]
 struct SimArgs {
-    /// TOML file with any `SimConfig` fields (see docs/drill.md).
+    /// TOML file with any of the simulator's parameters (see docs/drill.md); the flags below
+    /// override it.
     #[arg(long, value_name = "FILE")]
     sim_config: Option<PathBuf>,
-    /// Multiplies every simulated duration; 0 = instant mode.
+    /// Factor applied to every simulated duration: 0.1 runs ten times faster, and 0 never sleeps
+    /// (instant mode).
     #[arg(long)]
     time_scale: Option<f64>,
-    /// Output seed.
+    /// Seed of the generated text: the same seed and prompt give the same completion on every
+    /// worker.
     #[arg(long)]
     seed: Option<u64>,
-    /// Requests decoded at once; more wait in a FIFO queue.
+    /// Requests each worker decodes at once; later ones wait in a first-in first-out queue.
     #[arg(long)]
     max_batch: Option<usize>,
-    /// Tokens per prefix-cache block.
+    /// Tokens per prefix-cache block; only full blocks are cached.
     #[arg(long)]
     block_size: Option<usize>,
-    /// Prefix-cache capacity in blocks (0 disables the cache).
+    /// Prefix-cache capacity of each worker, in blocks; 0 disables the cache.
     #[arg(long)]
     cache_blocks: Option<usize>,
-    /// Fixed per-request overhead before prefill, ms.
+    /// Fixed overhead of each request before its prefill, in milliseconds.
     #[arg(long)]
     prefill_base_ms: Option<f64>,
-    /// Prefill cost per uncached prompt token, µs.
+    /// Prefill cost of each uncached prompt token, in microseconds.
     #[arg(long)]
     prefill_us_per_token: Option<f64>,
-    /// Decode step time of a lone request, ms.
+    /// Decode step time of a request running alone, in milliseconds.
     #[arg(long)]
     decode_base_ms: Option<f64>,
-    /// Extra decode step time per additional running request, ms.
+    /// Extra decode step time for each further request in the running batch, in milliseconds.
     #[arg(long)]
     decode_per_running_ms: Option<f64>,
 }
@@ -120,43 +125,43 @@ struct StormOpts {
     /// Data-plane URL of the gateway (or of one worker, for a baseline).
     #[arg(long, env = "BCH_GATEWAY")]
     gateway: Url,
-    /// Groups of sibling requests.
-    #[arg(long, default_value_t = 400)]
+    /// Groups of sibling requests to fire.
+    #[arg(long, default_value_t = StormConfig::default().groups)]
     groups: usize,
-    /// Concurrent siblings per group, all with the group's routing key.
-    #[arg(long, default_value_t = 8)]
+    /// Concurrent requests per group, all with the group's routing key.
+    #[arg(long, default_value_t = StormConfig::default().siblings)]
     siblings: usize,
     /// Distinct routing keys; groups cycle over them.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = StormConfig::default().keys)]
     keys: usize,
-    /// Groups in flight at once.
-    #[arg(long, default_value_t = 4)]
+    /// Groups in flight at once; the next group starts when one finishes.
+    #[arg(long, default_value_t = StormConfig::default().concurrency)]
     concurrency: usize,
     /// Ask for whole responses instead of SSE streams (TTFT is then the full response time).
     #[arg(long)]
     no_stream: bool,
     /// Prompt tokens shared by every request of a key.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = StormConfig::default().prefix_tokens)]
     prefix_tokens: usize,
     /// Prompt tokens distinct to each request.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = StormConfig::default().suffix_tokens)]
     suffix_tokens: usize,
-    /// `max_tokens` of each request.
-    #[arg(long, default_value_t = 32)]
+    /// Completion tokens each request asks for (its `max_tokens`).
+    #[arg(long, default_value_t = StormConfig::default().max_tokens)]
     max_tokens: u32,
-    /// Header carrying the routing key.
-    #[arg(long, default_value = "X-SMG-Routing-Key")]
+    /// Request header that carries the routing key.
+    #[arg(long, default_value = DEFAULT_ROUTING_KEY_HEADER)]
     routing_key_header: String,
     /// Model name sent in requests.
-    #[arg(long, default_value = "bch-sim")]
+    #[arg(long, default_value = DEFAULT_MODEL)]
     model: String,
-    /// Prompt seed.
-    #[arg(long, default_value_t = 0)]
+    /// Seed of the prompt text; the routing key names do not depend on it.
+    #[arg(long, default_value_t = StormConfig::default().seed)]
     seed: u64,
-    /// Per-request timeout in seconds.
-    #[arg(long, default_value_t = 300)]
+    /// Seconds after which a request is given up, from sending it to its last byte.
+    #[arg(long, default_value_t = StormConfig::default().request_timeout.as_secs())]
     timeout_s: u64,
-    /// Bearer token for the control plane.
+    /// Bearer token for the control plane, when it requires one.
     #[arg(long, env = "BCH_CONTROL_TOKEN", hide_env_values = true)]
     control_token: Option<String>,
 }
@@ -207,7 +212,8 @@ struct AbArgs {
     /// E.g. `strict,gap=1,gap=2:skew=1.25`.
     #[arg(long, default_value = "strict,gap=1,gap=2,gap=4")]
     cells: String,
-    /// Repetitions of every cell, interleaved.
+    /// Repetitions of every cell; every other repetition runs the cells in reverse, so a drift of
+    /// the machine cancels.
     #[arg(long, default_value_t = 5)]
     reps: usize,
     /// Also write the report as JSON to this file.

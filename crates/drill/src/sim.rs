@@ -16,6 +16,10 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+/// Model id of a simulated worker unless its [`SimConfig::model`] says otherwise; the storms ask for
+/// it too.
+pub const DEFAULT_MODEL: &str = "bch-sim";
+
 /// Parameters of a simulated worker. Every field has a default, so a partial TOML/JSON document works.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -53,7 +57,7 @@ pub struct SimConfig {
 impl Default for SimConfig {
     fn default() -> Self {
         Self {
-            model: "bch-sim".to_owned(),
+            model: DEFAULT_MODEL.to_owned(),
             block_size: 16,
             cache_capacity_blocks: 4096,
             prefill_base_ms: 1.0,
@@ -75,7 +79,12 @@ impl SimConfig {
         self
     }
 
-    /// Checks the values a worker cannot run with, naming the field.
+    /// Checks the values a worker cannot run with.
+    ///
+    /// # Errors
+    ///
+    /// When `block_size` or `max_batch` is 0, or a duration or the time scale is negative or not
+    /// finite; the message names the field.
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.block_size > 0, "block_size must be at least 1");
         anyhow::ensure!(self.max_batch > 0, "max_batch must be at least 1");
@@ -98,12 +107,12 @@ impl SimConfig {
     }
 
     /// True when no simulated duration is ever slept (`time_scale == 0`).
-    pub fn is_instant(&self) -> bool {
+    pub(crate) fn is_instant(&self) -> bool {
         self.time_scale == 0.0
     }
 
     /// Simulated (unscaled) prefill time for `uncached_tokens` tokens.
-    pub fn prefill_time(&self, uncached_tokens: usize) -> Duration {
+    pub(crate) fn prefill_time(&self, uncached_tokens: usize) -> Duration {
         millis(self.prefill_base_ms + self.prefill_us_per_token * uncached_tokens as f64 / 1000.0)
     }
 
@@ -111,13 +120,13 @@ impl SimConfig {
     ///
     /// Linear in the batch size: real engines are memory-bound at small batches, so the step cost grows
     /// slowly but steadily with every sequence whose KV cache must be read.
-    pub fn decode_step_time(&self, running: usize) -> Duration {
+    pub(crate) fn decode_step_time(&self, running: usize) -> Duration {
         let others = running.saturating_sub(1) as f64;
         millis(self.decode_step_base_ms + self.decode_step_per_running_ms * others)
     }
 
     /// The wall-clock duration to sleep for a simulated duration, or `None` in instant mode.
-    pub fn scaled(&self, simulated: Duration) -> Option<Duration> {
+    pub(crate) fn scaled(&self, simulated: Duration) -> Option<Duration> {
         if self.is_instant() {
             None
         } else {
@@ -131,7 +140,7 @@ fn millis(ms: f64) -> Duration {
 }
 
 /// The longest piece of a word that counts as one token.
-pub const TOKEN_CHARS: usize = 4;
+pub(crate) const TOKEN_CHARS: usize = 4;
 
 /// Splits text into simulated token ids.
 ///
@@ -139,7 +148,7 @@ pub const TOKEN_CHARS: usize = 4;
 /// each piece is one token whose id is a stable hash of the piece. "the quick brownish fox" is 6 tokens:
 /// `the`, `quic`, `k`, `brow`, `nish`, `fox`. That is close enough to a BPE tokenizer's 4 characters per
 /// token for English, costs no vocabulary file, and makes token counts easy to predict in tests.
-pub fn tokenize(text: &str) -> Vec<u32> {
+pub(crate) fn tokenize(text: &str) -> Vec<u32> {
     let mut tokens = Vec::with_capacity(text.len() / 3 + 1);
     for word in text.split_whitespace() {
         let mut start = 0;
@@ -159,12 +168,12 @@ pub fn tokenize(text: &str) -> Vec<u32> {
 
 /// 64-bit FNV-1a: tiny, fast on the short inputs here, and stable across Rust releases (unlike
 /// `DefaultHasher`), so outputs stay deterministic for a seed.
-pub fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     fnv1a_extend(0xcbf2_9ce4_8422_2325, bytes)
 }
 
 /// Continues an FNV-1a hash from `state`, for hash chains.
-pub fn fnv1a_extend(mut state: u64, bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a_extend(mut state: u64, bytes: &[u8]) -> u64 {
     for &byte in bytes {
         state ^= u64::from(byte);
         state = state.wrapping_mul(0x0000_0100_0000_01b3);
@@ -182,13 +191,13 @@ const VOCABULARY: &[&str] = &[
 ];
 
 /// Deterministic word source for one request: seeded by the worker seed and the prompt tokens.
-pub struct OutputWords {
+pub(crate) struct OutputWords {
     rng: ChaCha8Rng,
 }
 
 impl OutputWords {
     /// Output for `prompt_tokens` under `seed`.
-    pub fn new(seed: u64, prompt_tokens: &[u32]) -> Self {
+    pub(crate) fn new(seed: u64, prompt_tokens: &[u32]) -> Self {
         let mut state = fnv1a_extend(fnv1a(&seed.to_le_bytes()), b"prompt");
         for token in prompt_tokens {
             state = fnv1a_extend(state, &token.to_le_bytes());
@@ -199,7 +208,7 @@ impl OutputWords {
     }
 
     /// The next generated word.
-    pub fn next_word(&mut self) -> &'static str {
+    pub(crate) fn next_word(&mut self) -> &'static str {
         use rand::Rng;
         VOCABULARY[self.rng.random_range(0..VOCABULARY.len())]
     }

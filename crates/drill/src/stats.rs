@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 /// Arithmetic mean; 0 for no values.
-pub fn mean(values: &[f64]) -> f64 {
+pub(crate) fn mean(values: &[f64]) -> f64 {
     if values.is_empty() {
         0.0
     } else {
@@ -14,7 +14,7 @@ pub fn mean(values: &[f64]) -> f64 {
 /// Nearest-rank percentile (`p` in 0..=100) of `sorted` ascending values; 0 for no values.
 ///
 /// Nearest rank always returns an observed value, which is what an operator expects of "p99 TTFT".
-pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -27,7 +27,7 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// A table rather than an inverse CDF: A/B runs have a handful of repetitions, and the standard
 /// table values are exact to the precision any report shows. Between listed values the next smaller
 /// `df` is used, which makes the interval slightly conservative. `df = 0` has no interval: infinity.
-pub fn t_975(df: usize) -> f64 {
+fn t_975(df: usize) -> f64 {
     const TABLE: [f64; 30] = [
         12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
         2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
@@ -64,7 +64,7 @@ pub struct PairedRatio {
 /// removes drift shared by a repetition (a warming machine, a noisy neighbour), and logs make the
 /// interval symmetric for "1.2× faster" and "1.2× slower". Pairs with a non-positive value are
 /// skipped (a ratio with zero throughput has no log). `None` when no pair is usable.
-pub fn paired_ratio(baseline: &[f64], other: &[f64]) -> Option<PairedRatio> {
+pub(crate) fn paired_ratio(baseline: &[f64], other: &[f64]) -> Option<PairedRatio> {
     let logs: Vec<f64> = baseline
         .iter()
         .zip(other)

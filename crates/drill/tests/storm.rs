@@ -13,13 +13,10 @@ use axum::Router;
 use axum::http::HeaderMap;
 use axum::routing::{get, post};
 use bch_drill::sim::SimConfig;
-use bch_drill::storm::{
-    BackgroundStormConfig, StormConfig, TtftBasis, background_storm, run_storm,
-};
+use bch_drill::storm::{StormConfig, TtftBasis, run_storm};
 use bch_drill::worker::{WorkerHandle, spawn_worker};
 use reqwest::Url;
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 async fn worker() -> WorkerHandle {
     spawn_worker(
@@ -213,38 +210,4 @@ async fn an_unreachable_gateway_is_one_clear_error() {
         "{text}"
     );
     assert!(!text.contains('\n'));
-}
-
-#[tokio::test]
-async fn the_background_storm_stops_after_its_group_limit() {
-    let w = worker().await;
-    let mut config = BackgroundStormConfig::new(Url::parse(&w.url()).unwrap());
-    config.prefix_tokens = 32;
-    config.max_tokens = 2;
-    config.group_interval = Duration::from_millis(2);
-    config.max_groups = Some(5);
-    let summary = background_storm(config, CancellationToken::new())
-        .await
-        .unwrap();
-    assert_eq!(summary.groups, 5);
-    assert_eq!((summary.requests, summary.ok), (30, 30), "{summary:?}");
-    assert_eq!(w.stats().completed_total, 30);
-    assert!(w.stats().cached_tokens_total > 0);
-}
-
-#[tokio::test]
-async fn the_background_storm_stops_when_cancelled() {
-    let w = worker().await;
-    let cancel = CancellationToken::new();
-    let storm = tokio::spawn(background_storm(
-        BackgroundStormConfig::new(Url::parse(&w.url()).unwrap()),
-        cancel.clone(),
-    ));
-    cancel.cancel();
-    let summary = tokio::time::timeout(Duration::from_secs(10), storm)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert!(summary.groups <= 1, "{summary:?}");
 }

@@ -1,0 +1,190 @@
+//! The cells of an A/B run: the policy settings under test, written `strict,gap=1,gap=2:skew=1.25`,
+//! and the `PUT /admin/policy` body each one sends.
+
+use anyhow::Context as _;
+use bch_core::policy::{PolicyKind, PolicyPatch};
+use serde::Serialize;
+
+/// One policy setting under test.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Cell {
+    /// The cell as written, e.g. `gap=2:skew=1.25`.
+    pub label: String,
+    /// The `PUT /admin/policy` body that selects it.
+    pub policy: PolicyPatch,
+}
+
+/// `max_load_skew` of a bounded cell that names none.
+const DEFAULT_SKEW: f64 = 1.5;
+/// `min_load_gap` (in requests) of a bounded cell that names none, gatewayd's default.
+const DEFAULT_GAP: u64 = 2;
+
+/// Parses a cell list.
+///
+/// Cells are separated by `,`; options within a cell by `:`. Options:
+///
+/// - `strict` (or `consistent_hashing`): `{"kind":"consistent_hashing"}`;
+/// - `bounded` (or `bounded_consistent_hashing`): the bounded policy with default thresholds;
+/// - `gap=N`: bounded with `min_load_gap` N; `skew=X`: bounded with `max_load_skew` X. A bounded cell
+///   always sends both thresholds (defaults gap 2, skew 1.5), so a cell never inherits the previous
+///   cell's value;
+/// - `round_robin` (or `rr`), `random`: the baselines;
+/// - `vnodes=N`: `virtual_nodes` N, combinable with any of the above.
+///
+/// # Errors
+///
+/// On an empty cell, a cell named twice, an unknown option, a bad number, two policy kinds in one
+/// cell, or a cell without a policy; the message names the cell.
+pub fn parse_cells(spec: &str) -> anyhow::Result<Vec<Cell>> {
+    let mut cells: Vec<Cell> = Vec::new();
+    for label in spec.split(',').map(str::trim) {
+        anyhow::ensure!(!label.is_empty(), "empty cell in {spec:?}");
+        let cell = parse_cell(label).with_context(|| format!("in cell {label:?}"))?;
+        anyhow::ensure!(
+            cells.iter().all(|c| c.label != cell.label),
+            "cell {label:?} appears twice"
+        );
+        cells.push(cell);
+    }
+    Ok(cells)
+}
+
+fn parse_cell(label: &str) -> anyhow::Result<Cell> {
+    let mut options = CellOptions::default();
+    for option in label.split(':').map(str::trim) {
+        match option.split_once('=') {
+            None => options.flag(option)?,
+            Some((name, value)) => options.value(name, value)?,
+        }
+    }
+    options.into_cell(label)
+}
+
+/// The options of one cell, as read so far.
+#[derive(Default)]
+struct CellOptions {
+    kind: Option<PolicyKind>,
+    gap: Option<u64>,
+    skew: Option<f64>,
+    vnodes: Option<u32>,
+}
+
+impl CellOptions {
+    fn set_kind(&mut self, kind: PolicyKind) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.kind.is_none_or(|old| old == kind),
+            "two policy kinds in one cell"
+        );
+        self.kind = Some(kind);
+        Ok(())
+    }
+
+    /// An option without `=`: a policy kind.
+    fn flag(&mut self, option: &str) -> anyhow::Result<()> {
+        match option {
+            "strict" | "consistent_hashing" => self.set_kind(PolicyKind::ConsistentHashing),
+            "bounded" | "bounded_consistent_hashing" => {
+                self.set_kind(PolicyKind::BoundedConsistentHashing)
+            }
+            "rr" | "round_robin" => self.set_kind(PolicyKind::RoundRobin),
+            "random" => self.set_kind(PolicyKind::Random),
+            other => anyhow::bail!(
+                "unknown option {other:?}; expected strict, bounded, gap=N, skew=X, vnodes=N, \
+                 round_robin or random"
+            ),
+        }
+    }
+
+    /// An option `name=value`: a threshold (which implies the bounded policy) or the virtual nodes.
+    fn value(&mut self, name: &str, value: &str) -> anyhow::Result<()> {
+        match name {
+            "gap" => {
+                self.set_kind(PolicyKind::BoundedConsistentHashing)?;
+                self.gap = Some(
+                    value
+                        .parse::<u64>()
+                        .with_context(|| format!("gap must be an integer >= 0, got {value:?}"))?,
+                );
+            }
+            "skew" => {
+                self.set_kind(PolicyKind::BoundedConsistentHashing)?;
+                let x: f64 = value
+                    .parse()
+                    .with_context(|| format!("skew must be a number, got {value:?}"))?;
+                anyhow::ensure!(
+                    x.is_finite() && x >= 1.0,
+                    "skew must be a finite number >= 1.0, got {x}"
+                );
+                self.skew = Some(x);
+            }
+            "vnodes" => {
+                let n: u32 = value
+                    .parse()
+                    .with_context(|| format!("vnodes must be a positive integer, got {value:?}"))?;
+                anyhow::ensure!(n > 0, "vnodes must be at least 1");
+                self.vnodes = Some(n);
+            }
+            other => anyhow::bail!("unknown option {other:?}; expected gap, skew or vnodes"),
+        }
+        Ok(())
+    }
+
+    fn into_cell(self, label: &str) -> anyhow::Result<Cell> {
+        let kind = self
+            .kind
+            .context("no policy: name strict, bounded, gap=N, skew=X, round_robin or random")?;
+        let bounded = kind == PolicyKind::BoundedConsistentHashing;
+        Ok(Cell {
+            label: label.to_owned(),
+            policy: PolicyPatch {
+                kind: Some(kind),
+                min_load_gap: bounded.then(|| self.gap.unwrap_or(DEFAULT_GAP)),
+                max_load_skew: bounded.then(|| self.skew.unwrap_or(DEFAULT_SKEW)),
+                virtual_nodes: self.vnodes,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    #[test]
+    fn cells_parse_into_policy_bodies() {
+        let cells = parse_cells("strict, gap=1,gap=2:skew=1.25,bounded:vnodes=300,rr").unwrap();
+        let bodies: Vec<Value> = cells
+            .iter()
+            .map(|c| serde_json::to_value(c.policy).unwrap())
+            .collect();
+        assert_eq!(bodies[0], serde_json::json!({"kind": "consistent_hashing"}));
+        assert_eq!(
+            bodies[1],
+            serde_json::json!({"kind": "bounded_consistent_hashing", "min_load_gap": 1, "max_load_skew": 1.5})
+        );
+        assert_eq!(
+            bodies[2],
+            serde_json::json!({"kind": "bounded_consistent_hashing", "min_load_gap": 2, "max_load_skew": 1.25})
+        );
+        assert_eq!(
+            bodies[3],
+            serde_json::json!({"kind": "bounded_consistent_hashing", "min_load_gap": 2, "max_load_skew": 1.5,
+                "virtual_nodes": 300})
+        );
+        assert_eq!(bodies[4], serde_json::json!({"kind": "round_robin"}));
+        assert_eq!(cells[2].label, "gap=2:skew=1.25");
+    }
+
+    #[test]
+    fn bad_cells_are_rejected_with_the_reason() {
+        let err = |s: &str| format!("{:#}", parse_cells(s).unwrap_err());
+        assert!(err("strict,,gap=1").contains("empty cell"));
+        assert!(err("gap=x").contains("gap must be an integer"));
+        assert!(err("skew=0.5").contains("skew must be a finite number >= 1.0"));
+        assert!(err("strict:gap=1").contains("two policy kinds"));
+        assert!(err("fast").contains("unknown option \"fast\""));
+        assert!(err("vnodes=10").contains("no policy"));
+        assert!(err("gap=1,gap=1").contains("appears twice"));
+    }
+}

@@ -1,0 +1,26 @@
+//! The A/B harness: the same storm under several routing policies ("cells"), repeated and
+//! interleaved, with paired throughput ratios against the first cell.
+//!
+//! Cells are written `strict,gap=1,gap=2,gap=4`: cells are separated by `,`, and options within a cell
+//! by `:`, e.g. `gap=2:skew=1.25`. See [`parse_cells`].
+//!
+//! Repetitions are interleaved: repetition 1 runs every cell in the given order, repetition 2 in
+//! reverse, repetition 3 forward again, and so on. Over each pair of repetitions every cell sits at
+//! the same mean position, so a linear drift of the machine (warming, throttling) cancels instead of
+//! favouring the cells that happen to run first. Each run uses its own prompt seed, so every run starts
+//! with prompts that no worker has cached: a cell never inherits a warm cache from the run before it.
+//!
+//! The pieces, each depending only on those listed before it: `cells` (parsing the cells), `report`
+//! (summaries, verdict and table), `run` (driving the gateway through the runs), `plot` (the chart).
+
+mod cells;
+mod plot;
+mod report;
+mod run;
+
+pub use cells::{Cell, parse_cells};
+pub use plot::write_plot;
+pub use report::{AbReport, AbRun, CellSummary};
+pub use run::{AbConfig, run_ab};
+
+pub use crate::stats::{PairedRatio, Significance};

@@ -1,0 +1,40 @@
+//! The storm: groups of concurrent sibling requests sharing a routing key and a long prompt prefix.
+//!
+//! The default shape is the frozen eight-sibling pattern of the original bounded-policy A/B: 400 groups
+//! of 8 siblings over 8 routing keys. Group `g` uses key `g mod keys`; its 8 siblings go out at once,
+//! all with the key's long common prefix (`prefix_tokens` tokens) followed by a short suffix of their
+//! own (`suffix_tokens` tokens). `concurrency` groups are in flight at a time; a new group starts when
+//! one finishes. With strict consistent hashing all siblings pile onto the key's worker, where the
+//! prefix is cached; a bounded policy may spill some of them to a worker where it is not.
+//!
+//! Requests go to `POST {gateway}/v1/chat/completions` with the key in `routing_key_header`. Each
+//! response's `x-bch-worker` and `x-bch-branch` headers give placement and branch (`unknown` when
+//! absent, e.g. when pointing the storm straight at a worker).
+//!
+//! Only the background storm is built without the `harness` feature.
+//!
+//! The pieces, each depending only on those listed before it: `prompts` (the prompt text), `shooter`
+//! (sending a request and reading its answer), `config` (the measured storm's shape), `report` (what
+//! it measured), `run` (firing it), and `background` (the endless demo storm, built on `prompts` and
+//! `shooter` only).
+
+mod background;
+#[cfg(feature = "harness")]
+mod config;
+mod prompts;
+#[cfg(feature = "harness")]
+mod report;
+#[cfg(feature = "harness")]
+mod run;
+mod shooter;
+
+pub use background::{BackgroundStormConfig, BackgroundSummary, background_storm};
+#[cfg(feature = "harness")]
+pub use config::StormConfig;
+#[cfg(feature = "harness")]
+pub use report::{StormReport, StormShape, TtftBasis, TtftSummary};
+#[cfg(feature = "harness")]
+pub use run::run_storm;
+
+#[cfg(feature = "harness")]
+pub use crate::control::DrainCheck;

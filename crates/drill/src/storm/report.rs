@@ -1,0 +1,383 @@
+//! What a measured storm reports: totals, throughput, TTFT, placement, branches, cache reuse and the
+//! drain check ([`StormReport`], serialised as `--out` JSON), how outcomes are folded into it, and
+//! its human-readable form.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use bch_core::policy::Branch;
+use serde::Serialize;
+
+use super::config::StormConfig;
+use super::shooter::Outcome;
+use crate::control::DrainCheck;
+use crate::stats::{mean, percentile};
+
+/// Placement and branch name used when a response lacks the gateway's header (a storm aimed straight
+/// at a worker, or an error from something in between).
+const UNKNOWN: &str = "unknown";
+
+/// Error messages kept in a report: enough to see the kinds of failure without flooding it.
+const ERROR_SAMPLES: usize = 5;
+
+/// What a TTFT measures, which depends on whether the storm streamed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TtftBasis {
+    /// Streaming: from just before the request is sent until the first SSE `data:` line arrives
+    /// (not the response headers, which servers send before queueing and prefill).
+    FirstSseData,
+    /// Non-streaming: the full response time, request sent to last body byte.
+    FullResponse,
+}
+
+/// Time to first token over the successful requests, in milliseconds.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TtftSummary {
+    /// What the times measure: first SSE data line or whole response.
+    pub basis: TtftBasis,
+    /// Requests measured (the successful ones).
+    pub samples: usize,
+    /// Arithmetic mean, ms; 0 without samples.
+    pub mean_ms: f64,
+    /// Median (nearest rank, an observed value), ms.
+    pub p50_ms: f64,
+    /// 99th percentile (nearest rank, an observed value), ms.
+    pub p99_ms: f64,
+}
+
+/// The storm's shape as configured, echoed in the report so a JSON file says what produced it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StormShape {
+    /// Data-plane URL the storm was aimed at.
+    pub gateway: String,
+    /// Groups fired.
+    pub groups: usize,
+    /// Concurrent sibling requests per group.
+    pub siblings: usize,
+    /// Distinct routing keys the groups cycled over.
+    pub keys: usize,
+    /// Groups in flight at once.
+    pub concurrency: usize,
+    /// True when responses were streamed (SSE), which decides the [`TtftBasis`].
+    pub stream: bool,
+    /// Prompt tokens shared by every request of a key.
+    pub prefix_tokens: usize,
+    /// Prompt tokens distinct to each request.
+    pub suffix_tokens: usize,
+    /// `max_tokens` of each request.
+    pub max_tokens: u32,
+    /// Seed of the prompt text.
+    pub seed: u64,
+}
+
+impl StormShape {
+    /// The shape of a storm fired with `config`.
+    pub(super) fn of(config: &StormConfig) -> Self {
+        Self {
+            gateway: config.gateway.to_string(),
+            groups: config.groups,
+            siblings: config.siblings,
+            keys: config.keys,
+            concurrency: config.concurrency,
+            stream: config.stream,
+            prefix_tokens: config.prefix_tokens,
+            suffix_tokens: config.suffix_tokens,
+            max_tokens: config.max_tokens,
+            seed: config.seed,
+        }
+    }
+}
+
+/// Everything a measured storm observed. It serialises to the `--out` JSON, and `Display` prints the
+/// summary `bch-drill storm` shows.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StormReport {
+    /// The storm as configured.
+    pub shape: StormShape,
+    /// Requests sent.
+    pub requests: u64,
+    /// Requests answered 2xx and read to completion (streams up to `data: [DONE]`).
+    pub ok: u64,
+    /// Responses per HTTP status.
+    pub status_counts: BTreeMap<u16, u64>,
+    /// Requests that failed without a complete answer: transport errors, timeouts, broken streams.
+    pub errors: u64,
+    /// Up to five distinct error messages.
+    pub error_samples: Vec<String>,
+    /// Wall time of the whole storm, in seconds.
+    pub duration_s: f64,
+    /// `ok / duration_s`: completed requests per second.
+    pub throughput_rps: f64,
+    /// Time to first token of the successful requests, ms.
+    pub ttft: TtftSummary,
+    /// Per routing key: worker (from `x-bch-worker`) → responses.
+    pub placement: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Per worker (from `x-bch-worker`, `unknown` when absent): responses.
+    pub per_worker: BTreeMap<String, u64>,
+    /// Largest share of responses served by one worker, 0 to 1 (1/workers is perfectly even).
+    pub hottest_worker_share: f64,
+    /// Per branch (from `x-bch-branch`, `unknown` when absent): responses.
+    pub branches: BTreeMap<String, u64>,
+    /// Share of responses, 0 to 1, whose branch is `explicit_routing_key_spillover`.
+    pub spill_fraction: f64,
+    /// Sum of `usage.prompt_tokens` over successful requests, in tokens.
+    pub prompt_tokens: u64,
+    /// Sum of `usage.prompt_tokens_details.cached_tokens` over successful requests, in tokens.
+    pub cached_tokens: u64,
+    /// Sum of `usage.completion_tokens` over successful requests, in tokens.
+    pub completion_tokens: u64,
+    /// `cached_tokens / prompt_tokens`, 0 to 1 (0 without prompt tokens).
+    pub cached_token_fraction: f64,
+    /// Whether every worker's `active` returned to 0 (only with a control URL).
+    pub drain: Option<DrainCheck>,
+}
+
+/// Running totals over outcomes, folded into a [`StormReport`] at the end.
+#[derive(Default)]
+struct Tally {
+    status_counts: BTreeMap<u16, u64>,
+    placement: BTreeMap<String, BTreeMap<String, u64>>,
+    per_worker: BTreeMap<String, u64>,
+    branches: BTreeMap<String, u64>,
+    error_samples: Vec<String>,
+    ok: u64,
+    errors: u64,
+    /// Outcomes with a status: the denominator of the placement and spill shares.
+    responses: u64,
+    spilled: u64,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    completion_tokens: u64,
+    ttfts_ms: Vec<f64>,
+}
+
+impl Tally {
+    fn add(&mut self, key: &str, o: &Outcome) {
+        if let Some(status) = o.status {
+            self.add_response(key, status, o);
+        }
+        if let Some(e) = &o.error {
+            self.errors += 1;
+            if self.error_samples.len() < ERROR_SAMPLES && !self.error_samples.contains(e) {
+                self.error_samples.push(e.clone());
+            }
+        }
+        if o.ok() {
+            self.ok += 1;
+            self.ttfts_ms
+                .extend(o.ttft.map(|t| t.as_secs_f64() * 1000.0));
+            self.prompt_tokens += o.prompt_tokens;
+            self.cached_tokens += o.cached_tokens;
+            self.completion_tokens += o.completion_tokens;
+        }
+    }
+
+    /// Status, placement and branch of an outcome that got a response, successful or not.
+    fn add_response(&mut self, key: &str, status: u16, o: &Outcome) {
+        self.responses += 1;
+        *self.status_counts.entry(status).or_insert(0) += 1;
+        let worker = o.worker.clone().unwrap_or_else(|| UNKNOWN.to_owned());
+        *self
+            .placement
+            .entry(key.to_owned())
+            .or_default()
+            .entry(worker.clone())
+            .or_insert(0) += 1;
+        *self.per_worker.entry(worker).or_insert(0) += 1;
+        let branch = o.branch.as_deref().unwrap_or(UNKNOWN);
+        if branch == Branch::ExplicitRoutingKeySpillover.as_str() {
+            self.spilled += 1;
+        }
+        *self.branches.entry(branch.to_owned()).or_insert(0) += 1;
+    }
+
+    fn into_report(
+        self,
+        shape: StormShape,
+        requests: usize,
+        duration: Duration,
+        drain: Option<DrainCheck>,
+    ) -> StormReport {
+        let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        let seconds = duration.as_secs_f64();
+        let hottest = self.per_worker.values().copied().max().unwrap_or(0);
+        StormReport {
+            requests: requests as u64,
+            ok: self.ok,
+            status_counts: self.status_counts,
+            errors: self.errors,
+            error_samples: self.error_samples,
+            duration_s: seconds,
+            throughput_rps: if seconds > 0.0 {
+                self.ok as f64 / seconds
+            } else {
+                0.0
+            },
+            ttft: ttft_summary(shape.stream, self.ttfts_ms),
+            placement: self.placement,
+            hottest_worker_share: ratio(hottest, self.responses),
+            per_worker: self.per_worker,
+            branches: self.branches,
+            spill_fraction: ratio(self.spilled, self.responses),
+            prompt_tokens: self.prompt_tokens,
+            cached_tokens: self.cached_tokens,
+            completion_tokens: self.completion_tokens,
+            cached_token_fraction: ratio(self.cached_tokens, self.prompt_tokens),
+            drain,
+            shape,
+        }
+    }
+}
+
+fn ttft_summary(stream: bool, mut ttfts_ms: Vec<f64>) -> TtftSummary {
+    ttfts_ms.sort_by(f64::total_cmp);
+    TtftSummary {
+        basis: if stream {
+            TtftBasis::FirstSseData
+        } else {
+            TtftBasis::FullResponse
+        },
+        samples: ttfts_ms.len(),
+        mean_ms: mean(&ttfts_ms),
+        p50_ms: percentile(&ttfts_ms, 50.0),
+        p99_ms: percentile(&ttfts_ms, 99.0),
+    }
+}
+
+/// Folds a storm's outcomes, each with the index of its routing key in `keys`, into its report.
+pub(super) fn summarise(
+    shape: StormShape,
+    keys: &[String],
+    outcomes: &[(usize, Outcome)],
+    duration: Duration,
+    drain: Option<DrainCheck>,
+) -> StormReport {
+    let mut tally = Tally::default();
+    for (key, o) in outcomes {
+        tally.add(&keys[*key], o);
+    }
+    tally.into_report(shape, outcomes.len(), duration, drain)
+}
+
+impl fmt::Display for StormReport {
+    /// A readable summary: totals, TTFT, cache, spill, placement and drain.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.fmt_shape(f)?;
+        self.fmt_totals(f)?;
+        self.fmt_placement(f)?;
+        self.fmt_drain(f)
+    }
+}
+
+impl StormReport {
+    fn fmt_shape(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.shape;
+        writeln!(
+            f,
+            "storm: {} requests to {} ({} groups x {} siblings over {} keys, {} groups in flight, {})",
+            self.requests,
+            s.gateway,
+            s.groups,
+            s.siblings,
+            s.keys,
+            s.concurrency,
+            if s.stream {
+                "streaming"
+            } else {
+                "non-streaming"
+            },
+        )
+    }
+
+    /// Status, errors, duration, TTFT, cache and spill lines.
+    fn fmt_totals(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let statuses: Vec<String> = self
+            .status_counts
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect();
+        writeln!(
+            f,
+            "  status        {}   errors: {}",
+            statuses.join(", "),
+            self.errors
+        )?;
+        for e in &self.error_samples {
+            writeln!(f, "    error: {e}")?;
+        }
+        writeln!(
+            f,
+            "  duration      {:.2} s   throughput {:.1} req/s",
+            self.duration_s, self.throughput_rps
+        )?;
+        let basis = match self.ttft.basis {
+            TtftBasis::FirstSseData => "first SSE data chunk",
+            TtftBasis::FullResponse => "full response, non-streaming",
+        };
+        writeln!(
+            f,
+            "  TTFT          mean {:.1} ms   p50 {:.1} ms   p99 {:.1} ms   ({basis})",
+            self.ttft.mean_ms, self.ttft.p50_ms, self.ttft.p99_ms
+        )?;
+        writeln!(
+            f,
+            "  cached tokens {:.1}% of {} prompt tokens",
+            self.cached_token_fraction * 100.0,
+            self.prompt_tokens
+        )?;
+        let branches: Vec<String> = self
+            .branches
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        writeln!(
+            f,
+            "  spill         {:.1}% of responses   branches: {}",
+            self.spill_fraction * 100.0,
+            branches.join(", ")
+        )
+    }
+
+    fn fmt_placement(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let total: u64 = self.per_worker.values().sum();
+        let workers: Vec<String> = self
+            .per_worker
+            .iter()
+            .map(|(w, n)| format!("{w} {n} ({:.1}%)", 100.0 * *n as f64 / total.max(1) as f64))
+            .collect();
+        writeln!(f, "  per worker    {}", workers.join("   "))?;
+        writeln!(f, "  placement per key:")?;
+        for (key, workers) in &self.placement {
+            let cells: Vec<String> = workers.iter().map(|(w, n)| format!("{w}:{n}")).collect();
+            writeln!(f, "    {key:<14} {}", cells.join("  "))?;
+        }
+        Ok(())
+    }
+
+    fn fmt_drain(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.drain {
+            None => writeln!(f, "  drain         not checked (no --control)"),
+            Some(d) if d.all_zero => writeln!(
+                f,
+                "  drain         every worker back to 0 active (after {:.0} ms)",
+                d.waited_ms
+            ),
+            Some(d) => {
+                let busy: Vec<String> = d
+                    .active
+                    .iter()
+                    .filter(|(_, a)| **a > 0)
+                    .map(|(w, a)| format!("{w}={a}"))
+                    .collect();
+                writeln!(
+                    f,
+                    "  drain         NOT DRAINED after {:.0} ms: {}",
+                    d.waited_ms,
+                    busy.join(" ")
+                )
+            }
+        }
+    }
+}

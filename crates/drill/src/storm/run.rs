@@ -1,0 +1,122 @@
+//! Firing a measured storm: a preflight check of the gateway, `concurrency` groups in flight with a
+//! progress bar, then the drain check and the report.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures_util::StreamExt as _;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use reqwest::Url;
+use tokio::time::Instant;
+
+use super::config::{StormConfig, routing_key};
+use super::prompts::Prompts;
+use super::report::{StormReport, StormShape, summarise};
+use super::shooter::{Outcome, Shooter};
+use crate::control::{ControlClient, DrainCheck};
+
+/// Fires the storm described by `config` and measures it.
+///
+/// # Errors
+///
+/// When the shape fires nothing (zero groups, siblings, keys or concurrency), the gateway does not
+/// answer `GET /health` at all, the routing key header is not a header name, or the control plane
+/// cannot be asked for the drain check. Failed requests are not errors: the report counts them.
+pub async fn run_storm(config: &StormConfig) -> anyhow::Result<StormReport> {
+    config.check()?;
+    preflight(&config.gateway).await?;
+    let shooter = Shooter::new(
+        &config.gateway,
+        &config.routing_key_header,
+        config.stream,
+        config.max_tokens,
+        &config.model,
+        config.request_timeout,
+    )?;
+    let prompts = Prompts::new(
+        config.seed,
+        config.keys,
+        config.prefix_tokens,
+        config.suffix_tokens,
+    );
+    let keys: Vec<String> = (0..config.keys).map(routing_key).collect();
+    let progress = progress_bar(config);
+    let start = Instant::now();
+    let outcomes = fire_groups(config, &shooter, &prompts, &keys, &progress).await;
+    let duration = start.elapsed();
+    progress.finish_and_clear();
+    let drain = check_drain(config).await?;
+    Ok(summarise(
+        StormShape::of(config),
+        &keys,
+        &outcomes,
+        duration,
+        drain,
+    ))
+}
+
+/// Checks that the gateway answers at all, so an unreachable URL is one clear error rather than
+/// thousands of failed requests.
+async fn preflight(gateway: &Url) -> anyhow::Result<()> {
+    let url = format!("{}/health", gateway.as_str().trim_end_matches('/'));
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()?;
+    client
+        .get(&url)
+        .send()
+        .await
+        .with_context(|| format!("gateway {gateway} is unreachable"))?;
+    Ok(())
+}
+
+fn progress_bar(config: &StormConfig) -> ProgressBar {
+    let total = (config.groups * config.siblings) as u64;
+    let progress = if config.progress {
+        ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr())
+    } else {
+        ProgressBar::hidden()
+    };
+    progress.set_style(
+        ProgressStyle::with_template("storm {bar:40} {pos}/{len} requests  {per_sec}  eta {eta}")
+            .expect("static template"),
+    );
+    progress
+}
+
+/// Fires every group, `concurrency` at a time: group `g` uses key `g mod keys`, and a new group
+/// starts as soon as one finishes. Each outcome comes with the index of its key.
+async fn fire_groups(
+    config: &StormConfig,
+    shooter: &Shooter,
+    prompts: &Prompts,
+    keys: &[String],
+    progress: &ProgressBar,
+) -> Vec<(usize, Outcome)> {
+    let mut outcomes = Vec::with_capacity(config.groups * config.siblings);
+    let groups = futures_util::stream::iter(0..config.groups)
+        .map(|group| {
+            let key = group % config.keys;
+            let fired = shooter.fire_group(prompts, key, &keys[key], group, config.siblings);
+            async move { (key, fired.await) }
+        })
+        .buffer_unordered(config.concurrency);
+    futures_util::pin_mut!(groups);
+    // Aggregation happens here, in the one task that owns the results, never in request futures.
+    while let Some((key, group)) = groups.next().await {
+        progress.inc(group.len() as u64);
+        outcomes.extend(group.into_iter().map(|o| (key, o)));
+    }
+    outcomes
+}
+
+async fn check_drain(config: &StormConfig) -> anyhow::Result<Option<DrainCheck>> {
+    let Some(control) = &config.control else {
+        return Ok(None);
+    };
+    let drain = ControlClient::new(control, config.control_token.clone())
+        .wait_drained(config.drain_timeout)
+        .await
+        .context("checking that every worker's active load returned to 0")?;
+    Ok(Some(drain))
+}

@@ -1,0 +1,39 @@
+//! Simulated OpenAI-compatible inference workers.
+//!
+//! Each worker is an axum server with the routes of a vLLM/SGLang server:
+//!
+//! | route | answer |
+//! | --- | --- |
+//! | `POST /v1/chat/completions` | OpenAI chat completion; SSE chunks with `"stream": true` |
+//! | `POST /v1/completions` | OpenAI text completion; SSE chunks with `"stream": true` |
+//! | `POST /generate` | SGLang native: `{"text", "sampling_params": {"max_new_tokens"}, "stream"}` |
+//! | `GET /health` | 200 with an empty body |
+//! | `GET /v1/models` | the one model, [`SimConfig::model`](crate::sim::SimConfig::model) |
+//! | `GET /metrics` | Prometheus/OpenMetrics text with vLLM's metric names |
+//!
+//! A request's life follows [`crate::sim`]: wait in the FIFO queue for one of `max_batch` slots, look
+//! its prompt up in the worker's prefix cache, prefill the uncached tokens, then produce one token per
+//! decode step whose duration grows with the running batch. Time to first token is therefore queueing
+//! plus prefill of the uncached tokens. Responses report `usage.prompt_tokens`,
+//! `usage.completion_tokens` and `usage.prompt_tokens_details.cached_tokens` as vLLM does; streams send
+//! a final usage chunk when asked with `"stream_options": {"include_usage": true}` and always end with
+//! `data: [DONE]`.
+//!
+//! Faults for tests are switched at run time with [`WorkerHandle::set_fault`].
+//!
+//! The pieces, each depending only on those listed before it: `faults` (the fault kinds and switch),
+//! `state` (what a worker's requests share, and its metrics), `request` (the three request shapes),
+//! `generation` (a request's life on simulated time), `response` (bodies and SSE streams), `api` (the
+//! routes), `handle` (starting a worker and owning it).
+
+mod api;
+mod faults;
+mod generation;
+mod handle;
+mod request;
+mod response;
+mod state;
+
+pub use faults::Fault;
+pub use handle::{WorkerHandle, spawn_worker, spawn_workers};
+pub use state::SimStats;
