@@ -4,7 +4,7 @@
 # in front of the same simulated upstream, interleaved, medians over repetitions. See docs/benchmarks.md.
 #
 #   bash bench/proxy.sh                 # full run (~15 min): 3 reps, 10 s per trial, 5,000 held streams
-#   bash bench/proxy.sh --quick         # CI smoke (~2 min after the build): 1 rep, short trials
+#   bash bench/proxy.sh --quick         # CI smoke (~1 min after the build): 1 rep, short trials
 #
 # Options: --reps N, --duration S, --warmup S, --streams N, --hold S, --connections N, --keys N,
 # --workers N, --workloads a,b,c, --targets direct,gatewayd,haproxy,envoy,smg, --no-pin, --profile P
@@ -132,7 +132,8 @@ if [[ $PIN == 1 ]] && { [[ $(nproc) -lt 2 ]] || ! command -v taskset >/dev/null 
 fi
 if [[ $PIN == 1 ]]; then
   # The proxy under test gets CPU 0; load generator and upstream share the others. HAProxy and
-  # tokio both size their thread pools from the affinity mask, so each proxy runs one thread.
+  # tokio (gatewayd, SMG) size their thread pools from the affinity mask and Envoy is given
+  # --concurrency 1, so each proxy runs one worker thread.
   PROXY_CPUS=0
   LOAD_CPUS="1-$(($(nproc) - 1))"
   PROXY_RUN=(taskset -c "$PROXY_CPUS")
