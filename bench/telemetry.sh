@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Telemetry cost (issue 4): gatewayd CPU at a fixed 1,000 requests/s over 256 keys, with 0 and with
+# Telemetry cost: gatewayd CPU at a fixed 1,000 requests/s over 256 keys, with 0 and with
 # 10 websocket clients reading /ws, alternating phases in one run. See docs/benchmarks.md.
 #
 #   bash bench/telemetry.sh            # 3 rounds of 10 s phases (~70 s)
