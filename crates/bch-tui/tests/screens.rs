@@ -5,13 +5,7 @@
 mod big_fleet;
 mod common;
 
-use std::collections::BTreeMap;
-
-use bch_core::policy::Branch;
-use bch_core::telemetry::{
-    KeyKind, KeyRecord, RingOwnership, RingShare, ServerFrame, ServerMessage, Snapshot, SpillEvent,
-    Tick, Totals, WorkerRecord,
-};
+use bch_core::telemetry::ServerMessage;
 use bch_tui::{Action, ConnEvent, ConnStatus, State};
 use big_fleet::big;
 use common::{connected_with, frame, frame_at, refusal, render};
