@@ -2,7 +2,7 @@
 //! fleet (health, loads, names). The live [`Router`](crate::router::Router) and the offline
 //! [`explain`](crate::explain) both call [`decide`], so what `explain` predicts is what routing does.
 
-use crate::policy::{BoundCheck, Branch, FleetLoad, PolicyKind, PolicySettings};
+use crate::policy::{BoundCheck, Branch, FleetLoad, PolicyKind, PolicySettings, SpillOrder};
 use crate::ring::Ring;
 use crate::routing_key::RoutingKey;
 
@@ -53,10 +53,11 @@ impl Decision {
 /// them in keeps this function pure and reproducible in tests.
 ///
 /// Never allocates. Finding the preferred worker walks the ring from the key past unhealthy
-/// workers. A spill on a fleet of up to 64 workers costs two passes over the workers plus
-/// [`Ring::first_in_set`] (a short walk, then a binary search per eligible worker); on larger
-/// fleets the spill search walks the ring, up to once round when nearly every worker is over the
-/// bound.
+/// workers. A spill on a fleet of up to 64 workers costs two passes over the workers plus, under
+/// [`SpillOrder::Ring`], [`Ring::first_in_set`] (a short walk, then a binary search per eligible
+/// worker), or under [`SpillOrder::HashSeeded`] one score per eligible worker; on larger fleets
+/// the ring order walks the ring, up to once round when nearly every worker is over the bound, and
+/// the hash-seeded order scores every worker once.
 pub fn decide<F: FleetView>(
     ring: &Ring,
     policy: &PolicySettings,
@@ -112,12 +113,8 @@ pub fn decide<F: FleetView>(
             let (worker, branch) = if !bound.should_spill() {
                 (preferred, Branch::ExplicitRoutingKeyHit)
             } else {
-                let candidate = match eligible_mask(fleet, preferred, &bound) {
-                    Some(mask) => ring.first_in_set(position, mask),
-                    None => ring.points_from(position).find(|&w| {
-                        w != preferred && fleet.healthy(w) && bound.eligible(fleet.load(w))
-                    }),
-                };
+                let candidate =
+                    spill_target(ring, policy.spill_order, fleet, preferred, &bound, position);
                 match candidate {
                     Some(target) => (target, Branch::ExplicitRoutingKeySpillover),
                     None => (preferred, Branch::ExplicitRoutingKeyNoEligibleCandidate),
@@ -130,6 +127,25 @@ pub fn decide<F: FleetView>(
                 bound: Some(bound),
             }
         }
+    }
+}
+
+/// Where a spilled request goes: the first worker under the bound (healthy, not the preferred one)
+/// in `order`, the ring walk from the key or its hash-seeded order. `None` when no worker qualifies.
+fn spill_target<F: FleetView>(
+    ring: &Ring,
+    order: SpillOrder,
+    fleet: &F,
+    preferred: usize,
+    bound: &BoundCheck,
+    position: u64,
+) -> Option<usize> {
+    let eligible = |w: usize| w != preferred && fleet.healthy(w) && bound.eligible(fleet.load(w));
+    match (order, eligible_mask(fleet, preferred, bound)) {
+        (SpillOrder::Ring, Some(mask)) => ring.first_in_set(position, mask),
+        (SpillOrder::Ring, None) => ring.points_from(position).find(|&w| eligible(w)),
+        (SpillOrder::HashSeeded, Some(mask)) => ring.first_seeded_in_set(position, mask),
+        (SpillOrder::HashSeeded, None) => ring.first_seeded(position, eligible),
     }
 }
 

@@ -4,9 +4,9 @@
 //!
 //! The scenario schema (`docs/explain.md`):
 //! `{"workers":[url..],"loads":{url:n},"healthy":{url:bool},"routing_key":k,"explicit":bool,
-//!   "min_load_gap":g,"max_load_skew":s,"policy":kind}`; `loads`, `healthy` and `policy` are
-//! optional and default to 0, true and `bounded_consistent_hashing`; `min_load_gap` and
-//! `max_load_skew` default to 2 and 1.5.
+//!   "min_load_gap":g,"max_load_skew":s,"spill_order":o,"policy":kind}`; `loads`, `healthy`,
+//! `spill_order` and `policy` are optional and default to 0, true, `ring` and
+//! `bounded_consistent_hashing`; `min_load_gap` and `max_load_skew` default to 2 and 1.5.
 
 use std::collections::HashMap;
 
@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::decide::{Decision, FleetView, decide};
 use crate::policy::{
     BoundCheck, Branch, DEFAULT_MAX_LOAD_SKEW, DEFAULT_MIN_LOAD_GAP, DEFAULT_VIRTUAL_NODES,
-    PolicyError, PolicyKind, PolicySettings,
+    PolicyError, PolicyKind, PolicySettings, SpillOrder,
 };
 use crate::ring::Ring;
 use crate::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource, RoutingKey};
@@ -43,6 +43,9 @@ pub struct Scenario {
     /// `max_load_skew`: the factor over the mean the preferred worker must exceed (default 1.5).
     #[serde(default = "default_skew")]
     pub max_load_skew: f64,
+    /// Where a spilled request goes among the workers under the bound; defaults to `ring`.
+    #[serde(default)]
+    pub spill_order: SpillOrder,
     /// Policy; defaults to `bounded_consistent_hashing`.
     #[serde(default)]
     pub policy: PolicyKind,
@@ -110,6 +113,7 @@ impl Explainer {
             kind: scenario.policy,
             min_load_gap: scenario.min_load_gap,
             max_load_skew: scenario.max_load_skew,
+            spill_order: scenario.spill_order,
             virtual_nodes: DEFAULT_VIRTUAL_NODES,
         };
         policy.validate()?;

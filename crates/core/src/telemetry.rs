@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{Branch, PolicyKind, PolicySettings};
+use crate::policy::{Branch, PolicyKind, PolicySettings, SpillOrder};
 
 /// Protocol version carried in every frame's `v`. Bumped only for incompatible changes; new optional
 /// fields do not bump it (clients must ignore unknown fields).
@@ -182,6 +182,9 @@ pub enum ClientCommand {
         /// New `max_load_skew` (finite, ≥ 1.0).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         max_load_skew: Option<f64>,
+        /// New spill order (`ring` or `hash_seeded`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        spill_order: Option<SpillOrder>,
     },
     /// Ask for a fresh `snapshot` (after a `seq` gap, for example).
     Resync {
@@ -355,8 +358,22 @@ mod tests {
                 id: Some(CommandId::Text("a".into())),
                 kind: None,
                 min_load_gap: Some(3),
-                max_load_skew: None
+                max_load_skew: None,
+                spill_order: None,
             }
+        );
+        let cmd: ClientCommand =
+            serde_json::from_str(r#"{"type":"set_policy","spill_order":"hash_seeded"}"#).unwrap();
+        assert!(matches!(
+            cmd,
+            ClientCommand::SetPolicy {
+                spill_order: Some(SpillOrder::HashSeeded),
+                ..
+            }
+        ));
+        assert!(
+            serde_json::from_str::<ClientCommand>(r#"{"type":"set_policy","spill_order":"next"}"#)
+                .is_err()
         );
         let resync: ClientCommand = serde_json::from_str(r#"{"type":"resync"}"#).unwrap();
         assert_eq!(resync, ClientCommand::Resync { id: None });

@@ -4,7 +4,7 @@
 //! `allocation-counter` (per thread, so parallel tests do not disturb each other).
 
 use allocation_counter::measure;
-use bch_core::policy::{Branch, PolicyKind, PolicyPatch, PolicySettings};
+use bch_core::policy::{Branch, PolicyKind, PolicyPatch, PolicySettings, SpillOrder};
 use bch_core::router::{Router, WorkerSpec};
 use bch_core::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource, RoutingKey};
 
@@ -75,7 +75,16 @@ fn explicit_hit_does_not_allocate() {
 
 #[test]
 fn explicit_spill_does_not_allocate() {
-    let router = router(PolicySettings::default());
+    for spill_order in SpillOrder::ALL {
+        explicit_spill_does_not_allocate_under(spill_order);
+    }
+}
+
+fn explicit_spill_does_not_allocate_under(spill_order: SpillOrder) {
+    let router = router(PolicySettings {
+        spill_order,
+        ..PolicySettings::default()
+    });
     let raw = b"a-32-byte-routing-key-0123456789";
     let key = RoutingKey::Explicit(ExplicitKey::parse(raw).unwrap());
     let preferred = router.table().explain(&key).preferred.unwrap();
@@ -85,8 +94,8 @@ fn explicit_spill_does_not_allocate() {
         .map(|_| router.route(&RoutingKey::Target(name.as_bytes())))
         .collect();
     let (count, branch) = measure_explicit(&router, raw);
-    assert_eq!(branch, Branch::ExplicitRoutingKeySpillover);
-    assert_eq!(count, 0);
+    assert_eq!(branch, Branch::ExplicitRoutingKeySpillover, "{spill_order}");
+    assert_eq!(count, 0, "{spill_order}");
     drop(held);
 }
 

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use bch_core::explain::{Explainer, Scenario};
-use bch_core::policy::{PolicyKind, PolicySettings};
+use bch_core::policy::{PolicyKind, PolicySettings, SpillOrder};
 use bch_core::ring::{Ring, hash_position};
 use bch_core::router::{Router, WorkerSpec};
 use bch_core::routing_key::{ExplicitKey, RoutingKey};
@@ -188,6 +188,7 @@ fn near_idle_vectors() {
         explicit: true,
         min_load_gap: 2,
         max_load_skew: 1.5,
+        spill_order: SpillOrder::Ring,
         policy: PolicyKind::BoundedConsistentHashing,
     };
     let preferred = explainer.explain(&base).unwrap().worker.unwrap();

@@ -11,7 +11,7 @@ use std::sync::{Arc, Weak};
 
 use bch_core::decide::{Decision, FleetView, decide};
 use bch_core::load::WorkerStats;
-use bch_core::policy::{Branch, PolicyKind, PolicyPatch, PolicySettings};
+use bch_core::policy::{Branch, PolicyKind, PolicyPatch, PolicySettings, SpillOrder};
 use bch_core::ring::{Ring, hash_position};
 use bch_core::router::{Routed, Router, RoutingTable, WorkerSpec};
 use bch_core::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource, RoutingKey};
@@ -285,6 +285,7 @@ proptest! {
             kind: if bounded { PolicyKind::BoundedConsistentHashing } else { PolicyKind::ConsistentHashing },
             min_load_gap,
             max_load_skew,
+            spill_order: SpillOrder::HashSeeded,
             virtual_nodes,
         };
         let implicit = RoutingKey::Implicit(ImplicitKey::from_value(ImplicitSource::Cookie, &key));
@@ -319,8 +320,10 @@ proptest! {
         max_load_skew in skews(),
         key in "[ -~]{1,40}",
         virtual_nodes in 1u32..=40,
+        order in spill_orders(),
     ) {
-        check_spill_rule(&healthy, &loads[..n], extra, min_load_gap, max_load_skew, &key, virtual_nodes)?;
+        let rule = Rule { min_load_gap, max_load_skew, order };
+        check_spill_rule(&healthy, &loads[..n], extra, rule, &key, virtual_nodes)?;
     }
 }
 
@@ -338,8 +341,10 @@ proptest! {
         min_load_gap in 0u64..4,
         max_load_skew in skews(),
         key in "[ -~]{1,40}",
+        order in spill_orders(),
     ) {
-        check_spill_rule(&healthy[..n], &loads[..n], extra, min_load_gap, max_load_skew, &key, 4)?;
+        let rule = Rule { min_load_gap, max_load_skew, order };
+        check_spill_rule(&healthy[..n], &loads[..n], extra, rule, &key, 4)?;
     }
 }
 
@@ -355,13 +360,47 @@ proptest! {
         extra in prop_oneof![Just(0u64), (1u64 << 50)..(1u64 << 59)],
         max_load_skew in skews(),
         key in "[ -~]{1,40}",
+        order in spill_orders(),
     ) {
-        check_spill_rule(&healthy, &loads[..n], extra, 2, max_load_skew, &key, 8)?;
+        let rule = Rule { min_load_gap: 2, max_load_skew, order };
+        check_spill_rule(&healthy, &loads[..n], extra, rule, &key, 8)?;
     }
 }
 
 fn skews() -> impl Strategy<Value = f64> {
     prop_oneof![Just(1.0f64), Just(1.5), Just(2.0), 1.0f64..3.0]
+}
+
+fn spill_orders() -> impl Strategy<Value = SpillOrder> {
+    prop_oneof![Just(SpillOrder::Ring), Just(SpillOrder::HashSeeded)]
+}
+
+/// The thresholds and spill order a spill-rule check runs under.
+#[derive(Clone, Copy, Debug)]
+struct Rule {
+    min_load_gap: u64,
+    max_load_skew: f64,
+    order: SpillOrder,
+}
+
+/// MurmurHash3's 64-bit finaliser, restated from docs/policy.md ("Spill order").
+fn fmix64(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
+}
+
+/// The hash-seeded spill order as docs/policy.md states it: workers by descending
+/// `fmix64(key position XOR position(ring id))`, ties to the larger ring-id position.
+fn seeded_order_by_spec(ids: &[String], position: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..ids.len()).collect();
+    order.sort_by_key(|&w| {
+        let seed = hash_position(ids[w].as_bytes());
+        std::cmp::Reverse((fmix64(position ^ seed), seed))
+    });
+    order
 }
 
 /// Decides `key` on a ring of `healthy.len()` workers with the given loads (the preferred worker
@@ -370,11 +409,15 @@ fn check_spill_rule(
     healthy: &[bool],
     loads: &[u64],
     extra: u64,
-    min_load_gap: u64,
-    max_load_skew: f64,
+    rule: Rule,
     key: &str,
     virtual_nodes: u32,
 ) -> Result<(), TestCaseError> {
+    let Rule {
+        min_load_gap,
+        max_load_skew,
+        order,
+    } = rule;
     let n = healthy.len();
     let ids: Vec<String> = (0..n).map(|i| spec(i).url).collect();
     let ring = Ring::build(&ids, virtual_nodes);
@@ -391,6 +434,7 @@ fn check_spill_rule(
     let policy = PolicySettings {
         min_load_gap,
         max_load_skew,
+        spill_order: order,
         ..settings(virtual_nodes)
     };
     let decision = decide(
@@ -427,10 +471,13 @@ fn check_spill_rule(
     let limit = mean * max_load_skew;
     let spill = p - min > min_load_gap && p as f64 > limit;
     if spill {
-        let target = walk[1..]
-            .iter()
-            .copied()
-            .find(|&w| healthy[w] && fleet.loads[w] as f64 <= limit)
+        let candidates = match order {
+            SpillOrder::Ring => walk[1..].to_vec(),
+            SpillOrder::HashSeeded => seeded_order_by_spec(&ids, explicit.position()),
+        };
+        let target = candidates
+            .into_iter()
+            .find(|&w| w != preferred && healthy[w] && fleet.loads[w] as f64 <= limit)
             .expect("the healthy minimum is always eligible when skew >= 1");
         prop_assert_eq!(decision.branch, Branch::ExplicitRoutingKeySpillover);
         prop_assert_eq!(decision.worker, Some(target));
@@ -688,7 +735,7 @@ proptest! {
                 }
                 Op::Policy { kind, min_load_gap, max_load_skew } => {
                     let before = router.table();
-                    let patch = PolicyPatch { kind, min_load_gap, max_load_skew, virtual_nodes: None };
+                    let patch = PolicyPatch { kind, min_load_gap, max_load_skew, spill_order: None, virtual_nodes: None };
                     match router.set_policy(&patch) {
                         Ok(applied) => prop_assert_eq!(*router.table().policy(), applied),
                         Err(_) => {

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use bch_core::policy::{Branch, PolicyKind, PolicySettings};
+use bch_core::policy::{Branch, PolicyKind, PolicySettings, SpillOrder};
 use bch_core::telemetry::*;
 
 fn policy() -> PolicySettings {
@@ -11,6 +11,7 @@ fn policy() -> PolicySettings {
         kind: PolicyKind::BoundedConsistentHashing,
         min_load_gap: 2,
         max_load_skew: 1.5,
+        spill_order: SpillOrder::Ring,
         virtual_nodes: 150,
     }
 }
@@ -182,6 +183,7 @@ fn client_commands_have_a_stable_shape() {
         kind: None,
         min_load_gap: Some(3),
         max_load_skew: Some(1.25),
+        spill_order: Some(SpillOrder::HashSeeded),
     };
     insta::assert_json_snapshot!("set_policy", set_policy);
     insta::assert_json_snapshot!("resync", ClientCommand::Resync { id: None });
@@ -190,7 +192,8 @@ fn client_commands_have_a_stable_shape() {
 #[test]
 fn unknown_fields_from_a_newer_server_are_ignored() {
     let json = r#"{"v":1,"seq":9,"type":"policy","ts_ms":1,"changed_by":"ws","future":true,
-        "policy":{"kind":"round_robin","min_load_gap":0,"max_load_skew":1.0,"virtual_nodes":150}}"#;
+        "policy":{"kind":"round_robin","min_load_gap":0,"max_load_skew":1.0,"virtual_nodes":150,
+        "future_policy_field":"x"}}"#;
     let frame: ServerFrame = serde_json::from_str(json).unwrap();
     assert_eq!(frame.seq, 9);
 }
