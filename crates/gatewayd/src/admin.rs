@@ -198,6 +198,7 @@ impl Admin {
             config.policy.kind = policy.kind;
             config.policy.min_load_gap = policy.min_load_gap;
             config.policy.max_load_skew = policy.max_load_skew;
+            config.policy.spill_order = policy.spill_order;
             config.policy.virtual_nodes = policy.virtual_nodes;
             Ok(policy)
         })
@@ -275,7 +276,7 @@ impl Admin {
         self.config.store(Arc::clone(&config));
         *in_force = InForce { config, members };
         if policy != before {
-            tracing::info!(source = source.as_str(), kind = %policy.kind, min_load_gap = policy.min_load_gap, max_load_skew = policy.max_load_skew, virtual_nodes = policy.virtual_nodes, "policy changed");
+            tracing::info!(source = source.as_str(), kind = %policy.kind, min_load_gap = policy.min_load_gap, max_load_skew = policy.max_load_skew, spill_order = %policy.spill_order, virtual_nodes = policy.virtual_nodes, "policy changed");
             self.telemetry.policy_changed(source);
         }
         Ok(())

@@ -336,7 +336,8 @@ async fn policy_get_and_put() {
     let initial = policy(&gateway).await;
     assert_eq!(
         initial,
-        json!({"kind": "consistent_hashing", "min_load_gap": 2, "max_load_skew": 1.5, "virtual_nodes": 150})
+        json!({"kind": "consistent_hashing", "min_load_gap": 2, "max_load_skew": 1.5,
+            "spill_order": "ring", "virtual_nodes": 150})
     );
 
     // A subset applies and the answer is the whole result.
@@ -352,13 +353,17 @@ async fn policy_get_and_put() {
     let answer: Value = response.json().await.unwrap();
     assert_eq!(
         answer,
-        json!({"kind": "consistent_hashing", "min_load_gap": 4, "max_load_skew": 1.5, "virtual_nodes": 150})
+        json!({"kind": "consistent_hashing", "min_load_gap": 4, "max_load_skew": 1.5,
+            "spill_order": "ring", "virtual_nodes": 150})
     );
-    let response = put(r#"{"kind": "bounded_consistent_hashing", "max_load_skew": 2.25}"#)
-        .await
-        .unwrap();
+    let response = put(
+        r#"{"kind": "bounded_consistent_hashing", "max_load_skew": 2.25, "spill_order": "hash_seeded"}"#,
+    )
+    .await
+    .unwrap();
     assert_eq!(response.status(), 200);
-    let good = json!({"kind": "bounded_consistent_hashing", "min_load_gap": 4, "max_load_skew": 2.25, "virtual_nodes": 150});
+    let good = json!({"kind": "bounded_consistent_hashing", "min_load_gap": 4, "max_load_skew": 2.25,
+        "spill_order": "hash_seeded", "virtual_nodes": 150});
     assert_eq!(response.json::<Value>().await.unwrap(), good);
     assert_eq!(policy(&gateway).await, good);
 
@@ -384,6 +389,11 @@ async fn policy_get_and_put() {
         (r#"{"min_load_gap": 1.5}"#, "min_load_gap"),
         (r#"{"min_load_gap": "3"}"#, "min_load_gap"),
         (r#"{"kind": "strict"}"#, "kind"),
+        (r#"{"spill_order": "next"}"#, "spill_order"),
+        (
+            r#"{"spill_order": "ring", "max_load_skew": 0.5}"#,
+            "max_load_skew",
+        ),
         (r#"{"virtual_nodes": 0}"#, "virtual_nodes"),
         (r#"{"virtual_nodes": 1000000}"#, "virtual_nodes"),
     ];
@@ -786,12 +796,17 @@ async fn reload_applies_a_good_file_and_refuses_a_bad_one() {
     assert_eq!(worker_names(&gateway).await, ["a"]);
     assert_eq!(policy(&gateway).await["min_load_gap"], 2);
 
-    file.write(&config_text(5, "1.75", &[("a", &a), ("b", &b)]));
+    file.write(&config_text(5, "1.75", &[("a", &a), ("b", &b)]).replacen(
+        "[policy]\n",
+        "[policy]\nspill_order = \"hash_seeded\"\n",
+        1,
+    ));
     let response = reload().await.unwrap();
     assert_eq!(response.status(), 200);
     let answer: Value = response.json().await.unwrap();
     assert_eq!(answer["policy"]["min_load_gap"], 5);
-    let applied = json!({"kind": "bounded_consistent_hashing", "min_load_gap": 5, "max_load_skew": 1.75, "virtual_nodes": 150});
+    let applied = json!({"kind": "bounded_consistent_hashing", "min_load_gap": 5, "max_load_skew": 1.75,
+        "spill_order": "hash_seeded", "virtual_nodes": 150});
     assert_eq!(policy(&gateway).await, applied);
     assert_eq!(worker_names(&gateway).await, ["a", "b"]);
     let response = client
@@ -830,6 +845,14 @@ async fn reload_applies_a_good_file_and_refuses_a_bad_one() {
         (
             config_text(7, "1.5", &[("a", &a)]).replace("[policy]", "[policy"),
             "line",
+        ),
+        (
+            config_text(7, "1.5", &[("a", &a)]).replacen(
+                "[policy]\n",
+                "[policy]\nspill_order = \"next\"\n",
+                1,
+            ),
+            "spill_order",
         ),
         (
             config_text(7, "1.5", &[("a", &a)]) + "\n[log]\nlevels = \"debug\"\n",

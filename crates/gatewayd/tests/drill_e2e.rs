@@ -108,6 +108,105 @@ async fn eight_held_same_key_requests_land_six_to_two_bounded_and_eight_to_zero_
     }
 }
 
+/// Where the fourth held request of `key` goes once three of its requests hold its preferred worker
+/// (loads `[3,0,0,0,0]`, gap 2, skew 1.5: the fourth spills), by the gateway's own counters.
+async fn fourth_request_target(
+    gateway: &gatewayd::RunningGateway,
+    key: &str,
+) -> (usize, Vec<tokio::task::JoinHandle<reqwest::Response>>) {
+    let url = format!("http://{}/v1/chat/completions", gateway.data_addr);
+    let mut requests = Vec::new();
+    let before: Vec<u64> = gateway
+        .routing_table()
+        .workers()
+        .iter()
+        .map(|w| w.stats.requests_total())
+        .collect();
+    for i in 0..4u64 {
+        let (url, key) = (url.clone(), key.to_owned());
+        requests.push(tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(url)
+                .header("x-smg-routing-key", key)
+                .json(&serde_json::json!({"messages":[{"role":"user","content":"hi"}],"max_tokens":1}))
+                .send()
+                .await
+                .unwrap()
+        }));
+        wait_in_flight(gateway, i + 1).await;
+    }
+    let table = gateway.routing_table();
+    let served: Vec<u64> = table
+        .workers()
+        .iter()
+        .zip(&before)
+        .map(|(w, b)| w.stats.requests_total() - b)
+        .collect();
+    let target = served
+        .iter()
+        .position(|&n| n == 1)
+        .expect("one spilled request");
+    assert_eq!(served.iter().sum::<u64>(), 4, "{served:?}");
+    (target, requests)
+}
+
+#[tokio::test]
+async fn the_spill_order_picks_the_ring_successor_or_the_hash_seeded_first() {
+    let workers = sim_workers(5, 0.0).await;
+    for w in &workers {
+        w.set_fault(Fault::StallFirstByte);
+    }
+    let urls: Vec<String> = workers.iter().map(WorkerHandle::url).collect();
+    let ring = bch_core::ring::Ring::build(&urls, 150);
+    // A key whose two orders disagree, so the test tells them apart.
+    let (key, ring_next, seeded_first) = (0..100)
+        .find_map(|i| {
+            let key = format!("hot-{i}");
+            let position = bch_core::routing_key::ExplicitKey::parse(key.as_bytes())
+                .unwrap()
+                .position();
+            let walk = ring.workers_from(position);
+            let seeded = ring.seeded_order(position);
+            let first = *seeded.iter().find(|&&w| w != walk[0]).unwrap();
+            (first != walk[1]).then_some((key, walk[1], first))
+        })
+        .unwrap();
+    let gateway = common::start(config_for(
+        &workers,
+        PolicyKind::BoundedConsistentHashing,
+        2,
+    ))
+    .await;
+    let policy_url = format!("http://{}/admin/policy", gateway.control_addr);
+    for (order, expected) in [("ring", ring_next), ("hash_seeded", seeded_first)] {
+        let answer: serde_json::Value = reqwest::Client::new()
+            .put(&policy_url)
+            .json(&serde_json::json!({"spill_order": order}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(answer["spill_order"], order);
+        let (target, requests) = fourth_request_target(&gateway, &key).await;
+        assert_eq!(target, expected, "{order}: {key}");
+        for w in &workers {
+            w.set_fault(Fault::None);
+        }
+        for r in requests {
+            let response = r.await.unwrap();
+            assert_eq!(response.status(), 200);
+            response.bytes().await.unwrap();
+        }
+        common::wait_all_idle(&gateway).await;
+        for w in &workers {
+            w.set_fault(Fault::StallFirstByte);
+        }
+    }
+    gateway.shutdown().await;
+}
+
 fn metric(text: &str, line_prefix: &str) -> u64 {
     text.lines()
         .find(|l| l.starts_with(line_prefix))

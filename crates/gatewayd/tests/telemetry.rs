@@ -239,6 +239,7 @@ async fn set_policy_is_acked_validated_and_announced_both_ways() {
         serde_json::json!({"type":"set_policy","id":"x","max_load_skew":0.99}),
         serde_json::json!({"type":"set_policy","id":"y","min_load_gap":-1}),
         serde_json::json!({"type":"set_policy","id":"z","gap":1}),
+        serde_json::json!({"type":"set_policy","id":"o","spill_order":"next"}),
     ] {
         client.send(bad).await;
         let error = client
@@ -257,6 +258,33 @@ async fn set_policy_is_acked_validated_and_announced_both_ways() {
         (Some(5), Some(2.0)),
         "rejected commands changed nothing"
     );
+
+    // The spill order travels the same way, and is reported to every client.
+    client
+        .send(serde_json::json!({"type":"set_policy","id":8,"spill_order":"hash_seeded"}))
+        .await;
+    let ack = client
+        .until(|m| match m {
+            ServerMessage::Ack(ack) => Some(ack.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(
+        ack.policy.spill_order,
+        bch_core::policy::SpillOrder::HashSeeded
+    );
+    let announced = observer.next_policy().await;
+    assert_eq!(
+        announced.policy.spill_order,
+        bch_core::policy::SpillOrder::HashSeeded
+    );
+    let policy: serde_json::Value = reqwest::get(&policy_url)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(policy["spill_order"], "hash_seeded");
 
     let put = reqwest::Client::new()
         .put(&policy_url)

@@ -2,6 +2,7 @@
 //! the fleet's rates, the rate sparklines, and one line for the most pressing message. The header
 //! always shows the live fleet, so rates and the policy stay current while the panels are paused.
 
+use bch_core::policy::PolicyKind;
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::Style;
@@ -22,7 +23,10 @@ const KEY_HINTS: &str = " g/G gap  s/S skew  p pause  Tab focus  / filter  o sor
 pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, now: Instant, styles: &Styles) {
     let [status, policy, rates, message] = Layout::vertical([Constraint::Length(1); 4]).areas(area);
     frame.render_widget(Paragraph::new(status_line(state, now, styles)), status);
-    frame.render_widget(Paragraph::new(policy_line(state.live(), styles)), policy);
+    frame.render_widget(
+        Paragraph::new(policy_line(state.live(), styles, policy.width)),
+        policy,
+    );
     sparklines(frame, rates, state.live(), styles);
     frame.render_widget(Paragraph::new(message_line(state, styles)), message);
 }
@@ -57,28 +61,40 @@ fn status_line(state: &State, now: Instant, styles: &Styles) -> Line<'static> {
     Line::from(spans)
 }
 
-/// The policy kind and both thresholds, the fleet's rates, and who last changed the policy.
-fn policy_line(fleet: &Fleet, styles: &Styles) -> Line<'static> {
+/// The policy kind, both thresholds and the spill order, the fleet's rates, and who last changed
+/// the policy. On a terminal too narrow for the line, the bounded kind is shortened to `bounded`
+/// first, so the rates stay visible.
+fn policy_line(fleet: &Fleet, styles: &Styles, width: u16) -> Line<'static> {
     let dim = styles.dim();
     let Some(p) = &fleet.policy else {
         return Line::from(Span::styled(" waiting for the gateway's snapshot…", dim));
     };
-    let mut spans = vec![
-        Span::styled(" policy ", dim),
-        Span::styled(p.kind.as_str(), styles.value()),
-        Span::styled("  gap ", dim),
-        Span::styled(p.min_load_gap.to_string(), styles.value()),
-        Span::styled("  skew ", dim),
-        Span::styled(format!("{:.2}", p.max_load_skew), styles.value()),
-        Span::styled("  req/s ", dim),
-        Span::raw(format!("{:.1}", fleet.totals.requests_per_s)),
-        Span::styled("  spill/s ", dim),
-        Span::raw(format!("{:.1}", fleet.totals.spills_per_s)),
-    ];
-    if let Some(by) = fleet.policy_changed_by {
-        spans.push(Span::styled(format!("  (changed by {})", by.as_str()), dim));
+    let line = |kind: &'static str| {
+        let mut spans = vec![
+            Span::styled(" policy ", dim),
+            Span::styled(kind, styles.value()),
+            Span::styled("  gap ", dim),
+            Span::styled(p.min_load_gap.to_string(), styles.value()),
+            Span::styled("  skew ", dim),
+            Span::styled(format!("{:.2}", p.max_load_skew), styles.value()),
+            Span::styled("  order ", dim),
+            Span::styled(p.spill_order.as_str(), styles.value()),
+            Span::styled("  req/s ", dim),
+            Span::raw(format!("{:.1}", fleet.totals.requests_per_s)),
+            Span::styled("  spill/s ", dim),
+            Span::raw(format!("{:.1}", fleet.totals.spills_per_s)),
+        ];
+        if let Some(by) = fleet.policy_changed_by {
+            spans.push(Span::styled(format!("  (changed by {})", by.as_str()), dim));
+        }
+        Line::from(spans)
+    };
+    let full = line(p.kind.as_str());
+    if full.width() <= usize::from(width) || p.kind != PolicyKind::BoundedConsistentHashing {
+        full
+    } else {
+        line("bounded")
     }
-    Line::from(spans)
 }
 
 /// Request and spill rates side by side, newest sample at the right edge.

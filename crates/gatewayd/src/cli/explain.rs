@@ -5,7 +5,7 @@ use std::io::{BufRead, Write};
 use std::process::ExitCode;
 
 use bch_core::explain::{Explainer, Scenario};
-use bch_core::policy::PolicyKind;
+use bch_core::policy::{PolicyKind, SpillOrder};
 use clap::Args;
 
 /// `gatewayd explain` options.
@@ -38,6 +38,10 @@ pub struct ExplainArgs {
     /// (finite, at least 1.0).
     #[arg(long, default_value_t = bch_core::policy::DEFAULT_MAX_LOAD_SKEW)]
     pub max_load_skew: f64,
+    /// Where a spilled request goes among the workers under the bound: ring (the next one
+    /// clockwise) or hash_seeded (a per-key pseudo-random order of the workers).
+    #[arg(long, value_parser = parse_spill_order, default_value = "ring")]
+    pub spill_order: SpillOrder,
     /// The routing policy to decide with; explain studies the bounded policy unless told otherwise.
     #[arg(long, value_parser = parse_policy, default_value = "bounded_consistent_hashing")]
     pub policy: PolicyKind,
@@ -46,6 +50,12 @@ pub struct ExplainArgs {
 /// A policy name for clap: `consistent_hashing`, `bounded_consistent_hashing`, `round_robin`,
 /// `random`.
 pub fn parse_policy(s: &str) -> Result<PolicyKind, String> {
+    s.parse()
+        .map_err(|e: bch_core::policy::PolicyError| e.to_string())
+}
+
+/// A spill order name for clap: `ring` or `hash_seeded`.
+pub fn parse_spill_order(s: &str) -> Result<SpillOrder, String> {
     s.parse()
         .map_err(|e: bch_core::policy::PolicyError| e.to_string())
 }
@@ -74,6 +84,7 @@ pub fn explain(args: ExplainArgs) -> ExitCode {
         explicit: !args.implicit,
         min_load_gap: args.min_load_gap,
         max_load_skew: args.max_load_skew,
+        spill_order: args.spill_order,
         policy: args.policy,
     };
     match explainer.explain(&scenario) {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use bch_core::policy::PolicyKind;
+use bch_core::policy::{PolicyKind, SpillOrder};
 use clap::{Args, Parser, Subcommand};
 
 use crate::app::{StartOptions, init_logging};
@@ -66,6 +66,10 @@ pub struct RunArgs {
     /// key can spill (finite, at least 1.0).
     #[arg(long)]
     pub max_load_skew: Option<f64>,
+    /// Bounded policy: where a spilled request goes among the workers under the bound: ring (the
+    /// next one clockwise, the default) or hash_seeded (a per-key pseudo-random order).
+    #[arg(long, value_parser = explain::parse_spill_order)]
+    pub spill_order: Option<SpillOrder>,
     /// File holding the control plane's bearer token.
     #[arg(long, env = "GATEWAYD_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
@@ -102,12 +106,13 @@ fn check_config(file: &std::path::Path) -> ExitCode {
     match Config::load(file) {
         Ok(config) => {
             println!(
-                "{}: ok ({} workers, policy {}, min_load_gap {}, max_load_skew {})",
+                "{}: ok ({} workers, policy {}, min_load_gap {}, max_load_skew {}, spill_order {})",
                 file.display(),
                 config.workers.len(),
                 config.policy.kind,
                 config.policy.min_load_gap,
-                config.policy.max_load_skew
+                config.policy.max_load_skew,
+                config.policy.spill_order
             );
             ExitCode::SUCCESS
         }
@@ -151,6 +156,9 @@ pub fn apply_flags(args: &RunArgs, config: &mut Config) {
     }
     if let Some(skew) = args.max_load_skew {
         config.policy.max_load_skew = skew;
+    }
+    if let Some(order) = args.spill_order {
+        config.policy.spill_order = order;
     }
     if let Some(file) = &args.admin_token_file {
         config.server.admin_token_file = Some(file.clone());

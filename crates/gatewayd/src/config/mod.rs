@@ -15,6 +15,7 @@ use arc_swap::ArcSwap;
 
 use bch_core::policy::{
     DEFAULT_MAX_LOAD_SKEW, DEFAULT_MIN_LOAD_GAP, DEFAULT_VIRTUAL_NODES, PolicyKind, PolicySettings,
+    SpillOrder,
 };
 use bch_core::router::WorkerSpec;
 use bch_core::routing_key::{DEFAULT_ROUTING_KEY_HEADER, DEFAULT_TARGET_WORKER_HEADER};
@@ -128,6 +129,10 @@ pub struct PolicyConfig {
     /// Bounded policy: the factor over the fleet mean load the preferred worker must exceed before
     /// it can spill (finite, ≥ 1.0).
     pub max_load_skew: f64,
+    /// Bounded policy: where a spilled request goes among the workers under the bound: `ring`
+    /// (the next one clockwise, SGLang Model Gateway's order; the default) or `hash_seeded` (a
+    /// per-key pseudo-random order of the workers). docs/policy.md, "Spill order".
+    pub spill_order: SpillOrder,
     /// Points per worker on the ring; 150 gives placement parity with SGLang Model Gateway.
     pub virtual_nodes: u32,
 }
@@ -138,6 +143,7 @@ impl Default for PolicyConfig {
             kind: DEFAULT_POLICY_KIND,
             min_load_gap: DEFAULT_MIN_LOAD_GAP,
             max_load_skew: DEFAULT_MAX_LOAD_SKEW,
+            spill_order: SpillOrder::default(),
             virtual_nodes: DEFAULT_VIRTUAL_NODES,
         }
     }
@@ -150,6 +156,7 @@ impl PolicyConfig {
             kind: self.kind,
             min_load_gap: self.min_load_gap,
             max_load_skew: self.max_load_skew,
+            spill_order: self.spill_order,
             virtual_nodes: self.virtual_nodes,
         }
     }
@@ -433,6 +440,9 @@ mod tests {
         let config = parse("").unwrap();
         assert_eq!(config, Config::default());
         assert_eq!(config.policy.kind, PolicyKind::ConsistentHashing);
+        assert_eq!(config.policy.spill_order, SpillOrder::Ring);
+        let seeded = parse("[policy]\nspill_order = \"hash_seeded\"\n").unwrap();
+        assert_eq!(seeded.policy.settings().spill_order, SpillOrder::HashSeeded);
     }
 
     #[test]
@@ -443,6 +453,7 @@ mod tests {
             ("[policy]\nmax_load_skew = inf\n", "policy.max_load_skew"),
             ("[policy]\nmin_load_gap = -1\n", "min_load_gap"),
             ("[policy]\nmin_load_gaps = 1\n", "min_load_gaps"),
+            ("[policy]\nspill_order = \"next\"\n", "spill_order"),
             ("[[workers]]\nurl = \"not a url\"\n", "workers[0].url"),
             ("[[workers]]\nurl = \"https://a:1\"\n", "workers[0].url"),
             (

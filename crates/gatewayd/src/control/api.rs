@@ -58,7 +58,7 @@ pub async fn get_policy(State(plane): State<Arc<ControlPlane>>) -> Json<PolicySe
 }
 
 /// `PUT /admin/policy`: applies any subset of `kind`, `min_load_gap`, `max_load_skew`,
-/// `virtual_nodes`; answers the policy in force.
+/// `spill_order`, `virtual_nodes`; answers the policy in force.
 pub async fn put_policy(
     State(plane): State<Arc<ControlPlane>>,
     body: axum::body::Bytes,

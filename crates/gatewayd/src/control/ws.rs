@@ -98,11 +98,13 @@ fn handle_command(plane: &ControlPlane, client: u64, text: &str) -> Option<Arc<s
             kind,
             min_load_gap,
             max_load_skew,
+            spill_order,
         } => {
             let patch = PolicyPatch {
                 kind,
                 min_load_gap,
                 max_load_skew,
+                spill_order,
                 virtual_nodes: None,
             };
             Some(match plane.admin.set_policy(&patch, ChangeSource::Ws) {
