@@ -73,18 +73,24 @@ struct SimArgs {
     /// Prefix-cache capacity of each worker, in blocks; 0 disables the cache.
     #[arg(long)]
     cache_blocks: Option<usize>,
-    /// Fixed overhead of each request before its prefill, in milliseconds.
+    /// Prefill throughput of each worker in prompt tokens per second, shared by the prefills of an
+    /// engine step; inf makes prefill free.
     #[arg(long)]
-    prefill_base_ms: Option<f64>,
-    /// Prefill cost of each uncached prompt token, in microseconds.
+    prefill_tokens_per_s: Option<f64>,
+    /// Prompt tokens one engine step may carry, decode tokens included; longer prefills are split
+    /// into chunks. Keep it at least --max-batch, or decodes crowd out prefill.
     #[arg(long)]
-    prefill_us_per_token: Option<f64>,
-    /// Decode step time of a request running alone, in milliseconds.
+    chunk_tokens: Option<usize>,
+    /// Time of an engine step with one decoding request, in milliseconds.
     #[arg(long)]
     decode_base_ms: Option<f64>,
-    /// Extra decode step time for each further request in the running batch, in milliseconds.
+    /// Extra engine step time for each further decoding request, in milliseconds.
     #[arg(long)]
     decode_per_running_ms: Option<f64>,
+    /// Let a request compute a prefix that another running request is already computing, instead
+    /// of waiting for it and hitting the cache.
+    #[arg(long)]
+    no_prefix_wait: bool,
 }
 
 impl SimArgs {
@@ -103,8 +109,11 @@ impl SimArgs {
             }
         };
         set(&mut c.time_scale, self.time_scale);
-        set(&mut c.prefill_base_ms, self.prefill_base_ms);
-        set(&mut c.prefill_us_per_token, self.prefill_us_per_token);
+        set(&mut c.prefill_tokens_per_s, self.prefill_tokens_per_s);
+        c.chunk_tokens = self.chunk_tokens.unwrap_or(c.chunk_tokens);
+        if self.no_prefix_wait {
+            c.wait_for_shared_prefix = false;
+        }
         set(&mut c.decode_step_base_ms, self.decode_base_ms);
         set(
             &mut c.decode_step_per_running_ms,

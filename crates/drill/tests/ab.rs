@@ -74,10 +74,10 @@ async fn cells_and_repetitions_run_interleaved_and_every_output_is_written() {
         .unwrap();
 
     let strict = json!({"kind": "consistent_hashing"});
-    let gap1 =
-        json!({"kind": "bounded_consistent_hashing", "min_load_gap": 1, "max_load_skew": 1.5});
-    let gap2 =
-        json!({"kind": "bounded_consistent_hashing", "min_load_gap": 2, "max_load_skew": 1.25});
+    let gap1 = json!({"kind": "bounded_consistent_hashing", "min_load_gap": 1, "max_load_skew": 1.5,
+        "spill_order": "ring"});
+    let gap2 = json!({"kind": "bounded_consistent_hashing", "min_load_gap": 2, "max_load_skew": 1.25,
+        "spill_order": "ring"});
     // Repetition 2 runs the cells in reverse.
     assert_eq!(
         *calls.lock().unwrap(),
