@@ -92,6 +92,15 @@ impl ControlClient {
         Ok(body.workers)
     }
 
+    /// `GET /admin/policy`: the policy in force, as the gateway reports it.
+    pub(crate) async fn policy(&self) -> anyhow::Result<Value> {
+        self.send(
+            self.request(reqwest::Method::GET, "/admin/policy"),
+            "GET /admin/policy",
+        )
+        .await
+    }
+
     /// `PUT /admin/policy`; answers the resulting policy as the gateway reports it.
     pub(crate) async fn set_policy(&self, patch: &PolicyPatch) -> anyhow::Result<Value> {
         let request = self

@@ -10,10 +10,11 @@ use anyhow::Context as _;
 use bch_core::routing_key::DEFAULT_ROUTING_KEY_HEADER;
 use bch_drill::ab::{AbConfig, parse_cells, run_ab, write_plot};
 use bch_drill::sim::{DEFAULT_MODEL, SimConfig};
-use bch_drill::storm::{StormConfig, run_storm};
+use bch_drill::storm::{PrefixScope, StormConfig, run_storm};
 use bch_drill::worker::spawn_worker;
 use clap::{Args, Parser, Subcommand};
 use reqwest::Url;
+use tokio_util::sync::CancellationToken;
 
 /// Drills for a bch gateway: simulated OpenAI-compatible workers, storms of sibling requests sharing
 /// routing keys, and A/B comparisons of routing policies.
@@ -149,9 +150,21 @@ struct StormOpts {
     /// Ask for whole responses instead of SSE streams (TTFT is then the full response time).
     #[arg(long)]
     no_stream: bool,
-    /// Prompt tokens shared by every request of a key.
+    /// Prompt tokens of the shared prefix.
     #[arg(long, default_value_t = StormConfig::default().prefix_tokens)]
     prefix_tokens: usize,
+    /// Who shares the prefix: key (every group of a routing key, like a long-lived session) or
+    /// group (only the siblings of one group: every group brings a new prefix, like n samples of
+    /// one prompt in RL rollouts).
+    #[arg(long, value_parser = parse_scope, default_value = "key")]
+    prefix_scope: PrefixScope,
+    /// Make the first N keys hot: they take --hot-share of the groups and the other keys the rest,
+    /// each group's key drawn from the seed. 0 cycles the groups over the keys in turn.
+    #[arg(long, default_value_t = 0)]
+    hot_keys: usize,
+    /// Share of the groups, 0 to 1, that go to the hot keys.
+    #[arg(long, default_value_t = StormConfig::default().hot_share)]
+    hot_share: f64,
     /// Prompt tokens distinct to each request.
     #[arg(long, default_value_t = StormConfig::default().suffix_tokens)]
     suffix_tokens: usize,
@@ -164,9 +177,11 @@ struct StormOpts {
     /// Model name sent in requests.
     #[arg(long, default_value = DEFAULT_MODEL)]
     model: String,
-    /// Seed of the prompt text; the routing key names do not depend on it.
-    #[arg(long, default_value_t = StormConfig::default().seed)]
-    seed: u64,
+    /// Seed of the prompt text (and of a hot-key storm's key sequence); the routing key names do
+    /// not depend on it. Unless given, every invocation draws its own, so a second invocation does
+    /// not find the first one's prompts in the workers' caches.
+    #[arg(long)]
+    seed: Option<u64>,
     /// Seconds after which a request is given up, from sending it to its last byte.
     #[arg(long, default_value_t = StormConfig::default().request_timeout.as_secs())]
     timeout_s: u64,
@@ -175,8 +190,18 @@ struct StormOpts {
     control_token: Option<String>,
 }
 
+fn parse_scope(s: &str) -> Result<PrefixScope, String> {
+    s.parse()
+}
+
 impl StormOpts {
-    fn config(&self, control: Option<Url>) -> StormConfig {
+    /// The seed given, or a fresh one for this invocation (32 bits: short enough to type back).
+    fn seed(&self) -> u64 {
+        self.seed
+            .unwrap_or_else(|| u64::from(rand::random::<u32>()))
+    }
+
+    fn config(&self, control: Option<Url>, seed: u64) -> StormConfig {
         StormConfig {
             gateway: self.gateway.clone(),
             groups: self.groups,
@@ -185,13 +210,16 @@ impl StormOpts {
             concurrency: self.concurrency,
             stream: !self.no_stream,
             prefix_tokens: self.prefix_tokens,
+            prefix_scope: self.prefix_scope,
+            hot_keys: self.hot_keys,
+            hot_share: self.hot_share,
             suffix_tokens: self.suffix_tokens,
             max_tokens: self.max_tokens,
             routing_key_header: self.routing_key_header.clone(),
             model: self.model.clone(),
             control,
             control_token: self.control_token.clone(),
-            seed: self.seed,
+            seed,
             request_timeout: Duration::from_secs(self.timeout_s),
             ..StormConfig::default()
         }
@@ -273,7 +301,8 @@ async fn workers(args: WorkersArgs) -> anyhow::Result<()> {
 }
 
 async fn storm(args: StormArgs) -> anyhow::Result<()> {
-    let report = run_storm(&args.storm.config(args.control.clone())).await?;
+    let seed = args.storm.seed();
+    let report = run_storm(&args.storm.config(args.control.clone(), seed)).await?;
     print!("{report}");
     if let Some(path) = &args.out {
         write_json(path, &report)?;
@@ -281,29 +310,61 @@ async fn storm(args: StormArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn ab(args: AbArgs) -> anyhow::Result<()> {
+/// Fires `cancel` on Ctrl-C or SIGTERM, so a run in progress can put the gateway's policy back
+/// before the process ends.
+fn cancel_on_signal(cancel: CancellationToken) -> anyhow::Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        eprintln!("bch-drill: interrupted: restoring the gateway's policy");
+        cancel.cancel();
+    });
+    Ok(())
+}
+
+async fn ab(args: AbArgs, cancel: CancellationToken) -> anyhow::Result<()> {
     let cells = parse_cells(&args.cells).context("--cells")?;
+    let seed = args.storm.seed();
     let config = AbConfig {
         storm: StormConfig {
             progress: false,
-            ..args.storm.config(None)
+            ..args.storm.config(None, seed)
         },
+        seed_given: args.storm.seed.is_some(),
         control: args.control.clone(),
         control_token: args.storm.control_token.clone(),
         cells,
         reps: args.reps,
     };
     let total = config.cells.len() * config.reps;
-    let report = run_ab(&config, |run| {
+    eprintln!(
+        "bch-drill ab: {total} runs, prompt seed {seed} ({})",
+        if config.seed_given {
+            "given"
+        } else {
+            "random; pass --seed to repeat it"
+        }
+    );
+    cancel_on_signal(cancel.clone())?;
+    let report = run_ab(&config, &cancel, |run| {
+        let cached = if run.report.cached_reported > 0 {
+            format!("{:>5.1}%", run.report.cached_token_fraction * 100.0)
+        } else {
+            "  n/a".to_owned()
+        };
         eprintln!(
-            "[{}/{total}] rep {} {:<16} {:>8.1} req/s  TTFT mean {:>7.1} ms  spill {:>5.1}%  cached {:>5.1}%",
+            "[{}/{total}] rep {} {:<16} {:>8.1} req/s  TTFT mean {:>7.1} ms  spill {:>5.1}%  cached {cached}  seed {}",
             run.order,
             run.rep,
             run.cell,
             run.report.throughput_rps,
             run.report.ttft.mean_ms,
             run.report.spill_fraction * 100.0,
-            run.report.cached_token_fraction * 100.0,
+            run.report.shape.seed,
         );
     })
     .await?;
@@ -326,17 +387,23 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    let cancel = CancellationToken::new();
     let result = match cli.command {
         Command::Workers(args) => workers(args).await,
         Command::Storm(args) => storm(args).await,
-        Command::Ab(args) => ab(args).await,
+        Command::Ab(args) => ab(args, cancel.clone()).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One line: the context chain joined by ": ".
             eprintln!("bch-drill: error: {e:#}");
-            ExitCode::FAILURE
+            if cancel.is_cancelled() {
+                // 128 + SIGINT, as shells report an interrupted command.
+                ExitCode::from(130)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -373,7 +440,7 @@ mod tests {
             panic!("not ab")
         };
         assert_eq!(args.reps, 3);
-        assert!(!args.storm.config(None).stream);
+        assert!(!args.storm.config(None, 1).stream);
         assert_eq!(parse_cells(&args.cells).unwrap().len(), 2);
 
         let cli = Cli::try_parse_from(["bch-drill", "storm", "--gateway", "http://127.0.0.1:8080"])
@@ -381,9 +448,47 @@ mod tests {
         let Command::Storm(args) = cli.command else {
             panic!("not storm")
         };
-        let config = args.storm.config(None);
+        let config = args.storm.config(None, 1);
         assert_eq!((config.groups, config.siblings, config.keys), (400, 8, 8));
         assert!(config.stream);
+        assert_eq!(config.prefix_scope, PrefixScope::Key);
+        assert_eq!(
+            args.storm.seed, None,
+            "no --seed: each invocation draws its own"
+        );
+
+        let cli = Cli::try_parse_from([
+            "bch-drill",
+            "storm",
+            "--gateway",
+            "http://127.0.0.1:8080",
+            "--prefix-scope",
+            "group",
+            "--hot-keys",
+            "2",
+            "--seed",
+            "7",
+        ])
+        .unwrap();
+        let Command::Storm(args) = cli.command else {
+            panic!("not storm")
+        };
+        let config = args.storm.config(None, args.storm.seed());
+        assert_eq!(
+            (config.prefix_scope, config.hot_keys, config.seed),
+            (PrefixScope::Group, 2, 7)
+        );
+        assert!(
+            Cli::try_parse_from([
+                "bch-drill",
+                "storm",
+                "--gateway",
+                "http://a",
+                "--prefix-scope",
+                "turn"
+            ])
+            .is_err()
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ use bch_drill::sim::SimConfig;
 use bch_drill::storm::{StormConfig, run_storm};
 use bch_drill::worker::{Fault, WorkerHandle, spawn_workers};
 use gatewayd::config::{Config, WorkerConfig};
+use tokio_util::sync::CancellationToken;
 
 async fn sim_workers(count: usize, time_scale: f64) -> Vec<WorkerHandle> {
     spawn_workers(count, 0, SimConfig::default().with_time_scale(time_scale))
@@ -293,15 +294,25 @@ async fn ab_produces_every_cell_through_a_real_gateway() {
             progress: false,
             ..StormConfig::default()
         },
+        seed_given: true,
         control: format!("http://{}", gateway.control_addr).parse().unwrap(),
         control_token: None,
         cells: parse_cells("strict,gap=1,gap=2").unwrap(),
         reps: 2,
     };
+    let before: serde_json::Value =
+        reqwest::get(format!("http://{}/admin/policy", gateway.control_addr))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
     let mut runs = Vec::new();
-    let report = run_ab(&config, |run| runs.push(run.cell.clone()))
-        .await
-        .unwrap();
+    let report = run_ab(&config, &CancellationToken::new(), |run| {
+        runs.push(run.cell.clone())
+    })
+    .await
+    .unwrap();
     assert_eq!(runs.len(), 6);
     assert_eq!(report.cells.len(), 3);
     assert!(
@@ -311,20 +322,19 @@ async fn ab_produces_every_cell_through_a_real_gateway() {
             .all(|c| c.runs == 2 && c.throughput_rps > 0.0)
     );
     assert!(!report.verdict.is_empty());
-    // The last cell written is what the gateway now runs.
-    let policy: serde_json::Value =
+    // The gateway runs the policy it had before, not the last cell's.
+    let after: serde_json::Value =
         reqwest::get(format!("http://{}/admin/policy", gateway.control_addr))
             .await
             .unwrap()
             .json()
             .await
             .unwrap();
-    let last = runs.last().unwrap();
-    let expected_kind = if last == "strict" {
-        "consistent_hashing"
-    } else {
-        "bounded_consistent_hashing"
-    };
-    assert_eq!(policy["kind"], expected_kind);
+    assert_eq!(after, before);
+    assert_eq!(after["kind"], "consistent_hashing");
+    assert!(report.meta.policy_restored);
+    assert_eq!(report.meta.policy_before, before);
+    assert_eq!(report.meta.workers.len(), 2);
+    assert!(report.meta.workers.iter().all(|w| w.sim.is_some()));
     gateway.shutdown().await;
 }

@@ -36,6 +36,7 @@ pub async fn run_storm(config: &StormConfig) -> anyhow::Result<StormReport> {
     let prompts = Prompts::new(
         config.seed,
         config.keys,
+        config.prefix_scope,
         config.prefix_tokens,
         config.suffix_tokens,
     );
@@ -84,8 +85,8 @@ fn progress_bar(config: &StormConfig) -> ProgressBar {
     progress
 }
 
-/// Fires every group, `concurrency` at a time: group `g` uses key `g mod keys`, and a new group
-/// starts as soon as one finishes. Each outcome comes with the index of its key.
+/// Fires every group, `concurrency` at a time: group `g` uses key [`StormConfig::key_of`]`(g)`, and a
+/// new group starts as soon as one finishes. Each outcome comes with the index of its key.
 async fn fire_groups(
     config: &StormConfig,
     shooter: &Shooter,
@@ -96,8 +97,8 @@ async fn fire_groups(
     let mut outcomes = Vec::with_capacity(config.groups * config.siblings);
     let groups = futures_util::stream::iter(0..config.groups)
         .map(|group| {
-            let key = group % config.keys;
-            let fired = shooter.fire_group(prompts, key, &keys[key], group, config.siblings);
+            let key = config.key_of(group);
+            let fired = shooter.fire_group(prompts.group(key, group, config.siblings), &keys[key]);
             async move { (key, fired.await) }
         })
         .buffer_unordered(config.concurrency);

@@ -12,8 +12,6 @@ use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::prompts::Prompts;
-
 /// One request's result.
 #[derive(Debug, Default)]
 pub(super) struct Outcome {
@@ -30,6 +28,9 @@ pub(super) struct Outcome {
     pub(super) prompt_tokens: u64,
     pub(super) cached_tokens: u64,
     pub(super) completion_tokens: u64,
+    /// The answer said how many prompt tokens were cached (servers that do not report them leave
+    /// `cached_tokens` at 0 without this).
+    pub(super) cached_reported: bool,
 }
 
 impl Outcome {
@@ -83,20 +84,12 @@ impl Shooter {
         })
     }
 
-    /// Fires one group: `siblings` concurrent requests of group number `group`, all with the routing
-    /// key `key_name` (index `key`), and waits for every answer.
-    pub(super) async fn fire_group(
-        &self,
-        prompts: &Prompts,
-        key: usize,
-        key_name: &str,
-        group: usize,
-        siblings: usize,
-    ) -> Vec<Outcome> {
-        let requests = (0..siblings).map(|s| {
-            let prompt = prompts.prompt(key, group, s);
-            async move { self.fire(key_name, &prompt).await }
-        });
+    /// Fires one group: one concurrent request per prompt, all with the routing key `key_name`,
+    /// and waits for every answer.
+    pub(super) async fn fire_group(&self, prompts: Vec<String>, key_name: &str) -> Vec<Outcome> {
+        let requests = prompts
+            .into_iter()
+            .map(|prompt| async move { self.fire(key_name, &prompt).await });
         futures_util::future::join_all(requests).await
     }
 
@@ -175,12 +168,22 @@ fn describe(error: reqwest::Error) -> String {
     format!("{:#}", anyhow::Error::from(error))
 }
 
+/// Token counts from an answer or a stream chunk: `usage` as OpenAI and vLLM send it, and the cached
+/// tokens from `usage.prompt_tokens_details.cached_tokens` or, from llama.cpp's `llama-server`,
+/// `timings.cache_n`.
 fn take_usage(v: &Value, outcome: &mut Outcome) {
     if let Some(usage) = v.get("usage").filter(|u| u.is_object()) {
-        let n = |p: &str| usage.pointer(p).and_then(Value::as_u64).unwrap_or(0);
-        outcome.prompt_tokens = n("/prompt_tokens");
-        outcome.completion_tokens = n("/completion_tokens");
-        outcome.cached_tokens = n("/prompt_tokens_details/cached_tokens");
+        let n = |p: &str| usage.pointer(p).and_then(Value::as_u64);
+        outcome.prompt_tokens = n("/prompt_tokens").unwrap_or(0);
+        outcome.completion_tokens = n("/completion_tokens").unwrap_or(0);
+        if let Some(cached) = n("/prompt_tokens_details/cached_tokens") {
+            outcome.cached_tokens = cached;
+            outcome.cached_reported = true;
+        }
+    }
+    if let Some(cached) = v.pointer("/timings/cache_n").and_then(Value::as_u64) {
+        outcome.cached_tokens = cached;
+        outcome.cached_reported = true;
     }
 }
 

@@ -10,6 +10,7 @@
 //! | `GET /health` | 200 with an empty body |
 //! | `GET /v1/models` | the one model, [`SimConfig::model`](crate::sim::SimConfig::model) |
 //! | `GET /metrics` | Prometheus/OpenMetrics text with vLLM's metric names |
+//! | `GET /bch-sim/config` | `{"name", "config"}`: the worker's [`SimConfig`](crate::sim::SimConfig) |
 //!
 //! A request's life follows [`crate::sim`]: wait in the FIFO queue for one of `max_batch` slots, look
 //! its prompt up in the worker's prefix cache, prefill the uncached tokens in chunks that share each
@@ -37,6 +38,7 @@ mod request;
 mod response;
 mod state;
 
+pub use api::SIM_CONFIG_PATH;
 pub use faults::Fault;
 pub use handle::{WorkerHandle, spawn_worker, spawn_workers};
 pub use state::SimStats;
