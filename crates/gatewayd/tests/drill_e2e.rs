@@ -8,7 +8,7 @@ use std::time::Duration;
 use bch_core::policy::PolicyKind;
 use bch_drill::ab::{AbConfig, parse_cells, run_ab};
 use bch_drill::sim::SimConfig;
-use bch_drill::storm::{StormConfig, run_storm};
+use bch_drill::storm::{PrefixScope, StormConfig, run_storm};
 use bch_drill::worker::{Fault, WorkerHandle, spawn_workers};
 use gatewayd::config::{Config, WorkerConfig};
 use tokio_util::sync::CancellationToken;
@@ -336,5 +336,71 @@ async fn ab_produces_every_cell_through_a_real_gateway() {
     assert_eq!(report.meta.policy_before, before);
     assert_eq!(report.meta.workers.len(), 2);
     assert!(report.meta.workers.iter().all(|w| w.sim.is_some()));
+    gateway.shutdown().await;
+}
+
+/// The original bounded-policy A/B's shape on a short run (docs/drill.md, "The original A/B on the
+/// simulator"): two workers, one group of 8 siblings at a time, each group with a fresh prefix.
+/// Strict keeps every group 8:0; every bounded cell splits every group 6:2 (spill exactly 25%) and
+/// has a lower cached-token fraction than strict in every repetition and a lower mean TTFT over the
+/// repetitions; the gaps place identically. Real time (scale 1): on a busy machine the timers of a
+/// scaled-down simulation are late by more than the 20% TTFT difference being checked.
+#[tokio::test]
+async fn the_original_ab_shape_reproduces_on_the_simulator() {
+    let workers = sim_workers(2, 1.0).await;
+    let gateway = common::start(config_for(&workers, PolicyKind::ConsistentHashing, 2)).await;
+    let config = AbConfig {
+        storm: StormConfig {
+            gateway: format!("http://{}", gateway.data_addr).parse().unwrap(),
+            groups: 3,
+            siblings: 8,
+            keys: 8,
+            concurrency: 1,
+            prefix_tokens: 1024,
+            suffix_tokens: 160,
+            max_tokens: 2,
+            prefix_scope: PrefixScope::Group,
+            seed: 1,
+            progress: false,
+            ..StormConfig::default()
+        },
+        seed_given: true,
+        control: format!("http://{}", gateway.control_addr).parse().unwrap(),
+        control_token: None,
+        cells: parse_cells("strict,gap=1,gap=2,gap=4").unwrap(),
+        reps: 2,
+    };
+    let report = run_ab(&config, &CancellationToken::new(), |_| {})
+        .await
+        .unwrap();
+    for run in &report.runs {
+        let r = &run.report;
+        assert_eq!((r.ok, r.errors), (24, 0), "{}", run.cell);
+        for (key, placement) in &r.placement {
+            let mut counts: Vec<u64> = placement.values().copied().collect();
+            counts.sort_unstable_by(|a, b| b.cmp(a));
+            let groups = counts.iter().sum::<u64>() / 8;
+            let expected = if run.cell == "strict" {
+                vec![8 * groups]
+            } else {
+                vec![6 * groups, 2 * groups]
+            };
+            assert_eq!(counts, expected, "{} {key}", run.cell);
+        }
+        let spill = if run.cell == "strict" { 0.0 } else { 0.25 };
+        assert_eq!(r.spill_fraction, spill, "{}", run.cell);
+        // Every prompt is 1,184 tokens; a sibling hits 1,024 of them or nothing: 7 hits a group
+        // under strict, 6 when two siblings are on the second worker.
+        let hits = if run.cell == "strict" { 7 } else { 6 };
+        assert_eq!(r.cached_tokens, 3 * hits * 1024, "{}", run.cell);
+    }
+    for cell in &report.cells[1..] {
+        let ttft = cell.ttft_mean_ratio.unwrap();
+        assert!(ttft.ratio < 1.0, "{} TTFT {ttft:?}", cell.label);
+        let cached = cell.cached_difference.unwrap();
+        assert!(cached.mean < 0.0, "{} cached {cached:?}", cell.label);
+    }
+    let spills: Vec<f64> = report.cells[1..].iter().map(|c| c.spill_fraction).collect();
+    assert_eq!(spills, [0.25, 0.25, 0.25]);
     gateway.shutdown().await;
 }

@@ -75,6 +75,7 @@ pub async fn run_ab(
 ) -> anyhow::Result<AbReport> {
     anyhow::ensure!(!config.cells.is_empty(), "no cells to compare");
     anyhow::ensure!(config.reps > 0, "reps must be at least 1");
+    config.storm.check()?;
     let control = ControlClient::new(&config.control, config.control_token.clone());
     let started_at = now_text();
     // Fail on an unreachable control plane before the first storm, not after it.

@@ -87,7 +87,7 @@ impl Default for StormConfig {
 
 impl StormConfig {
     /// Refuses a storm that would fire nothing or never finish.
-    pub(super) fn check(&self) -> anyhow::Result<()> {
+    pub(crate) fn check(&self) -> anyhow::Result<()> {
         anyhow::ensure!(
             self.groups > 0 && self.siblings > 0,
             "groups and siblings must be at least 1"
