@@ -132,7 +132,7 @@ fn comparison_line(c: &Comparison) -> String {
 
 /// With two or more candidates: whether they can be told apart at all.
 fn candidates_line(candidates: &[CellSummary], comparisons: &[Comparison]) -> Option<String> {
-    if candidates.len() < 2 {
+    if candidates.len() < 2 || comparisons.is_empty() {
         return None;
     }
     let names: Vec<&str> = candidates.iter().map(|c| c.label.as_str()).collect();
@@ -211,4 +211,148 @@ fn warnings(
         ));
     }
     lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::{paired_difference, paired_ratio};
+    use bch_core::policy::PolicyPatch;
+
+    fn summary(label: &str, ratio: Option<PairedRatio>) -> CellSummary {
+        CellSummary {
+            label: label.to_owned(),
+            policy: PolicyPatch::default(),
+            runs: 3,
+            throughput_rps: 100.0,
+            significance: ratio.map(|r| r.significance()),
+            ratio,
+            ttft_mean_ms: 10.0,
+            ttft_mean_ratio: ratio,
+            ttft_p99_ms: 20.0,
+            ttft_p99_ratio: ratio,
+            hottest_worker_share: 0.5,
+            second_hottest_worker_share: 0.3,
+            spill_fraction: 0.0,
+            cached_token_fraction: 0.9,
+            cached_difference: paired_difference(&[0.9, 0.9, 0.9], &[0.8, 0.81, 0.79]),
+            cached_reported: true,
+            errors: 0,
+            drained: true,
+        }
+    }
+
+    fn meta() -> AbMeta {
+        AbMeta {
+            tool: "bch-drill test".into(),
+            started_at: "2026-01-01T00:00:00Z".into(),
+            finished_at: "2026-01-01T00:01:00Z".into(),
+            seed: 1,
+            seed_given: true,
+            gateway: "http://g".into(),
+            control: "http://c".into(),
+            storm: crate::storm::StormShape::of(&crate::storm::StormConfig::default()),
+            policy_before: serde_json::json!({}),
+            policy_restored: true,
+            restore_error: None,
+            workers: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_verdict_names_differing_cells_and_every_measure() {
+        let base = [100.0, 100.0, 100.0];
+        let cells = vec![
+            summary("strict", None),
+            summary("gap=1", paired_ratio(&base, &[120.0, 85.0, 101.0])),
+            summary("gap=2", paired_ratio(&base, &[110.0, 111.0, 109.0])),
+            summary("gap=4", paired_ratio(&base, &[90.0, 91.0, 89.0])),
+        ];
+        let lines = verdict(&cells, &[], 5, &meta());
+        assert_eq!(
+            lines[0],
+            "Throughput differs significantly from strict for: gap=2 (higher), gap=4 (lower)."
+        );
+        assert!(lines[1].starts_with("gap=1 vs strict: throughput "));
+        assert!(lines[1].contains("no significant difference"));
+        assert!(lines[2].contains("1.100x (95% CI") && lines[2].contains("higher"));
+        assert!(
+            lines[2].contains("; cached -10.0 pp (95% CI"),
+            "{}",
+            lines[2]
+        );
+        assert!(lines[3].contains("lower"));
+        assert_eq!(lines.len(), 4, "five repetitions: no warning");
+    }
+
+    #[test]
+    fn few_repetitions_errors_restore_failures_and_unreported_caches_are_warned_about() {
+        let mut cells = vec![
+            summary("strict", None),
+            summary("gap=2", paired_ratio(&[100.0, 100.0], &[120.0, 85.0])),
+        ];
+        cells[1].errors = 3;
+        cells[1].drained = false;
+        cells[1].cached_reported = false;
+        let mut meta = meta();
+        meta.policy_restored = false;
+        meta.restore_error = Some("connection refused".into());
+        let lines = verdict(&cells, &[], 2, &meta);
+        let has = |needle: &str| lines.iter().any(|l| l.contains(needle));
+        assert!(
+            has("WARNING: only 2 repetitions per cell (t = 12.71)"),
+            "{lines:?}"
+        );
+        assert!(has("WARNING: gap=2 had 3 failed request(s)"));
+        assert!(has("gap=2, some worker's active load did not return to 0"));
+        assert!(has("cached n/a (not reported by the server)"));
+        assert!(has(
+            "NOTE: the server reported no cached tokens in some run(s) of gap=2"
+        ));
+        assert!(has("could not be restored (connection refused)"));
+        let lines = verdict(&cells[..2], &[], 1, &self::meta());
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("no confidence interval at all"))
+        );
+    }
+
+    #[test]
+    fn candidates_are_compared_with_each_other() {
+        let same = paired_ratio(&[100.0, 100.0, 100.0], &[100.0, 101.0, 99.0]);
+        let alike = Comparison {
+            a: "gap=1".into(),
+            b: "gap=2".into(),
+            throughput: same,
+            ttft_mean: same,
+            ttft_p99: same,
+            cached: paired_difference(&[0.5, 0.5, 0.5], &[0.5, 0.51, 0.49]),
+        };
+        let apart = Comparison {
+            b: "gap=4".into(),
+            ttft_mean: paired_ratio(&[10.0, 10.0, 10.0], &[12.0, 12.1, 11.9]),
+            ..alike.clone()
+        };
+        let cells = vec![
+            summary("strict", None),
+            summary("gap=1", same),
+            summary("gap=2", same),
+        ];
+        let lines = verdict(&cells, std::slice::from_ref(&alike), 5, &meta());
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("gap=2 vs gap=1: indistinguishable at 95%"))
+        );
+        assert!(lines.iter().any(|l| l
+            == "The candidate cells (gap=1, gap=2) cannot be told apart on any measure at 95%."));
+        let lines = verdict(&cells, &[alike, apart], 5, &meta());
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("gap=4 vs gap=1: differ"))
+        );
+        assert!(lines.iter().any(|l| l.ends_with(": gap=4 vs gap=1.")));
+    }
 }
