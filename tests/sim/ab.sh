@@ -4,6 +4,7 @@
 #   bash tests/sim/ab.sh original   # the original bounded-policy A/B: 2 workers, strict vs gap=1,2,4
 #   bash tests/sim/ab.sh hot        # ring vs hash_seeded under a hot-key storm on 8 workers
 #   bash tests/sim/ab.sh search     # the trade-off search: gap, skew and spill order on 2 workers
+#   bash tests/sim/ab.sh search-loaded   # the same with two groups in flight
 #
 # Starts `bch-drill workers` and gatewayd (release builds) on free loopback ports, runs
 # `bch-drill ab`, writes drill-out/sim-<mode>.{json,svg,txt} and stops what it started (by pid).
@@ -12,7 +13,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-MODE=${1:?usage: tests/sim/ab.sh original|hot|search [bch-drill ab options]}
+MODE=${1:?usage: tests/sim/ab.sh original|hot|search|search-loaded [bch-drill ab options]}
 shift
 OUT="$ROOT/drill-out"
 mkdir -p "$OUT"
@@ -30,14 +31,18 @@ hot)
     --reps 5 --groups 120 --siblings 8 --concurrency 6 --keys 32 --hot-keys 2 --hot-share 0.8
     --prefix-scope key --prefix-tokens 1024 --suffix-tokens 32 --max-tokens 32)
   ;;
-search)
+search | search-loaded)
+  # The trade-off search: the original setting (gap=2) against every lever on the same workload;
+  # `search-loaded` keeps two groups in flight, so the bound also sees other groups' load.
   WORKERS=2
-  AB=(--cells strict,gap=2,gap=4:skew=1.5,gap=5,gap=6,skew=2,skew=3,gap=4:skew=2,gap=2:skew=1.25
-    --reps 5 --groups 60 --siblings 8 --concurrency 1
+  CONCURRENCY=1
+  [ "$MODE" = search-loaded ] && CONCURRENCY=2
+  AB=(--cells strict,gap=2,gap=0:skew=1,skew=1.25,gap=4,gap=6,skew=2,gap=2:order=hash_seeded
+    --reps 5 --groups 40 --siblings 8 --concurrency "$CONCURRENCY"
     --prefix-scope group --prefix-tokens 1024 --suffix-tokens 160 --max-tokens 32)
   ;;
 *)
-  echo "unknown mode $MODE: expected original, hot or search" >&2
+  echo "unknown mode $MODE: expected original, hot, search or search-loaded" >&2
   exit 2
   ;;
 esac
