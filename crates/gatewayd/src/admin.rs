@@ -9,6 +9,7 @@
 //! refused change leaves all of it as it was. Changes are serialised by a lock that is only ever
 //! held for this short, synchronous sequence, never by the data path.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -17,7 +18,9 @@ use bch_core::router::{MembershipError, Router, RouterError, WorkerSpec, validat
 use bch_core::telemetry::{ChangeSource, WorkerRecord};
 
 use crate::config::runtime::{RuntimeSettings, SharedSettings};
-use crate::config::{Config, ConfigError, Member, SharedConfig, WorkerConfig, WorkerError};
+use crate::config::{
+    Config, ConfigError, Member, SharedConfig, WorkerConfig, WorkerError, alias_of, loop_of,
+};
 use crate::error::GatewayError;
 use crate::telemetry::Telemetry;
 use crate::upstream::Upstreams;
@@ -63,6 +66,12 @@ pub enum AdminError {
     /// The membership would break a uniqueness rule.
     #[error(transparent)]
     Membership(#[from] MembershipError),
+    /// A worker URL reaches the backend of another worker (the message names both).
+    #[error("url: {0}")]
+    Alias(String),
+    /// A worker URL is one of this gateway's listeners.
+    #[error("url: {0}")]
+    Loop(String),
     /// The policy patch is invalid; names the field.
     #[error(transparent)]
     Policy(#[from] PolicyError),
@@ -94,6 +103,8 @@ impl From<AdminError> for GatewayError {
                 GatewayError::InvalidWorker(error.to_string())
             }
             AdminError::Membership(e) => GatewayError::WorkerConflict(e.to_string()),
+            AdminError::Alias(_) => GatewayError::WorkerConflict(error.to_string()),
+            AdminError::Loop(_) => GatewayError::InvalidWorker(error.to_string()),
             AdminError::Policy(e) => GatewayError::InvalidPolicy(e.to_string()),
             AdminError::NoConfigFile => GatewayError::NoConfigFile(error.to_string()),
         }
@@ -114,6 +125,8 @@ pub struct Admin {
     settings: SharedSettings,
     config: SharedConfig,
     origin: ConfigOrigin,
+    /// This gateway's bound listeners: no worker may be one of them.
+    listeners: Vec<SocketAddr>,
     in_force: Mutex<InForce>,
 }
 
@@ -140,8 +153,16 @@ impl Admin {
             settings,
             config,
             origin,
+            listeners: Vec::new(),
             in_force: Mutex::new(in_force),
         }
+    }
+
+    /// Refuses from now on any worker whose URL is one of `listeners` (this gateway's own bound
+    /// addresses): requests routed to it would loop.
+    pub fn listening_on(mut self, listeners: Vec<SocketAddr>) -> Self {
+        self.listeners = listeners;
+        self
     }
 
     /// Adds a worker; answers its record. 400-class errors name the field; a clash with a
@@ -246,6 +267,14 @@ impl Admin {
         let specs: Vec<WorkerSpec> = members.iter().map(|m| m.spec.clone()).collect();
         let policy = config.policy.settings();
         validate_membership(&specs)?;
+        for (index, member) in members.iter().enumerate() {
+            if let Some(message) = alias_of(member, &members[..index]) {
+                return Err(AdminError::Alias(message));
+            }
+            if let Some(message) = loop_of(member, &self.listeners) {
+                return Err(AdminError::Loop(message));
+            }
+        }
         policy.validate()?;
         let table = self.router.table();
         let before = *table.policy();

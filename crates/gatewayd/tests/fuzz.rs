@@ -17,7 +17,7 @@ use std::time::Duration;
 use bch_core::policy::{PolicyPatch, PolicySettings};
 use bch_core::routing_key::{self, MAX_EXPLICIT_KEY_BYTES, RoutingHeaders, RoutingKey};
 use bch_core::telemetry::ClientCommand;
-use gatewayd::config::{Config, WorkerUrl};
+use gatewayd::config::{Config, WorkerUrl, WorkerUrlError};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use proptest::prelude::*;
 
@@ -182,6 +182,13 @@ proptest! {
             Ok(parsed) => {
                 let pq = path.parse().unwrap();
                 let _ = parsed.join(Some(&pq));
+            }
+            // Credentials are the one thing an error never quotes: the URL appears with them
+            // replaced by `***`.
+            Err(WorkerUrlError::Credentials(redacted)) => {
+                let start = url.find("//").map_or(0, |i| i + 2);
+                prop_assert!(redacted[start..].starts_with("***@"), "{}", redacted);
+                prop_assert!(url.ends_with(&redacted[start + 3..]), "{}", redacted);
             }
             Err(error) => prop_assert!(error.to_string().contains(&format!("{url:?}")), "{}", error),
         }

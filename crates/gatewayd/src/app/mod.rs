@@ -200,7 +200,7 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
     let grace = Duration::from_millis(prepared.config.server.shutdown_grace_ms);
     let handle_signals = prepared.handle_signals;
     let (data_addr, control_addr) = (listeners.data_addr, listeners.control_addr);
-    let parts = assemble(prepared, &shutdown)?;
+    let parts = assemble(prepared, &listeners, &shutdown)?;
     let (router, registry) = (Arc::clone(&parts.router), Arc::clone(&parts.registry));
     let requires_token = parts.control_plane.token.is_some();
     let admin = Arc::clone(&parts.admin);
@@ -297,8 +297,13 @@ struct Parts {
 }
 
 /// Builds every part from the prepared configuration; the telemetry aggregator starts here and
-/// stops with `shutdown`.
-fn assemble(prepared: Prepared, shutdown: &CancellationToken) -> Result<Parts, StartError> {
+/// stops with `shutdown`. A worker that is one of the bound listeners is refused here, the first
+/// moment their addresses are known.
+fn assemble(
+    prepared: Prepared,
+    listeners: &Listeners,
+    shutdown: &CancellationToken,
+) -> Result<Parts, StartError> {
     let Prepared {
         config,
         origin,
@@ -306,6 +311,16 @@ fn assemble(prepared: Prepared, shutdown: &CancellationToken) -> Result<Parts, S
         token,
         ..
     } = prepared;
+    let own = vec![listeners.data_addr, listeners.control_addr];
+    for (index, member) in members.iter().enumerate() {
+        if let Some(message) = crate::config::loop_of(member, &own) {
+            return Err(StartError::Config(ConfigError::Invalid {
+                path: origin.path.clone(),
+                field: format!("workers[{index}].url"),
+                message,
+            }));
+        }
+    }
     let router = Arc::new(Router::new(
         members.iter().map(|m| m.spec.clone()).collect(),
         config.policy.settings(),
@@ -327,15 +342,18 @@ fn assemble(prepared: Prepared, shutdown: &CancellationToken) -> Result<Parts, S
     upstreams.publish(&members);
     let settings = Arc::new(ArcSwap::from_pointee(RuntimeSettings::from_config(&config)));
     let config = Arc::new(ArcSwap::from_pointee(config));
-    let admin = Arc::new(Admin::new(
-        Arc::clone(&router),
-        Arc::clone(&upstreams),
-        telemetry.clone(),
-        Arc::clone(&settings),
-        Arc::clone(&config),
-        origin,
-        members,
-    ));
+    let admin = Arc::new(
+        Admin::new(
+            Arc::clone(&router),
+            Arc::clone(&upstreams),
+            telemetry.clone(),
+            Arc::clone(&settings),
+            Arc::clone(&config),
+            origin,
+            members,
+        )
+        .listening_on(own),
+    );
     let data_plane = Arc::new(DataPlane {
         router: Arc::clone(&router),
         settings,

@@ -1,9 +1,10 @@
 //! gatewayd configuration: TOML with `deny_unknown_fields`, every field defaulted, validated as a
 //! whole before anything is put in force. The annotated reference is `config/gatewayd.toml`.
 //!
-//! [`worker`] holds one worker entry and its parsed URL; [`runtime`] the per-request settings
-//! derived from a whole configuration.
+//! [`worker`] holds one worker entry and its parsed URL; [`alias`] the canonical backend a URL
+//! reaches; [`runtime`] the per-request settings derived from a whole configuration.
 
+pub mod alias;
 pub mod runtime;
 pub mod worker;
 
@@ -384,7 +385,9 @@ impl Config {
     }
 
     /// The worker list validated: names defaulted, URLs parsed, duplicate names, URLs and ring
-    /// identities refused. The error names the entry and field, e.g. `workers[2].url`.
+    /// identities refused, and so is a URL that reaches the same backend as an earlier one (an
+    /// alias would give one backend two shares of the ring). The error names the entry and field,
+    /// e.g. `workers[2].url`.
     pub fn members(&self) -> Result<Vec<Member>, ConfigError> {
         let mut members: Vec<Member> = Vec::with_capacity(self.workers.len());
         for (index, worker) in self.workers.iter().enumerate() {
@@ -409,10 +412,40 @@ impl Config {
                     });
                 }
             }
+            if let Some(message) = alias_of(&member, &members) {
+                return Err(ConfigError::Invalid {
+                    path: None,
+                    field: format!("workers[{index}].url"),
+                    message,
+                });
+            }
             members.push(member);
         }
         Ok(members)
     }
+}
+
+/// Why `member` may not join `members`, when its URL reaches the backend of one of them.
+pub fn alias_of(member: &Member, members: &[Member]) -> Option<String> {
+    let twin = members
+        .iter()
+        .find(|m| m.url.backend == member.url.backend)?;
+    Some(format!(
+        "{:?} reaches the same backend ({}) as worker {:?} ({:?}); one backend registered twice would get two shares of the ring",
+        member.spec.url, member.url.backend, twin.spec.name, twin.spec.url
+    ))
+}
+
+/// Why `member` may not be a worker of a gateway listening on `listeners`: its URL is one of them,
+/// so every request routed to it would come back in and loop.
+pub fn loop_of(member: &Member, listeners: &[SocketAddr]) -> Option<String> {
+    let listener = listeners
+        .iter()
+        .find(|l| member.url.backend.is_listener(**l))?;
+    Some(format!(
+        "{:?} is this gateway's own listener {listener}; requests routed to it would loop",
+        member.spec.url
+    ))
 }
 
 #[cfg(test)]
@@ -451,6 +484,10 @@ mod tests {
             ),
             (
                 "[[workers]]\nname = \"x\"\nurl = \"http://a:1\"\n[[workers]]\nname = \"y\"\nurl = \"http://a:1\"\n",
+                "workers[1].url",
+            ),
+            (
+                "[[workers]]\nurl = \"http://127.0.0.1:1\"\n[[workers]]\nurl = \"http://localhost:1/\"\n",
                 "workers[1].url",
             ),
             ("[server]\nlisten = \"nowhere\"\n", "listen"),
