@@ -30,6 +30,7 @@ use crate::admin::{Admin, ConfigOrigin, ConfigOverrides};
 use crate::config::runtime::RuntimeSettings;
 use crate::config::{Config, ConfigError, Member, SharedConfig, WorkerConfig};
 use crate::control::ControlPlane;
+use crate::control::guard::BrowserGuard;
 use crate::metrics::Metrics;
 use crate::proxy::DataPlane;
 use crate::server::{ConnectionCap, Listening};
@@ -361,12 +362,19 @@ fn assemble(
         metrics: Arc::clone(&metrics),
         telemetry: telemetry.clone(),
     });
+    let guard = BrowserGuard::new(
+        listeners.control_addr,
+        token.is_none(),
+        &config.load().server.control_allowed_hosts,
+        &config.load().server.control_allowed_origins,
+    );
     let control_plane = Arc::new(ControlPlane {
         admin: Arc::clone(&admin),
         router: Arc::clone(&router),
         telemetry,
         registry: Arc::clone(&registry),
         token,
+        guard,
         shutdown: shutdown.clone(),
     });
     Ok(Parts {

@@ -78,6 +78,26 @@ pub struct ServerConfig {
     pub stream_idle_timeout_ms: u64,
     /// On SIGTERM/SIGINT, how long in-flight streams may run before the process exits, ms.
     pub shutdown_grace_ms: u64,
+    /// Time a client has to send its whole request body, ms, counted from its request head; then
+    /// 408. Without it a 1 byte/s upload would hold a worker's in-flight load (and steer the
+    /// bounded policy's spills) until `first_byte_timeout_ms`.
+    pub request_body_timeout_ms: u64,
+    /// Longest time a client may leave the gateway's writes to it blocked (it does not read its
+    /// response), ms; then its connection is closed and the worker's request cancelled. A stream
+    /// held by a client that stopped reading is not idle, so `stream_idle_timeout_ms` never ends it.
+    pub client_stall_timeout_ms: u64,
+    /// How long a keep-alive connection to a worker may sit unused before it is closed instead of
+    /// reused, ms. Must be below the workers' own idle timeout (uvicorn-based engines close after
+    /// 5 s), or a request can meet a connection the worker is closing at that very moment.
+    pub upstream_idle_timeout_ms: u64,
+    /// Names (without port) a tokenless control plane answers to in `Host`, besides its listen
+    /// address and `localhost`: a browser page whose name resolves to loopback (DNS rebinding) is
+    /// refused. Ignored when `admin_token_file` is set.
+    pub control_allowed_hosts: Vec<String>,
+    /// Browser origins (`http://host:port`) whose pages may use the control plane (a websocket
+    /// console, say). Requests from any other page are refused; clients that are not browsers
+    /// send no `Origin` and are not affected.
+    pub control_allowed_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -93,6 +113,11 @@ impl Default for ServerConfig {
             first_byte_timeout_ms: 300_000,
             stream_idle_timeout_ms: 300_000,
             shutdown_grace_ms: 30_000,
+            request_body_timeout_ms: 60_000,
+            client_stall_timeout_ms: 60_000,
+            upstream_idle_timeout_ms: 4_000,
+            control_allowed_hosts: Vec::new(),
+            control_allowed_origins: Vec::new(),
         }
     }
 }
@@ -347,6 +372,18 @@ impl Config {
                 "server.stream_idle_timeout_ms",
                 self.server.stream_idle_timeout_ms,
             ),
+            (
+                "server.request_body_timeout_ms",
+                self.server.request_body_timeout_ms,
+            ),
+            (
+                "server.client_stall_timeout_ms",
+                self.server.client_stall_timeout_ms,
+            ),
+            (
+                "server.upstream_idle_timeout_ms",
+                self.server.upstream_idle_timeout_ms,
+            ),
         ] {
             if value == 0 {
                 return Err(invalid(field, "must be greater than 0".into()));
@@ -374,6 +411,22 @@ impl Config {
                 "server.max_connections",
                 "must be at least 1".into(),
             ));
+        }
+        for (index, host) in self.server.control_allowed_hosts.iter().enumerate() {
+            if host.is_empty() || host.contains(['/', ' ', '@']) {
+                return Err(invalid(
+                    &format!("server.control_allowed_hosts[{index}]"),
+                    format!("{host:?} is not a host name (write it without scheme or path)"),
+                ));
+            }
+        }
+        for (index, origin) in self.server.control_allowed_origins.iter().enumerate() {
+            if !is_origin(origin) {
+                return Err(invalid(
+                    &format!("server.control_allowed_origins[{index}]"),
+                    format!("{origin:?} is not an origin: write scheme://host[:port], no path"),
+                ));
+            }
         }
         self.members()?;
         Ok(())
@@ -423,6 +476,18 @@ impl Config {
         }
         Ok(members)
     }
+}
+
+/// `scheme://host[:port]` as a browser sends it in `Origin`.
+fn is_origin(origin: &str) -> bool {
+    let Some((scheme, rest)) = origin.split_once("://") else {
+        return false;
+    };
+    matches!(scheme, "http" | "https")
+        && !rest.trim_end_matches('/').is_empty()
+        && !rest
+            .trim_end_matches('/')
+            .contains(['/', '?', '#', '@', ' '])
 }
 
 /// Why `member` may not join `members`, when its URL reaches the backend of one of them.
@@ -491,6 +556,18 @@ mod tests {
                 "workers[1].url",
             ),
             ("[server]\nlisten = \"nowhere\"\n", "listen"),
+            (
+                "[server]\ncontrol_allowed_origins = [\"console.example\"]\n",
+                "server.control_allowed_origins[0]",
+            ),
+            (
+                "[server]\ncontrol_allowed_hosts = [\"http://gw\"]\n",
+                "server.control_allowed_hosts[0]",
+            ),
+            (
+                "[server]\nrequest_body_timeout_ms = 0\n",
+                "server.request_body_timeout_ms",
+            ),
             ("[policy\n", "line 1"),
         ];
         for (text, needle) in cases {
