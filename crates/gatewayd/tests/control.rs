@@ -804,6 +804,17 @@ async fn explain_answers_without_reserving_load() {
         // Not UTF-8 once decoded: the data plane ignores such a header, so explain refuses it too
         // rather than answering for a repaired key.
         "/admin/explain?routing_key=%FF%FE",
+        // Bytes no header can carry, so no request has such a key; a repeated parameter would
+        // explain one of two keys.
+        "/admin/explain?routing_key=a%00b",
+        "/admin/explain?routing_key=a%0D%0Ax-smg-target-worker:%20b",
+        "/admin/explain?routing_key=a%0Ab",
+        "/admin/explain?routing_key=%20padded",
+        "/admin/explain?routing_key=a%00b&explicit=false",
+        "/admin/explain?target_worker=a%0D%0A",
+        "/admin/explain?routing_key=one&routing_key=two",
+        "/admin/explain?routing_key=k&explicit=true&explicit=false",
+        "/admin/explain?target_worker=a&target_worker=b",
     ] {
         let response = client.get(control(&gateway, bad)).send().await.unwrap();
         assert_eq!(response.status(), 400, "{bad}");
