@@ -19,11 +19,17 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// The `reason` labels of `bch_client_body_errors_total`: a request body that ended early (the
+/// client left), was malformed, went over `max_body_bytes`, or came too slowly.
+pub const CLIENT_BODY_ERROR_REASONS: [&str; 4] =
+    ["incomplete", "malformed", "too_large", "timeout"];
+
 /// Data-path metrics. Cheap to update: atomics, plus one histogram observation per response.
 #[derive(Debug)]
 pub struct Metrics {
     branches: [AtomicU64; Branch::ALL.len()],
     ignored_keys: [AtomicU64; IgnoredKey::ALL.len()],
+    client_body_errors: [AtomicU64; CLIENT_BODY_ERROR_REASONS.len()],
     retries: AtomicU64,
     rejected_connections: AtomicU64,
     telemetry_dropped: AtomicU64,
@@ -38,6 +44,7 @@ impl Default for Metrics {
         Self {
             branches: Default::default(),
             ignored_keys: Default::default(),
+            client_body_errors: Default::default(),
             retries: AtomicU64::new(0),
             rejected_connections: AtomicU64::new(0),
             telemetry_dropped: AtomicU64::new(0),
@@ -58,6 +65,14 @@ impl Metrics {
     /// Counts an explicit routing key header that was ignored.
     pub fn record_ignored_key(&self, reason: IgnoredKey) {
         self.ignored_keys[reason.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request body that failed on the client's side, by `reason` (one of
+    /// [`CLIENT_BODY_ERROR_REASONS`]; others are not counted).
+    pub fn record_client_body_error(&self, reason: &str) {
+        if let Some(index) = CLIENT_BODY_ERROR_REASONS.iter().position(|r| *r == reason) {
+            self.client_body_errors[index].fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Counts a retry on the next worker after a failed connect.
@@ -152,6 +167,17 @@ impl Collector for GatewayCollector {
         )?;
         counter(
             &mut encoder,
+            "bch_client_body_errors",
+            "Request bodies that failed on the client's side (never counted against a worker), by reason",
+            CLIENT_BODY_ERROR_REASONS.iter().enumerate().map(|(i, r)| {
+                (
+                    vec![("reason", (*r).to_owned())],
+                    m.client_body_errors[i].load(Ordering::Relaxed),
+                )
+            }),
+        )?;
+        counter(
+            &mut encoder,
             "bch_retries",
             "Requests retried on the next worker after a failed connect",
             [(vec![], m.retries.load(Ordering::Relaxed))],
@@ -203,7 +229,7 @@ impl Collector for GatewayCollector {
             ),
             (
                 "bch_worker_errors",
-                "Requests to the worker that ended in a gateway-side error",
+                "Requests to the worker that ended in an error of the worker or the way to it (never the client's)",
                 bch_core::load::WorkerStats::errors_total,
             ),
         ] {

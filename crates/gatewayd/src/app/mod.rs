@@ -361,6 +361,7 @@ fn assemble(
         upstreams: Arc::clone(&upstreams),
         metrics: Arc::clone(&metrics),
         telemetry: telemetry.clone(),
+        via: crate::proxy::request::own_via(),
     });
     let guard = BrowserGuard::new(
         listeners.control_addr,

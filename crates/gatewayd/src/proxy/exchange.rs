@@ -27,6 +27,8 @@ pub struct Exchange {
     /// HTTP status sent to the client (0 until known).
     status: u16,
     errored: bool,
+    /// What the client did wrong, when the request failed by the client's fault.
+    client_fault: Option<&'static str>,
     branch: Option<Branch>,
     /// The table the request was routed on and the worker it holds, once routed.
     routed: Option<(Arc<RoutingTable>, usize)>,
@@ -43,6 +45,7 @@ impl Exchange {
             request_id: REQUEST_IDS.fetch_add(1, Ordering::Relaxed),
             status: 0,
             errored: false,
+            client_fault: None,
             branch: None,
             routed: None,
             guard: None,
@@ -82,6 +85,17 @@ impl Exchange {
             guard.stats().record_error();
         }
         self.errored = true;
+    }
+
+    /// Notes a failure that is the client's fault (`reason` as in `bch_client_body_errors_total`):
+    /// logged with the request, never counted against the worker.
+    pub fn record_client_fault(&mut self, reason: &'static str) {
+        self.client_fault = Some(reason);
+    }
+
+    /// When the request arrived.
+    pub fn started(&self) -> Instant {
+        self.started
     }
 
     /// The status the client is answered with.
@@ -130,6 +144,7 @@ impl Drop for Exchange {
             status = self.status,
             duration_ms = elapsed.as_millis() as u64,
             error = self.errored,
+            client_fault = %self.client_fault.unwrap_or("-"),
             "request"
         );
     }

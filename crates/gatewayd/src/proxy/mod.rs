@@ -38,9 +38,11 @@ pub use plane::DataPlane;
 use crate::config::runtime::RuntimeSettings;
 use crate::error::{GatewayError, display_chain};
 use crate::telemetry::keys::KeyTag;
-use crate::upstream::{SendError, UpstreamBody, UpstreamConnection, is_body_too_large};
+use crate::upstream::{ClientBodyError, SendError, UpstreamBody, UpstreamConnection, client_fault};
 use exchange::Exchange;
-use request::{content_length, extract_key, point_at, strip_hop_by_hop, upstream_request};
+use request::{
+    content_length, extract_key, point_at, refuse_early, strip_hop_by_hop, upstream_request,
+};
 
 /// `x-bch-worker`: the name of the worker that served the request.
 pub const WORKER_HEADER: HeaderName = HeaderName::from_static(routing_key::WORKER_HEADER);
@@ -125,15 +127,27 @@ impl Answered {
     }
 }
 
-/// Checks the declared size, extracts the key, decides and takes load on the chosen worker.
+/// Refuses what may not be forwarded ([`refuse_early`], a declared size over the limit), extracts
+/// the key, decides and takes load on the chosen worker.
 fn route(
     plane: &DataPlane,
     settings: &RuntimeSettings,
     request: Request<Incoming>,
     exchange: &mut Exchange,
 ) -> Result<Routed, GatewayError> {
+    refuse_early(
+        request.method(),
+        request.version(),
+        request.headers(),
+        &settings.routing_headers,
+        &plane.via,
+    )?;
     let limit = settings.max_body_bytes;
     if let Some(length) = content_length(request.headers()).filter(|l| *l > limit) {
+        plane
+            .metrics
+            .record_client_body_error(ClientBodyError::TooLarge.reason());
+        exchange.record_client_fault(ClientBodyError::TooLarge.reason());
         return Err(GatewayError::PayloadTooLarge {
             length: Some(length),
             limit,
@@ -158,9 +172,15 @@ fn route(
             _ => GatewayError::NoHealthyWorkers,
         });
     };
+    let body_deadline =
+        tokio::time::Instant::from_std(exchange.started()) + settings.request_body_timeout;
     Ok(Routed {
         client_path: parts.uri.path_and_query().cloned(),
-        request: upstream_request(parts, UpstreamBody::new(body, limit)),
+        request: upstream_request(
+            parts,
+            UpstreamBody::new(body, limit, body_deadline),
+            &plane.via,
+        ),
         table: routed.table,
         worker,
         branch: decision.branch,
@@ -230,16 +250,21 @@ async fn send_with_retry(
                 }
                 display_chain(&*error)
             }
-            Err(SendError::Failed(error)) if is_body_too_large(&error) => {
-                exchange.record_error();
-                let limit = settings.max_body_bytes;
-                return Err(GatewayError::PayloadTooLarge {
-                    length: None,
-                    limit,
-                });
-            }
             Err(SendError::Failed(error)) => {
+                if let Some(fault) = client_fault(&error) {
+                    return Err(client_refusal(plane, settings, exchange, fault));
+                }
                 exchange.record_error();
+                if error.is_parse() {
+                    // Not HTTP: a garbage status line, a head over hyper's limits, conflicting
+                    // lengths. Say so instead of "could not be reached".
+                    let reason = display_chain(&error);
+                    tracing::warn!(worker = %name, %reason, "worker sent an invalid response");
+                    return Err(GatewayError::WorkerBadResponse {
+                        worker: name.clone(),
+                        reason,
+                    });
+                }
                 display_chain(&error)
             }
         };
@@ -247,6 +272,31 @@ async fn send_with_retry(
         return Err(GatewayError::WorkerUnreachable {
             worker: name.clone(),
         });
+    }
+}
+
+/// The answer to a request whose body failed on the client's side (it left mid-body, sent a
+/// malformed chunked body, went over `max_body_bytes`, or was too slow): a 4xx, counted in
+/// `bch_client_body_errors_total` and in the request's log line, never against the worker (its
+/// error counter, passive health, a warning naming it).
+fn client_refusal(
+    plane: &DataPlane,
+    settings: &RuntimeSettings,
+    exchange: &mut Exchange,
+    fault: &ClientBodyError,
+) -> GatewayError {
+    plane.metrics.record_client_body_error(fault.reason());
+    exchange.record_client_fault(fault.reason());
+    match fault {
+        ClientBodyError::Incomplete => GatewayError::IncompleteRequestBody,
+        ClientBodyError::Malformed(reason) => GatewayError::InvalidRequestBody(reason.clone()),
+        ClientBodyError::TooLarge => GatewayError::PayloadTooLarge {
+            length: None,
+            limit: settings.max_body_bytes,
+        },
+        ClientBodyError::Timeout => GatewayError::RequestBodyTimeout {
+            timeout_ms: settings.request_body_timeout.as_millis() as u64,
+        },
     }
 }
 
@@ -367,5 +417,17 @@ mod tests {
         );
         assert_eq!(response.status(), 503);
         assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+    }
+
+    #[test]
+    fn every_client_fault_has_a_metric_label() {
+        for fault in [
+            ClientBodyError::Incomplete,
+            ClientBodyError::Malformed("x".into()),
+            ClientBodyError::TooLarge,
+            ClientBodyError::Timeout,
+        ] {
+            assert!(crate::metrics::CLIENT_BODY_ERROR_REASONS.contains(&fault.reason()));
+        }
     }
 }

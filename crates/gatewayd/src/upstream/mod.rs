@@ -39,7 +39,7 @@ use hyper::client::conn::http1;
 use hyper_util::client::legacy::connect::HttpConnector;
 use tower::ServiceExt;
 
-pub use body::{BoxError, UpstreamBody, is_body_too_large};
+pub use body::{BoxError, ClientBodyError, UpstreamBody, client_fault};
 pub use pool::{UpstreamConnection, WorkerPool};
 
 use crate::config::{Member, WorkerUrl};
