@@ -60,9 +60,11 @@ pub enum GatewayError {
         /// What was wrong, from the HTTP parser.
         reason: String,
     },
-    /// The worker's response body broke before its first byte, while a status could still be
-    /// sent (502).
-    #[error("worker {worker} broke its response before the first byte of the body")]
+    /// The worker's response body broke (or stayed silent past `stream_idle_timeout_ms`) before
+    /// its first byte, while a status could still be sent (502).
+    #[error(
+        "worker {worker} sent response headers but no body: it broke the response or fell silent before the first byte"
+    )]
     UpstreamBodyBroken {
         /// The worker's name.
         worker: String,

@@ -330,7 +330,7 @@ async fn the_token_instance_keeps_refusing_what_it_refused() {
     let addr = gateway.control_addr;
     let bearer = "authorization: Bearer guard-token\r\n";
     for head in [
-        format!("GET /admin/workers HTTP/1.1\r\nhost: attacker.example\r\n"),
+        "GET /admin/workers HTTP/1.1\r\nhost: attacker.example\r\n".to_owned(),
         format!("GET /ws HTTP/1.1\r\nhost: {addr}\r\norigin: {EVIL}\r\n{WS_UPGRADE}"),
         format!(
             "POST /admin/workers HTTP/1.1\r\nhost: {addr}\r\norigin: {EVIL}\r\ncontent-type: text/plain\r\n"

@@ -323,3 +323,292 @@ async fn an_upload_slower_than_the_first_byte_timeout_is_the_clients_fault() {
     assert_eq!(worker_record(&gateway, "patient").0, 1);
     gateway.shutdown().await;
 }
+
+/// What the data plane refuses before routing, so no worker sees it and no load is taken:
+/// `CONNECT` (405), HTTP/1.1 without `Host` (400), a second routing key, target worker or
+/// `Authorization` header (400: the gateway routes by the first, a component behind it might read
+/// the other). List-valued headers may repeat.
+#[tokio::test]
+async fn requests_refused_before_routing() {
+    let worker = fake_worker("quiet").await;
+    let gateway = gateway(&[&worker], |_| {}).await;
+    let data = gateway.data_addr;
+    let host = format!("host: {data}\r\n");
+    let close = "connection: close\r\n";
+    let cases = [
+        (
+            format!("CONNECT 127.0.0.1:80 HTTP/1.1\r\nhost: 127.0.0.1:80\r\n{close}\r\n"),
+            405,
+            "method_not_allowed",
+        ),
+        (
+            format!("GET /echo HTTP/1.1\r\n{close}\r\n"),
+            400,
+            "missing_host",
+        ),
+        (
+            format!(
+                "GET /echo HTTP/1.1\r\n{host}x-smg-routing-key: a\r\nx-smg-routing-key: b\r\n{close}\r\n"
+            ),
+            400,
+            "repeated_header",
+        ),
+        (
+            format!(
+                "GET /echo HTTP/1.1\r\n{host}X-SMG-Target-Worker: quiet\r\nx-smg-target-worker: 0\r\n{close}\r\n"
+            ),
+            400,
+            "repeated_header",
+        ),
+        (
+            format!(
+                "GET /echo HTTP/1.1\r\n{host}authorization: Bearer a\r\nauthorization: Bearer b\r\n{close}\r\n"
+            ),
+            400,
+            "repeated_header",
+        ),
+    ];
+    for (request, status, code) in &cases {
+        let (got, body) = send(data, request.as_bytes()).await;
+        assert_eq!(
+            (got, code_of(&body)),
+            (*status, (*code).to_owned()),
+            "{request}"
+        );
+    }
+    assert_eq!(
+        worker
+            .state
+            .requests
+            .load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
+    for request in [
+        // HTTP/1.0 needs no Host; list-valued headers may repeat.
+        "GET /echo HTTP/1.0\r\n\r\n".to_owned(),
+        format!(
+            "GET /echo HTTP/1.1\r\n{host}x-forwarded-for: 10.0.0.1\r\nx-forwarded-for: 10.0.0.2\r\n{close}\r\n"
+        ),
+        format!(
+            "GET /echo HTTP/1.1\r\n{host}x-smg-routing-key: a\r\nx-other: 1\r\nx-other: 2\r\n{close}\r\n"
+        ),
+    ] {
+        assert_eq!(send(data, request.as_bytes()).await.0, 200, "{request}");
+    }
+    assert_eq!(wait_all_idle(&gateway).await, vec![("quiet".to_owned(), 0)]);
+    gateway.shutdown().await;
+}
+
+/// Every forwarded request carries this gateway's `Via` entry after any earlier proxy's; a
+/// request that comes back with it is refused (508). A worker URL that leads back through a relay
+/// (which no start-up check can see) costs one extra hop instead of a storm of nested ones.
+#[tokio::test]
+async fn a_request_that_comes_back_is_refused_as_a_loop() {
+    let worker = fake_worker("echo").await;
+    let gateway = gateway(&[&worker], |_| {}).await;
+    let data = gateway.data_addr;
+    let echoed: serde_json::Value = client()
+        .get(format!("http://{data}/echo"))
+        .header("via", "1.0 corporate-proxy")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    // The echo shows the last `Via` line: this gateway's, after the earlier proxy's.
+    let own = echoed["headers"]["via"].as_str().unwrap().to_owned();
+    assert!(own.starts_with("1.1 bch-") && own.len() == 24, "{own}");
+    for via in [
+        own.clone(),
+        format!("1.0 corporate-proxy, {own}"),
+        own.replace("1.1", "HTTP/1.1"),
+    ] {
+        let (status, body) = send(
+            data,
+            format!(
+                "GET /echo HTTP/1.1\r\nhost: {data}\r\nvia: {via}\r\nconnection: close\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await;
+        assert_eq!(
+            (status, code_of(&body)),
+            (508, "loop_detected".into()),
+            "{via}"
+        );
+    }
+
+    // A relay on another loopback port in front of the gateway itself, registered as a worker.
+    let relay = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let relay_url = format!("http://{}", relay.local_addr().unwrap());
+    let hops = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&hops);
+    let relay_task = tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = relay.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = TcpStream::connect(data).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    let added = client()
+        .post(format!("http://{}/admin/workers", gateway.control_addr))
+        .json(&serde_json::json!({"name": "relay", "url": relay_url}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 201);
+    let looped = client()
+        .get(format!("http://{data}/v1/models"))
+        .header("x-smg-target-worker", "relay")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(looped.status(), 508);
+    assert_eq!(looped.headers()["x-bch-worker"], "relay");
+    assert_eq!(
+        hops.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one hop back, no more"
+    );
+    relay_task.abort();
+    assert!(wait_all_idle(&gateway).await.iter().all(|(_, n)| *n == 0));
+    gateway.shutdown().await;
+}
+
+/// A worker that streams server-sent events as fast as its socket takes them, until the gateway
+/// closes the connection; `closed` is set then.
+async fn firehose() -> (String, Arc<std::sync::atomic::AtomicBool>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = Arc::clone(&closed);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let flag = Arc::clone(&flag);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if stream.read(&mut byte).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                if head.starts_with(b"GET /health") {
+                    let _ = stream
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                        .await;
+                    return;
+                }
+                let event = format!("data: {}\n\n", "x".repeat(16 * 1024));
+                let chunk = format!("{:x}\r\n{event}\r\n", event.len());
+                let mut out = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+                out.extend_from_slice(chunk.as_bytes());
+                while stream.write_all(&out).await.is_ok() {
+                    out = chunk.clone().into_bytes();
+                }
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+    });
+    (url, closed)
+}
+
+/// A client that stops reading a fast stream: back-pressure is not idleness (the worker is not
+/// silent, it is blocked), so only `client_stall_timeout_ms` ends it — the load is released and
+/// the worker's connection closed.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_cut_off() {
+    let (url, worker_closed) = firehose().await;
+    let gateway = gateway(&[], |config| {
+        config.server.client_stall_timeout_ms = 300;
+        config.workers = vec![gatewayd::config::WorkerConfig {
+            name: Some("firehose".into()),
+            ..gatewayd::config::WorkerConfig::from_url(&url)
+        }];
+    })
+    .await;
+    let data = gateway.data_addr;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(data).await.unwrap();
+    stream
+        .write_all(
+            format!("GET /v1/stream HTTP/1.1\r\nhost: {data}\r\nx-smg-routing-key: k\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut held = false;
+    loop {
+        let active = gateway.routing_table().workers()[0].stats.active();
+        held |= active == 1;
+        if held && active == 0 && worker_closed.load(std::sync::atomic::Ordering::SeqCst) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stalled stream still holds its load"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(worker_record(&gateway, "firehose"), (0, true));
+    drop(stream);
+    gateway.shutdown().await;
+}
+
+/// A client that half-closes (shuts its sending side) after its request is taken as a client
+/// that left, as nginx does by default: an LLM client that gives up closes its socket, and its
+/// generation must stop. Its stream is cancelled and the load released; half-closing clients are
+/// not supported (docs/reliability.md).
+#[tokio::test]
+async fn a_half_closed_client_is_a_client_that_left() {
+    let worker = fake_worker("streamer").await;
+    let gateway = gateway(&[&worker], |_| {}).await;
+    let data = gateway.data_addr;
+    let mut stream = TcpStream::connect(data).await.unwrap();
+    // A 20 s stream.
+    stream
+        .write_all(
+            format!(
+                "GET /sse?n=1000&gap_ms=20 HTTP/1.1\r\nhost: {data}\r\nx-smg-routing-key: k\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !String::from_utf8_lossy(&seen).contains("\"chunk\":0") {
+        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut chunk))
+            .await
+            .expect("the first event in time")
+            .unwrap();
+        assert!(n > 0, "stream ended early");
+        seen.extend_from_slice(&chunk[..n]);
+    }
+    stream.shutdown().await.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        while gateway.routing_table().workers()[0].stats.active() != 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the half-closed client's stream was cancelled"
+    );
+    // What it still reads ends without an `event: error`: the gateway closed the connection.
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest)).await;
+    assert!(!String::from_utf8_lossy(&rest).contains("event: error"));
+    assert_eq!(worker_record(&gateway, "streamer"), (0, true));
+    gateway.shutdown().await;
+}

@@ -268,6 +268,8 @@ struct Listeners {
     control_addr: SocketAddr,
     header_read_timeout: Duration,
     max_connections: usize,
+    client_stall_timeout: Duration,
+    upstream_idle_timeout: Duration,
 }
 
 impl Listeners {
@@ -281,6 +283,8 @@ impl Listeners {
             control,
             header_read_timeout: Duration::from_millis(config.server.header_read_timeout_ms),
             max_connections: config.server.max_connections,
+            client_stall_timeout: Duration::from_millis(config.server.client_stall_timeout_ms),
+            upstream_idle_timeout: Duration::from_millis(config.server.upstream_idle_timeout_ms),
         })
     }
 }
@@ -337,9 +341,10 @@ fn assemble(
         Arc::clone(&metrics),
         shutdown.clone(),
     );
-    let upstreams = Arc::new(Upstreams::new(Duration::from_millis(
-        config.server.connect_timeout_ms,
-    )));
+    let upstreams = Arc::new(Upstreams::new(
+        Duration::from_millis(config.server.connect_timeout_ms),
+        Duration::from_millis(config.server.upstream_idle_timeout_ms),
+    ));
     upstreams.publish(&members);
     let settings = Arc::new(ArcSwap::from_pointee(RuntimeSettings::from_config(&config)));
     let config = Arc::new(ArcSwap::from_pointee(config));
@@ -407,6 +412,7 @@ fn spawn_services(
     let metrics = parts.metrics;
     let cap = ConnectionCap {
         max_connections: listeners.max_connections,
+        write_stall_timeout: listeners.client_stall_timeout,
         response: crate::error::over_capacity_response(),
         on_reject: Arc::new(move || metrics.record_rejected_connection()),
     };
@@ -436,7 +442,11 @@ fn spawn_services(
         parts.config,
         shutdown.clone(),
     ));
-    tokio::spawn(sweep_idle_connections(parts.upstreams, shutdown.clone()));
+    tokio::spawn(sweep_idle_connections(
+        parts.upstreams,
+        listeners.upstream_idle_timeout,
+        shutdown.clone(),
+    ));
 }
 
 /// The bearer token from `admin_token_file`, trimmed; `None` when no file is configured.
@@ -477,10 +487,16 @@ fn local_addr(
     })
 }
 
-/// Closes worker connections that sat idle past [`crate::upstream::pool::IDLE_TIMEOUT`], every 30 s
-/// until shutdown (busy pools also expire them whenever a connection is checked in).
-async fn sweep_idle_connections(upstreams: Arc<Upstreams>, shutdown: CancellationToken) {
-    let mut every = tokio::time::interval(Duration::from_secs(30));
+/// Closes worker connections that sat idle past `upstream_idle_timeout_ms`, once per that timeout
+/// (at most every 30 s, at least every second) until shutdown; busy pools also expire them
+/// whenever a connection is checked in, and no pool ever hands out an expired one.
+async fn sweep_idle_connections(
+    upstreams: Arc<Upstreams>,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut every =
+        tokio::time::interval(every.clamp(Duration::from_secs(1), Duration::from_secs(30)));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {

@@ -28,6 +28,12 @@ pub use worker::{Member, WorkerConfig, WorkerError, WorkerUrl, WorkerUrlError};
 /// own `PolicySettings::default()` is the bounded policy, the one `explain` and the drills study.
 pub const DEFAULT_POLICY_KIND: PolicyKind = PolicyKind::ConsistentHashing;
 
+/// Default `[server] upstream_idle_timeout_ms`: below the 5 s after which uvicorn-based engines
+/// (vLLM, SGLang) close idle keep-alive connections. A request sent on a connection the worker is
+/// closing at that very moment fails after it was written, when it can no longer be proven unsent
+/// and so cannot be retried; retiring connections first keeps that race from happening.
+pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT_MS: u64 = 4_000;
+
 /// The configuration in force, shared by its one writer (the admin owner) and its readers (health
 /// probes, the control plane): a lock-free load.
 pub type SharedConfig = Arc<ArcSwap<Config>>;
@@ -115,7 +121,7 @@ impl Default for ServerConfig {
             shutdown_grace_ms: 30_000,
             request_body_timeout_ms: 60_000,
             client_stall_timeout_ms: 60_000,
-            upstream_idle_timeout_ms: 4_000,
+            upstream_idle_timeout_ms: DEFAULT_UPSTREAM_IDLE_TIMEOUT_MS,
             control_allowed_hosts: Vec::new(),
             control_allowed_origins: Vec::new(),
         }

@@ -17,14 +17,10 @@
 //! cannot send an `Authorization` header cross-site), so the `Host` check is off there: such a
 //! control plane may listen on every interface and be reached by any name.
 
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, Method, Version, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use std::net::SocketAddr;
-use std::sync::Arc;
 
-use super::state::ControlPlane;
+use axum::http::{HeaderMap, Method, Version, header};
+
 use crate::error::GatewayError;
 
 /// What the guard lets through, fixed at start-up.
@@ -65,7 +61,7 @@ impl BrowserGuard {
 
     /// Why `request` is refused, if it is: a missing or foreign `Host`, a foreign `Origin`, a
     /// write that is not JSON.
-    fn check(
+    pub fn check(
         &self,
         method: &Method,
         version: Version,
@@ -82,7 +78,7 @@ impl BrowserGuard {
             let name = host_name(host);
             if host.is_empty() && version < Version::HTTP_11 {
                 // HTTP/1.0 without Host: no browser sends that.
-            } else if !allowed.iter().any(|a| *a == name) {
+            } else if !allowed.contains(&name) {
                 return Err(GatewayError::HostNotAllowed(format!(
                     "the control plane does not answer to Host {host:?}; add the name to [server] control_allowed_hosts if it is yours"
                 )));
@@ -111,21 +107,6 @@ impl BrowserGuard {
         }
         Ok(())
     }
-}
-
-/// The middleware: runs [`BrowserGuard::check`] on every control plane request.
-pub async fn browser_guard(
-    State(plane): State<Arc<ControlPlane>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    if let Err(refused) = plane
-        .guard
-        .check(request.method(), request.version(), request.headers())
-    {
-        return refused.into_response();
-    }
-    next.run(request).await
 }
 
 /// `Host` without its port, lower case, without a trailing dot (`[::1]:9090` → `[::1]`).

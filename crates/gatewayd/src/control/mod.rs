@@ -45,7 +45,7 @@ pub fn router(plane: Arc<ControlPlane>) -> Router {
         .layer(DefaultBodyLimit::max(api::MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&plane),
-            guard::browser_guard,
+            browser_guard,
         ))
         // Outermost: without the token nothing else is even looked at.
         .layer(middleware::from_fn_with_state(
@@ -61,6 +61,21 @@ async fn not_found() -> GatewayError {
 
 async fn method_not_allowed() -> GatewayError {
     GatewayError::MethodNotAllowed
+}
+
+/// The browser guard ([`guard`]): `Host`, `Origin` and `Content-Type`, after the bearer check.
+async fn browser_guard(
+    State(plane): State<Arc<ControlPlane>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Err(refused) = plane
+        .guard
+        .check(request.method(), request.version(), request.headers())
+    {
+        return refused.into_response();
+    }
+    next.run(request).await
 }
 
 async fn require_token(

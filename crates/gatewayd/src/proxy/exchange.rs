@@ -108,6 +108,12 @@ impl Exchange {
         self.started.elapsed()
     }
 
+    /// The name of the worker the request holds, once routed.
+    pub fn worker_name(&self) -> Option<&str> {
+        let (table, worker) = self.routed.as_ref()?;
+        Some(&table.workers()[*worker].spec.name)
+    }
+
     /// The branch the request was routed by, once routed.
     pub fn branch(&self) -> Option<Branch> {
         self.branch

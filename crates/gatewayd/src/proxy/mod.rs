@@ -89,7 +89,7 @@ async fn proxy(plane: Arc<DataPlane>, request: Request<Incoming>) -> Response<Pr
         Err(error) => Err(error),
     };
     match forwarded {
-        Ok(answered) => respond(answered, exchange, &settings),
+        Ok(answered) => respond(answered, exchange, &settings).await,
         Err(error) => refuse(exchange, &error),
     }
 }
@@ -336,8 +336,11 @@ impl FailedConnect<'_> {
     }
 }
 
-/// The worker's response head, with gatewayd's headers, and its body streamed.
-fn respond(
+/// The worker's response head, with gatewayd's headers, and its body streamed. A body that is not
+/// an event stream is read to its first frame first: if the worker breaks it before that, the
+/// client still gets a 502 (an event stream's head goes out at once, and a break later in it gets
+/// its `event: error`).
+async fn respond(
     answered: Answered,
     exchange: Exchange,
     settings: &RuntimeSettings,
@@ -371,16 +374,20 @@ fn respond(
             .headers
             .get(header::CONTENT_TYPE)
             .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-    Response::from_parts(
-        parts,
-        ProxyBody::stream(
-            body,
-            connection,
-            exchange,
-            event_stream,
-            settings.stream_idle_timeout,
-        ),
-    )
+    let mut body = ProxyBody::stream(
+        body,
+        connection,
+        exchange,
+        event_stream,
+        settings.stream_idle_timeout,
+    );
+    if !event_stream {
+        if let Err(exchange) = body.first_frame().await {
+            let worker = exchange.worker_name().unwrap_or("-").to_owned();
+            return refuse(exchange, &GatewayError::UpstreamBodyBroken { worker });
+        }
+    }
+    Response::from_parts(parts, body)
 }
 
 /// The gateway's own answer to a refused or failed request; the exchange ends (and logs) here.
