@@ -383,6 +383,20 @@ async fn requests_refused_before_routing() {
             .load(std::sync::atomic::Ordering::SeqCst),
         0
     );
+    // A head hyper cannot parse never reaches gatewayd: hyper's bare status, no body, closed
+    // (documented: no OpenAI shape for what gatewayd never read).
+    for garbage in [
+        &b"NOT A REQUEST\r\n\r\n"[..],
+        b"GET /echo HTTP/1.1\r\nbad header\r\n\r\n",
+    ] {
+        let (status, body) = send(data, garbage).await;
+        assert_eq!(
+            (status, body.as_str()),
+            (400, ""),
+            "{}",
+            String::from_utf8_lossy(garbage)
+        );
+    }
     for request in [
         // HTTP/1.0 needs no Host; list-valued headers may repeat.
         "GET /echo HTTP/1.0\r\n\r\n".to_owned(),
