@@ -225,7 +225,7 @@ async fn send_with_retry(
                 timeout_ms: settings.first_byte_timeout.as_millis() as u64,
             });
         };
-        let error = match sent {
+        match sent {
             Ok((response, connection)) => {
                 plane
                     .metrics
@@ -248,30 +248,44 @@ async fn send_with_retry(
                     (worker, request, may_retry) = (next, *back, false);
                     continue;
                 }
-                display_chain(&*error)
+                tracing::warn!(worker = %name, error = %display_chain(&*error), "worker request failed");
+                return Err(GatewayError::WorkerUnreachable {
+                    worker: name.clone(),
+                });
             }
             Err(SendError::Failed(error)) => {
-                if let Some(fault) = client_fault(&error) {
-                    return Err(client_refusal(plane, settings, exchange, fault));
-                }
-                exchange.record_error();
-                if error.is_parse() {
-                    // Not HTTP: a garbage status line, a head over hyper's limits, conflicting
-                    // lengths. Say so instead of "could not be reached".
-                    let reason = display_chain(&error);
-                    tracing::warn!(worker = %name, %reason, "worker sent an invalid response");
-                    return Err(GatewayError::WorkerBadResponse {
-                        worker: name.clone(),
-                        reason,
-                    });
-                }
-                display_chain(&error)
+                return Err(failed_exchange(plane, settings, exchange, name, &error));
             }
+        }
+    }
+}
+
+/// The answer to an exchange that failed after (part of) the request was written: the client's
+/// fault when its body failed, else the worker's — an invalid response says so, anything else is
+/// "could not be reached".
+fn failed_exchange(
+    plane: &DataPlane,
+    settings: &RuntimeSettings,
+    exchange: &mut Exchange,
+    worker: &str,
+    error: &hyper::Error,
+) -> GatewayError {
+    if let Some(fault) = client_fault(error) {
+        return client_refusal(plane, settings, exchange, fault);
+    }
+    exchange.record_error();
+    let reason = display_chain(error);
+    if error.is_parse() {
+        // Not HTTP: a garbage status line, a head over hyper's limits, conflicting lengths.
+        tracing::warn!(%worker, %reason, "worker sent an invalid response");
+        return GatewayError::WorkerBadResponse {
+            worker: worker.to_owned(),
+            reason,
         };
-        tracing::warn!(worker = %name, %error, "worker request failed");
-        return Err(GatewayError::WorkerUnreachable {
-            worker: name.clone(),
-        });
+    }
+    tracing::warn!(%worker, error = %reason, "worker request failed");
+    GatewayError::WorkerUnreachable {
+        worker: worker.to_owned(),
     }
 }
 
