@@ -181,11 +181,13 @@ impl WriteStallGuard {
         }
     }
 
-    fn progressed<T>(
+    /// A write's result: bytes written are progress (the clock stops); `Pending` starts or
+    /// continues it.
+    fn progressed(
         &mut self,
-        result: Poll<io::Result<T>>,
+        result: Poll<io::Result<usize>>,
         cx: &mut Context<'_>,
-    ) -> Poll<io::Result<T>> {
+    ) -> Poll<io::Result<usize>> {
         match result {
             Poll::Pending => self.stalled(cx),
             ready => {
@@ -231,16 +233,14 @@ impl AsyncWrite for WriteStallGuard {
         self.io.is_write_vectored()
     }
 
+    // A flush or shutdown says nothing about whether the client reads (a TCP flush is always
+    // done at once), so only writes move the stall clock.
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let result = Pin::new(&mut this.io).poll_flush(cx);
-        this.progressed(result, cx)
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let result = Pin::new(&mut this.io).poll_shutdown(cx);
-        this.progressed(result, cx)
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }
 
