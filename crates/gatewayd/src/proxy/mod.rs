@@ -169,6 +169,7 @@ fn route(
     let Some(worker) = decision.worker else {
         return Err(match decision.branch {
             Branch::TargetWorkerMiss => GatewayError::TargetWorkerMiss,
+            _ if routed.table.workers().is_empty() => GatewayError::NoWorkers,
             _ => GatewayError::NoHealthyWorkers,
         });
     };
