@@ -7,9 +7,9 @@
 #
 # Workloads as in bench/proxy.sh: (a) keyed POST with a 1 KiB JSON answer, (b) keyed SSE of 64
 # events. gatewayd (release, bounded policy, gap 2, skew 1.5, log level warn) runs under callgrind in
-# front of four instant bch-drill workers; wrk drives it; the process's total instructions (start-up
-# included, about 1 % here) are divided by the requests wrk completed. BENCH_GATEWAYD_BIN measures
-# another build. Needs valgrind and wrk (installed with apt-get when missing). Loopback only.
+# front of four instant bch-drill workers; wrk drives it; the instructions executed while wrk ran
+# (counters zeroed once gatewayd listens, dumped before it stops) are divided by the requests wrk
+# completed. BENCH_GATEWAYD_BIN measures another build. Needs valgrind and wrk (installed with apt-get when missing). Loopback only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH_NAME=instructions
@@ -70,12 +70,18 @@ for workload in ${WORKLOADS//,/ }; do
     "$GATEWAYD" --config "$WORK/gatewayd.toml" >"$WORK/gatewayd-$workload.log" 2>&1 &
   pid=$!
   wait_port "$GW" 60
+  # Count the traffic only: start-up is zeroed away, and the counts are dumped before shutdown, so
+  # a slow run (fewer requests) does not spread start-up over fewer requests.
+  callgrind_control --zero "$pid" >/dev/null 2>&1
   BENCH_BODY="$WORK/body_$workload.json" BENCH_KEYS=1000 BENCH_OUT="$WORK/wrk-$workload.json" \
     "${LOAD[@]}" wrk -t1 -c"$CONNECTIONS" -d"${SECONDS_PER}s" --timeout 30s -s "$ROOT/bench/keyed.lua" \
     "http://127.0.0.1:$GW" >/dev/null || die "wrk failed"
+  callgrind_control --dump=traffic "$pid" >/dev/null 2>&1
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
   requests=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["requests"])' "$WORK/wrk-$workload.json")
-  total=$(awk '/^(summary|totals):/ { print $2; exit }' "$WORK/cg-$workload.out")
+  dump=$(grep -l '^desc: Trigger: dump traffic' "$WORK"/cg-"$workload".out* | head -n1 || true)
+  [[ -n $dump ]] || die "callgrind wrote no traffic dump for $workload"
+  total=$(awk '/^(summary|totals):/ { print $2; exit }' "$dump")
   [[ -n $total && $requests -gt 0 ]] || die "no callgrind total or no requests for $workload"
   printf '%-10s %10d %16d %14d\n' "$workload" "$requests" "$total" $((total / requests))
 done

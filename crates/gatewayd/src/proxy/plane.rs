@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use bch_core::router::Router;
+use http::HeaderValue;
 
 use crate::config::runtime::SharedSettings;
 use crate::metrics::Metrics;
@@ -24,4 +25,7 @@ pub struct DataPlane {
     pub metrics: Arc<Metrics>,
     /// Routing events for the telemetry aggregator.
     pub telemetry: Telemetry,
+    /// This gateway's `Via` entry ([`own_via`](super::request::own_via)): added to every
+    /// forwarded request, and a request that already carries it is refused as a loop.
+    pub via: HeaderValue,
 }
