@@ -142,10 +142,10 @@ impl Generation {
         if self.produced >= self.max_tokens {
             return None;
         }
-        if self.produced > 0 {
-            if let Some(events) = self.events.as_mut() {
-                events.recv().await?;
-            }
+        if self.produced > 0
+            && let Some(events) = self.events.as_mut()
+        {
+            events.recv().await?;
         }
         self.produced += 1;
         self.shared.metrics.generation_tokens.inc();
