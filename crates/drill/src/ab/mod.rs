@@ -12,14 +12,16 @@
 //! favouring the cells that happen to run first. Each run uses its own prompt seed, so every run starts
 //! with prompts that no worker has cached: a cell never inherits a warm cache from the run before it.
 //!
-//! The pieces, each depending only on those listed before it: `cells` (parsing the cells), `verdict`
-//! (the conclusions in words), `report` (summaries and comparisons), `table` (the printed tables),
-//! `run` (driving the gateway through the runs), `plot` (the chart).
+//! The pieces, each depending only on those listed before it: `cells` (parsing the cells), `report`
+//! (the report's types), `verdict` (the conclusions in words), `summary` (summaries and comparisons
+//! from the runs), `table` (the printed tables), `run` (driving the gateway through the runs), `plot`
+//! (the chart).
 
 mod cells;
 mod plot;
 mod report;
 mod run;
+mod summary;
 mod table;
 mod verdict;
 

@@ -12,7 +12,8 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::cells::Cell;
-use super::report::{AbMeta, AbReport, AbRun, WorkerInfo, summarise};
+use super::report::{AbMeta, AbReport, AbRun, WorkerInfo};
+use super::summary::summarise;
 use crate::control::ControlClient;
 use crate::sim::SimConfig;
 use crate::storm::{StormConfig, StormShape, run_storm};
