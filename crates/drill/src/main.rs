@@ -18,8 +18,11 @@ use tokio_util::sync::CancellationToken;
 
 /// Drills for a bch gateway: simulated OpenAI-compatible workers, storms of sibling requests sharing
 /// routing keys, and A/B comparisons of routing policies.
+///
+/// A repeated option takes its last value, so a wrapper script's defaults can be overridden by
+/// arguments appended after them (`tests/sim/ab.sh original --reps 3`).
 #[derive(Debug, Parser)]
-#[command(name = "bch-drill", version)]
+#[command(name = "bch-drill", version, args_override_self = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -442,6 +445,28 @@ mod tests {
         assert_eq!(args.reps, 3);
         assert!(!args.storm.config(None, 1).stream);
         assert_eq!(parse_cells(&args.cells).unwrap().len(), 2);
+
+        let cli = Cli::try_parse_from([
+            "bch-drill",
+            "ab",
+            "--gateway",
+            "http://127.0.0.1:8080",
+            "--control",
+            "http://127.0.0.1:9090",
+            "--cells",
+            "strict,gap=2",
+            "--reps",
+            "5",
+            "--cells",
+            "strict,gap=0:skew=1,gap=6",
+            "--reps",
+            "3",
+        ])
+        .unwrap();
+        let Command::Ab(args) = cli.command else {
+            panic!("not ab")
+        };
+        assert_eq!((args.reps, parse_cells(&args.cells).unwrap().len()), (3, 3));
 
         let cli = Cli::try_parse_from(["bch-drill", "storm", "--gateway", "http://127.0.0.1:8080"])
             .unwrap();
