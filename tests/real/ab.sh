@@ -22,8 +22,8 @@ ROOT=$(cd "$HERE/../.." && pwd)
 # shellcheck source=tests/real/fleet.sh
 . "$HERE/fleet.sh"
 
-N_GROUPS_DEFAULT=30
-REPS_DEFAULT=4
+N_GROUPS_DEFAULT=12
+REPS_DEFAULT=5
 if [ "${1:-}" = --quick ]; then
   shift
   N_GROUPS_DEFAULT=1
