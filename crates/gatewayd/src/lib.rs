@@ -11,6 +11,7 @@
 //!
 //! - `app`: the composition root (start-up, signals, logging);
 //! - `admin`: the one owner of membership and policy changes;
+//! - `routing`: the routing step both front ends share (key, decision, load, metrics, telemetry);
 //! - `proxy`: the data plane (streaming, load guards that live as long as the response body, one
 //!   retry after a failed connect, OpenAI-shaped errors);
 //! - `control`: metrics, the admin API and the telemetry websocket;
@@ -31,6 +32,7 @@ mod error;
 mod health;
 mod metrics;
 mod proxy;
+mod routing;
 mod server;
 mod telemetry;
 mod upstream;

@@ -32,6 +32,7 @@ use crate::config::{Config, ConfigError, Member, SharedConfig, WorkerConfig};
 use crate::control::ControlPlane;
 use crate::metrics::Metrics;
 use crate::proxy::DataPlane;
+use crate::routing::Routing;
 use crate::server::{ConnectionCap, Listening};
 use crate::telemetry::Telemetry;
 use crate::upstream::Upstreams;
@@ -336,12 +337,15 @@ fn assemble(prepared: Prepared, shutdown: &CancellationToken) -> Result<Parts, S
         origin,
         members,
     ));
-    let data_plane = Arc::new(DataPlane {
+    let routing = Arc::new(Routing {
         router: Arc::clone(&router),
         settings,
-        upstreams: Arc::clone(&upstreams),
         metrics: Arc::clone(&metrics),
         telemetry: telemetry.clone(),
+    });
+    let data_plane = Arc::new(DataPlane {
+        routing: Arc::clone(&routing),
+        upstreams: Arc::clone(&upstreams),
     });
     let control_plane = Arc::new(ControlPlane {
         admin: Arc::clone(&admin),

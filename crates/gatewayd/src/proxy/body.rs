@@ -15,7 +15,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::Sleep;
 
-use super::exchange::Exchange;
+use crate::routing::Exchange;
 use crate::error::{display_chain, sse_stream_error_event};
 use crate::upstream::{BoxError, UpstreamConnection};
 

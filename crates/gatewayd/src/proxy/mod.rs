@@ -14,7 +14,6 @@
 //! request (closing that upstream connection).
 
 pub mod body;
-mod exchange;
 pub mod plane;
 pub mod request;
 
@@ -37,10 +36,10 @@ pub use plane::DataPlane;
 
 use crate::config::runtime::RuntimeSettings;
 use crate::error::{GatewayError, display_chain};
-use crate::telemetry::keys::KeyTag;
+use crate::routing::key::extract_key;
+use crate::routing::{Choice, Exchange};
 use crate::upstream::{SendError, UpstreamBody, UpstreamConnection, is_body_too_large};
-use exchange::Exchange;
-use request::{content_length, extract_key, point_at, strip_hop_by_hop, upstream_request};
+use request::{point_at, strip_hop_by_hop, upstream_request};
 
 /// `x-bch-worker`: the name of the worker that served the request.
 pub const WORKER_HEADER: HeaderName = HeaderName::from_static(routing_key::WORKER_HEADER);
@@ -69,7 +68,7 @@ pub async fn handle(
 
 /// `GET /readiness`: 200 while some worker is healthy, else 503.
 fn readiness(plane: &DataPlane) -> Response<ProxyBody> {
-    let healthy = plane.router.table().health().iter().filter(|h| **h).count();
+    let healthy = plane.routing.router.table().health().iter().filter(|h| **h).count();
     let status = if healthy > 0 {
         StatusCode::OK
     } else {
@@ -80,8 +79,8 @@ fn readiness(plane: &DataPlane) -> Response<ProxyBody> {
 }
 
 async fn proxy(plane: Arc<DataPlane>, request: Request<Incoming>) -> Response<ProxyBody> {
-    let mut exchange = Exchange::begin(Arc::clone(&plane), Instant::now());
-    let settings = plane.settings.load();
+    let mut exchange = Exchange::begin(Arc::clone(&plane.routing), Instant::now());
+    let settings = plane.routing.settings.load();
     let forwarded = match route(&plane, &settings, request, &mut exchange) {
         Ok(routed) => send_with_retry(&plane, &settings, routed, &mut exchange).await,
         Err(error) => Err(error),
@@ -125,45 +124,27 @@ impl Answered {
     }
 }
 
-/// Checks the declared size, extracts the key, decides and takes load on the chosen worker.
+/// The shared routing step ([`crate::routing::route`]: size, key, decision, load), then the
+/// request made into one for the chosen worker.
 fn route(
     plane: &DataPlane,
     settings: &RuntimeSettings,
     request: Request<Incoming>,
     exchange: &mut Exchange,
 ) -> Result<Routed, GatewayError> {
-    let limit = settings.max_body_bytes;
-    if let Some(length) = content_length(request.headers()).filter(|l| *l > limit) {
-        return Err(GatewayError::PayloadTooLarge {
-            length: Some(length),
-            limit,
-        });
-    }
     let (parts, body) = request.into_parts();
-    let extracted = extract_key(&settings.routing_headers, &parts.headers);
-    if let Some(reason) = extracted.ignored_explicit {
-        plane.metrics.record_ignored_key(reason);
-    }
-    let mut routed = plane.router.route(&extracted.key);
-    let decision = routed.decision;
-    plane.metrics.record_branch(decision.branch);
-    let key = KeyTag::from_key(&extracted.key, settings.redact_keys);
-    plane
-        .telemetry
-        .routed(&routed.table, &decision, key.clone());
-    exchange.routed(&routed.table, &decision, routed.guard.take(), key);
-    let Some(worker) = decision.worker else {
-        return Err(match decision.branch {
-            Branch::TargetWorkerMiss => GatewayError::TargetWorkerMiss,
-            _ => GatewayError::NoHealthyWorkers,
-        });
-    };
+    let Choice {
+        table,
+        worker,
+        branch,
+        ..
+    } = crate::routing::route(&plane.routing, settings, &parts.headers, exchange)?;
     Ok(Routed {
         client_path: parts.uri.path_and_query().cloned(),
-        request: upstream_request(parts, UpstreamBody::new(body, limit)),
-        table: routed.table,
+        request: upstream_request(parts, UpstreamBody::new(body, settings.max_body_bytes)),
+        table,
         worker,
-        branch: decision.branch,
+        branch,
     })
 }
 
@@ -208,6 +189,7 @@ async fn send_with_retry(
         let error = match sent {
             Ok((response, connection)) => {
                 plane
+                    .routing
                     .metrics
                     .time_to_first_byte
                     .observe(exchange.elapsed().as_secs_f64());
@@ -269,19 +251,17 @@ impl FailedConnect<'_> {
         request: &Request<UpstreamBody>,
         exchange: &mut Exchange,
     ) -> Option<usize> {
-        exchange.record_error();
-        let name = &self.table.workers()[self.worker].spec.name;
-        if settings.passive_health && plane.router.set_health(name, false) {
-            tracing::warn!(worker = %name, error = %display_chain(error), "connect failed; marked unhealthy until probes succeed");
-        }
+        let routing = &plane.routing;
+        let cause = display_chain(error);
+        routing.connect_failed(settings, self.table, self.worker, exchange, &cause);
         if !self.may_retry {
             return None;
         }
         let key = extract_key(&settings.routing_headers, request.headers()).key;
-        let (next, guard) = plane.router.route_retry(self.table, &key, self.worker)?;
-        plane.metrics.record_retry();
-        tracing::debug!(from = %name, to = %self.table.workers()[next].spec.name, "retrying after connect failure");
-        exchange.move_to(guard, next);
+        let (next, guard) = routing.router.route_retry(self.table, &key, self.worker)?;
+        let workers = self.table.workers();
+        tracing::debug!(from = %workers[self.worker].spec.name, to = %workers[next].spec.name, "retrying after connect failure");
+        routing.moved(exchange, guard, next);
         Some(next)
     }
 }

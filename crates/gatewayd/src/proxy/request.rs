@@ -1,32 +1,12 @@
-//! The client's request made into a request for a worker: routing key extraction, hop-by-hop
-//! header removal (RFC 9110 §7.6.1) and pointing the request at the chosen worker.
+//! The client's request made into a request for a worker: hop-by-hop header removal (RFC 9110
+//! §7.6.1) and pointing the request at the chosen worker. The routing key is read by
+//! `crate::routing::key`, which the endpoint picker shares.
 
-use bch_core::routing_key::{self, RoutingHeaders};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName};
 use http::{Request, Uri};
 
 use crate::error::GatewayError;
 use crate::upstream::{Endpoint, UpstreamBody};
-
-/// The routing key of a request with `headers`, borrowed from them, by the configured header names.
-pub fn extract_key<'a>(
-    routing_headers: &RoutingHeaders,
-    headers: &'a HeaderMap,
-) -> routing_key::Extracted<'a> {
-    routing_key::extract(routing_headers, |name| {
-        headers.get(name).map(HeaderValue::as_bytes)
-    })
-}
-
-/// The declared `Content-Length`, when there is a valid one.
-pub fn content_length(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(header::CONTENT_LENGTH)?
-        .to_str()
-        .ok()?
-        .parse()
-        .ok()
-}
 
 /// The client's request made into a request for a worker, reusing its head (no header copies):
 /// HTTP/1.1, without `Host` and hop-by-hop headers, extensions dropped. [`point_at`] then
@@ -109,6 +89,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     #[test]
     fn hop_by_hop_headers_are_removed() {
