@@ -246,6 +246,8 @@ impl Admin {
         let specs: Vec<WorkerSpec> = members.iter().map(|m| m.spec.clone()).collect();
         let policy = config.policy.settings();
         validate_membership(&specs)?;
+        // Workers added at run time obey the picker's `http://IP:PORT` rule too.
+        config.picker_workers(&members)?;
         policy.validate()?;
         let table = self.router.table();
         let before = *table.policy();

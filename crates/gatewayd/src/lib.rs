@@ -31,6 +31,7 @@ mod demo;
 mod error;
 mod health;
 mod metrics;
+mod picker;
 mod proxy;
 mod routing;
 mod server;

@@ -47,6 +47,8 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     /// Log format and filter.
     pub log: LogConfig,
+    /// Envoy's endpoint picker (ext_proc over gRPC).
+    pub picker: PickerConfig,
     /// Workers, in configuration order (the order target-worker indices refer to).
     pub workers: Vec<WorkerConfig>,
 }
@@ -77,6 +79,9 @@ pub struct ServerConfig {
     pub stream_idle_timeout_ms: u64,
     /// On SIGTERM/SIGINT, how long in-flight streams may run before the process exits, ms.
     pub shutdown_grace_ms: u64,
+    /// Serve the data plane on `listen`. `false` runs gatewayd as Envoy's endpoint picker only
+    /// (needs `[picker] listen`); the control plane runs either way.
+    pub data_plane: bool,
 }
 
 impl Default for ServerConfig {
@@ -92,6 +97,7 @@ impl Default for ServerConfig {
             first_byte_timeout_ms: 300_000,
             stream_idle_timeout_ms: 300_000,
             shutdown_grace_ms: 30_000,
+            data_plane: true,
         }
     }
 }
@@ -151,6 +157,32 @@ impl PolicyConfig {
             min_load_gap: self.min_load_gap,
             max_load_skew: self.max_load_skew,
             virtual_nodes: self.virtual_nodes,
+        }
+    }
+}
+
+/// Most fallback endpoints the picker may list after the chosen one.
+pub const MAX_PICKER_FALLBACKS: usize = 8;
+
+/// `[picker]`: gatewayd as Envoy's endpoint picker, the Gateway API Inference Extension's
+/// ext_proc protocol (docs/envoy.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PickerConfig {
+    /// Where to serve `envoy.service.ext_proc.v3.ExternalProcessor` (plaintext gRPC); `None` (the
+    /// default) serves no picker. Every worker must then be an `http://IP:PORT` URL.
+    pub listen: Option<SocketAddr>,
+    /// How many fallback endpoints, in ring order from the key, follow the chosen one in the
+    /// answer (0..=8); Envoy retries a failed connect on them in turn. `gatewayd envoy-config`
+    /// sets Envoy's retry count to this.
+    pub fallbacks: usize,
+}
+
+impl Default for PickerConfig {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            fallbacks: 2,
         }
     }
 }
@@ -374,7 +406,38 @@ impl Config {
                 "must be at least 1".into(),
             ));
         }
-        self.members()?;
+        if self.picker.fallbacks > MAX_PICKER_FALLBACKS {
+            return Err(invalid(
+                "picker.fallbacks",
+                format!("must be at most {MAX_PICKER_FALLBACKS}"),
+            ));
+        }
+        if !self.server.data_plane && self.picker.listen.is_none() {
+            return Err(invalid(
+                "server.data_plane",
+                "false needs [picker] listen: there would be nothing to serve".into(),
+            ));
+        }
+        let members = self.members()?;
+        self.picker_workers(&members)
+    }
+
+    /// With the endpoint picker on, every worker must be an `http://IP:PORT` URL: Envoy finds the
+    /// picked endpoint among its cluster's hosts by address. The error names `workers[N].url`.
+    pub fn picker_workers(&self, members: &[Member]) -> Result<(), ConfigError> {
+        if self.picker.listen.is_none() {
+            return Ok(());
+        }
+        for (index, member) in members.iter().enumerate() {
+            member
+                .url
+                .picker_endpoint()
+                .map_err(|message| ConfigError::Invalid {
+                    path: None,
+                    field: format!("workers[{index}].url"),
+                    message: format!("worker {}: {message}", member.spec.name),
+                })?;
+        }
         Ok(())
     }
 
@@ -454,6 +517,12 @@ mod tests {
                 "workers[1].url",
             ),
             ("[server]\nlisten = \"nowhere\"\n", "listen"),
+            ("[picker]\nfallbacks = 9\n", "picker.fallbacks"),
+            ("[server]\ndata_plane = false\n", "server.data_plane"),
+            (
+                "[picker]\nlisten = \"127.0.0.1:9002\"\n[[workers]]\nurl = \"http://127.0.0.1:1\"\n[[workers]]\nname = \"gpu-1\"\nurl = \"http://gpu-1.internal:8000\"\n",
+                "workers[1].url: worker gpu-1",
+            ),
             ("[policy\n", "line 1"),
         ];
         for (text, needle) in cases {

@@ -68,7 +68,14 @@ pub async fn handle(
 
 /// `GET /readiness`: 200 while some worker is healthy, else 503.
 fn readiness(plane: &DataPlane) -> Response<ProxyBody> {
-    let healthy = plane.routing.router.table().health().iter().filter(|h| **h).count();
+    let healthy = plane
+        .routing
+        .router
+        .table()
+        .health()
+        .iter()
+        .filter(|h| **h)
+        .count();
     let status = if healthy > 0 {
         StatusCode::OK
     } else {

@@ -79,6 +79,17 @@ impl Exchange {
         }
     }
 
+    /// Whether the request holds load on a worker.
+    pub fn holds_load(&self) -> bool {
+        self.guard.is_some()
+    }
+
+    /// Ends the request's hold on its worker now (load and telemetry), keeping the record open
+    /// until the exchange ends. For load that no worker of the membership carries any more.
+    pub fn release(&mut self) {
+        self.release_worker();
+    }
+
     /// Counts a gateway-side error against the worker the request holds.
     pub fn record_error(&mut self) {
         if let Some(guard) = &self.guard {
