@@ -62,6 +62,10 @@ pub enum GatewayError {
     /// The data plane is at `max_connections` (503, then the connection is closed).
     #[error("gateway connection limit reached")]
     TooManyConnections,
+    /// Envoy could not reach gatewayd's endpoint picker (503). Envoy sends this body itself, from
+    /// the configuration `gatewayd envoy-config` prints.
+    #[error("the endpoint picker is unavailable")]
+    PickerUnavailable,
     /// A streamed response broke after its headers were sent; only ever sent as an SSE event.
     #[error("the worker's stream ended abnormally")]
     UpstreamStreamError,
@@ -116,7 +120,8 @@ impl GatewayError {
             GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::NoHealthyWorkers
             | GatewayError::TargetWorkerMiss
-            | GatewayError::TooManyConnections => StatusCode::SERVICE_UNAVAILABLE,
+            | GatewayError::TooManyConnections
+            | GatewayError::PickerUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::WorkerGone { .. }
             | GatewayError::BadUpstreamUri { .. }
             | GatewayError::WorkerUnreachable { .. }
@@ -146,6 +151,7 @@ impl GatewayError {
             GatewayError::WorkerUnreachable { .. } => "worker_unreachable",
             GatewayError::FirstByteTimeout { .. } => "first_byte_timeout",
             GatewayError::TooManyConnections => "too_many_connections",
+            GatewayError::PickerUnavailable => "picker_unavailable",
             GatewayError::UpstreamStreamError => "upstream_stream_error",
             GatewayError::NotFound => "not_found",
             GatewayError::Unauthorized => "unauthorized",
@@ -173,6 +179,7 @@ impl GatewayError {
             | GatewayError::WorkerUnreachable { .. }
             | GatewayError::FirstByteTimeout { .. }
             | GatewayError::TooManyConnections
+            | GatewayError::PickerUnavailable
             | GatewayError::UpstreamStreamError => "gateway_error",
             _ => "control_error",
         }

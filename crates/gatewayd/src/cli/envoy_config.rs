@@ -12,6 +12,7 @@ use clap::Args;
 
 use super::parse_addr;
 use crate::config::{Config, WorkerConfig};
+use crate::error::GatewayError;
 use crate::picker::messages::{DESTINATION_KEY, LB_NAMESPACE, SERVED_KEY};
 
 /// `gatewayd envoy-config` options.
@@ -148,6 +149,25 @@ fn listener(yaml: &mut String, plan: &EnvoyPlan) {
           # SSE: no whole-request deadline; a stream ends after {idle} of silence instead.
           request_timeout: 0s
           stream_idle_timeout: {idle}
+          # Envoy answers 500 with no body when it cannot reach the picker: make that the
+          # OpenAI-shaped 503 gatewayd itself would send. (The picker's own refusals are
+          # immediate responses with their body set, and pass unchanged.)
+          local_reply_config:
+            mappers:
+            - filter:
+                status_code_filter:
+                  comparison:
+                    op: EQ
+                    value:
+                      default_value: 500
+                      runtime_key: bch.picker_failure_status
+              status_code: {unavailable_status}
+              body:
+                inline_string: '{unavailable_body}'
+              body_format_override:
+                text_format_source:
+                  inline_string: "%LOCAL_REPLY_BODY%"
+                content_type: application/json
           route_config:
             name: bch
             virtual_hosts:
@@ -195,6 +215,8 @@ fn listener(yaml: &mut String, plan: &EnvoyPlan) {
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
 "#,
         listen = socket_address(plan.listen),
+        unavailable_status = GatewayError::PickerUnavailable.status().as_u16(),
+        unavailable_body = yaml_single_quoted(&GatewayError::PickerUnavailable.body()),
         retries = plan.fallbacks,
         lb = LB_NAMESPACE,
     );
@@ -295,6 +317,11 @@ fn socket_address(addr: SocketAddr) -> String {
     )
 }
 
+/// The inside of a single-quoted YAML scalar (quotes doubled).
+fn yaml_single_quoted(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).replace('\'', "''")
+}
+
 fn seconds(ms: u64) -> String {
     if ms % 1000 == 0 {
         format!("{}s", ms / 1000)
@@ -328,6 +355,7 @@ mod tests {
         assert!(yaml.contains("- key: x-gateway-destination-endpoint-served\n"));
         assert!(yaml.contains("failure_mode_allow: false"));
         assert!(yaml.contains("response_trailer_mode: SEND"));
+        assert!(yaml.contains(r#"inline_string: '{"error":{"message":"the endpoint picker is unavailable","type":"gateway_error","code":"picker_unavailable"}}'"#));
         assert!(yaml.contains("num_retries: 2"));
         assert!(yaml.contains("stream_idle_timeout: 300.500s"));
         assert!(!yaml.contains("admin:"));
