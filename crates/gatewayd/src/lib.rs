@@ -14,6 +14,8 @@
 //! - `routing`: the routing step both front ends share (key, decision, load, metrics, telemetry);
 //! - `proxy`: the data plane (streaming, load guards that live as long as the response body, one
 //!   retry after a failed connect, OpenAI-shaped errors);
+//! - `picker`: Envoy's endpoint picker (ext_proc over gRPC; load held as long as the request's
+//!   ext_proc stream; docs/envoy.md);
 //! - `control`: metrics, the admin API and the telemetry websocket;
 //! - `telemetry`: the aggregator that owns telemetry data and publishes frames;
 //! - `upstream`: per-worker endpoints and pools of keep-alive connections;
