@@ -43,8 +43,9 @@ mod upstream;
 pub use admin::ConfigOverrides;
 pub use app::{RunningGateway, StartError, StartOptions, start};
 
-/// Internals that the fuzz tests drive directly. Not a stable API.
+/// Internals that the fuzz and allocation tests drive directly. Not a stable API.
 #[doc(hidden)]
 pub mod testing {
+    pub use crate::picker::probe::SessionProbe;
     pub use crate::proxy::request::strip_hop_by_hop;
 }

@@ -5,11 +5,14 @@
 //!
 //! Files: `plane` (the narrow handle), `service` (the gRPC service and a stream's answers),
 //! `session` (one request's state machine), `messages` (the protocol's messages), `endpoints`
-//! (workers' addresses and the answer's endpoint list).
+//! (workers' addresses and the answer's endpoint list), `probe` (a session without a server, for
+//! the allocation test).
 
 mod endpoints;
 pub mod messages;
 pub mod plane;
+#[doc(hidden)]
+pub mod probe;
 mod service;
 mod session;
 
