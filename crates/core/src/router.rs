@@ -256,11 +256,11 @@ impl Router {
             let guard = decision.worker.map(|w| table.workers[w].stats.acquire());
             (decision, guard)
         };
-        if decision.branch == Branch::ExplicitRoutingKeySpillover {
-            if let (Some(from), Some(to)) = (decision.preferred, decision.worker) {
-                table.workers[from].stats.record_spill_out();
-                table.workers[to].stats.record_spill_in();
-            }
+        if decision.branch == Branch::ExplicitRoutingKeySpillover
+            && let (Some(from), Some(to)) = (decision.preferred, decision.worker)
+        {
+            table.workers[from].stats.record_spill_out();
+            table.workers[to].stats.record_spill_in();
         }
         Routed {
             table,

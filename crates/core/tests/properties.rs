@@ -295,13 +295,14 @@ proptest! {
         let branch = if expected.is_some() { Branch::ImplicitRoutingKeyHit } else { Branch::NoHealthyWorkers };
         prop_assert_eq!(decision.branch, branch);
 
-        if !bounded && expected.is_some() {
-            if let Ok(explicit) = ExplicitKey::parse(&key) {
-                let decision = decide(&ring, &policy, &RoutingKey::Explicit(explicit), &fleet, 7, 7);
-                prop_assert_eq!(decision.worker, expected);
-                prop_assert_eq!(decision.branch, Branch::ExplicitRoutingKeyHit);
-                prop_assert!(decision.bound.is_none());
-            }
+        if !bounded
+            && expected.is_some()
+            && let Ok(explicit) = ExplicitKey::parse(&key)
+        {
+            let decision = decide(&ring, &policy, &RoutingKey::Explicit(explicit), &fleet, 7, 7);
+            prop_assert_eq!(decision.worker, expected);
+            prop_assert_eq!(decision.branch, Branch::ExplicitRoutingKeyHit);
+            prop_assert!(decision.bound.is_none());
         }
     }
 

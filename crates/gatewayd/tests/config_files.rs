@@ -111,10 +111,11 @@ fn the_reference_mentions_every_field() {
         if let Some(header) = line.strip_prefix('[') {
             section = header.trim_matches(|c| c == '[' || c == ']').to_owned();
             documented.push((String::new(), section.clone()));
-        } else if let Some((key, _)) = line.split_once(" = ") {
-            if !key.is_empty() && key.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
-                documented.push((section.clone(), key.to_owned()));
-            }
+        } else if let Some((key, _)) = line.split_once(" = ")
+            && !key.is_empty()
+            && key.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+        {
+            documented.push((section.clone(), key.to_owned()));
         }
     }
     let mut missing = Vec::new();

@@ -217,11 +217,9 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
     let requires_token = parts.control_plane.token.is_some();
     let admin = Arc::clone(&parts.admin);
     spawn_services(parts, listeners, &shutdown, &tasks);
-    if handle_signals {
-        if let Err(error) = signals::install(admin, shutdown.clone()) {
-            shutdown.cancel();
-            return Err(StartError::Signals(error));
-        }
+    if handle_signals && let Err(error) = signals::install(admin, shutdown.clone()) {
+        shutdown.cancel();
+        return Err(StartError::Signals(error));
     }
     match picker_addr {
         Some(picker_addr) => {
