@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use bch_core::routing_key::IMPLICIT_KEY_HEADERS;
 use clap::Args;
 
 use super::parse_addr;
@@ -54,6 +55,8 @@ pub struct EnvoyPlan {
     pub connect_timeout_ms: u64,
     /// Longest silence on a request's stream, ms.
     pub stream_idle_timeout_ms: u64,
+    /// The request and response headers the picker reads (lower case): Envoy sends it only these.
+    pub forwarded_headers: Vec<String>,
 }
 
 impl EnvoyPlan {
@@ -83,8 +86,32 @@ impl EnvoyPlan {
             fallbacks: config.picker.fallbacks,
             connect_timeout_ms: config.server.connect_timeout_ms,
             stream_idle_timeout_ms: config.server.stream_idle_timeout_ms,
+            forwarded_headers: forwarded_headers(&config),
         })
     }
+}
+
+/// The headers the picker reads: the routing headers (explicit key, target worker, the implicit
+/// keys' `Authorization`, `X-Forwarded-For`, `Cookie`), the declared body size, the response's
+/// status. Envoy sends only these, so it encodes and the picker decodes a handful of headers per
+/// request instead of all of them, and no other header (a credential, a session cookie's
+/// neighbours) leaves Envoy.
+fn forwarded_headers(config: &Config) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    let routing = [
+        config.routing.routing_key_header.to_ascii_lowercase(),
+        config.routing.target_worker_header.to_ascii_lowercase(),
+    ];
+    let fixed = IMPLICIT_KEY_HEADERS
+        .iter()
+        .chain(&["content-length", ":status"])
+        .map(|h| (*h).to_owned());
+    for name in routing.into_iter().chain(fixed) {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
 }
 
 /// Prints the bootstrap for `args` on stdout; errors (naming the field) on stderr, exit 1.
@@ -210,7 +237,11 @@ fn listener(yaml: &mut String, plan: &EnvoyPlan) {
                   untyped: [{lb}]
                 receiving_namespaces:
                   untyped: [{lb}]
-          - name: envoy.filters.http.router
+              # Only what the picker reads: the routing headers, the declared size, the status.
+              forward_rules:
+                allowed_headers:
+                  patterns:
+{allowed}          - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
 "#,
@@ -219,6 +250,11 @@ fn listener(yaml: &mut String, plan: &EnvoyPlan) {
         unavailable_body = yaml_single_quoted(&GatewayError::PickerUnavailable.body()),
         retries = plan.fallbacks,
         lb = LB_NAMESPACE,
+        allowed = plan
+            .forwarded_headers
+            .iter()
+            .map(|h| format!("                  - exact: \"{h}\"\n"))
+            .collect::<String>(),
     );
 }
 
@@ -343,6 +379,7 @@ mod tests {
             fallbacks: 2,
             connect_timeout_ms: 2000,
             stream_idle_timeout_ms: 300_500,
+            forwarded_headers: forwarded_headers(&Config::default()),
         }
     }
 
@@ -355,6 +392,17 @@ mod tests {
         assert!(yaml.contains("- key: x-gateway-destination-endpoint-served\n"));
         assert!(yaml.contains("failure_mode_allow: false"));
         assert!(yaml.contains("response_trailer_mode: SEND"));
+        for header in [
+            "x-smg-routing-key",
+            "x-smg-target-worker",
+            "authorization",
+            ":status",
+        ] {
+            assert!(
+                yaml.contains(&format!("- exact: \"{header}\"\n")),
+                "{header}"
+            );
+        }
         assert!(yaml.contains(r#"inline_string: '{"error":{"message":"the endpoint picker is unavailable","type":"gateway_error","code":"picker_unavailable"}}'"#));
         assert!(yaml.contains("num_retries: 2"));
         assert!(yaml.contains("stream_idle_timeout: 300.500s"));
