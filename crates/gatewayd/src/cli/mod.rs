@@ -1,6 +1,7 @@
 //! The command line: clap types and dispatch. Without a subcommand gatewayd runs the proxy (or
 //! `--demo`); `check-config FILE` validates a file; `explain` is the offline what-if.
 
+mod addr;
 mod envoy_config;
 mod explain;
 
@@ -14,6 +15,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::app::{StartOptions, init_logging};
 use crate::config::{Config, LogFormat, WorkerConfig};
+use addr::parse_addr;
 use envoy_config::EnvoyConfigArgs;
 use explain::{ExplainArgs, parse_policy};
 
@@ -93,12 +95,6 @@ pub struct RunArgs {
     /// How many simulated workers the demo starts (1 to 64).
     #[arg(long, default_value_t = 4, requires = "demo")]
     pub demo_workers: usize,
-}
-
-fn parse_addr(s: &str) -> Result<SocketAddr, String> {
-    s.parse().map_err(|_| {
-        format!("expected IP:PORT such as 127.0.0.1:8080 (host names are not resolved), got {s:?}")
-    })
 }
 
 /// Runs the parsed command line.

@@ -28,7 +28,7 @@ pub struct SessionProbe {
 
 impl SessionProbe {
     /// A picker as `config` describes it (validated first; the error names the field).
-    pub fn new(config: &Config) -> Result<Self, crate::StartError> {
+    pub fn new(config: &Config) -> anyhow::Result<Self> {
         config.validate()?;
         let members = config.members()?;
         let router = Arc::new(Router::new(
