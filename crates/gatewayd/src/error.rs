@@ -1,7 +1,7 @@
 //! The one error type of gatewayd's answers: every refusal the gateway itself produces, on the data
-//! plane (413, 502, 503, 504, the connection-limit 503, the `event: error` that ends a broken SSE
-//! stream) and on the control plane (400, 401, 404, 409), with its HTTP status and its OpenAI error
-//! body `{"error":{"message","type","code"}}`.
+//! plane (400, 405, 408, 413, 502, 503, 504, 508, the connection-limit 503, the `event: error` that
+//! ends a broken SSE stream) and on the control plane (400, 401, 403, 404, 405, 409, 413, 415),
+//! with its HTTP status and its OpenAI error body `{"error":{"message","type","code"}}`.
 //!
 //! Clients of an OpenAI-compatible server already parse that body, so a gateway refusal reads like
 //! a server error to them. `type` says which side answered: `gateway_error` for the data plane,
@@ -29,6 +29,12 @@ pub enum GatewayError {
     /// No healthy worker can take the request (503).
     #[error("no healthy worker can take the request")]
     NoHealthyWorkers,
+    /// No worker is registered at all (503, the same `code` as [`GatewayError::NoHealthyWorkers`]):
+    /// no static worker, and discovery found none.
+    #[error(
+        "no worker is registered: no static worker is configured and DNS discovery has found none"
+    )]
+    NoWorkers,
     /// The target worker header named an unknown or unhealthy worker (503; never a fall-through).
     #[error("the target worker is unknown or unhealthy")]
     TargetWorkerMiss,
@@ -51,6 +57,58 @@ pub enum GatewayError {
         /// The worker's name.
         worker: String,
     },
+    /// The worker answered with something that is not HTTP (a garbage status line, a header over
+    /// hyper's limits, conflicting lengths) (502); `reason` is the parser's.
+    #[error("worker {worker} sent an invalid response: {reason}")]
+    WorkerBadResponse {
+        /// The worker's name.
+        worker: String,
+        /// What was wrong, from the HTTP parser.
+        reason: String,
+    },
+    /// The worker's response body broke (or stayed silent past `stream_idle_timeout_ms`) before
+    /// its first byte, while a status could still be sent (502).
+    #[error(
+        "worker {worker} sent response headers but no body: it broke the response or fell silent before the first byte"
+    )]
+    UpstreamBodyBroken {
+        /// The worker's name.
+        worker: String,
+    },
+    /// The client's request body ended before its declared end: the client closed the connection
+    /// (400; usually nobody reads it).
+    #[error("the request body ended before it was complete (the client closed the connection)")]
+    IncompleteRequestBody,
+    /// The client's request body is malformed, such as an invalid chunked encoding (400).
+    #[error("the request body is malformed: {0}")]
+    InvalidRequestBody(String),
+    /// The client's request body did not arrive in full within `request_body_timeout_ms` (408).
+    #[error("the request body did not arrive within {timeout_ms} ms")]
+    RequestBodyTimeout {
+        /// The timeout in force, ms.
+        timeout_ms: u64,
+    },
+    /// An HTTP/1.1 request without `Host` (400, RFC 9112 §3.2).
+    #[error("HTTP/1.1 requests must carry a Host header")]
+    MissingHost {
+        /// Which plane refused it, for the error `type`.
+        control_plane: bool,
+    },
+    /// A header that must appear at most once appeared more often (400): the gateway reads the
+    /// first, a component behind it might read another.
+    #[error("header {0} appears more than once; send it once")]
+    RepeatedHeader(String),
+    /// `CONNECT` on the data plane (405): gatewayd forwards requests, it opens no tunnels.
+    #[error(
+        "CONNECT is not supported: gatewayd forwards HTTP requests to workers and opens no tunnels"
+    )]
+    TunnelNotSupported,
+    /// The request already passed through this gateway (its `Via` names it): a worker URL leads
+    /// back here (508).
+    #[error(
+        "the request already passed through this gateway (its Via header names it): a worker URL leads back to the gateway"
+    )]
+    LoopDetected,
     /// The worker sent no response headers within `first_byte_timeout_ms` (504).
     #[error("worker {worker} sent no response headers within {timeout_ms} ms")]
     FirstByteTimeout {
@@ -75,6 +133,24 @@ pub enum GatewayError {
     /// The control plane needs a bearer token and the request had none or a wrong one (401).
     #[error("missing or wrong bearer token")]
     Unauthorized,
+    /// A tokenless control plane was addressed by a name that is not its own (403): DNS rebinding.
+    #[error("{0}")]
+    HostNotAllowed(String),
+    /// A browser sent the request from a page whose origin is not allowed (403).
+    #[error("{0}")]
+    OriginNotAllowed(String),
+    /// A control plane request with a body that is not declared `application/json` (415).
+    #[error("control plane requests with a body take JSON: send Content-Type: application/json")]
+    UnsupportedMediaType,
+    /// The control endpoint exists but not for this method (405).
+    #[error("this control endpoint does not take this method (see the Allow header)")]
+    MethodNotAllowed,
+    /// A control plane request body over its limit (413).
+    #[error("control plane request bodies are limited to {limit} bytes")]
+    ControlBodyTooLarge {
+        /// The limit, bytes.
+        limit: usize,
+    },
     /// A control request body is not the JSON the endpoint takes (400); the message names the field.
     #[error("{0}")]
     InvalidJson(String),
@@ -84,6 +160,9 @@ pub enum GatewayError {
     /// A worker clashes with a registered one (409): same name, URL or ring identity.
     #[error("{0}")]
     WorkerConflict(String),
+    /// `DELETE` of a worker that DNS discovery found (409): it would come back on the next refresh.
+    #[error("{0}")]
+    DiscoveredWorker(String),
     /// No worker has this name (404).
     #[error("no worker named {0:?}")]
     UnknownWorker(String),
@@ -117,8 +196,27 @@ impl GatewayError {
     /// The HTTP status this refusal is answered with.
     pub fn status(&self) -> StatusCode {
         match self {
-            GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::PayloadTooLarge { .. } | GatewayError::ControlBodyTooLarge { .. } => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
+            GatewayError::IncompleteRequestBody
+            | GatewayError::InvalidRequestBody(_)
+            | GatewayError::MissingHost { .. }
+            | GatewayError::RepeatedHeader(_) => StatusCode::BAD_REQUEST,
+            GatewayError::RequestBodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            GatewayError::TunnelNotSupported | GatewayError::MethodNotAllowed => {
+                StatusCode::METHOD_NOT_ALLOWED
+            }
+            GatewayError::LoopDetected => StatusCode::LOOP_DETECTED,
+            GatewayError::HostNotAllowed(_) | GatewayError::OriginNotAllowed(_) => {
+                StatusCode::FORBIDDEN
+            }
+            GatewayError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            GatewayError::WorkerBadResponse { .. } | GatewayError::UpstreamBodyBroken { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
             GatewayError::NoHealthyWorkers
+            | GatewayError::NoWorkers
             | GatewayError::TargetWorkerMiss
             | GatewayError::TooManyConnections
             | GatewayError::PickerUnavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -135,15 +233,34 @@ impl GatewayError {
             | GatewayError::InvalidQuery(_)
             | GatewayError::InvalidRoutingKey(_)
             | GatewayError::InvalidConfig(_) => StatusCode::BAD_REQUEST,
-            GatewayError::WorkerConflict(_) | GatewayError::NoConfigFile(_) => StatusCode::CONFLICT,
+            GatewayError::WorkerConflict(_)
+            | GatewayError::DiscoveredWorker(_)
+            | GatewayError::NoConfigFile(_) => StatusCode::CONFLICT,
         }
     }
 
     /// The stable, machine-readable `code` of the OpenAI error body.
     pub fn code(&self) -> &'static str {
         match self {
-            GatewayError::PayloadTooLarge { .. } => "payload_too_large",
-            GatewayError::NoHealthyWorkers => "no_healthy_workers",
+            GatewayError::PayloadTooLarge { .. } | GatewayError::ControlBodyTooLarge { .. } => {
+                "payload_too_large"
+            }
+            GatewayError::WorkerBadResponse { .. } => "invalid_worker_response",
+            GatewayError::UpstreamBodyBroken { .. } => "upstream_stream_error",
+            GatewayError::IncompleteRequestBody => "incomplete_request_body",
+            GatewayError::InvalidRequestBody(_) => "invalid_request_body",
+            GatewayError::RequestBodyTimeout { .. } => "request_body_timeout",
+            GatewayError::MissingHost { .. } => "missing_host",
+            GatewayError::RepeatedHeader(_) => "repeated_header",
+            GatewayError::TunnelNotSupported | GatewayError::MethodNotAllowed => {
+                "method_not_allowed"
+            }
+            GatewayError::LoopDetected => "loop_detected",
+            GatewayError::HostNotAllowed(_) => "host_not_allowed",
+            GatewayError::OriginNotAllowed(_) => "origin_not_allowed",
+            GatewayError::UnsupportedMediaType => "unsupported_media_type",
+            // One code for both: a client's handling is the same, the message tells them apart.
+            GatewayError::NoHealthyWorkers | GatewayError::NoWorkers => "no_healthy_workers",
             GatewayError::TargetWorkerMiss => "target_worker_miss",
             GatewayError::WorkerGone { .. } | GatewayError::BadUpstreamUri { .. } => {
                 "bad_worker_url"
@@ -158,6 +275,7 @@ impl GatewayError {
             GatewayError::InvalidJson(_) => "invalid_json",
             GatewayError::InvalidWorker(_) => "invalid_worker",
             GatewayError::WorkerConflict(_) => "worker_conflict",
+            GatewayError::DiscoveredWorker(_) => "worker_discovered",
             GatewayError::UnknownWorker(_) => "unknown_worker",
             GatewayError::InvalidPolicy(_) => "invalid_policy",
             GatewayError::InvalidQuery(_) => "invalid_query",
@@ -173,14 +291,26 @@ impl GatewayError {
         match self {
             GatewayError::PayloadTooLarge { .. }
             | GatewayError::NoHealthyWorkers
+            | GatewayError::NoWorkers
             | GatewayError::TargetWorkerMiss
             | GatewayError::WorkerGone { .. }
             | GatewayError::BadUpstreamUri { .. }
             | GatewayError::WorkerUnreachable { .. }
             | GatewayError::FirstByteTimeout { .. }
             | GatewayError::TooManyConnections
-            | GatewayError::PickerUnavailable
-            | GatewayError::UpstreamStreamError => "gateway_error",
+            | GatewayError::UpstreamStreamError
+            | GatewayError::WorkerBadResponse { .. }
+            | GatewayError::UpstreamBodyBroken { .. }
+            | GatewayError::IncompleteRequestBody
+            | GatewayError::InvalidRequestBody(_)
+            | GatewayError::RequestBodyTimeout { .. }
+            | GatewayError::MissingHost {
+                control_plane: false,
+            }
+            | GatewayError::RepeatedHeader(_)
+            | GatewayError::TunnelNotSupported
+            | GatewayError::LoopDetected
+            | GatewayError::PickerUnavailable => "gateway_error",
             _ => "control_error",
         }
     }

@@ -19,6 +19,7 @@
 //! - `control`: metrics, the admin API and the telemetry websocket;
 //! - `telemetry`: the aggregator that owns telemetry data and publishes frames;
 //! - `upstream`: per-worker endpoints and pools of keep-alive connections;
+//! - `discovery`: workers from DNS (SRV, A/AAAA), handed to the admin owner;
 //! - `health`: active probes; `server`: accept loops; `metrics`: Prometheus; `error`: the one
 //!   error type of gateway answers; `demo`: `gatewayd --demo` (cargo feature `demo`).
 #![forbid(unsafe_code)]
@@ -30,6 +31,7 @@ pub mod config;
 mod control;
 #[cfg(feature = "demo")]
 mod demo;
+mod discovery;
 mod error;
 mod health;
 mod metrics;

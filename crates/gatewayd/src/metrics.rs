@@ -5,8 +5,9 @@
 //! worker simply disappears from the next scrape. Branch counts are plain atomics for the same
 //! reason; only the two latency histograms take prometheus-client's short internal lock.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use bch_core::policy::Branch;
 use bch_core::router::Router;
@@ -19,11 +20,17 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// The `reason` labels of `bch_client_body_errors_total`: a request body that ended early (the
+/// client left), was malformed, went over `max_body_bytes`, or came too slowly.
+pub const CLIENT_BODY_ERROR_REASONS: [&str; 4] =
+    ["incomplete", "malformed", "too_large", "timeout"];
+
 /// Data-path metrics. Cheap to update: atomics, plus one histogram observation per response.
 #[derive(Debug)]
 pub struct Metrics {
     branches: [AtomicU64; Branch::ALL.len()],
     ignored_keys: [AtomicU64; IgnoredKey::ALL.len()],
+    client_body_errors: [AtomicU64; CLIENT_BODY_ERROR_REASONS.len()],
     retries: AtomicU64,
     rejected_connections: AtomicU64,
     telemetry_dropped: AtomicU64,
@@ -31,6 +38,56 @@ pub struct Metrics {
     pub request_duration: Histogram,
     /// Time until the worker's response headers arrived, seconds.
     pub time_to_first_byte: Histogram,
+    /// DNS discovery's counters, per source (never touched by the data path).
+    pub discovery: Arc<DiscoveryMetrics>,
+}
+
+/// Counters of one discovery source.
+#[derive(Debug, Default)]
+pub struct SourceCounters {
+    refreshes: AtomicU64,
+    errors: AtomicU64,
+    skipped_records: AtomicU64,
+}
+
+impl SourceCounters {
+    /// Counts one finished resolution, whatever its outcome.
+    pub fn record_refresh(&self) {
+        self.refreshes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one failed resolution (resolver error, timeout, SERVFAIL or another error code).
+    pub fn record_error(&self) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records how many records the last answer had that could not be used.
+    pub fn set_skipped_records(&self, count: usize) {
+        self.skipped_records.store(count as u64, Ordering::Relaxed);
+    }
+}
+
+/// Every discovery source's counters by source label (`dns:NAME`). A source's counters live as
+/// long as the process, across reloads, so its counts stay monotonic.
+#[derive(Debug, Default)]
+pub struct DiscoveryMetrics {
+    sources: Mutex<BTreeMap<String, Arc<SourceCounters>>>,
+}
+
+impl DiscoveryMetrics {
+    /// The counters of the source labelled `label`, created on first use.
+    pub fn source(&self, label: &str) -> Arc<SourceCounters> {
+        let mut sources = self.sources.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(sources.entry(label.to_owned()).or_default())
+    }
+
+    fn snapshot(&self) -> Vec<(String, Arc<SourceCounters>)> {
+        let sources = self.sources.lock().unwrap_or_else(PoisonError::into_inner);
+        sources
+            .iter()
+            .map(|(label, counters)| (label.clone(), Arc::clone(counters)))
+            .collect()
+    }
 }
 
 impl Default for Metrics {
@@ -38,12 +95,14 @@ impl Default for Metrics {
         Self {
             branches: Default::default(),
             ignored_keys: Default::default(),
+            client_body_errors: Default::default(),
             retries: AtomicU64::new(0),
             rejected_connections: AtomicU64::new(0),
             telemetry_dropped: AtomicU64::new(0),
             // 1 ms .. ~16 min: LLM requests range from instant cache hits to long generations.
             request_duration: Histogram::new(exponential_buckets(0.001, 2.0, 20)),
             time_to_first_byte: Histogram::new(exponential_buckets(0.001, 2.0, 20)),
+            discovery: Arc::default(),
         }
     }
 }
@@ -58,6 +117,14 @@ impl Metrics {
     /// Counts an explicit routing key header that was ignored.
     pub fn record_ignored_key(&self, reason: IgnoredKey) {
         self.ignored_keys[reason.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request body that failed on the client's side, by `reason` (one of
+    /// [`CLIENT_BODY_ERROR_REASONS`]; others are not counted).
+    pub fn record_client_body_error(&self, reason: &str) {
+        if let Some(index) = CLIENT_BODY_ERROR_REASONS.iter().position(|r| *r == reason) {
+            self.client_body_errors[index].fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Counts a retry on the next worker after a failed connect.
@@ -152,6 +219,17 @@ impl Collector for GatewayCollector {
         )?;
         counter(
             &mut encoder,
+            "bch_client_body_errors",
+            "Request bodies that failed on the client's side (never counted against a worker), by reason",
+            CLIENT_BODY_ERROR_REASONS.iter().enumerate().map(|(i, r)| {
+                (
+                    vec![("reason", (*r).to_owned())],
+                    m.client_body_errors[i].load(Ordering::Relaxed),
+                )
+            }),
+        )?;
+        counter(
+            &mut encoder,
             "bch_retries",
             "Requests retried on the next worker after a failed connect",
             [(vec![], m.retries.load(Ordering::Relaxed))],
@@ -203,7 +281,7 @@ impl Collector for GatewayCollector {
             ),
             (
                 "bch_worker_errors",
-                "Requests to the worker that ended in a gateway-side error",
+                "Requests to the worker that ended in an error of the worker or the way to it (never the client's)",
                 bch_core::load::WorkerStats::errors_total,
             ),
         ] {
@@ -214,7 +292,62 @@ impl Collector for GatewayCollector {
                 (0..workers.len()).map(|i| (label(i), read(&workers[i].stats))),
             )?;
         }
-        Ok(())
+        self.encode_discovery(&mut encoder, workers)
+    }
+}
+
+impl GatewayCollector {
+    /// Workers per source (`static` and every `dns:NAME`), and each discovery source's counters.
+    fn encode_discovery(
+        &self,
+        encoder: &mut DescriptorEncoder,
+        workers: &[bch_core::router::Worker],
+    ) -> Result<(), std::fmt::Error> {
+        let sources = self.metrics.discovery.snapshot();
+        let mut per_source: BTreeMap<String, i64> = sources
+            .iter()
+            .map(|(label, _)| (label.clone(), 0))
+            .collect();
+        per_source.insert("static".to_owned(), 0);
+        for worker in workers {
+            *per_source
+                .entry(worker.spec.source.label().into_owned())
+                .or_default() += 1;
+        }
+        let source = |label: &str| vec![("source", label.to_owned())];
+        gauge(
+            encoder,
+            "bch_discovery_workers",
+            "Workers in the membership by source (static, or the dns:NAME that found them)",
+            per_source.iter().map(|(label, n)| (source(label), *n)),
+        )?;
+        counter(
+            encoder,
+            "bch_discovery_refreshes",
+            "DNS resolutions of a discovery source, whatever their outcome",
+            sources
+                .iter()
+                .map(|(label, c)| (source(label), c.refreshes.load(Ordering::Relaxed))),
+        )?;
+        counter(
+            encoder,
+            "bch_discovery_errors",
+            "DNS resolutions of a discovery source that failed (error, timeout, SERVFAIL); the last good set was kept",
+            sources
+                .iter()
+                .map(|(label, c)| (source(label), c.errors.load(Ordering::Relaxed))),
+        )?;
+        gauge(
+            encoder,
+            "bch_discovery_skipped_records",
+            "Records of the last answer that were skipped (port 0, no address, duplicate address)",
+            sources.iter().map(|(label, c)| {
+                (
+                    source(label),
+                    c.skipped_records.load(Ordering::Relaxed) as i64,
+                )
+            }),
+        )
     }
 }
 

@@ -1,13 +1,16 @@
 //! Accept loops: HTTP/1.1 connections served by hyper with a header read timeout, an optional
-//! connection cap, and graceful shutdown. They know nothing of what they serve: the composition
-//! root hands each loop a service.
+//! connection cap, a bound on clients that stop reading ([`WriteStallGuard`]), and graceful
+//! shutdown. They know nothing of what they serve: the composition root hands each loop a service.
 //!
 //! Connections are served by hyper directly rather than `axum::serve` because the data plane needs
 //! a connection cap with a clean 503 and a header read timeout (slow-loris protection), and both
 //! planes need to drain in-flight requests on shutdown.
 
 use std::convert::Infallible;
+use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,9 +20,10 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::Service;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio::time::Sleep;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -37,10 +41,14 @@ pub struct Listening {
 }
 
 /// A cap on concurrent connections: a connection over it is answered `response` (complete raw
-/// HTTP bytes) and closed, and `on_reject` is called (to count it).
+/// HTTP bytes) and closed, and `on_reject` is called (to count it); and how long a client may
+/// leave its connection's writes blocked.
 pub struct ConnectionCap {
     /// Most concurrent connections.
     pub max_connections: usize,
+    /// Longest time a write to the client may stay blocked (the client does not read); then the
+    /// connection fails, which ends whatever it was streaming.
+    pub write_stall_timeout: Duration,
     /// The whole answer written to a refused connection.
     pub response: Bytes,
     /// Called once per refused connection.
@@ -80,6 +88,7 @@ pub async fn serve_capped<S, B>(
             listening.tasks.spawn(refuse(stream, cap.response.clone()));
             continue;
         };
+        let stream = WriteStallGuard::new(stream, cap.write_stall_timeout);
         let connection = builder.serve_connection(TokioIo::new(stream), make_service());
         let shutdown = listening.shutdown.clone();
         listening.tasks.spawn(async move {
@@ -124,6 +133,114 @@ pub async fn serve_upgradable<S, B>(
                 }
             }
         });
+    }
+}
+
+/// A client connection whose writes fail once they have been blocked for longer than a limit.
+///
+/// Back-pressure is not idleness: a streamed response whose client stopped reading is never
+/// silent on the worker's side, so no idle timeout ends it, and the worker keeps its batch slot
+/// and KV cache for a reader that may never come back. Any write that makes progress resets the
+/// clock; the timer is only armed once a write blocks.
+pub struct WriteStallGuard {
+    io: TcpStream,
+    limit: Duration,
+    /// Whether the last write attempt blocked (the timer runs since then).
+    blocked: bool,
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl WriteStallGuard {
+    /// `io`, whose writes may stay blocked for at most `limit`.
+    pub fn new(io: TcpStream, limit: Duration) -> Self {
+        Self {
+            io,
+            limit,
+            blocked: false,
+            timer: None,
+        }
+    }
+
+    /// After a write returned `Pending`: `Pending` until the limit passes, then the error that
+    /// fails the connection.
+    fn stalled<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        if !self.blocked {
+            self.blocked = true;
+            let deadline = tokio::time::Instant::now() + self.limit;
+            match &mut self.timer {
+                Some(timer) => timer.as_mut().reset(deadline),
+                None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+        }
+        match self.timer.as_mut().map(|t| t.as_mut().poll(cx)) {
+            Some(Poll::Ready(())) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client stopped reading its response",
+            ))),
+            _ => Poll::Pending,
+        }
+    }
+
+    /// A write's result: bytes written are progress (the clock stops); `Pending` starts or
+    /// continues it.
+    fn progressed(
+        &mut self,
+        result: Poll<io::Result<usize>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<usize>> {
+        match result {
+            Poll::Pending => self.stalled(cx),
+            ready => {
+                self.blocked = false;
+                ready
+            }
+        }
+    }
+}
+
+impl AsyncRead for WriteStallGuard {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for WriteStallGuard {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.progressed(result, cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.progressed(result, cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    // A flush or shutdown says nothing about whether the client reads (a TCP flush is always
+    // done at once), so only writes move the stall clock.
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }
 

@@ -115,6 +115,18 @@ fn check_config_rejects_bad_files_naming_the_field_or_line() {
             "workers[1].name",
         ),
         ("[server]\nlisten = \"127.0.0.1:1\"\n\n[policy\n", "line 4"),
+        (
+            "[[workers]]\nurl = \"http://127.0.0.1:0\"\n",
+            "workers[0].url",
+        ),
+        (
+            "[[workers]]\nurl = \"http://127.0.0.1:99999\"\n",
+            "workers[0].url",
+        ),
+        (
+            "[[workers]]\nurl = \"http://127.0.0.1:1\"\n[[workers]]\nurl = \"HTTP://LOCALHOST:1/\"\n",
+            "workers[1].url",
+        ),
     ];
     for (text, needle) in cases {
         let file = TempFile::new(text);
@@ -137,6 +149,34 @@ fn check_config_rejects_bad_files_naming_the_field_or_line() {
         .unwrap();
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("cannot read"));
+}
+
+/// A worker URL with credentials is refused by the file check and by `--worker`, naming the field
+/// and never printing the password.
+#[test]
+fn credentials_in_worker_urls_are_refused_without_being_printed() {
+    let url = "http://operator:pa55-w0rd@127.0.0.1:1";
+    let file = TempFile::new(&format!("[[workers]]\nurl = \"{url}\"\n"));
+    let checked = gatewayd()
+        .arg("check-config")
+        .arg(file.path())
+        .output()
+        .unwrap();
+    let served = gatewayd()
+        .args(["--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0"])
+        .args(["--worker", url])
+        .output()
+        .unwrap();
+    for output in [checked, served] {
+        assert_eq!(output.status.code(), Some(1));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("workers[0].url"), "{stderr}");
+        assert!(stderr.contains("credentials"), "{stderr}");
+        assert!(!stderr.contains("pa55-w0rd"), "{stderr}");
+        assert!(
+            output.stdout.is_empty() || !String::from_utf8_lossy(&output.stdout).contains("pa55")
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -503,11 +503,13 @@ async fn workers_list_add_remove() {
             "healthy",
             "name",
             "requests_total",
+            "source",
             "spilled_in_total",
             "spilled_out_total",
             "url"
         ]
     );
+    assert_eq!(listed[0]["source"], "static");
     assert_eq!(listed[0]["name"], "a");
     assert_eq!(listed[0]["url"], a.url().as_str());
     assert_eq!(listed[0]["healthy"], true);
@@ -585,6 +587,87 @@ async fn workers_list_add_remove() {
             .unwrap();
         assert_eq!(response.status(), 404, "{name}");
         error_message(&response.json().await.unwrap());
+    }
+    gateway.shutdown().await;
+}
+
+/// Worker URLs the admin API refuses: credentials (without echoing them), ports outside
+/// 1..=65535, a fragment, another spelling of a registered backend, this gateway's own listeners,
+/// and names no client can address. Nothing is added; a different host or prefix is still a
+/// different worker.
+#[tokio::test]
+async fn bad_alias_and_looping_worker_urls_are_refused() {
+    let a = fake_worker("a").await;
+    let gateway = start(test_config(&[&a])).await;
+    let client = client();
+    let post = |body: Value| {
+        client
+            .post(control(&gateway, "/admin/workers"))
+            .json(&body)
+            .send()
+    };
+    let port = a.addr.port();
+    let refused = [
+        (
+            format!("http://user:s3cret@127.0.0.1:{port}"),
+            400,
+            "credentials",
+        ),
+        ("http://127.0.0.1:0".to_owned(), 400, "port"),
+        ("http://127.0.0.1:99999".to_owned(), 400, "port"),
+        ("http://127.0.0.1:65536".to_owned(), 400, "port"),
+        (format!("http://127.0.0.1:{port}/#frag"), 400, "fragment"),
+        (format!("HTTP://127.0.0.1:{port}"), 409, "same backend"),
+        (format!("http://127.0.0.1:{port}/"), 409, "same backend"),
+        (format!("http://localhost:{port}"), 409, "same backend"),
+        (format!("http://0x7f.1:{port}"), 409, "same backend"),
+        (format!("http://2130706433:{port}"), 409, "same backend"),
+        (
+            format!("http://[::ffff:127.0.0.1]:{port}"),
+            409,
+            "same backend",
+        ),
+        (format!("http://{}", gateway.data_addr), 400, "loop"),
+        (
+            format!("http://localhost:{}/v1", gateway.data_addr.port()),
+            400,
+            "loop",
+        ),
+        (format!("http://{}", gateway.control_addr), 400, "loop"),
+    ];
+    for (index, (url, status, needle)) in refused.iter().enumerate() {
+        let response = post(json!({"name": format!("w{index}"), "url": url}))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), *status, "{url}");
+        let message = error_message(&response.json().await.unwrap());
+        assert!(message.starts_with("url: "), "{url}: {message}");
+        assert!(message.contains(needle), "{url}: {message}");
+        assert!(!message.contains("s3cret"), "{url}: {message}");
+    }
+    for name in [".", ".."] {
+        let response = post(json!({"name": name, "url": "http://127.0.0.9:1"}))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "{name}");
+        assert!(error_message(&response.json().await.unwrap()).starts_with("name: "));
+    }
+    let listed = workers(&gateway).await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert!(
+        !listed
+            .iter()
+            .any(|w| w["url"].as_str().unwrap().contains("s3cret"))
+    );
+    // Not aliases: another loopback address, another path prefix. The ring identity stays the URL
+    // as written.
+    for (name, url) in [
+        ("other-host", format!("http://127.0.0.2:{port}")),
+        ("other-prefix", format!("http://127.0.0.1:{port}/v2/")),
+    ] {
+        let response = post(json!({"name": name, "url": url})).await.unwrap();
+        assert_eq!(response.status(), 201, "{url}");
+        assert_eq!(response.json::<Value>().await.unwrap()["url"], url.as_str());
     }
     gateway.shutdown().await;
 }
@@ -723,6 +806,17 @@ async fn explain_answers_without_reserving_load() {
         // Not UTF-8 once decoded: the data plane ignores such a header, so explain refuses it too
         // rather than answering for a repaired key.
         "/admin/explain?routing_key=%FF%FE",
+        // Bytes no header can carry, so no request has such a key; a repeated parameter would
+        // explain one of two keys.
+        "/admin/explain?routing_key=a%00b",
+        "/admin/explain?routing_key=a%0D%0Ax-smg-target-worker:%20b",
+        "/admin/explain?routing_key=a%0Ab",
+        "/admin/explain?routing_key=%20padded",
+        "/admin/explain?routing_key=a%00b&explicit=false",
+        "/admin/explain?target_worker=a%0D%0A",
+        "/admin/explain?routing_key=one&routing_key=two",
+        "/admin/explain?routing_key=k&explicit=true&explicit=false",
+        "/admin/explain?target_worker=a&target_worker=b",
     ] {
         let response = client.get(control(&gateway, bad)).send().await.unwrap();
         assert_eq!(response.status(), 400, "{bad}");

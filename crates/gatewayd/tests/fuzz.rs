@@ -17,7 +17,7 @@ use std::time::Duration;
 use bch_core::policy::{PolicyPatch, PolicySettings};
 use bch_core::routing_key::{self, MAX_EXPLICIT_KEY_BYTES, RoutingHeaders, RoutingKey};
 use bch_core::telemetry::ClientCommand;
-use gatewayd::config::{Config, WorkerUrl};
+use gatewayd::config::{Config, WorkerUrl, WorkerUrlError};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use proptest::prelude::*;
 
@@ -56,6 +56,7 @@ fn toml_value() -> impl Strategy<Value = String> {
         Just("\"127.0.0.1:0\"".to_owned()),
         Just("\"bounded_consistent_hashing\"".to_owned()),
         Just("[]".to_owned()),
+        Just("[\"http://console.example:3000\", \"\"]".to_owned()),
         Just("{}".to_owned()),
         "\\PC{0,12}".prop_map(|s| format!("{s:?}")),
     ]
@@ -75,6 +76,11 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "first_byte_timeout_ms",
             "stream_idle_timeout_ms",
             "shutdown_grace_ms",
+            "request_body_timeout_ms",
+            "client_stall_timeout_ms",
+            "upstream_idle_timeout_ms",
+            "control_allowed_hosts",
+            "control_allowed_origins",
         ],
     ),
     ("routing", &["routing_key_header", "target_worker_header"]),
@@ -181,6 +187,13 @@ proptest! {
             Ok(parsed) => {
                 let pq = path.parse().unwrap();
                 let _ = parsed.join(Some(&pq));
+            }
+            // Credentials are the one thing an error never quotes: the URL appears with them
+            // replaced by `***`.
+            Err(WorkerUrlError::Credentials(redacted)) => {
+                let start = url.find("//").map_or(0, |i| i + 2);
+                prop_assert!(redacted[start..].starts_with("***@"), "{}", redacted);
+                prop_assert!(url.ends_with(&redacted[start + 3..]), "{}", redacted);
             }
             Err(error) => prop_assert!(error.to_string().contains(&format!("{url:?}")), "{}", error),
         }
@@ -475,12 +488,13 @@ proptest! {
     fn live_admin_inputs(body in any_text(), query in "[a-z_=&%0-9A-F+.-]{0,40}") {
         let live = live();
         let request = format!(
-            "PUT /admin/policy HTTP/1.1\r\nhost: fuzz\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            "PUT /admin/policy HTTP/1.1\r\nhost: {}\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            live.control,
             body.len()
         );
         let status = exchange(live.control, request.as_bytes()).expect("an answer");
         prop_assert!(status == 200 || status == 400 || status == 422, "PUT status {}", status);
-        let request = format!("GET /admin/explain?{query} HTTP/1.1\r\nhost: fuzz\r\nconnection: close\r\n\r\n");
+        let request = format!("GET /admin/explain?{query} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n\r\n", live.control);
         let status = exchange(live.control, request.as_bytes()).expect("an answer");
         prop_assert!(status == 200 || status == 400, "explain status {}", status);
         let policy = *live.gateway.routing_table().policy();

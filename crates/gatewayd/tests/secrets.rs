@@ -1,7 +1,8 @@
-//! Secrets drill (docs/reliability.md): an `Authorization` or `Cookie` value sent by a client, the admin token
-//! and a wrong token presented to the control plane never appear in the logs (every level, text and
-//! JSON), the metrics, the telemetry frames or the gateway's error bodies — on success and on every
-//! error path (502, 503, 504, 413, 401, a broken stream).
+//! Secrets drill (docs/reliability.md): an `Authorization` or `Cookie` value sent by a client, the
+//! admin token, a wrong token presented to the control plane and the password in a refused worker
+//! URL never appear in the logs (every level, text and JSON), the metrics, the telemetry frames or
+//! the gateway's error bodies — on success and on every error path (502, 503, 504, 413, 401, 400,
+//! a broken stream).
 //!
 //! This binary owns the global tracing subscriber: everything logged at TRACE goes into a buffer.
 
@@ -21,7 +22,14 @@ const AUTH_SECRET: &str = "AUTHSECRET-4f9a0c";
 const COOKIE_SECRET: &str = "COOKIESECRET-77e1b2";
 const ADMIN_SECRET: &str = "ADMINTOKEN-SECRET-d00d";
 const WRONG_SECRET: &str = "WRONGTOKEN-SECRET-beef";
-const SECRETS: [&str; 4] = [AUTH_SECRET, COOKIE_SECRET, ADMIN_SECRET, WRONG_SECRET];
+const WORKER_SECRET: &str = "WORKERPASS-SECRET-f00d";
+const SECRETS: [&str; 5] = [
+    AUTH_SECRET,
+    COOKIE_SECRET,
+    ADMIN_SECRET,
+    WRONG_SECRET,
+    WORKER_SECRET,
+];
 
 /// A data-plane request: method, path, one extra header, body.
 type Case = (
@@ -234,9 +242,20 @@ async fn credentials_never_leak() {
         .unwrap();
     assert_eq!(explained.status(), 200);
     error_bodies.push(explained.text().await.unwrap());
+    // A worker URL with credentials is refused; the password shows up nowhere.
+    let with_credentials = http
+        .post(format!("{control}/admin/workers"))
+        .header("authorization", &admin)
+        .json(&serde_json::json!({"url": format!("http://llm:{WORKER_SECRET}@{}", a.addr)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(with_credentials.status(), 400);
+    error_bodies.push(with_credentials.text().await.unwrap());
     let bad_policy = http
         .put(format!("{control}/admin/policy"))
         .header("authorization", &admin)
+        .header("content-type", "application/json")
         .header("cookie", &cookie)
         .body(format!(r#"{{"max_load_skew":"{COOKIE_SECRET}"}}"#))
         .send()
@@ -303,7 +322,7 @@ async fn credentials_never_leak() {
     eprintln!(
         "DRILL secrets: requests={} statuses={statuses:?} error_bodies={} log_bytes={} metrics_bytes={} frame_bytes={} \
          secrets_found=0 (a PUT whose bad value is itself a secret echoes it back to its own sender: {})",
-        statuses.len() + 8,
+        statuses.len() + 9,
         error_bodies.len(),
         log.len(),
         metrics.len(),

@@ -47,6 +47,10 @@ enum After {
     /// Waits, idle, until [`RawWorker::close_idle`], then closes the socket (a worker's keep-alive
     /// timeout), without having said it would.
     CloseWhenTold,
+    /// Keeps the connection, but a request that arrives after it sat idle this long is not
+    /// answered: the socket closes (a worker's keep-alive timer firing just as the request comes
+    /// in — the race no check before sending can see).
+    ExpireIdle(Duration),
 }
 
 struct Reply {
@@ -248,12 +252,21 @@ async fn serve(mut stream: TcpStream, connection: usize, respond: Responder, cou
     } = counters;
     close_idle.mark_unchanged();
     let mut buf = Vec::new();
+    let mut expires: Option<(std::time::Instant, Duration)> = None;
     loop {
         let Some(head_end) = fill_until(&mut stream, &mut buf, b"\r\n\r\n").await else {
             closed.fetch_add(1, Ordering::SeqCst);
             notify.notify_waiters();
             return;
         };
+        if let Some((since, limit)) = expires
+            && since.elapsed() >= limit
+        {
+            drop(stream);
+            closed_by_worker.fetch_add(1, Ordering::SeqCst);
+            notify.notify_waiters();
+            return;
+        }
         let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
         buf.drain(..head_end);
         let mut lines = head.split("\r\n");
@@ -338,6 +351,7 @@ async fn serve(mut stream: TcpStream, connection: usize, respond: Responder, cou
         }
         match reply.after {
             After::KeepAlive => {}
+            After::ExpireIdle(limit) => expires = Some((std::time::Instant::now(), limit)),
             After::Close => return,
             After::Linger => {
                 std::future::pending::<()>().await;
@@ -733,4 +747,176 @@ async fn a_cut_event_stream_ends_with_an_error_event() {
     assert_eq!(get(&gateway, "/next").await, (200, b"ok".to_vec()));
     assert_eq!(worker.garbage.load(Ordering::SeqCst), 0);
     gateway.shutdown().await;
+}
+
+/// A worker that answers with something that is not HTTP gets the client a 502 that says so, not
+/// "could not be reached"; the error counts against the worker.
+#[tokio::test]
+async fn malformed_worker_responses_say_what_happened() {
+    let worker = RawWorker::start("w", |request| {
+        let bytes: Vec<u8> = match request.target.as_str() {
+            "/garbage" => b"NOT HTTP AT ALL\r\n\r\n".to_vec(),
+            "/huge-head" => format!(
+                "HTTP/1.1 200 OK\r\nx-big: {}\r\ncontent-length: 2\r\n\r\nok",
+                "a".repeat(1 << 20)
+            )
+            .into_bytes(),
+            "/two-lengths" => {
+                b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 5\r\n\r\nhello".to_vec()
+            }
+            _ => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec(),
+        };
+        Reply {
+            bytes,
+            after: if request.target == "/fine" {
+                After::KeepAlive
+            } else {
+                After::Close
+            },
+            read_body: true,
+        }
+    })
+    .await;
+    let gateway = start(config_for(&[("w", worker.url())])).await;
+    for (path, needle) in [
+        ("/garbage", "invalid"),
+        ("/huge-head", "too large"),
+        ("/two-lengths", "content-length"),
+    ] {
+        let (status, body) = get(&gateway, path).await;
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(status, 502, "{path}: {json}");
+        assert_eq!(json["error"]["code"], "invalid_worker_response", "{path}");
+        let message = json["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("worker w sent an invalid response: "),
+            "{message}"
+        );
+        assert!(message.contains(needle), "{path}: {message}");
+    }
+    assert_eq!(get(&gateway, "/fine").await, (200, b"ok".to_vec()));
+    assert_eq!(gateway.routing_table().workers()[0].stats.errors_total(), 3);
+    assert_eq!(wait_all_idle(&gateway).await, vec![("w".to_owned(), 0)]);
+    gateway.shutdown().await;
+}
+
+/// A response framed by `Transfer-Encoding: chunked` that also says `Content-Length: 3`: the body
+/// is the chunked one, and the `Content-Length` is dropped (RFC 9112 §6.3), so the client gets
+/// "hello", not "hel". The connection, read to its end, is reused.
+#[tokio::test]
+async fn content_length_beside_chunked_is_dropped() {
+    let worker = RawWorker::start("w", |_| {
+        Reply::keep_alive(
+            "HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        )
+    })
+    .await;
+    let gateway = start(config_for(&[("w", worker.url())])).await;
+    for _ in 0..2 {
+        let response = client()
+            .get(format!("http://{}/both", gateway.data_addr))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert_ne!(
+            response
+                .headers()
+                .get("content-length")
+                .map(|v| v.as_bytes()),
+            Some(&b"3"[..])
+        );
+        assert_eq!(&response.bytes().await.unwrap()[..], b"hello");
+        assert_eq!(wait_all_idle(&gateway).await, vec![("w".to_owned(), 0)]);
+    }
+    assert_eq!(worker.garbage.load(Ordering::SeqCst), 0);
+    assert_eq!(worker.data_connections(), 1);
+    gateway.shutdown().await;
+}
+
+/// A body that is not an event stream and breaks before its first byte (the worker sent a head,
+/// then closed): the head was never sent on, so the client gets a 502 instead of a connection cut
+/// to nothing. A body that breaks after some bytes is still cut (its status is out by then).
+#[tokio::test]
+async fn a_body_that_breaks_before_its_first_byte_gets_a_502() {
+    let worker = RawWorker::start("w", |request| {
+        let bytes: &[u8] = match request.target.as_str() {
+            "/no-body" => b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n",
+            "/no-chunk" => b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n",
+            _ => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        };
+        Reply {
+            bytes: bytes.to_vec(),
+            after: if request.target.starts_with("/no-") {
+                After::Close
+            } else {
+                After::KeepAlive
+            },
+            read_body: true,
+        }
+    })
+    .await;
+    let gateway = start(config_for(&[("w", worker.url())])).await;
+    for path in ["/no-body", "/no-chunk"] {
+        let (status, body) = get(&gateway, path).await;
+        let json: serde_json::Value = serde_json::from_slice(&body)
+            .unwrap_or_else(|e| panic!("{path}: {e}: {:?}", String::from_utf8_lossy(&body)));
+        assert_eq!(status, 502, "{path}");
+        assert_eq!(json["error"]["code"], "upstream_stream_error", "{path}");
+        assert!(
+            json["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("worker w")
+        );
+        assert_eq!(wait_all_idle(&gateway).await, vec![("w".to_owned(), 0)]);
+    }
+    assert_eq!(gateway.routing_table().workers()[0].stats.errors_total(), 2);
+    assert_eq!(get(&gateway, "/next").await, (200, b"ok".to_vec()));
+    gateway.shutdown().await;
+}
+
+/// A worker that closes keep-alive connections idle for 300 ms, at the moment the next request
+/// arrives on one (its keep-alive timer firing as the request comes in: nothing the gateway checks
+/// before sending can see it, and the request, once written, cannot be proven unsent). With
+/// pooled connections retired after 200 ms the gateway never sends on such a connection.
+#[tokio::test]
+async fn pooled_connections_are_retired_before_the_workers_idle_timeout() {
+    let worker = RawWorker::start("w", |_| Reply {
+        bytes: b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec(),
+        after: After::ExpireIdle(Duration::from_millis(300)),
+        read_body: true,
+    })
+    .await;
+    let mut config = config_for(&[("w", worker.url())]);
+    config.server.upstream_idle_timeout_ms = 200;
+    let gateway = start(config).await;
+    for round in 1..=5 {
+        assert_eq!(
+            get(&gateway, "/v1/x").await,
+            (200, b"ok".to_vec()),
+            "round {round}"
+        );
+        assert_eq!(wait_all_idle(&gateway).await, vec![("w".to_owned(), 0)]);
+        // Idle time is what this test is about: the connection must sit longer than both limits.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    // Quick requests still share one connection.
+    for _ in 0..5 {
+        assert_eq!(get(&gateway, "/v1/y").await, (200, b"ok".to_vec()));
+    }
+    assert_eq!(
+        worker.closed_by_worker.load(Ordering::SeqCst),
+        0,
+        "never sent on an expiring connection"
+    );
+    // One per round (each found the previous one retired), one shared by the quick requests.
+    assert_eq!(worker.data_connections(), 6);
+    assert_eq!(gateway.routing_table().workers()[0].stats.errors_total(), 0);
+    assert!(config_default_idle() < Duration::from_secs(5));
+    gateway.shutdown().await;
+}
+
+fn config_default_idle() -> Duration {
+    Duration::from_millis(Config::default().server.upstream_idle_timeout_ms)
 }

@@ -1,6 +1,7 @@
 //! The workers panel: one load bar per worker, drawn against the bounded policy's two bounds
 //! (`│` at `min + min_load_gap`, `┊` at `mean × max_load_skew`), with OVER on a worker whose keys
-//! would spill and DOWN on one that failed its health checks.
+//! would spill and DOWN on one that failed its health checks. When some workers were found by DNS
+//! discovery, the title counts workers by source and wide rows end with each worker's source.
 
 use bch_core::telemetry::WorkerRecord;
 use ratatui::Frame;
@@ -11,7 +12,7 @@ use ratatui::widgets::Paragraph;
 
 use super::panel::{panel_block, scroll_window};
 use super::styles::{Styles, Tone};
-use super::text::truncate_left;
+use super::text::{truncate_left, truncate_middle};
 use crate::state::{Fleet, FleetBound, Panel, State};
 
 /// Marker drawn in a load bar at `min + min_load_gap`.
@@ -22,6 +23,8 @@ pub(super) const SKEW_MARKER: char = '┊';
 const BOTH_MARKER: char = '╫';
 /// Inner width from which each row also shows the worker's request, spill and error counters.
 const STATS_FROM: u16 = 86;
+/// Widest source label a row shows (`dns:_http._tcp.llm…cluster.local`).
+const SOURCE_W: usize = 24;
 
 /// Draws the workers panel at `area`: the bound legend, then one row per worker from the scroll
 /// offset on.
@@ -51,16 +54,29 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
     frame.render_widget(Paragraph::new(lines), inner);
 }
 
-/// ` Workers 3/4 healthy `.
+/// ` Workers 3/4 healthy `, and ` 3 discovered, 1 static ` when discovery found some of them.
 fn title(fleet: &Fleet, styles: &Styles) -> Line<'static> {
     let healthy = fleet.workers.iter().filter(|w| w.healthy).count();
-    Line::from(vec![
+    let mut spans = vec![
         Span::raw(" Workers "),
         Span::styled(
             format!("{healthy}/{} healthy ", fleet.workers.len()),
             styles.dim(),
         ),
-    ])
+    ];
+    let discovered = fleet
+        .workers
+        .iter()
+        .filter(|w| w.source.is_discovered())
+        .count();
+    if discovered > 0 {
+        let configured = fleet.workers.len() - discovered;
+        spans.push(Span::styled(
+            format!("· {discovered} discovered, {configured} static "),
+            styles.dim(),
+        ));
+    }
+    Line::from(spans)
 }
 
 /// The first row: what the two markers stand for, in requests, and the min and mean they come
@@ -99,6 +115,8 @@ struct Geometry {
     /// In-flight requests at the bar's right end.
     scale: f64,
     stats: bool,
+    /// Width of the source column that wide rows end with; 0 unless some worker was discovered.
+    source_w: usize,
 }
 
 impl Geometry {
@@ -112,8 +130,26 @@ impl Geometry {
             .clamp(4, 16);
         let stats = width >= STATS_FROM;
         let stats_w = if stats { 30 } else { 0 };
-        // glyph + space, name, space, bar, active (5), flag (5), stats
-        let fixed = 2 + name_w + 1 + 5 + 5 + stats_w;
+        let discovered = fleet.workers.iter().any(|w| w.source.is_discovered());
+        let source_w = if stats && discovered {
+            fleet
+                .workers
+                .iter()
+                .map(|w| w.source.label().chars().count())
+                .max()
+                .unwrap_or(0)
+                .min(SOURCE_W)
+        } else {
+            0
+        };
+        // glyph + space, name, space, bar, active (5), flag (5), stats, two spaces + source. The
+        // counters are 38 wide, not 30: rows without a source column let the panel clip them.
+        let source_slot = if source_w > 0 {
+            38 - stats_w + 2 + source_w
+        } else {
+            0
+        };
+        let fixed = 2 + name_w + 1 + 5 + 5 + stats_w + source_slot;
         let bar_w = (width as usize).saturating_sub(fixed).max(4);
         let max_active = fleet.workers.iter().map(|w| w.active).max().unwrap_or(0);
         let mut scale = max_active as f64;
@@ -126,6 +162,7 @@ impl Geometry {
             // Headroom so the bound markers never sit on the panel's edge.
             scale: (scale * 1.25).max(4.0),
             stats,
+            source_w,
         }
     }
 
@@ -168,6 +205,10 @@ fn worker_line(
     spans.push(flag(w.healthy, over, styles));
     if geometry.stats {
         spans.push(counters(w, styles));
+    }
+    if geometry.source_w > 0 {
+        let source = truncate_middle(&w.source.label(), geometry.source_w);
+        spans.push(Span::styled(format!("  {source}"), styles.dim()));
     }
     Line::from(spans)
 }

@@ -1,8 +1,8 @@
 //! The composition root: the only module that names all the others. [`start`] validates the
 //! configuration, binds the listeners, builds the router, the admin owner, the routing step, the
 //! data plane, the endpoint picker, the control plane, telemetry and metrics, hands each part its
-//! narrow handle, and spawns the accept loops, the health prober and the idle-connection sweeper.
-//! [`RunningGateway`] stops them.
+//! narrow handle, and spawns the accept loops, the health prober, DNS discovery and the
+//! idle-connection sweeper. [`RunningGateway`] stops them.
 //!
 //! Nothing outside this module holds the whole gateway: the data plane gets a
 //! [`DataPlane`](crate::proxy::DataPlane), the endpoint picker a
@@ -19,7 +19,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use bch_core::router::{Router, RouterError, RoutingTable};
 use hyper::service::service_fn;
 use hyper_util::service::TowerToHyperService;
@@ -30,9 +29,9 @@ use tokio_util::task::TaskTracker;
 pub use logging::init_logging;
 
 use crate::admin::{Admin, ConfigOrigin, ConfigOverrides};
-use crate::config::runtime::RuntimeSettings;
-use crate::config::{Config, ConfigError, Member, SharedConfig, WorkerConfig};
+use crate::config::{Config, ConfigError, Member, WorkerConfig};
 use crate::control::ControlPlane;
+use crate::control::guard::BrowserGuard;
 use crate::metrics::Metrics;
 use crate::picker::PickerPlane;
 use crate::proxy::DataPlane;
@@ -212,7 +211,7 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
     let handle_signals = prepared.handle_signals;
     let (data_addr, control_addr) = (listeners.data_addr, listeners.control_addr);
     let picker_addr = listeners.picker.as_ref().map(|(_, addr)| *addr);
-    let parts = assemble(prepared, &shutdown)?;
+    let parts = assemble(prepared, &listeners, &shutdown)?;
     let (router, registry) = (Arc::clone(&parts.router), Arc::clone(&parts.registry));
     let requires_token = parts.control_plane.token.is_some();
     let admin = Arc::clone(&parts.admin);
@@ -285,6 +284,8 @@ struct Listeners {
     control_addr: SocketAddr,
     header_read_timeout: Duration,
     max_connections: usize,
+    client_stall_timeout: Duration,
+    upstream_idle_timeout: Duration,
 }
 
 impl Listeners {
@@ -313,7 +314,20 @@ impl Listeners {
             data_addr,
             header_read_timeout: Duration::from_millis(config.server.header_read_timeout_ms),
             max_connections: config.server.max_connections,
+            client_stall_timeout: Duration::from_millis(config.server.client_stall_timeout_ms),
+            upstream_idle_timeout: Duration::from_millis(config.server.upstream_idle_timeout_ms),
         })
+    }
+
+    /// The addresses this gateway serves on (the data plane's only when it runs): a worker URL
+    /// that is one of them would send requests back here.
+    fn own_addresses(&self) -> Vec<SocketAddr> {
+        let data = self.data.is_some().then_some(self.data_addr);
+        let picker = self.picker.as_ref().map(|(_, addr)| *addr);
+        data.into_iter()
+            .chain([self.control_addr])
+            .chain(picker)
+            .collect()
     }
 }
 
@@ -323,7 +337,6 @@ struct Parts {
     registry: Arc<prometheus_client::registry::Registry>,
     metrics: Arc<Metrics>,
     upstreams: Arc<Upstreams>,
-    config: SharedConfig,
     admin: Arc<Admin>,
     data_plane: Arc<DataPlane>,
     picker_plane: Arc<PickerPlane>,
@@ -331,8 +344,13 @@ struct Parts {
 }
 
 /// Builds every part from the prepared configuration; the telemetry aggregator starts here and
-/// stops with `shutdown`.
-fn assemble(prepared: Prepared, shutdown: &CancellationToken) -> Result<Parts, StartError> {
+/// stops with `shutdown`. A worker that is one of the bound listeners is refused here, the first
+/// moment their addresses are known.
+fn assemble(
+    prepared: Prepared,
+    listeners: &Listeners,
+    shutdown: &CancellationToken,
+) -> Result<Parts, StartError> {
     let Prepared {
         config,
         origin,
@@ -340,6 +358,16 @@ fn assemble(prepared: Prepared, shutdown: &CancellationToken) -> Result<Parts, S
         token,
         ..
     } = prepared;
+    let own = listeners.own_addresses();
+    for (index, member) in members.iter().enumerate() {
+        if let Some(message) = crate::config::loop_of(member, &own) {
+            return Err(StartError::Config(ConfigError::Invalid {
+                path: origin.path.clone(),
+                field: format!("workers[{index}].url"),
+                message,
+            }));
+        }
+    }
     let router = Arc::new(Router::new(
         members.iter().map(|m| m.spec.clone()).collect(),
         config.policy.settings(),
@@ -355,38 +383,48 @@ fn assemble(prepared: Prepared, shutdown: &CancellationToken) -> Result<Parts, S
         Arc::clone(&metrics),
         shutdown.clone(),
     );
-    let upstreams = Arc::new(Upstreams::new(Duration::from_millis(
-        config.server.connect_timeout_ms,
-    )));
-    upstreams.publish(&members);
-    let settings = Arc::new(ArcSwap::from_pointee(RuntimeSettings::from_config(&config)));
-    let config = Arc::new(ArcSwap::from_pointee(config));
-    let admin = Arc::new(Admin::new(
-        Arc::clone(&router),
-        Arc::clone(&upstreams),
-        telemetry.clone(),
-        Arc::clone(&settings),
-        Arc::clone(&config),
-        origin,
-        members,
+    let upstreams = Arc::new(Upstreams::new(
+        Duration::from_millis(config.server.connect_timeout_ms),
+        Duration::from_millis(config.server.upstream_idle_timeout_ms),
     ));
+    upstreams.publish(&members);
+    let admin = Arc::new(
+        Admin::new(
+            Arc::clone(&router),
+            Arc::clone(&upstreams),
+            telemetry.clone(),
+            origin,
+            config,
+            members,
+        )
+        .listening_on(own),
+    );
     let routing = Arc::new(Routing {
         router: Arc::clone(&router),
-        settings,
+        settings: admin.settings(),
         metrics: Arc::clone(&metrics),
         telemetry: telemetry.clone(),
     });
     let data_plane = Arc::new(DataPlane {
         routing: Arc::clone(&routing),
         upstreams: Arc::clone(&upstreams),
+        via: crate::proxy::request::own_via(),
     });
     let picker_plane = Arc::new(PickerPlane::new(routing));
+    let in_force = admin.config().load_full();
+    let guard = BrowserGuard::new(
+        listeners.control_addr,
+        token.is_none(),
+        &in_force.server.control_allowed_hosts,
+        &in_force.server.control_allowed_origins,
+    );
     let control_plane = Arc::new(ControlPlane {
         admin: Arc::clone(&admin),
         router: Arc::clone(&router),
         telemetry,
         registry: Arc::clone(&registry),
         token,
+        guard,
         shutdown: shutdown.clone(),
     });
     Ok(Parts {
@@ -394,7 +432,6 @@ fn assemble(prepared: Prepared, shutdown: &CancellationToken) -> Result<Parts, S
         registry,
         metrics,
         upstreams,
-        config,
         admin,
         data_plane,
         picker_plane,
@@ -403,7 +440,7 @@ fn assemble(prepared: Prepared, shutdown: &CancellationToken) -> Result<Parts, S
 }
 
 /// Spawns the accept loops (tracked by `tasks`, so shutdown can wait for their connections), the
-/// health prober and the idle-connection sweeper.
+/// health prober, DNS discovery and the idle-connection sweeper.
 fn spawn_services(
     parts: Parts,
     listeners: Listeners,
@@ -416,9 +453,11 @@ fn spawn_services(
         tasks: tasks.clone(),
         plane,
     };
+    let discovery_metrics = Arc::clone(&parts.metrics.discovery);
     let metrics = parts.metrics;
     let cap = ConnectionCap {
         max_connections: listeners.max_connections,
+        write_stall_timeout: listeners.client_stall_timeout,
         response: crate::error::over_capacity_response(),
         on_reject: Arc::new(move || metrics.record_rejected_connection()),
     };
@@ -454,10 +493,20 @@ fn spawn_services(
     ));
     tokio::spawn(crate::health::run(
         parts.router,
-        parts.config,
+        parts.admin.config(),
+        parts.admin.members(),
         shutdown.clone(),
     ));
-    tokio::spawn(sweep_idle_connections(parts.upstreams, shutdown.clone()));
+    tokio::spawn(crate::discovery::run(
+        Arc::clone(&parts.admin),
+        discovery_metrics,
+        shutdown.clone(),
+    ));
+    tokio::spawn(sweep_idle_connections(
+        parts.upstreams,
+        listeners.upstream_idle_timeout,
+        shutdown.clone(),
+    ));
 }
 
 /// The bearer token from `admin_token_file`, trimmed; `None` when no file is configured.
@@ -498,10 +547,16 @@ fn local_addr(
     })
 }
 
-/// Closes worker connections that sat idle past [`crate::upstream::pool::IDLE_TIMEOUT`], every 30 s
-/// until shutdown (busy pools also expire them whenever a connection is checked in).
-async fn sweep_idle_connections(upstreams: Arc<Upstreams>, shutdown: CancellationToken) {
-    let mut every = tokio::time::interval(Duration::from_secs(30));
+/// Closes worker connections that sat idle past `upstream_idle_timeout_ms`, once per that timeout
+/// (at most every 30 s, at least every second) until shutdown; busy pools also expire them
+/// whenever a connection is checked in, and no pool ever hands out an expired one.
+async fn sweep_idle_connections(
+    upstreams: Arc<Upstreams>,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut every =
+        tokio::time::interval(every.clamp(Duration::from_secs(1), Duration::from_secs(30)));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {

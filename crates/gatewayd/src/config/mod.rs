@@ -1,9 +1,12 @@
 //! gatewayd configuration: TOML with `deny_unknown_fields`, every field defaulted, validated as a
 //! whole before anything is put in force. The annotated reference is `config/gatewayd.toml`.
 //!
-//! [`worker`] holds one worker entry and its parsed URL; [`runtime`] the per-request settings
-//! derived from a whole configuration.
+//! [`worker`] holds one worker entry and its parsed URL; [`alias`] the canonical backend a URL
+//! reaches; [`discovery`] one DNS discovery source; [`runtime`] the per-request settings derived
+//! from a whole configuration.
 
+pub mod alias;
+pub mod discovery;
 pub mod runtime;
 pub mod worker;
 
@@ -20,6 +23,7 @@ use bch_core::router::WorkerSpec;
 use bch_core::routing_key::{DEFAULT_ROUTING_KEY_HEADER, DEFAULT_TARGET_WORKER_HEADER};
 use serde::{Deserialize, Serialize};
 
+pub use discovery::{DiscoveryConfig, DiscoveryError, DnsKind};
 pub use worker::{Member, WorkerConfig, WorkerError, WorkerUrl, WorkerUrlError};
 
 /// The policy a gateway runs when its configuration names none: strict `consistent_hashing`. The
@@ -27,9 +31,19 @@ pub use worker::{Member, WorkerConfig, WorkerError, WorkerUrl, WorkerUrlError};
 /// own `PolicySettings::default()` is the bounded policy, the one `explain` and the drills study.
 pub const DEFAULT_POLICY_KIND: PolicyKind = PolicyKind::ConsistentHashing;
 
+/// Default `[server] upstream_idle_timeout_ms`: below the 5 s after which uvicorn-based engines
+/// (vLLM, SGLang) close idle keep-alive connections. A request sent on a connection the worker is
+/// closing at that very moment fails after it was written, when it can no longer be proven unsent
+/// and so cannot be retried; retiring connections first keeps that race from happening.
+pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT_MS: u64 = 4_000;
+
 /// The configuration in force, shared by its one writer (the admin owner) and its readers (health
 /// probes, the control plane): a lock-free load.
 pub type SharedConfig = Arc<ArcSwap<Config>>;
+
+/// The membership in force, static and discovered workers merged, shared by its one writer (the
+/// admin owner) and its reader (health probes): a lock-free load.
+pub type SharedMembers = Arc<ArcSwap<Vec<Member>>>;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -51,6 +65,8 @@ pub struct Config {
     pub picker: PickerConfig,
     /// Workers, in configuration order (the order target-worker indices refer to).
     pub workers: Vec<WorkerConfig>,
+    /// DNS names whose records are more workers, after the static ones (docs/discovery.md).
+    pub discovery: Vec<DiscoveryConfig>,
 }
 
 /// `[server]`: listeners, limits and timeouts.
@@ -79,6 +95,26 @@ pub struct ServerConfig {
     pub stream_idle_timeout_ms: u64,
     /// On SIGTERM/SIGINT, how long in-flight streams may run before the process exits, ms.
     pub shutdown_grace_ms: u64,
+    /// Time a client has to send its whole request body, ms, counted from its request head; then
+    /// 408. Without it a 1 byte/s upload would hold a worker's in-flight load (and steer the
+    /// bounded policy's spills) until `first_byte_timeout_ms`.
+    pub request_body_timeout_ms: u64,
+    /// Longest time a client may leave the gateway's writes to it blocked (it does not read its
+    /// response), ms; then its connection is closed and the worker's request cancelled. A stream
+    /// held by a client that stopped reading is not idle, so `stream_idle_timeout_ms` never ends it.
+    pub client_stall_timeout_ms: u64,
+    /// How long a keep-alive connection to a worker may sit unused before it is closed instead of
+    /// reused, ms. Must be below the workers' own idle timeout (uvicorn-based engines close after
+    /// 5 s), or a request can meet a connection the worker is closing at that very moment.
+    pub upstream_idle_timeout_ms: u64,
+    /// Names (without port) a tokenless control plane answers to in `Host`, besides its listen
+    /// address and `localhost`: a browser page whose name resolves to loopback (DNS rebinding) is
+    /// refused. Ignored when `admin_token_file` is set.
+    pub control_allowed_hosts: Vec<String>,
+    /// Browser origins (`http://host:port`) whose pages may use the control plane (a websocket
+    /// console, say). Requests from any other page are refused; clients that are not browsers
+    /// send no `Origin` and are not affected.
+    pub control_allowed_origins: Vec<String>,
     /// Serve the data plane on `listen`. `false` runs gatewayd as Envoy's endpoint picker only
     /// (needs `[picker] listen`); the control plane runs either way.
     pub data_plane: bool,
@@ -97,6 +133,11 @@ impl Default for ServerConfig {
             first_byte_timeout_ms: 300_000,
             stream_idle_timeout_ms: 300_000,
             shutdown_grace_ms: 30_000,
+            request_body_timeout_ms: 60_000,
+            client_stall_timeout_ms: 60_000,
+            upstream_idle_timeout_ms: DEFAULT_UPSTREAM_IDLE_TIMEOUT_MS,
+            control_allowed_hosts: Vec::new(),
+            control_allowed_origins: Vec::new(),
             data_plane: true,
         }
     }
@@ -378,6 +419,18 @@ impl Config {
                 "server.stream_idle_timeout_ms",
                 self.server.stream_idle_timeout_ms,
             ),
+            (
+                "server.request_body_timeout_ms",
+                self.server.request_body_timeout_ms,
+            ),
+            (
+                "server.client_stall_timeout_ms",
+                self.server.client_stall_timeout_ms,
+            ),
+            (
+                "server.upstream_idle_timeout_ms",
+                self.server.upstream_idle_timeout_ms,
+            ),
         ] {
             if value == 0 {
                 return Err(invalid(field, "must be greater than 0".into()));
@@ -406,6 +459,22 @@ impl Config {
                 "must be at least 1".into(),
             ));
         }
+        for (index, host) in self.server.control_allowed_hosts.iter().enumerate() {
+            if host.is_empty() || host.contains(['/', ' ', '@']) {
+                return Err(invalid(
+                    &format!("server.control_allowed_hosts[{index}]"),
+                    format!("{host:?} is not a host name (write it without scheme or path)"),
+                ));
+            }
+        }
+        for (index, origin) in self.server.control_allowed_origins.iter().enumerate() {
+            if !is_origin(origin) {
+                return Err(invalid(
+                    &format!("server.control_allowed_origins[{index}]"),
+                    format!("{origin:?} is not an origin: write scheme://host[:port], no path"),
+                ));
+            }
+        }
         if self.picker.fallbacks > MAX_PICKER_FALLBACKS {
             return Err(invalid(
                 "picker.fallbacks",
@@ -419,7 +488,9 @@ impl Config {
             ));
         }
         let members = self.members()?;
-        self.picker_workers(&members)
+        self.picker_workers(&members)?;
+        self.validate_discovery()?;
+        Ok(())
     }
 
     /// With the endpoint picker on, every worker must be an `http://IP:PORT` URL: Envoy finds the
@@ -441,13 +512,39 @@ impl Config {
         Ok(())
     }
 
+    /// Checks every `[[discovery]]` entry and that no name is discovered twice; the error names
+    /// the entry and field, e.g. `discovery[1].port`.
+    fn validate_discovery(&self) -> Result<(), ConfigError> {
+        for (index, source) in self.discovery.iter().enumerate() {
+            let invalid = |field: &str, message: String| ConfigError::Invalid {
+                path: None,
+                field: format!("discovery[{index}].{field}"),
+                message,
+            };
+            source.validate().map_err(|e| invalid(e.field, e.message))?;
+            let name = source.canonical_name();
+            if self.discovery[..index]
+                .iter()
+                .any(|earlier| earlier.canonical_name() == name)
+            {
+                return Err(invalid(
+                    "dns",
+                    format!("{:?} is discovered twice; one entry per name", source.dns),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The path a worker is probed at: its own `health_path` when it has one, else `[health] path`.
     pub fn probe_path<'a>(&'a self, worker_health_path: Option<&'a str>) -> &'a str {
         worker_health_path.unwrap_or(&self.health.path)
     }
 
     /// The worker list validated: names defaulted, URLs parsed, duplicate names, URLs and ring
-    /// identities refused. The error names the entry and field, e.g. `workers[2].url`.
+    /// identities refused, and so is a URL that reaches the same backend as an earlier one (an
+    /// alias would give one backend two shares of the ring). The error names the entry and field,
+    /// e.g. `workers[2].url`.
     pub fn members(&self) -> Result<Vec<Member>, ConfigError> {
         let mut members: Vec<Member> = Vec::with_capacity(self.workers.len());
         for (index, worker) in self.workers.iter().enumerate() {
@@ -472,10 +569,52 @@ impl Config {
                     });
                 }
             }
+            if let Some(message) = alias_of(&member, &members) {
+                return Err(ConfigError::Invalid {
+                    path: None,
+                    field: format!("workers[{index}].url"),
+                    message,
+                });
+            }
             members.push(member);
         }
         Ok(members)
     }
+}
+
+/// `scheme://host[:port]` as a browser sends it in `Origin`.
+fn is_origin(origin: &str) -> bool {
+    let Some((scheme, rest)) = origin.split_once("://") else {
+        return false;
+    };
+    matches!(scheme, "http" | "https")
+        && !rest.trim_end_matches('/').is_empty()
+        && !rest
+            .trim_end_matches('/')
+            .contains(['/', '?', '#', '@', ' '])
+}
+
+/// Why `member` may not join `members`, when its URL reaches the backend of one of them.
+pub fn alias_of(member: &Member, members: &[Member]) -> Option<String> {
+    let twin = members
+        .iter()
+        .find(|m| m.url.backend == member.url.backend)?;
+    Some(format!(
+        "{:?} reaches the same backend ({}) as worker {:?} ({:?}); one backend registered twice would get two shares of the ring",
+        member.spec.url, member.url.backend, twin.spec.name, twin.spec.url
+    ))
+}
+
+/// Why `member` may not be a worker of a gateway listening on `listeners`: its URL is one of them,
+/// so every request routed to it would come back in and loop.
+pub fn loop_of(member: &Member, listeners: &[SocketAddr]) -> Option<String> {
+    let listener = listeners
+        .iter()
+        .find(|l| member.url.backend.is_listener(**l))?;
+    Some(format!(
+        "{:?} is this gateway's own listener {listener}; requests routed to it would loop",
+        member.spec.url
+    ))
 }
 
 #[cfg(test)]
@@ -516,6 +655,10 @@ mod tests {
                 "[[workers]]\nname = \"x\"\nurl = \"http://a:1\"\n[[workers]]\nname = \"y\"\nurl = \"http://a:1\"\n",
                 "workers[1].url",
             ),
+            (
+                "[[workers]]\nurl = \"http://127.0.0.1:1\"\n[[workers]]\nurl = \"http://localhost:1/\"\n",
+                "workers[1].url",
+            ),
             ("[server]\nlisten = \"nowhere\"\n", "listen"),
             ("[picker]\nfallbacks = 9\n", "picker.fallbacks"),
             ("[server]\ndata_plane = false\n", "server.data_plane"),
@@ -523,7 +666,25 @@ mod tests {
                 "[picker]\nlisten = \"127.0.0.1:9002\"\n[[workers]]\nurl = \"http://127.0.0.1:1\"\n[[workers]]\nname = \"gpu-1\"\nurl = \"http://gpu-1.internal:8000\"\n",
                 "workers[1].url: worker gpu-1",
             ),
+            (
+                "[server]\ncontrol_allowed_origins = [\"console.example\"]\n",
+                "server.control_allowed_origins[0]",
+            ),
+            (
+                "[server]\ncontrol_allowed_hosts = [\"http://gw\"]\n",
+                "server.control_allowed_hosts[0]",
+            ),
+            (
+                "[server]\nrequest_body_timeout_ms = 0\n",
+                "server.request_body_timeout_ms",
+            ),
             ("[policy\n", "line 1"),
+            ("[[discovery]]\ndns = \"llm.test\"\n", "discovery[0].port"),
+            (
+                "[[discovery]]\ndns = \"_h._tcp.a\"\n[[discovery]]\ndns = \"_H._tcp.a.\"\n",
+                "discovery[1].dns",
+            ),
+            ("[[discovery]]\ndns = \"_h._tcp.a\"\nttl = 1\n", "ttl"),
         ];
         for (text, needle) in cases {
             let err = parse(text).unwrap_err().to_string();

@@ -18,6 +18,10 @@ pub struct RuntimeSettings {
     pub max_body_bytes: u64,
     /// Time the worker has to send response headers; then 504.
     pub first_byte_timeout: Duration,
+    /// Time the client has to send its whole body, from its request head: `request_body_timeout_ms`,
+    /// capped at the first-byte timeout (a body still arriving when that fires is the client's
+    /// fault, not the worker's); then 408.
+    pub request_body_timeout: Duration,
     /// Longest silence inside a streamed response body; then the stream is ended.
     pub stream_idle_timeout: Duration,
     /// Mark a worker unhealthy at once when a connection to it fails.
@@ -38,6 +42,12 @@ impl RuntimeSettings {
             },
             max_body_bytes: config.server.max_body_bytes,
             first_byte_timeout: Duration::from_millis(config.server.first_byte_timeout_ms),
+            request_body_timeout: Duration::from_millis(
+                config
+                    .server
+                    .request_body_timeout_ms
+                    .min(config.server.first_byte_timeout_ms),
+            ),
             stream_idle_timeout: Duration::from_millis(config.server.stream_idle_timeout_ms),
             passive_health: config.health.passive,
             redact_keys: config.telemetry.redact_keys,

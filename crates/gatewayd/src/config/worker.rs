@@ -1,12 +1,17 @@
 //! One worker as configured (`[[workers]]`, `--worker URL`, `POST /admin/workers`) and as parsed:
 //! its URL is checked and split once, here, and carried parsed from then on, so nothing on the
 //! data path or in the health prober parses it again.
+//!
+//! A URL with credentials (`user:password@`) is refused without echoing them: the URL as written
+//! is the worker's identity, shown by the admin API, telemetry and logs, and sent nowhere safe.
 
 use std::net::SocketAddr;
 
-use bch_core::router::WorkerSpec;
+use bch_core::router::{WorkerSource, WorkerSpec};
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 use serde::{Deserialize, Serialize};
+
+use super::alias::Backend;
 
 /// One `[[workers]]` entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -50,6 +55,22 @@ pub enum WorkerUrlError {
     /// A query string, which would be glued to every request path.
     #[error("{0:?} must not have a query")]
     Query(String),
+    /// A fragment (`#…`): never sent, so two URLs differing only by it would name one backend.
+    #[error("{0:?} must not have a fragment")]
+    Fragment(String),
+    /// `user:password@` in the authority. The URL is quoted with the credentials replaced by `***`.
+    #[error(
+        "{0:?}: credentials in a worker URL are not supported (the URL is shown by the admin API, telemetry and logs); remove the user:password@ part"
+    )]
+    Credentials(String),
+    /// A port outside 1..=65535 (or an empty one).
+    #[error("{url:?}: port {port:?} is not a TCP port (1..=65535)")]
+    BadPort {
+        /// The URL as written.
+        url: String,
+        /// The port as written.
+        port: String,
+    },
 }
 
 /// A worker's URL split into the parts the proxy needs, parsed once.
@@ -61,11 +82,20 @@ pub struct WorkerUrl {
     pub authority: Authority,
     /// Path prefix without a trailing slash (usually empty).
     pub prefix: String,
+    /// The backend the URL reaches, spelled canonically: what alias and loop checks compare.
+    pub backend: Backend,
 }
 
 impl WorkerUrl {
-    /// Parses and checks a worker URL: `http` scheme, a host, no query or fragment.
+    /// Parses and checks a worker URL: `http` scheme, a host, a port in 1..=65535 when one is
+    /// written, no credentials, query or fragment.
     pub fn parse(url: &str) -> Result<WorkerUrl, WorkerUrlError> {
+        if let Some(redacted) = without_credentials(url) {
+            return Err(WorkerUrlError::Credentials(redacted));
+        }
+        if url.contains('#') {
+            return Err(WorkerUrlError::Fragment(url.to_owned()));
+        }
         let uri: Uri = url
             .parse()
             .map_err(|e: http::uri::InvalidUri| WorkerUrlError::NotAUrl {
@@ -87,8 +117,19 @@ impl WorkerUrl {
         if uri.query().is_some() {
             return Err(WorkerUrlError::Query(url.to_owned()));
         }
+        let port = explicit_port(&authority)
+            .map(|port| {
+                port.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
+                    WorkerUrlError::BadPort {
+                        url: url.to_owned(),
+                        port: port.to_owned(),
+                    }
+                })
+            })
+            .transpose()?;
         let prefix = uri.path().trim_end_matches('/').to_owned();
         Ok(WorkerUrl {
+            backend: Backend::new(authority.host(), port.unwrap_or(80), &prefix),
             scheme,
             authority,
             prefix,
@@ -140,6 +181,27 @@ impl WorkerUrl {
     pub fn default_name(&self) -> String {
         self.authority.as_str().to_owned()
     }
+}
+
+/// The port as written after the host (`None` without a `:`). http's own `Authority::port` hides a
+/// port that is not a `u16` (`:99999`) as if there were none.
+fn explicit_port(authority: &Authority) -> Option<&str> {
+    let text = authority.as_str();
+    // An IPv6 host is bracketed and full of colons: the port follows the closing bracket.
+    let after_host = text.rfind(']').map_or(text, |end| &text[end + 1..]);
+    after_host.rfind(':').map(|colon| &after_host[colon + 1..])
+}
+
+/// `url` with its userinfo replaced by `***`, when it has one (an `@` between the scheme's `//` and
+/// the path); `None` when it has none. The check runs before any other so that no error message
+/// quotes a password.
+fn without_credentials(url: &str) -> Option<String> {
+    let start = url.find("//").map_or(0, |i| i + 2);
+    let end = url[start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| start + i);
+    let at = url[start..end].rfind('@')? + start;
+    Some(format!("{}***{}", &url[..start], &url[at..]))
 }
 
 /// A worker entry that passed validation: the router's spec plus what only gatewayd needs, with
@@ -195,6 +257,14 @@ impl WorkerConfig {
                 ),
             ));
         }
+        if name == "." || name == ".." {
+            // Clients resolve dot segments before sending (even `%2e%2e`), so
+            // `DELETE /admin/workers/..` could never reach such a worker.
+            return Err(invalid(
+                "name",
+                format!("{name:?} is a path segment clients rewrite; choose another name"),
+            ));
+        }
         if self
             .health_path
             .as_ref()
@@ -210,6 +280,7 @@ impl WorkerConfig {
                 name,
                 url: self.url.clone(),
                 ring_id: self.ring_id.clone(),
+                source: WorkerSource::Static,
             },
             url,
             health_path: self.health_path.clone(),
@@ -264,6 +335,26 @@ mod tests {
         for (entry, field) in [
             (WorkerConfig::from_url("https://a:1"), "url"),
             (WorkerConfig::from_url("http://a:1/?q=1"), "url"),
+            (WorkerConfig::from_url("http://a:1/#f"), "url"),
+            (WorkerConfig::from_url("http://a:0"), "url"),
+            (WorkerConfig::from_url("http://a:99999"), "url"),
+            (WorkerConfig::from_url("http://a:"), "url"),
+            (WorkerConfig::from_url("http://[::1]:65536"), "url"),
+            (WorkerConfig::from_url("http://u:p@a:1"), "url"),
+            (
+                WorkerConfig {
+                    name: Some("..".into()),
+                    ..WorkerConfig::from_url("http://a:1")
+                },
+                "name",
+            ),
+            (
+                WorkerConfig {
+                    name: Some(".".into()),
+                    ..WorkerConfig::from_url("http://a:1")
+                },
+                "name",
+            ),
             (
                 WorkerConfig {
                     name: Some(" ".into()),
@@ -280,6 +371,39 @@ mod tests {
             ),
         ] {
             assert_eq!(entry.member().unwrap_err().field, field, "{entry:?}");
+        }
+    }
+
+    #[test]
+    fn credentials_are_refused_without_being_echoed() {
+        for url in [
+            "http://user:s3cret@127.0.0.1:8000",
+            "http://user:s3cret@127.0.0.1:99999/x",
+            "http://s3cret@h:1",
+            "user:s3cret@h:1",
+            "http://a:s3cret@b@h:1/p",
+        ] {
+            let error = WorkerConfig::from_url(url).member().unwrap_err();
+            assert_eq!(error.field, "url", "{url}");
+            assert!(!error.message.contains("s3cret"), "{url}: {error}");
+            assert!(error.message.contains("***@"), "{url}: {error}");
+        }
+    }
+
+    #[test]
+    fn ports_are_checked_even_where_http_ignores_them() {
+        for (url, port) in [
+            ("http://a:1", Some(1)),
+            ("http://a:65535", Some(65535)),
+            ("http://[::1]:8000", Some(8000)),
+            ("http://[::1]", None),
+            ("http://a", None),
+        ] {
+            let parsed = WorkerUrl::parse(url).unwrap();
+            assert_eq!(
+                explicit_port(&parsed.authority).map(|p| p.parse::<u16>().unwrap()),
+                port
+            );
         }
     }
 }

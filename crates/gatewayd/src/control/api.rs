@@ -4,6 +4,8 @@
 use std::sync::Arc;
 
 use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -14,6 +16,9 @@ use super::state::ControlPlane;
 use crate::admin::AdminError;
 use crate::config::WorkerConfig;
 use crate::error::GatewayError;
+
+/// Largest control plane request body, bytes: a worker entry or a policy patch is a few hundred.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// `GET /metrics`: the Prometheus text of every `bch_` metric.
 pub async fn metrics(State(plane): State<Arc<ControlPlane>>) -> Response {
@@ -36,9 +41,9 @@ pub async fn list_workers(State(plane): State<Arc<ControlPlane>>) -> Response {
 /// its record.
 pub async fn add_worker(
     State(plane): State<Arc<ControlPlane>>,
-    body: axum::body::Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, GatewayError> {
-    let worker: WorkerConfig = parse_json(&body)?;
+    let worker: WorkerConfig = parse_json(&body_bytes(body)?)?;
     let record = plane.admin.add_worker(worker)?;
     Ok((StatusCode::CREATED, Json(record)).into_response())
 }
@@ -61,9 +66,9 @@ pub async fn get_policy(State(plane): State<Arc<ControlPlane>>) -> Json<PolicySe
 /// `virtual_nodes`; answers the policy in force.
 pub async fn put_policy(
     State(plane): State<Arc<ControlPlane>>,
-    body: axum::body::Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<PolicySettings>, GatewayError> {
-    let patch: PolicyPatch = parse_json(&body)?;
+    let patch: PolicyPatch = parse_json(&body_bytes(body)?)?;
     Ok(Json(plane.admin.set_policy(&patch, ChangeSource::Http)?))
 }
 
@@ -81,6 +86,20 @@ pub async fn reload(State(plane): State<Arc<ControlPlane>>) -> Result<Response, 
         "workers": table.worker_records(),
     }))
     .into_response())
+}
+
+/// The request body, or the OpenAI-shaped refusal of one axum could not read (over
+/// [`MAX_BODY_BYTES`], or broken off).
+fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, GatewayError> {
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            GatewayError::ControlBodyTooLarge {
+                limit: MAX_BODY_BYTES,
+            }
+        } else {
+            GatewayError::InvalidJson(format!("cannot read the request body: {rejection}"))
+        }
+    })
 }
 
 /// The JSON body as `T`; the refusal names the failing field when there is one.

@@ -27,15 +27,29 @@ impl ExplainQuery {
             explicit: true,
             ..Default::default()
         };
+        let mut seen_explicit = false;
         for pair in raw.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
             // Form encoding: '+' is a space.
             let value = value.replace('+', " ");
             let value: Vec<u8> = percent_encoding::percent_decode_str(&value).collect();
+            // A repeated parameter would explain one of two keys and hide which.
+            let once = |slot: &Option<Vec<u8>>| match slot {
+                Some(_) => Err(format!("{name} given more than once")),
+                None => Ok(()),
+            };
             match name {
-                "routing_key" => query.routing_key = Some(value),
-                "target_worker" => query.target_worker = Some(value),
+                "routing_key" => {
+                    once(&query.routing_key)?;
+                    query.routing_key = Some(value);
+                }
+                "target_worker" => {
+                    once(&query.target_worker)?;
+                    query.target_worker = Some(value);
+                }
+                "explicit" if seen_explicit => return Err("explicit given more than once".into()),
                 "explicit" => {
+                    seen_explicit = true;
                     query.explicit = match &value[..] {
                         b"true" => true,
                         b"false" => false,
@@ -49,6 +63,14 @@ impl ExplainQuery {
     }
 }
 
+/// Whether a request header could carry `value` as it is: a header value has no control
+/// characters but tab, and the HTTP parser drops leading and trailing whitespace.
+fn carriable(value: &[u8]) -> bool {
+    http::HeaderValue::from_bytes(value).is_ok()
+        && !value.first().is_some_and(|b| matches!(b, b' ' | b'\t'))
+        && !value.last().is_some_and(|b| matches!(b, b' ' | b'\t'))
+}
+
 /// `GET /admin/explain?routing_key=K[&explicit=true|false]` or `?target_worker=NAME`.
 pub async fn explain(
     State(plane): State<Arc<ControlPlane>>,
@@ -59,6 +81,16 @@ pub async fn explain(
             "{message}; expected ?routing_key=K[&explicit=true|false] or ?target_worker=NAME"
         ))
     })?;
+    for (name, value) in [
+        ("routing_key", &query.routing_key),
+        ("target_worker", &query.target_worker),
+    ] {
+        if value.as_deref().is_some_and(|v| !carriable(v)) {
+            return Err(GatewayError::InvalidRoutingKey(format!(
+                "{name} holds bytes no request header can carry (control characters such as NUL, CR or LF, or leading or trailing whitespace): no request could have it"
+            )));
+        }
+    }
     let table = plane.router.table();
     let key = match (&query.target_worker, &query.routing_key) {
         (Some(target), _) => RoutingKey::Target(target),

@@ -1,13 +1,15 @@
 //! The control plane: metrics, the admin API and the telemetry websocket (docs/api.md,
 //! docs/protocol.md).
 //!
-//! Every route sits behind the bearer-token check when `admin_token_file` is set. Errors use the
-//! same OpenAI shape as the data plane and name the offending field. Files: `state` (the handle
-//! handlers share), `api` (`/admin/*`, `/metrics`), `explain`, `ws` (telemetry), `reply`
-//! (errors as responses).
+//! Every route sits behind the bearer-token check when `admin_token_file` is set, then behind the
+//! browser guard (`Host`, `Origin`, `Content-Type`: a web page cannot drive it). Errors use the
+//! same OpenAI shape as the data plane, 404, 405 and 413 included, and name the offending field.
+//! Files: `state` (the handle handlers share), `guard`, `api` (`/admin/*`, `/metrics`), `explain`,
+//! `ws` (telemetry), `reply` (errors as responses).
 
 mod api;
 mod explain;
+pub mod guard;
 mod reply;
 pub mod state;
 mod ws;
@@ -15,7 +17,7 @@ mod ws;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::header;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -39,6 +41,13 @@ pub fn router(plane: Arc<ControlPlane>) -> Router {
         .route("/admin/reload", post(api::reload))
         .route("/ws", get(ws::websocket))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(api::MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&plane),
+            browser_guard,
+        ))
+        // Outermost: without the token nothing else is even looked at.
         .layer(middleware::from_fn_with_state(
             Arc::clone(&plane),
             require_token,
@@ -48,6 +57,25 @@ pub fn router(plane: Arc<ControlPlane>) -> Router {
 
 async fn not_found() -> GatewayError {
     GatewayError::NotFound
+}
+
+async fn method_not_allowed() -> GatewayError {
+    GatewayError::MethodNotAllowed
+}
+
+/// The browser guard ([`guard`]): `Host`, `Origin` and `Content-Type`, after the bearer check.
+async fn browser_guard(
+    State(plane): State<Arc<ControlPlane>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Err(refused) = plane
+        .guard
+        .check(request.method(), request.version(), request.headers())
+    {
+        return refused.into_response();
+    }
+    next.run(request).await
 }
 
 async fn require_token(

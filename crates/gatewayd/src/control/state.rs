@@ -6,6 +6,7 @@ use bch_core::router::Router;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
+use super::guard::BrowserGuard;
 use crate::admin::Admin;
 use crate::telemetry::Telemetry;
 
@@ -22,6 +23,8 @@ pub struct ControlPlane {
     pub registry: Arc<Registry>,
     /// The bearer token every request must carry, when `admin_token_file` is set.
     pub token: Option<String>,
+    /// What a browser may do here (`Host`, `Origin`, `Content-Type` checks).
+    pub guard: BrowserGuard,
     /// Cancelled on shutdown: websocket clients get a close frame.
     pub shutdown: CancellationToken,
 }

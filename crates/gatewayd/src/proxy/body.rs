@@ -4,7 +4,9 @@
 //!
 //! Frames that have already arrived are passed on together, nothing waits for more; a silence
 //! longer than `stream_idle_timeout_ms` ends the stream, and a broken event stream ends with an
-//! `event: error` the client can recognise.
+//! `event: error` the client can recognise. A body that is not an event stream is read up to its
+//! first frame before the response head goes out ([`ProxyBody::first_frame`]), so a worker that
+//! breaks it right away still gets the client a 502 instead of a response cut to nothing.
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -35,6 +37,11 @@ struct StreamState {
     upstream: Option<UpstreamConnection>,
     /// A frame (trailers) or error met while gathering, returned by the next poll.
     deferred: Option<Result<Frame<Bytes>, hyper::Error>>,
+    /// The first frame, read before the response head was sent; returned by the first poll.
+    prefetched: Option<Frame<Bytes>>,
+    /// While the response head is still held back: a broken body keeps the exchange, so the
+    /// client can be answered with a status instead.
+    head_pending: bool,
     exchange: Option<Exchange>,
     event_stream: bool,
     idle_timeout: Duration,
@@ -77,12 +84,40 @@ impl ProxyBody {
                 inner,
                 upstream: Some(upstream),
                 deferred: None,
+                prefetched: None,
+                head_pending: false,
                 exchange: Some(exchange),
                 event_stream,
                 idle_timeout,
                 last_frame: tokio::time::Instant::now(),
                 idle: None,
             })),
+        }
+    }
+}
+
+impl ProxyBody {
+    /// Reads the first frame of a streamed body (bounded by the idle timeout) before the response
+    /// head is sent; the frame is returned by the first poll. When the worker breaks the body (or
+    /// stays silent) before it, the worker connection is closed and the exchange comes back, so
+    /// the caller can still answer with a status.
+    pub async fn first_frame(&mut self) -> Result<(), Exchange> {
+        let BodyKind::Stream(state) = &mut self.kind else {
+            return Ok(());
+        };
+        state.head_pending = true;
+        let polled = std::future::poll_fn(|cx| state.poll_frame(cx)).await;
+        state.head_pending = false;
+        match polled {
+            Some(Ok(frame)) => {
+                state.prefetched = Some(frame);
+                Ok(())
+            }
+            None => Ok(()),
+            Some(Err(_)) => Err(state
+                .exchange
+                .take()
+                .expect("a broken body keeps its exchange while the head is pending")),
         }
     }
 }
@@ -104,7 +139,7 @@ impl Body for ProxyBody {
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             BodyKind::Full(bytes) => bytes.is_none(),
-            BodyKind::Stream(state) => state.exchange.is_none(),
+            BodyKind::Stream(state) => state.exchange.is_none() && state.prefetched.is_none(),
         }
     }
 
@@ -112,13 +147,30 @@ impl Body for ProxyBody {
         match &self.kind {
             BodyKind::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             BodyKind::Full(None) => SizeHint::with_exact(0),
-            BodyKind::Stream(state) => state.inner.size_hint(),
+            BodyKind::Stream(state) => {
+                // The prefetched first frame is still to come, though `inner` gave it already.
+                let ahead = state
+                    .prefetched
+                    .as_ref()
+                    .and_then(Frame::data_ref)
+                    .map_or(0, |d| d.len() as u64);
+                let inner = state.inner.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(inner.lower() + ahead);
+                if let Some(upper) = inner.upper() {
+                    hint.set_upper(upper + ahead);
+                }
+                hint
+            }
         }
     }
 }
 
 impl StreamState {
     fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(frame) = self.prefetched.take() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
         if self.exchange.is_none() {
             return Poll::Ready(None);
         }
@@ -252,6 +304,10 @@ impl StreamState {
     fn end_abnormally(&mut self, error: BoxError) -> Option<Result<Frame<Bytes>, BoxError>> {
         // Closes the worker connection: the worker sees the client is gone.
         self.upstream = None;
+        if self.head_pending {
+            // `first_frame` takes the exchange to answer with a status.
+            return Some(Err(error));
+        }
         self.exchange = None;
         if self.event_stream {
             Some(Ok(Frame::data(sse_stream_error_event())))

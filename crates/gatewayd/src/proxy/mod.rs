@@ -38,8 +38,8 @@ use crate::config::runtime::RuntimeSettings;
 use crate::error::{GatewayError, display_chain};
 use crate::routing::key::extract_key;
 use crate::routing::{Choice, Exchange};
-use crate::upstream::{SendError, UpstreamBody, UpstreamConnection, is_body_too_large};
-use request::{point_at, strip_hop_by_hop, upstream_request};
+use crate::upstream::{ClientBodyError, SendError, UpstreamBody, UpstreamConnection, client_fault};
+use request::{point_at, refuse_early, strip_hop_by_hop, upstream_request};
 
 /// `x-bch-worker`: the name of the worker that served the request.
 pub const WORKER_HEADER: HeaderName = HeaderName::from_static(routing_key::WORKER_HEADER);
@@ -93,7 +93,7 @@ async fn proxy(plane: Arc<DataPlane>, request: Request<Incoming>) -> Response<Pr
         Err(error) => Err(error),
     };
     match forwarded {
-        Ok(answered) => respond(answered, exchange, &settings),
+        Ok(answered) => respond(answered, exchange, &settings).await,
         Err(error) => refuse(exchange, &error),
     }
 }
@@ -131,14 +131,22 @@ impl Answered {
     }
 }
 
-/// The shared routing step ([`crate::routing::route`]: size, key, decision, load), then the
-/// request made into one for the chosen worker.
+/// Refuses what may not be forwarded ([`refuse_early`]), then the shared routing step
+/// ([`crate::routing::route`]: size, key, decision, load), then the request made into one for the
+/// chosen worker.
 fn route(
     plane: &DataPlane,
     settings: &RuntimeSettings,
     request: Request<Incoming>,
     exchange: &mut Exchange,
 ) -> Result<Routed, GatewayError> {
+    refuse_early(
+        request.method(),
+        request.version(),
+        request.headers(),
+        &settings.routing_headers,
+        &plane.via,
+    )?;
     let (parts, body) = request.into_parts();
     let Choice {
         table,
@@ -146,9 +154,15 @@ fn route(
         branch,
         ..
     } = crate::routing::route(&plane.routing, settings, &parts.headers, exchange)?;
+    let body_deadline =
+        tokio::time::Instant::from_std(exchange.started()) + settings.request_body_timeout;
     Ok(Routed {
         client_path: parts.uri.path_and_query().cloned(),
-        request: upstream_request(parts, UpstreamBody::new(body, settings.max_body_bytes)),
+        request: upstream_request(
+            parts,
+            UpstreamBody::new(body, settings.max_body_bytes, body_deadline),
+            &plane.via,
+        ),
         table,
         worker,
         branch,
@@ -193,7 +207,7 @@ async fn send_with_retry(
                 timeout_ms: settings.first_byte_timeout.as_millis() as u64,
             });
         };
-        let error = match sent {
+        match sent {
             Ok((response, connection)) => {
                 plane
                     .routing
@@ -217,25 +231,72 @@ async fn send_with_retry(
                     (worker, request, may_retry) = (next, *back, false);
                     continue;
                 }
-                display_chain(&*error)
-            }
-            Err(SendError::Failed(error)) if is_body_too_large(&error) => {
-                exchange.record_error();
-                let limit = settings.max_body_bytes;
-                return Err(GatewayError::PayloadTooLarge {
-                    length: None,
-                    limit,
+                tracing::warn!(worker = %name, error = %display_chain(&*error), "worker request failed");
+                return Err(GatewayError::WorkerUnreachable {
+                    worker: name.clone(),
                 });
             }
             Err(SendError::Failed(error)) => {
-                exchange.record_error();
-                display_chain(&error)
+                return Err(failed_exchange(plane, settings, exchange, name, &error));
             }
+        }
+    }
+}
+
+/// The answer to an exchange that failed after (part of) the request was written: the client's
+/// fault when its body failed, else the worker's — an invalid response says so, anything else is
+/// "could not be reached".
+fn failed_exchange(
+    plane: &DataPlane,
+    settings: &RuntimeSettings,
+    exchange: &mut Exchange,
+    worker: &str,
+    error: &hyper::Error,
+) -> GatewayError {
+    if let Some(fault) = client_fault(error) {
+        return client_refusal(plane, settings, exchange, fault);
+    }
+    exchange.record_error();
+    let reason = display_chain(error);
+    if error.is_parse() {
+        // Not HTTP: a garbage status line, a head over hyper's limits, conflicting lengths.
+        tracing::warn!(%worker, %reason, "worker sent an invalid response");
+        return GatewayError::WorkerBadResponse {
+            worker: worker.to_owned(),
+            reason,
         };
-        tracing::warn!(worker = %name, %error, "worker request failed");
-        return Err(GatewayError::WorkerUnreachable {
-            worker: name.clone(),
-        });
+    }
+    tracing::warn!(%worker, error = %reason, "worker request failed");
+    GatewayError::WorkerUnreachable {
+        worker: worker.to_owned(),
+    }
+}
+
+/// The answer to a request whose body failed on the client's side (it left mid-body, sent a
+/// malformed chunked body, went over `max_body_bytes`, or was too slow): a 4xx, counted in
+/// `bch_client_body_errors_total` and in the request's log line, never against the worker (its
+/// error counter, passive health, a warning naming it).
+fn client_refusal(
+    plane: &DataPlane,
+    settings: &RuntimeSettings,
+    exchange: &mut Exchange,
+    fault: &ClientBodyError,
+) -> GatewayError {
+    plane
+        .routing
+        .metrics
+        .record_client_body_error(fault.reason());
+    exchange.record_client_fault(fault.reason());
+    match fault {
+        ClientBodyError::Incomplete => GatewayError::IncompleteRequestBody,
+        ClientBodyError::Malformed(reason) => GatewayError::InvalidRequestBody(reason.clone()),
+        ClientBodyError::TooLarge => GatewayError::PayloadTooLarge {
+            length: None,
+            limit: settings.max_body_bytes,
+        },
+        ClientBodyError::Timeout => GatewayError::RequestBodyTimeout {
+            timeout_ms: settings.request_body_timeout.as_millis() as u64,
+        },
     }
 }
 
@@ -273,8 +334,11 @@ impl FailedConnect<'_> {
     }
 }
 
-/// The worker's response head, with gatewayd's headers, and its body streamed.
-fn respond(
+/// The worker's response head, with gatewayd's headers, and its body streamed. A body that is not
+/// an event stream is read to its first frame first: if the worker breaks it before that, the
+/// client still gets a 502 (an event stream's head goes out at once, and a break later in it gets
+/// its `event: error`).
+async fn respond(
     answered: Answered,
     exchange: Exchange,
     settings: &RuntimeSettings,
@@ -308,16 +372,18 @@ fn respond(
             .headers
             .get(header::CONTENT_TYPE)
             .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-    Response::from_parts(
-        parts,
-        ProxyBody::stream(
-            body,
-            connection,
-            exchange,
-            event_stream,
-            settings.stream_idle_timeout,
-        ),
-    )
+    let mut body = ProxyBody::stream(
+        body,
+        connection,
+        exchange,
+        event_stream,
+        settings.stream_idle_timeout,
+    );
+    if !event_stream && let Err(exchange) = body.first_frame().await {
+        let worker = exchange.worker_name().unwrap_or("-").to_owned();
+        return refuse(exchange, &GatewayError::UpstreamBodyBroken { worker });
+    }
+    Response::from_parts(parts, body)
 }
 
 /// The gateway's own answer to a refused or failed request; the exchange ends (and logs) here.
@@ -354,5 +420,17 @@ mod tests {
         );
         assert_eq!(response.status(), 503);
         assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+    }
+
+    #[test]
+    fn every_client_fault_has_a_metric_label() {
+        for fault in [
+            ClientBodyError::Incomplete,
+            ClientBodyError::Malformed("x".into()),
+            ClientBodyError::TooLarge,
+            ClientBodyError::Timeout,
+        ] {
+            assert!(crate::metrics::CLIENT_BODY_ERROR_REASONS.contains(&fault.reason()));
+        }
     }
 }

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use http::HeaderValue;
+
 use crate::routing::Routing;
 use crate::upstream::Upstreams;
 
@@ -14,4 +16,7 @@ pub struct DataPlane {
     pub routing: Arc<Routing>,
     /// Endpoints and connection pools of the workers.
     pub upstreams: Arc<Upstreams>,
+    /// This gateway's `Via` entry ([`own_via`](super::request::own_via)): added to every
+    /// forwarded request, and a request that already carries it is refused as a loop.
+    pub via: HeaderValue,
 }

@@ -1,23 +1,91 @@
-//! The client's request made into a request for a worker: hop-by-hop header removal (RFC 9110
-//! §7.6.1) and pointing the request at the chosen worker. The routing key is read by
-//! `crate::routing::key`, which the endpoint picker shares.
+//! The client's request made into a request for a worker: the checks a request must pass before it
+//! is routed, hop-by-hop header removal (RFC 9110 §7.6.1), this gateway's `Via`, and pointing the
+//! request at the chosen worker. The routing key is read by `crate::routing::key`, which the
+//! endpoint picker shares.
 
-use http::header::{self, HeaderMap, HeaderName};
-use http::{Request, Uri};
+use std::hash::{BuildHasher, Hasher};
+
+use bch_core::routing_key::RoutingHeaders;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Uri, Version};
 
 use crate::error::GatewayError;
 use crate::upstream::{Endpoint, UpstreamBody};
 
+/// This gateway's `Via` entry, `1.1 bch-` and 16 hex digits drawn at random when the process
+/// starts: it names this gateway process and no other, so a request that comes back carrying it
+/// looped (a worker URL leads back here), while a chain of different gateways is fine.
+pub fn own_via() -> HeaderValue {
+    // The standard library's hasher keys are random per process: 64 random bits, no dependency.
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    HeaderValue::from_str(&format!("1.1 bch-{random:016x}")).expect("ASCII")
+}
+
+/// Why a request is refused before it is routed (no load is taken for it), if it is: a `CONNECT`
+/// (405), an HTTP/1.1 request without `Host` (400), a request whose `Via` shows it already passed
+/// through this gateway (508), or a second `Authorization`, routing key or target worker header
+/// (400: the gateway routes by the first, a component behind it might read the other). Costs a
+/// few comparisons and two header lookups on the usual request.
+pub fn refuse_early(
+    method: &Method,
+    version: Version,
+    headers: &HeaderMap,
+    routing_headers: &RoutingHeaders,
+    own_via: &HeaderValue,
+) -> Result<(), GatewayError> {
+    if *method == Method::CONNECT {
+        return Err(GatewayError::TunnelNotSupported);
+    }
+    if version >= Version::HTTP_11 && !headers.contains_key(header::HOST) {
+        return Err(GatewayError::MissingHost {
+            control_plane: false,
+        });
+    }
+    if headers.contains_key(header::VIA) {
+        // The pseudonym, without the protocol another proxy might have rewritten.
+        let pseudonym = &own_via.as_bytes()[4..];
+        let passed = headers.get_all(header::VIA).iter().any(|v| {
+            v.as_bytes()
+                .windows(pseudonym.len())
+                .any(|w| w == pseudonym)
+        });
+        if passed {
+            return Err(GatewayError::LoopDetected);
+        }
+    }
+    // Only a request with some header repeated has more values than names.
+    if headers.len() != headers.keys_len() {
+        for name in [
+            header::AUTHORIZATION.as_str(),
+            &routing_headers.routing_key,
+            &routing_headers.target_worker,
+        ] {
+            if headers.get_all(name).iter().nth(1).is_some() {
+                return Err(GatewayError::RepeatedHeader(name.to_owned()));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The client's request made into a request for a worker, reusing its head (no header copies):
-/// HTTP/1.1, without `Host` and hop-by-hop headers, extensions dropped. [`point_at`] then
-/// gives it a worker's URI and `Host`.
-pub fn upstream_request(parts: http::request::Parts, body: UpstreamBody) -> Request<UpstreamBody> {
+/// HTTP/1.1, without `Host` and hop-by-hop headers, with this gateway's `Via` entry appended
+/// (RFC 9110 §7.6.3; a second field line, so an earlier proxy's entries stay as they were),
+/// extensions dropped. [`point_at`] then gives it a worker's URI and `Host`.
+pub fn upstream_request(
+    parts: http::request::Parts,
+    body: UpstreamBody,
+    own_via: &HeaderValue,
+) -> Request<UpstreamBody> {
     let mut request = Request::from_parts(parts, body);
     *request.version_mut() = http::Version::HTTP_11;
     request.extensions_mut().clear();
     let headers = request.headers_mut();
     headers.remove(header::HOST);
     strip_hop_by_hop(headers);
+    headers.append(header::VIA, own_via.clone());
     request
 }
 
@@ -65,11 +133,17 @@ const HOP_BY_HOP: [HeaderName; 9] = [
 ];
 
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1): the fixed list plus any named in `Connection`.
+/// A message framed by `Transfer-Encoding` also loses its `Content-Length`: hyper decoded the
+/// body by the former, and a proxy must not forward the latter beside it (RFC 9112 §6.3), or the
+/// next hop would cut the body at a length that was never true.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most requests and responses carry none: one pass over the names (cheap comparisons for
     // standard headers) instead of nine hashed removals.
     if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
         return;
+    }
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        headers.remove(header::CONTENT_LENGTH);
     }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)

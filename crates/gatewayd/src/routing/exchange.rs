@@ -30,6 +30,8 @@ pub struct Exchange {
     /// HTTP status sent to the client (0 until known).
     status: u16,
     errored: bool,
+    /// What the client did wrong, when the request failed by the client's fault.
+    client_fault: Option<&'static str>,
     branch: Option<Branch>,
     /// The table the request was routed on and the worker it holds, once routed.
     routed: Option<(Arc<RoutingTable>, usize)>,
@@ -46,6 +48,7 @@ impl Exchange {
             request_id: REQUEST_IDS.fetch_add(1, Ordering::Relaxed),
             status: 0,
             errored: false,
+            client_fault: None,
             branch: None,
             routed: None,
             guard: None,
@@ -98,6 +101,17 @@ impl Exchange {
         self.errored = true;
     }
 
+    /// Notes a failure that is the client's fault (`reason` as in `bch_client_body_errors_total`):
+    /// logged with the request, never counted against the worker.
+    pub fn record_client_fault(&mut self, reason: &'static str) {
+        self.client_fault = Some(reason);
+    }
+
+    /// When the request arrived.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
     /// The status the client is answered with.
     pub fn set_status(&mut self, status: StatusCode) {
         self.status = status.as_u16();
@@ -106,6 +120,12 @@ impl Exchange {
     /// Time since the request arrived.
     pub fn elapsed(&self) -> std::time::Duration {
         self.started.elapsed()
+    }
+
+    /// The name of the worker the request holds, once routed.
+    pub fn worker_name(&self) -> Option<&str> {
+        let (table, worker) = self.routed.as_ref()?;
+        Some(&table.workers()[*worker].spec.name)
     }
 
     /// The branch the request was routed by, once routed.
@@ -144,6 +164,7 @@ impl Drop for Exchange {
             status = self.status,
             duration_ms = elapsed.as_millis() as u64,
             error = self.errored,
+            client_fault = %self.client_fault.unwrap_or("-"),
             "request"
         );
     }

@@ -1,4 +1,12 @@
-//! The request body on its way to a worker, with the body-size limit enforced as it streams.
+//! The request body on its way to a worker, with the body-size limit and the request-body
+//! deadline enforced as it streams, and the client's faults told apart from the worker's.
+//!
+//! A request whose body fails on the client's side — the client closed the connection mid-body,
+//! sent a malformed chunked encoding, went over `max_body_bytes` or uploaded too slowly — fails
+//! while it is being sent to the worker, so hyper reports it like a failed exchange with the
+//! worker. The body's error is a [`ClientBodyError`], found again in that error's causes by
+//! [`client_fault`], so the proxy answers the client's fault with a 4xx and never counts it
+//! against the worker (errors, passive health, warning logs).
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -6,42 +14,108 @@ use std::task::{Context, Poll, ready};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use tokio::time::{Instant, Sleep};
 
 /// Boxed error type of bodies and connects.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The request body on its way to a worker: the client's body, cut off with an error once it
-/// passes `max_body_bytes` (for bodies without a `Content-Length`, which is checked up front).
+/// The request body on its way to a worker: the client's body, cut off with a
+/// [`ClientBodyError`] once it passes `max_bytes` (for bodies without a `Content-Length`, which
+/// is checked up front), once its deadline passes before its end, or when the client's side of
+/// it fails.
 pub struct UpstreamBody {
     inner: Incoming,
     remaining: u64,
+    deadline: Instant,
+    /// Armed the first time the body makes the request wait: a body that arrives with its head
+    /// (the usual case) costs no timer.
+    timer: Option<Pin<Box<Sleep>>>,
 }
 
-/// The error a request body over the limit ends with; see [`is_body_too_large`].
-#[derive(Debug, thiserror::Error)]
-#[error("request body exceeds the configured limit")]
-pub struct BodyTooLarge;
+/// What went wrong with a client's request body: the client's fault, never the worker's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientBodyError {
+    /// The body ended before its declared end: the client closed (or reset) the connection.
+    #[error("the client's request body ended early (connection closed)")]
+    Incomplete,
+    /// The body's framing is invalid (a bad chunk size line, say); the parser's words.
+    #[error("the client's request body is malformed: {0}")]
+    Malformed(String),
+    /// The body passed `max_body_bytes`.
+    #[error("the client's request body exceeds the configured limit")]
+    TooLarge,
+    /// The body had not arrived in full by its deadline.
+    #[error("the client's request body did not arrive in time")]
+    Timeout,
+}
+
+impl ClientBodyError {
+    /// The `reason` label of `bch_client_body_errors_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ClientBodyError::Incomplete => "incomplete",
+            ClientBodyError::Malformed(_) => "malformed",
+            ClientBodyError::TooLarge => "too_large",
+            ClientBodyError::Timeout => "timeout",
+        }
+    }
+
+    /// What an error reading the client's body says about it. Body errors of a server-side
+    /// `Incoming` are hyper's decoder complaining about what the client sent (bad framing: invalid
+    /// input or data) or about the connection ending before the body did (anything else).
+    fn from_client(error: &hyper::Error) -> Self {
+        let io = std::error::Error::source(error)
+            .and_then(|cause| cause.downcast_ref::<std::io::Error>());
+        match io.map(std::io::Error::kind) {
+            Some(std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData) => {
+                ClientBodyError::Malformed(io.map(ToString::to_string).unwrap_or_default())
+            }
+            _ => ClientBodyError::Incomplete,
+        }
+    }
+}
 
 impl UpstreamBody {
-    /// `inner`, allowed `max_bytes` bytes.
-    pub fn new(inner: Incoming, max_bytes: u64) -> Self {
+    /// `inner`, allowed `max_bytes` bytes, to be complete by `deadline`.
+    pub fn new(inner: Incoming, max_bytes: u64, deadline: Instant) -> Self {
         Self {
             inner,
             remaining: max_bytes,
+            deadline,
+            timer: None,
         }
+    }
+
+    fn fail(error: ClientBodyError) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Poll::Ready(Some(Err(Box::new(error))))
+    }
+
+    /// The body is waiting for the client: past the deadline that is the client's fault.
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let deadline = self.deadline;
+        let timer = match &mut self.timer {
+            Some(timer) => timer,
+            None if Instant::now() >= deadline => return Poll::Ready(()),
+            None => self
+                .timer
+                .insert(Box::pin(tokio::time::sleep_until(deadline))),
+        };
+        timer.as_mut().poll(cx)
     }
 }
 
-/// Whether `error` (or one of its causes) is [`BodyTooLarge`].
-pub fn is_body_too_large(error: &(dyn std::error::Error + 'static)) -> bool {
+/// The client's fault in `error` or one of its causes, if the error is one.
+pub fn client_fault<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a ClientBodyError> {
     let mut cause = Some(error);
     while let Some(error) = cause {
-        if error.is::<BodyTooLarge>() {
-            return true;
+        if let Some(fault) = error.downcast_ref::<ClientBodyError>() {
+            return Some(fault);
         }
         cause = error.source();
     }
-    false
+    None
 }
 
 impl Body for UpstreamBody {
@@ -53,18 +127,23 @@ impl Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let Poll::Ready(polled) = polled else {
+            ready!(this.poll_deadline(cx));
+            return Self::fail(ClientBodyError::Timeout);
+        };
+        match polled {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
                     let len = data.len() as u64;
                     if len > this.remaining {
-                        return Poll::Ready(Some(Err(Box::new(BodyTooLarge))));
+                        return Self::fail(ClientBodyError::TooLarge);
                     }
                     this.remaining -= len;
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Some(Err(error)) => Poll::Ready(Some(Err(Box::new(error)))),
+            Some(Err(error)) => Self::fail(ClientBodyError::from_client(&error)),
             None => Poll::Ready(None),
         }
     }

@@ -13,7 +13,9 @@
 //!
 //! A connection goes back to its worker's pool only when its response ended cleanly and hyper
 //! says it can take another request; anything else closes it. Idle connections are checked
-//! when taken (a closed one is dropped), expire after [`pool::IDLE_TIMEOUT`] and are capped at
+//! when taken (a closed one is dropped), retired after `upstream_idle_timeout_ms` (default
+//! [`crate::config::DEFAULT_UPSTREAM_IDLE_TIMEOUT_MS`], below the workers' own idle timeout) and
+//! are capped at
 //! [`pool::MAX_IDLE_PER_WORKER`] per worker.
 //!
 //! What the proxy needs to reach a worker — its parsed URL, the `Host` and `x-bch-worker` header
@@ -39,7 +41,7 @@ use hyper::client::conn::http1;
 use hyper_util::client::legacy::connect::HttpConnector;
 use tower::ServiceExt;
 
-pub use body::{BoxError, UpstreamBody, is_body_too_large};
+pub use body::{BoxError, ClientBodyError, UpstreamBody, client_fault};
 pub use pool::{UpstreamConnection, WorkerPool};
 
 use crate::config::{Member, WorkerUrl};
@@ -116,12 +118,13 @@ pub struct Upstreams {
     current: ArcSwapOption<UpstreamTargets>,
     connector: HttpConnector,
     http1: http1::Builder,
+    idle_timeout: Duration,
 }
 
 impl Upstreams {
-    /// Connections time out after `connect_timeout` and use `TCP_NODELAY` (an SSE event must not
-    /// wait for a delayed ACK).
-    pub fn new(connect_timeout: Duration) -> Self {
+    /// Connections time out after `connect_timeout`, use `TCP_NODELAY` (an SSE event must not
+    /// wait for a delayed ACK) and are retired after `idle_timeout` unused in a pool.
+    pub fn new(connect_timeout: Duration, idle_timeout: Duration) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(connect_timeout));
@@ -130,6 +133,7 @@ impl Upstreams {
             current: ArcSwapOption::empty(),
             connector,
             http1: http1::Builder::new(),
+            idle_timeout,
         }
     }
 
@@ -153,7 +157,7 @@ impl Upstreams {
                     None => Arc::new(Endpoint::new(
                         &spec.name,
                         member.url.clone(),
-                        Arc::default(),
+                        Arc::new(WorkerPool::new(self.idle_timeout)),
                     )),
                 };
                 (spec.url.clone(), endpoint)
@@ -191,13 +195,13 @@ impl Upstreams {
                     endpoints
                         .get(&w.spec.url)
                         .map(Arc::clone)
-                        .or_else(|| departed_endpoint(&w.spec))
+                        .or_else(|| departed_endpoint(&w.spec, self.idle_timeout))
                 })
                 .collect(),
         }
     }
 
-    /// Closes idle connections past [`pool::IDLE_TIMEOUT`] in every current worker's pool; called
+    /// Closes idle connections past the idle timeout in every current worker's pool; called
     /// periodically so a worker that gets no traffic does not keep sockets open forever.
     pub fn sweep(&self) {
         if let Some(current) = self.current.load_full() {
@@ -274,7 +278,11 @@ impl Upstreams {
 /// first look at the targets (the two are microseconds apart, so this is rare): the request was
 /// routed while the worker was a member, so it is still served, on a connection of its own. The URL
 /// was validated when the worker joined; should it not parse, the request gets a 502.
-fn departed_endpoint(spec: &WorkerSpec) -> Option<Arc<Endpoint>> {
+fn departed_endpoint(spec: &WorkerSpec, idle_timeout: Duration) -> Option<Arc<Endpoint>> {
     let url = WorkerUrl::parse(&spec.url).ok()?;
-    Some(Arc::new(Endpoint::new(&spec.name, url, Arc::default())))
+    Some(Arc::new(Endpoint::new(
+        &spec.name,
+        url,
+        Arc::new(WorkerPool::new(idle_timeout)),
+    )))
 }

@@ -11,11 +11,6 @@ use hyper_util::rt::TokioIo;
 
 use super::body::UpstreamBody;
 
-/// How long an idle connection may wait in a pool before it is closed (the same 90 s hyper-util's
-/// client used; workers' own keep-alive timeouts are usually shorter, and a connection they closed
-/// is noticed when taken).
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-
 /// Idle connections kept per worker; beyond this a finished connection is closed. Sized for the
 /// 1,024 concurrent requests a busy worker may see, so a burst's connections are reused by the next.
 pub const MAX_IDLE_PER_WORKER: usize = 1024;
@@ -75,12 +70,21 @@ struct IdleConnection {
 
 /// A worker's idle connections, most recently used last. The lock is held only to push or pop
 /// (never across I/O or an await); closing expired connections happens after it is released.
-#[derive(Default)]
 pub struct WorkerPool {
     idle: Mutex<Vec<IdleConnection>>,
+    /// How long a connection may sit idle before it is closed instead of reused.
+    idle_timeout: Duration,
 }
 
 impl WorkerPool {
+    /// An empty pool whose connections are retired after `idle_timeout` unused.
+    pub fn new(idle_timeout: Duration) -> Self {
+        Self {
+            idle: Mutex::default(),
+            idle_timeout,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<IdleConnection>> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -90,7 +94,7 @@ impl WorkerPool {
         let mut cx = Context::from_waker(Waker::noop());
         loop {
             let idle = self.lock().pop()?;
-            if idle.since.elapsed() >= IDLE_TIMEOUT {
+            if idle.since.elapsed() >= self.idle_timeout {
                 // It was the newest, so every other one is older still. Closed after the lock
                 // is released.
                 let expired = std::mem::take(&mut *self.lock());
@@ -110,7 +114,7 @@ impl WorkerPool {
         let now = Instant::now();
         let (expired, refused) = {
             let mut idle = self.lock();
-            let expired = take_expired(&mut idle, now);
+            let expired = take_expired(&mut idle, now, self.idle_timeout);
             if idle.len() < MAX_IDLE_PER_WORKER {
                 idle.push(IdleConnection {
                     connection,
@@ -124,17 +128,21 @@ impl WorkerPool {
         drop((expired, refused));
     }
 
-    /// Closes connections idle for longer than [`IDLE_TIMEOUT`].
+    /// Closes connections idle for longer than the pool's idle timeout.
     pub(super) fn sweep(&self) {
-        let expired = take_expired(&mut self.lock(), Instant::now());
+        let expired = take_expired(&mut self.lock(), Instant::now(), self.idle_timeout);
         drop(expired);
     }
 }
 
-/// Removes the connections idle for [`IDLE_TIMEOUT`] or longer (a prefix: the vector is in
-/// check-in order) and returns them, to be closed once the lock is released.
-fn take_expired(idle: &mut Vec<IdleConnection>, now: Instant) -> Vec<IdleConnection> {
-    let fresh_from = idle.partition_point(|c| now.duration_since(c.since) >= IDLE_TIMEOUT);
+/// Removes the connections idle for `timeout` or longer (a prefix: the vector is in check-in
+/// order) and returns them, to be closed once the lock is released.
+fn take_expired(
+    idle: &mut Vec<IdleConnection>,
+    now: Instant,
+    timeout: Duration,
+) -> Vec<IdleConnection> {
+    let fresh_from = idle.partition_point(|c| now.duration_since(c.since) >= timeout);
     if fresh_from == 0 {
         Vec::new()
     } else {

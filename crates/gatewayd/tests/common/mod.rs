@@ -174,7 +174,10 @@ fn named(state: &WorkerState, response: impl IntoResponse) -> Response {
 async fn echo(State(state): State<Arc<WorkerState>>, request: Request) -> Response {
     state.requests.fetch_add(1, Ordering::SeqCst);
     let (parts, body) = request.into_parts();
-    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    let Ok(body) = axum::body::to_bytes(body, usize::MAX).await else {
+        // The request body broke on its way here (the client of the gateway left, say).
+        return StatusCode::BAD_REQUEST.into_response();
+    };
     let headers: serde_json::Map<String, serde_json::Value> = parts
         .headers
         .iter()
