@@ -190,6 +190,66 @@ async fn a_served_fallback_moves_the_load_counts_the_failed_connect_and_names_th
 }
 
 #[tokio::test]
+async fn an_endpoint_envoy_was_not_given_moves_the_load_without_blaming_the_chosen_worker() {
+    let (a, b, c) = (
+        fake_worker("a").await,
+        fake_worker("b").await,
+        fake_worker("c").await,
+    );
+    // No fallbacks: any other endpoint Envoy serves from is one it chose itself (its cluster did
+    // not hold the pick, and override_host fell back to round robin).
+    let gateway = picker_gateway(&[&a, &b, &c], |c| c.picker.fallbacks = 0).await;
+    let mut envoy = FakeEnvoy::open(gateway.picker_addr.unwrap()).await;
+    let (list, _) = picked(
+        &envoy
+            .exchange(request_headers(&[("x-smg-routing-key", "unfollowed")]))
+            .await,
+    );
+    assert!(!list.contains(','), "no fallbacks listed: {list}");
+    let chosen = name_at(&gateway, &list);
+    let other = [&a, &b, &c]
+        .into_iter()
+        .find(|w| w.state.name != chosen)
+        .unwrap();
+    let answer = envoy
+        .exchange(response_headers(Some(&other.addr.to_string()), false))
+        .await;
+    assert_eq!(
+        set_headers(&answer)[0],
+        ("x-bch-worker".to_owned(), other.state.name.clone())
+    );
+    assert_eq!(active(&gateway, &chosen), 0);
+    assert_eq!(
+        active(&gateway, &other.state.name),
+        1,
+        "the load follows Envoy"
+    );
+    let table = gateway.routing_table();
+    let chosen_index = table.index_of(&chosen).unwrap();
+    assert_eq!(table.workers()[chosen_index].stats.errors_total(), 0);
+    assert!(
+        table.health()[chosen_index],
+        "nothing said the chosen worker failed"
+    );
+    assert!(gateway.metrics_text().contains("bch_retries_total 0"));
+    envoy.close();
+    wait_released(&gateway).await;
+
+    // An endpoint that is no worker at all: the load is released, nothing is counted.
+    let mut envoy = FakeEnvoy::open(gateway.picker_addr.unwrap()).await;
+    envoy
+        .exchange(request_headers(&[("x-smg-routing-key", "unfollowed")]))
+        .await;
+    envoy
+        .exchange(response_headers(Some("127.0.0.1:1"), false))
+        .await;
+    assert_eq!(total_active(&gateway), 0);
+    assert_eq!(table.workers()[chosen_index].stats.errors_total(), 0);
+    envoy.close();
+    gateway.shutdown().await;
+}
+
+#[tokio::test]
 async fn refusals_are_immediate_openai_shaped_responses_that_hold_nothing() {
     let a = fake_worker("a").await;
     let gateway = picker_gateway(&[&a], |config| config.server.max_body_bytes = 10).await;

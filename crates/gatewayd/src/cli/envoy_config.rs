@@ -57,6 +57,9 @@ pub struct EnvoyPlan {
     pub stream_idle_timeout_ms: u64,
     /// The request and response headers the picker reads (lower case): Envoy sends it only these.
     pub forwarded_headers: Vec<String>,
+    /// The `[[discovery]]` names: workers found there are picked too, but are not in the
+    /// generated cluster (a snapshot of the static workers).
+    pub discovery: Vec<String>,
 }
 
 impl EnvoyPlan {
@@ -87,6 +90,7 @@ impl EnvoyPlan {
             connect_timeout_ms: config.server.connect_timeout_ms,
             stream_idle_timeout_ms: config.server.stream_idle_timeout_ms,
             forwarded_headers: forwarded_headers(&config),
+            discovery: config.discovery.iter().map(|d| d.dns.clone()).collect(),
         })
     }
 }
@@ -118,7 +122,12 @@ fn forwarded_headers(config: &Config) -> Vec<String> {
 pub fn print(args: &EnvoyConfigArgs) -> ExitCode {
     match EnvoyPlan::from_args(args) {
         Ok(plan) => {
-            if plan.workers.is_empty() {
+            if !plan.discovery.is_empty() {
+                eprintln!(
+                    "warning: workers discovered in DNS ({}) are not in the generated cluster: give Envoy the same workers (EDS, a STRICT_DNS cluster, an InferencePool), or it cannot follow the picker to them (docs/envoy.md)",
+                    plan.discovery.join(", ")
+                );
+            } else if plan.workers.is_empty() {
                 eprintln!(
                     "warning: no workers: every request through Envoy will get 503 from the picker"
                 );
@@ -380,6 +389,7 @@ mod tests {
             connect_timeout_ms: 2000,
             stream_idle_timeout_ms: 300_500,
             forwarded_headers: forwarded_headers(&Config::default()),
+            discovery: Vec::new(),
         }
     }
 

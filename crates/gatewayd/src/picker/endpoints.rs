@@ -95,19 +95,18 @@ impl AddressBook {
 /// Writes the answer's endpoint list into `out`: the chosen worker's `IP:PORT`, then up to
 /// `fallbacks` other healthy workers, comma-separated. Keyed requests fall back in ring order
 /// from the key (the workers the data plane's retry would walk to); keyless ones to the least
-/// loaded others; target-worker requests never move. Returns `false` when the chosen worker has
-/// no address. Allocates nothing but `out`'s growth: the walk keeps the listed workers in a
-/// fixed array.
+/// loaded others; target-worker requests never move. Returns the workers listed (so the response
+/// can tell a fallback Envoy was given from an endpoint it picked itself), or `None` when the
+/// chosen worker has no address. Allocates nothing but `out`'s growth: the walk keeps the listed
+/// workers in a fixed array.
 pub fn endpoint_list(
     table: &RoutingTable,
     addresses: &Addresses,
     choice: &Choice,
     fallbacks: usize,
     out: &mut String,
-) -> bool {
-    let Some(chosen) = addresses.get(choice.worker) else {
-        return false;
-    };
+) -> Option<Listed> {
+    let chosen = addresses.get(choice.worker)?;
     out.push_str(&chosen.text);
     let healthy_others = table
         .health()
@@ -116,10 +115,10 @@ pub fn endpoint_list(
         .filter(|(w, healthy)| **healthy && *w != choice.worker && addresses.get(*w).is_some())
         .count();
     let wanted = fallbacks.min(MAX_PICKER_FALLBACKS).min(healthy_others);
-    if wanted == 0 || choice.branch == Branch::TargetWorkerHit {
-        return true;
-    }
     let mut listed = Listed::new(choice.worker);
+    if wanted == 0 || choice.branch == Branch::TargetWorkerHit {
+        return Some(listed);
+    }
     let health = table.health();
     match choice.position {
         Some(position) => {
@@ -144,11 +143,12 @@ pub fn endpoint_list(
             }
         }
     }
-    true
+    Some(listed)
 }
 
-/// The workers already in an endpoint list, in a fixed array (no allocation per request).
-struct Listed {
+/// The workers of an endpoint list, chosen first, in a fixed array (no allocation per request).
+#[derive(Debug, Clone, Copy)]
+pub struct Listed {
     workers: [usize; MAX_PICKER_FALLBACKS + 1],
     count: usize,
 }
@@ -161,7 +161,8 @@ impl Listed {
         }
     }
 
-    fn contains(&self, worker: usize) -> bool {
+    /// Whether `worker` is in the list (the chosen worker or a fallback).
+    pub fn contains(&self, worker: usize) -> bool {
         self.workers[..self.count].contains(&worker)
     }
 

@@ -27,7 +27,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
 
-use super::endpoints::{Addresses, endpoint_list};
+use super::endpoints::{Addresses, Listed, endpoint_list};
 use super::messages;
 use super::plane::PickerPlane;
 use crate::error::GatewayError;
@@ -49,6 +49,8 @@ struct Held {
     addresses: Arc<Addresses>,
     worker: usize,
     branch: Branch,
+    /// The workers Envoy was given: the chosen one and its fallbacks.
+    listed: Listed,
 }
 
 impl Session {
@@ -99,16 +101,16 @@ impl Session {
         };
         let addresses = self.plane.addresses.for_table(&choice.table);
         let mut endpoints = String::with_capacity(24 * (1 + settings.picker_fallbacks));
-        if !endpoint_list(
+        let Some(listed) = endpoint_list(
             &choice.table,
             &addresses,
             &choice,
             settings.picker_fallbacks,
             &mut endpoints,
-        ) {
+        ) else {
             let worker = choice.table.workers()[choice.worker].spec.name.clone();
             return refuse(exchange, &GatewayError::BadUpstreamUri { worker });
-        }
+        };
         let Choice {
             table,
             worker,
@@ -121,6 +123,7 @@ impl Session {
             addresses,
             worker,
             branch,
+            listed,
         });
         messages::pick(endpoints)
     }
@@ -161,34 +164,39 @@ impl Held {
         messages::annotate(worker, self.branch)
     }
 
-    /// Envoy served the request from `served`, not the chosen worker: the chosen worker's connect
-    /// failed (counted, and with passive health marked unhealthy, as on the data plane) and the
-    /// load moves to the worker at `served`. An address that is no worker of the table (Envoy's
-    /// cluster and the membership disagree) releases the load: nothing of ours serves it.
+    /// Envoy served the request from `served`, not the chosen worker. A listed fallback means the
+    /// chosen worker's connect failed (counted, and with passive health marked unhealthy, as on
+    /// the data plane) and the load moves there. Any other worker means Envoy did not follow the
+    /// pick (its cluster lacks the listed endpoints): nothing is counted against the chosen one,
+    /// and the load moves to the worker that served. An address that is no worker of the table
+    /// releases the load: nothing of ours serves it.
     fn follow_fallback(&mut self, plane: &PickerPlane, served: std::net::SocketAddr) {
         let routing = &plane.routing;
-        let settings = routing.settings.load();
-        routing.connect_failed(
-            &settings,
-            &self.table,
-            self.worker,
-            &mut self.exchange,
-            "Envoy served a fallback endpoint",
-        );
-        let moved = self
-            .addresses
-            .index_of(served)
-            .and_then(|next| Some((next, routing.router.reserve(&self.table, next)?)));
-        match moved {
-            Some((next, guard)) => {
-                routing.moved(&mut self.exchange, guard, next);
-                self.worker = next;
-            }
-            None => {
-                tracing::warn!(%served, "Envoy served an endpoint that is no worker of the membership; releasing its load");
-                self.exchange.release();
-            }
+        let next = self.addresses.index_of(served);
+        let given = next.is_some_and(|next| self.listed.contains(next));
+        if given {
+            let settings = routing.settings.load();
+            routing.connect_failed(
+                &settings,
+                &self.table,
+                self.worker,
+                &mut self.exchange,
+                "Envoy served a fallback endpoint",
+            );
+        } else {
+            tracing::warn!(%served, "Envoy served an endpoint it was not given (does its cluster hold every worker?)");
         }
+        let moved = next.and_then(|next| Some((next, routing.router.reserve(&self.table, next)?)));
+        let Some((next, guard)) = moved else {
+            self.exchange.release();
+            return;
+        };
+        if given {
+            routing.moved(&mut self.exchange, guard, next);
+        } else {
+            self.exchange.move_to(guard, next);
+        }
+        self.worker = next;
     }
 }
 
