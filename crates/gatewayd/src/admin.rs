@@ -180,7 +180,7 @@ impl Admin {
         // A concurrent removal may have taken it out again already.
         self.router
             .table()
-            .worker_records()
+            .worker_records(crate::telemetry::wire::now_ms())
             .into_iter()
             .find(|w| w.name == name)
             .ok_or(AdminError::UnknownWorker(name))
@@ -205,8 +205,8 @@ impl Admin {
         Ok(spec)
     }
 
-    /// Applies a policy patch (any subset of kind, thresholds, virtual nodes) and answers the
-    /// policy in force; `source` is announced to telemetry clients.
+    /// Applies a policy patch (any subset of kind, thresholds, virtual nodes, load source) and
+    /// answers the policy in force; `source` is announced to telemetry clients.
     pub fn set_policy(
         &self,
         patch: &PolicyPatch,
@@ -215,11 +215,8 @@ impl Admin {
         // The answer is the policy this change put in force, not whatever a concurrent change
         // left in the table a moment later.
         self.change(source, |config, _| {
-            let policy = config.policy.settings().patched(patch)?;
-            config.policy.kind = policy.kind;
-            config.policy.min_load_gap = policy.min_load_gap;
-            config.policy.max_load_skew = policy.max_load_skew;
-            config.policy.virtual_nodes = policy.virtual_nodes;
+            let policy = config.policy_settings().patched(patch)?;
+            config.set_policy_settings(policy);
             Ok(policy)
         })
     }
@@ -265,7 +262,7 @@ impl Admin {
         source: ChangeSource,
     ) -> Result<(), AdminError> {
         let specs: Vec<WorkerSpec> = members.iter().map(|m| m.spec.clone()).collect();
-        let policy = config.policy.settings();
+        let policy = config.policy_settings();
         validate_membership(&specs)?;
         for (index, member) in members.iter().enumerate() {
             if let Some(message) = alias_of(member, &members[..index]) {
@@ -304,7 +301,7 @@ impl Admin {
         self.config.store(Arc::clone(&config));
         *in_force = InForce { config, members };
         if policy != before {
-            tracing::info!(source = source.as_str(), kind = %policy.kind, min_load_gap = policy.min_load_gap, max_load_skew = policy.max_load_skew, virtual_nodes = policy.virtual_nodes, "policy changed");
+            tracing::info!(source = source.as_str(), kind = %policy.kind, min_load_gap = policy.min_load_gap, max_load_skew = policy.max_load_skew, virtual_nodes = policy.virtual_nodes, load_source = policy.load_source.as_str(), "policy changed");
             self.telemetry.policy_changed(source);
         }
         Ok(())

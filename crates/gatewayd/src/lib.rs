@@ -16,6 +16,7 @@
 //! - `control`: metrics, the admin API and the telemetry websocket;
 //! - `telemetry`: the aggregator that owns telemetry data and publishes frames;
 //! - `upstream`: per-worker endpoints and pools of keep-alive connections;
+//! - `fleet`: the scraper of the workers' own load gauges (`[load] source = "worker_metrics"`);
 //! - `health`: active probes; `server`: accept loops; `metrics`: Prometheus; `error`: the one
 //!   error type of gateway answers; `demo`: `gatewayd --demo` (cargo feature `demo`).
 #![forbid(unsafe_code)]
@@ -28,6 +29,7 @@ mod control;
 #[cfg(feature = "demo")]
 mod demo;
 mod error;
+mod fleet;
 mod health;
 mod metrics;
 mod proxy;

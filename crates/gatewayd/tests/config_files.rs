@@ -95,6 +95,7 @@ fn the_reference_mentions_every_field() {
         url: "http://127.0.0.1:1".into(),
         ring_id: Some("r".into()),
         health_path: Some("/h".into()),
+        metrics_path: None,
     });
     let value = serde_json::to_value(&config).unwrap();
     let mut fields = Vec::new();

@@ -1167,6 +1167,7 @@ async fn health_probes_flip_a_worker_without_moving_other_keys() {
         url: format!("http://{}", sick.addr),
         ring_id: None,
         health_path: None,
+        metrics_path: None,
     });
     let gateway = start(config).await;
     let keys: Vec<String> = (0..60).map(|i| format!("user-{i}")).collect();

@@ -30,6 +30,7 @@ fn config_for(workers: &[WorkerHandle], kind: PolicyKind, gap: u64) -> Config {
             url: w.url(),
             ring_id: None,
             health_path: None,
+            metrics_path: None,
         })
         .collect();
     config

@@ -90,6 +90,7 @@ impl Change {
             kind: None,
             min_load_gap,
             max_load_skew,
+            load_source: None,
         }
     }
 }
