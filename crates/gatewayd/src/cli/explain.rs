@@ -56,7 +56,8 @@ pub struct ExplainArgs {
     pub local_at_scrape: Vec<(String, u64)>,
 }
 
-fn parse_load_source(s: &str) -> Result<LoadSource, String> {
+/// A load source for clap: `local` or `worker_metrics`.
+pub fn parse_load_source(s: &str) -> Result<LoadSource, String> {
     s.parse()
         .map_err(|e: bch_core::fleet_load::UnknownLoadSource| e.to_string())
 }

@@ -193,10 +193,10 @@ impl Scraper {
             let name = &worker.spec.name;
             match change {
                 Change::Failing(failure) if never_good => {
-                    tracing::warn!(worker = %name, reason = failure.reason(), error = %failure, "load scrape failed: routing on local load for this worker");
+                    tracing::warn!(worker = %name, reason = %failure.reason(), error = %failure, "load scrape failed: routing on local load for this worker");
                 }
                 Change::Failing(failure) => {
-                    tracing::warn!(worker = %name, reason = failure.reason(), error = %failure, stale_after_ms = config.load.stale_after_ms, "load scrape failed: keeping the last good sample until it is stale");
+                    tracing::warn!(worker = %name, reason = %failure.reason(), error = %failure, stale_after_ms = config.load.stale_after_ms, "load scrape failed: keeping the last good sample until it is stale");
                 }
                 Change::Recovered => tracing::info!(worker = %name, "load scrape works again"),
                 Change::UsingSample => {
