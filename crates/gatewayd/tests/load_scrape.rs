@@ -321,6 +321,7 @@ async fn the_load_source_switches_at_run_time() {
         async move {
             let response = client()
                 .put(url)
+                .header("content-type", "application/json")
                 .body(format!("{{\"load_source\":\"{source}\"}}"))
                 .send()
                 .await
@@ -348,6 +349,7 @@ async fn the_load_source_switches_at_run_time() {
     assert_eq!(record["load"], 0);
     let refused = client()
         .put(format!("http://{}/admin/policy", gateway.control_addr))
+        .header("content-type", "application/json")
         .body("{\"load_source\":\"prometheus\"}")
         .send()
         .await
