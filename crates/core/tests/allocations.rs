@@ -6,7 +6,7 @@
 use allocation_counter::measure;
 use bch_core::fleet_load::{FleetSample, LoadSignal, LoadSource};
 use bch_core::policy::{Branch, PolicyKind, PolicyPatch, PolicySettings};
-use bch_core::router::{Router, WorkerSpec};
+use bch_core::router::{Router, WorkerSource, WorkerSpec};
 use bch_core::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource, RoutingKey};
 
 const REPEAT: usize = 100;
@@ -17,6 +17,7 @@ fn router(policy: PolicySettings) -> Router {
             name: format!("w{i}"),
             url: format!("http://127.0.0.1:{}", 32000 + i),
             ring_id: None,
+            source: WorkerSource::Static,
         })
         .collect();
     Router::new(workers, policy).unwrap()

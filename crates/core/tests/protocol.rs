@@ -31,6 +31,7 @@ fn worker(name: &str, active: u64, healthy: bool) -> WorkerRecord {
         reported_load: Some(active + 2),
         scrape_age_ms: Some(40),
         load_stale: !healthy,
+        source: Default::default(),
     }
 }
 

@@ -13,7 +13,7 @@ use std::thread;
 
 use bch_core::fleet_load::LoadSource;
 use bch_core::policy::{Branch, PolicyKind, PolicyPatch, PolicySettings};
-use bch_core::router::{Routed, Router, WorkerSpec};
+use bch_core::router::{Routed, Router, WorkerSource, WorkerSpec};
 use bch_core::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource, RoutingKey};
 
 const WORKERS: usize = 6;
@@ -28,6 +28,7 @@ fn specs(n: usize) -> Vec<WorkerSpec> {
             name: format!("w{i}"),
             url: format!("http://127.0.0.1:{}", 31000 + i),
             ring_id: None,
+            source: WorkerSource::Static,
         })
         .collect()
 }

@@ -3,7 +3,8 @@
 //! A worker goes unhealthy after `unhealthy_threshold` consecutive failures (or at once on a failed
 //! connect when passive marking is on) and comes back after `healthy_threshold` consecutive
 //! successes. Health is applied through the router, which swaps the routing snapshot without
-//! rebuilding the ring. The probe URIs are built once per configuration change, not per probe.
+//! rebuilding the ring. The probe URIs are built once per configuration or membership change (the
+//! admin owner publishes both, static and discovered workers merged), not per probe.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, HealthConfig, SharedConfig};
+use crate::config::{Config, HealthConfig, Member, SharedConfig, SharedMembers};
 
 /// Consecutive probe results of one worker.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -65,14 +66,10 @@ struct Probe {
     uri: Option<Uri>,
 }
 
-/// The probes for `config`'s workers, by name.
-fn probes(config: &Config) -> HashMap<String, Probe> {
-    let Ok(members) = config.members() else {
-        // The configuration in force was validated when it was put in force.
-        return HashMap::new();
-    };
+/// The probes for `members` under `config`'s probe path, by name.
+fn probes(config: &Config, members: &[Member]) -> HashMap<String, Probe> {
     members
-        .into_iter()
+        .iter()
         .map(|member| {
             let path = config.probe_path(member.health_path.as_deref());
             let uri = path
@@ -83,29 +80,38 @@ fn probes(config: &Config) -> HashMap<String, Probe> {
                 tracing::warn!(worker = %member.spec.name, path, "health path makes no valid URI; the worker's probes fail");
             }
             let probe = Probe {
-                url: member.spec.url,
+                url: member.spec.url.clone(),
                 uri,
             };
-            (member.spec.name, probe)
+            (member.spec.name.clone(), probe)
         })
         .collect()
 }
 
 /// Probes every worker of the router's table until `shutdown`, with the timing, thresholds and
-/// paths of the configuration in force (re-read every round).
-pub async fn run(router: Arc<Router>, config: SharedConfig, shutdown: CancellationToken) {
+/// paths of the configuration and membership in force (re-read every round).
+pub async fn run(
+    router: Arc<Router>,
+    config: SharedConfig,
+    members: SharedMembers,
+    shutdown: CancellationToken,
+) {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     let client: Client<HttpConnector, Empty<Bytes>> =
         Client::builder(TokioExecutor::new()).build(connector);
     let mut streaks: HashMap<String, Streak> = HashMap::new();
-    let mut built_for: Option<Arc<Config>> = None;
+    let mut built_for: Option<(Arc<Config>, Arc<Vec<Member>>)> = None;
     let mut by_name = HashMap::new();
     loop {
         let current = config.load_full();
-        if !built_for.as_ref().is_some_and(|c| Arc::ptr_eq(c, &current)) {
-            by_name = probes(&current);
-            built_for = Some(Arc::clone(&current));
+        let membership = members.load_full();
+        let fresh = built_for
+            .as_ref()
+            .is_some_and(|(c, m)| Arc::ptr_eq(c, &current) && Arc::ptr_eq(m, &membership));
+        if !fresh {
+            by_name = probes(&current, &membership);
+            built_for = Some((Arc::clone(&current), membership));
         }
         let timeout = Duration::from_millis(current.health.timeout_ms);
         let table = router.table();

@@ -506,11 +506,13 @@ async fn workers_list_add_remove() {
             "load_stale",
             "name",
             "requests_total",
+            "source",
             "spilled_in_total",
             "spilled_out_total",
             "url"
         ]
     );
+    assert_eq!(listed[0]["source"], "static");
     assert_eq!(listed[0]["name"], "a");
     assert_eq!(listed[0]["url"], a.url().as_str());
     assert_eq!(listed[0]["healthy"], true);

@@ -208,10 +208,10 @@ impl CommandLog {
         let Some(entry) = self.entries.iter_mut().find(|c| c.id == id) else {
             return;
         };
-        if let Some(reply) = entry.replies.get_mut(replica) {
-            if overwrite || *reply == CommandState::Pending {
-                *reply = state;
-            }
+        if let Some(reply) = entry.replies.get_mut(replica)
+            && (overwrite || *reply == CommandState::Pending)
+        {
+            *reply = state;
         }
         entry.settle();
     }
@@ -220,10 +220,10 @@ impl CommandLog {
     /// connection no answer can come from it.
     pub(crate) fn fail_pending(&mut self, replica: usize, message: &str) {
         for entry in &mut self.entries {
-            if let Some(reply) = entry.replies.get_mut(replica) {
-                if *reply == CommandState::Pending {
-                    *reply = CommandState::Failed(message.to_owned());
-                }
+            if let Some(reply) = entry.replies.get_mut(replica)
+                && *reply == CommandState::Pending
+            {
+                *reply = CommandState::Failed(message.to_owned());
             }
             entry.settle();
         }

@@ -2,10 +2,10 @@
 //! (`│` at `min + min_load_gap`, `┊` at `mean × max_load_skew`), with OVER on a worker whose keys
 //! would spill and DOWN on one that failed its health checks. A bar shows the load the rule reads
 //! (the fleet-wide load in `worker_metrics` mode); a worker the rule routes on local load because
-//! its scrape is stale is drawn with `▒` instead of `█`.
+//! its scrape is stale is drawn with `▒` instead of `█`. When some workers were found by DNS
+//! discovery, the title counts workers by source and wide rows end with each worker's source.
 
 use bch_core::fleet_load::LoadSource;
-
 use bch_core::telemetry::WorkerRecord;
 use ratatui::Frame;
 use ratatui::layout::Rect;
@@ -15,7 +15,7 @@ use ratatui::widgets::Paragraph;
 
 use super::panel::{panel_block, scroll_window};
 use super::styles::{Styles, Tone};
-use super::text::truncate_left;
+use super::text::{truncate_left, truncate_middle};
 use crate::state::{Fleet, FleetBound, Panel, State};
 
 /// Marker drawn in a load bar at `min + min_load_gap`.
@@ -28,6 +28,8 @@ const BOTH_MARKER: char = '╫';
 const STALE_CELL: char = '▒';
 /// Inner width from which each row also shows the worker's request, spill and error counters.
 const STATS_FROM: u16 = 86;
+/// Widest source label a row shows (`dns:_http._tcp.llm…cluster.local`).
+const SOURCE_W: usize = 24;
 
 /// Draws the workers panel at `area`: the bound legend, then one row per worker from the scroll
 /// offset on.
@@ -57,7 +59,8 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
     frame.render_widget(Paragraph::new(lines), inner);
 }
 
-/// ` Workers 3/4 healthy `, plus `fleet load` when the rule reads the workers' own gauges.
+/// ` Workers 3/4 healthy `, plus `fleet load` when the rule reads the workers' own gauges, and
+/// ` 3 discovered, 1 static ` when discovery found some of them.
 fn title(fleet: &Fleet, styles: &Styles) -> Line<'static> {
     let healthy = fleet.workers.iter().filter(|w| w.healthy).count();
     let mut spans = vec![
@@ -72,6 +75,18 @@ fn title(fleet: &Fleet, styles: &Styles) -> Line<'static> {
         .is_some_and(|p| p.load_source == LoadSource::WorkerMetrics)
     {
         spans.push(Span::styled("· fleet load ", styles.value()));
+    }
+    let discovered = fleet
+        .workers
+        .iter()
+        .filter(|w| w.source.is_discovered())
+        .count();
+    if discovered > 0 {
+        let configured = fleet.workers.len() - discovered;
+        spans.push(Span::styled(
+            format!("· {discovered} discovered, {configured} static "),
+            styles.dim(),
+        ));
     }
     Line::from(spans)
 }
@@ -120,6 +135,8 @@ struct Geometry {
     /// In-flight requests at the bar's right end.
     scale: f64,
     stats: bool,
+    /// Width of the source column that wide rows end with; 0 unless some worker was discovered.
+    source_w: usize,
 }
 
 impl Geometry {
@@ -133,8 +150,26 @@ impl Geometry {
             .clamp(4, 16);
         let stats = width >= STATS_FROM;
         let stats_w = if stats { 30 } else { 0 };
-        // glyph + space, name, space, bar, active (5), flag (5), stats
-        let fixed = 2 + name_w + 1 + 5 + 5 + stats_w;
+        let discovered = fleet.workers.iter().any(|w| w.source.is_discovered());
+        let source_w = if stats && discovered {
+            fleet
+                .workers
+                .iter()
+                .map(|w| w.source.label().chars().count())
+                .max()
+                .unwrap_or(0)
+                .min(SOURCE_W)
+        } else {
+            0
+        };
+        // glyph + space, name, space, bar, active (5), flag (5), stats, two spaces + source. The
+        // counters are 38 wide, not 30: rows without a source column let the panel clip them.
+        let source_slot = if source_w > 0 {
+            38 - stats_w + 2 + source_w
+        } else {
+            0
+        };
+        let fixed = 2 + name_w + 1 + 5 + 5 + stats_w + source_slot;
         let bar_w = (width as usize).saturating_sub(fixed).max(4);
         let max_active = fleet
             .workers
@@ -152,6 +187,7 @@ impl Geometry {
             // Headroom so the bound markers never sit on the panel's edge.
             scale: (scale * 1.25).max(4.0),
             stats,
+            source_w,
         }
     }
 
@@ -197,6 +233,10 @@ fn worker_line(
     spans.push(flag(w.healthy, over, styles));
     if geometry.stats {
         spans.push(counters(w, styles));
+    }
+    if geometry.source_w > 0 {
+        let source = truncate_middle(&w.source.label(), geometry.source_w);
+        spans.push(Span::styled(format!("  {source}"), styles.dim()));
     }
     Line::from(spans)
 }

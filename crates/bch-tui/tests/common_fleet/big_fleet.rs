@@ -28,6 +28,7 @@ fn big_fleet() -> ServerFrame {
             reported_load: None,
             scrape_age_ms: None,
             load_stale: false,
+            source: Default::default(),
         })
         .collect();
     // Interleaved arcs: worker i owns [(k*n+i)/(n*8), (k*n+i+1)/(n*8)) for k in 0..8.

@@ -1,7 +1,7 @@
 //! The composition root: the only module that names all the others. [`start`] validates the
 //! configuration, binds both listeners, builds the router, the admin owner, the data plane, the
 //! control plane, telemetry and metrics, hands each part its narrow handle, and spawns the accept
-//! loops, the health prober and the idle-connection sweeper. [`RunningGateway`] stops them.
+//! loops, the health prober, DNS discovery and the idle-connection sweeper. [`RunningGateway`] stops them.
 //!
 //! Nothing outside this module holds the whole gateway: the data plane gets a
 //! [`DataPlane`](crate::proxy::DataPlane), the control plane a
@@ -16,7 +16,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use bch_core::router::{Router, RouterError, RoutingTable};
 use hyper::service::service_fn;
 use hyper_util::service::TowerToHyperService;
@@ -27,8 +26,7 @@ use tokio_util::task::TaskTracker;
 pub use logging::init_logging;
 
 use crate::admin::{Admin, ConfigOrigin, ConfigOverrides};
-use crate::config::runtime::RuntimeSettings;
-use crate::config::{Config, ConfigError, Member, SharedConfig, WorkerConfig};
+use crate::config::{Config, ConfigError, Member, WorkerConfig};
 use crate::control::ControlPlane;
 use crate::control::guard::BrowserGuard;
 use crate::fleet::ScrapeStats;
@@ -207,11 +205,9 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
     let requires_token = parts.control_plane.token.is_some();
     let admin = Arc::clone(&parts.admin);
     spawn_services(parts, listeners, &shutdown, &tasks);
-    if handle_signals {
-        if let Err(error) = signals::install(admin, shutdown.clone()) {
-            shutdown.cancel();
-            return Err(StartError::Signals(error));
-        }
+    if handle_signals && let Err(error) = signals::install(admin, shutdown.clone()) {
+        shutdown.cancel();
+        return Err(StartError::Signals(error));
     }
     tracing::info!(%data_addr, %control_addr, "gatewayd listening");
     Ok(RunningGateway {
@@ -297,7 +293,6 @@ struct Parts {
     registry: Arc<prometheus_client::registry::Registry>,
     metrics: Arc<Metrics>,
     upstreams: Arc<Upstreams>,
-    config: SharedConfig,
     admin: Arc<Admin>,
     data_plane: Arc<DataPlane>,
     control_plane: Arc<ControlPlane>,
@@ -350,33 +345,31 @@ fn assemble(
         Duration::from_millis(config.server.upstream_idle_timeout_ms),
     ));
     upstreams.publish(&members);
-    let settings = Arc::new(ArcSwap::from_pointee(RuntimeSettings::from_config(&config)));
-    let config = Arc::new(ArcSwap::from_pointee(config));
     let admin = Arc::new(
         Admin::new(
             Arc::clone(&router),
             Arc::clone(&upstreams),
             telemetry.clone(),
-            Arc::clone(&settings),
-            Arc::clone(&config),
             origin,
+            config,
             members,
         )
         .listening_on(own),
     );
     let data_plane = Arc::new(DataPlane {
         router: Arc::clone(&router),
-        settings,
+        settings: admin.settings(),
         upstreams: Arc::clone(&upstreams),
         metrics: Arc::clone(&metrics),
         telemetry: telemetry.clone(),
         via: crate::proxy::request::own_via(),
     });
+    let in_force = admin.config().load_full();
     let guard = BrowserGuard::new(
         listeners.control_addr,
         token.is_none(),
-        &config.load().server.control_allowed_hosts,
-        &config.load().server.control_allowed_origins,
+        &in_force.server.control_allowed_hosts,
+        &in_force.server.control_allowed_origins,
     );
     let control_plane = Arc::new(ControlPlane {
         admin: Arc::clone(&admin),
@@ -393,7 +386,6 @@ fn assemble(
         registry,
         metrics,
         upstreams,
-        config,
         admin,
         data_plane,
         control_plane,
@@ -401,7 +393,7 @@ fn assemble(
 }
 
 /// Spawns the accept loops (tracked by `tasks`, so shutdown can wait for their connections), the
-/// load scraper, the health prober and the idle-connection sweeper.
+/// load scraper, the health prober, DNS discovery and the idle-connection sweeper.
 fn spawn_services(
     parts: Parts,
     listeners: Listeners,
@@ -414,6 +406,7 @@ fn spawn_services(
         tasks: tasks.clone(),
         plane,
     };
+    let discovery_metrics = Arc::clone(&parts.metrics.discovery);
     let metrics = parts.metrics;
     let cap = ConnectionCap {
         max_connections: listeners.max_connections,
@@ -444,13 +437,19 @@ fn spawn_services(
     ));
     tokio::spawn(crate::fleet::run(
         Arc::clone(&parts.router),
-        Arc::clone(&parts.config),
+        parts.admin.config(),
         parts.scrapes,
         shutdown.clone(),
     ));
     tokio::spawn(crate::health::run(
         parts.router,
-        parts.config,
+        parts.admin.config(),
+        parts.admin.members(),
+        shutdown.clone(),
+    ));
+    tokio::spawn(crate::discovery::run(
+        Arc::clone(&parts.admin),
+        discovery_metrics,
         shutdown.clone(),
     ));
     tokio::spawn(sweep_idle_connections(

@@ -12,7 +12,7 @@ use bch_core::policy::PolicyKind;
 use clap::{Args, Parser, Subcommand};
 
 use crate::app::{StartOptions, init_logging};
-use crate::config::{Config, LogFormat, WorkerConfig};
+use crate::config::{Config, DiscoveryConfig, DnsKind, LogFormat, WorkerConfig};
 use bch_core::fleet_load::LoadSource;
 use explain::{ExplainArgs, parse_load_source, parse_policy};
 
@@ -55,6 +55,21 @@ pub struct RunArgs {
     /// Worker base URL; repeat for more workers (added after the file's workers, kept on reload).
     #[arg(long = "worker", value_name = "URL")]
     pub workers: Vec<String>,
+    /// DNS name whose records are workers: SRV when it begins with '_', else A/AAAA; repeat for
+    /// more names (added after the file's [[discovery]] entries, kept on reload).
+    #[arg(long = "discover-dns", value_name = "NAME")]
+    pub discover_dns: Vec<String>,
+    /// The workers' port for the A/AAAA names of --discover-dns (SRV records carry their own).
+    #[arg(long, value_name = "PORT", requires = "discover_dns")]
+    pub discover_port: Option<u16>,
+    /// The DNS server the --discover-dns names are resolved with, as IP:PORT [default: the
+    /// system's resolver configuration].
+    #[arg(long, value_name = "IP:PORT", value_parser = parse_addr, requires = "discover_dns")]
+    pub dns_resolver: Option<SocketAddr>,
+    /// Longest time between two resolutions of a --discover-dns name, in milliseconds; an answer
+    /// whose TTL runs out sooner is asked again sooner [default: 5000].
+    #[arg(long, value_name = "MS", requires = "discover_dns")]
+    pub discovery_interval_ms: Option<u64>,
     /// Routing policy: consistent_hashing (default), bounded_consistent_hashing, round_robin or
     /// random.
     #[arg(long, value_parser = parse_policy)]
@@ -106,8 +121,13 @@ pub fn run(cli: Cli) -> ExitCode {
 fn check_config(file: &std::path::Path) -> ExitCode {
     match Config::load(file) {
         Ok(config) => {
+            let sources = match config.discovery.len() {
+                0 => String::new(),
+                1 => ", 1 discovery source".to_owned(),
+                n => format!(", {n} discovery sources"),
+            };
             println!(
-                "{}: ok ({} workers, policy {}, min_load_gap {}, max_load_skew {})",
+                "{}: ok ({} workers{sources}, policy {}, min_load_gap {}, max_load_skew {})",
                 file.display(),
                 config.workers.len(),
                 config.policy.kind,
@@ -133,6 +153,13 @@ fn base_config(args: &RunArgs) -> anyhow::Result<Config> {
 
 /// Builds the effective configuration: file (or defaults) then flags, validated.
 pub fn effective_config(args: &RunArgs) -> anyhow::Result<Config> {
+    if args.discover_port.is_none()
+        && let Some(name) = args.discover_dns.iter().find(|n| !n.starts_with('_'))
+    {
+        anyhow::bail!(
+            "--discover-dns {name} is an A/AAAA name: give the workers' port with --discover-port PORT (or use an SRV name, which begins with '_')"
+        );
+    }
     let mut config = base_config(args)?;
     apply_flags(args, &mut config);
     config.validate()?;
@@ -169,6 +196,24 @@ pub fn apply_flags(args: &RunArgs, config: &mut Config) {
     if let Some(format) = args.log_format {
         config.log.format = format;
     }
+    config.discovery.extend(
+        args.discover_dns
+            .iter()
+            .map(|name| discovery_source(args, name)),
+    );
+}
+
+/// The `[[discovery]]` entry of one `--discover-dns NAME`.
+fn discovery_source(args: &RunArgs, name: &str) -> DiscoveryConfig {
+    let mut source = DiscoveryConfig::new(name);
+    if source.kind() == DnsKind::Address {
+        source.port = args.discover_port;
+    }
+    source.resolver = args.dns_resolver;
+    if let Some(interval) = args.discovery_interval_ms {
+        source.interval_ms = interval;
+    }
+    source
 }
 
 /// The start options the flags describe: the file, the flags as overrides, `--worker`s pinned,
@@ -222,8 +267,8 @@ fn serve(args: RunArgs) -> ExitCode {
         if args.demo {
             return demo(&args, options).await;
         }
-        if config.workers.is_empty() && args.workers.is_empty() {
-            tracing::warn!("no workers configured: every request gets 503 until one is added (POST /admin/workers or --worker URL)");
+        if config.workers.is_empty() && args.workers.is_empty() && config.discovery.is_empty() {
+            tracing::warn!("no workers configured: every request gets 503 until one is added (POST /admin/workers, --worker URL or --discover-dns NAME)");
         }
         let running = crate::app::start(options).await?;
         eprintln!(

@@ -3,9 +3,11 @@
 //!
 //! [`worker`] holds one worker entry and its parsed URL; [`alias`] the canonical backend a URL
 //! reaches; [`load`] the `[load]` section (which load the rule reads, and how workers are
-//! scraped); [`runtime`] the per-request settings derived from a whole configuration.
+//! scraped); [`discovery`] one DNS discovery source; [`runtime`] the per-request settings derived
+//! from a whole configuration.
 
 pub mod alias;
+pub mod discovery;
 pub mod load;
 pub mod runtime;
 pub mod worker;
@@ -23,6 +25,7 @@ use bch_core::router::WorkerSpec;
 use bch_core::routing_key::{DEFAULT_ROUTING_KEY_HEADER, DEFAULT_TARGET_WORKER_HEADER};
 use serde::{Deserialize, Serialize};
 
+pub use discovery::{DiscoveryConfig, DiscoveryError, DnsKind};
 pub use load::LoadConfig;
 pub use worker::{Member, WorkerConfig, WorkerError, WorkerUrl, WorkerUrlError};
 
@@ -40,6 +43,10 @@ pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT_MS: u64 = 4_000;
 /// The configuration in force, shared by its one writer (the admin owner) and its readers (health
 /// probes, the control plane): a lock-free load.
 pub type SharedConfig = Arc<ArcSwap<Config>>;
+
+/// The membership in force, static and discovered workers merged, shared by its one writer (the
+/// admin owner) and its reader (health probes): a lock-free load.
+pub type SharedMembers = Arc<ArcSwap<Vec<Member>>>;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -61,6 +68,8 @@ pub struct Config {
     pub log: LogConfig,
     /// Workers, in configuration order (the order target-worker indices refer to).
     pub workers: Vec<WorkerConfig>,
+    /// DNS names whose records are more workers, after the static ones (docs/discovery.md).
+    pub discovery: Vec<DiscoveryConfig>,
 }
 
 /// `[server]`: listeners, limits and timeouts.
@@ -453,6 +462,31 @@ impl Config {
             .validate()
             .map_err(|(field, message)| invalid(&format!("load.{field}"), message))?;
         self.members()?;
+        self.validate_discovery()?;
+        Ok(())
+    }
+
+    /// Checks every `[[discovery]]` entry and that no name is discovered twice; the error names
+    /// the entry and field, e.g. `discovery[1].port`.
+    fn validate_discovery(&self) -> Result<(), ConfigError> {
+        for (index, source) in self.discovery.iter().enumerate() {
+            let invalid = |field: &str, message: String| ConfigError::Invalid {
+                path: None,
+                field: format!("discovery[{index}].{field}"),
+                message,
+            };
+            source.validate().map_err(|e| invalid(e.field, e.message))?;
+            let name = source.canonical_name();
+            if self.discovery[..index]
+                .iter()
+                .any(|earlier| earlier.canonical_name() == name)
+            {
+                return Err(invalid(
+                    "dns",
+                    format!("{:?} is discovered twice; one entry per name", source.dns),
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -610,6 +644,12 @@ mod tests {
                 "[[workers]]\nurl = \"http://a:1\"\nmetrics_path = \"m\"\n",
                 "workers[0].metrics_path",
             ),
+            ("[[discovery]]\ndns = \"llm.test\"\n", "discovery[0].port"),
+            (
+                "[[discovery]]\ndns = \"_h._tcp.a\"\n[[discovery]]\ndns = \"_H._tcp.a.\"\n",
+                "discovery[1].dns",
+            ),
+            ("[[discovery]]\ndns = \"_h._tcp.a\"\nttl = 1\n", "ttl"),
         ];
         for (text, needle) in cases {
             let err = parse(text).unwrap_err().to_string();

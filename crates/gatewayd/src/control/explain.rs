@@ -150,10 +150,10 @@ fn fleet_loads(table: &RoutingTable) -> Vec<serde_json::Value> {
             let mut value = serde_json::to_value(numbers).unwrap_or_default();
             if let serde_json::Value::Object(map) = &mut value {
                 // A stale report is still worth seeing, marked as such.
-                if map.get("reported").is_none() {
-                    if let Some(reported) = record.reported_load {
-                        map.insert("reported".into(), reported.into());
-                    }
+                if map.get("reported").is_none()
+                    && let Some(reported) = record.reported_load
+                {
+                    map.insert("reported".into(), reported.into());
                 }
                 map.insert("scrape_age_ms".into(), record.scrape_age_ms.into());
                 map.insert("stale".into(), record.load_stale.into());
