@@ -5,6 +5,8 @@
 //! cancellations), where the drill's workers model an LLM server's timing instead.
 #![allow(dead_code)]
 
+pub mod envoy;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -3,6 +3,9 @@
 //! exchange ends the request, and that is the one place every request — served, refused before
 //! routing (413), refused by routing (503) or failed upstream (502, 504) — is logged and observed
 //! in `bch_request_duration_seconds`, exactly once.
+//!
+//! Both front ends use it: the data plane keeps the exchange in the response body, the endpoint
+//! picker in the state of the request's ext_proc stream.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,14 +17,14 @@ use bch_core::policy::Branch;
 use bch_core::router::RoutingTable;
 use http::StatusCode;
 
-use super::plane::DataPlane;
+use super::handle::Routing;
 use crate::telemetry::keys::KeyTag;
 
 static REQUEST_IDS: AtomicU64 = AtomicU64::new(1);
 
 /// A request in progress. See the module documentation.
 pub struct Exchange {
-    plane: Arc<DataPlane>,
+    routing: Arc<Routing>,
     started: Instant,
     request_id: u64,
     /// HTTP status sent to the client (0 until known).
@@ -38,9 +41,9 @@ pub struct Exchange {
 
 impl Exchange {
     /// A request that just arrived.
-    pub fn begin(plane: Arc<DataPlane>, started: Instant) -> Self {
+    pub fn begin(routing: Arc<Routing>, started: Instant) -> Self {
         Self {
-            plane,
+            routing,
             started,
             request_id: REQUEST_IDS.fetch_add(1, Ordering::Relaxed),
             status: 0,
@@ -77,6 +80,17 @@ impl Exchange {
         if let Some((_, held)) = &mut self.routed {
             *held = worker;
         }
+    }
+
+    /// Whether the request holds load on a worker.
+    pub fn holds_load(&self) -> bool {
+        self.guard.is_some()
+    }
+
+    /// Ends the request's hold on its worker now (load and telemetry), keeping the record open
+    /// until the exchange ends. For load that no worker of the membership carries any more.
+    pub fn release(&mut self) {
+        self.release_worker();
     }
 
     /// Counts a gateway-side error against the worker the request holds.
@@ -123,7 +137,7 @@ impl Exchange {
         if let Some(guard) = self.guard.take() {
             drop(guard);
             if let Some((table, worker)) = &self.routed {
-                self.plane
+                self.routing
                     .telemetry
                     .finished(table, *worker, self.key.as_ref());
             }
@@ -135,7 +149,7 @@ impl Drop for Exchange {
     fn drop(&mut self) {
         self.release_worker();
         let elapsed = self.started.elapsed();
-        self.plane
+        self.routing
             .metrics
             .request_duration
             .observe(elapsed.as_secs_f64());
