@@ -17,6 +17,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::fleet_load::LoadSource;
+
 /// Default `min_load_gap`, in in-flight requests.
 pub const DEFAULT_MIN_LOAD_GAP: u64 = 2;
 /// Default `max_load_skew`, a factor over the fleet mean.
@@ -80,10 +82,15 @@ impl std::str::FromStr for PolicyKind {
     }
 }
 
-/// The policy in force: kind, both thresholds and the ring's virtual nodes. The JSON shape is the one
-/// of `GET /admin/policy`: `{"kind","min_load_gap","max_load_skew","virtual_nodes"}`.
+/// The policy in force: kind, both thresholds, the ring's virtual nodes and which load the rule
+/// reads. The JSON shape is the one of `GET /admin/policy`:
+/// `{"kind","min_load_gap","max_load_skew","virtual_nodes","load_source"}` (`load_source` may be
+/// omitted on input and defaults to `local`).
+///
+/// Deserialising ignores unknown fields: this type is only ever read from a gateway's answers and
+/// telemetry, and a client must keep working when a newer gateway adds a setting (changes come in
+/// as the strict [`PolicyPatch`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct PolicySettings {
     /// Which policy decides (`bounded_consistent_hashing` unless set).
     pub kind: PolicyKind,
@@ -95,6 +102,10 @@ pub struct PolicySettings {
     pub max_load_skew: f64,
     /// Points per worker on the ring. Changing it rebuilds the ring (and moves keys).
     pub virtual_nodes: u32,
+    /// Which per-worker load the rule reads: this process's in-flight requests, or the fleet-wide
+    /// load from the workers' own gauges ([`crate::fleet_load`]).
+    #[serde(default)]
+    pub load_source: LoadSource,
 }
 
 impl Default for PolicySettings {
@@ -104,6 +115,7 @@ impl Default for PolicySettings {
             min_load_gap: DEFAULT_MIN_LOAD_GAP,
             max_load_skew: DEFAULT_MAX_LOAD_SKEW,
             virtual_nodes: DEFAULT_VIRTUAL_NODES,
+            load_source: LoadSource::default(),
         }
     }
 }
@@ -125,6 +137,9 @@ pub struct PolicyPatch {
     /// New virtual nodes per worker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub virtual_nodes: Option<u32>,
+    /// New load source (`local` or `worker_metrics`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_source: Option<LoadSource>,
 }
 
 impl From<PolicySettings> for PolicyPatch {
@@ -135,6 +150,7 @@ impl From<PolicySettings> for PolicyPatch {
             min_load_gap: Some(settings.min_load_gap),
             max_load_skew: Some(settings.max_load_skew),
             virtual_nodes: Some(settings.virtual_nodes),
+            load_source: Some(settings.load_source),
         }
     }
 }
@@ -175,6 +191,7 @@ impl PolicySettings {
             min_load_gap: patch.min_load_gap.unwrap_or(self.min_load_gap),
             max_load_skew: patch.max_load_skew.unwrap_or(self.max_load_skew),
             virtual_nodes: patch.virtual_nodes.unwrap_or(self.virtual_nodes),
+            load_source: patch.load_source.unwrap_or(self.load_source),
         };
         next.validate()?;
         Ok(next)

@@ -64,6 +64,7 @@ async fn cells_and_repetitions_run_interleaved_and_every_output_is_written() {
             ..StormConfig::default()
         },
         control,
+        replica_controls: Vec::new(),
         control_token: None,
         cells: parse_cells("strict,gap=1,gap=2:skew=1.25").unwrap(),
         reps: 2,
@@ -177,6 +178,7 @@ async fn an_unreachable_control_plane_fails_before_any_storm() {
             ..StormConfig::default()
         },
         control: control.clone(),
+        replica_controls: Vec::new(),
         control_token: None,
         cells: parse_cells("strict,gap=1").unwrap(),
         reps: 1,
@@ -187,4 +189,59 @@ async fn an_unreachable_control_plane_fails_before_any_storm() {
         "{error}"
     );
     assert_eq!(worker.stats().requests_total, 0);
+}
+
+/// Several replicas: requests go round-robin over every data plane, every cell's policy (with its
+/// load source) is put in force on every control plane, and the report says how many replicas.
+#[tokio::test]
+async fn several_replicas_share_the_storm_and_every_policy_switch() {
+    let mut workers = Vec::new();
+    for name in ["replica-a", "replica-b"] {
+        let worker = spawn_worker(
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            name,
+            SimConfig::default().with_time_scale(0.1),
+        )
+        .await
+        .unwrap();
+        workers.push(worker);
+    }
+    let (calls_a, calls_b) = (Calls::default(), Calls::default());
+    let (control_a, control_b) = (
+        fake_control(calls_a.clone()).await,
+        fake_control(calls_b.clone()).await,
+    );
+    let config = AbConfig {
+        storm: StormConfig {
+            gateway: Url::parse(&workers[0].url()).unwrap(),
+            replicas: vec![Url::parse(&workers[1].url()).unwrap()],
+            groups: 2,
+            siblings: 4,
+            keys: 1,
+            concurrency: 1,
+            prefix_tokens: 32,
+            suffix_tokens: 4,
+            max_tokens: 2,
+            progress: false,
+            ..StormConfig::default()
+        },
+        control: control_a,
+        replica_controls: vec![control_b],
+        control_token: None,
+        cells: parse_cells("gap=2:load=worker_metrics,gap=2").unwrap(),
+        reps: 1,
+    };
+    let report = run_ab(&config, |_| {}).await.unwrap();
+    assert_eq!(report.replicas, 2);
+    assert!(report.to_string().contains("2 gateway replicas"));
+    let sent: Vec<u64> = workers.iter().map(|w| w.stats().requests_total).collect();
+    assert_eq!(sent, vec![8, 8], "16 requests, one each in turn");
+    let calls = calls_a.lock().unwrap().clone();
+    assert_eq!(calls, *calls_b.lock().unwrap());
+    let sources: Vec<&Value> = calls.iter().map(|c| &c["load_source"]).collect();
+    assert_eq!(sources, [&json!("worker_metrics"), &json!("local")]);
+    for run in &report.runs {
+        assert_eq!(run.report.shape.replicas, 2);
+        assert!(run.report.drain.as_ref().unwrap().all_zero);
+    }
 }

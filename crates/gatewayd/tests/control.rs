@@ -336,7 +336,7 @@ async fn policy_get_and_put() {
     let initial = policy(&gateway).await;
     assert_eq!(
         initial,
-        json!({"kind": "consistent_hashing", "min_load_gap": 2, "max_load_skew": 1.5, "virtual_nodes": 150})
+        json!({"kind": "consistent_hashing", "min_load_gap": 2, "max_load_skew": 1.5, "virtual_nodes": 150, "load_source": "local"})
     );
 
     // A subset applies and the answer is the whole result.
@@ -352,13 +352,13 @@ async fn policy_get_and_put() {
     let answer: Value = response.json().await.unwrap();
     assert_eq!(
         answer,
-        json!({"kind": "consistent_hashing", "min_load_gap": 4, "max_load_skew": 1.5, "virtual_nodes": 150})
+        json!({"kind": "consistent_hashing", "min_load_gap": 4, "max_load_skew": 1.5, "virtual_nodes": 150, "load_source": "local"})
     );
     let response = put(r#"{"kind": "bounded_consistent_hashing", "max_load_skew": 2.25}"#)
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
-    let good = json!({"kind": "bounded_consistent_hashing", "min_load_gap": 4, "max_load_skew": 2.25, "virtual_nodes": 150});
+    let good = json!({"kind": "bounded_consistent_hashing", "min_load_gap": 4, "max_load_skew": 2.25, "virtual_nodes": 150, "load_source": "local"});
     assert_eq!(response.json::<Value>().await.unwrap(), good);
     assert_eq!(policy(&gateway).await, good);
 
@@ -369,6 +369,7 @@ async fn policy_get_and_put() {
         ("[1]", "invalid"),
         (r#"{"min_load_gaps": 1}"#, "min_load_gaps"),
         (r#"{"max_load_skew": 0.99}"#, "max_load_skew"),
+        (r#"{"load_source": "prometheus"}"#, "load_source"),
         (
             r#"{"max_load_skew": 0.5, "min_load_gap": 9}"#,
             "max_load_skew",
@@ -501,6 +502,8 @@ async fn workers_list_add_remove() {
             "active",
             "errors_total",
             "healthy",
+            "load",
+            "load_stale",
             "name",
             "requests_total",
             "source",
@@ -885,7 +888,7 @@ async fn reload_applies_a_good_file_and_refuses_a_bad_one() {
     assert_eq!(response.status(), 200);
     let answer: Value = response.json().await.unwrap();
     assert_eq!(answer["policy"]["min_load_gap"], 5);
-    let applied = json!({"kind": "bounded_consistent_hashing", "min_load_gap": 5, "max_load_skew": 1.75, "virtual_nodes": 150});
+    let applied = json!({"kind": "bounded_consistent_hashing", "min_load_gap": 5, "max_load_skew": 1.75, "virtual_nodes": 150, "load_source": "local"});
     assert_eq!(policy(&gateway).await, applied);
     assert_eq!(worker_names(&gateway).await, ["a", "b"]);
     let response = client
@@ -1169,6 +1172,7 @@ async fn health_probes_flip_a_worker_without_moving_other_keys() {
         url: format!("http://{}", sick.addr),
         ring_id: None,
         health_path: None,
+        metrics_path: None,
     });
     let gateway = start(config).await;
     let keys: Vec<String> = (0..60).map(|i| format!("user-{i}")).collect();

@@ -30,6 +30,7 @@ fn config_for(workers: &[WorkerHandle], kind: PolicyKind, gap: u64) -> Config {
             url: w.url(),
             ring_id: None,
             health_path: None,
+            metrics_path: None,
         })
         .collect();
     config
@@ -195,6 +196,7 @@ async fn ab_produces_every_cell_through_a_real_gateway() {
             ..StormConfig::default()
         },
         control: format!("http://{}", gateway.control_addr).parse().unwrap(),
+        replica_controls: Vec::new(),
         control_token: None,
         cells: parse_cells("strict,gap=1,gap=2").unwrap(),
         reps: 2,

@@ -2,6 +2,7 @@
 //! and the `PUT /admin/policy` body each one sends.
 
 use anyhow::Context as _;
+use bch_core::fleet_load::LoadSource;
 use bch_core::policy::{PolicyKind, PolicyPatch};
 use serde::Serialize;
 
@@ -29,7 +30,10 @@ const DEFAULT_GAP: u64 = 2;
 ///   always sends both thresholds (defaults gap 2, skew 1.5), so a cell never inherits the previous
 ///   cell's value;
 /// - `round_robin` (or `rr`), `random`: the baselines;
-/// - `vnodes=N`: `virtual_nodes` N, combinable with any of the above.
+/// - `vnodes=N`: `virtual_nodes` N, combinable with any of the above;
+/// - `load=local` or `load=worker_metrics`: the load source the rule reads, combinable with any of
+///   the above. When one cell names a load source, every cell sends one (`local` unless it names
+///   another), so no cell inherits the previous cell's.
 ///
 /// # Errors
 ///
@@ -45,6 +49,11 @@ pub fn parse_cells(spec: &str) -> anyhow::Result<Vec<Cell>> {
             "cell {label:?} appears twice"
         );
         cells.push(cell);
+    }
+    if cells.iter().any(|c| c.policy.load_source.is_some()) {
+        for cell in &mut cells {
+            cell.policy.load_source.get_or_insert(LoadSource::Local);
+        }
     }
     Ok(cells)
 }
@@ -67,6 +76,7 @@ struct CellOptions {
     gap: Option<u64>,
     skew: Option<f64>,
     vnodes: Option<u32>,
+    load_source: Option<LoadSource>,
 }
 
 impl CellOptions {
@@ -124,7 +134,10 @@ impl CellOptions {
                 anyhow::ensure!(n > 0, "vnodes must be at least 1");
                 self.vnodes = Some(n);
             }
-            other => anyhow::bail!("unknown option {other:?}; expected gap, skew or vnodes"),
+            "load" => {
+                self.load_source = Some(value.parse().map_err(|e| anyhow::anyhow!("{e}"))?);
+            }
+            other => anyhow::bail!("unknown option {other:?}; expected gap, skew, vnodes or load"),
         }
         Ok(())
     }
@@ -141,6 +154,7 @@ impl CellOptions {
                 min_load_gap: bounded.then(|| self.gap.unwrap_or(DEFAULT_GAP)),
                 max_load_skew: bounded.then(|| self.skew.unwrap_or(DEFAULT_SKEW)),
                 virtual_nodes: self.vnodes,
+                load_source: self.load_source,
             },
         })
     }
@@ -186,5 +200,17 @@ mod tests {
         assert!(err("fast").contains("unknown option \"fast\""));
         assert!(err("vnodes=10").contains("no policy"));
         assert!(err("gap=1,gap=1").contains("appears twice"));
+        assert!(err("gap=1:load=gpu").contains("load_source must be local or worker_metrics"));
+    }
+
+    #[test]
+    fn a_load_source_in_one_cell_is_sent_by_every_cell() {
+        let cells = parse_cells("gap=2:load=worker_metrics,gap=2").unwrap();
+        assert_eq!(cells[0].policy.load_source, Some(LoadSource::WorkerMetrics));
+        assert_eq!(cells[1].policy.load_source, Some(LoadSource::Local));
+        let body = serde_json::to_value(cells[0].policy).unwrap();
+        assert_eq!(body["load_source"], "worker_metrics");
+        let plain = parse_cells("gap=2,strict").unwrap();
+        assert!(plain.iter().all(|c| c.policy.load_source.is_none()));
     }
 }

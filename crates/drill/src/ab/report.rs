@@ -66,6 +66,8 @@ pub struct AbReport {
     pub baseline: String,
     /// Repetitions of every cell.
     pub reps: usize,
+    /// Gateway replicas every storm spread its requests over (1 for a single gateway).
+    pub replicas: usize,
     /// Per-cell summaries, in cell order.
     pub cells: Vec<CellSummary>,
     /// Conclusions in sentences: which cells differ from the baseline, one line per cell, then
@@ -87,6 +89,7 @@ pub(super) fn summarise(cells: &[Cell], reps: usize, runs: Vec<AbRun>) -> AbRepo
     AbReport {
         baseline: cells[0].label.clone(),
         reps,
+        replicas: runs.first().map_or(1, |r| r.report.shape.replicas),
         cells: summaries,
         verdict,
         runs,
@@ -228,6 +231,13 @@ impl fmt::Display for AbReport {
     /// The comparison table followed by the verdict.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let vs = format!("vs {} (95% CI)", self.baseline);
+        if self.replicas > 1 {
+            writeln!(
+                f,
+                "through {} gateway replicas (requests round-robin)",
+                self.replicas
+            )?;
+        }
         writeln!(
             f,
             "{:<16} {:>10} {:>26} {:>11} {:>11} {:>8} {:>7} {:>7}",

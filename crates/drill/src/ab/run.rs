@@ -23,6 +23,9 @@ pub struct AbConfig {
     pub storm: StormConfig,
     /// Control-plane URL of the gateway under test.
     pub control: Url,
+    /// Control planes of further replicas (the storm's `replicas`): every cell's policy is put in
+    /// force on each, and every drain check asks each.
+    pub replica_controls: Vec<Url>,
     /// Bearer token for the control plane, when it requires one.
     pub control_token: Option<String>,
     /// Cells; the first is the baseline.
@@ -51,15 +54,20 @@ fn run_order(cells: usize, reps: usize) -> Vec<(usize, usize)> {
 pub async fn run_ab(config: &AbConfig, mut on_run: impl FnMut(&AbRun)) -> anyhow::Result<AbReport> {
     anyhow::ensure!(!config.cells.is_empty(), "no cells to compare");
     anyhow::ensure!(config.reps > 0, "reps must be at least 1");
-    let control = ControlClient::new(&config.control, config.control_token.clone());
+    let controls: Vec<ControlClient> = std::iter::once(&config.control)
+        .chain(&config.replica_controls)
+        .map(|url| ControlClient::new(url, config.control_token.clone()))
+        .collect();
     // Fail on an unreachable control plane before the first storm, not after it.
-    control.workers().await?;
+    for control in &controls {
+        control.workers().await?;
+    }
     let mut runs = Vec::new();
     for (order, (rep, cell_index)) in run_order(config.cells.len(), config.reps)
         .into_iter()
         .enumerate()
     {
-        let run = run_one(config, &control, &config.cells[cell_index], rep, order).await?;
+        let run = run_one(config, &controls, &config.cells[cell_index], rep, order).await?;
         on_run(&run);
         runs.push(run);
     }
@@ -69,22 +77,26 @@ pub async fn run_ab(config: &AbConfig, mut on_run: impl FnMut(&AbRun)) -> anyhow
 /// Repetition `rep` of `cell`, `order`-th in the run order (both from 0).
 async fn run_one(
     config: &AbConfig,
-    control: &ControlClient,
+    controls: &[ControlClient],
     cell: &Cell,
     rep: usize,
     order: usize,
 ) -> anyhow::Result<AbRun> {
-    let policy = control
-        .set_policy(&cell.policy)
-        .await
-        .with_context(|| format!("switching the policy to cell {}", cell.label))?;
+    let mut policy = serde_json::Value::Null;
+    for control in controls {
+        policy = control
+            .set_policy(&cell.policy)
+            .await
+            .with_context(|| format!("switching the policy to cell {}", cell.label))?;
+    }
     // Start from an idle fleet, whatever the previous run left in flight.
-    let idle = control.wait_drained(IDLE_TIMEOUT).await?;
+    let idle = ControlClient::wait_all_drained(controls, IDLE_TIMEOUT).await?;
     if !idle.all_zero {
         tracing::warn!(cell = %cell.label, active = ?idle.active, "starting a run on a fleet that is not idle");
     }
     let storm = StormConfig {
         control: Some(config.control.clone()),
+        replica_controls: config.replica_controls.clone(),
         control_token: config.control_token.clone(),
         // A seed per run: every run starts with prompts no worker has cached.
         seed: config

@@ -7,6 +7,7 @@ use std::fmt;
 use std::time::Duration;
 
 use bch_core::policy::Branch;
+use reqwest::Url;
 use serde::Serialize;
 
 use super::config::StormConfig;
@@ -50,8 +51,10 @@ pub struct TtftSummary {
 /// The storm's shape as configured, echoed in the report so a JSON file says what produced it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StormShape {
-    /// Data-plane URL the storm was aimed at.
+    /// Data-plane URL the storm was aimed at (every replica's, comma-separated, when several).
     pub gateway: String,
+    /// Gateway replicas the requests were spread over, round-robin (1 for a single gateway).
+    pub replicas: usize,
     /// Groups fired.
     pub groups: usize,
     /// Concurrent sibling requests per group.
@@ -76,7 +79,12 @@ impl StormShape {
     /// The shape of a storm fired with `config`.
     pub(super) fn of(config: &StormConfig) -> Self {
         Self {
-            gateway: config.gateway.to_string(),
+            gateway: config
+                .gateways()
+                .map(Url::as_str)
+                .collect::<Vec<_>>()
+                .join(","),
+            replicas: config.gateways().count(),
             groups: config.groups,
             siblings: config.siblings,
             keys: config.keys,
@@ -274,9 +282,14 @@ impl fmt::Display for StormReport {
 impl StormReport {
     fn fmt_shape(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.shape;
+        let replicas = if s.replicas > 1 {
+            format!(" (round-robin over {} replicas)", s.replicas)
+        } else {
+            String::new()
+        };
         writeln!(
             f,
-            "storm: {} requests to {} ({} groups x {} siblings over {} keys, {} groups in flight, {})",
+            "storm: {} requests to {}{replicas} ({} groups x {} siblings over {} keys, {} groups in flight, {})",
             self.requests,
             s.gateway,
             s.groups,

@@ -2,11 +2,13 @@
 //! whole before anything is put in force. The annotated reference is `config/gatewayd.toml`.
 //!
 //! [`worker`] holds one worker entry and its parsed URL; [`alias`] the canonical backend a URL
-//! reaches; [`discovery`] one DNS discovery source; [`runtime`] the per-request settings derived
+//! reaches; [`load`] the `[load]` section (which load the rule reads, and how workers are
+//! scraped); [`discovery`] one DNS discovery source; [`runtime`] the per-request settings derived
 //! from a whole configuration.
 
 pub mod alias;
 pub mod discovery;
+pub mod load;
 pub mod runtime;
 pub mod worker;
 
@@ -24,6 +26,7 @@ use bch_core::routing_key::{DEFAULT_ROUTING_KEY_HEADER, DEFAULT_TARGET_WORKER_HE
 use serde::{Deserialize, Serialize};
 
 pub use discovery::{DiscoveryConfig, DiscoveryError, DnsKind};
+pub use load::LoadConfig;
 pub use worker::{Member, WorkerConfig, WorkerError, WorkerUrl, WorkerUrlError};
 
 /// The policy a gateway runs when its configuration names none: strict `consistent_hashing`. The
@@ -55,6 +58,8 @@ pub struct Config {
     pub routing: RoutingConfig,
     /// Policy and thresholds.
     pub policy: PolicyConfig,
+    /// Which load the rule reads, and how workers' own gauges are scraped.
+    pub load: LoadConfig,
     /// Active health probes.
     pub health: HealthConfig,
     /// Websocket telemetry.
@@ -190,15 +195,25 @@ impl Default for PolicyConfig {
     }
 }
 
-impl PolicyConfig {
-    /// The same values as the router's policy settings.
-    pub fn settings(&self) -> PolicySettings {
+impl Config {
+    /// The router's policy settings: `[policy]` plus `[load] source`.
+    pub fn policy_settings(&self) -> PolicySettings {
         PolicySettings {
-            kind: self.kind,
-            min_load_gap: self.min_load_gap,
-            max_load_skew: self.max_load_skew,
-            virtual_nodes: self.virtual_nodes,
+            kind: self.policy.kind,
+            min_load_gap: self.policy.min_load_gap,
+            max_load_skew: self.policy.max_load_skew,
+            virtual_nodes: self.policy.virtual_nodes,
+            load_source: self.load.source,
         }
+    }
+
+    /// Puts `settings` in force in this configuration: `[policy]` and `[load] source`.
+    pub fn set_policy_settings(&mut self, settings: PolicySettings) {
+        self.policy.kind = settings.kind;
+        self.policy.min_load_gap = settings.min_load_gap;
+        self.policy.max_load_skew = settings.max_load_skew;
+        self.policy.virtual_nodes = settings.virtual_nodes;
+        self.load.source = settings.load_source;
     }
 }
 
@@ -378,7 +393,7 @@ impl Config {
             field: field.to_owned(),
             message,
         };
-        self.policy.settings().validate().map_err(|e| {
+        self.policy_settings().validate().map_err(|e| {
             let field = if matches!(e, bch_core::policy::PolicyError::InvalidSkew(_)) {
                 "policy.max_load_skew"
             } else {
@@ -475,6 +490,9 @@ impl Config {
                 ));
             }
         }
+        self.load
+            .validate()
+            .map_err(|(field, message)| invalid(&format!("load.{field}"), message))?;
         if self.picker.fallbacks > MAX_PICKER_FALLBACKS {
             return Err(invalid(
                 "picker.fallbacks",
@@ -679,6 +697,23 @@ mod tests {
                 "server.request_body_timeout_ms",
             ),
             ("[policy\n", "line 1"),
+            ("[load]\nsource = \"gpu\"\n", "source"),
+            (
+                "[load]\nscrape_interval_ms = 0\n",
+                "load.scrape_interval_ms",
+            ),
+            ("[load]\nstale_after_ms = 50\n", "load.stale_after_ms"),
+            ("[load]\nmetrics_path = \"metrics\"\n", "load.metrics_path"),
+            ("[load]\nrunning_gauge = \"x\"\n", "load.waiting_gauge"),
+            (
+                "[load]\nrunning_gauge = \"a b\"\nwaiting_gauge = \"c\"\n",
+                "load.running_gauge",
+            ),
+            ("[load]\nmax_scrape_bytes = 0\n", "load.max_scrape_bytes"),
+            (
+                "[[workers]]\nurl = \"http://a:1\"\nmetrics_path = \"m\"\n",
+                "workers[0].metrics_path",
+            ),
             ("[[discovery]]\ndns = \"llm.test\"\n", "discovery[0].port"),
             (
                 "[[discovery]]\ndns = \"_h._tcp.a\"\n[[discovery]]\ndns = \"_H._tcp.a.\"\n",

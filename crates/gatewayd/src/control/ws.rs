@@ -98,12 +98,14 @@ fn handle_command(plane: &ControlPlane, client: u64, text: &str) -> Option<Arc<s
             kind,
             min_load_gap,
             max_load_skew,
+            load_source,
         } => {
             let patch = PolicyPatch {
                 kind,
                 min_load_gap,
                 max_load_skew,
                 virtual_nodes: None,
+                load_source,
             };
             Some(match plane.admin.set_policy(&patch, ChangeSource::Ws) {
                 Ok(policy) => encode_message(&ServerMessage::Ack(Ack { id, policy })),
