@@ -14,6 +14,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::fleet_load::SampleCell;
+
 /// Counters of one worker. All counts are requests.
 #[derive(Debug, Default)]
 pub struct WorkerStats {
@@ -22,6 +24,7 @@ pub struct WorkerStats {
     spilled_in_total: AtomicU64,
     spilled_out_total: AtomicU64,
     errors_total: AtomicU64,
+    fleet: SampleCell,
 }
 
 impl WorkerStats {
@@ -48,6 +51,12 @@ impl WorkerStats {
     /// Requests to the worker that ended in a gateway-side error.
     pub fn errors_total(&self) -> u64 {
         self.errors_total.load(Ordering::Relaxed)
+    }
+
+    /// The worker's last scrape (reported load), published by the gateway's scraper and read by
+    /// the rule in `worker_metrics` mode. Lives with the counters so it survives table swaps.
+    pub fn fleet_sample(&self) -> &SampleCell {
+        &self.fleet
     }
 
     /// Counts one gateway-side error (connect failure, timeout, broken stream).

@@ -17,6 +17,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::fleet_load::LoadSource;
+
 /// Default `min_load_gap`, in in-flight requests.
 pub const DEFAULT_MIN_LOAD_GAP: u64 = 2;
 /// Default `max_load_skew`, a factor over the fleet mean.
@@ -130,12 +132,14 @@ impl std::str::FromStr for SpillOrder {
     }
 }
 
-/// The policy in force: kind, both thresholds, the spill order and the ring's virtual nodes. The
-/// JSON shape is the one of `GET /admin/policy`:
-/// `{"kind","min_load_gap","max_load_skew","spill_order","virtual_nodes"}` (`spill_order` may be
-/// absent when read, meaning `ring`, so documents written before it existed still parse). Unknown
-/// fields are ignored when read, as the telemetry protocol requires of clients (docs/protocol.md):
-/// a console must keep working against a gateway that reports a newer field.
+/// The policy in force: kind, both thresholds, the spill order, the ring's virtual nodes and which
+/// load the rule reads. The JSON shape is the one of `GET /admin/policy`:
+/// `{"kind","min_load_gap","max_load_skew","spill_order","virtual_nodes","load_source"}`
+/// (`spill_order` may be absent when read, meaning `ring`, and `load_source` may be absent, meaning
+/// `local`, so documents written before either existed still parse). Unknown fields are ignored when
+/// read, as the telemetry protocol requires of clients (docs/protocol.md): a console must keep
+/// working against a gateway that reports a newer field (changes come in as the strict
+/// [`PolicyPatch`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct PolicySettings {
     /// Which policy decides (`bounded_consistent_hashing` unless set).
@@ -151,6 +155,10 @@ pub struct PolicySettings {
     pub spill_order: SpillOrder,
     /// Points per worker on the ring. Changing it rebuilds the ring (and moves keys).
     pub virtual_nodes: u32,
+    /// Which per-worker load the rule reads: this process's in-flight requests, or the fleet-wide
+    /// load from the workers' own gauges ([`crate::fleet_load`]).
+    #[serde(default)]
+    pub load_source: LoadSource,
 }
 
 impl Default for PolicySettings {
@@ -161,6 +169,7 @@ impl Default for PolicySettings {
             max_load_skew: DEFAULT_MAX_LOAD_SKEW,
             spill_order: SpillOrder::default(),
             virtual_nodes: DEFAULT_VIRTUAL_NODES,
+            load_source: LoadSource::default(),
         }
     }
 }
@@ -185,6 +194,9 @@ pub struct PolicyPatch {
     /// New virtual nodes per worker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub virtual_nodes: Option<u32>,
+    /// New load source (`local` or `worker_metrics`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_source: Option<LoadSource>,
 }
 
 impl From<PolicySettings> for PolicyPatch {
@@ -196,6 +208,7 @@ impl From<PolicySettings> for PolicyPatch {
             max_load_skew: Some(settings.max_load_skew),
             spill_order: Some(settings.spill_order),
             virtual_nodes: Some(settings.virtual_nodes),
+            load_source: Some(settings.load_source),
         }
     }
 }
@@ -240,6 +253,7 @@ impl PolicySettings {
             max_load_skew: patch.max_load_skew.unwrap_or(self.max_load_skew),
             spill_order: patch.spill_order.unwrap_or(self.spill_order),
             virtual_nodes: patch.virtual_nodes.unwrap_or(self.virtual_nodes),
+            load_source: patch.load_source.unwrap_or(self.load_source),
         };
         next.validate()?;
         Ok(next)

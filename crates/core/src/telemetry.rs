@@ -9,6 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::fleet_load::{LoadSignal, LoadSource};
 use crate::policy::{Branch, PolicyKind, PolicySettings, SpillOrder};
 
 /// Protocol version carried in every frame's `v`. Bumped only for incompatible changes; new optional
@@ -185,6 +186,9 @@ pub enum ClientCommand {
         /// New spill order (`ring` or `hash_seeded`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         spill_order: Option<SpillOrder>,
+        /// New load source: `local` or `worker_metrics`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        load_source: Option<LoadSource>,
     },
     /// Ask for a fresh `snapshot` (after a `seq` gap, for example).
     Resync {
@@ -214,11 +218,33 @@ pub struct WorkerRecord {
     /// Requests to this worker that ended in a gateway-side error (connect failure, timeout,
     /// broken stream).
     pub errors_total: u64,
+    /// The load the bounded rule reads for this worker now (requests): `active` in `local` mode,
+    /// the fleet-wide load in `worker_metrics` mode. `None` from a gateway that predates it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load: Option<u64>,
+    /// The worker's own running + waiting requests at its last good scrape; `None` when it was
+    /// never scraped (or scraping is off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reported_load: Option<u64>,
+    /// Age of that scrape, milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrape_age_ms: Option<u64>,
+    /// In `worker_metrics` mode: no fresh sample, so the rule reads this replica's local load for
+    /// the worker. Always `false` in `local` mode.
+    #[serde(default)]
+    pub load_stale: bool,
     /// Where the worker came from: `static` (configuration file, `--worker`, the admin API) or
     /// `dns:NAME` (found by DNS discovery of `NAME`). Absent from older gateways' frames, which
     /// only had static workers.
     #[serde(default)]
     pub source: WorkerSource,
+}
+
+impl WorkerRecord {
+    /// The load the rule reads: [`WorkerRecord::load`], or `active` from an older gateway.
+    pub fn rule_load(&self) -> u64 {
+        self.load.unwrap_or(self.active)
+    }
 }
 
 /// Where a worker came from, on the wire `"static"` or `"dns:NAME"`.
@@ -360,6 +386,9 @@ pub struct SpillEvent {
     pub min_load_gap: u64,
     /// `max_load_skew` in force for the decision.
     pub max_load_skew: f64,
+    /// Which signal the compared loads came from (`local`, `worker_metrics` or `mixed`).
+    #[serde(default)]
+    pub load_signal: LoadSignal,
 }
 
 /// Fleet-wide rates and totals.
@@ -452,6 +481,7 @@ mod tests {
                 min_load_gap: Some(3),
                 max_load_skew: None,
                 spill_order: None,
+                load_source: None,
             }
         );
         let cmd: ClientCommand =

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
 
+use bch_core::fleet_load::LoadSource;
 use bch_core::policy::{Branch, PolicyKind, PolicyPatch, PolicySettings, SpillOrder};
 use bch_core::router::{Routed, Router, WorkerSource, WorkerSpec};
 use bch_core::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource, RoutingKey};
@@ -153,6 +154,8 @@ fn concurrent_routing_with_health_and_threshold_churn_balances_to_zero() {
                         max_load_skew: Some(1.0 + rng.below(100) as f64 / 100.0),
                         spill_order: Some(SpillOrder::ALL[rng.below(2) as usize]),
                         virtual_nodes: None,
+                        // Flipping the load source mid-traffic must not disturb the accounting.
+                        load_source: Some(LoadSource::ALL[rng.below(2) as usize]),
                     })
                     .unwrap();
                 thread::yield_now();

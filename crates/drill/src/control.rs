@@ -109,6 +109,30 @@ impl ControlClient {
         self.send(request, "PUT /admin/policy").await
     }
 
+    /// [`ControlClient::wait_drained`] on every replica's control plane at once: drained when all
+    /// are, `active` summed per worker name over the replicas, the longest wait.
+    pub(crate) async fn wait_all_drained(
+        clients: &[ControlClient],
+        within: Duration,
+    ) -> anyhow::Result<DrainCheck> {
+        let checks =
+            futures_util::future::try_join_all(clients.iter().map(|c| c.wait_drained(within)))
+                .await?;
+        let mut merged = DrainCheck {
+            all_zero: true,
+            waited_ms: 0.0,
+            active: BTreeMap::new(),
+        };
+        for check in checks {
+            merged.all_zero &= check.all_zero;
+            merged.waited_ms = merged.waited_ms.max(check.waited_ms);
+            for (worker, active) in check.active {
+                *merged.active.entry(worker).or_default() += active;
+            }
+        }
+        Ok(merged)
+    }
+
     /// Polls `GET /admin/workers` until every worker's `active` is 0, for at most `within`.
     ///
     /// Polling, not a single read: the gateway drops a request's load guard just after the last byte

@@ -135,9 +135,11 @@ impl SimArgs {
 /// The storm's shape, shared by `storm` and `ab`.
 #[derive(Debug, Args)]
 struct StormOpts {
-    /// Data-plane URL of the gateway (or of one worker, for a baseline).
-    #[arg(long, env = "BCH_GATEWAY")]
-    gateway: Url,
+    /// Data-plane URL of the gateway (or of one worker, for a baseline). Several replicas in front
+    /// of one fleet: `A,B,C`, and requests go round-robin over them, as an L4 balancer would spread
+    /// them.
+    #[arg(long, env = "BCH_GATEWAY", value_delimiter = ',', required = true)]
+    gateway: Vec<Url>,
     /// Groups of sibling requests to fire.
     #[arg(long, default_value_t = StormConfig::default().groups)]
     groups: usize,
@@ -206,7 +208,8 @@ impl StormOpts {
 
     fn config(&self, control: Option<Url>, seed: u64) -> StormConfig {
         StormConfig {
-            gateway: self.gateway.clone(),
+            gateway: self.gateway[0].clone(),
+            replicas: self.gateway[1..].to_vec(),
             groups: self.groups,
             siblings: self.siblings,
             keys: self.keys,
@@ -233,9 +236,10 @@ impl StormOpts {
 struct StormArgs {
     #[command(flatten)]
     storm: StormOpts,
-    /// Control-plane URL; when given, the report checks that every worker's active load returns to 0.
-    #[arg(long, env = "BCH_CONTROL")]
-    control: Option<Url>,
+    /// Control-plane URL; when given, the report checks that every worker's active load returns to
+    /// 0. With several replicas, every replica's control plane: `A,B,C`.
+    #[arg(long, env = "BCH_CONTROL", value_delimiter = ',')]
+    control: Vec<Url>,
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
@@ -245,9 +249,10 @@ struct StormArgs {
 struct AbArgs {
     #[command(flatten)]
     storm: StormOpts,
-    /// Control-plane URL of the gateway; the policy is switched there between cells.
-    #[arg(long, env = "BCH_CONTROL")]
-    control: Url,
+    /// Control-plane URL of the gateway; the policy is switched there between cells. With several
+    /// replicas, every replica's control plane (`A,B,C`): the policy is switched on each.
+    #[arg(long, env = "BCH_CONTROL", value_delimiter = ',', required = true)]
+    control: Vec<Url>,
     /// Cells separated by `,`, options within a cell by `:`; the first cell is the baseline.
     /// E.g. `strict,gap=1,gap=2:skew=1.25`.
     #[arg(long, default_value = "strict,gap=1,gap=2,gap=4")]
@@ -305,7 +310,9 @@ async fn workers(args: WorkersArgs) -> anyhow::Result<()> {
 
 async fn storm(args: StormArgs) -> anyhow::Result<()> {
     let seed = args.storm.seed();
-    let report = run_storm(&args.storm.config(args.control.clone(), seed)).await?;
+    let mut config = args.storm.config(args.control.first().cloned(), seed);
+    config.replica_controls = args.control.iter().skip(1).cloned().collect();
+    let report = run_storm(&config).await?;
     print!("{report}");
     if let Some(path) = &args.out {
         write_json(path, &report)?;
@@ -338,7 +345,8 @@ async fn ab(args: AbArgs, cancel: CancellationToken) -> anyhow::Result<()> {
             ..args.storm.config(None, seed)
         },
         seed_given: args.storm.seed.is_some(),
-        control: args.control.clone(),
+        control: args.control[0].clone(),
+        replica_controls: args.control[1..].to_vec(),
         control_token: args.storm.control_token.clone(),
         cells,
         reps: args.reps,
@@ -467,6 +475,24 @@ mod tests {
             panic!("not ab")
         };
         assert_eq!((args.reps, parse_cells(&args.cells).unwrap().len()), (3, 3));
+
+        let cli = Cli::try_parse_from([
+            "bch-drill",
+            "storm",
+            "--gateway",
+            "http://127.0.0.1:8080,http://127.0.0.1:8081",
+            "--control",
+            "http://127.0.0.1:9090,http://127.0.0.1:9091",
+        ])
+        .unwrap();
+        let Command::Storm(replicated) = cli.command else {
+            panic!("not storm")
+        };
+        let config = replicated
+            .storm
+            .config(replicated.control.first().cloned(), 1);
+        assert_eq!(config.gateways().count(), 2);
+        assert_eq!(replicated.control.len(), 2);
 
         let cli = Cli::try_parse_from(["bch-drill", "storm", "--gateway", "http://127.0.0.1:8080"])
             .unwrap();

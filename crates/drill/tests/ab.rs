@@ -32,7 +32,7 @@ type Shared = Arc<Mutex<Control>>;
 /// The policy the fake gateway starts with: not one any cell sets, so a restore is visible.
 fn original_policy() -> Value {
     json!({"kind": "bounded_consistent_hashing", "min_load_gap": 3, "max_load_skew": 2.0,
-        "spill_order": "hash_seeded", "virtual_nodes": 150})
+        "spill_order": "hash_seeded", "virtual_nodes": 150, "load_source": "local"})
 }
 
 async fn put_policy(
@@ -106,6 +106,7 @@ fn config(worker: &WorkerHandle, control: Url, cells: &str, reps: usize) -> AbCo
         },
         seed_given: true,
         control,
+        replica_controls: Vec::new(),
         control_token: None,
         cells: parse_cells(cells).unwrap(),
         reps,
@@ -308,4 +309,67 @@ async fn an_unreachable_control_plane_fails_before_any_storm() {
         "{error}"
     );
     assert_eq!(worker.stats().requests_total, 0);
+}
+
+/// Several replicas: requests go round-robin over every data plane, every cell's policy (with its
+/// load source) is put in force on every control plane, and the report says how many replicas.
+#[tokio::test]
+async fn several_replicas_share_the_storm_and_every_policy_switch() {
+    let mut workers = Vec::new();
+    for name in ["replica-a", "replica-b"] {
+        let worker = spawn_worker(
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            name,
+            SimConfig::default().with_time_scale(0.1),
+        )
+        .await
+        .unwrap();
+        workers.push(worker);
+    }
+    let (control_a, state_a) = fake_control(&workers[0], None).await;
+    let (control_b, state_b) = fake_control(&workers[0], None).await;
+    let config = AbConfig {
+        storm: StormConfig {
+            gateway: Url::parse(&workers[0].url()).unwrap(),
+            replicas: vec![Url::parse(&workers[1].url()).unwrap()],
+            groups: 2,
+            siblings: 4,
+            keys: 1,
+            concurrency: 1,
+            prefix_tokens: 32,
+            suffix_tokens: 4,
+            max_tokens: 2,
+            progress: false,
+            ..StormConfig::default()
+        },
+        seed_given: true,
+        control: control_a,
+        replica_controls: vec![control_b],
+        control_token: None,
+        cells: parse_cells("gap=2:load=worker_metrics,gap=2").unwrap(),
+        reps: 1,
+    };
+    let report = run_ab(&config, &CancellationToken::new(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(report.replicas, 2);
+    assert!(report.to_string().contains("2 gateway replicas"));
+    let sent: Vec<u64> = workers.iter().map(|w| w.stats().requests_total).collect();
+    assert_eq!(sent, vec![8, 8], "16 requests, one each in turn");
+    // Both cells, then the restore, on each replica.
+    let calls = state_a.lock().unwrap().puts.clone();
+    assert_eq!(calls, state_b.lock().unwrap().puts);
+    let sources: Vec<&Value> = calls.iter().map(|c| &c["load_source"]).collect();
+    assert_eq!(
+        sources,
+        [&json!("worker_metrics"), &json!("local"), &json!("local")]
+    );
+    assert_eq!(calls.last(), Some(&original_policy()));
+    assert!(report.meta.policy_restored);
+    assert_eq!(report.meta.gateway.split(',').count(), 2);
+    assert_eq!(report.meta.control.split(',').count(), 2);
+    for run in &report.runs {
+        assert_eq!(run.report.shape.replicas, 2);
+        assert!(run.report.drain.as_ref().unwrap().all_zero);
+    }
 }

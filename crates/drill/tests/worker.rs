@@ -545,3 +545,63 @@ async fn keep_alive_streams_are_not_delayed_by_nagle() {
     let elapsed = started.elapsed();
     assert!(elapsed < Duration::from_millis(300), "{elapsed:?}");
 }
+
+/// The two gauges a gateway scrapes for fleet-wide load (docs/replicas.md) count every request in
+/// the engine: held streams in the batch as running, the ones beyond `max_batch` as waiting, and
+/// both go back to 0 when the clients abort.
+#[tokio::test]
+async fn held_streams_are_reported_as_running_plus_waiting() {
+    let w = worker(SimConfig {
+        max_batch: 2,
+        decode_step_base_ms: 1_000.0,
+        ..SimConfig::default()
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let response = client
+            .post(format!("{}/v1/chat/completions", w.url()))
+            .json(&json!({
+                "messages": [{"role": "user", "content": format!("held {i}")}],
+                "max_tokens": 100,
+                "stream": true,
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        held.push(response);
+    }
+    let gauges = |text: &str| -> (u64, u64) {
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
+                .unwrap_or(u64::MAX)
+        };
+        (
+            value("vllm:num_requests_running "),
+            value("vllm:num_requests_waiting "),
+        )
+    };
+    let metrics = || async {
+        let text = reqwest::get(format!("{}/metrics", w.url()))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        gauges(&text)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metrics().await != (2, 1) {
+        assert!(Instant::now() < deadline, "gauges {:?}", metrics().await);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(held);
+    while metrics().await != (0, 0) {
+        assert!(Instant::now() < deadline, "gauges {:?}", metrics().await);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!((w.stats().running, w.stats().waiting), (0, 0));
+}

@@ -20,6 +20,7 @@
 //! - `telemetry`: the aggregator that owns telemetry data and publishes frames;
 //! - `upstream`: per-worker endpoints and pools of keep-alive connections;
 //! - `discovery`: workers from DNS (SRV, A/AAAA), handed to the admin owner;
+//! - `fleet`: the scraper of the workers' own load gauges (`[load] source = "worker_metrics"`);
 //! - `health`: active probes; `server`: accept loops; `metrics`: Prometheus; `error`: the one
 //!   error type of gateway answers; `demo`: `gatewayd --demo` (cargo feature `demo`).
 #![forbid(unsafe_code)]
@@ -33,6 +34,7 @@ mod control;
 mod demo;
 mod discovery;
 mod error;
+mod fleet;
 mod health;
 mod metrics;
 mod picker;

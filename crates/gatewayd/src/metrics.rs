@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use bch_core::fleet_load::LoadSource;
 use bch_core::policy::Branch;
 use bch_core::router::Router;
 use bch_core::routing_key::IgnoredKey;
@@ -19,6 +20,8 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::fleet::{Failure, ScrapeStats};
 
 /// The `reason` labels of `bch_client_body_errors_total`: a request body that ended early (the
 /// client left), was malformed, went over `max_body_bytes`, or came too slowly.
@@ -143,8 +146,9 @@ impl Metrics {
     }
 }
 
-/// Builds the registry: the data-path metrics plus a collector over the router's worker counters.
-pub fn registry(metrics: Arc<Metrics>, router: Arc<Router>) -> Registry {
+/// Builds the registry: the data-path metrics plus a collector over the router's worker counters
+/// and the load scraper's counters.
+pub fn registry(metrics: Arc<Metrics>, router: Arc<Router>, scrapes: Arc<ScrapeStats>) -> Registry {
     let mut registry = Registry::default();
     registry.register(
         "bch_request_duration_seconds",
@@ -156,6 +160,10 @@ pub fn registry(metrics: Arc<Metrics>, router: Arc<Router>) -> Registry {
         "Time until the worker's response headers arrived",
         metrics.time_to_first_byte.clone(),
     );
+    registry.register_collector(Box::new(FleetLoadCollector {
+        router: Arc::clone(&router),
+        scrapes,
+    }));
     registry.register_collector(Box::new(GatewayCollector { metrics, router }));
     registry
 }
@@ -164,6 +172,14 @@ pub fn registry(metrics: Arc<Metrics>, router: Arc<Router>) -> Registry {
 struct GatewayCollector {
     metrics: Arc<Metrics>,
     router: Arc<Router>,
+}
+
+/// The fleet-wide load of every worker (docs/replicas.md): what the rule reads, what the worker
+/// reported, how old that is, whether the rule fell back to local load, and how scrapes went.
+#[derive(Debug)]
+struct FleetLoadCollector {
+    router: Arc<Router>,
+    scrapes: Arc<ScrapeStats>,
 }
 
 fn counter(
@@ -179,12 +195,15 @@ fn counter(
     Ok(())
 }
 
-fn gauge(
+fn gauge<N>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
-    rows: impl IntoIterator<Item = (Vec<(&'static str, String)>, i64)>,
-) -> Result<(), std::fmt::Error> {
+    rows: impl IntoIterator<Item = (Vec<(&'static str, String)>, N)>,
+) -> Result<(), std::fmt::Error>
+where
+    ConstGauge<N>: EncodeMetric,
+{
     let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
     for (labels, value) in rows {
         ConstGauge::new(value).encode(metric.encode_family(&labels)?)?;
@@ -348,6 +367,85 @@ impl GatewayCollector {
                 )
             }),
         )
+    }
+}
+
+impl Collector for FleetLoadCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let table = self.router.table();
+        let source = table.policy().load_source;
+        gauge(
+            &mut encoder,
+            "bch_load_source",
+            "1 for the load source the bounded rule reads (local or worker_metrics)",
+            LoadSource::ALL.iter().map(|s| {
+                (
+                    vec![("source", s.as_str().to_owned())],
+                    i64::from(*s == source),
+                )
+            }),
+        )?;
+        let records = table.worker_records(crate::telemetry::wire::now_ms());
+        let label = |name: &str| vec![("worker", name.to_owned())];
+        gauge(
+            &mut encoder,
+            "bch_worker_load",
+            "Load the bounded rule reads for the worker: in-flight requests of this gateway, or the fleet-wide load in worker_metrics mode",
+            records
+                .iter()
+                .map(|r| (label(&r.name), r.rule_load() as i64)),
+        )?;
+        gauge(
+            &mut encoder,
+            "bch_worker_reported_load",
+            "Running plus waiting requests the worker reported at its last good scrape",
+            records
+                .iter()
+                .filter_map(|r| Some((label(&r.name), r.reported_load? as i64))),
+        )?;
+        gauge(
+            &mut encoder,
+            "bch_worker_load_scrape_age_seconds",
+            "Age of the worker's last good load scrape",
+            records
+                .iter()
+                .filter_map(|r| Some((label(&r.name), r.scrape_age_ms? as f64 / 1000.0))),
+        )?;
+        gauge(
+            &mut encoder,
+            "bch_worker_load_stale",
+            "1 when worker_metrics mode has no fresh sample of the worker and routes on local load",
+            records
+                .iter()
+                .map(|r| (label(&r.name), i64::from(r.load_stale))),
+        )?;
+        let counts: Vec<_> = records
+            .iter()
+            .map(|r| self.scrapes.counts(&r.url))
+            .collect();
+        counter(
+            &mut encoder,
+            "bch_load_scrapes",
+            "Load scrapes of the worker that gave a load",
+            records
+                .iter()
+                .zip(&counts)
+                .map(|(r, c)| (label(&r.name), c.ok)),
+        )?;
+        counter(
+            &mut encoder,
+            "bch_load_scrape_failures",
+            "Load scrapes of the worker that failed, by reason",
+            records.iter().zip(&counts).flat_map(|(r, c)| {
+                Failure::REASONS.iter().enumerate().map(move |(i, reason)| {
+                    (
+                        vec![("worker", r.name.clone()), ("reason", (*reason).to_owned())],
+                        c.failures[i],
+                    )
+                })
+            }),
+        )?;
+        Ok(())
     }
 }
 

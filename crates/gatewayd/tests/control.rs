@@ -337,7 +337,7 @@ async fn policy_get_and_put() {
     assert_eq!(
         initial,
         json!({"kind": "consistent_hashing", "min_load_gap": 2, "max_load_skew": 1.5,
-            "spill_order": "ring", "virtual_nodes": 150})
+            "spill_order": "ring", "virtual_nodes": 150, "load_source": "local"})
     );
 
     // A subset applies and the answer is the whole result.
@@ -354,7 +354,7 @@ async fn policy_get_and_put() {
     assert_eq!(
         answer,
         json!({"kind": "consistent_hashing", "min_load_gap": 4, "max_load_skew": 1.5,
-            "spill_order": "ring", "virtual_nodes": 150})
+            "spill_order": "ring", "virtual_nodes": 150, "load_source": "local"})
     );
     let response = put(
         r#"{"kind": "bounded_consistent_hashing", "max_load_skew": 2.25, "spill_order": "hash_seeded"}"#,
@@ -363,7 +363,7 @@ async fn policy_get_and_put() {
     .unwrap();
     assert_eq!(response.status(), 200);
     let good = json!({"kind": "bounded_consistent_hashing", "min_load_gap": 4, "max_load_skew": 2.25,
-        "spill_order": "hash_seeded", "virtual_nodes": 150});
+        "spill_order": "hash_seeded", "virtual_nodes": 150, "load_source": "local"});
     assert_eq!(response.json::<Value>().await.unwrap(), good);
     assert_eq!(policy(&gateway).await, good);
 
@@ -374,6 +374,7 @@ async fn policy_get_and_put() {
         ("[1]", "invalid"),
         (r#"{"min_load_gaps": 1}"#, "min_load_gaps"),
         (r#"{"max_load_skew": 0.99}"#, "max_load_skew"),
+        (r#"{"load_source": "prometheus"}"#, "load_source"),
         (
             r#"{"max_load_skew": 0.5, "min_load_gap": 9}"#,
             "max_load_skew",
@@ -511,6 +512,8 @@ async fn workers_list_add_remove() {
             "active",
             "errors_total",
             "healthy",
+            "load",
+            "load_stale",
             "name",
             "requests_total",
             "source",
@@ -900,7 +903,7 @@ async fn reload_applies_a_good_file_and_refuses_a_bad_one() {
     let answer: Value = response.json().await.unwrap();
     assert_eq!(answer["policy"]["min_load_gap"], 5);
     let applied = json!({"kind": "bounded_consistent_hashing", "min_load_gap": 5, "max_load_skew": 1.75,
-        "spill_order": "hash_seeded", "virtual_nodes": 150});
+        "spill_order": "hash_seeded", "virtual_nodes": 150, "load_source": "local"});
     assert_eq!(policy(&gateway).await, applied);
     assert_eq!(worker_names(&gateway).await, ["a", "b"]);
     let response = client
@@ -1192,6 +1195,7 @@ async fn health_probes_flip_a_worker_without_moving_other_keys() {
         url: format!("http://{}", sick.addr),
         ring_id: None,
         health_path: None,
+        metrics_path: None,
     });
     let gateway = start(config).await;
     let keys: Vec<String> = (0..60).map(|i| format!("user-{i}")).collect();

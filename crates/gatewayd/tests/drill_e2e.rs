@@ -31,6 +31,7 @@ fn config_for(workers: &[WorkerHandle], kind: PolicyKind, gap: u64) -> Config {
             url: w.url(),
             ring_id: None,
             health_path: None,
+            metrics_path: None,
         })
         .collect();
     config
@@ -296,6 +297,7 @@ async fn ab_produces_every_cell_through_a_real_gateway() {
         },
         seed_given: true,
         control: format!("http://{}", gateway.control_addr).parse().unwrap(),
+        replica_controls: Vec::new(),
         control_token: None,
         cells: parse_cells("strict,gap=1,gap=2").unwrap(),
         reps: 2,
@@ -366,6 +368,7 @@ async fn the_original_ab_shape_reproduces_on_the_simulator() {
         },
         seed_given: true,
         control: format!("http://{}", gateway.control_addr).parse().unwrap(),
+        replica_controls: Vec::new(),
         control_token: None,
         cells: parse_cells("strict,gap=1,gap=2,gap=4").unwrap(),
         reps: 2,

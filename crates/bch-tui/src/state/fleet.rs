@@ -75,7 +75,7 @@ pub struct FleetBound {
 }
 
 impl FleetBound {
-    /// Min, mean and count of the healthy workers' in-flight requests.
+    /// Min, mean and count of the healthy workers' loads, as the rule reads them.
     pub fn load(&self) -> FleetLoad {
         self.load
     }
@@ -101,10 +101,16 @@ impl FleetBound {
 }
 
 impl Fleet {
-    /// The current bound, or `None` before the policy is known or while no worker is healthy.
+    /// The current bound over the loads the rule reads ([`WorkerRecord::rule_load`]: local
+    /// in-flight requests, or the fleet-wide load in `worker_metrics` mode), or `None` before the
+    /// policy is known or while no worker is healthy.
     pub fn bound(&self) -> Option<FleetBound> {
         let policy = self.policy?;
-        let healthy = self.workers.iter().filter(|w| w.healthy).map(|w| w.active);
+        let healthy = self
+            .workers
+            .iter()
+            .filter(|w| w.healthy)
+            .map(WorkerRecord::rule_load);
         Some(FleetBound {
             load: FleetLoad::of(healthy)?,
             policy,
@@ -179,7 +185,7 @@ impl Fleet {
         self.policy = Some(policy);
     }
 
-    fn set_ring(&mut self, ring: RingOwnership) {
+    pub(super) fn set_ring(&mut self, ring: RingOwnership) {
         self.arcs = ring
             .workers
             .iter()

@@ -31,7 +31,8 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, now: Instant, s
     frame.render_widget(Paragraph::new(message_line(state, styles)), message);
 }
 
-/// `bch ● CONNECTED ws://… dropped N`, then RESYNCING and PAUSED when they apply.
+/// `bch ● CONNECTED ws://… dropped N` (with several replicas: the first one not connected, and
+/// their number), then RESYNCING and PAUSED when they apply.
 fn status_line(state: &State, now: Instant, styles: &Styles) -> Line<'static> {
     let (dot, tone) = match state.conn() {
         ConnStatus::Connected => ("●", Tone::Good),
@@ -46,7 +47,10 @@ fn status_line(state: &State, now: Instant, styles: &Styles) -> Line<'static> {
             styles.status(tone),
         ),
         Span::raw("  "),
-        Span::raw(state.url().to_owned()),
+        Span::raw(match state.replicas().len() {
+            1 => state.url().to_owned(),
+            n => format!("{n} replicas, merged"),
+        }),
         Span::raw(format!("  dropped {}", state.live().dropped_events)),
     ];
     if state.resyncing() {

@@ -1,8 +1,11 @@
 //! The workers panel: one load bar per worker, drawn against the bounded policy's two bounds
 //! (`│` at `min + min_load_gap`, `┊` at `mean × max_load_skew`), with OVER on a worker whose keys
-//! would spill and DOWN on one that failed its health checks. When some workers were found by DNS
+//! would spill and DOWN on one that failed its health checks. A bar shows the load the rule reads
+//! (the fleet-wide load in `worker_metrics` mode); a worker the rule routes on local load because
+//! its scrape is stale is drawn with `▒` instead of `█`. When some workers were found by DNS
 //! discovery, the title counts workers by source and wide rows end with each worker's source.
 
+use bch_core::fleet_load::LoadSource;
 use bch_core::telemetry::WorkerRecord;
 use ratatui::Frame;
 use ratatui::layout::Rect;
@@ -21,6 +24,8 @@ pub(super) const GAP_MARKER: char = '│';
 pub(super) const SKEW_MARKER: char = '┊';
 /// Marker when both bounds fall in the same cell.
 const BOTH_MARKER: char = '╫';
+/// Bar cell of a worker whose scrape is stale (the rule reads local load for it).
+const STALE_CELL: char = '▒';
 /// Inner width from which each row also shows the worker's request, spill and error counters.
 const STATS_FROM: u16 = 86;
 /// Widest source label a row shows (`dns:_http._tcp.llm…cluster.local`).
@@ -54,7 +59,8 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
     frame.render_widget(Paragraph::new(lines), inner);
 }
 
-/// ` Workers 3/4 healthy `, and ` 3 discovered, 1 static ` when discovery found some of them.
+/// ` Workers 3/4 healthy `, plus `fleet load` when the rule reads the workers' own gauges, and
+/// ` 3 discovered, 1 static ` when discovery found some of them.
 fn title(fleet: &Fleet, styles: &Styles) -> Line<'static> {
     let healthy = fleet.workers.iter().filter(|w| w.healthy).count();
     let mut spans = vec![
@@ -64,6 +70,12 @@ fn title(fleet: &Fleet, styles: &Styles) -> Line<'static> {
             styles.dim(),
         ),
     ];
+    if fleet
+        .policy
+        .is_some_and(|p| p.load_source == LoadSource::WorkerMetrics)
+    {
+        spans.push(Span::styled("· fleet load ", styles.value()));
+    }
     let discovered = fleet
         .workers
         .iter()
@@ -100,6 +112,14 @@ fn legend(fleet: &Fleet, bound: Option<FleetBound>, width: u16, styles: &Styles)
     ];
     let load = b.load();
     let inputs = format!("  min {} mean {:.2}", load.min_load, load.mean_load);
+    let stale = fleet.workers.iter().any(|w| w.load_stale);
+    if stale {
+        // What the stale cells mean matters more than the inputs, which the bars show.
+        spans.push(Span::styled(
+            format!("  {STALE_CELL} stale: local load"),
+            styles.tone(Tone::Warning),
+        ));
+    }
     let used: usize = spans.iter().map(|s| s.width()).sum();
     // The inputs are derivable from the bars; drop them rather than cut them mid-number.
     if used + inputs.chars().count() <= width as usize {
@@ -151,7 +171,12 @@ impl Geometry {
         };
         let fixed = 2 + name_w + 1 + 5 + 5 + stats_w + source_slot;
         let bar_w = (width as usize).saturating_sub(fixed).max(4);
-        let max_active = fleet.workers.iter().map(|w| w.active).max().unwrap_or(0);
+        let max_active = fleet
+            .workers
+            .iter()
+            .map(WorkerRecord::rule_load)
+            .max()
+            .unwrap_or(0);
         let mut scale = max_active as f64;
         if let Some(b) = bound {
             scale = scale.max(b.gap_bound() as f64).max(b.skew_bound());
@@ -186,7 +211,7 @@ fn worker_line(
 ) -> Line<'static> {
     // The same test the gateway routes with: OVER means a new request for this worker's keys
     // would spill.
-    let over = w.healthy && bound.is_some_and(|b| b.check(w.active).should_spill());
+    let over = w.healthy && bound.is_some_and(|b| b.check(w.rule_load()).should_spill());
     let (glyph, glyph_style) = if w.healthy {
         ("●", styles.tone(Tone::Good))
     } else {
@@ -201,7 +226,10 @@ fn worker_line(
         ),
     ];
     spans.extend(load_bar(w, over, bound, geometry, styles));
-    spans.push(Span::styled(format!("{:>5}", w.active), styles.value()));
+    spans.push(Span::styled(
+        format!("{:>5}", w.rule_load()),
+        styles.value(),
+    ));
     spans.push(flag(w.healthy, over, styles));
     if geometry.stats {
         spans.push(counters(w, styles));
@@ -222,21 +250,23 @@ fn load_bar(
     styles: &Styles,
 ) -> Vec<Span<'static>> {
     let bar_style = styles.load_bar(w.healthy, over);
-    let filled = geometry.filled(w.active);
+    let filled = geometry.filled(w.rule_load());
+    let fill = if w.load_stale { STALE_CELL } else { '█' };
     let gap_col = bound.map(|b| geometry.cell_of(b.gap_bound() as f64));
     let skew_col = bound.map(|b| geometry.cell_of(b.skew_bound()));
     (0..geometry.bar_w)
         .map(|i| {
             let marker = (gap_col == Some(i), skew_col == Some(i));
-            bar_cell(i < filled, marker, bar_style, styles)
+            bar_cell(i < filled, fill, marker, bar_style, styles)
         })
         .collect()
 }
 
-/// One cell of a bar: a marker if one of the bounds (`(gap, skew)`) falls here, else filled or
+/// One cell of a bar: a marker if one of the bounds (`(gap, skew)`) falls here, else `fill` or
 /// empty.
 fn bar_cell(
     in_bar: bool,
+    fill: char,
     (is_gap, is_skew): (bool, bool),
     bar_style: Style,
     styles: &Styles,
@@ -245,7 +275,7 @@ fn bar_cell(
         (true, true) => (BOTH_MARKER, styles.gap_marker()),
         (true, false) => (GAP_MARKER, styles.gap_marker()),
         (false, true) => (SKEW_MARKER, styles.skew_marker()),
-        (false, false) if in_bar => ('█', bar_style),
+        (false, false) if in_bar => (fill, bar_style),
         (false, false) => ('·', styles.dim()),
     };
     let style = if in_bar && (is_gap || is_skew) {

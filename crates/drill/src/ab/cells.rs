@@ -2,6 +2,7 @@
 //! and the `PUT /admin/policy` body each one sends.
 
 use anyhow::Context as _;
+use bch_core::fleet_load::LoadSource;
 use bch_core::policy::{PolicyKind, PolicyPatch, SpillOrder};
 use serde::Serialize;
 
@@ -30,7 +31,10 @@ const DEFAULT_GAP: u64 = 2;
 ///   thresholds and the spill order (defaults gap 2, skew 1.5, ring), so a cell never inherits the
 ///   previous cell's value;
 /// - `round_robin` (or `rr`), `random`: the baselines;
-/// - `vnodes=N`: `virtual_nodes` N, combinable with any of the above.
+/// - `vnodes=N`: `virtual_nodes` N, combinable with any of the above;
+/// - `load=local` or `load=worker_metrics`: the load source the rule reads, combinable with any of
+///   the above. When one cell names a load source, every cell sends one (`local` unless it names
+///   another), so no cell inherits the previous cell's.
 ///
 /// # Errors
 ///
@@ -46,6 +50,11 @@ pub fn parse_cells(spec: &str) -> anyhow::Result<Vec<Cell>> {
             "cell {label:?} appears twice"
         );
         cells.push(cell);
+    }
+    if cells.iter().any(|c| c.policy.load_source.is_some()) {
+        for cell in &mut cells {
+            cell.policy.load_source.get_or_insert(LoadSource::Local);
+        }
     }
     Ok(cells)
 }
@@ -69,6 +78,7 @@ struct CellOptions {
     skew: Option<f64>,
     order: Option<SpillOrder>,
     vnodes: Option<u32>,
+    load_source: Option<LoadSource>,
 }
 
 impl CellOptions {
@@ -92,12 +102,14 @@ impl CellOptions {
             "random" => self.set_kind(PolicyKind::Random),
             other => anyhow::bail!(
                 "unknown option {other:?}; expected strict, bounded, gap=N, skew=X, \
-                 order=ring|hash_seeded, vnodes=N, round_robin or random"
+                 order=ring|hash_seeded, vnodes=N, load=local|worker_metrics, round_robin or \
+                 random"
             ),
         }
     }
 
-    /// An option `name=value`: a threshold (which implies the bounded policy) or the virtual nodes.
+    /// An option `name=value`: a threshold or the spill order (which imply the bounded policy), the
+    /// virtual nodes or the load source.
     fn value(&mut self, name: &str, value: &str) -> anyhow::Result<()> {
         match name {
             "gap" => {
@@ -130,8 +142,11 @@ impl CellOptions {
                 anyhow::ensure!(n > 0, "vnodes must be at least 1");
                 self.vnodes = Some(n);
             }
+            "load" => {
+                self.load_source = Some(value.parse().map_err(|e| anyhow::anyhow!("{e}"))?);
+            }
             other => {
-                anyhow::bail!("unknown option {other:?}; expected gap, skew, order or vnodes")
+                anyhow::bail!("unknown option {other:?}; expected gap, skew, order, vnodes or load")
             }
         }
         Ok(())
@@ -150,6 +165,7 @@ impl CellOptions {
                 max_load_skew: bounded.then(|| self.skew.unwrap_or(DEFAULT_SKEW)),
                 spill_order: bounded.then(|| self.order.unwrap_or_default()),
                 virtual_nodes: self.vnodes,
+                load_source: self.load_source,
             },
         })
     }
@@ -206,5 +222,17 @@ mod tests {
         assert!(err("gap=1,gap=1").contains("appears twice"));
         assert!(err("order=next").contains("spill_order must be one of ring, hash_seeded"));
         assert!(err("rr:order=ring").contains("two policy kinds"));
+        assert!(err("gap=1:load=gpu").contains("load_source must be local or worker_metrics"));
+    }
+
+    #[test]
+    fn a_load_source_in_one_cell_is_sent_by_every_cell() {
+        let cells = parse_cells("gap=2:load=worker_metrics,gap=2").unwrap();
+        assert_eq!(cells[0].policy.load_source, Some(LoadSource::WorkerMetrics));
+        assert_eq!(cells[1].policy.load_source, Some(LoadSource::Local));
+        let body = serde_json::to_value(cells[0].policy).unwrap();
+        assert_eq!(body["load_source"], "worker_metrics");
+        let plain = parse_cells("gap=2,strict").unwrap();
+        assert!(plain.iter().all(|c| c.policy.load_source.is_none()));
     }
 }

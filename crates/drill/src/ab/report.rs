@@ -51,13 +51,15 @@ pub struct AbMeta {
     /// True when the seed was given (`--seed`); false when drawn at random for this invocation, so
     /// that a second invocation does not find the first one's prompts cached.
     pub seed_given: bool,
-    /// Data-plane URL stormed.
+    /// Data-plane URL stormed (every replica's, comma-separated, when several).
     pub gateway: String,
-    /// Control-plane URL whose policy was switched.
+    /// Control-plane URL whose policy was switched (every replica's, comma-separated, when
+    /// several).
     pub control: String,
     /// The storm of every run (its seed is the base seed).
     pub storm: StormShape,
-    /// `GET /admin/policy` before the first run: the policy restored at the end.
+    /// `GET /admin/policy` before the first run: the policy restored at the end. With several
+    /// replicas, the first one's; each replica gets back its own.
     pub policy_before: Value,
     /// True when the policy found was put back (after the last run, an error or an interruption).
     pub policy_restored: bool,
@@ -150,6 +152,8 @@ pub struct AbReport {
     pub baseline: String,
     /// Repetitions of every cell.
     pub reps: usize,
+    /// Gateway replicas every storm spread its requests over (1 for a single gateway).
+    pub replicas: usize,
     /// Per-cell summaries, in cell order.
     pub cells: Vec<CellSummary>,
     /// Every pair of candidate (non-baseline) cells, in cell order.

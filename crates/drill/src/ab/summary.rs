@@ -79,6 +79,7 @@ pub(super) fn summarise(cells: &[Cell], reps: usize, runs: Vec<AbRun>, meta: AbM
         meta,
         baseline: base.clone(),
         reps,
+        replicas: runs.first().map_or(1, |r| r.report.shape.replicas),
         cells: summaries,
         comparisons,
         verdict,

@@ -54,6 +54,13 @@ impl AbReport {
     fn fmt_header(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let m = &self.meta;
         writeln!(f, "{}: {}", m.tool, m.storm)?;
+        if self.replicas > 1 {
+            writeln!(
+                f,
+                "through {} gateway replicas (requests round-robin)",
+                self.replicas
+            )?;
+        }
         writeln!(
             f,
             "{} repetitions per cell, interleaved; prompt seed {} ({}); {} to {}",

@@ -142,7 +142,7 @@ impl Storm {
             "a background storm needs at least one key"
         );
         let shooter = Shooter::new(
-            &config.gateway,
+            [&config.gateway],
             &config.routing_key_header,
             config.stream,
             config.max_tokens,

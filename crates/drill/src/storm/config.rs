@@ -15,6 +15,10 @@ use crate::sim::DEFAULT_MODEL;
 pub struct StormConfig {
     /// Data-plane base URL of the gateway (or of a single worker, for a baseline without routing).
     pub gateway: Url,
+    /// Data-plane URLs of further gateway replicas in front of the same fleet. Requests go
+    /// round-robin over `gateway` and these, one request each in turn, as an L4 balancer spreads
+    /// them. Default none.
+    pub replicas: Vec<Url>,
     /// Groups to fire. Default 400.
     pub groups: usize,
     /// Concurrent sibling requests per group. Default 8.
@@ -46,6 +50,8 @@ pub struct StormConfig {
     pub model: String,
     /// Control-plane URL; when set, the report says whether every worker's `active` returned to 0.
     pub control: Option<Url>,
+    /// Control planes of the replicas, checked for the drain like `control`. Default none.
+    pub replica_controls: Vec<Url>,
     /// Bearer token for the control plane, when it requires one.
     pub control_token: Option<String>,
     /// Seed of the prompt text; routing keys themselves do not depend on it. Default 0.
@@ -62,6 +68,7 @@ impl Default for StormConfig {
     fn default() -> Self {
         Self {
             gateway: Url::parse("http://127.0.0.1:8080").expect("static URL"),
+            replicas: Vec::new(),
             groups: 400,
             siblings: 8,
             keys: 8,
@@ -76,6 +83,7 @@ impl Default for StormConfig {
             routing_key_header: DEFAULT_ROUTING_KEY_HEADER.to_owned(),
             model: DEFAULT_MODEL.to_owned(),
             control: None,
+            replica_controls: Vec::new(),
             control_token: None,
             seed: 0,
             drain_timeout: Duration::from_secs(2),
@@ -86,6 +94,16 @@ impl Default for StormConfig {
 }
 
 impl StormConfig {
+    /// Every gateway the storm spreads requests over: `gateway`, then the replicas.
+    pub fn gateways(&self) -> impl Iterator<Item = &Url> {
+        std::iter::once(&self.gateway).chain(&self.replicas)
+    }
+
+    /// Every control plane the drain check asks: `control`, then the replicas'.
+    pub fn controls(&self) -> impl Iterator<Item = &Url> {
+        self.control.iter().chain(&self.replica_controls)
+    }
+
     /// Refuses a storm that would fire nothing or never finish.
     pub(crate) fn check(&self) -> anyhow::Result<()> {
         anyhow::ensure!(

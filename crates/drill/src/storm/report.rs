@@ -7,6 +7,7 @@ use std::fmt;
 use std::time::Duration;
 
 use bch_core::policy::Branch;
+use reqwest::Url;
 use serde::Serialize;
 
 use super::config::StormConfig;
@@ -51,8 +52,10 @@ pub struct TtftSummary {
 /// The storm's shape as configured, echoed in the report so a JSON file says what produced it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StormShape {
-    /// Data-plane URL the storm was aimed at.
+    /// Data-plane URL the storm was aimed at (every replica's, comma-separated, when several).
     pub gateway: String,
+    /// Gateway replicas the requests were spread over, round-robin (1 for a single gateway).
+    pub replicas: usize,
     /// Groups fired.
     pub groups: usize,
     /// Concurrent sibling requests per group.
@@ -119,7 +122,12 @@ impl StormShape {
     /// The shape of a storm fired with `config`.
     pub(crate) fn of(config: &StormConfig) -> Self {
         Self {
-            gateway: config.gateway.to_string(),
+            gateway: config
+                .gateways()
+                .map(Url::as_str)
+                .collect::<Vec<_>>()
+                .join(","),
+            replicas: config.gateways().count(),
             groups: config.groups,
             siblings: config.siblings,
             keys: config.keys,
@@ -333,10 +341,16 @@ impl fmt::Display for StormReport {
 
 impl StormReport {
     fn fmt_shape(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.shape;
+        let replicas = if s.replicas > 1 {
+            format!(" (round-robin over {} replicas)", s.replicas)
+        } else {
+            String::new()
+        };
         writeln!(
             f,
-            "storm: {} requests to {} ({})",
-            self.requests, self.shape.gateway, self.shape
+            "storm: {} requests to {}{replicas} ({s})",
+            self.requests, s.gateway
         )
     }
 

@@ -24,9 +24,11 @@ use crate::control::{ControlClient, DrainCheck};
 /// cannot be asked for the drain check. Failed requests are not errors: the report counts them.
 pub async fn run_storm(config: &StormConfig) -> anyhow::Result<StormReport> {
     config.check()?;
-    preflight(&config.gateway).await?;
+    for gateway in config.gateways() {
+        preflight(gateway).await?;
+    }
     let shooter = Shooter::new(
-        &config.gateway,
+        config.gateways(),
         &config.routing_key_header,
         config.stream,
         config.max_tokens,
@@ -112,11 +114,14 @@ async fn fire_groups(
 }
 
 async fn check_drain(config: &StormConfig) -> anyhow::Result<Option<DrainCheck>> {
-    let Some(control) = &config.control else {
+    let clients: Vec<ControlClient> = config
+        .controls()
+        .map(|control| ControlClient::new(control, config.control_token.clone()))
+        .collect();
+    if clients.is_empty() {
         return Ok(None);
-    };
-    let drain = ControlClient::new(control, config.control_token.clone())
-        .wait_drained(config.drain_timeout)
+    }
+    let drain = ControlClient::wait_all_drained(&clients, config.drain_timeout)
         .await
         .context("checking that every worker's active load returned to 0")?;
     Ok(Some(drain))

@@ -40,10 +40,11 @@ impl Outcome {
     }
 }
 
-/// Sends storm requests to one gateway.
+/// Sends storm requests to one gateway, or round-robin to several replicas.
 pub(super) struct Shooter {
     http: reqwest::Client,
-    endpoint: String,
+    endpoints: Vec<String>,
+    next: std::sync::atomic::AtomicUsize,
     key_header: HeaderName,
     stream: bool,
     max_tokens: u32,
@@ -51,14 +52,14 @@ pub(super) struct Shooter {
 }
 
 impl Shooter {
-    /// A shooter at `{gateway}/v1/chat/completions`, the routing key in `key_header`, each request
-    /// given up after `timeout` (headers to last byte).
+    /// A shooter at `{gateway}/v1/chat/completions` of each of `gateways` in turn, the routing key
+    /// in `key_header`, each request given up after `timeout` (headers to last byte).
     ///
     /// # Errors
     ///
-    /// When `key_header` is not a valid header name.
-    pub(super) fn new(
-        gateway: &Url,
+    /// When `key_header` is not a valid header name, or `gateways` is empty.
+    pub(super) fn new<'a>(
+        gateways: impl IntoIterator<Item = &'a Url>,
         key_header: &str,
         stream: bool,
         max_tokens: u32,
@@ -71,12 +72,15 @@ impl Shooter {
             .timeout(timeout)
             .build()
             .context("building the HTTP client")?;
+        let endpoints: Vec<String> = gateways
+            .into_iter()
+            .map(|g| format!("{}/v1/chat/completions", g.as_str().trim_end_matches('/')))
+            .collect();
+        anyhow::ensure!(!endpoints.is_empty(), "no gateway to send requests to");
         Ok(Self {
             http,
-            endpoint: format!(
-                "{}/v1/chat/completions",
-                gateway.as_str().trim_end_matches('/')
-            ),
+            endpoints,
+            next: std::sync::atomic::AtomicUsize::new(0),
             key_header,
             stream,
             max_tokens,
@@ -93,6 +97,12 @@ impl Shooter {
         futures_util::future::join_all(requests).await
     }
 
+    /// The next gateway in turn.
+    fn endpoint(&self) -> &str {
+        let turn = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        &self.endpoints[turn % self.endpoints.len()]
+    }
+
     /// Sends one request and reads its answer.
     async fn fire(&self, key: &str, prompt: &str) -> Outcome {
         let mut outcome = Outcome::default();
@@ -107,7 +117,7 @@ impl Shooter {
         let start = Instant::now();
         let sent = self
             .http
-            .post(&self.endpoint)
+            .post(self.endpoint())
             .header(&self.key_header, key)
             .json(&body)
             .send()

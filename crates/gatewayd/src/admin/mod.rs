@@ -268,7 +268,7 @@ impl Admin {
         // A concurrent removal may have taken it out again already.
         self.router
             .table()
-            .worker_records()
+            .worker_records(crate::telemetry::wire::now_ms())
             .into_iter()
             .find(|w| w.name == name)
             .ok_or(AdminError::UnknownWorker(name))
@@ -312,8 +312,8 @@ impl Admin {
         Ok(spec)
     }
 
-    /// Applies a policy patch (any subset of kind, thresholds, virtual nodes) and answers the
-    /// policy in force; `source` is announced to telemetry clients.
+    /// Applies a policy patch (any subset of kind, thresholds, virtual nodes, load source) and
+    /// answers the policy in force; `source` is announced to telemetry clients.
     pub fn set_policy(
         &self,
         patch: &PolicyPatch,
@@ -322,12 +322,8 @@ impl Admin {
         // The answer is the policy this change put in force, not whatever a concurrent change
         // left in the table a moment later.
         self.change(source, |config, _| {
-            let policy = config.policy.settings().patched(patch)?;
-            config.policy.kind = policy.kind;
-            config.policy.min_load_gap = policy.min_load_gap;
-            config.policy.max_load_skew = policy.max_load_skew;
-            config.policy.spill_order = policy.spill_order;
-            config.policy.virtual_nodes = policy.virtual_nodes;
+            let policy = config.policy_settings().patched(patch)?;
+            config.set_policy_settings(policy);
             Ok(policy)
         })
     }
@@ -431,7 +427,7 @@ impl Admin {
                 return Err(AdminError::Loop(message));
             }
         }
-        let policy = next.config.policy.settings();
+        let policy = next.config.policy_settings();
         policy.validate()?;
         let merged = merge(
             &next.statics,
@@ -486,7 +482,7 @@ impl Admin {
         in_force.statics = next.statics;
         in_force.discovered = next.discovered;
         if policy != before {
-            tracing::info!(source = source.as_str(), kind = %policy.kind, min_load_gap = policy.min_load_gap, max_load_skew = policy.max_load_skew, spill_order = %policy.spill_order, virtual_nodes = policy.virtual_nodes, "policy changed");
+            tracing::info!(source = source.as_str(), kind = %policy.kind, min_load_gap = policy.min_load_gap, max_load_skew = policy.max_load_skew, spill_order = %policy.spill_order, virtual_nodes = policy.virtual_nodes, load_source = policy.load_source.as_str(), "policy changed");
             self.telemetry.policy_changed(source);
         }
         Ok(())

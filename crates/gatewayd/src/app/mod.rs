@@ -32,6 +32,7 @@ use crate::admin::{Admin, ConfigOrigin, ConfigOverrides};
 use crate::config::{Config, ConfigError, Member, WorkerConfig};
 use crate::control::ControlPlane;
 use crate::control::guard::BrowserGuard;
+use crate::fleet::ScrapeStats;
 use crate::metrics::Metrics;
 use crate::picker::PickerPlane;
 use crate::proxy::DataPlane;
@@ -334,6 +335,7 @@ impl Listeners {
 /// The parts of a gateway, each with its narrow handle, before anything runs.
 struct Parts {
     router: Arc<Router>,
+    scrapes: Arc<ScrapeStats>,
     registry: Arc<prometheus_client::registry::Registry>,
     metrics: Arc<Metrics>,
     upstreams: Arc<Upstreams>,
@@ -370,12 +372,14 @@ fn assemble(
     }
     let router = Arc::new(Router::new(
         members.iter().map(|m| m.spec.clone()).collect(),
-        config.policy.settings(),
+        config.policy_settings(),
     )?);
     let metrics = Arc::new(Metrics::default());
+    let scrapes = Arc::new(ScrapeStats::default());
     let registry = Arc::new(crate::metrics::registry(
         Arc::clone(&metrics),
         Arc::clone(&router),
+        Arc::clone(&scrapes),
     ));
     let telemetry = Telemetry::start(
         Arc::clone(&router),
@@ -429,6 +433,7 @@ fn assemble(
     });
     Ok(Parts {
         router,
+        scrapes,
         registry,
         metrics,
         upstreams,
@@ -440,7 +445,7 @@ fn assemble(
 }
 
 /// Spawns the accept loops (tracked by `tasks`, so shutdown can wait for their connections), the
-/// health prober, DNS discovery and the idle-connection sweeper.
+/// load scraper, the health prober, DNS discovery and the idle-connection sweeper.
 fn spawn_services(
     parts: Parts,
     listeners: Listeners,
@@ -490,6 +495,12 @@ fn spawn_services(
         listeners.control,
         listening("control"),
         move || TowerToHyperService::new(control_app.clone()),
+    ));
+    tokio::spawn(crate::fleet::run(
+        Arc::clone(&parts.router),
+        parts.admin.config(),
+        parts.scrapes,
+        shutdown.clone(),
     ));
     tokio::spawn(crate::health::run(
         parts.router,

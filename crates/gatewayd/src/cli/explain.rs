@@ -5,6 +5,7 @@ use std::io::{BufRead, Write};
 use std::process::ExitCode;
 
 use bch_core::explain::{Explainer, Scenario};
+use bch_core::fleet_load::LoadSource;
 use bch_core::policy::{PolicyKind, SpillOrder};
 use clap::Args;
 
@@ -12,7 +13,7 @@ use clap::Args;
 #[derive(Debug, Args)]
 pub struct ExplainArgs {
     /// Read one JSON scenario per line on stdin and write one `{"worker","branch"}` per line.
-    #[arg(long, conflicts_with_all = ["workers", "routing_key"])]
+    #[arg(long, conflicts_with_all = ["workers", "routing_key", "reported", "local_at_scrape"])]
     pub batch: bool,
     /// A worker URL, in configuration order; repeat for every worker.
     #[arg(long = "worker", value_name = "URL", required_unless_present = "batch")]
@@ -45,6 +46,24 @@ pub struct ExplainArgs {
     /// The routing policy to decide with; explain studies the bounded policy unless told otherwise.
     #[arg(long, value_parser = parse_policy, default_value = "bounded_consistent_hashing")]
     pub policy: PolicyKind,
+    /// Which load the rule reads: local (the --load values) or worker_metrics (the --reported
+    /// values, corrected by this replica's requests since the scrape).
+    #[arg(long, value_parser = parse_load_source, default_value = "local")]
+    pub load_source: LoadSource,
+    /// A worker's reported running + waiting requests at its last scrape, as `URL=N`; repeat.
+    /// Workers without one fall back to their --load value in worker_metrics mode.
+    #[arg(long = "reported", value_name = "URL=N", value_parser = parse_load)]
+    pub reported: Vec<(String, u64)>,
+    /// This replica's in-flight requests on a worker when its scrape was sent, as `URL=N`;
+    /// repeat. Defaults to the worker's --load value (nothing changed since the scrape).
+    #[arg(long = "local-at-scrape", value_name = "URL=N", value_parser = parse_load)]
+    pub local_at_scrape: Vec<(String, u64)>,
+}
+
+/// A load source for clap: `local` or `worker_metrics`.
+pub fn parse_load_source(s: &str) -> Result<LoadSource, String> {
+    s.parse()
+        .map_err(|e: bch_core::fleet_load::UnknownLoadSource| e.to_string())
 }
 
 /// A policy name for clap: `consistent_hashing`, `bounded_consistent_hashing`, `round_robin`,
@@ -86,6 +105,9 @@ pub fn explain(args: ExplainArgs) -> ExitCode {
         max_load_skew: args.max_load_skew,
         spill_order: args.spill_order,
         policy: args.policy,
+        load_source: args.load_source,
+        reported: args.reported.into_iter().collect(),
+        local_at_scrape: args.local_at_scrape.into_iter().collect(),
     };
     match explainer.explain(&scenario) {
         Ok(answer) => {

@@ -16,8 +16,9 @@ use clap::{Args, Parser, Subcommand};
 use crate::app::{StartOptions, init_logging};
 use crate::config::{Config, DiscoveryConfig, DnsKind, LogFormat, WorkerConfig};
 use addr::parse_addr;
+use bch_core::fleet_load::LoadSource;
 use envoy_config::EnvoyConfigArgs;
-use explain::{ExplainArgs, parse_policy};
+use explain::{ExplainArgs, parse_load_source, parse_policy};
 
 /// bch gateway daemon: bounded consistent hashing in front of LLM inference workers.
 #[derive(Debug, Parser)]
@@ -99,6 +100,10 @@ pub struct RunArgs {
     /// next one clockwise, the default) or hash_seeded (a per-key pseudo-random order).
     #[arg(long, value_parser = explain::parse_spill_order)]
     pub spill_order: Option<SpillOrder>,
+    /// Which load the bounded rule reads: local (this process's in-flight requests) or
+    /// worker_metrics (the workers' own gauges, so several replicas decide as one).
+    #[arg(long, value_parser = parse_load_source)]
+    pub load_source: Option<LoadSource>,
     /// File holding the control plane's bearer token.
     #[arg(long, env = "GATEWAYD_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
@@ -201,6 +206,9 @@ pub fn apply_flags(args: &RunArgs, config: &mut Config) {
     }
     if let Some(order) = args.spill_order {
         config.policy.spill_order = order;
+    }
+    if let Some(source) = args.load_source {
+        config.load.source = source;
     }
     if let Some(file) = &args.admin_token_file {
         config.server.admin_token_file = Some(file.clone());

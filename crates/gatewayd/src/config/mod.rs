@@ -2,11 +2,13 @@
 //! whole before anything is put in force. The annotated reference is `config/gatewayd.toml`.
 //!
 //! [`worker`] holds one worker entry and its parsed URL; [`alias`] the canonical backend a URL
-//! reaches; [`discovery`] one DNS discovery source; [`runtime`] the per-request settings derived
+//! reaches; [`load`] the `[load]` section (which load the rule reads, and how workers are
+//! scraped); [`discovery`] one DNS discovery source; [`runtime`] the per-request settings derived
 //! from a whole configuration.
 
 pub mod alias;
 pub mod discovery;
+pub mod load;
 pub mod runtime;
 pub mod worker;
 
@@ -25,6 +27,7 @@ use bch_core::routing_key::{DEFAULT_ROUTING_KEY_HEADER, DEFAULT_TARGET_WORKER_HE
 use serde::{Deserialize, Serialize};
 
 pub use discovery::{DiscoveryConfig, DiscoveryError, DnsKind};
+pub use load::LoadConfig;
 pub use worker::{Member, WorkerConfig, WorkerError, WorkerUrl, WorkerUrlError};
 
 /// The policy a gateway runs when its configuration names none: strict `consistent_hashing`. The
@@ -56,6 +59,8 @@ pub struct Config {
     pub routing: RoutingConfig,
     /// Policy and thresholds.
     pub policy: PolicyConfig,
+    /// Which load the rule reads, and how workers' own gauges are scraped.
+    pub load: LoadConfig,
     /// Active health probes.
     pub health: HealthConfig,
     /// Websocket telemetry.
@@ -196,16 +201,27 @@ impl Default for PolicyConfig {
     }
 }
 
-impl PolicyConfig {
-    /// The same values as the router's policy settings.
-    pub fn settings(&self) -> PolicySettings {
+impl Config {
+    /// The router's policy settings: `[policy]` plus `[load] source`.
+    pub fn policy_settings(&self) -> PolicySettings {
         PolicySettings {
-            kind: self.kind,
-            min_load_gap: self.min_load_gap,
-            max_load_skew: self.max_load_skew,
-            spill_order: self.spill_order,
-            virtual_nodes: self.virtual_nodes,
+            kind: self.policy.kind,
+            min_load_gap: self.policy.min_load_gap,
+            max_load_skew: self.policy.max_load_skew,
+            spill_order: self.policy.spill_order,
+            virtual_nodes: self.policy.virtual_nodes,
+            load_source: self.load.source,
         }
+    }
+
+    /// Puts `settings` in force in this configuration: `[policy]` and `[load] source`.
+    pub fn set_policy_settings(&mut self, settings: PolicySettings) {
+        self.policy.kind = settings.kind;
+        self.policy.min_load_gap = settings.min_load_gap;
+        self.policy.max_load_skew = settings.max_load_skew;
+        self.policy.spill_order = settings.spill_order;
+        self.policy.virtual_nodes = settings.virtual_nodes;
+        self.load.source = settings.load_source;
     }
 }
 
@@ -385,7 +401,7 @@ impl Config {
             field: field.to_owned(),
             message,
         };
-        self.policy.settings().validate().map_err(|e| {
+        self.policy_settings().validate().map_err(|e| {
             let field = if matches!(e, bch_core::policy::PolicyError::InvalidSkew(_)) {
                 "policy.max_load_skew"
             } else {
@@ -482,6 +498,9 @@ impl Config {
                 ));
             }
         }
+        self.load
+            .validate()
+            .map_err(|(field, message)| invalid(&format!("load.{field}"), message))?;
         if self.picker.fallbacks > MAX_PICKER_FALLBACKS {
             return Err(invalid(
                 "picker.fallbacks",
@@ -644,7 +663,7 @@ mod tests {
         assert_eq!(config.policy.kind, PolicyKind::ConsistentHashing);
         assert_eq!(config.policy.spill_order, SpillOrder::Ring);
         let seeded = parse("[policy]\nspill_order = \"hash_seeded\"\n").unwrap();
-        assert_eq!(seeded.policy.settings().spill_order, SpillOrder::HashSeeded);
+        assert_eq!(seeded.policy_settings().spill_order, SpillOrder::HashSeeded);
     }
 
     #[test]
@@ -690,6 +709,23 @@ mod tests {
                 "server.request_body_timeout_ms",
             ),
             ("[policy\n", "line 1"),
+            ("[load]\nsource = \"gpu\"\n", "source"),
+            (
+                "[load]\nscrape_interval_ms = 0\n",
+                "load.scrape_interval_ms",
+            ),
+            ("[load]\nstale_after_ms = 50\n", "load.stale_after_ms"),
+            ("[load]\nmetrics_path = \"metrics\"\n", "load.metrics_path"),
+            ("[load]\nrunning_gauge = \"x\"\n", "load.waiting_gauge"),
+            (
+                "[load]\nrunning_gauge = \"a b\"\nwaiting_gauge = \"c\"\n",
+                "load.running_gauge",
+            ),
+            ("[load]\nmax_scrape_bytes = 0\n", "load.max_scrape_bytes"),
+            (
+                "[[workers]]\nurl = \"http://a:1\"\nmetrics_path = \"m\"\n",
+                "workers[0].metrics_path",
+            ),
             ("[[discovery]]\ndns = \"llm.test\"\n", "discovery[0].port"),
             (
                 "[[discovery]]\ndns = \"_h._tcp.a\"\n[[discovery]]\ndns = \"_H._tcp.a.\"\n",

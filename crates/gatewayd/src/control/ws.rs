@@ -99,6 +99,7 @@ fn handle_command(plane: &ControlPlane, client: u64, text: &str) -> Option<Arc<s
             min_load_gap,
             max_load_skew,
             spill_order,
+            load_source,
         } => {
             let patch = PolicyPatch {
                 kind,
@@ -106,6 +107,7 @@ fn handle_command(plane: &ControlPlane, client: u64, text: &str) -> Option<Arc<s
                 max_load_skew,
                 spill_order,
                 virtual_nodes: None,
+                load_source,
             };
             Some(match plane.admin.set_policy(&patch, ChangeSource::Ws) {
                 Ok(policy) => encode_message(&ServerMessage::Ack(Ack { id, policy })),

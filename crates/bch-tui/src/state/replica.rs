@@ -1,0 +1,176 @@
+//! One gateway replica the console is connected to: its URL, connection, the fleet as that
+//! replica describes it, and its frame sequence. Frames apply here; the answers to commands
+//! (`ack`, `error`) are handed back to the state, which owns the command log.
+
+use bch_core::fleet_load::LoadSource;
+use bch_core::policy::PolicySettings;
+use bch_core::telemetry::{ClientCommand, ServerFrame, ServerMessage};
+
+use super::fleet::Fleet;
+use crate::conn::ConnStatus;
+
+/// One replica: where it is, how the connection stands and what it last said.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replica {
+    url: String,
+    conn: ConnStatus,
+    fleet: Fleet,
+    /// Seq of the last frame on this connection, to spot frames the gateway dropped.
+    last_seq: Option<u64>,
+    /// A `resync` was sent after a seq gap and no snapshot has arrived since.
+    resyncing: bool,
+}
+
+/// A command answer a frame carried, for the state's command log.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Answer {
+    /// `ack` with this id.
+    Ack(Option<bch_core::telemetry::CommandId>),
+    /// `error` with this id and message.
+    Error(Option<bch_core::telemetry::CommandId>, String),
+}
+
+/// The settings a replica row compares: kind, both thresholds and the load source.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Settings {
+    /// `min_load_gap`, requests.
+    pub min_load_gap: u64,
+    /// `max_load_skew`, factor.
+    pub max_load_skew: f64,
+    /// Which load the rule reads.
+    pub load_source: LoadSource,
+    /// The policy kind.
+    pub kind: bch_core::policy::PolicyKind,
+}
+
+impl Settings {
+    fn of(policy: &PolicySettings) -> Self {
+        Self {
+            min_load_gap: policy.min_load_gap,
+            max_load_skew: policy.max_load_skew,
+            load_source: policy.load_source,
+            kind: policy.kind,
+        }
+    }
+}
+
+impl Replica {
+    /// A replica at `url`, connecting, nothing known yet.
+    pub(super) fn new(url: String) -> Self {
+        Self {
+            url,
+            conn: ConnStatus::Connecting,
+            fleet: Fleet::default(),
+            last_seq: None,
+            resyncing: false,
+        }
+    }
+
+    /// The replica's websocket URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Where its connection stands.
+    pub fn conn(&self) -> &ConnStatus {
+        &self.conn
+    }
+
+    /// The fleet as this replica last described it.
+    pub fn fleet(&self) -> &Fleet {
+        &self.fleet
+    }
+
+    /// Seq of the last frame on this connection; `None` before the first.
+    pub fn last_seq(&self) -> Option<u64> {
+        self.last_seq
+    }
+
+    /// Whether a `resync` was sent after a seq gap and no snapshot has arrived since.
+    pub fn resyncing(&self) -> bool {
+        self.resyncing
+    }
+
+    /// The settings its policy frames last reported; `None` before the first snapshot.
+    pub fn settings(&self) -> Option<Settings> {
+        self.fleet.policy.as_ref().map(Settings::of)
+    }
+
+    /// A new connection status; answers whether the connection was lost (pending commands to it
+    /// can no longer be answered).
+    pub(super) fn set_status(&mut self, status: ConnStatus) -> bool {
+        let lost = matches!(status, ConnStatus::Reconnecting { .. });
+        if status == ConnStatus::Connected {
+            // seq restarts at 0 on every connection and the first frame is a snapshot.
+            self.last_seq = None;
+            self.resyncing = false;
+        }
+        self.conn = status;
+        lost
+    }
+
+    /// Applies one frame: `resync` when its seq shows frames were missed, and the command answer
+    /// it carried, if any.
+    pub(super) fn apply_frame(
+        &mut self,
+        frame: ServerFrame,
+    ) -> (Option<ClientCommand>, Option<Answer>) {
+        let expected = self.last_seq.map_or(0, |s| s + 1);
+        self.last_seq = Some(frame.seq);
+        let mut resync = None;
+        if let ServerMessage::Snapshot(_) = frame.message {
+            // A snapshot replaces everything, so frames missed before it do not matter.
+            self.resyncing = false;
+        } else if frame.seq != expected && !self.resyncing {
+            self.resyncing = true;
+            resync = Some(ClientCommand::Resync { id: None });
+        }
+        // Records are complete, so applying what did arrive is still correct for those items.
+        let answer = match frame.message {
+            ServerMessage::Snapshot(snap) => {
+                self.fleet.apply_snapshot(snap);
+                None
+            }
+            ServerMessage::Tick(tick) => {
+                self.fleet.apply_tick(tick);
+                None
+            }
+            ServerMessage::Ring(update) => {
+                self.fleet.apply_ring(update);
+                None
+            }
+            ServerMessage::Policy(update) => {
+                self.fleet.apply_policy(update);
+                None
+            }
+            ServerMessage::Ack(ack) => {
+                self.fleet.apply_acked_policy(ack.policy);
+                Some(Answer::Ack(ack.id))
+            }
+            ServerMessage::Error(err) => Some(Answer::Error(err.id, err.message)),
+        };
+        (resync, answer)
+    }
+}
+
+/// For each replica, whether its settings differ from the ones most replicas share (ties go to
+/// the earlier replica's); replicas that reported none yet are never flagged.
+pub(super) fn differing(replicas: &[Replica]) -> Vec<bool> {
+    let known: Vec<Option<Settings>> = replicas.iter().map(Replica::settings).collect();
+    let agreeing = |s: &Settings| known.iter().flatten().filter(|o| *o == s).count();
+    let common = known
+        .iter()
+        .flatten()
+        .fold(None::<(&Settings, usize)>, |best, s| {
+            let n = agreeing(s);
+            match best {
+                Some((_, m)) if m >= n => best,
+                _ => Some((s, n)),
+            }
+        })
+        .map(|(s, _)| *s);
+    known
+        .iter()
+        .map(|s| matches!((s, common), (Some(s), Some(c)) if *s != c))
+        .collect()
+}
