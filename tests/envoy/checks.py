@@ -199,7 +199,7 @@ level = "warn"
         self.workers[i] = Proc(f"worker-{i}", [
             ARGS.drill, "workers", "--count", "1", "--base-port", str(self.worker_ports[i]),
             "--time-scale", "1", "--cache-blocks", "0", "--max-batch", "100000",
-            "--prefill-base-ms", "0", "--prefill-us-per-token", "0",
+            "--chunk-tokens", "100000", "--prefill-tokens-per-s", "inf",
             "--decode-base-ms", "10", "--decode-per-running-ms", "0"])
         wait_port(self.worker_ports[i], f"worker {i}", proc=self.workers[i])
 
