@@ -94,9 +94,9 @@ pub fn duration_bucket_bound(i: usize) -> f64 {
     0.001 * f64::from(1u32 << i.min(31))
 }
 
-/// A lock-free histogram of request durations: [`DURATION_BUCKETS`] cumulative-at-read buckets
-/// (non-cumulative counts are stored; a reader sums them), a count and a sum in microseconds. An
-/// observation is a few relaxed atomic adds, so the data path can keep one per worker.
+/// A lock-free histogram of request durations: [`DURATION_BUCKETS`] buckets plus one above the
+/// last bound, and a sum in microseconds. An observation is two relaxed atomic adds, so the data
+/// path can keep one per worker.
 #[derive(Debug, Default)]
 pub struct DurationHistogram {
     buckets: [AtomicU64; DURATION_BUCKETS],
@@ -122,16 +122,14 @@ impl DurationHistogram {
             .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
     }
 
-    /// `(sum in seconds, count, cumulative count per bucket bound)`, the shape Prometheus encodes.
+    /// `(sum in seconds, count, (upper bound, observations in this bucket only))`, the last
+    /// bucket's bound being infinity: the shape prometheus-client's encoder takes (it sums them).
     pub fn read(&self) -> (f64, u64, Vec<(f64, u64)>) {
-        let mut cumulative = 0;
-        let buckets = (0..DURATION_BUCKETS)
-            .map(|i| {
-                cumulative += self.buckets[i].load(Ordering::Relaxed);
-                (duration_bucket_bound(i), cumulative)
-            })
+        let mut buckets: Vec<(f64, u64)> = (0..DURATION_BUCKETS)
+            .map(|i| (duration_bucket_bound(i), self.buckets[i].load(Ordering::Relaxed)))
             .collect();
-        let count = cumulative + self.overflow.load(Ordering::Relaxed);
+        buckets.push((f64::INFINITY, self.overflow.load(Ordering::Relaxed)));
+        let count = buckets.iter().map(|(_, n)| n).sum();
         let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
         (sum, count, buckets)
     }

@@ -9,13 +9,15 @@
 //! refused change leaves all of it as it was. Changes are serialised by a lock that is only ever
 //! held for this short, synchronous sequence, never by the data path.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bch_core::policy::{PolicyError, PolicyPatch, PolicySettings};
 use bch_core::router::{MembershipError, Router, RouterError, WorkerSpec, validate_membership};
-use bch_core::telemetry::{ChangeSource, WorkerRecord};
+use bch_core::telemetry::{ChangeSource, WorkerRecord, WorkerState};
+use tokio::sync::Notify;
 
 use crate::config::runtime::{RuntimeSettings, SharedSettings};
 use crate::config::{
@@ -51,6 +53,38 @@ impl ConfigOrigin {
         base.workers.extend(self.pinned_workers.iter().cloned());
         base.validate()?;
         Ok(base)
+    }
+}
+
+/// Who asks for a change: the channel (`ws`, `http`, `reload`) and, for the first two, the
+/// client's address, so the log and the telemetry frame can name them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Actor {
+    /// The channel the change came through.
+    pub source: ChangeSource,
+    /// The peer address of the client (`None` for a reload or an unknown peer).
+    pub client: Option<String>,
+}
+
+impl Actor {
+    /// A change made by a configuration reload (SIGHUP or `POST /admin/reload`).
+    pub fn reload() -> Self {
+        Actor {
+            source: ChangeSource::Reload,
+            client: None,
+        }
+    }
+
+    /// A change made through `source` by the client at `client`.
+    pub fn client(source: ChangeSource, client: Option<std::net::SocketAddr>) -> Self {
+        Actor {
+            source,
+            client: client.map(|a| a.to_string()),
+        }
+    }
+
+    fn client_str(&self) -> &str {
+        self.client.as_deref().unwrap_or("-")
     }
 }
 
@@ -115,6 +149,8 @@ impl From<AdminError> for GatewayError {
 struct InForce {
     config: Arc<Config>,
     members: Vec<Member>,
+    /// Draining workers (by name) to remove from the membership once idle.
+    remove_when_idle: HashSet<String>,
 }
 
 /// The admin owner. See the module documentation.
@@ -128,6 +164,8 @@ pub struct Admin {
     /// This gateway's bound listeners: no worker may be one of them.
     listeners: Vec<SocketAddr>,
     in_force: Mutex<InForce>,
+    /// Notified on every membership change, so the prober probes new workers at once.
+    probe_now: Arc<Notify>,
 }
 
 impl Admin {
@@ -141,10 +179,12 @@ impl Admin {
         config: SharedConfig,
         origin: ConfigOrigin,
         members: Vec<Member>,
+        probe_now: Arc<Notify>,
     ) -> Self {
         let in_force = InForce {
             config: config.load_full(),
             members,
+            remove_when_idle: HashSet::new(),
         };
         Self {
             router,
@@ -155,6 +195,7 @@ impl Admin {
             origin,
             listeners: Vec::new(),
             in_force: Mutex::new(in_force),
+            probe_now,
         }
     }
 
@@ -165,32 +206,121 @@ impl Admin {
         self
     }
 
-    /// Adds a worker; answers its record. 400-class errors name the field; a clash with a
-    /// registered worker is a [`MembershipError`].
-    pub fn add_worker(&self, worker: WorkerConfig) -> Result<WorkerRecord, AdminError> {
-        let member = worker.member()?;
-        let name = member.spec.name.clone();
-        let url = member.spec.url.clone();
-        self.change(ChangeSource::Http, |config, members| {
-            config.workers.push(worker);
-            members.push(member);
-            Ok(())
-        })?;
-        tracing::info!(worker = %name, %url, "worker added");
-        // A concurrent removal may have taken it out again already.
+    /// The configuration in force (runtime changes included), for `GET /admin/config`.
+    pub fn config(&self) -> Arc<Config> {
+        Arc::clone(&self.lock().config)
+    }
+
+    /// The workers added after the file's on every reload (`--worker`, the demo's), which a file
+    /// written from the configuration in force must not list again.
+    pub fn pinned_workers(&self) -> &[WorkerConfig] {
+        &self.origin.pinned_workers
+    }
+
+    /// Stops routing new requests to the worker called `name` (it stays a member, listed with its
+    /// in-flight count and state `draining`); with `remove_when_idle` it leaves the membership
+    /// once its last request ended. Draining a draining worker updates `remove_when_idle`.
+    pub fn drain(
+        &self,
+        name: &str,
+        remove_when_idle: bool,
+        actor: &Actor,
+    ) -> Result<WorkerRecord, AdminError> {
+        let mut in_force = self.lock();
+        let changed = self
+            .router
+            .set_state(name, WorkerState::Draining)
+            .ok_or_else(|| AdminError::UnknownWorker(name.to_owned()))?;
+        if remove_when_idle {
+            in_force.remove_when_idle.insert(name.to_owned());
+        } else {
+            in_force.remove_when_idle.remove(name);
+        }
+        drop(in_force);
+        let record = self.record(name)?;
+        if changed {
+            tracing::info!(worker = %name, active = record.active, remove_when_idle, source = actor.source.as_str(), client = actor.client_str(), "worker draining: no new requests");
+        }
+        Ok(record)
+    }
+
+    /// Routes new requests to a draining worker again and cancels a pending removal.
+    pub fn undrain(&self, name: &str, actor: &Actor) -> Result<WorkerRecord, AdminError> {
+        let mut in_force = self.lock();
+        let changed = self
+            .router
+            .set_state(name, WorkerState::Active)
+            .ok_or_else(|| AdminError::UnknownWorker(name.to_owned()))?;
+        in_force.remove_when_idle.remove(name);
+        drop(in_force);
+        if changed {
+            tracing::info!(worker = %name, source = actor.source.as_str(), client = actor.client_str(), "worker undrained: takes new requests again");
+        }
+        self.record(name)
+    }
+
+    /// Called when the draining worker `name` was seen idle: removes it if its drain asked for
+    /// that. `None` when it is no longer a draining member with nothing in flight (undrained,
+    /// removed, or busy after all); else whether it was removed.
+    pub fn finish_drain(&self, name: &str) -> Option<bool> {
+        let mut in_force = self.lock();
+        let table = self.router.table();
+        let index = table.index_of(name)?;
+        let idle = table.workers()[index].stats.active() == 0;
+        if table.states()[index] != WorkerState::Draining || !idle {
+            return None;
+        }
+        if !in_force.remove_when_idle.remove(name) {
+            return Some(false);
+        }
+        let mut config = (*in_force.config).clone();
+        let mut members = in_force.members.clone();
+        let position = members.iter().position(|m| m.spec.name == name)?;
+        let member = members.remove(position);
+        config.workers.retain(|w| w.url != member.spec.url);
+        match self.apply(&mut in_force, config, members, &Actor::reload()) {
+            Ok(()) => Some(true),
+            Err(error) => {
+                tracing::warn!(worker = %name, %error, "drained worker could not be removed");
+                Some(false)
+            }
+        }
+    }
+
+    fn record(&self, name: &str) -> Result<WorkerRecord, AdminError> {
         self.router
             .table()
             .worker_records()
             .into_iter()
             .find(|w| w.name == name)
-            .ok_or(AdminError::UnknownWorker(name))
+            .ok_or_else(|| AdminError::UnknownWorker(name.to_owned()))
+    }
+
+    /// Adds a worker; answers its record. 400-class errors name the field; a clash with a
+    /// registered worker is a [`MembershipError`].
+    pub fn add_worker(
+        &self,
+        worker: WorkerConfig,
+        actor: &Actor,
+    ) -> Result<WorkerRecord, AdminError> {
+        let member = worker.member()?;
+        let name = member.spec.name.clone();
+        let url = member.spec.url.clone();
+        self.change(actor, |config, members| {
+            config.workers.push(worker);
+            members.push(member);
+            Ok(())
+        })?;
+        tracing::info!(worker = %name, %url, client = actor.client_str(), "worker added");
+        // A concurrent removal may have taken it out again already.
+        self.record(&name)
     }
 
     /// Removes the worker called `name` and answers its spec. Requests already routed to it keep
     /// their load guards and finish; no new request reaches it once this returns.
-    pub fn remove_worker(&self, name: &str) -> Result<WorkerSpec, AdminError> {
+    pub fn remove_worker(&self, name: &str, actor: &Actor) -> Result<WorkerSpec, AdminError> {
         let mut removed = None;
-        self.change(ChangeSource::Http, |config, members| {
+        self.change(actor, |config, members| {
             let index = members
                 .iter()
                 .position(|m| m.spec.name == name)
@@ -201,7 +331,7 @@ impl Admin {
             Ok(())
         })?;
         let spec = removed.expect("set when the change succeeded");
-        tracing::info!(worker = %spec.name, "worker removed");
+        tracing::info!(worker = %spec.name, client = actor.client_str(), "worker removed");
         Ok(spec)
     }
 
@@ -210,11 +340,11 @@ impl Admin {
     pub fn set_policy(
         &self,
         patch: &PolicyPatch,
-        source: ChangeSource,
+        actor: &Actor,
     ) -> Result<PolicySettings, AdminError> {
         // The answer is the policy this change put in force, not whatever a concurrent change
         // left in the table a moment later.
-        self.change(source, |config, _| {
+        self.change(actor, |config, _| {
             let policy = config.policy.settings().patched(patch)?;
             config.policy.kind = policy.kind;
             config.policy.min_load_gap = policy.min_load_gap;
@@ -231,8 +361,10 @@ impl Admin {
         let config = self.origin.effective(Config::load(path)?)?;
         let members = config.members()?;
         let mut in_force = self.lock();
-        self.apply(&mut in_force, config, members, ChangeSource::Reload)?;
-        tracing::info!(path = %path.display(), "configuration reloaded");
+        let before = Arc::clone(&in_force.config);
+        self.apply(&mut in_force, config, members, &Actor::reload())?;
+        let diff = crate::config::diff::describe(&before, &in_force.config);
+        tracing::info!(path = %path.display(), changes = %diff, "configuration reloaded");
         Ok(())
     }
 
@@ -244,14 +376,14 @@ impl Admin {
     /// answers what `edit` answered.
     fn change<T>(
         &self,
-        source: ChangeSource,
+        actor: &Actor,
         edit: impl FnOnce(&mut Config, &mut Vec<Member>) -> Result<T, AdminError>,
     ) -> Result<T, AdminError> {
         let mut in_force = self.lock();
         let mut config = (*in_force.config).clone();
         let mut members = in_force.members.clone();
         let answer = edit(&mut config, &mut members)?;
-        self.apply(&mut in_force, config, members, source)?;
+        self.apply(&mut in_force, config, members, actor)?;
         Ok(answer)
     }
 
@@ -262,7 +394,7 @@ impl Admin {
         in_force: &mut InForce,
         config: Config,
         members: Vec<Member>,
-        source: ChangeSource,
+        actor: &Actor,
     ) -> Result<(), AdminError> {
         let specs: Vec<WorkerSpec> = members.iter().map(|m| m.spec.clone()).collect();
         let policy = config.policy.settings();
@@ -293,19 +425,28 @@ impl Admin {
         } else {
             // Endpoints first: every table the router publishes finds its workers' endpoints.
             self.upstreams.publish(&members);
+            self.router
+                .set_initial_health(!config.health.wait_for_first_probe);
             if let Err(error) = self.router.reconfigure(specs, policy) {
                 self.upstreams.publish(&in_force.members);
                 return Err(error.into());
             }
+            self.probe_now.notify_one();
         }
         self.settings
             .store(Arc::new(RuntimeSettings::from_config(&config)));
         let config = Arc::new(config);
         self.config.store(Arc::clone(&config));
-        *in_force = InForce { config, members };
+        in_force.config = config;
+        in_force.members = members;
+        let table = self.router.table();
+        in_force
+            .remove_when_idle
+            .retain(|name| table.index_of(name).is_some());
         if policy != before {
-            tracing::info!(source = source.as_str(), kind = %policy.kind, min_load_gap = policy.min_load_gap, max_load_skew = policy.max_load_skew, virtual_nodes = policy.virtual_nodes, "policy changed");
-            self.telemetry.policy_changed(source);
+            tracing::info!(source = actor.source.as_str(), client = actor.client_str(), kind = %policy.kind, min_load_gap = policy.min_load_gap, max_load_skew = policy.max_load_skew, virtual_nodes = policy.virtual_nodes, previous_kind = %before.kind, previous_min_load_gap = before.min_load_gap, previous_max_load_skew = before.max_load_skew, "policy changed");
+            self.telemetry
+                .policy_changed(actor.source, actor.client.clone());
         }
         Ok(())
     }

@@ -16,6 +16,7 @@
 //! - `control`: metrics, the admin API and the telemetry websocket;
 //! - `telemetry`: the aggregator that owns telemetry data and publishes frames;
 //! - `upstream`: per-worker endpoints and pools of keep-alive connections;
+//! - `drain`: notices when a draining worker is idle (and removes it if asked);
 //! - `health`: active probes; `server`: accept loops; `metrics`: Prometheus; `error`: the one
 //!   error type of gateway answers; `demo`: `gatewayd --demo` (cargo feature `demo`).
 #![forbid(unsafe_code)]
@@ -27,6 +28,7 @@ pub mod config;
 mod control;
 #[cfg(feature = "demo")]
 mod demo;
+mod drain;
 mod error;
 mod health;
 mod metrics;
@@ -36,7 +38,7 @@ mod telemetry;
 mod upstream;
 
 pub use admin::ConfigOverrides;
-pub use app::{RunningGateway, StartError, StartOptions, start};
+pub use app::{Findings, RunningGateway, StartError, StartOptions, check, start};
 
 /// Internals that the fuzz tests drive directly. Not a stable API.
 #[doc(hidden)]

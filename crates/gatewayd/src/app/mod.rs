@@ -9,6 +9,7 @@
 //! in force, and every change of membership or policy goes through the [`Admin`] owner.
 
 mod logging;
+mod prepare;
 mod signals;
 
 use std::net::SocketAddr;
@@ -16,19 +17,26 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::sync::PoisonError;
+
 use arc_swap::ArcSwap;
+use axum::extract::ConnectInfo;
 use bch_core::router::{Router, RouterError, RoutingTable};
 use hyper::service::service_fn;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tower::ServiceExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use logging::init_logging;
+pub use prepare::{Findings, check};
+use prepare::{Prepared, prepare};
 
 use crate::admin::{Admin, ConfigOrigin, ConfigOverrides};
 use crate::config::runtime::RuntimeSettings;
-use crate::config::{Config, ConfigError, Member, SharedConfig, WorkerConfig};
+use crate::config::{Config, ConfigError, SharedConfig, WorkerConfig};
 use crate::control::ControlPlane;
 use crate::control::guard::BrowserGuard;
 use crate::metrics::Metrics;
@@ -103,6 +111,9 @@ impl StartOptions {
 /// Why a gateway did not start. Nothing is left running.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// Every problem the start-up checks found (see [`check`]), one sentence each.
+    #[error("{}", problems(.0))]
+    Invalid(Vec<String>),
     /// The configuration is invalid; names file and field.
     #[error(transparent)]
     Config(#[from] ConfigError),
@@ -138,6 +149,13 @@ pub enum StartError {
     /// SIGTERM/SIGINT/SIGHUP handlers cannot be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
+}
+
+fn problems(list: &[String]) -> String {
+    match list {
+        [one] => one.clone(),
+        many => format!("{} problems:\n  {}", many.len(), many.join("\n  ")),
+    }
 }
 
 /// A started gateway: its bound addresses, read-only views for its owner, and the way to stop it.
@@ -212,7 +230,7 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
             return Err(StartError::Signals(error));
         }
     }
-    tracing::info!(%data_addr, %control_addr, "gatewayd listening");
+    log_start_up(&router, data_addr, control_addr, requires_token);
     Ok(RunningGateway {
         data_addr,
         control_addr,
@@ -225,39 +243,34 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
     })
 }
 
-/// A configuration checked for everything that needs no socket: in force, with its members and
-/// token.
-struct Prepared {
-    config: Config,
-    origin: ConfigOrigin,
-    members: Vec<Member>,
-    token: Option<String>,
-    handle_signals: bool,
-}
-
-/// Every start-up check that needs no socket: the effective configuration validates, the token
-/// file reads, and a control plane beyond loopback has a token.
-fn prepare(options: StartOptions) -> Result<Prepared, StartError> {
-    let StartOptions {
-        config,
-        origin,
-        handle_signals,
-    } = options;
-    let config = origin.effective(config)?;
-    let members = config.members()?;
-    let token = admin_token(&config)?;
-    if token.is_none() && !config.server.control_listen.ip().is_loopback() {
-        return Err(StartError::UnprotectedControlPlane(
-            config.server.control_listen,
-        ));
-    }
-    Ok(Prepared {
-        config,
-        origin,
-        members,
-        token,
-        handle_signals,
-    })
+/// The one line that says what started: version, addresses, the policy and the workers.
+fn log_start_up(
+    router: &Router,
+    data_addr: SocketAddr,
+    control_addr: SocketAddr,
+    requires_token: bool,
+) {
+    let table = router.table();
+    let policy = table.policy();
+    let workers: Vec<&str> = table
+        .workers()
+        .iter()
+        .map(|w| w.spec.name.as_str())
+        .collect();
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        data_plane = %format!("http://{data_addr}"),
+        control_plane = %format!("http://{control_addr}"),
+        telemetry = %format!("ws://{control_addr}/ws"),
+        token_required = requires_token,
+        policy = %policy.kind,
+        min_load_gap = policy.min_load_gap,
+        max_load_skew = policy.max_load_skew,
+        virtual_nodes = policy.virtual_nodes,
+        worker_count = workers.len(),
+        workers = %workers.join(","),
+        "gatewayd started"
+    );
 }
 
 /// Both listeners, bound, with the addresses they got.
@@ -299,6 +312,8 @@ struct Parts {
     admin: Arc<Admin>,
     data_plane: Arc<DataPlane>,
     control_plane: Arc<ControlPlane>,
+    telemetry: Telemetry,
+    probe_now: Arc<Notify>,
 }
 
 /// Builds every part from the prepared configuration; the telemetry aggregator starts here and
@@ -314,6 +329,7 @@ fn assemble(
         origin,
         members,
         token,
+        metrics_token,
         ..
     } = prepared;
     let own = vec![listeners.data_addr, listeners.control_addr];
@@ -326,10 +342,12 @@ fn assemble(
             }));
         }
     }
-    let router = Arc::new(Router::new(
+    let router = Arc::new(Router::with_initial_health(
         members.iter().map(|m| m.spec.clone()).collect(),
         config.policy.settings(),
+        !config.health.wait_for_first_probe,
     )?);
+    let probe_now = Arc::new(Notify::new());
     let metrics = Arc::new(Metrics::default());
     let registry = Arc::new(crate::metrics::registry(
         Arc::clone(&metrics),
@@ -348,18 +366,17 @@ fn assemble(
     upstreams.publish(&members);
     let settings = Arc::new(ArcSwap::from_pointee(RuntimeSettings::from_config(&config)));
     let config = Arc::new(ArcSwap::from_pointee(config));
-    let admin = Arc::new(
-        Admin::new(
-            Arc::clone(&router),
-            Arc::clone(&upstreams),
-            telemetry.clone(),
-            Arc::clone(&settings),
-            Arc::clone(&config),
-            origin,
-            members,
-        )
-        .listening_on(own),
-    );
+    let admin = Arc::new(Admin::new(
+        Arc::clone(&router),
+        Arc::clone(&upstreams),
+        telemetry.clone(),
+        Arc::clone(&settings),
+        Arc::clone(&config),
+        origin,
+        members,
+        Arc::clone(&probe_now),
+    )
+    .listening_on(own));
     let data_plane = Arc::new(DataPlane {
         router: Arc::clone(&router),
         settings,
@@ -377,10 +394,11 @@ fn assemble(
     let control_plane = Arc::new(ControlPlane {
         admin: Arc::clone(&admin),
         router: Arc::clone(&router),
-        telemetry,
+        telemetry: telemetry.clone(),
         registry: Arc::clone(&registry),
         token,
         guard,
+        metrics_token,
         shutdown: shutdown.clone(),
     });
     Ok(Parts {
@@ -392,6 +410,8 @@ fn assemble(
         admin,
         data_plane,
         control_plane,
+        telemetry,
+        probe_now,
     })
 }
 
@@ -409,19 +429,23 @@ fn spawn_services(
         tasks: tasks.clone(),
         plane,
     };
-    let metrics = parts.metrics;
+    let metrics = Arc::clone(&parts.metrics);
+    let refusals = RefusalLog::default();
     let cap = ConnectionCap {
         max_connections: listeners.max_connections,
         write_stall_timeout: listeners.client_stall_timeout,
         response: crate::error::over_capacity_response(),
-        on_reject: Arc::new(move || metrics.record_rejected_connection()),
+        on_reject: Arc::new(move || {
+            metrics.record_rejected_connection();
+            refusals.refused(listeners.max_connections);
+        }),
     };
     let data_plane = parts.data_plane;
     tasks.spawn(crate::server::serve_capped(
         listeners.data,
         listening("data"),
         cap,
-        move || {
+        move |_peer| {
             let plane = Arc::clone(&data_plane);
             service_fn(move |request| {
                 // Boxed per request: hyper keeps one slot the size of the handler's future for
@@ -435,11 +459,27 @@ fn spawn_services(
     tasks.spawn(crate::server::serve_upgradable(
         listeners.control,
         listening("control"),
-        move || TowerToHyperService::new(control_app.clone()),
+        move |peer| {
+            // Handlers name the client that changed something (`ConnectInfo`).
+            TowerToHyperService::new(control_app.clone().map_request(
+                move |mut request: http::Request<hyper::body::Incoming>| {
+                    request.extensions_mut().insert(ConnectInfo(peer));
+                    request
+                },
+            ))
+        },
     ));
-    tokio::spawn(crate::health::run(
+    tokio::spawn(crate::health::run(crate::health::Prober {
+        router: Arc::clone(&parts.router),
+        config: parts.config,
+        probe_now: parts.probe_now,
+        metrics: parts.metrics,
+        shutdown: shutdown.clone(),
+    }));
+    tokio::spawn(crate::drain::run(
+        parts.admin,
         parts.router,
-        parts.config,
+        parts.telemetry,
         shutdown.clone(),
     ));
     tokio::spawn(sweep_idle_connections(
@@ -449,20 +489,32 @@ fn spawn_services(
     ));
 }
 
-/// The bearer token from `admin_token_file`, trimmed; `None` when no file is configured.
-fn admin_token(config: &Config) -> Result<Option<String>, StartError> {
-    let Some(path) = &config.server.admin_token_file else {
-        return Ok(None);
-    };
-    let token = std::fs::read_to_string(path).map_err(|cause| StartError::TokenFile {
-        path: path.clone(),
-        cause,
-    })?;
-    let token = token.trim();
-    if token.is_empty() {
-        return Err(StartError::EmptyToken(path.clone()));
+/// Connections refused at `max_connections`, logged at most once a second with how many there
+/// were: each refusal is a response no access log line shows, and one line per refusal would
+/// flood the log exactly when the gateway is overloaded.
+#[derive(Default)]
+struct RefusalLog {
+    /// The second (since the log was made) of the last line, and refusals since it.
+    state: std::sync::Mutex<(u64, u64)>,
+    since: std::sync::OnceLock<std::time::Instant>,
+}
+
+impl RefusalLog {
+    fn refused(&self, max_connections: usize) {
+        let since = *self.since.get_or_init(std::time::Instant::now);
+        let second = since.elapsed().as_secs() + 1;
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.1 += 1;
+        if state.0 != second {
+            tracing::warn!(
+                refused = state.1,
+                max_connections,
+                status = 503,
+                "connections refused at max_connections (503 too_many_connections)"
+            );
+            *state = (second, 0);
+        }
     }
-    Ok(Some(token.to_owned()))
 }
 
 async fn bind(plane: &'static str, address: SocketAddr) -> Result<TcpListener, StartError> {

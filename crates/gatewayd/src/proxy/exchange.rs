@@ -1,29 +1,57 @@
-//! One client request from its first byte to its last: the request's record (id, start time,
-//! status, outcome) and, once it is routed, its hold on a worker (the load guard). Dropping the
-//! exchange ends the request, and that is the one place every request — served, refused before
-//! routing (413), refused by routing (503) or failed upstream (502, 504) — is logged and observed
-//! in `bch_request_duration_seconds`, exactly once.
+//! One client request from its first byte to its last: the request's record (id, method, path,
+//! start time, status, outcome, timings) and, once it is routed, its hold on a worker (the load
+//! guard). Dropping the exchange ends the request, and that is the one place every request —
+//! served, refused before routing (413), refused by routing (503) or failed upstream (502, 504) —
+//! is logged, counted by status class and observed in `bch_request_duration_seconds`, exactly
+//! once.
+//!
+//! Every request has an id: the client's own `x-request-id` when it sent a usable one, else one
+//! made here (a per-process random prefix and a counter). It goes to the worker, back to the
+//! client and into the log line, so one request can be followed through all three.
 
-use std::sync::Arc;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
 
 use bch_core::decide::Decision;
-use bch_core::load::LoadGuard;
+use bch_core::load::{LoadGuard, StatusClass};
 use bch_core::policy::Branch;
 use bch_core::router::RoutingTable;
-use http::StatusCode;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::uri::PathAndQuery;
+use http::{Method, Request, StatusCode};
 
 use super::plane::DataPlane;
 use crate::telemetry::keys::KeyTag;
 
+/// `x-request-id`: the request's id, kept from the client or made by the gateway, forwarded to
+/// the worker and returned to the client.
+pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Longest client-sent request id kept, bytes; a longer one (or one that is not visible ASCII) is
+/// replaced by the gateway's own.
+const MAX_CLIENT_ID: usize = 128;
+
 static REQUEST_IDS: AtomicU64 = AtomicU64::new(1);
+
+/// 8 hex digits, random per process, so ids of two replicas or two runs do not collide.
+static ID_PREFIX: LazyLock<String> = LazyLock::new(|| {
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    format!("{:08x}", random as u32)
+});
 
 /// A request in progress. See the module documentation.
 pub struct Exchange {
     plane: Arc<DataPlane>,
     started: Instant,
-    request_id: u64,
+    request_id: HeaderValue,
+    /// The id came from the gateway, so it still has to be added to the upstream request.
+    id_is_ours: bool,
+    method: Method,
+    path: Option<PathAndQuery>,
     /// HTTP status sent to the client (0 until known).
     status: u16,
     errored: bool,
@@ -32,25 +60,56 @@ pub struct Exchange {
     branch: Option<Branch>,
     /// The table the request was routed on and the worker it holds, once routed.
     routed: Option<(Arc<RoutingTable>, usize)>,
+    /// The worker a failed connect moved the request away from.
+    retried_from: Option<usize>,
     guard: Option<LoadGuard>,
     key: Option<KeyTag>,
+    /// When the worker's response head arrived.
+    headers_after: Option<Duration>,
+    /// When the first byte of the response body arrived.
+    first_byte_after: Option<Duration>,
 }
 
 impl Exchange {
-    /// A request that just arrived.
-    pub fn begin(plane: Arc<DataPlane>, started: Instant) -> Self {
+    /// A request that just arrived: its id, method and path are taken from `request`.
+    pub fn begin<B>(plane: Arc<DataPlane>, started: Instant, request: &Request<B>) -> Self {
+        let client_id = request
+            .headers()
+            .get(REQUEST_ID_HEADER)
+            .filter(|v| usable_id(v))
+            .cloned();
+        let id_is_ours = client_id.is_none();
         Self {
             plane,
             started,
-            request_id: REQUEST_IDS.fetch_add(1, Ordering::Relaxed),
+            request_id: client_id.unwrap_or_else(new_request_id),
+            id_is_ours,
+            method: request.method().clone(),
+            path: request.uri().path_and_query().cloned(),
             status: 0,
             errored: false,
             client_fault: None,
             branch: None,
             routed: None,
+            retried_from: None,
             guard: None,
             key: None,
+            headers_after: None,
+            first_byte_after: None,
         }
+    }
+
+    /// Puts the request id on the request for the worker: the gateway's own, or the client's
+    /// (replacing one the gateway found unusable).
+    pub fn forward_id(&self, headers: &mut HeaderMap) {
+        if self.id_is_ours {
+            headers.insert(REQUEST_ID_HEADER, self.request_id.clone());
+        }
+    }
+
+    /// The request id, for the response to the client.
+    pub fn request_id(&self) -> &HeaderValue {
+        &self.request_id
     }
 
     /// The routing decision, and the load taken on the chosen worker when there is one.
@@ -75,6 +134,7 @@ impl Exchange {
         self.release_worker();
         self.guard = Some(guard);
         if let Some((_, held)) = &mut self.routed {
+            self.retried_from = Some(*held);
             *held = worker;
         }
     }
@@ -103,9 +163,30 @@ impl Exchange {
         self.status = status.as_u16();
     }
 
-    /// Time since the request arrived.
-    pub fn elapsed(&self) -> std::time::Duration {
-        self.started.elapsed()
+    /// The worker's response head arrived: observed in `bch_response_headers_seconds`.
+    pub fn headers_arrived(&mut self) {
+        let after = self.started.elapsed();
+        self.headers_after = Some(after);
+        self.plane
+            .metrics
+            .response_headers
+            .observe(after.as_secs_f64());
+    }
+
+    /// The first chunk of the response body arrived; for an event stream that is the first
+    /// token, observed in `bch_time_to_first_token_seconds`. Later calls change nothing.
+    pub fn first_chunk(&mut self, event_stream: bool) {
+        if self.first_byte_after.is_some() {
+            return;
+        }
+        let after = self.started.elapsed();
+        self.first_byte_after = Some(after);
+        if event_stream {
+            self.plane
+                .metrics
+                .time_to_first_token
+                .observe(after.as_secs_f64());
+        }
     }
 
     /// The name of the worker the request holds, once routed.
@@ -131,23 +212,54 @@ impl Exchange {
     }
 }
 
+/// A client's id is kept when it is visible ASCII of at most [`MAX_CLIENT_ID`] bytes.
+fn usable_id(value: &HeaderValue) -> bool {
+    let bytes = value.as_bytes();
+    !bytes.is_empty() && bytes.len() <= MAX_CLIENT_ID && bytes.iter().all(|b| b.is_ascii_graphic())
+}
+
+/// `{8 random hex digits}-{counter in hex}`: unique within a process, and across processes with
+/// near certainty.
+fn new_request_id() -> HeaderValue {
+    let n = REQUEST_IDS.fetch_add(1, Ordering::Relaxed);
+    HeaderValue::from_str(&format!("{}-{n:x}", *ID_PREFIX))
+        .expect("hex digits and a dash are a valid header value")
+}
+
+fn millis(d: Option<Duration>) -> i64 {
+    d.map_or(-1, |d| d.as_millis() as i64)
+}
+
 impl Drop for Exchange {
     fn drop(&mut self) {
         self.release_worker();
         let elapsed = self.started.elapsed();
-        self.plane
-            .metrics
-            .request_duration
-            .observe(elapsed.as_secs_f64());
-        let worker = self
-            .routed
-            .as_ref()
-            .map_or("-", |(table, worker)| &table.workers()[*worker].spec.name);
+        let seconds = elapsed.as_secs_f64();
+        self.plane.metrics.request_duration.observe(seconds);
+        let class = StatusClass::of(self.status);
+        match &self.routed {
+            Some((table, worker)) => table.workers()[*worker]
+                .stats
+                .record_response(class, seconds),
+            None => self.plane.metrics.record_unrouted_response(class),
+        }
+        let worker = self.routed.as_ref().map_or("-", |(table, worker)| {
+            table.workers()[*worker].spec.name.as_str()
+        });
+        let retried_from = match (&self.routed, self.retried_from) {
+            (Some((table, _)), Some(from)) => table.workers()[from].spec.name.as_str(),
+            _ => "-",
+        };
         tracing::info!(
-            request_id = self.request_id,
+            request_id = self.request_id.to_str().unwrap_or("-"),
+            method = %self.method,
+            path = self.path.as_ref().map_or("/", PathAndQuery::path),
             worker = %worker,
+            retried_from = %retried_from,
             branch = %self.branch.map_or("-", Branch::as_str),
             status = self.status,
+            headers_ms = millis(self.headers_after),
+            ttfb_ms = millis(self.first_byte_after.or(self.headers_after)),
             duration_ms = elapsed.as_millis() as u64,
             error = self.errored,
             client_fault = %self.client_fault.unwrap_or("-"),

@@ -39,7 +39,7 @@ use crate::config::runtime::RuntimeSettings;
 use crate::error::{GatewayError, display_chain};
 use crate::telemetry::keys::KeyTag;
 use crate::upstream::{ClientBodyError, SendError, UpstreamBody, UpstreamConnection, client_fault};
-use exchange::Exchange;
+use exchange::{Exchange, REQUEST_ID_HEADER};
 use request::{
     content_length, extract_key, point_at, refuse_early, strip_hop_by_hop, upstream_request,
 };
@@ -69,9 +69,9 @@ pub async fn handle(
     Ok(proxy(plane, request).await)
 }
 
-/// `GET /readiness`: 200 while some worker is healthy, else 503.
+/// `GET /readiness`: 200 while some worker takes requests (healthy and not draining), else 503.
 fn readiness(plane: &DataPlane) -> Response<ProxyBody> {
-    let healthy = plane.router.table().health().iter().filter(|h| **h).count();
+    let healthy = plane.router.table().routable_count();
     let status = if healthy > 0 {
         StatusCode::OK
     } else {
@@ -82,7 +82,7 @@ fn readiness(plane: &DataPlane) -> Response<ProxyBody> {
 }
 
 async fn proxy(plane: Arc<DataPlane>, request: Request<Incoming>) -> Response<ProxyBody> {
-    let mut exchange = Exchange::begin(Arc::clone(&plane), Instant::now());
+    let mut exchange = Exchange::begin(Arc::clone(&plane), Instant::now(), &request);
     let settings = plane.settings.load();
     let forwarded = match route(&plane, &settings, request, &mut exchange) {
         Ok(routed) => send_with_retry(&plane, &settings, routed, &mut exchange).await,
@@ -153,7 +153,8 @@ fn route(
             limit,
         });
     }
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
+    exchange.forward_id(&mut parts.headers);
     let extracted = extract_key(&settings.routing_headers, &parts.headers);
     if let Some(reason) = extracted.ignored_explicit {
         plane.metrics.record_ignored_key(reason);
@@ -227,10 +228,7 @@ async fn send_with_retry(
         };
         match sent {
             Ok((response, connection)) => {
-                plane
-                    .metrics
-                    .time_to_first_byte
-                    .observe(exchange.elapsed().as_secs_f64());
+                exchange.headers_arrived();
                 exchange.set_status(response.status());
                 let worker_header = target.worker_header.clone();
                 return Ok(Answered::new(response, connection, worker_header, branch));
@@ -373,6 +371,9 @@ async fn respond(
     parts
         .headers
         .insert(BRANCH_HEADER, HeaderValue::from_static(branch.as_str()));
+    parts
+        .headers
+        .insert(REQUEST_ID_HEADER, exchange.request_id().clone());
     if body.is_end_stream() {
         // No body (204, 304, `Content-Length: 0`): hyper will not poll one, so the exchange ends
         // here and the connection can serve the next request.
@@ -408,6 +409,9 @@ async fn respond(
 fn refuse(mut exchange: Exchange, error: &GatewayError) -> Response<ProxyBody> {
     exchange.set_status(error.status());
     let mut response = json_response(error.status(), error.body());
+    response
+        .headers_mut()
+        .insert(REQUEST_ID_HEADER, exchange.request_id().clone());
     if let Some(branch) = exchange.branch() {
         response
             .headers_mut()
