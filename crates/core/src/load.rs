@@ -126,7 +126,12 @@ impl DurationHistogram {
     /// bucket's bound being infinity: the shape prometheus-client's encoder takes (it sums them).
     pub fn read(&self) -> (f64, u64, Vec<(f64, u64)>) {
         let mut buckets: Vec<(f64, u64)> = (0..DURATION_BUCKETS)
-            .map(|i| (duration_bucket_bound(i), self.buckets[i].load(Ordering::Relaxed)))
+            .map(|i| {
+                (
+                    duration_bucket_bound(i),
+                    self.buckets[i].load(Ordering::Relaxed),
+                )
+            })
             .collect();
         buckets.push((f64::INFINITY, self.overflow.load(Ordering::Relaxed)));
         let count = buckets.iter().map(|(_, n)| n).sum();

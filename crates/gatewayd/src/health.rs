@@ -43,7 +43,6 @@ pub enum ProbeFailure {
 }
 
 impl ProbeFailure {
-
     /// The `reason` label: `refused`, `timeout`, `status` or `error`.
     pub fn reason(self) -> &'static str {
         match self {
@@ -214,9 +213,13 @@ pub async fn run(prober: Prober) {
             if router.set_health(&name, to) {
                 streak.seen_healthy = Some(to);
                 match result {
-                    Ok(()) if first => tracing::info!(worker = %name, "worker passed its first probe; taking traffic"),
+                    Ok(()) if first => {
+                        tracing::info!(worker = %name, "worker passed its first probe; taking traffic")
+                    }
                     Ok(()) => tracing::info!(worker = %name, "worker healthy again"),
-                    Err(failure) => tracing::warn!(worker = %name, failures = streak.failures, reason = %failure, "worker marked unhealthy"),
+                    Err(failure) => {
+                        tracing::warn!(worker = %name, failures = streak.failures, reason = %failure, "worker marked unhealthy")
+                    }
                 }
             }
         }

@@ -16,9 +16,9 @@ use bch_core::policy::{Branch, PolicyKind};
 use bch_core::router::Router;
 use bch_core::routing_key::IgnoredKey;
 use bch_core::telemetry::WorkerState;
-use prometheus_client::encoding::{MetricEncoder, NoLabelSet};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -215,12 +215,18 @@ fn gauge<N: prometheus_client::encoding::EncodeGaugeValue>(
 
 /// `bch_build_info` and the policy in force: what an alert or a dashboard annotation needs to
 /// tell which build and which thresholds produced the numbers.
-fn build_and_policy(encoder: &mut DescriptorEncoder, router: &Router) -> Result<(), std::fmt::Error> {
+fn build_and_policy(
+    encoder: &mut DescriptorEncoder,
+    router: &Router,
+) -> Result<(), std::fmt::Error> {
     gauge(
         encoder,
         "bch_build_info",
         "Always 1; the labels name the gatewayd build",
-        [(vec![("version", env!("CARGO_PKG_VERSION").to_owned())], 1i64)],
+        [(
+            vec![("version", env!("CARGO_PKG_VERSION").to_owned())],
+            1i64,
+        )],
     )?;
     let table = router.table();
     let policy = table.policy();
@@ -234,7 +240,12 @@ fn build_and_policy(encoder: &mut DescriptorEncoder, router: &Router) -> Result<
             PolicyKind::RoundRobin,
             PolicyKind::Random,
         ]
-        .map(|kind| (vec![("kind", kind.as_str().to_owned())], i64::from(kind == policy.kind))),
+        .map(|kind| {
+            (
+                vec![("kind", kind.as_str().to_owned())],
+                i64::from(kind == policy.kind),
+            )
+        }),
     )?;
     gauge(
         encoder,
@@ -334,7 +345,10 @@ impl Collector for GatewayCollector {
             StatusClass::ALL.iter().flat_map(|class| {
                 let class = *class;
                 let unrouted = (
-                    vec![("status_class", class.as_str().to_owned()), ("worker", String::new())],
+                    vec![
+                        ("status_class", class.as_str().to_owned()),
+                        ("worker", String::new()),
+                    ],
                     m.unrouted_responses[class.index()].load(Ordering::Relaxed),
                 );
                 std::iter::once(unrouted).chain((0..workers.len()).map(move |i| {

@@ -431,14 +431,21 @@ impl Daemon {
             stderr,
         };
         // The banner names the bound addresses (the test binds port 0); the demo's banner puts
-        // them on lines of their own.
+        // them on lines of their own; in JSON mode the `gatewayd started` line carries them as
+        // `data_plane` and `control_plane`.
         let address_after = |line: &str, label: &str| {
             let rest = line.split(label).nth(1)?;
             let rest = rest.split("http://").nth(1)?;
-            Some(rest.split_whitespace().next()?.to_owned())
+            let end = rest
+                .find(|c: char| c.is_whitespace() || c == '"')
+                .unwrap_or(rest.len());
+            Some(rest[..end].to_owned())
         };
         while daemon.data.is_empty() || daemon.control.is_empty() {
             let line = daemon.wait_for_stderr("plane");
+            let line = line
+                .replace("data_plane", "data plane")
+                .replace("control_plane", "control plane");
             if let Some(address) = address_after(&line, "data plane") {
                 daemon.data = address;
             }
@@ -697,7 +704,7 @@ fn request_lines(daemon: &mut Daemon, count: usize) -> Vec<Value> {
 #[test]
 fn refused_and_failed_requests_are_logged_once_and_timed_with_their_status() {
     let file = TempFile::new(
-        "[server]\nmax_body_bytes = 16\n\n[health]\ninterval_ms = 60000\n\n[[workers]]\nname = \"dead\"\nurl = \"http://127.0.0.1:9\"\n",
+        "[server]\nmax_body_bytes = 16\n\n[health]\ninterval_ms = 60000\nwait_for_first_probe = false\n\n[[workers]]\nname = \"dead\"\nurl = \"http://127.0.0.1:9\"\n",
     );
     let mut command = gatewayd();
     command

@@ -349,7 +349,15 @@ async fn policy_get_and_put() {
     };
     let response = put(r#"{"min_load_gap": 4}"#).await.unwrap();
     assert_eq!(response.status(), 200);
-    let answer: Value = response.json().await.unwrap();
+    let mut answer: Value = response.json().await.unwrap();
+    // The answer says the change is not persisted, and how to persist it.
+    let note = answer["note"].take();
+    assert!(
+        note.as_str().unwrap().contains("lost on the next reload")
+            && note.as_str().unwrap().contains("GET /admin/config"),
+        "{note}"
+    );
+    answer.as_object_mut().unwrap().remove("note");
     assert_eq!(
         answer,
         json!({"kind": "consistent_hashing", "min_load_gap": 4, "max_load_skew": 1.5, "virtual_nodes": 150})
@@ -359,7 +367,9 @@ async fn policy_get_and_put() {
         .unwrap();
     assert_eq!(response.status(), 200);
     let good = json!({"kind": "bounded_consistent_hashing", "min_load_gap": 4, "max_load_skew": 2.25, "virtual_nodes": 150});
-    assert_eq!(response.json::<Value>().await.unwrap(), good);
+    let mut answer = response.json::<Value>().await.unwrap();
+    answer.as_object_mut().unwrap().remove("note");
+    assert_eq!(answer, good);
     assert_eq!(policy(&gateway).await, good);
 
     // Bad input: 400 naming the field, and nothing changes (also not the valid half of a patch).
@@ -505,9 +515,11 @@ async fn workers_list_add_remove() {
             "requests_total",
             "spilled_in_total",
             "spilled_out_total",
+            "state",
             "url"
         ]
     );
+    assert_eq!(listed[0]["state"], "active");
     assert_eq!(listed[0]["name"], "a");
     assert_eq!(listed[0]["url"], a.url().as_str());
     assert_eq!(listed[0]["healthy"], true);
@@ -1003,7 +1015,17 @@ async fn metrics_have_the_design_families_and_count_requests() {
         ("bch_worker_healthy", "gauge"),
         ("bch_worker_errors", "counter"),
         ("bch_request_duration_seconds", "histogram"),
-        ("bch_time_to_first_byte_seconds", "histogram"),
+        ("bch_response_headers_seconds", "histogram"),
+        ("bch_time_to_first_token_seconds", "histogram"),
+        ("bch_worker_request_duration_seconds", "histogram"),
+        ("bch_responses", "counter"),
+        ("bch_worker_draining", "gauge"),
+        ("bch_worker_health_changes", "counter"),
+        ("bch_probe_failures", "counter"),
+        ("bch_build_info", "gauge"),
+        ("bch_policy_kind", "gauge"),
+        ("bch_policy_min_load_gap", "gauge"),
+        ("bch_policy_max_load_skew", "gauge"),
     ] {
         assert!(
             before.contains(&format!("# TYPE {family} {kind}\n")),
@@ -1073,8 +1095,70 @@ async fn metrics_have_the_design_families_and_count_requests() {
     assert_eq!(branch(&after, "implicit_routing_key_hit"), 1.0);
     assert_eq!(branch(&after, "explicit_routing_key_spillover"), 0.0);
     assert_eq!(
-        sample(&after, "bch_time_to_first_byte_seconds_count", ""),
+        sample(&after, "bch_response_headers_seconds_count", ""),
         Some(7.0)
+    );
+    // By status class and worker: 7 answered 2xx by a worker, the miss refused without one.
+    let class =
+        |text: &str, labels: &str| sample(text, "bch_responses_total", labels).unwrap_or(0.0);
+    let ok: f64 = ["a", "b"]
+        .iter()
+        .map(|w| class(&after, &format!("status_class=\"2xx\",worker=\"{w}\"")))
+        .sum();
+    assert_eq!(ok, 7.0);
+    assert_eq!(class(&after, "status_class=\"5xx\",worker=\"\""), 1.0);
+    let durations: f64 = ["a", "b"]
+        .iter()
+        .map(|w| {
+            sample(
+                &after,
+                "bch_worker_request_duration_seconds_count",
+                &format!("worker=\"{w}\""),
+            )
+            .unwrap()
+        })
+        .sum();
+    assert_eq!(
+        durations, 7.0,
+        "per-worker durations of the served requests"
+    );
+    assert_eq!(
+        sample(&after, "bch_time_to_first_token_seconds_count", ""),
+        Some(0.0),
+        "no event stream yet"
+    );
+    assert_eq!(
+        sample(&after, "bch_policy_kind", "kind=\"consistent_hashing\""),
+        Some(1.0)
+    );
+    assert_eq!(sample(&after, "bch_policy_min_load_gap", ""), Some(2.0));
+    assert_eq!(sample(&after, "bch_policy_max_load_skew", ""), Some(1.5));
+    assert!(after.contains(&format!(
+        "bch_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    )));
+    // An event stream: the first data chunk is the first token, well before the stream's end.
+    let whole_before = sample(&after, "bch_request_duration_seconds_sum", "").unwrap();
+    let sse = client
+        .get(data(&gateway, "/sse?n=3&gap_ms=30"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse.status(), 200);
+    sse.bytes().await.unwrap();
+    eventually!("one time to first token observed", {
+        after = scrape(&gateway).await;
+        sample(&after, "bch_time_to_first_token_seconds_count", "") == Some(1.0)
+    });
+    let ttft = sample(&after, "bch_time_to_first_token_seconds_sum", "").unwrap();
+    eventually!("the stream's duration observed", {
+        after = scrape(&gateway).await;
+        sample(&after, "bch_request_duration_seconds_count", "") == Some(9.0)
+    });
+    let stream = sample(&after, "bch_request_duration_seconds_sum", "").unwrap() - whole_before;
+    assert!(
+        ttft > 0.0 && ttft < stream,
+        "the first chunk came before the end: {ttft} vs {stream}"
     );
     let per_worker: f64 = ["a", "b"]
         .iter()
@@ -1087,7 +1171,7 @@ async fn metrics_have_the_design_families_and_count_requests() {
             .unwrap()
         })
         .sum();
-    assert_eq!(per_worker, 7.0);
+    assert_eq!(per_worker, 8.0, "the 7 served, then the event stream");
     assert!(
         sample(&after, "bch_worker_requests_total", "worker=\"b\"").unwrap() >= 1.0,
         "the target request went to b"

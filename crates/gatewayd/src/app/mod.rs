@@ -26,9 +26,9 @@ use hyper::service::service_fn;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
-use tower::ServiceExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tower::ServiceExt;
 
 pub use logging::init_logging;
 pub use prepare::{Findings, check};

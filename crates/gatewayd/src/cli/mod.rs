@@ -331,7 +331,10 @@ mod tests {
     fn json_error_lines_carry_an_rfc3339_time() {
         let at = std::time::Duration::from_micros(1_700_000_000_000_042);
         assert_eq!(rfc3339(at), "2023-11-14T22:13:20.000042Z");
-        assert_eq!(rfc3339(std::time::Duration::ZERO), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(
+            rfc3339(std::time::Duration::ZERO),
+            "1970-01-01T00:00:00.000000Z"
+        );
         assert_eq!(
             rfc3339(std::time::Duration::from_secs(951_782_400)),
             "2000-02-29T00:00:00.000000Z"

@@ -39,7 +39,11 @@ fn from_file(path: &PathBuf) -> (Option<SocketAddr>, Option<PathBuf>) {
         return (None, None);
     };
     let server = value.get("server").and_then(toml::Value::as_table);
-    let field = |name: &str| server.and_then(|s| s.get(name)).and_then(toml::Value::as_str);
+    let field = |name: &str| {
+        server
+            .and_then(|s| s.get(name))
+            .and_then(toml::Value::as_str)
+    };
     (
         field("control_listen").and_then(|a| a.parse().ok()),
         field("admin_token_file").map(PathBuf::from),
@@ -60,9 +64,7 @@ fn base_url(addr: SocketAddr) -> String {
 pub fn reload(args: ReloadArgs) -> ExitCode {
     let (listen, file_token) = args.config.as_ref().map(from_file).unwrap_or_default();
     let control = args.control.clone().unwrap_or_else(|| {
-        base_url(listen.unwrap_or_else(|| {
-            crate::config::ServerConfig::default().control_listen
-        }))
+        base_url(listen.unwrap_or_else(|| crate::config::ServerConfig::default().control_listen))
     });
     let token = match args.token_file.clone().or(file_token) {
         Some(path) => match std::fs::read_to_string(&path) {

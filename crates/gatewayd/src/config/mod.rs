@@ -560,7 +560,9 @@ impl ServerConfig {
     /// listens on all of them.
     pub fn listeners_clash(&self) -> Option<String> {
         let (data, control) = (self.listen, self.control_listen);
-        let overlap = data.ip() == control.ip() || data.ip().is_unspecified() || control.ip().is_unspecified();
+        let overlap = data.ip() == control.ip()
+            || data.ip().is_unspecified()
+            || control.ip().is_unspecified();
         (data.port() != 0 && data.port() == control.port() && overlap).then(|| {
             format!("{control} and server.listen {data} cannot both be bound: give the control plane its own port")
         })
@@ -636,7 +638,10 @@ mod tests {
             .map(ToString::to_string)
             .collect();
         assert_eq!(problems.len(), 4, "{problems:#?}");
-        assert!(problems[0].contains("policy.max_load_skew"), "{problems:#?}");
+        assert!(
+            problems[0].contains("policy.max_load_skew"),
+            "{problems:#?}"
+        );
         assert!(problems[1].contains("health.interval_ms"), "{problems:#?}");
         assert_eq!(
             problems[2],

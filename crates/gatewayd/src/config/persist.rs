@@ -9,7 +9,8 @@ use super::{Config, WorkerConfig};
 /// too would hold duplicates and fail to load. A comment at the top says what the text is.
 pub fn to_toml(config: &Config, pinned: &[WorkerConfig]) -> Result<String, toml::ser::Error> {
     let mut file = config.clone();
-    file.workers.retain(|w| !pinned.iter().any(|p| p.url == w.url));
+    file.workers
+        .retain(|w| !pinned.iter().any(|p| p.url == w.url));
     let body = toml::to_string(&file)?;
     let mut text = String::from(
         "# The configuration gatewayd has in force, runtime changes included (GET /admin/config).\n\

@@ -95,7 +95,8 @@ async fn require_token(
             .map(|v| v.as_bytes())
             .filter(|v| v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer "))
             .map_or(&b""[..], |v| &v[7..]);
-        let scrape = request.method() == axum::http::Method::GET && request.uri().path() == "/metrics";
+        let scrape =
+            request.method() == axum::http::Method::GET && request.uri().path() == "/metrics";
         let metrics_token = plane.metrics_token.as_deref().filter(|_| scrape);
         let admin = bool::from(presented.ct_eq(token.as_bytes()));
         let metrics = metrics_token.is_some_and(|t| bool::from(presented.ct_eq(t.as_bytes())));

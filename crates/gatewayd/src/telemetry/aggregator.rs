@@ -8,8 +8,8 @@ use std::time::Duration;
 use bch_core::decide::Decision;
 use bch_core::router::{Router, RoutingTable};
 use bch_core::telemetry::{
-    DrainedUpdate, PolicyUpdate, RingOwnership, RingUpdate, ServerMessage, Snapshot, SpillEvent, Tick, Totals,
-    WorkerRecord,
+    DrainedUpdate, PolicyUpdate, RingOwnership, RingUpdate, ServerMessage, Snapshot, SpillEvent,
+    Tick, Totals, WorkerRecord,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;

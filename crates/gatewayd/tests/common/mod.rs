@@ -5,6 +5,8 @@
 //! cancellations), where the drill's workers model an LLM server's timing instead.
 #![allow(dead_code)]
 
+pub mod ws;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -333,6 +335,8 @@ pub fn test_config(workers: &[&FakeWorker]) -> Config {
     config.server.shutdown_grace_ms = 2_000;
     config.health.interval_ms = 100;
     config.health.timeout_ms = 500;
+    // Tests decide health themselves (dead workers, passive marking): workers start healthy.
+    config.health.wait_for_first_probe = false;
     config.telemetry.interval_ms = 50;
     config.workers = workers
         .iter()
