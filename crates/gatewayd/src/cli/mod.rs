@@ -140,10 +140,11 @@ fn check_config(file: &std::path::Path) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// The file's contents (or defaults), before the flags.
+/// The file's contents (or defaults), before the flags; parsed, not yet validated (start-up
+/// reports every problem at once).
 fn base_config(args: &RunArgs) -> anyhow::Result<Config> {
     Ok(match &args.config {
-        Some(path) => Config::load(path)?,
+        Some(path) => Config::read(path)?,
         None => Config::default(),
     })
 }
@@ -211,8 +212,13 @@ fn start_options(args: &RunArgs, mut base: Config) -> StartOptions {
 fn serve(args: RunArgs) -> ExitCode {
     // Before the file is read only the flag can say JSON; an error then is still one JSON line.
     let json_flag = args.log_format == Some(LogFormat::Json);
-    let mut config = match effective_config(&args) {
-        Ok(c) => c,
+    // Parsed with the flags applied, not validated: `app::start` checks everything and reports
+    // every problem, as `check-config` does.
+    let mut config = match base_config(&args) {
+        Ok(mut c) => {
+            apply_flags(&args, &mut c);
+            c
+        }
         Err(e) => return fail(json_flag, &format!("{e:#}")),
     };
     let json = config.log.format == LogFormat::Json;
