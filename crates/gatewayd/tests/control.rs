@@ -1348,3 +1348,86 @@ async fn a_worker_health_path_is_probed_instead_of_the_default() {
     assert_eq!(plain.state.requests.load(Ordering::SeqCst), 0);
     gateway.shutdown().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Credentials and the configuration in force
+
+#[tokio::test]
+async fn the_metrics_token_opens_metrics_and_nothing_else() {
+    let a = fake_worker("a").await;
+    let admin = TempFile::new("admin-token", TOKEN);
+    let scraper = TempFile::new("metrics-token", "scrape-only-token\n");
+    let mut config = test_config(&[&a]);
+    config.server.admin_token_file = Some(admin.path().to_owned());
+    config.server.metrics_token_file = Some(scraper.path().to_owned());
+    let gateway = start(config).await;
+    let client = client();
+    let with = |path: &str, token: &str| client.get(control(&gateway, path)).bearer_auth(token.to_owned()).send();
+    assert_eq!(with("/metrics", "scrape-only-token").await.unwrap().status(), 200);
+    assert_eq!(with("/metrics", TOKEN).await.unwrap().status(), 200, "the admin token too");
+    for path in ["/admin/workers", "/admin/policy", "/admin/config", "/ws"] {
+        assert_eq!(
+            with(path, "scrape-only-token").await.unwrap().status(),
+            401,
+            "{path} with the metrics token"
+        );
+    }
+    let put = client
+        .put(control(&gateway, "/admin/policy"))
+        .bearer_auth("scrape-only-token")
+        .body(r#"{"min_load_gap":9}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 401);
+    gateway.shutdown().await;
+
+    // Without an admin token a metrics token protects nothing: refused at start-up.
+    let mut config = test_config(&[&a]);
+    config.server.metrics_token_file = Some(scraper.path().to_owned());
+    let error = match gatewayd::start(gatewayd::StartOptions::new(config)).await {
+        Ok(_) => panic!("a metrics token without an admin token must be refused"),
+        Err(e) => e.to_string(),
+    };
+    assert!(error.contains("server.metrics_token_file"), "{error}");
+}
+
+#[tokio::test]
+async fn the_configuration_in_force_comes_back_as_toml_with_runtime_changes() {
+    let (a, b) = (fake_worker("a").await, fake_worker("b").await);
+    let gateway = start(test_config(&[&a])).await;
+    let client = client();
+    let put = client
+        .put(control(&gateway, "/admin/policy"))
+        .body(r#"{"kind":"bounded_consistent_hashing","min_load_gap":6}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    let added = client
+        .post(control(&gateway, "/admin/workers"))
+        .json(&json!({"name": "b", "url": b.url()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 201);
+    let response = client.get(control(&gateway, "/admin/config")).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/toml")
+    );
+    let text = response.text().await.unwrap();
+    let config: gatewayd::config::Config = toml::from_str(&text).unwrap();
+    config.validate().unwrap();
+    assert_eq!(config.policy.min_load_gap, 6);
+    assert_eq!(
+        config.policy.kind,
+        bch_core::policy::PolicyKind::BoundedConsistentHashing
+    );
+    let names: Vec<_> = config.workers.iter().map(|w| w.name.clone().unwrap()).collect();
+    assert_eq!(names, ["a", "b"]);
+    gateway.shutdown().await;
+}
