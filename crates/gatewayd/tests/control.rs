@@ -1362,9 +1362,24 @@ async fn the_metrics_token_opens_metrics_and_nothing_else() {
     config.server.metrics_token_file = Some(scraper.path().to_owned());
     let gateway = start(config).await;
     let client = client();
-    let with = |path: &str, token: &str| client.get(control(&gateway, path)).bearer_auth(token.to_owned()).send();
-    assert_eq!(with("/metrics", "scrape-only-token").await.unwrap().status(), 200);
-    assert_eq!(with("/metrics", TOKEN).await.unwrap().status(), 200, "the admin token too");
+    let with = |path: &str, token: &str| {
+        client
+            .get(control(&gateway, path))
+            .bearer_auth(token.to_owned())
+            .send()
+    };
+    assert_eq!(
+        with("/metrics", "scrape-only-token")
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        with("/metrics", TOKEN).await.unwrap().status(),
+        200,
+        "the admin token too"
+    );
     for path in ["/admin/workers", "/admin/policy", "/admin/config", "/ws"] {
         assert_eq!(
             with(path, "scrape-only-token").await.unwrap().status(),
@@ -1411,7 +1426,11 @@ async fn the_configuration_in_force_comes_back_as_toml_with_runtime_changes() {
         .await
         .unwrap();
     assert_eq!(added.status(), 201);
-    let response = client.get(control(&gateway, "/admin/config")).send().await.unwrap();
+    let response = client
+        .get(control(&gateway, "/admin/config"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 200);
     assert!(
         response.headers()["content-type"]
@@ -1427,7 +1446,11 @@ async fn the_configuration_in_force_comes_back_as_toml_with_runtime_changes() {
         config.policy.kind,
         bch_core::policy::PolicyKind::BoundedConsistentHashing
     );
-    let names: Vec<_> = config.workers.iter().map(|w| w.name.clone().unwrap()).collect();
+    let names: Vec<_> = config
+        .workers
+        .iter()
+        .map(|w| w.name.clone().unwrap())
+        .collect();
     assert_eq!(names, ["a", "b"]);
     gateway.shutdown().await;
 }

@@ -598,9 +598,16 @@ async fn every_request_has_an_id_that_reaches_the_worker_and_comes_back() {
             request = request.header("x-request-id", id);
         }
         let response = request.send().await.unwrap();
-        let id = response.headers()["x-request-id"].to_str().unwrap().to_owned();
+        let id = response.headers()["x-request-id"]
+            .to_str()
+            .unwrap()
+            .to_owned();
         let echo: serde_json::Value = response.json().await.unwrap();
-        assert_eq!(echo["headers"]["x-request-id"], id.as_str(), "forwarded as returned");
+        assert_eq!(
+            echo["headers"]["x-request-id"],
+            id.as_str(),
+            "forwarded as returned"
+        );
         assert!(id.len() > 9 && id.contains('-'), "{id}");
         assert!(seen.insert(id), "ids are unique");
     }
