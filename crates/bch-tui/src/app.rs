@@ -3,8 +3,9 @@
 //!
 //! Input never waits on the network: the connection runs in its own task (`conn`) and both sides
 //! only exchange channel messages. Drawing happens only when something changed, at most
-//! once per [`FRAME_BUDGET`], plus on a [`TICK`] while a reconnect countdown is showing — so an idle
-//! console costs next to no CPU and a storm of ticks does not turn into a storm of redraws.
+//! once per [`FRAME_BUDGET`], plus on a [`TICK`] while something time-based is showing (the
+//! reconnect countdown, the age of the last frame) — so a storm of ticks does not turn into a
+//! storm of redraws. The tick also fails threshold changes that got no answer in time.
 
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use ratatui::backend::Backend;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::conn::ConnEvent;
+use crate::conn::{ConnEvent, ConnStatus};
 use crate::input::{Action, map_key};
 use crate::state::{Effect, State};
 use crate::view;
@@ -67,6 +68,9 @@ impl App {
 
     /// Applies an event from the network task, answering a seq gap with `resync`.
     pub fn handle_conn(&mut self, event: ConnEvent) {
+        if matches!(event, ConnEvent::Frame(_)) {
+            self.state.frame_received(Instant::now());
+        }
         if let Some(cmd) = self.state.apply_conn_event(event) {
             self.send(cmd);
         }
@@ -125,7 +129,10 @@ where
                 dirty = true;
             }
             _ = tick.tick() => {
-                if app.state.conn().is_counting_down() {
+                // The countdown, the age of the last frame (and the stale mark when frames stop)
+                // and command timeouts change with time alone.
+                let expired = app.state.expire_commands(Instant::now());
+                if expired || app.state.conn().is_counting_down() || *app.state.conn() == ConnStatus::Connected {
                     dirty = true;
                 }
             }

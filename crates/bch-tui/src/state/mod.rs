@@ -11,12 +11,16 @@ mod commands;
 mod fleet;
 mod ui;
 
-use bch_core::telemetry::{ClientCommand, CommandId, KeyRecord, ServerFrame, ServerMessage};
+use bch_core::telemetry::{
+    ClientCommand, CommandId, KeyRecord, ServerFrame, ServerMessage, WorkerRecord,
+};
+use tokio::time::{Duration, Instant};
 
-pub use self::commands::{Change, CommandEntry, CommandState};
+pub use self::commands::{COMMAND_TIMEOUT, Change, CommandEntry, CommandState};
 use self::commands::{CommandLog, Threshold};
-pub use self::fleet::{Fleet, FleetBound, SPILL_LOG_CAP, Sample};
-pub use self::ui::{Panel, SortColumn, Ui};
+pub(crate) use self::fleet::routable;
+pub use self::fleet::{Baseline, Fleet, FleetBound, SPILL_LOG_CAP, Sample};
+pub use self::ui::{Panel, SortColumn, Ui, WorkerOrder};
 use crate::conn::{ConnEvent, ConnStatus};
 use crate::input::{Action, Mode};
 
@@ -49,7 +53,15 @@ pub struct State {
     commands: CommandLog,
     notice: Option<String>,
     ui: Ui,
+    /// When the last frame arrived on this console's clock (`None` before the first, or when the
+    /// app does not say: tests that only apply frames).
+    last_frame_at: Option<Instant>,
 }
+
+/// A silence this many tick intervals long marks the view stale.
+const STALE_TICKS: u32 = 5;
+/// ...but never less than this: a gateway with a 10 ms tick interval may pause that long.
+const STALE_MIN: Duration = Duration::from_secs(1);
 
 impl State {
     /// A fresh state for a console pointed at `url`: connecting, nothing known yet.
@@ -64,7 +76,61 @@ impl State {
             commands: CommandLog::default(),
             notice: None,
             ui: Ui::default(),
+            last_frame_at: None,
         }
+    }
+
+    /// Records that a frame arrived at `now` (the app calls it for every frame it applies).
+    pub fn frame_received(&mut self, now: Instant) {
+        self.last_frame_at = Some(now);
+    }
+
+    /// How long ago the last frame arrived, at `now`; `None` when unknown.
+    pub fn frame_age(&self, now: Instant) -> Option<Duration> {
+        Some(now.saturating_duration_since(self.last_frame_at?))
+    }
+
+    /// Whether the gateway stopped talking: connected, yet no frame for [`STALE_TICKS`] tick
+    /// intervals (and at least [`STALE_MIN`]). A frozen gateway process keeps its socket open, so
+    /// the connection alone cannot tell.
+    pub fn stale(&self, now: Instant) -> bool {
+        let Some(age) = self.frame_age(now) else {
+            return false;
+        };
+        let interval = Duration::from_millis(self.live.tick_interval_ms.unwrap_or(100));
+        self.conn == ConnStatus::Connected && age > (interval * STALE_TICKS).max(STALE_MIN)
+    }
+
+    /// Fails the changes that waited longer than [`COMMAND_TIMEOUT`] for an answer at `now`;
+    /// `true` when one did (the screen must say so).
+    pub fn expire_commands(&mut self, now: Instant) -> bool {
+        self.commands.expire(now)
+    }
+
+    /// The changes still waiting for an answer.
+    pub fn pending(&self) -> impl Iterator<Item = &CommandEntry> {
+        self.commands
+            .iter()
+            .filter(|c| c.state == CommandState::Pending)
+    }
+
+    /// The workers panel's rows, in the chosen order (ties keep configuration order).
+    pub fn worker_rows(&self) -> Vec<&WorkerRecord> {
+        let mut rows: Vec<&WorkerRecord> = self.visible().workers.iter().collect();
+        if self.ui.worker_order() == WorkerOrder::Load {
+            rows.sort_by_key(|w| std::cmp::Reverse(w.active));
+        }
+        rows
+    }
+
+    /// The worker the drain keys act on: the picked one while it exists, else the first row.
+    pub fn selected_worker(&self) -> Option<&WorkerRecord> {
+        let rows = self.worker_rows();
+        let picked = self.ui.selected_worker();
+        rows.iter()
+            .find(|w| Some(w.name.as_str()) == picked)
+            .or(rows.first())
+            .copied()
     }
 
     /// The gateway websocket URL, for the header.
@@ -171,9 +237,14 @@ impl State {
     fn set_status(&mut self, status: ConnStatus) {
         match &status {
             ConnStatus::Connected => {
-                // seq restarts at 0 on every connection and the first frame is a snapshot.
+                // seq restarts at 0 on every connection and the first frame is a snapshot. The
+                // previous connection's commands cannot be answered on this one, and its
+                // `✓ applied` may describe another gateway process: start a fresh log.
                 self.last_seq = None;
                 self.resyncing = false;
+                self.commands.clear();
+                self.live.forget_baseline();
+                self.last_frame_at = None;
             }
             ConnStatus::Reconnecting { .. } => {
                 self.commands
@@ -215,9 +286,19 @@ impl State {
             ServerMessage::Policy(update) => self.live.apply_policy(update),
             ServerMessage::Ack(ack) => {
                 self.live.apply_acked_policy(ack.policy);
+                if let Some(worker) = ack.worker {
+                    self.live.apply_worker(worker);
+                }
                 if let Some(CommandId::Number(id)) = ack.id {
                     self.commands.applied(id);
                 }
+            }
+            ServerMessage::Drained(drained) => {
+                self.notice = Some(if drained.removed {
+                    format!("{} drained: idle and removed", drained.worker)
+                } else {
+                    format!("{} drained: no request in flight", drained.worker)
+                });
             }
             ServerMessage::Error(err) => match err.id {
                 Some(CommandId::Number(id)) if self.commands.knows(id) => {
@@ -244,6 +325,15 @@ impl State {
             }
             Action::FocusNext => self.ui.focus_step(true),
             Action::FocusPrev => self.ui.focus_step(false),
+            Action::Scroll(delta) if self.ui.focus() == Panel::Workers => {
+                self.move_worker_selection(delta);
+            }
+            Action::ScrollTop if self.ui.focus() == Panel::Workers => {
+                self.move_worker_selection(i32::MIN / 2);
+            }
+            Action::ScrollBottom if self.ui.focus() == Panel::Workers => {
+                self.move_worker_selection(i32::MAX / 2);
+            }
             Action::Scroll(delta) => {
                 let max = self.max_scroll(self.ui.focus());
                 self.ui.scroll_by(delta, max);
@@ -251,6 +341,8 @@ impl State {
             Action::ScrollTop => self.ui.scroll_to(0),
             Action::ScrollBottom => self.ui.scroll_to(self.max_scroll(self.ui.focus())),
             Action::CycleSort => self.ui.cycle_sort(),
+            Action::ToggleWorkerOrder => self.ui.toggle_worker_order(),
+            Action::Drain | Action::Undrain => return self.drain(action == Action::Drain),
             Action::StartFilter => self.ui.start_filter(),
             Action::FilterChar(c) => self.ui.type_filter(c),
             Action::FilterBackspace => self.ui.erase_filter_char(),
@@ -261,6 +353,47 @@ impl State {
         Effect::None
     }
 
+    /// Moves the worker selection `delta` rows in the panel's order and scrolls so it stays on
+    /// screen.
+    fn move_worker_selection(&mut self, delta: i32) {
+        let rows = self.worker_rows();
+        if rows.is_empty() {
+            return;
+        }
+        let current = self
+            .selected_worker()
+            .and_then(|w| rows.iter().position(|r| r.name == w.name))
+            .unwrap_or(0);
+        let next = current
+            .saturating_add_signed(delta as isize)
+            .min(rows.len() - 1);
+        let name = rows[next].name.clone();
+        self.ui.select_worker(name);
+        let visible = self.ui.viewport(Panel::Workers).max(1);
+        let scroll = self.ui.scroll(Panel::Workers);
+        if next < scroll {
+            self.ui.scroll_to(next);
+        } else if next >= scroll + visible {
+            self.ui.scroll_to(next + 1 - visible);
+        }
+    }
+
+    /// `d` / `u`: asks the gateway to drain or undrain the selected worker.
+    fn drain(&mut self, drain: bool) -> Effect {
+        let Some(worker) = self.selected_worker() else {
+            self.notice = Some("no worker to drain yet".into());
+            return Effect::None;
+        };
+        let name = worker.name.clone();
+        self.notice = None;
+        let change = if drain {
+            Change::Drain(name)
+        } else {
+            Change::Undrain(name)
+        };
+        Effect::Send(self.commands.send(change))
+    }
+
     /// One press of a threshold key: asks the gateway for the next step of `threshold`, or says
     /// why not. Nothing changes locally until the gateway's `ack`.
     fn nudge(&mut self, threshold: Threshold, up: bool) -> Effect {
@@ -268,6 +401,13 @@ impl State {
             self.notice = Some("no policy known yet: wait for the gateway's snapshot".into());
             return Effect::None;
         };
+        if !self.live.bound_in_force() {
+            self.notice = Some(format!(
+                "{} never spills: the thresholds change nothing (PUT /admin/policy to switch kind)",
+                policy.kind
+            ));
+            return Effect::None;
+        }
         let pending = self.commands.newest_pending(threshold);
         match Change::step(threshold, up, pending, &policy) {
             Ok(change) => {
