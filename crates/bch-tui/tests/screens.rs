@@ -196,7 +196,10 @@ fn drawing_a_big_fleet_fits_every_size() {
     for (width, height) in [(80, 24), (120, 40), (160, 48), (240, 60)] {
         let screen = render(&s, width, height, Instant::now());
         let workers_title = screen.lines().nth(4).unwrap();
-        assert!(workers_title.contains("1 OVER"), "{width}x{height}:\n{screen}");
+        assert!(
+            workers_title.contains("1 OVER"),
+            "{width}x{height}:\n{screen}"
+        );
         assert_eq!(screen.lines().count(), usize::from(height));
     }
 }

@@ -282,7 +282,7 @@ mod tests {
         assert_eq!(stats.responses_total(StatusClass::Success), 2);
         let (sum, count, buckets) = stats.durations().read();
         assert_eq!(count, 3);
-        assert!((sum - 10_000.0025).abs() < 1e-3, "{sum}");
+        assert!((sum - 10_000.002_5).abs() < 1e-3, "{sum}");
         assert_eq!(buckets[0], (0.001, 1), "1 ms is inside the first bucket");
         assert_eq!(buckets[1], (0.002, 2));
         assert_eq!(

@@ -168,19 +168,35 @@ pub struct Admin {
     probe_now: Arc<Notify>,
 }
 
+/// Everything the admin owner writes to or tells about a change.
+pub struct Owned {
+    /// Membership, policy and worker states.
+    pub router: Arc<Router>,
+    /// The published worker endpoints.
+    pub upstreams: Arc<Upstreams>,
+    /// Told about policy changes.
+    pub telemetry: Telemetry,
+    /// The per-request settings.
+    pub settings: SharedSettings,
+    /// The configuration in force, for its readers.
+    pub config: SharedConfig,
+    /// Woken on a membership change, so new workers are probed at once.
+    pub probe_now: Arc<Notify>,
+}
+
 impl Admin {
     /// The owner of a gateway whose router, endpoints, settings and shared configuration were
-    /// built from `config` (already effective and validated) with `members`.
-    pub fn new(
-        router: Arc<Router>,
-        upstreams: Arc<Upstreams>,
-        telemetry: Telemetry,
-        settings: SharedSettings,
-        config: SharedConfig,
-        origin: ConfigOrigin,
-        members: Vec<Member>,
-        probe_now: Arc<Notify>,
-    ) -> Self {
+    /// built from the configuration in `owned.config` (already effective and validated) with
+    /// `members`.
+    pub fn new(owned: Owned, origin: ConfigOrigin, members: Vec<Member>) -> Self {
+        let Owned {
+            router,
+            upstreams,
+            telemetry,
+            settings,
+            config,
+            probe_now,
+        } = owned;
         let in_force = InForce {
             config: config.load_full(),
             members,

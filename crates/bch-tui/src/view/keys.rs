@@ -189,11 +189,9 @@ fn key_row(
         styles.plain()
     };
     let (requests, spills) = baseline.map_or((k.requests_total, k.spills_total), |b| b.since(k));
-    let home = if requests == 0 {
-        "-".to_owned()
-    } else {
-        format!("{}%", (requests - spills.min(requests)) * 100 / requests)
-    };
+    let home = ((requests - spills.min(requests)) * 100)
+        .checked_div(requests)
+        .map_or_else(|| "-".to_owned(), |share| format!("{share}%"));
     Row::new([
         Cell::from(truncate_middle(&k.key, usize::from(columns.key_w))),
         Cell::from(placement),

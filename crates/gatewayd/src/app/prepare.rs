@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use super::{StartError, StartOptions};
+use super::options::{StartError, StartOptions};
 use crate::admin::ConfigOrigin;
 use crate::config::{Config, Member};
 
@@ -102,7 +102,7 @@ fn admin_token(config: &Config) -> Result<Option<String>, StartError> {
         .server
         .admin_token_file
         .as_ref()
-        .map(|path| read_token(path))
+        .map(read_token)
         .transpose()
 }
 

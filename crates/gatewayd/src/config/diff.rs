@@ -96,11 +96,13 @@ mod tests {
 
     #[test]
     fn names_workers_and_changed_fields() {
-        let mut before = Config::default();
-        before.workers = vec![
-            WorkerConfig::from_url("http://a:1"),
-            WorkerConfig::from_url("http://b:1"),
-        ];
+        let before = Config {
+            workers: vec![
+                WorkerConfig::from_url("http://a:1"),
+                WorkerConfig::from_url("http://b:1"),
+            ],
+            ..Config::default()
+        };
         let mut after = before.clone();
         assert_eq!(describe(&before, &after), "none");
         after.workers.remove(0);

@@ -33,12 +33,14 @@ mod tests {
 
     #[test]
     fn round_trips_without_the_pinned_workers() {
-        let mut config = Config::default();
+        let mut config = Config {
+            workers: vec![
+                WorkerConfig::from_url("http://a:1"),
+                WorkerConfig::from_url("http://pinned:1"),
+            ],
+            ..Config::default()
+        };
         config.policy.min_load_gap = 7;
-        config.workers = vec![
-            WorkerConfig::from_url("http://a:1"),
-            WorkerConfig::from_url("http://pinned:1"),
-        ];
         let text = to_toml(&config, &[WorkerConfig::from_url("http://pinned:1")]).unwrap();
         let back: Config = toml::from_str(&text).unwrap();
         back.validate().unwrap();
