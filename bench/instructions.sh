@@ -70,6 +70,12 @@ for workload in ${WORKLOADS//,/ }; do
     "$GATEWAYD" --config "$WORK/gatewayd.toml" >"$WORK/gatewayd-$workload.log" 2>&1 &
   pid=$!
   wait_port "$GW" 60
+  # Workers wait for their first probe before they take traffic: start once one has passed, so
+  # no early 503 counts as a (cheap) request.
+  for ((try = 0; try < 600; try++)); do
+    curl -sf --max-time 1 "http://127.0.0.1:$GW/readiness" >/dev/null && break
+    sleep 0.1
+  done
   # Count the traffic only: start-up is zeroed away, and the counts are dumped before shutdown, so
   # a slow run (fewer requests) does not spread start-up over fewer requests.
   callgrind_control --zero "$pid" >/dev/null 2>&1
