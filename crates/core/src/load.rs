@@ -284,7 +284,11 @@ mod tests {
         assert_eq!(count, 3);
         assert!((sum - 10_000.002_5).abs() < 1e-3, "{sum}");
         assert_eq!(buckets[0], (0.001, 1), "1 ms is inside the first bucket");
-        assert_eq!(buckets[1], (0.002, 1), "counts per bucket; the encoder sums them");
+        assert_eq!(
+            buckets[1],
+            (0.002, 1),
+            "counts per bucket; the encoder sums them"
+        );
         assert_eq!(buckets.len(), DURATION_BUCKETS + 1);
         assert_eq!(
             buckets[DURATION_BUCKETS],

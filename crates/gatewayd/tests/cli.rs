@@ -1140,3 +1140,48 @@ fn gatewayd_reload_fails_when_the_reload_fails() {
     daemon.signal("TERM");
     assert!(daemon.wait().success());
 }
+
+#[test]
+fn connections_refused_at_the_cap_are_logged_without_flooding() {
+    let file = TempFile::new(&format!(
+        "{}\nmax_connections = 1\n",
+        daemon_config(2, 1.5, &[]).trim_end()
+    ));
+    let mut command = gatewayd();
+    command.arg("--config").arg(file.path()).args([
+        "--listen",
+        "127.0.0.1:0",
+        "--control-listen",
+        "127.0.0.1:0",
+    ]);
+    let mut daemon = Daemon::spawn(command);
+    // One connection holds the only slot (it sends nothing); the next ones are refused with a
+    // raw 503 that no request line records.
+    let _held = std::net::TcpStream::connect(&daemon.data).unwrap();
+    let mut refused = Vec::new();
+    for _ in 0..3 {
+        use std::io::Read;
+        let mut stream = std::net::TcpStream::connect(&daemon.data).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        refused.push(answer);
+    }
+    assert!(
+        refused.iter().all(|a| a.starts_with("HTTP/1.1 503")),
+        "{refused:?}"
+    );
+    let line = daemon.wait_for_stderr("connections refused at max_connections");
+    assert!(line.contains("max_connections=1"), "{line}");
+    daemon.signal("TERM");
+    assert!(daemon.wait().success());
+    // Three refusals within a second: one line, not three.
+    let more = daemon
+        .stderr
+        .try_iter()
+        .filter(|l| l.contains("connections refused at max_connections"))
+        .count();
+    assert_eq!(more, 0, "one line per second at most");
+}
