@@ -404,6 +404,11 @@ start_target() { # target workload -> sets PORT, CURRENT_PID
   if [[ $target == smg ]]; then
     wait_smg_ready "$PORT" || die "SMG did not register its workers (log: $WORK/smg.log)"
   fi
+  if [[ $target == gatewayd ]]; then
+    # gatewayd's workers take traffic once their first probe passed; its /readiness has the same
+    # healthy_workers count as SMG's.
+    wait_smg_ready "$PORT" || die "gatewayd's workers did not pass their first probe (log: $WORK/gatewayd.log)"
+  fi
   return 0
 }
 stop_target() {
