@@ -1414,6 +1414,7 @@ async fn the_configuration_in_force_comes_back_as_toml_with_runtime_changes() {
     let client = client();
     let put = client
         .put(control(&gateway, "/admin/policy"))
+        .header("content-type", "application/json")
         .body(r#"{"kind":"bounded_consistent_hashing","min_load_gap":6}"#)
         .send()
         .await

@@ -52,8 +52,11 @@ async fn worker_record(gateway: &RunningGateway, name: &str) -> Option<Value> {
 }
 
 async fn post(gateway: &RunningGateway, path: &str, body: &str) -> (u16, Value) {
-    let response = client()
-        .post(control(gateway, path))
+    let mut request = client().post(control(gateway, path));
+    if !body.is_empty() {
+        request = request.header("content-type", "application/json");
+    }
+    let response = request
         .body(body.to_owned())
         .send()
         .await
