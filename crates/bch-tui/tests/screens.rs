@@ -5,7 +5,7 @@
 mod big_fleet;
 mod common;
 
-use bch_core::telemetry::ServerMessage;
+use bch_core::telemetry::{ServerMessage, WorkerSource};
 use bch_tui::{Action, ConnEvent, ConnStatus, State};
 use big_fleet::big;
 use common::{connected_with, frame, frame_at, refusal, render};
@@ -64,6 +64,27 @@ fn spill_happening_120x40() {
 #[test]
 fn spill_happening_160x48() {
     assert_snapshot!(render(&spilling(), 160, 48, Instant::now()));
+}
+
+/// Workers found by DNS discovery: the title counts them by source and wide rows name each
+/// worker's source.
+#[test]
+fn discovered_workers_160x48() {
+    let mut s = State::new("ws://127.0.0.1:9090/ws");
+    s.apply_conn_event(ConnEvent::Status(ConnStatus::Connected));
+    let mut snapshot = frame("snapshot");
+    let ServerMessage::Snapshot(ref mut body) = snapshot.message else {
+        panic!("the snapshot fixture is a snapshot");
+    };
+    for worker in body.workers.iter_mut().skip(1) {
+        worker.source = WorkerSource::Dns("_http._tcp.llm.default.svc.cluster.local".into());
+    }
+    s.apply_frame(snapshot);
+    let screen = render(&s, 160, 48, Instant::now());
+    assert!(screen.contains("discovered, 1 static"), "{screen}");
+    // At 160 columns every counter comes first; the source is cut to what the bar leaves.
+    assert!(screen.contains("dns:_http…er.local"), "{screen}");
+    assert_snapshot!(screen);
 }
 
 #[test]

@@ -18,7 +18,7 @@ use std::hint::black_box;
 use bch_core::load::LoadGuard;
 use bch_core::policy::{Branch, PolicySettings};
 use bch_core::ring::Ring;
-use bch_core::router::{Router, WorkerSpec};
+use bch_core::router::{Router, WorkerSource, WorkerSpec};
 use bch_core::routing_key::{ExplicitKey, RoutingKey};
 use criterion::{Criterion, criterion_group, criterion_main};
 
@@ -36,6 +36,7 @@ fn router(n: usize, policy: PolicySettings) -> Router {
             name: format!("w{i}"),
             url,
             ring_id: None,
+            source: WorkerSource::Static,
         })
         .collect();
     Router::new(specs, policy).unwrap()

@@ -11,13 +11,13 @@
 //!
 //! ```
 //! use bch_core::policy::{Branch, PolicySettings};
-//! use bch_core::router::{Router, WorkerSpec};
+//! use bch_core::router::{Router, WorkerSource, WorkerSpec};
 //! use bch_core::routing_key::{ExplicitKey, RoutingKey};
 //!
 //! let workers = ["http://127.0.0.1:30001", "http://127.0.0.1:30002"]
 //!     .iter()
 //!     .enumerate()
-//!     .map(|(i, url)| WorkerSpec { name: format!("w{i}"), url: url.to_string(), ring_id: None })
+//!     .map(|(i, url)| WorkerSpec { name: format!("w{i}"), url: url.to_string(), ring_id: None, source: WorkerSource::Static })
 //!     .collect();
 //! let router = Router::new(workers, PolicySettings::default()).unwrap();
 //! let key = RoutingKey::Explicit(ExplicitKey::parse(b"session-a").unwrap());

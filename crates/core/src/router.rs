@@ -22,6 +22,7 @@ use crate::load::{LoadGuard, WorkerStats};
 use crate::policy::{Branch, PolicyError, PolicyPatch, PolicySettings};
 use crate::ring::Ring;
 use crate::routing_key::RoutingKey;
+pub use crate::telemetry::WorkerSource;
 use crate::telemetry::WorkerState;
 
 /// A worker as configured: unique `name` and `url`, and the identity its ring points are labelled
@@ -35,6 +36,8 @@ pub struct WorkerSpec {
     pub url: String,
     /// Ring identity override; `None` means the URL.
     pub ring_id: Option<String>,
+    /// Where the worker came from (configured or discovered); shown, never routed on.
+    pub source: WorkerSource,
 }
 
 impl WorkerSpec {
@@ -145,6 +148,7 @@ impl RoutingTable {
                 spilled_in_total: w.stats.spilled_in_total(),
                 spilled_out_total: w.stats.spilled_out_total(),
                 errors_total: w.stats.errors_total(),
+                source: w.spec.source.clone(),
             })
             .collect()
     }
@@ -210,8 +214,10 @@ pub struct Routed {
 /// Membership bookkeeping, touched only by writers.
 #[derive(Debug, Default)]
 struct CounterRegistry {
-    /// Counters by worker URL, kept weakly: a removed worker's counters live on while its guards do,
-    /// and a re-added worker with the same URL picks them up again.
+    /// Counters by worker URL, kept weakly: a removed worker's counters live on while its guards do
+    /// (or while anyone else holds its `Arc<WorkerStats>`), and a re-added worker with the same URL
+    /// picks them up again. The router itself never decides how long a departed worker is
+    /// remembered: a caller that wants counters to survive an absence holds the `Arc`.
     counters: HashMap<String, Weak<WorkerStats>>,
     /// New workers start unhealthy (until a probe passes) instead of healthy.
     new_workers_unhealthy: bool,
@@ -273,11 +279,11 @@ impl Router {
             let guard = decision.worker.map(|w| table.workers[w].stats.acquire());
             (decision, guard)
         };
-        if decision.branch == Branch::ExplicitRoutingKeySpillover {
-            if let (Some(from), Some(to)) = (decision.preferred, decision.worker) {
-                table.workers[from].stats.record_spill_out();
-                table.workers[to].stats.record_spill_in();
-            }
+        if decision.branch == Branch::ExplicitRoutingKeySpillover
+            && let (Some(from), Some(to)) = (decision.preferred, decision.worker)
+        {
+            table.workers[from].stats.record_spill_out();
+            table.workers[to].stats.record_spill_in();
         }
         Routed {
             table,
@@ -599,6 +605,7 @@ mod tests {
             name: format!("w{n}"),
             url: format!("http://127.0.0.1:{}", 30000 + n),
             ring_id: None,
+            source: WorkerSource::Static,
         }
     }
 
@@ -648,7 +655,8 @@ mod tests {
             router.add_worker(WorkerSpec {
                 name: "w1".into(),
                 url: "http://other".into(),
-                ring_id: None
+                ring_id: None,
+                source: WorkerSource::Static,
             }),
             Err(MembershipError::DuplicateName("w1".into()))
         );
@@ -674,6 +682,33 @@ mod tests {
         assert_eq!(router.table().workers()[0].stats.active(), 1);
         drop(routed);
         assert_eq!(router.table().workers()[0].stats.active(), 0);
+    }
+
+    #[test]
+    fn a_held_stats_arc_keeps_a_departed_workers_counters_for_its_return() {
+        let router = Router::new(vec![spec(1), spec(2)], PolicySettings::default()).unwrap();
+        let key = RoutingKey::Explicit(ExplicitKey::parse(b"k").unwrap());
+        drop(router.route(&key));
+        let table = router.table();
+        let kept = Arc::clone(&table.workers()[0].stats);
+        let forgotten_total = table.workers()[1].stats.requests_total();
+        drop(table);
+        router.remove_worker("w1").unwrap();
+        router.remove_worker("w2").unwrap();
+        router
+            .reconfigure(vec![spec(2), spec(1)], PolicySettings::default())
+            .unwrap();
+        let table = router.table();
+        assert!(
+            Arc::ptr_eq(&kept, &table.workers()[1].stats),
+            "w1 gets its counters back"
+        );
+        assert_eq!(
+            table.workers()[0].stats.requests_total(),
+            0,
+            "nobody held w2's"
+        );
+        assert_eq!(kept.requests_total() + forgotten_total, 1);
     }
 
     #[test]
@@ -777,11 +812,13 @@ mod tests {
                 name: "1".into(),
                 url: "http://a".into(),
                 ring_id: None,
+                source: WorkerSource::Static,
             },
             WorkerSpec {
                 name: "b".into(),
                 url: "http://b".into(),
                 ring_id: None,
+                source: WorkerSource::Static,
             },
         ];
         assert_eq!(

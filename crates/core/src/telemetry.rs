@@ -276,6 +276,73 @@ pub struct WorkerRecord {
     /// Requests to this worker that ended in a gateway-side error (connect failure, timeout,
     /// broken stream).
     pub errors_total: u64,
+    /// Where the worker came from: `static` (configuration file, `--worker`, the admin API) or
+    /// `dns:NAME` (found by DNS discovery of `NAME`). Absent from older gateways' frames, which
+    /// only had static workers.
+    #[serde(default)]
+    pub source: WorkerSource,
+}
+
+/// Where a worker came from, on the wire `"static"` or `"dns:NAME"`.
+///
+/// A worker that is both configured and discovered (the same URL) is one worker whose source is
+/// `static`: the configured entry is the one an operator wrote, and it stays when DNS drops it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub enum WorkerSource {
+    /// Configured: a `[[workers]]` entry, a `--worker` flag or `POST /admin/workers`.
+    #[default]
+    Static,
+    /// Found by DNS discovery of this name (SRV when it begins with `_`, else A/AAAA).
+    Dns(String),
+}
+
+impl WorkerSource {
+    /// The wire form: `static` or `dns:NAME`.
+    pub fn label(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            WorkerSource::Static => "static".into(),
+            WorkerSource::Dns(name) => format!("dns:{name}").into(),
+        }
+    }
+
+    /// Whether the worker was discovered rather than configured.
+    pub fn is_discovered(&self) -> bool {
+        matches!(self, WorkerSource::Dns(_))
+    }
+
+    /// Parses the wire form; `None` for anything but `static` or `dns:` followed by a name.
+    pub fn parse(text: &str) -> Option<WorkerSource> {
+        match text {
+            "static" => Some(WorkerSource::Static),
+            _ => text
+                .strip_prefix("dns:")
+                .filter(|name| !name.is_empty())
+                .map(|name| WorkerSource::Dns(name.to_owned())),
+        }
+    }
+}
+
+impl std::fmt::Display for WorkerSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.label())
+    }
+}
+
+impl Serialize for WorkerSource {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.label())
+    }
+}
+
+impl<'de> Deserialize<'de> for WorkerSource {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        WorkerSource::parse(&text).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "worker source {text:?}: expected \"static\" or \"dns:NAME\""
+            ))
+        })
+    }
 }
 
 /// Ring ownership: how the hash space divides among workers.
@@ -384,6 +451,31 @@ impl ServerFrame {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn worker_sources_round_trip_and_default_to_static() {
+        for source in [
+            WorkerSource::Static,
+            WorkerSource::Dns("_http._tcp.a.b".into()),
+        ] {
+            let json = serde_json::to_value(&source).unwrap();
+            assert_eq!(json, source.label().as_ref());
+            assert_eq!(
+                serde_json::from_value::<WorkerSource>(json).unwrap(),
+                source
+            );
+        }
+        for bad in ["", "dns:", "consul:x", "Static"] {
+            assert!(
+                serde_json::from_value::<WorkerSource>(bad.into()).is_err(),
+                "{bad:?}"
+            );
+        }
+        let old = r#"{"name":"w","url":"http://a:1","healthy":true,"active":0,"requests_total":0,
+            "spilled_in_total":0,"spilled_out_total":0,"errors_total":0}"#;
+        let record: WorkerRecord = serde_json::from_str(old).unwrap();
+        assert_eq!(record.source, WorkerSource::Static);
+    }
 
     #[test]
     fn change_source_names_match_the_wire() {

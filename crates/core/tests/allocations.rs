@@ -5,7 +5,7 @@
 
 use allocation_counter::measure;
 use bch_core::policy::{Branch, PolicyKind, PolicyPatch, PolicySettings};
-use bch_core::router::{Router, WorkerSpec};
+use bch_core::router::{Router, WorkerSource, WorkerSpec};
 use bch_core::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource, RoutingKey};
 
 const REPEAT: usize = 100;
@@ -16,6 +16,7 @@ fn router(policy: PolicySettings) -> Router {
             name: format!("w{i}"),
             url: format!("http://127.0.0.1:{}", 32000 + i),
             ring_id: None,
+            source: WorkerSource::Static,
         })
         .collect();
     Router::new(workers, policy).unwrap()

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use bch_core::explain::{Explainer, Scenario};
 use bch_core::policy::{PolicyKind, PolicySettings};
 use bch_core::ring::{Ring, hash_position};
-use bch_core::router::{Router, WorkerSpec};
+use bch_core::router::{Router, WorkerSource, WorkerSpec};
 use bch_core::routing_key::{ExplicitKey, RoutingKey};
 use serde::Deserialize;
 
@@ -76,6 +76,7 @@ fn specs(urls: &[String]) -> Vec<WorkerSpec> {
             name: format!("w{i}"),
             url: url.clone(),
             ring_id: None,
+            source: WorkerSource::Static,
         })
         .collect()
 }

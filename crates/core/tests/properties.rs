@@ -13,7 +13,7 @@ use bch_core::decide::{Decision, FleetView, decide};
 use bch_core::load::WorkerStats;
 use bch_core::policy::{Branch, PolicyKind, PolicyPatch, PolicySettings};
 use bch_core::ring::{Ring, hash_position};
-use bch_core::router::{Routed, Router, RoutingTable, WorkerSpec};
+use bch_core::router::{Routed, Router, RoutingTable, WorkerSource, WorkerSpec};
 use bch_core::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource, RoutingKey};
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -23,6 +23,7 @@ fn spec(i: usize) -> WorkerSpec {
         name: format!("w{i}"),
         url: format!("http://10.0.{}.{}:8000", i / 256, i % 256),
         ring_id: None,
+        source: WorkerSource::Static,
     }
 }
 
@@ -156,6 +157,7 @@ proptest! {
                 name: format!("alias{i}"),
                 url: format!("http://192.168.9.{i}:9000"),
                 ring_id: Some(plain[i].url.clone()),
+                source: WorkerSource::Static,
             })
             .collect();
         let a = Router::new(plain, settings(virtual_nodes)).unwrap().table();
@@ -295,14 +297,13 @@ proptest! {
         let branch = if expected.is_some() { Branch::ImplicitRoutingKeyHit } else { Branch::NoHealthyWorkers };
         prop_assert_eq!(decision.branch, branch);
 
-        if !bounded && expected.is_some() {
-            if let Ok(explicit) = ExplicitKey::parse(&key) {
+        if !bounded && expected.is_some()
+            && let Ok(explicit) = ExplicitKey::parse(&key) {
                 let decision = decide(&ring, &policy, &RoutingKey::Explicit(explicit), &fleet, 7, 7);
                 prop_assert_eq!(decision.worker, expected);
                 prop_assert_eq!(decision.branch, Branch::ExplicitRoutingKeyHit);
                 prop_assert!(decision.bound.is_none());
             }
-        }
     }
 
     /// The bounded rule, recomputed from the generated loads: the decision reports exactly the

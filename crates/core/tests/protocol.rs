@@ -30,6 +30,7 @@ fn worker(name: &str, active: u64, healthy: bool) -> WorkerRecord {
         spilled_in_total: 3,
         spilled_out_total: 1,
         errors_total: 0,
+        source: Default::default(),
     }
 }
 

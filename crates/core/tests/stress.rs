@@ -12,7 +12,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 
 use bch_core::policy::{Branch, PolicyKind, PolicyPatch, PolicySettings};
-use bch_core::router::{Routed, Router, WorkerSpec};
+use bch_core::router::{Routed, Router, WorkerSource, WorkerSpec};
 use bch_core::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource, RoutingKey};
 
 const WORKERS: usize = 6;
@@ -27,6 +27,7 @@ fn specs(n: usize) -> Vec<WorkerSpec> {
             name: format!("w{i}"),
             url: format!("http://127.0.0.1:{}", 31000 + i),
             ring_id: None,
+            source: WorkerSource::Static,
         })
         .collect()
 }

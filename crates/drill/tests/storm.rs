@@ -122,7 +122,7 @@ fn fake_gateway() -> Router {
                 let n = counter.fetch_add(1, Ordering::Relaxed);
                 async move {
                     let key = headers["x-smg-routing-key"].to_str().unwrap().to_owned();
-                    let (worker, branch) = if n % 2 == 0 {
+                    let (worker, branch) = if n.is_multiple_of(2) {
                         (format!("home-of-{key}"), "explicit_routing_key_hit")
                     } else {
                         ("spare".to_owned(), "explicit_routing_key_spillover")

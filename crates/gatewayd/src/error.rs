@@ -29,6 +29,12 @@ pub enum GatewayError {
     /// No healthy worker can take the request (503).
     #[error("no healthy worker can take the request")]
     NoHealthyWorkers,
+    /// No worker is registered at all (503, the same `code` as [`GatewayError::NoHealthyWorkers`]):
+    /// no static worker, and discovery found none.
+    #[error(
+        "no worker is registered: no static worker is configured and DNS discovery has found none"
+    )]
+    NoWorkers,
     /// The target worker header named an unknown or unhealthy worker (503; never a fall-through).
     #[error("the target worker is unknown or unhealthy")]
     TargetWorkerMiss,
@@ -150,6 +156,9 @@ pub enum GatewayError {
     /// A worker clashes with a registered one (409): same name, URL or ring identity.
     #[error("{0}")]
     WorkerConflict(String),
+    /// `DELETE` of a worker that DNS discovery found (409): it would come back on the next refresh.
+    #[error("{0}")]
+    DiscoveredWorker(String),
     /// No worker has this name (404).
     #[error("no worker named {0:?}")]
     UnknownWorker(String),
@@ -203,6 +212,7 @@ impl GatewayError {
                 StatusCode::BAD_GATEWAY
             }
             GatewayError::NoHealthyWorkers
+            | GatewayError::NoWorkers
             | GatewayError::TargetWorkerMiss
             | GatewayError::TooManyConnections => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::WorkerGone { .. }
@@ -218,7 +228,9 @@ impl GatewayError {
             | GatewayError::InvalidQuery(_)
             | GatewayError::InvalidRoutingKey(_)
             | GatewayError::InvalidConfig(_) => StatusCode::BAD_REQUEST,
-            GatewayError::WorkerConflict(_) | GatewayError::NoConfigFile(_) => StatusCode::CONFLICT,
+            GatewayError::WorkerConflict(_)
+            | GatewayError::DiscoveredWorker(_)
+            | GatewayError::NoConfigFile(_) => StatusCode::CONFLICT,
         }
     }
 
@@ -242,7 +254,8 @@ impl GatewayError {
             GatewayError::HostNotAllowed(_) => "host_not_allowed",
             GatewayError::OriginNotAllowed(_) => "origin_not_allowed",
             GatewayError::UnsupportedMediaType => "unsupported_media_type",
-            GatewayError::NoHealthyWorkers => "no_healthy_workers",
+            // One code for both: a client's handling is the same, the message tells them apart.
+            GatewayError::NoHealthyWorkers | GatewayError::NoWorkers => "no_healthy_workers",
             GatewayError::TargetWorkerMiss => "target_worker_miss",
             GatewayError::WorkerGone { .. } | GatewayError::BadUpstreamUri { .. } => {
                 "bad_worker_url"
@@ -256,6 +269,7 @@ impl GatewayError {
             GatewayError::InvalidJson(_) => "invalid_json",
             GatewayError::InvalidWorker(_) => "invalid_worker",
             GatewayError::WorkerConflict(_) => "worker_conflict",
+            GatewayError::DiscoveredWorker(_) => "worker_discovered",
             GatewayError::UnknownWorker(_) => "unknown_worker",
             GatewayError::InvalidPolicy(_) => "invalid_policy",
             GatewayError::InvalidQuery(_) => "invalid_query",
@@ -271,6 +285,7 @@ impl GatewayError {
         match self {
             GatewayError::PayloadTooLarge { .. }
             | GatewayError::NoHealthyWorkers
+            | GatewayError::NoWorkers
             | GatewayError::TargetWorkerMiss
             | GatewayError::WorkerGone { .. }
             | GatewayError::BadUpstreamUri { .. }

@@ -3,7 +3,8 @@
 //! A worker goes unhealthy after `unhealthy_threshold` consecutive failures (or at once on a failed
 //! connect when passive marking is on) and comes back after `healthy_threshold` consecutive
 //! successes. Health is applied through the router, which swaps the routing snapshot without
-//! rebuilding the ring. The probe URIs are built once per configuration change, not per probe.
+//! rebuilding the ring. The probe URIs are built once per configuration or membership change (the
+//! admin owner publishes both, static and discovered workers merged), not per probe.
 //!
 //! A worker's very first probe decides at once: with `[health] wait_for_first_probe` new workers
 //! start unhealthy and the first success lets them in; a membership change wakes the prober so a
@@ -26,7 +27,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, HealthConfig, SharedConfig};
+use crate::config::{Config, HealthConfig, Member, SharedConfig, SharedMembers};
 use crate::metrics::Metrics;
 
 /// Why a probe failed.
@@ -113,14 +114,10 @@ struct Probe {
     uri: Option<Uri>,
 }
 
-/// The probes for `config`'s workers, by name.
-fn probes(config: &Config) -> HashMap<String, Probe> {
-    let Ok(members) = config.members() else {
-        // The configuration in force was validated when it was put in force.
-        return HashMap::new();
-    };
+/// The probes for `members` under `config`'s probe path, by name.
+fn probes(config: &Config, members: &[Member]) -> HashMap<String, Probe> {
     members
-        .into_iter()
+        .iter()
         .map(|member| {
             let path = config.probe_path(member.health_path.as_deref());
             let uri = path
@@ -131,10 +128,10 @@ fn probes(config: &Config) -> HashMap<String, Probe> {
                 tracing::warn!(worker = %member.spec.name, path, "health path makes no valid URI; the worker's probes fail");
             }
             let probe = Probe {
-                url: member.spec.url,
+                url: member.spec.url.clone(),
                 uri,
             };
-            (member.spec.name, probe)
+            (member.spec.name.clone(), probe)
         })
         .collect()
 }
@@ -146,6 +143,8 @@ pub struct Prober {
     pub router: Arc<Router>,
     /// Timing, thresholds and paths.
     pub config: SharedConfig,
+    /// The merged membership in force (static and discovered), with each worker's probe path.
+    pub members: SharedMembers,
     /// Notified by the admin owner on a membership change: probe now.
     pub probe_now: Arc<Notify>,
     /// `bch_probe_failures_total`.
@@ -155,11 +154,12 @@ pub struct Prober {
 }
 
 /// Probes every worker of the router's table until shutdown, with the timing, thresholds and
-/// paths of the configuration in force (re-read every round).
+/// paths of the configuration and membership in force (re-read every round).
 pub async fn run(prober: Prober) {
     let Prober {
         router,
         config,
+        members,
         probe_now,
         metrics,
         shutdown,
@@ -169,17 +169,34 @@ pub async fn run(prober: Prober) {
     let client: Client<HttpConnector, Empty<Bytes>> =
         Client::builder(TokioExecutor::new()).build(connector);
     let mut streaks: HashMap<String, Streak> = HashMap::new();
-    let mut built_for: Option<Arc<Config>> = None;
+    let mut built_for: Option<(Arc<Config>, Arc<Vec<Member>>)> = None;
     let mut by_name = HashMap::new();
+    // A wake-up from `probe_now` probes only the workers never probed yet; the full rounds keep
+    // their interval however often the membership changes (a DNS source may, every second). The
+    // interval is read every loop, so one a reload changed counts from the last full round.
+    let mut last_full: Option<tokio::time::Instant> = None;
     loop {
         let current = config.load_full();
-        if !built_for.as_ref().is_some_and(|c| Arc::ptr_eq(c, &current)) {
-            by_name = probes(&current);
-            built_for = Some(Arc::clone(&current));
+        let membership = members.load_full();
+        let fresh = built_for
+            .as_ref()
+            .is_some_and(|(c, m)| Arc::ptr_eq(c, &current) && Arc::ptr_eq(m, &membership));
+        if !fresh {
+            by_name = probes(&current, &membership);
+            built_for = Some((Arc::clone(&current), membership));
         }
         let timeout = Duration::from_millis(current.health.timeout_ms);
+        let interval = Duration::from_millis(current.health.interval_ms);
+        let full = last_full.is_none_or(|at| at.elapsed() >= interval);
+        if full {
+            last_full = Some(tokio::time::Instant::now());
+        }
         let table = router.table();
-        let rounds = table.workers().iter().filter_map(|worker| {
+        let due = table
+            .workers()
+            .iter()
+            .filter(|worker| full || !streaks.contains_key(&worker.spec.url));
+        let rounds = due.filter_map(|worker| {
             let probe = by_name.get(&worker.spec.name)?;
             let client = client.clone();
             Some(async move {
@@ -203,10 +220,11 @@ pub async fn run(prober: Prober) {
             let streak = streaks.entry(url).or_default();
             let first = streak.seen_healthy.is_none();
             let Some(to) = streak.observe(result.is_ok(), healthy, &current.health) else {
-                if first && !healthy {
-                    if let Err(failure) = result {
-                        tracing::warn!(worker = %name, reason = %failure, "worker failed its first probe; no traffic until a probe passes");
-                    }
+                if first
+                    && !healthy
+                    && let Err(failure) = result
+                {
+                    tracing::warn!(worker = %name, reason = %failure, "worker failed its first probe; no traffic until a probe passes");
                 }
                 continue;
             };
@@ -223,10 +241,11 @@ pub async fn run(prober: Prober) {
                 }
             }
         }
+        let next_full = last_full.map_or_else(tokio::time::Instant::now, |at| at + interval);
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = probe_now.notified() => {}
-            _ = tokio::time::sleep(Duration::from_millis(current.health.interval_ms)) => {}
+            _ = tokio::time::sleep_until(next_full) => {}
         }
     }
 }

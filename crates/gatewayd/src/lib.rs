@@ -16,6 +16,7 @@
 //! - `control`: metrics, the admin API and the telemetry websocket;
 //! - `telemetry`: the aggregator that owns telemetry data and publishes frames;
 //! - `upstream`: per-worker endpoints and pools of keep-alive connections;
+//! - `discovery`: workers from DNS (SRV, A/AAAA), handed to the admin owner;
 //! - `drain`: notices when a draining worker is idle (and removes it if asked);
 //! - `health`: active probes; `server`: accept loops; `metrics`: Prometheus; `error`: the one
 //!   error type of gateway answers; `demo`: `gatewayd --demo` (cargo feature `demo`).
@@ -28,6 +29,7 @@ pub mod config;
 mod control;
 #[cfg(feature = "demo")]
 mod demo;
+mod discovery;
 mod drain;
 mod error;
 mod health;

@@ -51,6 +51,56 @@ pub struct Metrics {
     /// Event streams: time until the first data chunk of the body reached the gateway, seconds.
     /// For an LLM stream that is the first token (the prefill's end).
     pub time_to_first_token: Histogram,
+    /// DNS discovery's counters, per source (never touched by the data path).
+    pub discovery: Arc<DiscoveryMetrics>,
+}
+
+/// Counters of one discovery source.
+#[derive(Debug, Default)]
+pub struct SourceCounters {
+    refreshes: AtomicU64,
+    errors: AtomicU64,
+    skipped_records: AtomicU64,
+}
+
+impl SourceCounters {
+    /// Counts one finished resolution, whatever its outcome.
+    pub fn record_refresh(&self) {
+        self.refreshes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one failed resolution (resolver error, timeout, SERVFAIL or another error code).
+    pub fn record_error(&self) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records how many records the last answer had that could not be used.
+    pub fn set_skipped_records(&self, count: usize) {
+        self.skipped_records.store(count as u64, Ordering::Relaxed);
+    }
+}
+
+/// Every discovery source's counters by source label (`dns:NAME`). A source's counters live as
+/// long as the process, across reloads, so its counts stay monotonic.
+#[derive(Debug, Default)]
+pub struct DiscoveryMetrics {
+    sources: Mutex<BTreeMap<String, Arc<SourceCounters>>>,
+}
+
+impl DiscoveryMetrics {
+    /// The counters of the source labelled `label`, created on first use.
+    pub fn source(&self, label: &str) -> Arc<SourceCounters> {
+        let mut sources = self.sources.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(sources.entry(label.to_owned()).or_default())
+    }
+
+    fn snapshot(&self) -> Vec<(String, Arc<SourceCounters>)> {
+        let sources = self.sources.lock().unwrap_or_else(PoisonError::into_inner);
+        sources
+            .iter()
+            .map(|(label, counters)| (label.clone(), Arc::clone(counters)))
+            .collect()
+    }
 }
 
 impl Default for Metrics {
@@ -68,6 +118,7 @@ impl Default for Metrics {
             request_duration: Histogram::new(exponential_buckets(0.001, 2.0, 20)),
             response_headers: Histogram::new(exponential_buckets(0.001, 2.0, 20)),
             time_to_first_token: Histogram::new(exponential_buckets(0.001, 2.0, 20)),
+            discovery: Arc::default(),
         }
     }
 }
@@ -434,7 +485,62 @@ impl Collector for GatewayCollector {
                 (0..workers.len()).map(|i| (label(i), read(&workers[i].stats))),
             )?;
         }
-        Ok(())
+        self.encode_discovery(&mut encoder, workers)
+    }
+}
+
+impl GatewayCollector {
+    /// Workers per source (`static` and every `dns:NAME`), and each discovery source's counters.
+    fn encode_discovery(
+        &self,
+        encoder: &mut DescriptorEncoder,
+        workers: &[bch_core::router::Worker],
+    ) -> Result<(), std::fmt::Error> {
+        let sources = self.metrics.discovery.snapshot();
+        let mut per_source: BTreeMap<String, i64> = sources
+            .iter()
+            .map(|(label, _)| (label.clone(), 0))
+            .collect();
+        per_source.insert("static".to_owned(), 0);
+        for worker in workers {
+            *per_source
+                .entry(worker.spec.source.label().into_owned())
+                .or_default() += 1;
+        }
+        let source = |label: &str| vec![("source", label.to_owned())];
+        gauge(
+            encoder,
+            "bch_discovery_workers",
+            "Workers in the membership by source (static, or the dns:NAME that found them)",
+            per_source.iter().map(|(label, n)| (source(label), *n)),
+        )?;
+        counter(
+            encoder,
+            "bch_discovery_refreshes",
+            "DNS resolutions of a discovery source, whatever their outcome",
+            sources
+                .iter()
+                .map(|(label, c)| (source(label), c.refreshes.load(Ordering::Relaxed))),
+        )?;
+        counter(
+            encoder,
+            "bch_discovery_errors",
+            "DNS resolutions of a discovery source that failed (error, timeout, SERVFAIL); the last good set was kept",
+            sources
+                .iter()
+                .map(|(label, c)| (source(label), c.errors.load(Ordering::Relaxed))),
+        )?;
+        gauge(
+            encoder,
+            "bch_discovery_skipped_records",
+            "Records of the last answer that were skipped (port 0, no address, duplicate address)",
+            sources.iter().map(|(label, c)| {
+                (
+                    source(label),
+                    c.skipped_records.load(Ordering::Relaxed) as i64,
+                )
+            }),
+        )
     }
 }
 

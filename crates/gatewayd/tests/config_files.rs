@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use gatewayd::config::{Config, WorkerConfig};
+use gatewayd::config::{Config, DiscoveryConfig, WorkerConfig};
 
 fn config_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../config")
@@ -88,13 +88,20 @@ fn walk(prefix: &str, value: &serde_json::Value, out: &mut Vec<String>) {
 #[test]
 fn the_reference_mentions_every_field() {
     let mut config = Config::default();
-    // One fully specified worker so the walk sees every `[[workers]]` field too; optional fields
+    // One fully specified worker and discovery source so the walk sees every `[[workers]]` and
+    // `[[discovery]]` field too; optional fields
     // serialise as null in JSON (TOML would drop them).
     config.workers.push(WorkerConfig {
         name: Some("w".into()),
         url: "http://127.0.0.1:1".into(),
         ring_id: Some("r".into()),
         health_path: Some("/h".into()),
+    });
+    config.discovery.push(DiscoveryConfig {
+        port: Some(8000),
+        resolver: Some("127.0.0.1:53".parse().unwrap()),
+        health_path: Some("/h".into()),
+        ..DiscoveryConfig::new("llm.test")
     });
     let value = serde_json::to_value(&config).unwrap();
     let mut fields = Vec::new();
@@ -111,10 +118,11 @@ fn the_reference_mentions_every_field() {
         if let Some(header) = line.strip_prefix('[') {
             section = header.trim_matches(|c| c == '[' || c == ']').to_owned();
             documented.push((String::new(), section.clone()));
-        } else if let Some((key, _)) = line.split_once(" = ") {
-            if !key.is_empty() && key.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
-                documented.push((section.clone(), key.to_owned()));
-            }
+        } else if let Some((key, _)) = line.split_once(" = ")
+            && !key.is_empty()
+            && key.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+        {
+            documented.push((section.clone(), key.to_owned()));
         }
     }
     let mut missing = Vec::new();

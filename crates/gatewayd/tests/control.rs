@@ -513,6 +513,7 @@ async fn workers_list_add_remove() {
             "healthy",
             "name",
             "requests_total",
+            "source",
             "spilled_in_total",
             "spilled_out_total",
             "state",
@@ -520,6 +521,7 @@ async fn workers_list_add_remove() {
         ]
     );
     assert_eq!(listed[0]["state"], "active");
+    assert_eq!(listed[0]["source"], "static");
     assert_eq!(listed[0]["name"], "a");
     assert_eq!(listed[0]["url"], a.url().as_str());
     assert_eq!(listed[0]["healthy"], true);

@@ -56,11 +56,7 @@ async fn post(gateway: &RunningGateway, path: &str, body: &str) -> (u16, Value) 
     if !body.is_empty() {
         request = request.header("content-type", "application/json");
     }
-    let response = request
-        .body(body.to_owned())
-        .send()
-        .await
-        .unwrap();
+    let response = request.body(body.to_owned()).send().await.unwrap();
     let status = response.status().as_u16();
     (status, response.json().await.unwrap_or(Value::Null))
 }

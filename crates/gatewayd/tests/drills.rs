@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, Once, PoisonError};
 use std::time::{Duration, Instant};
 
 use bch_core::policy::{Branch, PolicyKind, PolicySettings};
-use bch_core::router::{Router, WorkerSpec};
+use bch_core::router::{Router, WorkerSource, WorkerSpec};
 use bch_core::routing_key::{ExplicitKey, RoutingKey};
 use bch_core::telemetry::{ServerFrame, ServerMessage, SpillEvent};
 use bch_drill::sim::SimConfig;
@@ -733,6 +733,7 @@ fn placements(members: &[(String, String)], keys: &[String]) -> HashMap<String, 
             name: name.clone(),
             url: url.clone(),
             ring_id: None,
+            source: WorkerSource::Static,
         })
         .collect();
     let router = Router::new(specs, Config::default().policy.settings()).unwrap();

@@ -167,11 +167,10 @@ proptest! {
     #[test]
     fn config_from_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
         let text = String::from_utf8_lossy(&bytes);
-        if let Ok(config) = toml::from_str::<Config>(&text) {
-            if let Err(e) = config.validate() {
+        if let Ok(config) = toml::from_str::<Config>(&text)
+            && let Err(e) = config.validate() {
                 prop_assert!(!e.to_string().is_empty());
             }
-        }
     }
 
     #[test]

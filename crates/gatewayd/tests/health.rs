@@ -146,6 +146,7 @@ async fn a_live_worker_is_let_in_by_its_first_probe_and_an_added_one_is_probed_a
     );
     assert_eq!(healthy(&gateway, "sick").await, Some(false));
 
+    let probes_of_a = a.state.health_probes.load(Ordering::SeqCst);
     let added = client()
         .post(control(&gateway, "/admin/workers"))
         .json(&json!({"name": "c", "url": c.url()}))
@@ -158,6 +159,11 @@ async fn a_live_worker_is_let_in_by_its_first_probe_and_an_added_one_is_probed_a
     eventually!(
         "c probed at once, not at the next 60 s round",
         healthy(&gateway, "c").await == Some(true)
+    );
+    assert_eq!(
+        a.state.health_probes.load(Ordering::SeqCst),
+        probes_of_a,
+        "a membership change probes the new worker only: a DNS source that changes every second must not turn the 60 s round into a 1 s one"
     );
     gateway.shutdown().await;
 }

@@ -259,13 +259,13 @@ async fn serve(mut stream: TcpStream, connection: usize, respond: Responder, cou
             notify.notify_waiters();
             return;
         };
-        if let Some((since, limit)) = expires {
-            if since.elapsed() >= limit {
-                drop(stream);
-                closed_by_worker.fetch_add(1, Ordering::SeqCst);
-                notify.notify_waiters();
-                return;
-            }
+        if let Some((since, limit)) = expires
+            && since.elapsed() >= limit
+        {
+            drop(stream);
+            closed_by_worker.fetch_add(1, Ordering::SeqCst);
+            notify.notify_waiters();
+            return;
         }
         let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
         buf.drain(..head_end);

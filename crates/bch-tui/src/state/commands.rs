@@ -231,10 +231,10 @@ impl CommandLog {
     /// Marks change `id` failed with `message`, unless it already has an answer: a late failure
     /// must not overwrite what the gateway said.
     pub(crate) fn failed(&mut self, id: u64, message: String) {
-        if let Some(entry) = self.entries.iter_mut().find(|c| c.id == id) {
-            if entry.state == CommandState::Pending {
-                entry.state = CommandState::Failed(message);
-            }
+        if let Some(entry) = self.entries.iter_mut().find(|c| c.id == id)
+            && entry.state == CommandState::Pending
+        {
+            entry.state = CommandState::Failed(message);
         }
     }
 

@@ -2,7 +2,9 @@
 //! (`│` at `min + min_load_gap`, `┊` at `mean × max_load_skew`), with OVER on a worker whose keys
 //! would spill, DOWN on one that failed its health checks and DRAIN on one being drained. The
 //! title counts the OVER workers, so one scrolled out of view is not missed; the numbers come
-//! before the bar: the counters are added (errors first) only while the bar keeps its room.
+//! before the bar: the counters are added (errors first) only while the bar keeps its room. When
+//! some workers were found by DNS discovery, the title counts workers by source and rows with room
+//! left after every counter end with each worker's source.
 
 use bch_core::telemetry::WorkerRecord;
 use ratatui::Frame;
@@ -15,7 +17,7 @@ use bch_core::telemetry::WorkerState;
 
 use super::panel::{panel_block, scroll_window};
 use super::styles::{Styles, Tone};
-use super::text::truncate_left;
+use super::text::{truncate_left, truncate_middle};
 use crate::state::{Fleet, FleetBound, Panel, State, WorkerOrder, routable};
 
 /// Marker drawn in a load bar at `min + min_load_gap`.
@@ -26,6 +28,10 @@ pub(super) const SKEW_MARKER: char = '┊';
 const BOTH_MARKER: char = '╫';
 /// The bar keeps at least this many cells before a counter is added to the rows.
 const MIN_BAR: usize = 12;
+/// Widest source label a row shows (`dns:_http._tcp.llm…cluster.local`).
+const SOURCE_W: usize = 24;
+/// Narrowest cut of a source label worth showing (`dns:_htt…l.local`).
+const MIN_SOURCE: usize = 16;
 
 /// Draws the workers panel at `area`: the bound legend, then one row per worker from the scroll
 /// offset on.
@@ -60,7 +66,8 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
     frame.render_widget(Paragraph::new(lines), inner);
 }
 
-/// ` Workers 3/4 healthy 2 OVER 1 draining by load `.
+/// ` Workers 3/4 healthy 2 OVER 1 draining by load `, and ` 3 discovered, 1 static ` when
+/// discovery found some of them.
 fn title(fleet: &Fleet, order: WorkerOrder, styles: &Styles) -> Line<'static> {
     let healthy = fleet.workers.iter().filter(|w| w.healthy).count();
     let mut spans = vec![
@@ -90,6 +97,18 @@ fn title(fleet: &Fleet, order: WorkerOrder, styles: &Styles) -> Line<'static> {
     }
     if order == WorkerOrder::Load {
         spans.push(Span::styled("by load ", styles.dim()));
+    }
+    let discovered = fleet
+        .workers
+        .iter()
+        .filter(|w| w.source.is_discovered())
+        .count();
+    if discovered > 0 {
+        let configured = fleet.workers.len() - discovered;
+        spans.push(Span::styled(
+            format!("· {discovered} discovered, {configured} static "),
+            styles.dim(),
+        ));
     }
     Line::from(spans)
 }
@@ -180,6 +199,9 @@ struct Geometry {
     scale: f64,
     /// Counters shown, in display order (requests first).
     counters: Vec<Counter>,
+    /// Width of the source column that rows end with; 0 unless some worker was discovered and
+    /// every counter fits beside it.
+    source_w: usize,
 }
 
 impl Geometry {
@@ -191,7 +213,7 @@ impl Geometry {
             .max()
             .unwrap_or(0)
             .clamp(4, 16);
-        // glyph + marker, name, space, bar, active (5), flag (6), counters
+        // glyph + marker, name, space, bar, active (5), flag (6), counters, source
         let fixed = 2 + name_w + 1 + 5 + 6;
         let mut left = (width as usize).saturating_sub(fixed);
         let mut counters = Vec::new();
@@ -203,6 +225,10 @@ impl Geometry {
         }
         // Display order is the reverse of priority: `req … in … out … err`, errors at the edge.
         counters.reverse();
+        let source_w = source_width(fleet, counters.len(), left);
+        if source_w > 0 {
+            left -= 2 + source_w;
+        }
         let bar_w = left.max(4);
         let max_active = fleet.workers.iter().map(|w| w.active).max().unwrap_or(0);
         let mut scale = max_active as f64;
@@ -215,6 +241,7 @@ impl Geometry {
             // Headroom so the bound markers never sit on the panel's edge.
             scale: (scale * 1.25).max(4.0),
             counters,
+            source_w,
         }
     }
 
@@ -226,6 +253,29 @@ impl Geometry {
     /// How many cells of the bar `active` requests fill.
     fn filled(&self, active: u64) -> usize {
         ((active as f64 / self.scale * self.bar_w as f64).round() as usize).min(self.bar_w)
+    }
+}
+
+/// Columns of the source label that rows end with (two spaces before it): the least urgent
+/// column, so only when some worker was discovered, all `shown` counters fit and `left` cells
+/// leave the bar its room; cut in the middle to what is left, but never below [`MIN_SOURCE`].
+fn source_width(fleet: &Fleet, shown: usize, left: usize) -> usize {
+    if shown < Counter::BY_PRIORITY.len() || !fleet.workers.iter().any(|w| w.source.is_discovered())
+    {
+        return 0;
+    }
+    let widest = fleet
+        .workers
+        .iter()
+        .map(|w| w.source.label().chars().count())
+        .max()
+        .unwrap_or(0)
+        .min(SOURCE_W);
+    let room = left.saturating_sub(MIN_BAR + 2).min(widest);
+    if room >= MIN_SOURCE.min(widest) {
+        room
+    } else {
+        0
     }
 }
 
@@ -259,6 +309,10 @@ fn worker_line(
     spans.push(Span::styled(format!("{:>5}", w.active), styles.value()));
     spans.push(flag(w, over, styles));
     spans.extend(counters(w, &geometry.counters, styles));
+    if geometry.source_w > 0 {
+        let source = truncate_middle(&w.source.label(), geometry.source_w);
+        spans.push(Span::styled(format!("  {source}"), styles.dim()));
+    }
     Line::from(spans)
 }
 

@@ -25,6 +25,7 @@ fn big_fleet() -> ServerFrame {
             spilled_in_total: (i % 5) as u64,
             spilled_out_total: (i % 3) as u64,
             errors_total: 0,
+            source: Default::default(),
         })
         .collect();
     // Interleaved arcs: worker i owns [(k*n+i)/(n*8), (k*n+i+1)/(n*8)) for k in 0..8.

@@ -1,7 +1,7 @@
 //! The composition root: the only module that names all the others. [`start`] validates the
 //! configuration, binds both listeners, builds the router, the admin owner, the data plane, the
 //! control plane, telemetry and metrics, hands each part its narrow handle, and spawns the accept
-//! loops, the health prober and the idle-connection sweeper. [`RunningGateway`] stops them.
+//! loops, the health prober, DNS discovery and the idle-connection sweeper. [`RunningGateway`] stops them.
 //!
 //! Nothing outside this module holds the whole gateway: the data plane gets a
 //! [`DataPlane`](crate::proxy::DataPlane), the control plane a
@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use std::sync::PoisonError;
 
-use arc_swap::ArcSwap;
 use axum::extract::ConnectInfo;
 use bch_core::router::{Router, RoutingTable};
 use hyper::service::service_fn;
@@ -36,8 +35,7 @@ pub use prepare::{Findings, check};
 use prepare::{Prepared, prepare};
 
 use crate::admin::Admin;
-use crate::config::runtime::RuntimeSettings;
-use crate::config::{Config, ConfigError, SharedConfig};
+use crate::config::{Config, ConfigError};
 use crate::control::ControlPlane;
 use crate::control::guard::BrowserGuard;
 use crate::metrics::Metrics;
@@ -112,11 +110,9 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
     let requires_token = parts.control_plane.token.is_some();
     let admin = Arc::clone(&parts.admin);
     spawn_services(parts, listeners, &shutdown, &tasks);
-    if handle_signals {
-        if let Err(error) = signals::install(admin, shutdown.clone()) {
-            shutdown.cancel();
-            return Err(StartError::Signals(error));
-        }
+    if handle_signals && let Err(error) = signals::install(admin, shutdown.clone()) {
+        shutdown.cancel();
+        return Err(StartError::Signals(error));
     }
     log_start_up(&router, data_addr, control_addr, requires_token);
     Ok(RunningGateway {
@@ -196,7 +192,6 @@ struct Parts {
     registry: Arc<prometheus_client::registry::Registry>,
     metrics: Arc<Metrics>,
     upstreams: Arc<Upstreams>,
-    config: SharedConfig,
     admin: Arc<Admin>,
     data_plane: Arc<DataPlane>,
     control_plane: Arc<ControlPlane>,
@@ -252,30 +247,27 @@ fn assemble(
         Duration::from_millis(config.server.upstream_idle_timeout_ms),
     ));
     upstreams.publish(&members);
-    let settings = Arc::new(ArcSwap::from_pointee(RuntimeSettings::from_config(&config)));
-    let config = Arc::new(ArcSwap::from_pointee(config));
     let owned = crate::admin::Owned {
         router: Arc::clone(&router),
         upstreams: Arc::clone(&upstreams),
         telemetry: telemetry.clone(),
-        settings: Arc::clone(&settings),
-        config: Arc::clone(&config),
         probe_now: Arc::clone(&probe_now),
     };
-    let admin = Arc::new(Admin::new(owned, origin, members).listening_on(own));
+    let admin = Arc::new(Admin::new(owned, origin, config, members).listening_on(own));
     let data_plane = Arc::new(DataPlane {
         router: Arc::clone(&router),
-        settings,
+        settings: admin.settings(),
         upstreams: Arc::clone(&upstreams),
         metrics: Arc::clone(&metrics),
         telemetry: telemetry.clone(),
         via: crate::proxy::request::own_via(),
     });
+    let in_force = admin.config().load_full();
     let guard = BrowserGuard::new(
         listeners.control_addr,
         token.is_none(),
-        &config.load().server.control_allowed_hosts,
-        &config.load().server.control_allowed_origins,
+        &in_force.server.control_allowed_hosts,
+        &in_force.server.control_allowed_origins,
     );
     let control_plane = Arc::new(ControlPlane {
         admin: Arc::clone(&admin),
@@ -292,7 +284,6 @@ fn assemble(
         registry,
         metrics,
         upstreams,
-        config,
         admin,
         data_plane,
         control_plane,
@@ -302,7 +293,7 @@ fn assemble(
 }
 
 /// Spawns the accept loops (tracked by `tasks`, so shutdown can wait for their connections), the
-/// health prober and the idle-connection sweeper.
+/// health prober, DNS discovery and the idle-connection sweeper.
 fn spawn_services(
     parts: Parts,
     listeners: Listeners,
@@ -315,6 +306,7 @@ fn spawn_services(
         tasks: tasks.clone(),
         plane,
     };
+    let discovery_metrics = Arc::clone(&parts.metrics.discovery);
     let metrics = Arc::clone(&parts.metrics);
     let refusals = RefusalLog::default();
     let cap = ConnectionCap {
@@ -357,15 +349,21 @@ fn spawn_services(
     ));
     tokio::spawn(crate::health::run(crate::health::Prober {
         router: Arc::clone(&parts.router),
-        config: parts.config,
+        config: parts.admin.config(),
+        members: parts.admin.members(),
         probe_now: parts.probe_now,
         metrics: parts.metrics,
         shutdown: shutdown.clone(),
     }));
     tokio::spawn(crate::drain::run(
-        parts.admin,
+        Arc::clone(&parts.admin),
         parts.router,
         parts.telemetry,
+        shutdown.clone(),
+    ));
+    tokio::spawn(crate::discovery::run(
+        Arc::clone(&parts.admin),
+        discovery_metrics,
         shutdown.clone(),
     ));
     tokio::spawn(sweep_idle_connections(

@@ -26,7 +26,7 @@ pub(super) struct Prepared {
 pub struct Findings {
     /// One sentence per problem, naming the field (and file) at fault.
     pub errors: Vec<String>,
-    /// Things that start but are probably not meant (no workers at all).
+    /// Things that start but are probably not meant (no workers and no discovery source).
     pub warnings: Vec<String>,
     /// The configuration that would be in force, when it has no problem.
     pub config: Option<Config>,
@@ -57,9 +57,9 @@ pub fn check(options: &StartOptions) -> Findings {
         errors.push(StartError::UnprotectedControlPlane(base.server.control_listen).to_string());
     }
     let mut warnings = Vec::new();
-    if base.workers.is_empty() {
+    if base.workers.is_empty() && base.discovery.is_empty() {
         warnings.push(
-            "no workers configured: every request gets 503 until one is added (POST /admin/workers or --worker URL)"
+            "no workers configured: every request gets 503 until one is added (POST /admin/workers, --worker URL or --discover-dns NAME)"
                 .to_owned(),
         );
     }

@@ -14,7 +14,7 @@ use bch_core::policy::PolicyKind;
 use clap::{Args, Parser, Subcommand};
 
 use crate::app::{StartOptions, init_logging};
-use crate::config::{Config, LogFormat, WorkerConfig};
+use crate::config::{Config, DiscoveryConfig, DnsKind, LogFormat, WorkerConfig};
 use explain::{ExplainArgs, parse_policy};
 use reload::ReloadArgs;
 
@@ -61,6 +61,21 @@ pub struct RunArgs {
     /// Worker base URL; repeat for more workers (added after the file's workers, kept on reload).
     #[arg(long = "worker", value_name = "URL")]
     pub workers: Vec<String>,
+    /// DNS name whose records are workers: SRV when it begins with '_', else A/AAAA; repeat for
+    /// more names (added after the file's [[discovery]] entries, kept on reload).
+    #[arg(long = "discover-dns", value_name = "NAME")]
+    pub discover_dns: Vec<String>,
+    /// The workers' port for the A/AAAA names of --discover-dns (SRV records carry their own).
+    #[arg(long, value_name = "PORT", requires = "discover_dns")]
+    pub discover_port: Option<u16>,
+    /// The DNS server the --discover-dns names are resolved with, as IP:PORT [default: the
+    /// system's resolver configuration].
+    #[arg(long, value_name = "IP:PORT", value_parser = parse_addr, requires = "discover_dns")]
+    pub dns_resolver: Option<SocketAddr>,
+    /// Longest time between two resolutions of a --discover-dns name, in milliseconds; an answer
+    /// whose TTL runs out sooner is asked again sooner [default: 5000].
+    #[arg(long, value_name = "MS", requires = "discover_dns")]
+    pub discovery_interval_ms: Option<u64>,
     /// Routing policy: consistent_hashing (default), bounded_consistent_hashing, round_robin or
     /// random.
     #[arg(long, value_parser = parse_policy)]
@@ -129,8 +144,13 @@ fn check_config(file: &std::path::Path) -> ExitCode {
         );
         return ExitCode::FAILURE;
     };
+    let sources = match config.discovery.len() {
+        0 => String::new(),
+        1 => ", 1 discovery source".to_owned(),
+        n => format!(", {n} discovery sources"),
+    };
     println!(
-        "{}: ok ({} workers, policy {}, min_load_gap {}, max_load_skew {})",
+        "{}: ok ({} workers{sources}, policy {}, min_load_gap {}, max_load_skew {})",
         file.display(),
         config.workers.len(),
         config.policy.kind,
@@ -151,10 +171,24 @@ fn base_config(args: &RunArgs) -> anyhow::Result<Config> {
 
 /// Builds the effective configuration: file (or defaults) then flags, validated.
 pub fn effective_config(args: &RunArgs) -> anyhow::Result<Config> {
+    check_flags(args)?;
     let mut config = base_config(args)?;
     apply_flags(args, &mut config);
     config.validate()?;
     Ok(config)
+}
+
+/// Refuses flags that make no sense together, naming the flag (the `[[discovery]]` error a
+/// flag would otherwise turn into names a field the operator never wrote).
+fn check_flags(args: &RunArgs) -> anyhow::Result<()> {
+    if args.discover_port.is_none()
+        && let Some(name) = args.discover_dns.iter().find(|n| !n.starts_with('_'))
+    {
+        anyhow::bail!(
+            "--discover-dns {name} is an A/AAAA name: give the workers' port with --discover-port PORT (or use an SRV name, which begins with '_')"
+        );
+    }
+    Ok(())
 }
 
 /// Overrides the file's values with the flags that were given. Also applied to every reload, so
@@ -184,6 +218,24 @@ pub fn apply_flags(args: &RunArgs, config: &mut Config) {
     if let Some(format) = args.log_format {
         config.log.format = format;
     }
+    config.discovery.extend(
+        args.discover_dns
+            .iter()
+            .map(|name| discovery_source(args, name)),
+    );
+}
+
+/// The `[[discovery]]` entry of one `--discover-dns NAME`.
+fn discovery_source(args: &RunArgs, name: &str) -> DiscoveryConfig {
+    let mut source = DiscoveryConfig::new(name);
+    if source.kind() == DnsKind::Address {
+        source.port = args.discover_port;
+    }
+    source.resolver = args.dns_resolver;
+    if let Some(interval) = args.discovery_interval_ms {
+        source.interval_ms = interval;
+    }
+    source
 }
 
 /// The start options the flags describe: the file, the flags as overrides, `--worker`s pinned,
@@ -212,6 +264,9 @@ fn start_options(args: &RunArgs, mut base: Config) -> StartOptions {
 fn serve(args: RunArgs) -> ExitCode {
     // Before the file is read only the flag can say JSON; an error then is still one JSON line.
     let json_flag = args.log_format == Some(LogFormat::Json);
+    if let Err(e) = check_flags(&args) {
+        return fail(json_flag, &format!("{e:#}"));
+    }
     // Parsed with the flags applied, not validated: `app::start` checks everything and reports
     // every problem, as `check-config` does.
     let mut config = match base_config(&args) {
@@ -239,8 +294,8 @@ fn serve(args: RunArgs) -> ExitCode {
         if args.demo {
             return demo(&args, options, !json).await;
         }
-        if config.workers.is_empty() && args.workers.is_empty() {
-            tracing::warn!("no workers configured: every request gets 503 until one is added (POST /admin/workers or --worker URL)");
+        if config.workers.is_empty() && args.workers.is_empty() && config.discovery.is_empty() {
+            tracing::warn!("no workers configured: every request gets 503 until one is added (POST /admin/workers, --worker URL or --discover-dns NAME)");
         }
         let running = crate::app::start(options).await?;
         if !json {

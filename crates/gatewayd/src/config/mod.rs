@@ -2,11 +2,13 @@
 //! whole before anything is put in force. The annotated reference is `config/gatewayd.toml`.
 //!
 //! [`worker`] holds one worker entry and its parsed URL; [`alias`] the canonical backend a URL
-//! reaches; [`runtime`] the per-request settings derived from a whole configuration; [`diff`] what a
-//! reload changed, for its log line; [`persist`] the configuration in force as TOML.
+//! reaches; [`discovery`] one DNS discovery source; [`runtime`] the per-request settings derived
+//! from a whole configuration; [`diff`] what a reload changed, for its log line; [`persist`] the
+//! configuration in force as TOML.
 
 pub mod alias;
 pub mod diff;
+pub mod discovery;
 pub mod persist;
 pub mod runtime;
 pub mod worker;
@@ -24,6 +26,7 @@ use bch_core::router::WorkerSpec;
 use bch_core::routing_key::{DEFAULT_ROUTING_KEY_HEADER, DEFAULT_TARGET_WORKER_HEADER};
 use serde::{Deserialize, Serialize};
 
+pub use discovery::{DiscoveryConfig, DiscoveryError, DnsKind};
 pub use worker::{Member, WorkerConfig, WorkerError, WorkerUrl, WorkerUrlError};
 
 /// The policy a gateway runs when its configuration names none: strict `consistent_hashing`. The
@@ -40,6 +43,10 @@ pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT_MS: u64 = 4_000;
 /// The configuration in force, shared by its one writer (the admin owner) and its readers (health
 /// probes, the control plane): a lock-free load.
 pub type SharedConfig = Arc<ArcSwap<Config>>;
+
+/// The membership in force, static and discovered workers merged, shared by its one writer (the
+/// admin owner) and its reader (health probes): a lock-free load.
+pub type SharedMembers = Arc<ArcSwap<Vec<Member>>>;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -59,6 +66,8 @@ pub struct Config {
     pub log: LogConfig,
     /// Workers, in configuration order (the order target-worker indices refer to).
     pub workers: Vec<WorkerConfig>,
+    /// DNS names whose records are more workers, after the static ones (docs/discovery.md).
+    pub discovery: Vec<DiscoveryConfig>,
 }
 
 /// `[server]`: listeners, limits and timeouts.
@@ -464,14 +473,46 @@ impl Config {
             }
         }
         let (_, worker_problems) = self.collect_members();
-        problems.extend(worker_problems.into_iter().map(|e| match e {
-            ConfigError::Invalid { field, message, .. } => ConfigError::Invalid {
-                path: path.map(Path::to_owned),
-                field,
+        problems.extend(
+            worker_problems
+                .into_iter()
+                .chain(self.discovery_problems())
+                .map(|e| match e {
+                    ConfigError::Invalid { field, message, .. } => ConfigError::Invalid {
+                        path: path.map(Path::to_owned),
+                        field,
+                        message,
+                    },
+                    other => other,
+                }),
+        );
+        problems
+    }
+
+    /// Every problem of the `[[discovery]]` entries (each entry's fields, a name discovered
+    /// twice); each names the entry and field, e.g. `discovery[1].port`.
+    fn discovery_problems(&self) -> Vec<ConfigError> {
+        let mut problems = Vec::new();
+        for (index, source) in self.discovery.iter().enumerate() {
+            let invalid = |field: &str, message: String| ConfigError::Invalid {
+                path: None,
+                field: format!("discovery[{index}].{field}"),
                 message,
-            },
-            other => other,
-        }));
+            };
+            if let Err(e) = source.validate() {
+                problems.push(invalid(e.field, e.message));
+            }
+            let name = source.canonical_name();
+            if self.discovery[..index]
+                .iter()
+                .any(|earlier| earlier.canonical_name() == name)
+            {
+                problems.push(invalid(
+                    "dns",
+                    format!("{:?} is discovered twice; one entry per name", source.dns),
+                ));
+            }
+        }
         problems
     }
 
@@ -699,6 +740,12 @@ mod tests {
                 "server.request_body_timeout_ms",
             ),
             ("[policy\n", "line 1"),
+            ("[[discovery]]\ndns = \"llm.test\"\n", "discovery[0].port"),
+            (
+                "[[discovery]]\ndns = \"_h._tcp.a\"\n[[discovery]]\ndns = \"_H._tcp.a.\"\n",
+                "discovery[1].dns",
+            ),
+            ("[[discovery]]\ndns = \"_h._tcp.a\"\nttl = 1\n", "ttl"),
         ];
         for (text, needle) in cases {
             let err = parse(text).unwrap_err().to_string();

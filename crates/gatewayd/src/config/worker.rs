@@ -5,7 +5,7 @@
 //! A URL with credentials (`user:password@`) is refused without echoing them: the URL as written
 //! is the worker's identity, shown by the admin API, telemetry and logs, and sent nowhere safe.
 
-use bch_core::router::WorkerSpec;
+use bch_core::router::{WorkerSource, WorkerSpec};
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 use serde::{Deserialize, Serialize};
 
@@ -253,6 +253,7 @@ impl WorkerConfig {
                 name,
                 url: self.url.clone(),
                 ring_id: self.ring_id.clone(),
+                source: WorkerSource::Static,
             },
             url,
             health_path: self.health_path.clone(),

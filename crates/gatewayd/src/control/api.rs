@@ -142,7 +142,10 @@ pub async fn put_policy(
 /// `GET /admin/config`: the configuration in force, runtime changes included, as TOML that can
 /// be saved as the configuration file (see `config::persist`).
 pub async fn get_config(State(plane): State<Arc<ControlPlane>>) -> Response {
-    match crate::config::persist::to_toml(&plane.admin.config(), plane.admin.pinned_workers()) {
+    match crate::config::persist::to_toml(
+        &plane.admin.config().load(),
+        plane.admin.pinned_workers(),
+    ) {
         Ok(text) => (
             [(header::CONTENT_TYPE, "application/toml; charset=utf-8")],
             text,

@@ -170,6 +170,7 @@ fn route(
     let Some(worker) = decision.worker else {
         return Err(match decision.branch {
             Branch::TargetWorkerMiss => GatewayError::TargetWorkerMiss,
+            _ if routed.table.workers().is_empty() => GatewayError::NoWorkers,
             _ => GatewayError::NoHealthyWorkers,
         });
     };
@@ -396,11 +397,9 @@ async fn respond(
         event_stream,
         settings.stream_idle_timeout,
     );
-    if !event_stream {
-        if let Err(exchange) = body.first_frame().await {
-            let worker = exchange.worker_name().unwrap_or("-").to_owned();
-            return refuse(exchange, &GatewayError::UpstreamBodyBroken { worker });
-        }
+    if !event_stream && let Err(exchange) = body.first_frame().await {
+        let worker = exchange.worker_name().unwrap_or("-").to_owned();
+        return refuse(exchange, &GatewayError::UpstreamBodyBroken { worker });
     }
     Response::from_parts(parts, body)
 }

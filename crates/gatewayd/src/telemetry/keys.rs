@@ -206,26 +206,25 @@ impl KeyTracker {
 
     /// Records the end of a request of the key `key_id` on the worker called `worker`.
     pub(super) fn finished(&mut self, key_id: u64, worker: &str) {
-        if let Some(state) = self.keys.get_mut(&key_id) {
-            if let Some(count) = state.active.get_mut(worker) {
-                *count = count.saturating_sub(1);
-                if *count == 0 {
-                    state.active.remove(worker);
-                }
-                state.dirty = true;
+        if let Some(state) = self.keys.get_mut(&key_id)
+            && let Some(count) = state.active.get_mut(worker)
+        {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                state.active.remove(worker);
             }
+            state.dirty = true;
         }
     }
 
     fn evict_oldest(&mut self, announce: bool) {
         // With more live keys than max_keys this runs for most requests: the age index makes it
         // O(log n) instead of a scan of every tracked key.
-        if let Some((_, id)) = self.by_age.pop_first() {
-            if let Some(state) = self.keys.remove(&id) {
-                if announce {
-                    self.removed.push(state.label.render().to_string());
-                }
-            }
+        if let Some((_, id)) = self.by_age.pop_first()
+            && let Some(state) = self.keys.remove(&id)
+            && announce
+        {
+            self.removed.push(state.label.render().to_string());
         }
     }
 

@@ -129,7 +129,7 @@ impl Telemetry {
 mod tests {
     use std::time::Duration;
 
-    use bch_core::router::WorkerSpec;
+    use bch_core::router::{WorkerSource, WorkerSpec};
     use bch_core::routing_key::{ExplicitKey, RoutingKey};
     use bch_core::telemetry::ServerMessage;
 
@@ -143,6 +143,7 @@ mod tests {
             name: "a".into(),
             url: "http://127.0.0.1:1".into(),
             ring_id: None,
+            source: WorkerSource::Static,
         };
         let router = Arc::new(Router::new(vec![worker], Default::default()).unwrap());
         let config = TelemetryConfig {

@@ -35,13 +35,13 @@ impl UpstreamConnection {
     /// Does the connection's pending I/O: writes the request, reads the response into its body
     /// channel. Registers `cx` for wake-ups from the socket.
     pub fn drive(&mut self, cx: &mut Context<'_>) {
-        if let Some(connection) = &mut self.connection {
-            if let Poll::Ready(result) = Pin::new(connection).poll(cx) {
-                if let Err(error) = result {
-                    tracing::debug!(%error, "worker connection ended with an error");
-                }
-                self.connection = None;
+        if let Some(connection) = &mut self.connection
+            && let Poll::Ready(result) = Pin::new(connection).poll(cx)
+        {
+            if let Err(error) = result {
+                tracing::debug!(%error, "worker connection ended with an error");
             }
+            self.connection = None;
         }
     }
 
@@ -55,10 +55,10 @@ impl UpstreamConnection {
         // One more turn lets hyper finish the exchange (mark the connection idle and ready). An
         // idle connection wakes nobody: whoever takes it next drives it with their own waker.
         self.drive(&mut Context::from_waker(Waker::noop()));
-        if self.reusable() {
-            if let Some(pool) = self.pool.upgrade() {
-                pool.check_in(self);
-            }
+        if self.reusable()
+            && let Some(pool) = self.pool.upgrade()
+        {
+            pool.check_in(self);
         }
     }
 }

@@ -53,6 +53,8 @@ pub struct WorkerState {
     pub changed: Notify,
     /// When set, `/health` answers 503.
     pub fail_health: std::sync::atomic::AtomicBool,
+    /// Health probes it answered.
+    pub health_probes: AtomicU64,
     /// Client addresses (one per TCP connection) that sent anything but a health probe.
     pub data_connections: std::sync::Mutex<std::collections::HashSet<SocketAddr>>,
 }
@@ -117,6 +119,7 @@ pub async fn fake_worker_on(listener: TcpListener, name: &str) -> FakeWorker {
         release_all,
         changed: Notify::new(),
         fail_health: false.into(),
+        health_probes: AtomicU64::new(0),
         data_connections: Default::default(),
     });
     let app = Router::new()
@@ -157,6 +160,7 @@ async fn record_connection(
 }
 
 async fn health(State(state): State<Arc<WorkerState>>) -> StatusCode {
+    state.health_probes.fetch_add(1, Ordering::SeqCst);
     if state.fail_health.load(Ordering::SeqCst) {
         StatusCode::SERVICE_UNAVAILABLE
     } else {

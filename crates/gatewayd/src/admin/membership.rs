@@ -1,0 +1,293 @@
+//! The membership in force, built from its parts: the static workers (configuration file, flags,
+//! admin API) first, in configuration order, then each discovery source's workers in
+//! `[[discovery]]` order, each source's sorted by address.
+//!
+//! Pure and deterministic: every gateway replica with the same configuration and the same DNS
+//! answers builds the same list, so the same ring, whatever order the answers came in. A
+//! discovered worker whose URL a static worker (or an earlier source) already has is that worker,
+//! not a second one; the configured entry wins, with its name and probe path.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+
+use crate::config::{Config, DiscoveryConfig, Member, WorkerConfig, WorkerUrl, loop_of};
+
+/// One worker as a DNS answer gave it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DiscoveredWorker {
+    /// Its address and port; the URL is `scheme://addr`, and that URL is its ring identity.
+    pub addr: SocketAddr,
+    /// The readable name the answer gave it (an SRV target without its trailing dot), when that
+    /// name stands for this one worker only; `None`: the worker is called `IP:PORT`.
+    pub name: Option<String>,
+}
+
+impl DiscoveredWorker {
+    /// The URL a worker found by `source` gets.
+    pub fn url(&self, source: &DiscoveryConfig) -> String {
+        format!("{}://{}", source.scheme, self.addr)
+    }
+}
+
+/// The latest accepted answer of every discovery source, by the source's canonical name; each set
+/// sorted and free of duplicate addresses.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DiscoveredSets {
+    sets: HashMap<String, Vec<DiscoveredWorker>>,
+}
+
+impl DiscoveredSets {
+    /// The set last accepted for `source` (empty when none was).
+    pub fn get(&self, source: &DiscoveryConfig) -> &[DiscoveredWorker] {
+        self.sets
+            .get(&source.canonical_name())
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// Replaces `source`'s set (sorted and deduplicated here); answers whether it changed.
+    pub fn replace(
+        &mut self,
+        source: &DiscoveryConfig,
+        mut workers: Vec<DiscoveredWorker>,
+    ) -> bool {
+        workers.sort();
+        workers.dedup_by(|a, b| a.addr == b.addr);
+        let name = source.canonical_name();
+        if self.sets.get(&name) == Some(&workers) {
+            return false;
+        }
+        if workers.is_empty() {
+            self.sets.remove(&name);
+        } else {
+            self.sets.insert(name, workers);
+        }
+        true
+    }
+
+    /// Forgets every set whose source `config` no longer has.
+    pub fn retain_configured(&mut self, config: &Config) {
+        let names: HashSet<String> = config
+            .discovery
+            .iter()
+            .map(DiscoveryConfig::canonical_name)
+            .collect();
+        self.sets.retain(|name, _| names.contains(name));
+    }
+
+    /// The source (of `config`) whose set has a worker at `url`, if any.
+    pub fn source_of<'a>(&self, config: &'a Config, url: &str) -> Option<&'a DiscoveryConfig> {
+        config
+            .discovery
+            .iter()
+            .find(|source| self.get(source).iter().any(|w| w.url(source) == url))
+    }
+}
+
+/// The merged membership and the discovered workers that could not join it, as warnings.
+#[derive(Debug, Clone, Default)]
+pub struct Merged {
+    /// Static workers first, then each source's.
+    pub members: Vec<Member>,
+    /// One sentence per discovered worker left out, naming it and why.
+    pub skipped: Vec<String>,
+}
+
+/// Merges `statics` (the validated static workers of `config`) with `discovered`, leaving out
+/// (with a reason) any discovered worker that is one of this gateway's `listeners`; see the module
+/// documentation for the order and the rules.
+pub fn merge(
+    statics: &[Member],
+    config: &Config,
+    discovered: &DiscoveredSets,
+    listeners: &[SocketAddr],
+) -> Merged {
+    let mut members: Vec<Member> = statics.to_vec();
+    let mut names: HashSet<String> = members.iter().map(|m| m.spec.name.clone()).collect();
+    let mut urls: HashSet<String> = members.iter().map(|m| m.spec.url.clone()).collect();
+    let mut skipped = Vec::new();
+    for source in &config.discovery {
+        for worker in discovered.get(source) {
+            let url = worker.url(source);
+            let authority = worker.addr.to_string();
+            // A static `http://10.0.0.7:8000/` is the worker DNS reports as 10.0.0.7:8000.
+            let same_backend = WorkerUrl::parse(&url)
+                .is_ok_and(|parsed| members.iter().any(|m| m.url.backend == parsed.backend));
+            if urls.contains(&url) || same_backend {
+                continue;
+            }
+            let name = match &worker.name {
+                Some(name) if !names.contains(name) => name.clone(),
+                _ if !names.contains(&authority) => authority.clone(),
+                _ => {
+                    skipped.push(format!(
+                        "worker {url} found by dns:{}: its name and its address {authority} are both taken by other workers; skipped",
+                        source.dns
+                    ));
+                    continue;
+                }
+            };
+            match discovered_member(source, &name, &url) {
+                Ok(member) => {
+                    if let Some(why) = loop_of(&member, listeners) {
+                        skipped.push(format!(
+                            "worker found by dns:{}: {why}; skipped",
+                            source.dns
+                        ));
+                        continue;
+                    }
+                    names.insert(name);
+                    urls.insert(url);
+                    members.push(member);
+                }
+                Err(why) => skipped.push(format!(
+                    "worker {url} found by dns:{}: {why}; skipped",
+                    source.dns
+                )),
+            }
+        }
+    }
+    Merged { members, skipped }
+}
+
+/// A discovered worker as a validated member: the same checks as a configured one.
+fn discovered_member(
+    source: &DiscoveryConfig,
+    name: &str,
+    url: &str,
+) -> Result<Member, crate::config::WorkerError> {
+    let entry = WorkerConfig {
+        name: Some(name.to_owned()),
+        url: url.to_owned(),
+        ring_id: None,
+        health_path: source.health_path.clone(),
+    };
+    let mut member = entry.member()?;
+    member.spec.source = source.source();
+    Ok(member)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bch_core::router::WorkerSource;
+
+    fn at(addr: &str, name: Option<&str>) -> DiscoveredWorker {
+        DiscoveredWorker {
+            addr: addr.parse().unwrap(),
+            name: name.map(str::to_owned),
+        }
+    }
+
+    fn config(statics: &[&str], sources: &[&str]) -> Config {
+        Config {
+            workers: statics.iter().map(|u| WorkerConfig::from_url(u)).collect(),
+            discovery: sources.iter().map(|d| DiscoveryConfig::new(d)).collect(),
+            ..Config::default()
+        }
+    }
+
+    fn names(merged: &Merged) -> Vec<(&str, &str, String)> {
+        merged
+            .members
+            .iter()
+            .map(|m| {
+                (
+                    m.spec.name.as_str(),
+                    m.spec.url.as_str(),
+                    m.spec.source.label().into_owned(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn statics_first_then_sources_in_order_each_sorted_and_one_worker_per_url() {
+        let config = config(&["http://10.0.0.2:8000/"], &["_a._tcp.x", "_b._tcp.x"]);
+        let statics = config.members().unwrap();
+        let mut sets = DiscoveredSets::default();
+        let (a, b) = (&config.discovery[0], &config.discovery[1]);
+        assert!(sets.replace(
+            a,
+            vec![at("10.0.0.9:8000", Some("w9.x")), at("10.0.0.2:8000", None)]
+        ));
+        assert!(sets.replace(
+            b,
+            vec![
+                at("10.0.0.9:8000", None),
+                at("10.0.0.10:8000", Some("w9.x"))
+            ]
+        ));
+        assert!(
+            !sets.replace(
+                a,
+                vec![at("10.0.0.2:8000", None), at("10.0.0.9:8000", Some("w9.x"))]
+            ),
+            "same set, other order"
+        );
+        let merged = merge(&statics, &config, &sets, &[]);
+        assert_eq!(
+            names(&merged),
+            [
+                (
+                    "10.0.0.2:8000",
+                    "http://10.0.0.2:8000/",
+                    "static".to_owned()
+                ),
+                ("w9.x", "http://10.0.0.9:8000", "dns:_a._tcp.x".to_owned()),
+                (
+                    "10.0.0.10:8000",
+                    "http://10.0.0.10:8000",
+                    "dns:_b._tcp.x".to_owned()
+                ),
+            ],
+            "the static URL and the second source's 10.0.0.9 are the same workers; w9.x was taken"
+        );
+        assert!(merged.skipped.is_empty());
+        assert_eq!(sets.source_of(&config, "http://10.0.0.9:8000"), Some(a));
+        assert_eq!(
+            merged.members[1].spec.source,
+            WorkerSource::Dns("_a._tcp.x".into())
+        );
+    }
+
+    #[test]
+    fn a_worker_whose_name_and_address_are_both_taken_is_skipped_with_a_reason() {
+        let mut config = config(&[], &["_a._tcp.x"]);
+        config.workers.push(WorkerConfig {
+            name: Some("10.0.0.5:80".into()),
+            ..WorkerConfig::from_url("http://10.0.0.6:80")
+        });
+        config.workers.push(WorkerConfig {
+            name: Some("w.x".into()),
+            ..WorkerConfig::from_url("http://10.0.0.7:80")
+        });
+        let statics = config.members().unwrap();
+        let mut sets = DiscoveredSets::default();
+        sets.replace(&config.discovery[0], vec![at("10.0.0.5:80", Some("w.x"))]);
+        let merged = merge(&statics, &config, &sets, &[]);
+        assert_eq!(merged.members.len(), 2);
+        assert_eq!(merged.skipped.len(), 1);
+        assert!(
+            merged.skipped[0].contains("http://10.0.0.5:80"),
+            "{:?}",
+            merged.skipped
+        );
+    }
+
+    #[test]
+    fn sets_of_sources_no_longer_configured_are_forgotten() {
+        let mut config = config(&[], &["_a._tcp.x"]);
+        let mut sets = DiscoveredSets::default();
+        sets.replace(&config.discovery[0], vec![at("10.0.0.5:80", None)]);
+        config.discovery[0].dns = "_A._tcp.x.".into();
+        sets.retain_configured(&config);
+        assert_eq!(
+            sets.get(&config.discovery[0]).len(),
+            1,
+            "the same name, spelled otherwise"
+        );
+        config.discovery.clear();
+        sets.retain_configured(&config);
+        assert_eq!(sets, DiscoveredSets::default());
+    }
+}

@@ -1,0 +1,285 @@
+//! One `[[discovery]]` entry (or `--discover-dns NAME`): a DNS name whose records are workers, and
+//! how often and where to ask. What happens with the answers is in docs/discovery.md.
+
+use std::net::SocketAddr;
+
+use bch_core::router::WorkerSource;
+use serde::{Deserialize, Serialize};
+
+/// Default time between two resolutions of one name, ms.
+pub const DEFAULT_INTERVAL_MS: u64 = 5_000;
+/// Default time an empty answer (NXDOMAIN, or no records) must persist before the source's
+/// workers are removed, ms.
+pub const DEFAULT_EMPTY_AFTER_MS: u64 = 30_000;
+/// Default time one resolution may take before it counts as a resolver failure, ms.
+pub const DEFAULT_TIMEOUT_MS: u64 = 2_000;
+/// Shortest `interval_ms` accepted: a fleet does not change faster, and a resolver shared by many
+/// gateway replicas should not be asked more often.
+pub const MIN_INTERVAL_MS: u64 = 100;
+
+/// Which records a name is resolved for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DnsKind {
+    /// SRV (`_service._proto.name`): each record names a target host and its port.
+    Srv,
+    /// A and AAAA: each address is a worker on the entry's `port`.
+    Address,
+}
+
+/// One `[[discovery]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// The name to resolve. Beginning with `_` (`_http._tcp.llm.default.svc.cluster.local`): SRV
+    /// records; otherwise A and AAAA records.
+    pub dns: String,
+    /// The workers' port, for A/AAAA names only (SRV records carry their own).
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// Scheme of the discovered workers' URLs, `http`.
+    #[serde(default = "default_scheme")]
+    pub scheme: String,
+    /// Longest time between two resolutions, ms; an answer whose TTL runs out sooner is asked again
+    /// sooner (but not more often than once a second).
+    #[serde(default = "default_interval_ms")]
+    pub interval_ms: u64,
+    /// The DNS server to ask, `IP:PORT`; unset: the system's (`/etc/resolv.conf`).
+    #[serde(default)]
+    pub resolver: Option<SocketAddr>,
+    /// Health probe path of the workers this source finds; unset: `[health] path`.
+    #[serde(default)]
+    pub health_path: Option<String>,
+    /// How long an empty answer (NXDOMAIN or no records) must persist before this source's workers
+    /// are removed, ms. A resolver *failure* never removes them.
+    #[serde(default = "default_empty_after_ms")]
+    pub empty_after_ms: u64,
+    /// How long one resolution may take before it counts as a resolver failure, ms.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+fn default_scheme() -> String {
+    "http".to_owned()
+}
+
+fn default_interval_ms() -> u64 {
+    DEFAULT_INTERVAL_MS
+}
+
+fn default_empty_after_ms() -> u64 {
+    DEFAULT_EMPTY_AFTER_MS
+}
+
+fn default_timeout_ms() -> u64 {
+    DEFAULT_TIMEOUT_MS
+}
+
+/// What is wrong with one discovery entry: the field and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct DiscoveryError {
+    /// The offending field of the entry.
+    pub field: &'static str,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl DiscoveryConfig {
+    /// An entry for `dns` with every other field at its default.
+    pub fn new(dns: &str) -> DiscoveryConfig {
+        DiscoveryConfig {
+            dns: dns.to_owned(),
+            port: None,
+            scheme: default_scheme(),
+            interval_ms: DEFAULT_INTERVAL_MS,
+            resolver: None,
+            health_path: None,
+            empty_after_ms: DEFAULT_EMPTY_AFTER_MS,
+            timeout_ms: DEFAULT_TIMEOUT_MS,
+        }
+    }
+
+    /// SRV when the name begins with `_`, else A/AAAA.
+    pub fn kind(&self) -> DnsKind {
+        if self.dns.starts_with('_') {
+            DnsKind::Srv
+        } else {
+            DnsKind::Address
+        }
+    }
+
+    /// The source its workers are shown with, `dns:NAME`.
+    pub fn source(&self) -> WorkerSource {
+        WorkerSource::Dns(self.dns.clone())
+    }
+
+    /// The name compared case-insensitively and without a trailing dot, as DNS compares names.
+    pub fn canonical_name(&self) -> String {
+        self.dns.trim_end_matches('.').to_ascii_lowercase()
+    }
+
+    /// Checks the entry; the error names the field.
+    pub fn validate(&self) -> Result<(), DiscoveryError> {
+        let invalid = |field, message: String| Err(DiscoveryError { field, message });
+        if let Err(message) = check_dns_name(&self.dns) {
+            return invalid("dns", message);
+        }
+        match (self.kind(), self.port) {
+            (DnsKind::Srv, Some(_)) => {
+                return invalid(
+                    "port",
+                    format!(
+                        "{:?} is an SRV name (it begins with '_'): its records carry each worker's port; remove port",
+                        self.dns
+                    ),
+                );
+            }
+            (DnsKind::Address, None) => {
+                return invalid(
+                    "port",
+                    format!(
+                        "{:?} is an A/AAAA name: set the workers' port (or use an SRV name, which begins with '_')",
+                        self.dns
+                    ),
+                );
+            }
+            (DnsKind::Address, Some(0)) => return invalid("port", "must be 1 to 65535".into()),
+            _ => {}
+        }
+        if self.scheme != "http" {
+            return invalid(
+                "scheme",
+                format!(
+                    "{:?}: only \"http\" workers are supported (terminate TLS in front of gatewayd's upstreams)",
+                    self.scheme
+                ),
+            );
+        }
+        if self.interval_ms < MIN_INTERVAL_MS {
+            return invalid("interval_ms", format!("must be at least {MIN_INTERVAL_MS}"));
+        }
+        if self.timeout_ms == 0 {
+            return invalid("timeout_ms", "must be greater than 0".into());
+        }
+        if self.resolver.is_some_and(|r| r.port() == 0) {
+            return invalid("resolver", "the port must be 1 to 65535".into());
+        }
+        if self
+            .health_path
+            .as_ref()
+            .is_some_and(|p| !p.starts_with('/'))
+        {
+            return invalid("health_path", "must start with '/'".into());
+        }
+        Ok(())
+    }
+}
+
+/// A DNS name as RFC 1035 and SRV owner names allow it: labels of 1–63 letters, digits, `-` or
+/// `_`, 253 characters in all, an optional trailing dot.
+fn check_dns_name(name: &str) -> Result<(), String> {
+    let bare = name.strip_suffix('.').unwrap_or(name);
+    if bare.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if bare.len() > 253 {
+        return Err(format!("{name:?} is longer than 253 characters"));
+    }
+    for label in bare.split('.') {
+        if label.is_empty() || label.len() > 63 {
+            return Err(format!(
+                "{name:?}: every label (between dots) must be 1 to 63 characters"
+            ));
+        }
+        if !label
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(format!(
+                "{name:?}: labels may hold only letters, digits, '-' and '_'"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_and_refusals_name_the_field() {
+        let srv = DiscoveryConfig::new("_http._tcp.llm.default.svc.cluster.local.");
+        assert_eq!(srv.kind(), DnsKind::Srv);
+        assert_eq!(srv.validate(), Ok(()));
+        assert_eq!(
+            srv.source().label(),
+            "dns:_http._tcp.llm.default.svc.cluster.local."
+        );
+        let a = DiscoveryConfig {
+            port: Some(8000),
+            ..DiscoveryConfig::new("llm.default.svc.cluster.local")
+        };
+        assert_eq!(a.kind(), DnsKind::Address);
+        assert_eq!(a.validate(), Ok(()));
+        let cases = [
+            (DiscoveryConfig::new(""), "dns"),
+            (DiscoveryConfig::new("a..b"), "dns"),
+            (DiscoveryConfig::new("a b.c"), "dns"),
+            (DiscoveryConfig::new(&"a".repeat(64)), "dns"),
+            (DiscoveryConfig::new("llm.test"), "port"),
+            (
+                DiscoveryConfig {
+                    port: Some(8000),
+                    ..srv.clone()
+                },
+                "port",
+            ),
+            (
+                DiscoveryConfig {
+                    port: Some(0),
+                    ..a.clone()
+                },
+                "port",
+            ),
+            (
+                DiscoveryConfig {
+                    scheme: "https".into(),
+                    ..srv.clone()
+                },
+                "scheme",
+            ),
+            (
+                DiscoveryConfig {
+                    interval_ms: 10,
+                    ..srv.clone()
+                },
+                "interval_ms",
+            ),
+            (
+                DiscoveryConfig {
+                    timeout_ms: 0,
+                    ..srv.clone()
+                },
+                "timeout_ms",
+            ),
+            (
+                DiscoveryConfig {
+                    resolver: Some("127.0.0.1:0".parse().unwrap()),
+                    ..srv.clone()
+                },
+                "resolver",
+            ),
+            (
+                DiscoveryConfig {
+                    health_path: Some("health".into()),
+                    ..srv.clone()
+                },
+                "health_path",
+            ),
+        ];
+        for (entry, field) in cases {
+            assert_eq!(entry.validate().unwrap_err().field, field, "{entry:?}");
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! One source's task: resolve, parse, apply the safety rules, hand the set to the admin owner,
+//! wait for the next refresh; until stopped (shutdown, or a reload that changed or removed the
+//! source).
+//!
+//! Nothing here runs on the data path. The admin owner's apply (merge, endpoints, a ring rebuild
+//! for a thousand workers) is CPU work of a few milliseconds, so it runs on a blocking thread,
+//! never on a runtime thread that also drives requests.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::records::{Parsed, parse};
+use super::resolve::{Resolution, SourceResolver};
+use super::safety::{Event, Observation, Safety, next_refresh};
+use crate::admin::{Admin, DiscoveredWorker, DiscoveryChange};
+use crate::config::DiscoveryConfig;
+use crate::metrics::SourceCounters;
+
+/// URLs named in one membership-change log line; the rest are counted.
+const URLS_LOGGED: usize = 8;
+
+/// Runs `source` until `stop` is cancelled.
+pub async fn run(
+    admin: Arc<Admin>,
+    source: DiscoveryConfig,
+    counters: Arc<SourceCounters>,
+    stop: CancellationToken,
+) {
+    let interval = Duration::from_millis(source.interval_ms);
+    let label = source.source().label().into_owned();
+    let mut resolver = None;
+    let kept = admin.discovered_count(&source);
+    let mut safety = Safety::new(Duration::from_millis(source.empty_after_ms), kept);
+    let mut skipped: Vec<String> = Vec::new();
+    let server = source
+        .resolver
+        .map_or_else(|| "system".to_owned(), |r| r.to_string());
+    tracing::info!(source = %label, interval_ms = source.interval_ms, resolver = %server, "discovery started");
+    loop {
+        let (observation, ttl) = resolve_once(&source, &mut resolver, &mut skipped).await;
+        counters.record_refresh();
+        if matches!(observation, Observation::Failed(_)) {
+            counters.record_error();
+        }
+        counters.set_skipped_records(skipped.len());
+        let verdict = safety.observe(observation, Instant::now());
+        for event in &verdict.events {
+            log_event(&label, event);
+        }
+        if let Some(workers) = verdict.apply {
+            apply(&admin, &source, &label, workers).await;
+        }
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(next_refresh(interval, ttl)) => {}
+        }
+    }
+    tracing::info!(source = %label, "discovery stopped");
+}
+
+/// One resolution and what the rules see in it, with the answer's TTL. Builds the resolver the
+/// first time (and again after that failed); warns about skipped records when their list changes.
+async fn resolve_once(
+    source: &DiscoveryConfig,
+    resolver: &mut Option<SourceResolver>,
+    skipped: &mut Vec<String>,
+) -> (Observation, Option<Duration>) {
+    if resolver.is_none() {
+        match SourceResolver::new(source) {
+            Ok(built) => *resolver = Some(built),
+            Err(why) => return (Observation::Failed(why), None),
+        }
+    }
+    let resolver = resolver.as_ref().expect("built above");
+    match resolver.resolve().await {
+        Resolution::Answer(answer) => {
+            let Parsed {
+                workers,
+                skipped: now,
+            } = parse(source, &answer);
+            if now != *skipped {
+                for reason in &now {
+                    tracing::warn!(source = %source.source(), "bad record skipped: {reason}");
+                }
+                *skipped = now;
+            }
+            let observation = if workers.is_empty() {
+                Observation::Empty("every record was skipped".into())
+            } else {
+                Observation::Workers(workers)
+            };
+            (observation, answer.ttl)
+        }
+        Resolution::Empty(why) => (Observation::Empty(why), None),
+        Resolution::Failed(why) => (Observation::Failed(why), None),
+    }
+}
+
+/// Hands `workers` to the admin owner on a blocking thread and logs what changed.
+async fn apply(
+    admin: &Arc<Admin>,
+    source: &DiscoveryConfig,
+    label: &str,
+    workers: Vec<DiscoveredWorker>,
+) {
+    let count = workers.len();
+    let (owner, entry) = (Arc::clone(admin), source.clone());
+    let applied =
+        tokio::task::spawn_blocking(move || owner.apply_discovered(&entry, workers)).await;
+    match applied {
+        Ok(Ok(DiscoveryChange::Changed { joined, left })) => tracing::info!(
+            source = %label,
+            workers = count,
+            joined = joined.len(),
+            left = left.len(),
+            "discovered workers changed: joined {}; left {}",
+            listed(&joined),
+            listed(&left)
+        ),
+        Ok(Ok(DiscoveryChange::Unchanged | DiscoveryChange::NotInForce)) => {}
+        Ok(Err(error)) => tracing::error!(source = %label, "discovered workers refused: {error}"),
+        Err(error) => {
+            tracing::error!(source = %label, "applying discovered workers failed: {error}")
+        }
+    }
+}
+
+/// At most [`URLS_LOGGED`] URLs, then how many more.
+fn listed(urls: &[String]) -> String {
+    if urls.is_empty() {
+        return "none".into();
+    }
+    let shown = urls[..urls.len().min(URLS_LOGGED)].join(", ");
+    match urls.len().saturating_sub(URLS_LOGGED) {
+        0 => shown,
+        more => format!("{shown} and {more} more"),
+    }
+}
+
+fn log_event(label: &str, event: &Event) {
+    match event {
+        Event::OutageBegan { reason, kept } => tracing::warn!(
+            source = %label,
+            kept,
+            "DNS resolution failed: {reason}; keeping the last good set of {kept} workers until it answers again"
+        ),
+        Event::OutageEnded { failures, lasted } => tracing::info!(
+            source = %label,
+            failures,
+            lasted_ms = lasted.as_millis() as u64,
+            "DNS answers again after {failures} failed resolutions"
+        ),
+        Event::EmptyBegan {
+            reason,
+            kept,
+            empty_after,
+        } => tracing::warn!(
+            source = %label,
+            kept,
+            empty_after_ms = empty_after.as_millis() as u64,
+            "DNS answer is empty ({reason}); keeping {kept} workers unless it stays empty for empty_after_ms"
+        ),
+        Event::Emptied { removed, lasted } => tracing::warn!(
+            source = %label,
+            removed,
+            lasted_ms = lasted.as_millis() as u64,
+            "DNS answer stayed empty: the source's {removed} workers are removed"
+        ),
+        Event::RecordsBack => tracing::info!(source = %label, "DNS answer has records again"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_url_lists_are_cut_and_counted() {
+        let urls: Vec<String> = (0..10).map(|i| format!("u{i}")).collect();
+        assert_eq!(listed(&urls), "u0, u1, u2, u3, u4, u5, u6, u7 and 2 more");
+        assert_eq!(listed(&urls[..1]), "u0");
+        assert_eq!(listed(&[]), "none");
+    }
+}
