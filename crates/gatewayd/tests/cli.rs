@@ -1185,3 +1185,42 @@ fn connections_refused_at_the_cap_are_logged_without_flooding() {
         .count();
     assert_eq!(more, 0, "one line per second at most");
 }
+
+#[test]
+fn envoy_config_takes_the_file_refuses_unaddressable_workers_and_warns_about_discovery() {
+    let envoy_config = |file: &TempFile| {
+        let mut command = gatewayd();
+        command.args([
+            "envoy-config",
+            "--listen",
+            "127.0.0.1:10000",
+            "--picker",
+            "127.0.0.1:9002",
+        ]);
+        command.arg("--config").arg(file.path());
+        command.output().unwrap()
+    };
+    let named = TempFile::new(
+        "[[workers]]\nurl = \"http://127.0.0.1:8101\"\n[[workers]]\nname = \"gpu-1\"\nurl = \"http://gpu-1.internal:8000\"\n",
+    );
+    let out = envoy_config(&named);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("workers[1].url: worker gpu-1"), "{stderr}");
+    assert!(out.stdout.is_empty());
+
+    let discovered = TempFile::new(
+        "[picker]\nfallbacks = 3\n[[workers]]\nurl = \"http://127.0.0.1:8101\"\n[[discovery]]\ndns = \"_http._tcp.llm.example\"\n",
+    );
+    let out = envoy_config(&discovered);
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("_http._tcp.llm.example"), "{stderr}");
+    assert!(stderr.contains("not in the generated cluster"), "{stderr}");
+    let yaml = String::from_utf8(out.stdout).unwrap();
+    assert!(yaml.contains("socket_address: { address: \"127.0.0.1\", port_value: 8101 }"));
+    assert!(
+        yaml.contains("num_retries: 3"),
+        "[picker] fallbacks sets Envoy's retries"
+    );
+}

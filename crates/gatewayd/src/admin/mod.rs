@@ -472,6 +472,9 @@ impl Admin {
     fn apply(&self, in_force: &mut InForce, next: Next, actor: &Actor) -> Result<(), AdminError> {
         let statics: Vec<WorkerSpec> = next.statics.iter().map(|m| m.spec.clone()).collect();
         validate_membership(&statics)?;
+        // Workers added at run time obey the endpoint picker's `http://IP:PORT` rule too
+        // (discovered workers are IP:PORT by construction).
+        next.config.picker_workers(&next.statics)?;
         for (index, member) in next.statics.iter().enumerate() {
             if let Some(message) = alias_of(member, &next.statics[..index]) {
                 return Err(AdminError::Alias(message));

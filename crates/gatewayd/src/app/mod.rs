@@ -1,10 +1,13 @@
 //! The composition root: the only module that names all the others. [`start`] validates the
-//! configuration, binds both listeners, builds the router, the admin owner, the data plane, the
-//! control plane, telemetry and metrics, hands each part its narrow handle, and spawns the accept
-//! loops, the health prober, DNS discovery and the idle-connection sweeper. [`RunningGateway`] stops them.
+//! configuration, binds the listeners, builds the router, the admin owner, the routing step, the
+//! data plane, the endpoint picker, the control plane, telemetry and metrics, hands each part its
+//! narrow handle, and spawns the accept loops, the health prober, DNS discovery and the
+//! idle-connection sweeper. [`RunningGateway`] stops them.
 //!
 //! Nothing outside this module holds the whole gateway: the data plane gets a
-//! [`DataPlane`](crate::proxy::DataPlane), the control plane a
+//! [`DataPlane`](crate::proxy::DataPlane), the endpoint picker a
+//! [`PickerPlane`](crate::picker::PickerPlane) (both over one shared
+//! [`Routing`](crate::routing::Routing)), the control plane a
 //! [`ControlPlane`](crate::control::ControlPlane), health probes the router and the configuration
 //! in force, and every change of membership or policy goes through the [`Admin`] owner.
 
@@ -39,17 +42,22 @@ use crate::config::{Config, ConfigError};
 use crate::control::ControlPlane;
 use crate::control::guard::BrowserGuard;
 use crate::metrics::Metrics;
+use crate::picker::PickerPlane;
 use crate::proxy::DataPlane;
+use crate::routing::Routing;
 use crate::server::{ConnectionCap, Listening};
 use crate::telemetry::Telemetry;
 use crate::upstream::Upstreams;
 
 /// A started gateway: its bound addresses, read-only views for its owner, and the way to stop it.
 pub struct RunningGateway {
-    /// Bound data plane address.
+    /// Bound data plane address; the unspecified `0.0.0.0:0` when the data plane is off
+    /// (`[server] data_plane = false`).
     pub data_addr: SocketAddr,
     /// Bound control plane address.
     pub control_addr: SocketAddr,
+    /// Bound endpoint picker address, when `[picker] listen` is set.
+    pub picker_addr: Option<SocketAddr>,
     router: Arc<Router>,
     registry: Arc<prometheus_client::registry::Registry>,
     requires_token: bool,
@@ -105,6 +113,7 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
     let grace = Duration::from_millis(prepared.config.server.shutdown_grace_ms);
     let handle_signals = prepared.handle_signals;
     let (data_addr, control_addr) = (listeners.data_addr, listeners.control_addr);
+    let picker_addr = listeners.picker.as_ref().map(|(_, addr)| *addr);
     let parts = assemble(prepared, &listeners, &shutdown)?;
     let (router, registry) = (Arc::clone(&parts.router), Arc::clone(&parts.registry));
     let requires_token = parts.control_plane.token.is_some();
@@ -114,10 +123,17 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
         shutdown.cancel();
         return Err(StartError::Signals(error));
     }
-    log_start_up(&router, data_addr, control_addr, requires_token);
+    log_start_up(
+        &router,
+        data_addr,
+        control_addr,
+        picker_addr,
+        requires_token,
+    );
     Ok(RunningGateway {
         data_addr,
         control_addr,
+        picker_addr,
         router,
         registry,
         requires_token,
@@ -132,6 +148,7 @@ fn log_start_up(
     router: &Router,
     data_addr: SocketAddr,
     control_addr: SocketAddr,
+    picker_addr: Option<SocketAddr>,
     requires_token: bool,
 ) {
     let table = router.table();
@@ -146,6 +163,7 @@ fn log_start_up(
         data_plane = %format!("http://{data_addr}"),
         control_plane = %format!("http://{control_addr}"),
         telemetry = %format!("ws://{control_addr}/ws"),
+        picker = %picker_addr.map_or_else(|| "-".to_owned(), |a| format!("grpc://{a}")),
         token_required = requires_token,
         policy = %policy.kind,
         min_load_gap = policy.min_load_gap,
@@ -157,10 +175,12 @@ fn log_start_up(
     );
 }
 
-/// Both listeners, bound, with the addresses they got.
+/// The listeners, bound, with the addresses they got: the data plane's (unless it is off), the
+/// control plane's, and the endpoint picker's (when configured).
 struct Listeners {
-    data: TcpListener,
+    data: Option<TcpListener>,
     control: TcpListener,
+    picker: Option<(TcpListener, SocketAddr)>,
     data_addr: SocketAddr,
     control_addr: SocketAddr,
     header_read_timeout: Duration,
@@ -171,18 +191,44 @@ struct Listeners {
 
 impl Listeners {
     async fn bind(config: &Config) -> Result<Self, StartError> {
-        let data = bind("data", config.server.listen).await?;
+        let (data, data_addr) = if config.server.data_plane {
+            let data = bind("data", config.server.listen).await?;
+            let addr = local_addr("data", &data, config.server.listen)?;
+            (Some(data), addr)
+        } else {
+            (None, SocketAddr::from(([0, 0, 0, 0], 0)))
+        };
         let control = bind("control", config.server.control_listen).await?;
+        let picker = match config.picker.listen {
+            Some(address) => {
+                let picker = bind("picker", address).await?;
+                let addr = local_addr("picker", &picker, address)?;
+                Some((picker, addr))
+            }
+            None => None,
+        };
         Ok(Self {
-            data_addr: local_addr("data", &data, config.server.listen)?,
             control_addr: local_addr("control", &control, config.server.control_listen)?,
             data,
             control,
+            picker,
+            data_addr,
             header_read_timeout: Duration::from_millis(config.server.header_read_timeout_ms),
             max_connections: config.server.max_connections,
             client_stall_timeout: Duration::from_millis(config.server.client_stall_timeout_ms),
             upstream_idle_timeout: Duration::from_millis(config.server.upstream_idle_timeout_ms),
         })
+    }
+
+    /// The addresses this gateway serves on (the data plane's only when it runs): a worker URL
+    /// that is one of them would send requests back here.
+    fn own_addresses(&self) -> Vec<SocketAddr> {
+        let data = self.data.is_some().then_some(self.data_addr);
+        let picker = self.picker.as_ref().map(|(_, addr)| *addr);
+        data.into_iter()
+            .chain([self.control_addr])
+            .chain(picker)
+            .collect()
     }
 }
 
@@ -194,6 +240,7 @@ struct Parts {
     upstreams: Arc<Upstreams>,
     admin: Arc<Admin>,
     data_plane: Arc<DataPlane>,
+    picker_plane: Arc<PickerPlane>,
     control_plane: Arc<ControlPlane>,
     telemetry: Telemetry,
     probe_now: Arc<Notify>,
@@ -215,7 +262,7 @@ fn assemble(
         metrics_token,
         ..
     } = prepared;
-    let own = vec![listeners.data_addr, listeners.control_addr];
+    let own = listeners.own_addresses();
     for (index, member) in members.iter().enumerate() {
         if let Some(message) = crate::config::loop_of(member, &own) {
             return Err(StartError::Config(ConfigError::Invalid {
@@ -254,14 +301,18 @@ fn assemble(
         probe_now: Arc::clone(&probe_now),
     };
     let admin = Arc::new(Admin::new(owned, origin, config, members).listening_on(own));
-    let data_plane = Arc::new(DataPlane {
+    let routing = Arc::new(Routing {
         router: Arc::clone(&router),
         settings: admin.settings(),
-        upstreams: Arc::clone(&upstreams),
         metrics: Arc::clone(&metrics),
         telemetry: telemetry.clone(),
+    });
+    let data_plane = Arc::new(DataPlane {
+        routing: Arc::clone(&routing),
+        upstreams: Arc::clone(&upstreams),
         via: crate::proxy::request::own_via(),
     });
+    let picker_plane = Arc::new(PickerPlane::new(routing));
     let in_force = admin.config().load_full();
     let guard = BrowserGuard::new(
         listeners.control_addr,
@@ -286,6 +337,7 @@ fn assemble(
         upstreams,
         admin,
         data_plane,
+        picker_plane,
         control_plane,
         telemetry,
         probe_now,
@@ -319,20 +371,29 @@ fn spawn_services(
         }),
     };
     let data_plane = parts.data_plane;
-    tasks.spawn(crate::server::serve_capped(
-        listeners.data,
-        listening("data"),
-        cap,
-        move |_peer| {
-            let plane = Arc::clone(&data_plane);
-            service_fn(move |request| {
-                // Boxed per request: hyper keeps one slot the size of the handler's future for
-                // the connection's whole life, and the proxy's future is ~3.5 KiB. A box that is
-                // freed once the response head is out costs a held stream nothing.
-                Box::pin(crate::proxy::handle(Arc::clone(&plane), request))
-            })
-        },
-    ));
+    if let Some(data) = listeners.data {
+        tasks.spawn(crate::server::serve_capped(
+            data,
+            listening("data"),
+            cap,
+            move |_peer| {
+                let plane = Arc::clone(&data_plane);
+                service_fn(move |request| {
+                    // Boxed per request: hyper keeps one slot the size of the handler's future
+                    // for the connection's whole life, and the proxy's future is ~3.5 KiB. A box
+                    // that is freed once the response head is out costs a held stream nothing.
+                    Box::pin(crate::proxy::handle(Arc::clone(&plane), request))
+                })
+            },
+        ));
+    }
+    if let Some((picker, _)) = listeners.picker {
+        tasks.spawn(crate::picker::serve(
+            picker,
+            parts.picker_plane,
+            shutdown.clone(),
+        ));
+    }
     let control_app = crate::control::router(parts.control_plane);
     tasks.spawn(crate::server::serve_upgradable(
         listeners.control,

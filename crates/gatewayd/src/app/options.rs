@@ -62,6 +62,9 @@ impl StartOptions {
     pub fn free_ports(mut self) -> Self {
         self.config.server.listen.set_port(0);
         self.config.server.control_listen.set_port(0);
+        if let Some(picker) = &mut self.config.picker.listen {
+            picker.set_port(0);
+        }
         self
     }
 
@@ -100,7 +103,7 @@ pub enum StartError {
     /// A listener address cannot be bound (in use, not local, no permission).
     #[error("cannot bind {plane} plane {address}: {cause}")]
     Bind {
-        /// `data` or `control`.
+        /// `data`, `control` or `picker`.
         plane: &'static str,
         /// The address asked for.
         address: SocketAddr,

@@ -2,6 +2,8 @@
 //! `--demo`); `check-config FILE` runs every start-up check on a file; `reload` asks a running
 //! gateway to re-read its file and fails when the reload does; `explain` is the offline what-if.
 
+mod addr;
+mod envoy_config;
 mod explain;
 mod reload;
 
@@ -15,6 +17,8 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::app::{StartOptions, init_logging};
 use crate::config::{Config, DiscoveryConfig, DnsKind, LogFormat, WorkerConfig};
+use addr::parse_addr;
+use envoy_config::EnvoyConfigArgs;
 use explain::{ExplainArgs, parse_policy};
 use reload::ReloadArgs;
 
@@ -44,6 +48,9 @@ pub enum Command {
     Reload(ReloadArgs),
     /// Offline what-if: which worker and branch would a key get? Reserves nothing.
     Explain(ExplainArgs),
+    /// Print an Envoy v3 bootstrap (YAML) that proxies through Envoy with this gatewayd as its
+    /// endpoint picker; see docs/envoy.md.
+    EnvoyConfig(EnvoyConfigArgs),
 }
 
 /// Options of the proxy. Flags override the configuration file, at start and on every reload.
@@ -58,6 +65,13 @@ pub struct RunArgs {
     /// Control plane listen address (metrics, admin API, /ws) [default: 127.0.0.1:9090].
     #[arg(long, env = "GATEWAYD_CONTROL_LISTEN", value_name = "IP:PORT", value_parser = parse_addr)]
     pub control_listen: Option<SocketAddr>,
+    /// Serve Envoy's endpoint picker (ext_proc over plaintext gRPC) on this address; workers must
+    /// then be http://IP:PORT URLs.
+    #[arg(long, env = "GATEWAYD_PICKER_LISTEN", value_name = "IP:PORT", value_parser = parse_addr)]
+    pub picker_listen: Option<SocketAddr>,
+    /// Serve no data plane: run only as Envoy's endpoint picker (needs --picker-listen).
+    #[arg(long)]
+    pub no_data_plane: bool,
     /// Worker base URL; repeat for more workers (added after the file's workers, kept on reload).
     #[arg(long = "worker", value_name = "URL")]
     pub workers: Vec<String>,
@@ -105,18 +119,13 @@ pub struct RunArgs {
     pub demo_workers: usize,
 }
 
-fn parse_addr(s: &str) -> Result<SocketAddr, String> {
-    s.parse().map_err(|_| {
-        format!("expected IP:PORT such as 127.0.0.1:8080 (host names are not resolved), got {s:?}")
-    })
-}
-
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Some(Command::CheckConfig { file }) => check_config(&file),
         Some(Command::Reload(args)) => reload::reload(args),
         Some(Command::Explain(args)) => explain::explain(args),
+        Some(Command::EnvoyConfig(args)) => envoy_config::print(&args),
         None => serve(cli.run),
     }
 }
@@ -199,6 +208,12 @@ pub fn apply_flags(args: &RunArgs, config: &mut Config) {
     }
     if let Some(control) = args.control_listen {
         config.server.control_listen = control;
+    }
+    if let Some(picker) = args.picker_listen {
+        config.picker.listen = Some(picker);
+    }
+    if args.no_data_plane {
+        config.server.data_plane = false;
     }
     if let Some(kind) = args.policy {
         config.policy.kind = kind;
@@ -301,9 +316,17 @@ fn serve(args: RunArgs) -> ExitCode {
         if !json {
             // In JSON mode the `gatewayd started` log line carries the addresses: a shipper that
             // parses every line as JSON gets nothing else.
+            let data = match config.server.data_plane {
+                true => format!("data plane http://{}  ", running.data_addr),
+                false => String::new(),
+            };
+            let picker = match running.picker_addr {
+                Some(addr) => format!("  endpoint picker grpc://{addr}"),
+                None => String::new(),
+            };
             eprintln!(
-                "gatewayd: data plane http://{}  control plane http://{}  telemetry ws://{}/ws",
-                running.data_addr, running.control_addr, running.control_addr
+                "gatewayd: {data}control plane http://{}  telemetry ws://{}/ws{picker}",
+                running.control_addr, running.control_addr
             );
         }
         running.run_until_stopped().await;

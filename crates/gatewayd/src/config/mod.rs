@@ -64,6 +64,8 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     /// Log format and filter.
     pub log: LogConfig,
+    /// Envoy's endpoint picker (ext_proc over gRPC).
+    pub picker: PickerConfig,
     /// Workers, in configuration order (the order target-worker indices refer to).
     pub workers: Vec<WorkerConfig>,
     /// DNS names whose records are more workers, after the static ones (docs/discovery.md).
@@ -120,6 +122,9 @@ pub struct ServerConfig {
     /// console, say). Requests from any other page are refused; clients that are not browsers
     /// send no `Origin` and are not affected.
     pub control_allowed_origins: Vec<String>,
+    /// Serve the data plane on `listen`. `false` runs gatewayd as Envoy's endpoint picker only
+    /// (needs `[picker] listen`); the control plane runs either way.
+    pub data_plane: bool,
 }
 
 impl Default for ServerConfig {
@@ -141,6 +146,7 @@ impl Default for ServerConfig {
             upstream_idle_timeout_ms: DEFAULT_UPSTREAM_IDLE_TIMEOUT_MS,
             control_allowed_hosts: Vec::new(),
             control_allowed_origins: Vec::new(),
+            data_plane: true,
         }
     }
 }
@@ -200,6 +206,32 @@ impl PolicyConfig {
             min_load_gap: self.min_load_gap,
             max_load_skew: self.max_load_skew,
             virtual_nodes: self.virtual_nodes,
+        }
+    }
+}
+
+/// Most fallback endpoints the picker may list after the chosen one.
+pub const MAX_PICKER_FALLBACKS: usize = 8;
+
+/// `[picker]`: gatewayd as Envoy's endpoint picker, the Gateway API Inference Extension's
+/// ext_proc protocol (docs/envoy.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PickerConfig {
+    /// Where to serve `envoy.service.ext_proc.v3.ExternalProcessor` (plaintext gRPC); `None` (the
+    /// default) serves no picker. Every worker must then be an `http://IP:PORT` URL.
+    pub listen: Option<SocketAddr>,
+    /// How many fallback endpoints, in ring order from the key, follow the chosen one in the
+    /// answer (0..=8); Envoy retries a failed connect on them in turn. `gatewayd envoy-config`
+    /// sets Envoy's retry count to this.
+    pub fallbacks: usize,
+}
+
+impl Default for PickerConfig {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            fallbacks: 2,
         }
     }
 }
@@ -472,10 +504,24 @@ impl Config {
                 );
             }
         }
-        let (_, worker_problems) = self.collect_members();
+        if self.picker.fallbacks > MAX_PICKER_FALLBACKS {
+            invalid(
+                "picker.fallbacks",
+                format!("must be at most {MAX_PICKER_FALLBACKS}"),
+            );
+        }
+        if !self.server.data_plane && self.picker.listen.is_none() {
+            invalid(
+                "server.data_plane",
+                "false needs [picker] listen: there would be nothing to serve".into(),
+            );
+        }
+        let (members, worker_problems) = self.collect_members();
+        let picker_problem = self.picker_workers(&members).err();
         problems.extend(
             worker_problems
                 .into_iter()
+                .chain(picker_problem)
                 .chain(self.discovery_problems())
                 .map(|e| match e {
                     ConfigError::Invalid { field, message, .. } => ConfigError::Invalid {
@@ -487,6 +533,25 @@ impl Config {
                 }),
         );
         problems
+    }
+
+    /// With the endpoint picker on, every worker must be an `http://IP:PORT` URL: Envoy finds the
+    /// picked endpoint among its cluster's hosts by address. The error names `workers[N].url`.
+    pub fn picker_workers(&self, members: &[Member]) -> Result<(), ConfigError> {
+        if self.picker.listen.is_none() {
+            return Ok(());
+        }
+        for (index, member) in members.iter().enumerate() {
+            member
+                .url
+                .picker_endpoint()
+                .map_err(|message| ConfigError::Invalid {
+                    path: None,
+                    field: format!("workers[{index}].url"),
+                    message: format!("worker {}: {message}", member.spec.name),
+                })?;
+        }
+        Ok(())
     }
 
     /// Every problem of the `[[discovery]]` entries (each entry's fields, a name discovered
@@ -727,6 +792,12 @@ mod tests {
                 "workers[1].url",
             ),
             ("[server]\nlisten = \"nowhere\"\n", "listen"),
+            ("[picker]\nfallbacks = 9\n", "picker.fallbacks"),
+            ("[server]\ndata_plane = false\n", "server.data_plane"),
+            (
+                "[picker]\nlisten = \"127.0.0.1:9002\"\n[[workers]]\nurl = \"http://127.0.0.1:1\"\n[[workers]]\nname = \"gpu-1\"\nurl = \"http://gpu-1.internal:8000\"\n",
+                "workers[1].url: worker gpu-1",
+            ),
             (
                 "[server]\ncontrol_allowed_origins = [\"console.example\"]\n",
                 "server.control_allowed_origins[0]",

@@ -28,6 +28,8 @@ pub struct RuntimeSettings {
     pub passive_health: bool,
     /// Show explicit keys hashed in telemetry.
     pub redact_keys: bool,
+    /// Endpoint picker: fallback endpoints listed after the chosen one.
+    pub picker_fallbacks: usize,
 }
 
 impl RuntimeSettings {
@@ -49,6 +51,7 @@ impl RuntimeSettings {
             stream_idle_timeout: Duration::from_millis(config.server.stream_idle_timeout_ms),
             passive_health: config.health.passive,
             redact_keys: config.telemetry.redact_keys,
+            picker_fallbacks: config.picker.fallbacks,
         }
     }
 }

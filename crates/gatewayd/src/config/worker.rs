@@ -5,6 +5,8 @@
 //! A URL with credentials (`user:password@`) is refused without echoing them: the URL as written
 //! is the worker's identity, shown by the admin API, telemetry and logs, and sent nowhere safe.
 
+use std::net::SocketAddr;
+
 use bch_core::router::{WorkerSource, WorkerSpec};
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 use serde::{Deserialize, Serialize};
@@ -150,6 +152,31 @@ impl WorkerUrl {
         }
     }
 
+    /// The worker's address for Envoy's endpoint picker: the URL must be `http://IP:PORT`, an IP
+    /// literal with an explicit port and no path prefix, because Envoy matches a picked endpoint
+    /// against its cluster's hosts by address and forwards the client's path unchanged. The error
+    /// says what is missing.
+    pub fn picker_endpoint(&self) -> Result<SocketAddr, String> {
+        let authority = self.authority.as_str();
+        let address = authority.parse::<SocketAddr>().map_err(|_| {
+            if self.authority.port().is_none() {
+                format!("the endpoint picker needs http://IP:PORT workers; {authority:?} has no port")
+            } else {
+                format!(
+                    "the endpoint picker needs http://IP:PORT workers (Envoy matches endpoints by address); {:?} is not an IP address",
+                    self.authority.host()
+                )
+            }
+        })?;
+        if !self.prefix.is_empty() {
+            return Err(format!(
+                "the endpoint picker needs http://IP:PORT workers; the path prefix {:?} cannot be applied by Envoy",
+                self.prefix
+            ));
+        }
+        Ok(address)
+    }
+
     /// Default worker name: `host:port`.
     pub fn default_name(&self) -> String {
         self.authority.as_str().to_owned()
@@ -276,6 +303,30 @@ mod tests {
         assert_eq!(
             member.url.join(Some(&pq)).unwrap().to_string(),
             "http://10.0.0.7:8000/prefix/v1/models?x=1"
+        );
+    }
+
+    #[test]
+    fn picker_endpoints_are_ip_and_port_only() {
+        let endpoint = |url: &str| WorkerUrl::parse(url).unwrap().picker_endpoint();
+        assert_eq!(
+            endpoint("http://127.0.0.1:8101").unwrap().to_string(),
+            "127.0.0.1:8101"
+        );
+        assert_eq!(
+            endpoint("http://[::1]:8101/").unwrap().to_string(),
+            "[::1]:8101"
+        );
+        assert!(
+            endpoint("http://gpu-0:8000")
+                .unwrap_err()
+                .contains("\"gpu-0\" is not an IP")
+        );
+        assert!(endpoint("http://10.0.0.7").unwrap_err().contains("no port"));
+        assert!(
+            endpoint("http://10.0.0.7:80/v1")
+                .unwrap_err()
+                .contains("prefix")
         );
     }
 

@@ -17,8 +17,8 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::Sleep;
 
-use super::exchange::Exchange;
 use crate::error::{display_chain, sse_stream_error_event};
+use crate::routing::Exchange;
 use crate::upstream::{BoxError, UpstreamConnection};
 
 /// Response bodies: a fixed gateway answer, or a worker's stream carrying the request's exchange.

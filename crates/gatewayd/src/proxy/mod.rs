@@ -14,7 +14,6 @@
 //! request (closing that upstream connection).
 
 pub mod body;
-mod exchange;
 pub mod plane;
 pub mod request;
 
@@ -37,12 +36,11 @@ pub use plane::DataPlane;
 
 use crate::config::runtime::RuntimeSettings;
 use crate::error::{GatewayError, display_chain};
-use crate::telemetry::keys::KeyTag;
+use crate::routing::exchange::{Head, REQUEST_ID_HEADER};
+use crate::routing::key::extract_key;
+use crate::routing::{Choice, Exchange};
 use crate::upstream::{ClientBodyError, SendError, UpstreamBody, UpstreamConnection, client_fault};
-use exchange::{Exchange, REQUEST_ID_HEADER};
-use request::{
-    content_length, extract_key, point_at, refuse_early, strip_hop_by_hop, upstream_request,
-};
+use request::{point_at, refuse_early, strip_hop_by_hop, upstream_request};
 
 /// `x-bch-worker`: the name of the worker that served the request.
 pub const WORKER_HEADER: HeaderName = HeaderName::from_static(routing_key::WORKER_HEADER);
@@ -71,7 +69,7 @@ pub async fn handle(
 
 /// `GET /readiness`: 200 while some worker takes requests (healthy and not draining), else 503.
 fn readiness(plane: &DataPlane) -> Response<ProxyBody> {
-    let healthy = plane.router.table().routable_count();
+    let healthy = plane.routing.router.table().routable_count();
     let status = if healthy > 0 {
         StatusCode::OK
     } else {
@@ -82,8 +80,9 @@ fn readiness(plane: &DataPlane) -> Response<ProxyBody> {
 }
 
 async fn proxy(plane: Arc<DataPlane>, request: Request<Incoming>) -> Response<ProxyBody> {
-    let mut exchange = Exchange::begin(Arc::clone(&plane), Instant::now(), &request);
-    let settings = plane.settings.load();
+    let head = Head::of(&request);
+    let mut exchange = Exchange::begin(Arc::clone(&plane.routing), Instant::now(), head);
+    let settings = plane.routing.settings.load();
     let forwarded = match route(&plane, &settings, request, &mut exchange) {
         Ok(routed) => send_with_retry(&plane, &settings, routed, &mut exchange).await,
         Err(error) => Err(error),
@@ -127,8 +126,9 @@ impl Answered {
     }
 }
 
-/// Refuses what may not be forwarded ([`refuse_early`], a declared size over the limit), extracts
-/// the key, decides and takes load on the chosen worker.
+/// Refuses what may not be forwarded ([`refuse_early`]), then the shared routing step
+/// ([`crate::routing::route`]: size, key, decision, load), then the request made into one for the
+/// chosen worker.
 fn route(
     plane: &DataPlane,
     settings: &RuntimeSettings,
@@ -142,50 +142,26 @@ fn route(
         &settings.routing_headers,
         &plane.via,
     )?;
-    let limit = settings.max_body_bytes;
-    if let Some(length) = content_length(request.headers()).filter(|l| *l > limit) {
-        plane
-            .metrics
-            .record_client_body_error(ClientBodyError::TooLarge.reason());
-        exchange.record_client_fault(ClientBodyError::TooLarge.reason());
-        return Err(GatewayError::PayloadTooLarge {
-            length: Some(length),
-            limit,
-        });
-    }
     let (mut parts, body) = request.into_parts();
     exchange.forward_id(&mut parts.headers);
-    let extracted = extract_key(&settings.routing_headers, &parts.headers);
-    if let Some(reason) = extracted.ignored_explicit {
-        plane.metrics.record_ignored_key(reason);
-    }
-    let mut routed = plane.router.route(&extracted.key);
-    let decision = routed.decision;
-    plane.metrics.record_branch(decision.branch);
-    let key = KeyTag::from_key(&extracted.key, settings.redact_keys);
-    plane
-        .telemetry
-        .routed(&routed.table, &decision, key.clone());
-    exchange.routed(&routed.table, &decision, routed.guard.take(), key);
-    let Some(worker) = decision.worker else {
-        return Err(match decision.branch {
-            Branch::TargetWorkerMiss => GatewayError::TargetWorkerMiss,
-            _ if routed.table.workers().is_empty() => GatewayError::NoWorkers,
-            _ => GatewayError::NoHealthyWorkers,
-        });
-    };
+    let Choice {
+        table,
+        worker,
+        branch,
+        ..
+    } = crate::routing::route(&plane.routing, settings, &parts.headers, exchange)?;
     let body_deadline =
         tokio::time::Instant::from_std(exchange.started()) + settings.request_body_timeout;
     Ok(Routed {
         client_path: parts.uri.path_and_query().cloned(),
         request: upstream_request(
             parts,
-            UpstreamBody::new(body, limit, body_deadline),
+            UpstreamBody::new(body, settings.max_body_bytes, body_deadline),
             &plane.via,
         ),
-        table: routed.table,
+        table,
         worker,
-        branch: decision.branch,
+        branch,
     })
 }
 
@@ -298,7 +274,10 @@ fn client_refusal(
     exchange: &mut Exchange,
     fault: &ClientBodyError,
 ) -> GatewayError {
-    plane.metrics.record_client_body_error(fault.reason());
+    plane
+        .routing
+        .metrics
+        .record_client_body_error(fault.reason());
     exchange.record_client_fault(fault.reason());
     match fault {
         ClientBodyError::Incomplete => GatewayError::IncompleteRequestBody,
@@ -332,19 +311,17 @@ impl FailedConnect<'_> {
         request: &Request<UpstreamBody>,
         exchange: &mut Exchange,
     ) -> Option<usize> {
-        exchange.record_error();
-        let name = &self.table.workers()[self.worker].spec.name;
-        if settings.passive_health && plane.router.set_health(name, false) {
-            tracing::warn!(worker = %name, error = %display_chain(error), "connect failed; marked unhealthy until probes succeed");
-        }
+        let routing = &plane.routing;
+        let cause = display_chain(error);
+        routing.connect_failed(settings, self.table, self.worker, exchange, &cause);
         if !self.may_retry {
             return None;
         }
         let key = extract_key(&settings.routing_headers, request.headers()).key;
-        let (next, guard) = plane.router.route_retry(self.table, &key, self.worker)?;
-        plane.metrics.record_retry();
-        tracing::debug!(from = %name, to = %self.table.workers()[next].spec.name, "retrying after connect failure");
-        exchange.move_to(guard, next);
+        let (next, guard) = routing.router.route_retry(self.table, &key, self.worker)?;
+        let workers = self.table.workers();
+        tracing::debug!(from = %workers[self.worker].spec.name, to = %workers[next].spec.name, "retrying after connect failure");
+        routing.moved(exchange, guard, next);
         Some(next)
     }
 }
@@ -355,7 +332,7 @@ impl FailedConnect<'_> {
 /// its `event: error`).
 async fn respond(
     answered: Answered,
-    exchange: Exchange,
+    mut exchange: Exchange,
     settings: &RuntimeSettings,
 ) -> Response<ProxyBody> {
     let Answered {

@@ -1,25 +1,16 @@
 //! The client's request made into a request for a worker: the checks a request must pass before it
-//! is routed, routing key extraction, hop-by-hop header removal (RFC 9110 §7.6.1), this gateway's
-//! `Via`, and pointing the request at the chosen worker.
+//! is routed, hop-by-hop header removal (RFC 9110 §7.6.1), this gateway's `Via`, and pointing the
+//! request at the chosen worker. The routing key is read by `crate::routing::key`, which the
+//! endpoint picker shares.
 
 use std::hash::{BuildHasher, Hasher};
 
-use bch_core::routing_key::{self, RoutingHeaders};
+use bch_core::routing_key::RoutingHeaders;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Uri, Version};
 
 use crate::error::GatewayError;
 use crate::upstream::{Endpoint, UpstreamBody};
-
-/// The routing key of a request with `headers`, borrowed from them, by the configured header names.
-pub fn extract_key<'a>(
-    routing_headers: &RoutingHeaders,
-    headers: &'a HeaderMap,
-) -> routing_key::Extracted<'a> {
-    routing_key::extract(routing_headers, |name| {
-        headers.get(name).map(HeaderValue::as_bytes)
-    })
-}
 
 /// This gateway's `Via` entry, `1.1 bch-` and 16 hex digits drawn at random when the process
 /// starts: it names this gateway process and no other, so a request that comes back carrying it
@@ -77,16 +68,6 @@ pub fn refuse_early(
         }
     }
     Ok(())
-}
-
-/// The declared `Content-Length`, when there is a valid one.
-pub fn content_length(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(header::CONTENT_LENGTH)?
-        .to_str()
-        .ok()?
-        .parse()
-        .ok()
 }
 
 /// The client's request made into a request for a worker, reusing its head (no header copies):
@@ -182,6 +163,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     #[test]
     fn hop_by_hop_headers_are_removed() {

@@ -5,6 +5,7 @@
 //! cancellations), where the drill's workers model an LLM server's timing instead.
 #![allow(dead_code)]
 
+pub mod envoy;
 pub mod ws;
 
 use std::net::SocketAddr;

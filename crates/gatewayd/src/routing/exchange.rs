@@ -8,6 +8,9 @@
 //! Every request has an id: the client's own `x-request-id` when it sent a usable one, else one
 //! made here (a per-process random prefix and a counter). It goes to the worker, back to the
 //! client and into the log line, so one request can be followed through all three.
+//!
+//! Both front ends use it: the data plane keeps the exchange in the response body, the endpoint
+//! picker in the state of the request's ext_proc stream.
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,7 +25,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Method, Request, StatusCode};
 
-use super::plane::DataPlane;
+use super::handle::Routing;
 use crate::telemetry::keys::KeyTag;
 
 /// `x-request-id`: the request's id, kept from the client or made by the gateway, forwarded to
@@ -49,13 +52,44 @@ static ID_PREFIX: LazyLock<[u8; 8]> = LazyLock::new(|| {
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
+/// What an exchange takes from the request's head: for its log line and its request id.
+pub struct Head {
+    /// The request's method.
+    pub method: Method,
+    /// Its path and query; `None` when the request log is off (nothing reads it then).
+    pub path: Option<PathAndQuery>,
+    /// The client's `x-request-id`, if it sent one (kept only when usable).
+    pub client_id: Option<HeaderValue>,
+}
+
+impl Head {
+    /// The head of a request the data plane received.
+    pub fn of<B>(request: &Request<B>) -> Self {
+        Head {
+            method: request.method().clone(),
+            // Only the log line reads it: not even a reference count when it is off.
+            path: request_log_on()
+                .then(|| request.uri().path_and_query().cloned())
+                .flatten(),
+            client_id: request.headers().get(REQUEST_ID_HEADER).cloned(),
+        }
+    }
+}
+
+/// Whether request log lines are written (the path is kept only then).
+pub fn request_log_on() -> bool {
+    tracing::enabled!(tracing::Level::INFO)
+}
+
 /// A request in progress. See the module documentation.
 pub struct Exchange {
-    plane: Arc<DataPlane>,
+    routing: Arc<Routing>,
     started: Instant,
-    request_id: HeaderValue,
-    /// The id came from the gateway, so it still has to be added to the upstream request.
-    id_is_ours: bool,
+    /// The client's id, or ours once something needed it as a header value.
+    request_id: Option<HeaderValue>,
+    /// The number of the id this gateway made (0: the client's id is used). Rendered only when
+    /// the id is needed: the picker only logs it, and a log line writes it from a stack buffer.
+    our_id: u64,
     method: Method,
     path: Option<PathAndQuery>,
     /// HTTP status sent to the client (0 until known).
@@ -77,24 +111,24 @@ pub struct Exchange {
 }
 
 impl Exchange {
-    /// A request that just arrived: its id, method and path are taken from `request`.
-    pub fn begin<B>(plane: Arc<DataPlane>, started: Instant, request: &Request<B>) -> Self {
-        let client_id = request
-            .headers()
-            .get(REQUEST_ID_HEADER)
-            .filter(|v| usable_id(v))
-            .cloned();
-        let id_is_ours = client_id.is_none();
+    /// A request that just arrived: its id, method and path are taken from `head`.
+    pub fn begin(routing: Arc<Routing>, started: Instant, head: Head) -> Self {
+        let Head {
+            method,
+            path,
+            client_id,
+        } = head;
+        let client_id = client_id.filter(usable_id);
         Self {
-            plane,
+            routing,
             started,
-            request_id: client_id.unwrap_or_else(new_request_id),
-            id_is_ours,
-            method: request.method().clone(),
-            // Only the log line reads it: not even a reference count when it is off.
-            path: tracing::enabled!(tracing::Level::INFO)
-                .then(|| request.uri().path_and_query().cloned())
-                .flatten(),
+            our_id: match client_id {
+                Some(_) => 0,
+                None => REQUEST_IDS.fetch_add(1, Ordering::Relaxed),
+            },
+            request_id: client_id,
+            method,
+            path,
             status: 0,
             errored: false,
             client_fault: None,
@@ -110,15 +144,22 @@ impl Exchange {
 
     /// Puts the request id on the request for the worker: the gateway's own, or the client's
     /// (replacing one the gateway found unusable).
-    pub fn forward_id(&self, headers: &mut HeaderMap) {
-        if self.id_is_ours {
-            headers.insert(REQUEST_ID_HEADER, self.request_id.clone());
+    pub fn forward_id(&mut self, headers: &mut HeaderMap) {
+        if self.our_id != 0 {
+            let id = self.request_id().clone();
+            headers.insert(REQUEST_ID_HEADER, id);
         }
     }
 
     /// The request id, for the response to the client.
-    pub fn request_id(&self) -> &HeaderValue {
-        &self.request_id
+    pub fn request_id(&mut self) -> &HeaderValue {
+        let our_id = self.our_id;
+        self.request_id.get_or_insert_with(|| {
+            let mut buf = [0u8; ID_LEN];
+            let len = render_id(our_id, &mut buf);
+            HeaderValue::from_bytes(&buf[..len])
+                .expect("hex digits and a dash are a valid header value")
+        })
     }
 
     /// The routing decision, and the load taken on the chosen worker when there is one.
@@ -146,6 +187,17 @@ impl Exchange {
             self.retried_from = Some(*held);
             *held = worker;
         }
+    }
+
+    /// Whether the request holds load on a worker.
+    pub fn holds_load(&self) -> bool {
+        self.guard.is_some()
+    }
+
+    /// Ends the request's hold on its worker now (load and telemetry), keeping the record open
+    /// until the exchange ends. For load that no worker of the membership carries any more.
+    pub fn release(&mut self) {
+        self.release_worker();
     }
 
     /// Counts a gateway-side error against the worker the request holds.
@@ -176,7 +228,7 @@ impl Exchange {
     pub fn headers_arrived(&mut self) {
         let after = self.started.elapsed();
         self.headers_after = Some(after);
-        self.plane
+        self.routing
             .metrics
             .response_headers
             .observe(after.as_secs_f64());
@@ -191,7 +243,7 @@ impl Exchange {
         let after = self.started.elapsed();
         self.first_byte_after = Some(after);
         if event_stream {
-            self.plane
+            self.routing
                 .metrics
                 .time_to_first_token
                 .observe(after.as_secs_f64());
@@ -213,7 +265,7 @@ impl Exchange {
         if let Some(guard) = self.guard.take() {
             drop(guard);
             if let Some((table, worker)) = &self.routed {
-                self.plane
+                self.routing
                     .telemetry
                     .finished(table, *worker, self.key.as_ref());
             }
@@ -230,17 +282,25 @@ fn usable_id(value: &HeaderValue) -> bool {
 /// `{8 random hex digits}-{counter in hex}`: unique within a process, and across processes with
 /// near certainty. Written into a stack buffer (no formatting machinery, one allocation for the
 /// header value): this runs for every request.
-fn new_request_id() -> HeaderValue {
-    let n = REQUEST_IDS.fetch_add(1, Ordering::Relaxed);
-    let mut id = [0u8; 8 + 1 + 16];
+/// Longest id this gateway makes: the prefix, a dash, 16 hex digits.
+const ID_LEN: usize = 8 + 1 + 16;
+
+/// Writes the id numbered `n` (`PREFIX-hex`) into `id`; answers its length.
+fn render_id(n: u64, id: &mut [u8; ID_LEN]) -> usize {
     id[..8].copy_from_slice(&*ID_PREFIX);
     id[8] = b'-';
     let digits = (16 - (n.leading_zeros() / 4) as usize).max(1);
     for i in 0..digits {
         id[9 + i] = HEX[((n >> (4 * (digits - 1 - i))) & 0xf) as usize];
     }
-    HeaderValue::from_bytes(&id[..9 + digits])
-        .expect("hex digits and a dash are a valid header value")
+    9 + digits
+}
+
+#[cfg(test)]
+fn new_request_id() -> HeaderValue {
+    let mut buf = [0u8; ID_LEN];
+    let len = render_id(REQUEST_IDS.fetch_add(1, Ordering::Relaxed), &mut buf);
+    HeaderValue::from_bytes(&buf[..len]).expect("a valid header value")
 }
 
 fn millis(d: Option<Duration>) -> i64 {
@@ -252,13 +312,13 @@ impl Drop for Exchange {
         self.release_worker();
         let elapsed = self.started.elapsed();
         let seconds = elapsed.as_secs_f64();
-        self.plane.metrics.request_duration.observe(seconds);
+        self.routing.metrics.request_duration.observe(seconds);
         let class = StatusClass::of(self.status);
         match &self.routed {
             Some((table, worker)) => table.workers()[*worker]
                 .stats
                 .record_response(class, seconds),
-            None => self.plane.metrics.record_unrouted_response(class),
+            None => self.routing.metrics.record_unrouted_response(class),
         }
         let worker = self.routed.as_ref().map_or("-", |(table, worker)| {
             table.workers()[*worker].spec.name.as_str()
@@ -267,8 +327,16 @@ impl Drop for Exchange {
             (Some((table, _)), Some(from)) => table.workers()[from].spec.name.as_str(),
             _ => "-",
         };
+        let mut buf = [0u8; ID_LEN];
+        let id_text = match &self.request_id {
+            Some(id) => id.to_str().unwrap_or("-"),
+            None => {
+                let len = render_id(self.our_id, &mut buf);
+                std::str::from_utf8(&buf[..len]).unwrap_or("-")
+            }
+        };
         tracing::info!(
-            request_id = self.request_id.to_str().unwrap_or("-"),
+            request_id = id_text,
             method = %self.method,
             path = self.path.as_ref().map_or("/", PathAndQuery::path),
             worker = %worker,

@@ -1,0 +1,428 @@
+//! `gatewayd envoy-config`: an Envoy v3 bootstrap (YAML) that proxies through Envoy with gatewayd
+//! as its endpoint picker, complete and usable as is with Envoy 1.40 (docs/envoy.md explains
+//! every part). The workers, timeouts and fallback count come from gatewayd's own configuration,
+//! so the two cannot disagree about them.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use bch_core::routing_key::IMPLICIT_KEY_HEADERS;
+use clap::Args;
+
+use super::addr::parse_addr;
+use crate::config::{Config, WorkerConfig};
+use crate::error::GatewayError;
+use crate::picker::messages::{DESTINATION_KEY, LB_NAMESPACE, SERVED_KEY};
+
+/// `gatewayd envoy-config` options.
+#[derive(Debug, Args)]
+pub struct EnvoyConfigArgs {
+    /// Address Envoy serves clients on.
+    #[arg(long, value_name = "IP:PORT", value_parser = parse_addr)]
+    pub listen: SocketAddr,
+    /// Address of gatewayd's endpoint picker (its --picker-listen).
+    #[arg(long, value_name = "IP:PORT", value_parser = parse_addr)]
+    pub picker: SocketAddr,
+    /// gatewayd's configuration file: its workers, connect and stream idle timeouts, and
+    /// [picker] fallbacks.
+    #[arg(long, short = 'c', env = "GATEWAYD_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// A worker URL (http://IP:PORT), after the file's workers; repeat for more.
+    #[arg(long = "worker", value_name = "URL")]
+    pub workers: Vec<String>,
+    /// Also serve Envoy's admin interface (stats, /ready) on this address; keep it on loopback.
+    #[arg(long, value_name = "IP:PORT", value_parser = parse_addr)]
+    pub admin: Option<SocketAddr>,
+}
+
+/// What the bootstrap is made from, checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnvoyPlan {
+    /// Envoy's client-facing listener.
+    pub listen: SocketAddr,
+    /// gatewayd's picker.
+    pub picker: SocketAddr,
+    /// Envoy's admin interface, if any.
+    pub admin: Option<SocketAddr>,
+    /// Every worker's address, in configuration order: Envoy's cluster must hold each endpoint
+    /// the picker can name.
+    pub workers: Vec<SocketAddr>,
+    /// Fallback endpoints per answer, and so Envoy's retries.
+    pub fallbacks: usize,
+    /// Connect timeout to a worker, ms.
+    pub connect_timeout_ms: u64,
+    /// Longest silence on a request's stream, ms.
+    pub stream_idle_timeout_ms: u64,
+    /// The request and response headers the picker reads (lower case): Envoy sends it only these.
+    pub forwarded_headers: Vec<String>,
+    /// The `[[discovery]]` names: workers found there are picked too, but are not in the
+    /// generated cluster (a snapshot of the static workers).
+    pub discovery: Vec<String>,
+}
+
+impl EnvoyPlan {
+    /// The plan for `args`: the configuration (file or defaults) with the flags' workers and the
+    /// picker address applied, validated like gatewayd validates it at start (so a worker that is
+    /// no `http://IP:PORT` is refused here, by name).
+    pub fn from_args(args: &EnvoyConfigArgs) -> anyhow::Result<Self> {
+        let mut config = match &args.config {
+            Some(path) => Config::load(path)?,
+            None => Config::default(),
+        };
+        config
+            .workers
+            .extend(args.workers.iter().map(|url| WorkerConfig::from_url(url)));
+        config.picker.listen = Some(args.picker);
+        config.validate()?;
+        let workers = config
+            .members()?
+            .iter()
+            .map(|m| m.url.picker_endpoint().map_err(anyhow::Error::msg))
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Self {
+            listen: args.listen,
+            picker: args.picker,
+            admin: args.admin,
+            workers,
+            fallbacks: config.picker.fallbacks,
+            connect_timeout_ms: config.server.connect_timeout_ms,
+            stream_idle_timeout_ms: config.server.stream_idle_timeout_ms,
+            forwarded_headers: forwarded_headers(&config),
+            discovery: config.discovery.iter().map(|d| d.dns.clone()).collect(),
+        })
+    }
+}
+
+/// The headers the picker reads: the routing headers (explicit key, target worker, the implicit
+/// keys' `Authorization`, `X-Forwarded-For`, `Cookie`), the declared body size, the response's
+/// status. Envoy sends only these, so it encodes and the picker decodes a handful of headers per
+/// request instead of all of them, and no other header (a credential, a session cookie's
+/// neighbours) leaves Envoy.
+fn forwarded_headers(config: &Config) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    let routing = [
+        config.routing.routing_key_header.to_ascii_lowercase(),
+        config.routing.target_worker_header.to_ascii_lowercase(),
+    ];
+    let fixed = IMPLICIT_KEY_HEADERS
+        .iter()
+        .chain(&["content-length", ":status"])
+        .map(|h| (*h).to_owned());
+    for name in routing.into_iter().chain(fixed) {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
+}
+
+/// Prints the bootstrap for `args` on stdout; errors (naming the field) on stderr, exit 1.
+pub fn print(args: &EnvoyConfigArgs) -> ExitCode {
+    match EnvoyPlan::from_args(args) {
+        Ok(plan) => {
+            if !plan.discovery.is_empty() {
+                eprintln!(
+                    "warning: workers discovered in DNS ({}) are not in the generated cluster: give Envoy the same workers (EDS, a STRICT_DNS cluster, an InferencePool), or it cannot follow the picker to them (docs/envoy.md)",
+                    plan.discovery.join(", ")
+                );
+            } else if plan.workers.is_empty() {
+                eprintln!(
+                    "warning: no workers: every request through Envoy will get 503 from the picker"
+                );
+            }
+            print!("{}", bootstrap(&plan));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The Envoy v3 bootstrap for `plan`, as YAML.
+pub fn bootstrap(plan: &EnvoyPlan) -> String {
+    let mut yaml = String::with_capacity(8 * 1024);
+    let _ = write!(
+        yaml,
+        "# Envoy v3 bootstrap from `gatewayd envoy-config` (docs/envoy.md). Envoy proxies; gatewayd's\n\
+         # endpoint picker at {picker} chooses each request's worker (ext_proc, Gateway API\n\
+         # Inference Extension endpoint-picker protocol) and holds its load until the stream ends.\n\
+         node:\n  id: bch-envoy\n  cluster: bch\n",
+        picker = plan.picker,
+    );
+    if let Some(admin) = plan.admin {
+        let _ = write!(
+            yaml,
+            "admin:\n  address:\n    socket_address: {}\n",
+            socket_address(admin)
+        );
+    }
+    yaml.push_str("static_resources:\n  listeners:\n");
+    listener(&mut yaml, plan);
+    yaml.push_str("  clusters:\n");
+    workers_cluster(&mut yaml, plan);
+    picker_cluster(&mut yaml, plan);
+    yaml
+}
+
+fn listener(yaml: &mut String, plan: &EnvoyPlan) {
+    let idle = seconds(plan.stream_idle_timeout_ms);
+    let _ = write!(
+        yaml,
+        r#"  - name: bch
+    address:
+      socket_address: {listen}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: bch
+          codec_type: AUTO
+          # SSE: no whole-request deadline; a stream ends after {idle} of silence instead.
+          request_timeout: 0s
+          stream_idle_timeout: {idle}
+          # Envoy answers 500 with no body when it cannot reach the picker: make that the
+          # OpenAI-shaped 503 gatewayd itself would send. (The picker's own refusals are
+          # immediate responses with their body set, and pass unchanged.)
+          local_reply_config:
+            mappers:
+            - filter:
+                status_code_filter:
+                  comparison:
+                    op: EQ
+                    value:
+                      default_value: 500
+                      runtime_key: bch.picker_failure_status
+              status_code: {unavailable_status}
+              body:
+                inline_string: '{unavailable_body}'
+              body_format_override:
+                text_format_source:
+                  inline_string: "%LOCAL_REPLY_BODY%"
+                content_type: application/json
+          route_config:
+            name: bch
+            virtual_hosts:
+            - name: workers
+              domains: ["*"]
+              routes:
+              - match: {{ prefix: "/" }}
+                route:
+                  cluster: bch_workers
+                  timeout: 0s
+                  idle_timeout: {idle}
+                  # The picked endpoint, then its fallbacks in ring order: retried only when
+                  # nothing reached the worker, as gatewayd's own data plane does.
+                  retry_policy:
+                    retry_on: connect-failure,reset-before-request
+                    num_retries: {retries}
+          http_filters:
+          - name: envoy.filters.http.ext_proc
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+              grpc_service:
+                envoy_grpc:
+                  cluster_name: bch_picker
+              # Without the picker, requests fail (500) rather than bypass the policy.
+              failure_mode_allow: false
+              message_timeout: 1s
+              # Request headers: the pick. Response headers: the served endpoint and the x-bch-*
+              # headers. No body passes through the picker. Response trailers SEND keeps the
+              # ext_proc stream open until the response ends (a response without trailers costs
+              # no message), and the picker holds the request's load until that stream ends.
+              processing_mode:
+                request_header_mode: SEND
+                response_header_mode: SEND
+                request_body_mode: NONE
+                response_body_mode: NONE
+                request_trailer_mode: SKIP
+                response_trailer_mode: SEND
+              metadata_options:
+                forwarding_namespaces:
+                  untyped: [{lb}]
+                receiving_namespaces:
+                  untyped: [{lb}]
+              # Only what the picker reads: the routing headers, the declared size, the status.
+              forward_rules:
+                allowed_headers:
+                  patterns:
+{allowed}          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+"#,
+        listen = socket_address(plan.listen),
+        unavailable_status = GatewayError::PickerUnavailable.status().as_u16(),
+        unavailable_body = yaml_single_quoted(&GatewayError::PickerUnavailable.body()),
+        retries = plan.fallbacks,
+        lb = LB_NAMESPACE,
+        allowed = plan
+            .forwarded_headers
+            .iter()
+            .map(|h| format!("                  - exact: \"{h}\"\n"))
+            .collect::<String>(),
+    );
+}
+
+fn workers_cluster(yaml: &mut String, plan: &EnvoyPlan) {
+    let _ = write!(
+        yaml,
+        r#"  - name: bch_workers
+    type: STATIC
+    connect_timeout: {connect}
+    # Envoy goes where the picker says: the first endpoint of its list, the next one on a retry.
+    load_balancing_policy:
+      policies:
+      - typed_extension_config:
+          name: envoy.load_balancing_policies.override_host
+          typed_config:
+            "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost
+            override_host_sources:
+            - metadata:
+                key: {lb}
+                path:
+                - key: {destination}
+            # Tells the picker which endpoint served (the load moves there after a retry).
+            selected_host_key:
+              key: {lb}
+              path:
+              - key: {served}
+            # Used only if no picked endpoint is in this cluster.
+            fallback_policy:
+              policies:
+              - typed_extension_config:
+                  name: envoy.load_balancing_policies.round_robin
+                  typed_config:
+                    "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin
+{breakers}    load_assignment:
+      cluster_name: bch_workers
+      endpoints:
+      - lb_endpoints:
+"#,
+        connect = seconds(plan.connect_timeout_ms),
+        lb = LB_NAMESPACE,
+        destination = DESTINATION_KEY,
+        served = SERVED_KEY,
+        breakers = circuit_breakers(),
+    );
+    if plan.workers.is_empty() {
+        yaml.truncate(yaml.len() - "      - lb_endpoints:\n".len());
+        yaml.push_str("      - lb_endpoints: []\n");
+    }
+    for worker in &plan.workers {
+        let _ = writeln!(
+            yaml,
+            "        - endpoint:\n            address:\n              socket_address: {}",
+            socket_address(*worker)
+        );
+    }
+}
+
+fn picker_cluster(yaml: &mut String, plan: &EnvoyPlan) {
+    let _ = write!(
+        yaml,
+        r#"  - name: bch_picker
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config:
+          http2_protocol_options:
+            connection_keepalive:
+              interval: 20s
+              timeout: 10s
+{breakers}    load_assignment:
+      cluster_name: bch_picker
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address: {picker}
+"#,
+        breakers = circuit_breakers(),
+        picker = socket_address(plan.picker),
+    );
+}
+
+/// Envoy's defaults (1,024 connections, requests and pending requests, 3 concurrent retries per
+/// cluster) would refuse a fleet's held streams long before gatewayd would; raised out of the way.
+fn circuit_breakers() -> &'static str {
+    "    circuit_breakers:\n      thresholds:\n      - max_connections: 1000000\n        max_pending_requests: 1000000\n        max_requests: 1000000\n        max_retries: 1000000\n"
+}
+
+fn socket_address(addr: SocketAddr) -> String {
+    format!(
+        "{{ address: \"{}\", port_value: {} }}",
+        addr.ip(),
+        addr.port()
+    )
+}
+
+/// The inside of a single-quoted YAML scalar (quotes doubled).
+fn yaml_single_quoted(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).replace('\'', "''")
+}
+
+fn seconds(ms: u64) -> String {
+    if ms.is_multiple_of(1000) {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{}.{:03}s", ms / 1000, ms % 1000)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(workers: &[&str]) -> EnvoyPlan {
+        EnvoyPlan {
+            listen: "127.0.0.1:10000".parse().unwrap(),
+            picker: "127.0.0.1:9002".parse().unwrap(),
+            admin: None,
+            workers: workers.iter().map(|w| w.parse().unwrap()).collect(),
+            fallbacks: 2,
+            connect_timeout_ms: 2000,
+            stream_idle_timeout_ms: 300_500,
+            forwarded_headers: forwarded_headers(&Config::default()),
+            discovery: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_bootstrap_names_every_worker_and_the_protocol_keys() {
+        let yaml = bootstrap(&plan(&["127.0.0.1:8101", "[::1]:8102"]));
+        assert!(yaml.contains("socket_address: { address: \"127.0.0.1\", port_value: 8101 }"));
+        assert!(yaml.contains("socket_address: { address: \"::1\", port_value: 8102 }"));
+        assert!(yaml.contains("- key: x-gateway-destination-endpoint\n"));
+        assert!(yaml.contains("- key: x-gateway-destination-endpoint-served\n"));
+        assert!(yaml.contains("failure_mode_allow: false"));
+        assert!(yaml.contains("response_trailer_mode: SEND"));
+        for header in [
+            "x-smg-routing-key",
+            "x-smg-target-worker",
+            "authorization",
+            ":status",
+        ] {
+            assert!(
+                yaml.contains(&format!("- exact: \"{header}\"\n")),
+                "{header}"
+            );
+        }
+        assert!(yaml.contains(r#"inline_string: '{"error":{"message":"the endpoint picker is unavailable","type":"gateway_error","code":"picker_unavailable"}}'"#));
+        assert!(yaml.contains("num_retries: 2"));
+        assert!(yaml.contains("stream_idle_timeout: 300.500s"));
+        assert!(!yaml.contains("admin:"));
+        assert!(!yaml.contains('\t'));
+    }
+
+    #[test]
+    fn an_empty_fleet_is_an_empty_endpoint_list() {
+        let yaml = bootstrap(&plan(&[]));
+        assert!(yaml.contains("      - lb_endpoints: []\n  - name: bch_picker"));
+    }
+}

@@ -1,0 +1,85 @@
+//! A picker session without a gRPC server around it, so a test can measure the state machine
+//! itself: what deciding and answering allocate per request, apart from tonic's and prost's
+//! decoding of Envoy's message. Not part of gatewayd's API (`gatewayd::testing`).
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use bch_core::router::Router;
+use envoy_types::pb::envoy::config::core::v3::HeaderMap;
+use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
+use tokio_util::sync::CancellationToken;
+
+use super::plane::PickerPlane;
+use super::session::Session;
+use crate::config::Config;
+use crate::config::runtime::RuntimeSettings;
+use crate::metrics::Metrics;
+use crate::routing::{Exchange, Routing};
+use crate::telemetry::Telemetry;
+
+/// One picker over `config`'s workers and policy, and the current ext_proc session on it. Needs a
+/// tokio runtime (telemetry's aggregator runs as a task until the probe is dropped).
+pub struct SessionProbe {
+    plane: Arc<PickerPlane>,
+    session: Session,
+    shutdown: CancellationToken,
+}
+
+impl SessionProbe {
+    /// A picker as `config` describes it (validated first; the error names the field).
+    pub fn new(config: &Config) -> anyhow::Result<Self> {
+        config.validate()?;
+        let members = config.members()?;
+        let router = Arc::new(Router::new(
+            members.iter().map(|m| m.spec.clone()).collect(),
+            config.policy.settings(),
+        )?);
+        let metrics = Arc::new(Metrics::default());
+        let shutdown = CancellationToken::new();
+        let telemetry = Telemetry::start(
+            Arc::clone(&router),
+            &config.telemetry,
+            Arc::clone(&metrics),
+            shutdown.clone(),
+        );
+        let routing = Arc::new(Routing {
+            router,
+            settings: Arc::new(ArcSwap::from_pointee(RuntimeSettings::from_config(config))),
+            metrics,
+            telemetry,
+        });
+        let plane = Arc::new(PickerPlane::new(routing));
+        Ok(Self {
+            session: Session::new(Arc::clone(&plane)),
+            plane,
+            shutdown,
+        })
+    }
+
+    /// The current session's answer to `message`.
+    pub fn answer(&mut self, message: &ProcessingRequest) -> Option<ProcessingResponse> {
+        self.session.on_message(message)
+    }
+
+    /// Ends the current session (as when Envoy closes the stream) and starts the next one.
+    pub fn next_stream(&mut self) {
+        self.session = Session::new(Arc::clone(&self.plane));
+    }
+
+    /// The routing step alone, on Envoy's header list: the decision and the load it reserves
+    /// (released before this returns); `true` when a worker was chosen.
+    pub fn decide(&self, headers: &HeaderMap) -> bool {
+        let routing = &self.plane.routing;
+        let head = crate::picker::messages::head(headers);
+        let mut exchange = Exchange::begin(Arc::clone(routing), std::time::Instant::now(), head);
+        let settings = routing.settings.load();
+        crate::routing::route(routing, &settings, headers, &mut exchange).is_ok()
+    }
+}
+
+impl Drop for SessionProbe {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}

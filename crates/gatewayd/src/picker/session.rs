@@ -1,0 +1,216 @@
+//! One ext_proc stream, which Envoy opens for one HTTP request: the picker's state machine.
+//!
+//! - The request headers (the first message; its `protocol_config` needs no answer) are routed by
+//!   the step the data plane uses ([`crate::routing::route`]): the decision reserves load on the
+//!   chosen worker, and the answer names it and its fallbacks. A refusal (no healthy worker, a
+//!   target-worker miss, a declared body over the limit) is an immediate response in the OpenAI
+//!   shape, and the request ends there.
+//! - The response headers say which endpoint Envoy served from. If it is a fallback, the chosen
+//!   worker's connect failed (Envoy retries only connect failures onto fallbacks): that counts as
+//!   the data plane counts a failed connect, and the load moves to the worker that served. The
+//!   answer adds `x-bch-worker` and `x-bch-branch`.
+//! - The load is held by the session's [`Exchange`] and released exactly once, by dropping it:
+//!   at the end of the response (a last body chunk or trailers, when Envoy sends them; a response
+//!   without a body) or when the stream ends for any reason — Envoy closes it after the response,
+//!   the client aborted, the upstream failed, Envoy gave up on the picker, or the connection to
+//!   Envoy broke.
+//!
+//! Every message Envoy sends gets exactly one answer, in the shape its kind needs.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bch_core::policy::Branch;
+use bch_core::router::RoutingTable;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    HttpHeaders, ProcessingRequest, ProcessingResponse,
+};
+
+use super::endpoints::{Addresses, Listed, endpoint_list};
+use super::messages;
+use super::plane::PickerPlane;
+use crate::error::GatewayError;
+use crate::routing::{Choice, Exchange};
+
+/// The state of one ext_proc stream. Dropping it ends the request (see the module docs).
+pub struct Session {
+    plane: Arc<PickerPlane>,
+    /// Set by the request headers; the second one on a stream is answered but not routed.
+    seen_request: bool,
+    /// The routed request holding load, until the response ends.
+    held: Option<Held>,
+}
+
+/// A routed request: its exchange (record and load guard) and where the load is.
+struct Held {
+    exchange: Exchange,
+    table: Arc<RoutingTable>,
+    addresses: Arc<Addresses>,
+    worker: usize,
+    branch: Branch,
+    /// The workers Envoy was given: the chosen one and its fallbacks.
+    listed: Listed,
+}
+
+impl Session {
+    /// A new stream, before its first message.
+    pub fn new(plane: Arc<PickerPlane>) -> Self {
+        Self {
+            plane,
+            seen_request: false,
+            held: None,
+        }
+    }
+
+    /// The answer to one message from Envoy; `None` when the message needs none.
+    pub fn on_message(&mut self, message: &ProcessingRequest) -> Option<ProcessingResponse> {
+        let request = message.request.as_ref()?;
+        tracing::trace!(message = kind(request), "ext_proc message");
+        match request {
+            Request::RequestHeaders(headers) if !self.seen_request => {
+                self.seen_request = true;
+                return Some(self.on_request_headers(headers));
+            }
+            Request::ResponseHeaders(headers) => {
+                if let Some(held) = self.held.as_mut() {
+                    let answer = held.on_response_headers(&self.plane, message, headers);
+                    if headers.end_of_stream {
+                        // No body follows (204, 304, HEAD, `Content-Length: 0`): the response
+                        // ends here.
+                        self.finish();
+                    }
+                    return Some(answer);
+                }
+            }
+            Request::ResponseBody(body) if body.end_of_stream => self.finish(),
+            Request::ResponseTrailers(_) => self.finish(),
+            _ => {}
+        }
+        messages::continue_unchanged(message)
+    }
+
+    fn on_request_headers(&mut self, message: &HttpHeaders) -> ProcessingResponse {
+        let routing = &self.plane.routing;
+        let headers = messages::headers(message);
+        let head = messages::head(headers);
+        let mut exchange = Exchange::begin(Arc::clone(routing), Instant::now(), head);
+        let settings = routing.settings.load();
+        let choice = match crate::routing::route(routing, &settings, headers, &mut exchange) {
+            Ok(choice) => choice,
+            Err(error) => return refuse(exchange, &error),
+        };
+        let addresses = self.plane.addresses.for_table(&choice.table);
+        let mut endpoints = String::with_capacity(24 * (1 + settings.picker_fallbacks));
+        let Some(listed) = endpoint_list(
+            &choice.table,
+            &addresses,
+            &choice,
+            settings.picker_fallbacks,
+            &mut endpoints,
+        ) else {
+            let worker = choice.table.workers()[choice.worker].spec.name.clone();
+            return refuse(exchange, &GatewayError::BadUpstreamUri { worker });
+        };
+        let Choice {
+            table,
+            worker,
+            branch,
+            ..
+        } = choice;
+        self.held = Some(Held {
+            exchange,
+            table,
+            addresses,
+            worker,
+            branch,
+            listed,
+        });
+        messages::pick(endpoints)
+    }
+
+    /// The response ended: the exchange ends (load released, telemetry told, request logged).
+    fn finish(&mut self) {
+        self.held = None;
+    }
+}
+
+impl Held {
+    /// Records the response (status, time to its headers), follows a fallback Envoy served from,
+    /// and answers with `x-bch-worker` and `x-bch-branch`.
+    fn on_response_headers(
+        &mut self,
+        plane: &PickerPlane,
+        message: &ProcessingRequest,
+        headers: &HttpHeaders,
+    ) -> ProcessingResponse {
+        self.exchange.headers_arrived();
+        if let Some(status) = messages::status(messages::headers(headers)) {
+            self.exchange.set_status(status);
+        }
+        if let Some(served) = messages::served_endpoint(message) {
+            let chosen = self.addresses.get(self.worker).map(|a| a.addr);
+            if chosen != Some(served) {
+                self.follow_fallback(plane, served);
+            }
+        }
+        let worker = self
+            .exchange
+            .holds_load()
+            .then(|| self.table.workers()[self.worker].spec.name.as_str());
+        messages::annotate(worker, self.branch)
+    }
+
+    /// Envoy served the request from `served`, not the chosen worker. A listed fallback means the
+    /// chosen worker's connect failed (counted, and with passive health marked unhealthy, as on
+    /// the data plane) and the load moves there. Any other worker means Envoy did not follow the
+    /// pick (its cluster lacks the listed endpoints): nothing is counted against the chosen one,
+    /// and the load moves to the worker that served. An address that is no worker of the table
+    /// releases the load: nothing of ours serves it.
+    fn follow_fallback(&mut self, plane: &PickerPlane, served: std::net::SocketAddr) {
+        let routing = &plane.routing;
+        let next = self.addresses.index_of(served);
+        let given = next.is_some_and(|next| self.listed.contains(next));
+        if given {
+            let settings = routing.settings.load();
+            routing.connect_failed(
+                &settings,
+                &self.table,
+                self.worker,
+                &mut self.exchange,
+                "Envoy served a fallback endpoint",
+            );
+        } else {
+            tracing::warn!(%served, "Envoy served an endpoint it was not given (does its cluster hold every worker?)");
+        }
+        let moved = next.and_then(|next| Some((next, routing.router.reserve(&self.table, next)?)));
+        let Some((next, guard)) = moved else {
+            self.exchange.release();
+            return;
+        };
+        if given {
+            routing.moved(&mut self.exchange, guard, next);
+        } else {
+            self.exchange.move_to(guard, next);
+        }
+        self.worker = next;
+    }
+}
+
+/// The answer to a refused request; its exchange ends here (logged with the refusal's status).
+fn refuse(mut exchange: Exchange, error: &GatewayError) -> ProcessingResponse {
+    exchange.set_status(error.status());
+    messages::refuse(error, exchange.branch())
+}
+
+/// The name of a message's kind, for trace lines.
+fn kind(request: &Request) -> &'static str {
+    match request {
+        Request::RequestHeaders(_) => "request_headers",
+        Request::ResponseHeaders(_) => "response_headers",
+        Request::RequestBody(_) => "request_body",
+        Request::ResponseBody(_) => "response_body",
+        Request::RequestTrailers(_) => "request_trailers",
+        Request::ResponseTrailers(_) => "response_trailers",
+    }
+}

@@ -1,0 +1,118 @@
+//! The routing step both front ends share — the data plane (`proxy`) and Envoy's endpoint picker
+//! (`picker`): the declared body size, the routing key, the decision and the load it reserves,
+//! the branch metric and the telemetry event, in that order, from one function ([`route`]), so a
+//! request is placed and counted the same way whichever front end received it.
+//!
+//! Files: [`handle`] (the narrow handle, [`Routing`]), [`exchange`] (one request's record and load
+//! guard), [`key`] (key and size from either kind of header list).
+
+pub mod exchange;
+pub mod handle;
+pub mod key;
+
+use std::sync::Arc;
+
+use bch_core::load::LoadGuard;
+use bch_core::policy::Branch;
+use bch_core::router::RoutingTable;
+
+pub use exchange::Exchange;
+pub use handle::Routing;
+pub use key::HeaderLookup;
+
+use crate::config::runtime::RuntimeSettings;
+use crate::error::GatewayError;
+use crate::telemetry::keys::KeyTag;
+use crate::upstream::ClientBodyError;
+use key::{content_length, extract_key};
+
+/// Where a routed request went: the table it was decided on, the worker that holds its load (the
+/// guard is in the [`Exchange`]), the branch, and the key's ring position when it has one (the
+/// start of its fallback walk).
+#[derive(Debug, Clone)]
+pub struct Choice {
+    /// The routing table the decision used; `worker` indexes it.
+    pub table: Arc<RoutingTable>,
+    /// The chosen worker, an index into `table.workers()`.
+    pub worker: usize,
+    /// Why this worker.
+    pub branch: Branch,
+    /// Ring position of the explicit or implicit key; `None` for target-worker and keyless
+    /// requests.
+    pub position: Option<u64>,
+}
+
+/// Checks the declared body size against `max_body_bytes` (413), extracts the routing key, decides
+/// and takes load on the chosen worker in one step, counts the branch, tells telemetry, and hands
+/// the load guard to `exchange`. A refusal (413, counted as the client's fault; no worker at all,
+/// no healthy worker, a target-worker miss) is the `GatewayError` to answer with; the exchange
+/// already knows the branch.
+pub fn route<H: HeaderLookup + ?Sized>(
+    routing: &Routing,
+    settings: &RuntimeSettings,
+    headers: &H,
+    exchange: &mut Exchange,
+) -> Result<Choice, GatewayError> {
+    let limit = settings.max_body_bytes;
+    if let Some(length) = content_length(headers).filter(|l| *l > limit) {
+        let reason = ClientBodyError::TooLarge.reason();
+        routing.metrics.record_client_body_error(reason);
+        exchange.record_client_fault(reason);
+        return Err(GatewayError::PayloadTooLarge {
+            length: Some(length),
+            limit,
+        });
+    }
+    let extracted = extract_key(&settings.routing_headers, headers);
+    if let Some(reason) = extracted.ignored_explicit {
+        routing.metrics.record_ignored_key(reason);
+    }
+    let mut routed = routing.router.route(&extracted.key);
+    let decision = routed.decision;
+    routing.metrics.record_branch(decision.branch);
+    let key = KeyTag::from_key(&extracted.key, settings.redact_keys);
+    routing
+        .telemetry
+        .routed(&routed.table, &decision, key.clone());
+    exchange.routed(&routed.table, &decision, routed.guard.take(), key);
+    let Some(worker) = decision.worker else {
+        return Err(match decision.branch {
+            Branch::TargetWorkerMiss => GatewayError::TargetWorkerMiss,
+            _ if routed.table.workers().is_empty() => GatewayError::NoWorkers,
+            _ => GatewayError::NoHealthyWorkers,
+        });
+    };
+    Ok(Choice {
+        table: routed.table,
+        worker,
+        branch: decision.branch,
+        position: extracted.key.position(),
+    })
+}
+
+impl Routing {
+    /// A connection to `worker` failed before anything of the request reached it: the error
+    /// counts against the worker the exchange holds, and with passive health on the worker is
+    /// marked unhealthy until probes bring it back. `cause` is for the log line.
+    pub fn connect_failed(
+        &self,
+        settings: &RuntimeSettings,
+        table: &RoutingTable,
+        worker: usize,
+        exchange: &mut Exchange,
+        cause: &str,
+    ) {
+        exchange.record_error();
+        let name = &table.workers()[worker].spec.name;
+        if settings.passive_health && self.router.set_health(name, false) {
+            tracing::warn!(worker = %name, error = %cause, "connect failed; marked unhealthy until probes succeed");
+        }
+    }
+
+    /// The request moved to `worker` after a failed connect, with `guard` its load there: the
+    /// first worker's load and telemetry end now, and the retry is counted.
+    pub fn moved(&self, exchange: &mut Exchange, guard: LoadGuard, worker: usize) {
+        self.metrics.record_retry();
+        exchange.move_to(guard, worker);
+    }
+}

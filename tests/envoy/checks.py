@@ -1,0 +1,505 @@
+"""Envoy 1.40 with gatewayd as its endpoint picker, in front of bch-drill simulated workers.
+
+Started by tests/envoy/run.sh. Starts every process itself on free loopback ports (three workers,
+one bch-drill process each so one can be killed; gatewayd with only the picker and the control
+plane; Envoy with the bootstrap `gatewayd envoy-config` prints) and runs, in order:
+
+  landing      200 keyed requests through Envoy land where `gatewayd explain` says
+  sse          1,000 SSE streams through Envoy equal the worker's own answer to the same request
+  aborts       200 clients abort mid-stream: every worker's load is 0 within 100 ms
+  burst        eight held same-key streams land 6:2 at gaps 0, 1, 2, 4 and 8:0 when strict
+  worker-kill  a killed worker: the request reaches the next fallback and the load follows it
+  target-miss  an unknown target worker: an immediate 503 in the OpenAI shape
+  picker-kill  a killed picker: requests get Envoy's 503 picker_unavailable, streams are cut;
+               after a restart requests flow and the counters add up
+  empty-fleet  no workers: an immediate 503 no_healthy_workers in the OpenAI shape
+
+Prints one line per check and ends with `envoy: N passed, M failed`. Standard library only.
+"""
+
+import argparse
+import concurrent.futures
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+ARGS = None
+PROCS = []
+RESULTS = []
+
+
+# ------------------------------------------------------------------------------------- plumbing
+def free_ports(n):
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+class Proc:
+    def __init__(self, name, cmd, stdout=None):
+        self.name, self.cmd = name, cmd
+        self.log = open(os.path.join(ARGS.work, f"{name}.log"), "ab")
+        self.p = subprocess.Popen(cmd, stdout=stdout or self.log, stderr=self.log)
+        PROCS.append(self)
+
+    def stop(self, sig=signal.SIGTERM, wait=10):
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+            try:
+                self.p.wait(wait)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+
+
+def wait_port(port, what, seconds=30, proc=None):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if proc is not None and proc.p.poll() is not None:
+            raise RuntimeError(f"{what} exited (log {proc.log.name})")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} not listening on {port} after {seconds} s")
+
+
+def request(port, path, method="GET", body=None, headers=None, timeout=30):
+    """One HTTP/1.1 exchange: (status, lower-cased headers, body bytes)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    all_headers = {"content-type": "application/json"} if data is not None else {}
+    all_headers.update(headers or {})
+    conn.request(method, path, body=data, headers=all_headers)
+    response = conn.getresponse()
+    payload = response.read()
+    result = (response.status, {k.lower(): v for k, v in response.getheaders()}, payload)
+    conn.close()
+    return result
+
+
+def chat(key=None, prompt="hello", max_tokens=4, stream=False, extra=None):
+    headers = dict(extra or {})
+    if key is not None:
+        headers["x-smg-routing-key"] = key
+    body = {"model": "m", "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens, "stream": stream}
+    return body, headers
+
+
+class Held:
+    """A streaming request held open on a raw socket: sent, headers and first event read."""
+
+    def __init__(self, port, key, max_tokens=100000, extra=None):
+        body, headers = chat(key, prompt=f"held {key}", max_tokens=max_tokens, stream=True, extra=extra)
+        data = json.dumps(body).encode()
+        lines = [f"POST /v1/chat/completions HTTP/1.1", "host: envoy", "content-type: application/json",
+                 f"content-length: {len(data)}"] + [f"{k}: {v}" for k, v in headers.items()]
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
+        self.buffer = b""
+        while b"\r\n\r\n" not in self.buffer or b"data:" not in self.buffer.split(b"\r\n\r\n", 1)[1]:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise RuntimeError(f"stream closed before its first event: {self.buffer[:300]!r}")
+            self.buffer += chunk
+        head = self.buffer.split(b"\r\n\r\n", 1)[0].decode()
+        self.status = int(head.split(" ")[1])
+        self.headers = {k.strip().lower(): v.strip()
+                        for k, v in (line.split(":", 1) for line in head.split("\r\n")[1:])}
+
+    def read_to_end(self, seconds=30):
+        """Reads until the server closes or ends the chunked body; True if it ended."""
+        self.sock.settimeout(seconds)
+        try:
+            while not self.buffer.endswith(b"0\r\n\r\n"):
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    return True
+                self.buffer += chunk
+        except OSError:
+            return False
+        return True
+
+    def close(self):
+        self.sock.close()
+
+
+# ------------------------------------------------------------------------------------- the fleet
+class Fleet:
+    def __init__(self):
+        (self.envoy_port, self.admin_port, self.picker_port, self.control_port,
+         self.data_port, *self.worker_ports) = free_ports(8)
+        self.names = [f"w{i}" for i in range(len(self.worker_ports))]
+        self.urls = [f"http://127.0.0.1:{p}" for p in self.worker_ports]
+        self.workers = [None] * len(self.worker_ports)
+        self.config = os.path.join(ARGS.work, "gatewayd.toml")
+        with open(self.config, "w") as f:
+            f.write(f"""[server]
+listen = "127.0.0.1:{self.data_port}"
+control_listen = "127.0.0.1:{self.control_port}"
+data_plane = false
+shutdown_grace_ms = 1000
+
+[picker]
+listen = "127.0.0.1:{self.picker_port}"
+fallbacks = 2
+
+[policy]
+kind = "bounded_consistent_hashing"
+min_load_gap = 2
+max_load_skew = 1.5
+
+[health]
+# Slow probes: the worker-kill check wants Envoy, not a probe, to find the dead worker first.
+interval_ms = 5000
+
+[log]
+level = "warn"
+""")
+            for name, url in zip(self.names, self.urls):
+                f.write(f'\n[[workers]]\nname = "{name}"\nurl = "{url}"\n')
+        for i in range(len(self.worker_ports)):
+            self.start_worker(i)
+        self.start_gatewayd()
+        yaml = os.path.join(ARGS.work, "envoy.yaml")
+        with open(yaml, "w") as out:
+            subprocess.run([ARGS.gatewayd, "envoy-config", "--listen", f"127.0.0.1:{self.envoy_port}",
+                            "--picker", f"127.0.0.1:{self.picker_port}", "--config", self.config,
+                            "--admin", f"127.0.0.1:{self.admin_port}"], stdout=out, check=True)
+        self.envoy = Proc("envoy", [ARGS.envoy, "-c", yaml, "--disable-hot-restart", "-l", "warning",
+                                    "--concurrency", "2"])
+        wait_port(self.envoy_port, "envoy", proc=self.envoy)
+        # Ready when a request makes it through Envoy, the picker and a worker.
+        deadline = time.time() + 30
+        while True:
+            body, headers = chat("warm-up")
+            status, _, _ = request(self.envoy_port, "/v1/chat/completions", "POST", body, headers)
+            if status == 200:
+                break
+            if time.time() > deadline:
+                raise RuntimeError(f"no 200 through Envoy (last {status})")
+            time.sleep(0.2)
+        # Workers take traffic once their first probe passed ([health] wait_for_first_probe): a
+        # worker that was not listening yet at the first round would otherwise be out until the
+        # next one, 5 s later, and its keys elsewhere.
+        while not all(w["healthy"] for w in self.workers_now().values()):
+            if time.time() > deadline:
+                raise RuntimeError(f"not every worker passed its first probe: {self.workers_now()}")
+            time.sleep(0.1)
+        self.wait_idle()
+
+    def start_worker(self, i):
+        self.workers[i] = Proc(f"worker-{i}", [
+            ARGS.drill, "workers", "--count", "1", "--base-port", str(self.worker_ports[i]),
+            "--time-scale", "1", "--cache-blocks", "0", "--max-batch", "100000",
+            "--prefill-base-ms", "0", "--prefill-us-per-token", "0",
+            "--decode-base-ms", "10", "--decode-per-running-ms", "0"])
+        wait_port(self.worker_ports[i], f"worker {i}", proc=self.workers[i])
+
+    def start_gatewayd(self):
+        self.gatewayd = Proc("gatewayd", [ARGS.gatewayd, "--config", self.config])
+        wait_port(self.picker_port, "the picker", proc=self.gatewayd)
+        wait_port(self.control_port, "the control plane", proc=self.gatewayd)
+
+    def workers_now(self):
+        # One kept-alive connection: polls cost one exchange, not a connect each.
+        for attempt in (0, 1):
+            try:
+                if getattr(self, "control", None) is None:
+                    self.control = http.client.HTTPConnection("127.0.0.1", self.control_port, timeout=10)
+                self.control.request("GET", "/admin/workers")
+                body = self.control.getresponse().read()
+                return {w["name"]: w for w in json.loads(body)["workers"]}
+            except (OSError, http.client.HTTPException):
+                self.control = None
+                if attempt:
+                    raise
+
+    def active(self):
+        return {name: w["active"] for name, w in self.workers_now().items()}
+
+    def metric(self, name):
+        _, _, body = request(self.control_port, "/metrics")
+        for line in body.decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+        return 0.0
+
+    def wait_active(self, total, seconds=10):
+        deadline = time.time() + seconds
+        while True:
+            loads = self.active()
+            if sum(loads.values()) == total:
+                return loads
+            if time.time() > deadline:
+                raise AssertionError(f"expected {total} in flight, have {loads}")
+            time.sleep(0.002)
+
+    def wait_idle(self, seconds=10):
+        return self.wait_active(0, seconds)
+
+    def url_of(self, name):
+        return self.urls[self.names.index(name)]
+
+    def name_of(self, url):
+        return self.names[self.urls.index(url)]
+
+
+def explain(workers, keys, policy="bounded_consistent_hashing"):
+    """`gatewayd explain --batch`: the worker URL each key gets on an idle fleet of `workers`."""
+    lines = "".join(json.dumps({"workers": workers, "routing_key": k, "explicit": True,
+                                "min_load_gap": 2, "max_load_skew": 1.5, "policy": policy}) + "\n"
+                    for k in keys)
+    out = subprocess.run([ARGS.gatewayd, "explain", "--batch"], input=lines.encode(),
+                         capture_output=True, check=True).stdout.decode()
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def check(name):
+    def wrap(fn):
+        def run(fleet):
+            started = time.time()
+            try:
+                detail = fn(fleet) or ""
+                RESULTS.append((name, True))
+                print(f"PASS {name} ({time.time() - started:.1f} s) {detail}", flush=True)
+            except Exception as error:  # a failed check must not stop the others
+                RESULTS.append((name, False))
+                print(f"FAIL {name}: {type(error).__name__}: {error}", flush=True)
+                try:
+                    fleet.wait_idle(5)
+                except Exception:
+                    pass
+        return run
+    return wrap
+
+
+def assert_openai_error(status, headers, body, want_status, code):
+    assert status == want_status, (status, body[:200])
+    assert headers.get("content-type") == "application/json", headers
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "code"}, error
+    assert (error["type"], error["code"]) == ("gateway_error", code), error
+
+
+# ------------------------------------------------------------------------------------- the checks
+@check("landing")
+def landing(fleet):
+    keys = [f"user-{i:03d}" for i in range(200)]
+    expected = explain(fleet.urls, keys)
+    for key, want in zip(keys, expected):
+        body, headers = chat(key, max_tokens=1)
+        status, got, _ = request(fleet.envoy_port, "/v1/chat/completions", "POST", body, headers)
+        assert status == 200, (key, status)
+        assert got["x-bch-branch"] == "explicit_routing_key_hit", (key, got)
+        assert fleet.url_of(got["x-bch-worker"]) == want["worker"], (key, got["x-bch-worker"], want)
+    fleet.wait_idle()
+    spread = {n: sum(1 for w in expected if w["worker"] == fleet.url_of(n)) for n in fleet.names}
+    return f"200 keys, per worker {spread}"
+
+
+SSE_VOLATILE = re.compile(rb'"(id|created)":("[^"]*"|\d+)')
+
+
+def normalized(body):
+    """The SSE body with the two fields the worker changes on every response blanked: `id` (its
+    request counter) and `created` (the clock second)."""
+    return SSE_VOLATILE.sub(rb'"\1":_', body)
+
+
+@check("sse")
+def sse(fleet):
+    def one(i):
+        body, headers = chat(f"sse-{i % 97}", prompt=f"stream number {i}", max_tokens=6, stream=True)
+        status, got, via_envoy = request(fleet.envoy_port, "/v1/chat/completions", "POST", body, headers)
+        assert status == 200 and got["content-type"].startswith("text/event-stream"), (status, got)
+        port = int(fleet.url_of(got["x-bch-worker"]).rsplit(":", 1)[1])
+        status, _, direct = request(port, "/v1/chat/completions", "POST", body, headers)
+        assert status == 200
+        assert via_envoy.count(b"data: ") == 8 and via_envoy.endswith(b"data: [DONE]\n\n"), via_envoy[-200:]
+        assert normalized(via_envoy) == normalized(direct), (i, via_envoy[:300], direct[:300])
+        return len(via_envoy)
+
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        sizes = list(pool.map(one, range(1000)))
+    fleet.wait_idle()
+    return f"1000 streams, {sum(sizes)} bytes, equal to the direct answers"
+
+
+@check("aborts")
+def aborts(fleet):
+    before = {n: w["requests_total"] for n, w in fleet.workers_now().items()}
+    held = [Held(fleet.envoy_port, f"abort-{i}") for i in range(200)]
+    assert all(h.status == 200 for h in held)
+    fleet.wait_active(200)
+    for h in held:
+        h.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    first = time.time()
+    for h in held:
+        h.close()
+    closed = time.time()  # the last client is gone: from here every counter must reach 0
+    while sum(fleet.active().values()) != 0:
+        assert time.time() - closed < 5, fleet.active()
+        time.sleep(0.001)
+    elapsed_ms = (time.time() - closed) * 1000
+    after = fleet.workers_now()
+    routed = sum(after[n]["requests_total"] - before[n] for n in after)
+    assert routed == 200, routed
+    assert elapsed_ms <= 100, f"{elapsed_ms:.0f} ms until every counter was 0"
+    return f"all counters 0 {elapsed_ms:.0f} ms after the last close ({(closed - first) * 1000:.0f} ms to close all 200)"
+
+
+@check("burst")
+def burst(fleet):
+    # Two idle workers, as in docs/policy.md's 6:2 burst: take w2 out of the picker's membership
+    # (Envoy's cluster keeps it; the picker no longer names it).
+    status, _, body = request(fleet.control_port, "/admin/workers/w2", "DELETE")
+    assert status == 200, body
+    seen = []
+    for kind, gap, want in [("bounded_consistent_hashing", 0, [6, 2]),
+                            ("bounded_consistent_hashing", 1, [6, 2]),
+                            ("bounded_consistent_hashing", 2, [6, 2]),
+                            ("bounded_consistent_hashing", 4, [6, 2]),
+                            ("consistent_hashing", 2, [8, 0])]:
+        status, _, body = request(fleet.control_port, "/admin/policy", "PUT",
+                                  {"kind": kind, "min_load_gap": gap})
+        assert status == 200, body
+        held = []
+        for i in range(8):
+            held.append(Held(fleet.envoy_port, "session-a"))
+            fleet.wait_active(i + 1)
+        loads = sorted(fleet.active().values(), reverse=True)
+        by_header = {}
+        for h in held:
+            by_header[h.headers["x-bch-worker"]] = by_header.get(h.headers["x-bch-worker"], 0) + 1
+        for h in held:
+            h.close()
+        fleet.wait_idle()
+        assert loads[:2] == want, (kind, gap, loads)
+        assert sorted(by_header.values(), reverse=True) + [0] * (2 - len(by_header)) == want, by_header
+        seen.append(f"{'gap ' + str(gap) if kind.startswith('bounded') else 'strict'} {loads[0]}:{loads[1]}")
+    status, _, body = request(fleet.control_port, "/admin/policy", "PUT",
+                              {"kind": "bounded_consistent_hashing", "min_load_gap": 2})
+    assert status == 200, body
+    return ", ".join(seen)
+
+
+@check("worker-kill")
+def worker_kill(fleet):
+    members = [fleet.url_of("w0"), fleet.url_of("w1")]
+    keys = [f"victim-{i}" for i in range(50)]
+    key = next(k for k, a in zip(keys, explain(members, keys)) if a["worker"] == fleet.url_of("w0"))
+    retries = fleet.metric("bch_retries_total")
+    errors = fleet.workers_now()["w0"]["errors_total"]
+    first = Held(fleet.envoy_port, key)
+    assert first.headers["x-bch-worker"] == "w0", first.headers
+    fleet.workers[0].stop(signal.SIGKILL)
+    first.read_to_end(10)
+    first.close()
+    fleet.wait_idle()  # the cut stream released its load
+    second = Held(fleet.envoy_port, key)
+    assert second.status == 200 and second.headers["x-bch-worker"] == "w1", second.headers
+    loads = fleet.active()
+    assert loads == {"w0": 0, "w1": 1}, loads
+    assert fleet.metric("bch_retries_total") == retries + 1
+    now = fleet.workers_now()
+    assert now["w0"]["errors_total"] == errors + 1 and not now["w0"]["healthy"], now["w0"]
+    second.close()
+    fleet.wait_idle()
+    # Back for the next checks; probes bring it back within healthy_threshold rounds.
+    fleet.start_worker(0)
+    return "the fallback w1 served, and holds the load"
+
+
+@check("target-miss")
+def target_miss(fleet):
+    body, headers = chat(extra={"x-smg-target-worker": "nope"})
+    status, got, payload = request(fleet.envoy_port, "/v1/chat/completions", "POST", body, headers)
+    assert_openai_error(status, got, payload, 503, "target_worker_miss")
+    assert got["x-bch-branch"] == "target_worker_miss", got
+    fleet.wait_idle()
+
+
+@check("picker-kill")
+def picker_kill(fleet):
+    held = Held(fleet.envoy_port, "session-b")
+    fleet.gatewayd.stop(signal.SIGKILL)
+    cut = held.read_to_end(10)
+    assert cut and not held.buffer.endswith(b"data: [DONE]\n\n0\r\n\r\n"), "the held stream was cut"
+    held.close()
+    body, headers = chat("session-b")
+    status, got, payload = request(fleet.envoy_port, "/v1/chat/completions", "POST", body, headers)
+    assert_openai_error(status, got, payload, 503, "picker_unavailable")
+    fleet.start_gatewayd()
+    # w0 came back at its old address; wait until every worker is healthy again.
+    deadline = time.time() + 20
+    while not all(w["healthy"] for w in fleet.workers_now().values()):
+        assert time.time() < deadline, fleet.workers_now()
+        time.sleep(0.1)
+    keys = [f"after-{i}" for i in range(30)]
+    expected = explain(fleet.urls, keys)
+    for key, want in zip(keys, expected):
+        body, headers = chat(key, max_tokens=2)
+        status, got, _ = request(fleet.envoy_port, "/v1/chat/completions", "POST", body, headers)
+        assert status == 200 and fleet.url_of(got["x-bch-worker"]) == want["worker"], (key, status, got)
+    fleet.wait_idle()
+    workers = fleet.workers_now()
+    routed = sum(w["requests_total"] for w in workers.values())
+    assert routed == len(keys), workers
+    assert fleet.metric("bch_retries_total") == 0
+    assert fleet.metric('bch_branch_total{branch="explicit_routing_key_hit"}') == len(keys)
+    return f"503 picker_unavailable while down; after the restart {routed} requests, all counters consistent"
+
+
+@check("empty-fleet")
+def empty_fleet(fleet):
+    for name in list(fleet.workers_now()):
+        status, _, body = request(fleet.control_port, f"/admin/workers/{name}", "DELETE")
+        assert status == 200, body
+    body, headers = chat("anyone")
+    status, got, payload = request(fleet.envoy_port, "/v1/chat/completions", "POST", body, headers)
+    assert_openai_error(status, got, payload, 503, "no_healthy_workers")
+    assert got["x-bch-branch"] == "no_healthy_workers", got
+
+
+def main():
+    global ARGS
+    parser = argparse.ArgumentParser()
+    for flag in ("--envoy", "--gatewayd", "--drill", "--work", "--summary"):
+        parser.add_argument(flag, required=True)
+    ARGS = parser.parse_args()
+    try:
+        fleet = Fleet()
+    except Exception as error:
+        print(f"FAIL setup: {error}", flush=True)
+        RESULTS.append(("setup", False))
+        fleet = None
+    if fleet is not None:
+        for run in (landing, sse, aborts, burst, worker_kill, target_miss, picker_kill, empty_fleet):
+            run(fleet)
+    for proc in reversed(PROCS):
+        proc.stop()
+    passed = sum(1 for _, ok in RESULTS if ok)
+    failed = len(RESULTS) - passed
+    line = f"envoy: {passed} passed, {failed} failed"
+    with open(ARGS.summary, "w") as f:
+        f.write(line + "\n")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
