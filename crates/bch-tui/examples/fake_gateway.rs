@@ -87,6 +87,7 @@ async fn serve(tcp: tokio::net::TcpStream) -> anyhow::Result<()> {
                         mean_load: mean,
                         min_load_gap: policy.min_load_gap,
                         max_load_skew: policy.max_load_skew,
+                        load_signal: Default::default(),
                     }]
                 } else {
                     vec![]
@@ -111,8 +112,8 @@ async fn serve(tcp: tokio::net::TcpStream) -> anyhow::Result<()> {
                 let Some(msg) = msg else { return Ok(()) };
                 let Message::Text(text) = msg? else { continue };
                 match serde_json::from_str::<ClientCommand>(&text) {
-                    Ok(ClientCommand::SetPolicy { id, kind, min_load_gap, max_load_skew }) => {
-                        let patch = PolicyPatch { kind, min_load_gap, max_load_skew, virtual_nodes: None };
+                    Ok(ClientCommand::SetPolicy { id, kind, min_load_gap, max_load_skew, spill_order, load_source }) => {
+                        let patch = PolicyPatch { kind, min_load_gap, max_load_skew, spill_order, virtual_nodes: None, load_source };
                         match policy.patched(&patch) {
                             Ok(next) => {
                                 policy = next;

@@ -28,16 +28,25 @@ pub const FRAME_BUDGET: Duration = Duration::from_millis(40);
 /// Redraw tick while something time-based (the reconnect countdown) is on screen.
 const TICK: Duration = Duration::from_millis(250);
 
-/// The state plus the way out to the network task.
+/// The state plus the ways out to the network tasks, one per replica.
 #[derive(Debug)]
 pub struct App {
     state: State,
-    commands: mpsc::UnboundedSender<ClientCommand>,
+    commands: Vec<mpsc::UnboundedSender<ClientCommand>>,
 }
 
 impl App {
     /// An app whose commands go to `commands` (the network task's inbox).
     pub fn new(state: State, commands: mpsc::UnboundedSender<ClientCommand>) -> Self {
+        Self::with_replicas(state, vec![commands])
+    }
+
+    /// An app watching several replicas: `commands[i]` is replica `i`'s network task's inbox. A
+    /// threshold change goes to every replica; a `resync` only to the one that missed frames.
+    pub fn with_replicas(
+        state: State,
+        commands: Vec<mpsc::UnboundedSender<ClientCommand>>,
+    ) -> Self {
         Self { state, commands }
     }
 
@@ -59,40 +68,78 @@ impl App {
         match self.state.apply_action(action) {
             Effect::None => false,
             Effect::Send(cmd) => {
-                self.send(cmd);
+                for replica in 0..self.commands.len() {
+                    self.send(replica, cmd.clone());
+                }
                 false
             }
             Effect::Quit => true,
         }
     }
 
-    /// Applies an event from the network task, answering a seq gap with `resync`.
+    /// Applies an event from the (first) network task, answering a seq gap with `resync`.
     pub fn handle_conn(&mut self, event: ConnEvent) {
+        self.handle_replica_conn(0, event);
+    }
+
+    /// Applies an event from replica `replica`'s network task, answering a seq gap with `resync`
+    /// to that replica.
+    pub fn handle_replica_conn(&mut self, replica: usize, event: ConnEvent) {
         if matches!(event, ConnEvent::Frame(_)) {
-            self.state.frame_received(Instant::now());
+            self.state.frame_received_on(replica, Instant::now());
         }
-        if let Some(cmd) = self.state.apply_conn_event(event) {
-            self.send(cmd);
+        if let Some(cmd) = self.state.apply_replica_event(replica, event) {
+            self.send(replica, cmd);
         }
     }
 
-    fn send(&mut self, cmd: ClientCommand) {
+    fn send(&mut self, replica: usize, cmd: ClientCommand) {
         // The network task only goes away when the app does; if it did, the command simply
         // stays pending and the header shows that nothing came back.
-        let _ = self.commands.send(cmd);
+        if let Some(commands) = self.commands.get(replica) {
+            let _ = commands.send(cmd);
+        }
+    }
+}
+
+/// Where the loop gets connection events from: one network task, or several replicas' events
+/// tagged with the replica's index.
+pub trait ConnEvents {
+    /// The next event and its replica, `None` once every sender is gone.
+    fn recv(&mut self) -> impl std::future::Future<Output = Option<(usize, ConnEvent)>>;
+    /// An event already queued, without waiting.
+    fn try_recv(&mut self) -> Option<(usize, ConnEvent)>;
+}
+
+impl ConnEvents for mpsc::UnboundedReceiver<ConnEvent> {
+    async fn recv(&mut self) -> Option<(usize, ConnEvent)> {
+        mpsc::UnboundedReceiver::recv(self).await.map(|e| (0, e))
+    }
+    fn try_recv(&mut self) -> Option<(usize, ConnEvent)> {
+        mpsc::UnboundedReceiver::try_recv(self).ok().map(|e| (0, e))
+    }
+}
+
+impl ConnEvents for mpsc::UnboundedReceiver<(usize, ConnEvent)> {
+    async fn recv(&mut self) -> Option<(usize, ConnEvent)> {
+        mpsc::UnboundedReceiver::recv(self).await
+    }
+    fn try_recv(&mut self) -> Option<(usize, ConnEvent)> {
+        mpsc::UnboundedReceiver::try_recv(self).ok()
     }
 }
 
 /// Runs the console until quit: reads terminal events from `input`, telemetry from `conn_events`,
-/// and draws on `terminal`. Generic over the backend and the input stream so tests can drive it
-/// with a `TestBackend` and scripted keys.
-pub async fn run<B, I>(
+/// and draws on `terminal`. Generic over the backend, the input stream and the event source so
+/// tests can drive it with a `TestBackend` and scripted keys.
+pub async fn run<B, I, E>(
     terminal: &mut Terminal<B>,
     mut input: I,
     app: &mut App,
-    mut conn_events: mpsc::UnboundedReceiver<ConnEvent>,
+    mut conn_events: E,
 ) -> anyhow::Result<()>
 where
+    E: ConnEvents,
     B: Backend,
     B::Error: std::error::Error + Send + Sync + 'static,
     I: Stream<Item = std::io::Result<Event>> + Unpin,
@@ -119,12 +166,12 @@ where
                 After::Nothing => {}
             },
             event = conn_events.recv() => {
-                let event = event.context("the connection task stopped")?;
-                app.handle_conn(event);
+                let (replica, event) = event.context("the connection task stopped")?;
+                app.handle_replica_conn(replica, event);
                 // Apply everything already queued before the next draw, so a backlog is caught up
                 // in one frame instead of one frame per message.
-                while let Ok(event) = conn_events.try_recv() {
-                    app.handle_conn(event);
+                while let Some((replica, event)) = conn_events.try_recv() {
+                    app.handle_replica_conn(replica, event);
                 }
                 dirty = true;
             }
@@ -132,7 +179,7 @@ where
                 // The countdown, the age of the last frame (and the stale mark when frames stop)
                 // and command timeouts change with time alone.
                 let expired = app.state.expire_commands(Instant::now());
-                if expired || app.state.conn().is_counting_down() || *app.state.conn() == ConnStatus::Connected {
+                if expired || app.state.counting_down() || *app.state.conn() == ConnStatus::Connected {
                     dirty = true;
                 }
             }

@@ -14,9 +14,16 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 #[command(name = "bch-tui", version)]
 pub struct Cli {
     /// The URL of gatewayd's telemetry websocket, the control plane's `/ws` endpoint; only ws://
-    /// is supported.
-    #[arg(long, env = "BCH_TUI_URL", default_value = "ws://127.0.0.1:9090/ws")]
-    pub url: String,
+    /// is supported. Repeat it (or separate URLs with commas) to watch several replicas of one
+    /// fleet: the console merges their fleets, shows one row per replica and sends every
+    /// threshold change to all of them.
+    #[arg(
+        long,
+        env = "BCH_TUI_URL",
+        default_value = "ws://127.0.0.1:9090/ws",
+        value_delimiter = ','
+    )]
+    pub url: Vec<String>,
 
     /// A file holding the control plane's admin token (gatewayd's `admin_token_file`), which is
     /// sent as `Authorization: Bearer <token>` on the websocket upgrade.
@@ -28,11 +35,27 @@ impl Cli {
     /// Checks the URL before any terminal setup, so a typo is a plain error message rather than a
     /// console stuck reconnecting.
     pub fn validate(&self) -> anyhow::Result<()> {
-        self.check_scheme()?;
-        self.check_host()?;
-        self.check_parsed_port()
+        anyhow::ensure!(!self.url.is_empty(), "--url: give at least one gateway");
+        for (i, url) in self.url.iter().enumerate() {
+            anyhow::ensure!(
+                !self.url[..i].contains(url),
+                "--url {url}: given twice; each replica once"
+            );
+            let one = UrlCheck { url };
+            one.check_scheme()?;
+            one.check_host()?;
+            one.check_parsed_port()?;
+        }
+        Ok(())
     }
+}
 
+/// The checks of one `--url`.
+struct UrlCheck<'a> {
+    url: &'a str,
+}
+
+impl UrlCheck<'_> {
     fn check_scheme(&self) -> anyhow::Result<()> {
         if self.url.starts_with("wss://") {
             bail!(
@@ -70,7 +93,6 @@ impl Cli {
         // The error's own text, not a context chain: tungstenite's error repeats its source.
         let request = self
             .url
-            .as_str()
             .into_client_request()
             .map_err(|e| anyhow!("--url {}: {e}", self.url))?;
         // `http` drops a port it cannot parse (`:99999`) and tungstenite would then quietly
@@ -93,9 +115,11 @@ impl Cli {
         }
         Ok(())
     }
+}
 
+impl Cli {
     /// The bearer token from `--token-file`, or `None` without one; an unreadable or empty file is
-    /// an error naming the flag.
+    /// an error naming the flag. Every replica gets the same token.
     pub fn token(&self) -> anyhow::Result<Option<String>> {
         self.token_file.as_deref().map(read_token).transpose()
     }
@@ -126,7 +150,7 @@ mod tests {
     #[test]
     fn defaults_and_validation() {
         let cli = Cli::try_parse_from(["bch-tui"]).unwrap();
-        assert_eq!(cli.url, "ws://127.0.0.1:9090/ws");
+        assert_eq!(cli.url, ["ws://127.0.0.1:9090/ws"]);
         assert!(cli.token_file.is_none());
         cli.validate().unwrap();
         for bad in [
@@ -146,6 +170,19 @@ mod tests {
             let err = format!("{:#}", cli.validate().unwrap_err());
             assert!(err.contains("no host"), "{hostless}: {err}");
         }
+        let several = Cli::try_parse_from([
+            "bch-tui",
+            "--url",
+            "ws://a:9090/ws",
+            "--url",
+            "ws://b:9090/ws,ws://c:9090/ws",
+        ])
+        .unwrap();
+        assert_eq!(several.url.len(), 3);
+        several.validate().unwrap();
+        let twice =
+            Cli::try_parse_from(["bch-tui", "--url", "ws://a/ws", "--url", "ws://a/ws"]).unwrap();
+        assert!(twice.validate().unwrap_err().to_string().contains("twice"));
         for good in [
             "ws://127.0.0.1:9090/ws",
             "ws://gw/ws",

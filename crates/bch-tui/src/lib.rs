@@ -23,13 +23,13 @@ mod state;
 mod term;
 mod view;
 
-pub use app::{App, FRAME_BUDGET, run};
+pub use app::{App, ConnEvents, FRAME_BUDGET, run};
 pub use cli::Cli;
 pub use conn::{ConnConfig, ConnEvent, ConnHandle, ConnStatus};
 pub use input::Action;
 pub use state::{
     Baseline, COMMAND_TIMEOUT, Change, CommandEntry, CommandState, Effect, Fleet, FleetBound,
-    Panel, SPILL_LOG_CAP, Sample, SortColumn, State, Ui, WorkerOrder,
+    Panel, Replica, SPILL_LOG_CAP, Sample, Settings, SortColumn, State, Ui, WorkerOrder,
 };
 pub use term::TerminalGuard;
 pub use view::{draw, viewports};

@@ -27,22 +27,35 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     cli.validate()?;
     let token = cli.token()?;
 
-    let mut config = ConnConfig::new(cli.url.clone());
-    config.token = token;
-    let handle = ConnHandle::spawn(config);
-    let mut app = App::new(State::new(cli.url), handle.commands);
+    // One network task per replica; their events reach the loop tagged with the replica's index.
+    let (events_tx, events) = tokio::sync::mpsc::unbounded_channel();
+    let mut commands = Vec::new();
+    let mut tasks = Vec::new();
+    for (index, url) in cli.url.iter().enumerate() {
+        let mut config = ConnConfig::new(url.clone());
+        config.token = token.clone();
+        let mut handle = ConnHandle::spawn(config);
+        commands.push(handle.commands);
+        let forward = events_tx.clone();
+        tasks.push(handle.task);
+        tasks.push(tokio::spawn(async move {
+            while let Some(event) = handle.events.recv().await {
+                if forward.send((index, event)).is_err() {
+                    return;
+                }
+            }
+        }));
+    }
+    drop(events_tx);
+    let mut app = App::with_replicas(State::for_replicas(cli.url.clone()), commands);
 
     let mut guard = TerminalGuard::enter()
         .context("cannot set up the terminal (bch-tui needs an interactive terminal)")?;
-    let result = bch_tui::run(
-        guard.terminal(),
-        EventStream::new(),
-        &mut app,
-        handle.events,
-    )
-    .await;
+    let result = bch_tui::run(guard.terminal(), EventStream::new(), &mut app, events).await;
     // Restore before printing any error, so it lands on the normal screen.
     drop(guard);
-    handle.task.abort();
+    for task in tasks {
+        task.abort();
+    }
     result
 }

@@ -2,7 +2,8 @@
 //! fleet (health, loads, names). The live [`Router`](crate::router::Router) and the offline
 //! [`explain`](crate::explain) both call [`decide`], so what `explain` predicts is what routing does.
 
-use crate::policy::{BoundCheck, Branch, FleetLoad, PolicyKind, PolicySettings};
+use crate::fleet_load::{LoadSignal, LoadSource};
+use crate::policy::{BoundCheck, Branch, FleetLoad, PolicyKind, PolicySettings, SpillOrder};
 use crate::ring::Ring;
 use crate::routing_key::RoutingKey;
 
@@ -15,8 +16,14 @@ pub trait FleetView {
     fn healthy(&self, worker: usize) -> bool;
     /// Number of healthy workers.
     fn healthy_count(&self) -> usize;
-    /// In-flight requests on `worker`, before the request being decided.
+    /// In-flight requests on `worker`, before the request being decided: the load the rule reads
+    /// under the policy's load source.
     fn load(&self, worker: usize) -> u64;
+    /// [`FleetView::load`] and which signal it came from (a fresh worker sample, or local load).
+    /// Views without worker samples keep the default: local.
+    fn load_with_signal(&self, worker: usize) -> (u64, LoadSignal) {
+        (self.load(worker), LoadSignal::Local)
+    }
     /// Resolves a target worker header value: a worker's name, else its exact URL, else a decimal
     /// 0-based index. `None` when nothing matches.
     fn resolve_target(&self, raw: &[u8]) -> Option<usize>;
@@ -33,6 +40,8 @@ pub struct Decision {
     pub branch: Branch,
     /// For an explicit key under the bounded policy: the loads and thresholds the rule compared.
     pub bound: Option<BoundCheck>,
+    /// With `bound`: which signal the compared loads came from.
+    pub load_signal: Option<LoadSignal>,
 }
 
 impl Decision {
@@ -42,6 +51,7 @@ impl Decision {
             preferred: worker,
             branch,
             bound: None,
+            load_signal: None,
         }
     }
 }
@@ -53,10 +63,11 @@ impl Decision {
 /// them in keeps this function pure and reproducible in tests.
 ///
 /// Never allocates. Finding the preferred worker walks the ring from the key past unhealthy
-/// workers. A spill on a fleet of up to 64 workers costs two passes over the workers plus
-/// [`Ring::first_in_set`] (a short walk, then a binary search per eligible worker); on larger
-/// fleets the spill search walks the ring, up to once round when nearly every worker is over the
-/// bound.
+/// workers. A spill on a fleet of up to 64 workers costs two passes over the workers plus, under
+/// [`SpillOrder::Ring`], [`Ring::first_in_set`] (a short walk, then a binary search per eligible
+/// worker), or under [`SpillOrder::HashSeeded`] one score per eligible worker; on larger fleets
+/// the ring order walks the ring, up to once round when nearly every worker is over the bound, and
+/// the hash-seeded order scores every worker once.
 pub fn decide<F: FleetView>(
     ring: &Ring,
     policy: &PolicySettings,
@@ -108,16 +119,12 @@ pub fn decide<F: FleetView>(
             if policy.kind == PolicyKind::ConsistentHashing {
                 return Decision::simple(Some(preferred), Branch::ExplicitRoutingKeyHit);
             }
-            let bound = bound_check(fleet, preferred, policy);
+            let (bound, load_signal) = bound_check(fleet, preferred, policy);
             let (worker, branch) = if !bound.should_spill() {
                 (preferred, Branch::ExplicitRoutingKeyHit)
             } else {
-                let candidate = match eligible_mask(fleet, preferred, &bound) {
-                    Some(mask) => ring.first_in_set(position, mask),
-                    None => ring.points_from(position).find(|&w| {
-                        w != preferred && fleet.healthy(w) && bound.eligible(fleet.load(w))
-                    }),
-                };
+                let candidate =
+                    spill_target(ring, policy.spill_order, fleet, preferred, &bound, position);
                 match candidate {
                     Some(target) => (target, Branch::ExplicitRoutingKeySpillover),
                     None => (preferred, Branch::ExplicitRoutingKeyNoEligibleCandidate),
@@ -128,8 +135,28 @@ pub fn decide<F: FleetView>(
                 preferred: Some(preferred),
                 branch,
                 bound: Some(bound),
+                load_signal: Some(load_signal),
             }
         }
+    }
+}
+
+/// Where a spilled request goes: the first worker under the bound (healthy, not the preferred one)
+/// in `order`, the ring walk from the key or its hash-seeded order. `None` when no worker qualifies.
+fn spill_target<F: FleetView>(
+    ring: &Ring,
+    order: SpillOrder,
+    fleet: &F,
+    preferred: usize,
+    bound: &BoundCheck,
+    position: u64,
+) -> Option<usize> {
+    let eligible = |w: usize| w != preferred && fleet.healthy(w) && bound.eligible(fleet.load(w));
+    match (order, eligible_mask(fleet, preferred, bound)) {
+        (SpillOrder::Ring, Some(mask)) => ring.first_in_set(position, mask),
+        (SpillOrder::Ring, None) => ring.points_from(position).find(|&w| eligible(w)),
+        (SpillOrder::HashSeeded, Some(mask)) => ring.first_seeded_in_set(position, mask),
+        (SpillOrder::HashSeeded, None) => ring.first_seeded(position, eligible),
     }
 }
 
@@ -138,10 +165,25 @@ pub fn first_healthy<F: FleetView>(ring: &Ring, fleet: &F, position: u64) -> Opt
     ring.points_from(position).find(|&w| fleet.healthy(w))
 }
 
-fn bound_check<F: FleetView>(fleet: &F, preferred: usize, policy: &PolicySettings) -> BoundCheck {
+/// The bound for `preferred` over the healthy workers' loads, and which signal those loads came
+/// from (always local in `local` mode, without asking the view).
+fn bound_check<F: FleetView>(
+    fleet: &F,
+    preferred: usize,
+    policy: &PolicySettings,
+) -> (BoundCheck, LoadSignal) {
+    let per_worker = policy.load_source == LoadSource::WorkerMetrics;
+    let mut signal: Option<LoadSignal> = None;
     let healthy_loads = (0..fleet.worker_count())
         .filter(|&worker| fleet.healthy(worker))
-        .map(|worker| fleet.load(worker));
+        .map(|worker| {
+            if !per_worker {
+                return fleet.load(worker);
+            }
+            let (load, from) = fleet.load_with_signal(worker);
+            signal = Some(signal.map_or(from, |s| s.and(from)));
+            load
+        });
     // The caller found the preferred worker healthy, so the summary exists; an empty one (a view
     // that contradicts itself) must not panic the data plane.
     let fleet_load = FleetLoad::of(healthy_loads).unwrap_or(FleetLoad {
@@ -149,7 +191,8 @@ fn bound_check<F: FleetView>(fleet: &F, preferred: usize, policy: &PolicySetting
         mean_load: 0.0,
         healthy: 0,
     });
-    fleet_load.bound_for(fleet.load(preferred), policy)
+    let bound = fleet_load.bound_for(fleet.load(preferred), policy);
+    (bound, signal.unwrap_or(LoadSignal::Local))
 }
 
 /// Fleets of at most this many workers get the bitmask spill search ([`eligible_mask`]).

@@ -4,18 +4,23 @@
 //!
 //! The scenario schema (`docs/explain.md`):
 //! `{"workers":[url..],"loads":{url:n},"healthy":{url:bool},"routing_key":k,"explicit":bool,
-//!   "min_load_gap":g,"max_load_skew":s,"policy":kind}`; `loads`, `healthy` and `policy` are
-//! optional and default to 0, true and `bounded_consistent_hashing`; `min_load_gap` and
-//! `max_load_skew` default to 2 and 1.5.
+//!   "min_load_gap":g,"max_load_skew":s,"spill_order":o,"policy":kind,"load_source":src,
+//!   "reported":{url:n},"local_at_scrape":{url:n}}`; `loads`, `healthy`, `spill_order` and `policy`
+//! are optional and default to 0, true, `ring` and `bounded_consistent_hashing`; `min_load_gap` and
+//! `max_load_skew` default to 2 and 1.5; `load_source` defaults to `local`, and in `worker_metrics`
+//! mode `reported` holds the workers' scraped loads (a worker without one falls back to local load)
+//! and `local_at_scrape` this replica's in-flight count at that scrape (default: its `loads` value,
+//! nothing changed since).
 
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
 use crate::decide::{Decision, FleetView, decide};
+use crate::fleet_load::{FleetSample, LoadSignal, LoadSource};
 use crate::policy::{
     BoundCheck, Branch, DEFAULT_MAX_LOAD_SKEW, DEFAULT_MIN_LOAD_GAP, DEFAULT_VIRTUAL_NODES,
-    PolicyError, PolicyKind, PolicySettings,
+    PolicyError, PolicyKind, PolicySettings, SpillOrder,
 };
 use crate::ring::Ring;
 use crate::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource, RoutingKey};
@@ -43,9 +48,23 @@ pub struct Scenario {
     /// `max_load_skew`: the factor over the mean the preferred worker must exceed (default 1.5).
     #[serde(default = "default_skew")]
     pub max_load_skew: f64,
+    /// Where a spilled request goes among the workers under the bound; defaults to `ring`.
+    #[serde(default)]
+    pub spill_order: SpillOrder,
     /// Policy; defaults to `bounded_consistent_hashing`.
     #[serde(default)]
     pub policy: PolicyKind,
+    /// Which load the rule reads; defaults to `local` (then `reported` is shown but not used).
+    #[serde(default)]
+    pub load_source: LoadSource,
+    /// Each worker's reported running + waiting requests at its last good scrape, by URL; a worker
+    /// missing here has no fresh sample and falls back to local load.
+    #[serde(default, skip_serializing_if = "HashMap::is_empty")]
+    pub reported: HashMap<String, u64>,
+    /// This replica's in-flight requests on the worker when that scrape was sent, by URL; defaults
+    /// to the worker's `loads` value (nothing changed since the scrape).
+    #[serde(default, skip_serializing_if = "HashMap::is_empty")]
+    pub local_at_scrape: HashMap<String, u64>,
 }
 
 fn default_gap() -> u64 {
@@ -70,6 +89,64 @@ pub struct Answer {
     /// Loads and thresholds behind a bounded decision (omitted otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bound: Option<BoundCheck>,
+    /// Which signal the bound's loads came from (with `bound`, when the scenario uses worker
+    /// metrics).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_signal: Option<LoadSignal>,
+    /// Per worker: local and fleet numbers, when the scenario uses worker metrics or gives
+    /// reported loads (omitted otherwise, so classic scenarios answer as they always did).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub loads: Vec<WorkerLoad>,
+}
+
+/// One worker's load as the rule sees it, in requests: this replica's count, the worker's report
+/// and the fleet-wide load the formula gives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerLoad {
+    /// Worker URL (or name, in the gateway's live explain).
+    pub worker: String,
+    /// This replica's in-flight requests on it.
+    pub local: u64,
+    /// Its reported running + waiting requests at the last good scrape, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reported: Option<u64>,
+    /// This replica's requests since that scrape, net of its requests that ended since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_scrape: Option<i64>,
+    /// `max(local, reported + since_scrape)`: the fleet-wide load (equals `local` without a fresh
+    /// report).
+    pub fleet: u64,
+    /// The load the rule read: `fleet` in `worker_metrics` mode with a fresh report, else `local`.
+    pub used: u64,
+    /// Which signal `used` is.
+    pub signal: LoadSignal,
+}
+
+impl WorkerLoad {
+    /// The numbers for one worker with `local` in-flight requests and, if fresh, `sample`, under
+    /// `source`.
+    pub fn new(
+        worker: String,
+        local: u64,
+        sample: Option<FleetSample>,
+        source: LoadSource,
+    ) -> WorkerLoad {
+        let fleet = crate::fleet_load::fleet_load(local, sample);
+        let metrics = source == LoadSource::WorkerMetrics && sample.is_some();
+        WorkerLoad {
+            worker,
+            local,
+            reported: sample.map(|s| s.reported),
+            since_scrape: sample.map(|s| s.since_scrape(local)),
+            fleet,
+            used: if metrics { fleet } else { local },
+            signal: if metrics {
+                LoadSignal::WorkerMetrics
+            } else {
+                LoadSignal::Local
+            },
+        }
+    }
 }
 
 /// Why a scenario could not be evaluated.
@@ -110,7 +187,9 @@ impl Explainer {
             kind: scenario.policy,
             min_load_gap: scenario.min_load_gap,
             max_load_skew: scenario.max_load_skew,
+            spill_order: scenario.spill_order,
             virtual_nodes: DEFAULT_VIRTUAL_NODES,
+            load_source: scenario.load_source,
         };
         policy.validate()?;
         for (index, url) in scenario.workers.iter().enumerate() {
@@ -121,6 +200,8 @@ impl Explainer {
         for (field, urls) in [
             ("loads", scenario.loads.keys().collect::<Vec<_>>()),
             ("healthy", scenario.healthy.keys().collect()),
+            ("reported", scenario.reported.keys().collect()),
+            ("local_at_scrape", scenario.local_at_scrape.keys().collect()),
         ] {
             if let Some(url) = urls.into_iter().find(|u| !scenario.workers.contains(u)) {
                 return Err(ScenarioError::UnknownWorker {
@@ -138,11 +219,24 @@ impl Explainer {
         let key = scenario_key(scenario);
         let decision: Decision = decide(ring, &policy, &key, &fleet, 0, 0);
         let url = |w: usize| scenario.workers[w].clone();
+        let fleet_numbers =
+            scenario.load_source == LoadSource::WorkerMetrics || !scenario.reported.is_empty();
+        let loads = if fleet_numbers {
+            (0..scenario.workers.len())
+                .map(|w| {
+                    WorkerLoad::new(url(w), fleet.local[w], fleet.samples[w], policy.load_source)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         Ok(Answer {
             worker: decision.worker.map(url),
             branch: decision.branch,
             preferred: decision.preferred.map(url),
             bound: decision.bound,
+            load_signal: decision.load_signal.filter(|_| fleet_numbers),
+            loads,
         })
     }
 }
@@ -167,23 +261,39 @@ fn scenario_key(scenario: &Scenario) -> RoutingKey<'_> {
 
 struct ScenarioFleet {
     healthy: Vec<bool>,
-    loads: Vec<u64>,
+    local: Vec<u64>,
+    samples: Vec<Option<FleetSample>>,
+    source: LoadSource,
     urls: Vec<String>,
 }
 
 impl ScenarioFleet {
     fn new(scenario: &Scenario) -> Self {
+        let local: Vec<u64> = scenario
+            .workers
+            .iter()
+            .map(|u| scenario.loads.get(u).copied().unwrap_or(0))
+            .collect();
+        let samples = scenario
+            .workers
+            .iter()
+            .zip(&local)
+            .map(|(u, &local)| {
+                scenario.reported.get(u).map(|&reported| FleetSample {
+                    reported,
+                    local_at_scrape: scenario.local_at_scrape.get(u).copied().unwrap_or(local),
+                })
+            })
+            .collect();
         Self {
             healthy: scenario
                 .workers
                 .iter()
                 .map(|u| scenario.healthy.get(u).copied().unwrap_or(true))
                 .collect(),
-            loads: scenario
-                .workers
-                .iter()
-                .map(|u| scenario.loads.get(u).copied().unwrap_or(0))
-                .collect(),
+            local,
+            samples,
+            source: scenario.load_source,
             urls: scenario.workers.clone(),
         }
     }
@@ -200,7 +310,15 @@ impl FleetView for ScenarioFleet {
         self.healthy.iter().filter(|h| **h).count()
     }
     fn load(&self, worker: usize) -> u64 {
-        self.loads[worker]
+        self.load_with_signal(worker).0
+    }
+    fn load_with_signal(&self, worker: usize) -> (u64, LoadSignal) {
+        match (self.source, self.samples[worker]) {
+            (LoadSource::WorkerMetrics, Some(sample)) => {
+                (sample.load(self.local[worker]), LoadSignal::WorkerMetrics)
+            }
+            _ => (self.local[worker], LoadSignal::Local),
+        }
     }
     fn resolve_target(&self, raw: &[u8]) -> Option<usize> {
         self.urls.iter().position(|u| u.as_bytes() == raw)
@@ -244,5 +362,41 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn worker_metrics_scenarios_use_the_reports_and_say_so() {
+        let mut explainer = Explainer::new();
+        // near-idle-key prefers :30004 (docs/explain.md). Locally it has 1 in flight, but the
+        // worker reports 3 (two more from other replicas): the bound fires on the fleet number.
+        let base = r#""workers":["http://127.0.0.1:30001","http://127.0.0.1:30002","http://127.0.0.1:30003","http://127.0.0.1:30004"],"loads":{"http://127.0.0.1:30004":1},"reported":{"http://127.0.0.1:30004":3},"routing_key":"near-idle-key","explicit":true"#;
+        let local = explainer
+            .explain(&scenario(&format!("{{{base}}}")))
+            .unwrap();
+        assert_eq!(local.branch, Branch::ExplicitRoutingKeyHit);
+        assert_eq!(local.load_signal, Some(LoadSignal::Local));
+        assert_eq!(
+            local.loads[3].fleet, 3,
+            "fleet numbers are shown in local mode too"
+        );
+        assert_eq!(local.loads[3].used, 1);
+        let fleet = explainer
+            .explain(&scenario(&format!(
+                r#"{{{base},"load_source":"worker_metrics"}}"#
+            )))
+            .unwrap();
+        assert_eq!(fleet.branch, Branch::ExplicitRoutingKeySpillover);
+        assert_eq!(fleet.bound.unwrap().preferred_load, 3);
+        assert_eq!(
+            fleet.load_signal,
+            Some(LoadSignal::Mixed),
+            "three workers have no report"
+        );
+        assert_eq!(fleet.loads[3].signal, LoadSignal::WorkerMetrics);
+        assert_eq!(fleet.loads[0].signal, LoadSignal::Local);
+        // Classic scenarios keep their classic answer shape.
+        let classic = scenario(r#"{"workers":["http://a"],"routing_key":"k","explicit":true}"#);
+        let answer = explainer.explain(&classic).unwrap();
+        assert!(answer.loads.is_empty() && answer.load_signal.is_none());
     }
 }

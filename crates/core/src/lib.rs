@@ -2,8 +2,9 @@
 //!
 //! The pure heart of bch: the consistent-hash [`ring`], [`routing_key`] extraction, the routing
 //! [`policy`] with its bounded spill rule, the [`decide`] function, [`load`] accounting, the
-//! atomically swapped routing snapshot in [`router`], the offline [`explain`] what-if, and the
-//! [`telemetry`] wire types shared by gatewayd and bch-tui.
+//! fleet-wide load formula of [`fleet_load`], the atomically swapped routing snapshot in
+//! [`router`], the offline [`explain`] what-if, and the [`telemetry`] wire types shared by gatewayd
+//! and bch-tui.
 //!
 //! No I/O and no async runtime: everything here is deterministic given its inputs and is tested with
 //! unit, property and golden-vector tests (`tests/fixtures/*.json`, computed by an independent
@@ -33,6 +34,7 @@
 
 pub mod decide;
 pub mod explain;
+pub mod fleet_load;
 pub mod load;
 pub mod policy;
 pub mod ring;

@@ -14,6 +14,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::fleet_load::SampleCell;
+
 /// Counters of one worker. All counts are requests unless named otherwise.
 #[derive(Debug, Default)]
 pub struct WorkerStats {
@@ -22,6 +24,7 @@ pub struct WorkerStats {
     spilled_in_total: AtomicU64,
     spilled_out_total: AtomicU64,
     errors_total: AtomicU64,
+    fleet: SampleCell,
     health_changes_total: AtomicU64,
     responses: [AtomicU64; StatusClass::ALL.len()],
     durations: DurationHistogram,
@@ -191,6 +194,12 @@ impl WorkerStats {
 
     pub(crate) fn record_health_change(&self) {
         self.health_changes_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The worker's last scrape (reported load), published by the gateway's scraper and read by
+    /// the rule in `worker_metrics` mode. Lives with the counters so it survives table swaps.
+    pub fn fleet_sample(&self) -> &SampleCell {
+        &self.fleet
     }
 
     /// Counts one gateway-side error (connect failure, timeout, broken stream).

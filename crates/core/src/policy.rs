@@ -17,6 +17,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::fleet_load::LoadSource;
+
 /// Default `min_load_gap`, in in-flight requests.
 pub const DEFAULT_MIN_LOAD_GAP: u64 = 2;
 /// Default `max_load_skew`, a factor over the fleet mean.
@@ -80,10 +82,65 @@ impl std::str::FromStr for PolicyKind {
     }
 }
 
-/// The policy in force: kind, both thresholds and the ring's virtual nodes. The JSON shape is the one
-/// of `GET /admin/policy`: `{"kind","min_load_gap","max_load_skew","virtual_nodes"}`.
+/// Where the bounded policy looks for a spill target among the workers under the bound.
+///
+/// Both orders are per key and deterministic, so every gateway replica picks the same target for the
+/// same loads, and both reach every healthy worker (the least-loaded one is always eligible). They
+/// differ in what a key's overflow lands on when its first choices are also over the bound
+/// (docs/policy.md, "Spill order").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SpillOrder {
+    /// The next eligible worker clockwise on the ring after the preferred one: SGLang Model
+    /// Gateway's order, and the default.
+    #[default]
+    Ring,
+    /// The eligible worker ranked first in a per-key pseudo-random order of the workers (highest
+    /// score `mix(key position, worker ring id)`), as Envoy's bounded-load hashing walks a per-hash
+    /// random sequence of hosts. The order depends on worker ring ids only, never on configuration
+    /// order, so replicas agree.
+    HashSeeded,
+}
+
+impl SpillOrder {
+    /// Every order, in documentation order.
+    pub const ALL: [SpillOrder; 2] = [SpillOrder::Ring, SpillOrder::HashSeeded];
+
+    /// The snake-case name used in configuration and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SpillOrder::Ring => "ring",
+            SpillOrder::HashSeeded => "hash_seeded",
+        }
+    }
+}
+
+impl fmt::Display for SpillOrder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for SpillOrder {
+    type Err = PolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        SpillOrder::ALL
+            .into_iter()
+            .find(|o| o.as_str() == s)
+            .ok_or_else(|| PolicyError::UnknownSpillOrder(s.to_owned()))
+    }
+}
+
+/// The policy in force: kind, both thresholds, the spill order, the ring's virtual nodes and which
+/// load the rule reads. The JSON shape is the one of `GET /admin/policy`:
+/// `{"kind","min_load_gap","max_load_skew","spill_order","virtual_nodes","load_source"}`
+/// (`spill_order` may be absent when read, meaning `ring`, and `load_source` may be absent, meaning
+/// `local`, so documents written before either existed still parse). Unknown fields are ignored when
+/// read, as the telemetry protocol requires of clients (docs/protocol.md): a console must keep
+/// working against a gateway that reports a newer field (changes come in as the strict
+/// [`PolicyPatch`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct PolicySettings {
     /// Which policy decides (`bounded_consistent_hashing` unless set).
     pub kind: PolicyKind,
@@ -93,8 +150,15 @@ pub struct PolicySettings {
     /// Bounded policy: the preferred worker must exceed the healthy mean times this factor before it
     /// may spill. Finite, ≥ 1.0.
     pub max_load_skew: f64,
+    /// Bounded policy: where a spilled request goes among the workers under the bound.
+    #[serde(default)]
+    pub spill_order: SpillOrder,
     /// Points per worker on the ring. Changing it rebuilds the ring (and moves keys).
     pub virtual_nodes: u32,
+    /// Which per-worker load the rule reads: this process's in-flight requests, or the fleet-wide
+    /// load from the workers' own gauges ([`crate::fleet_load`]).
+    #[serde(default)]
+    pub load_source: LoadSource,
 }
 
 impl Default for PolicySettings {
@@ -103,7 +167,9 @@ impl Default for PolicySettings {
             kind: PolicyKind::default(),
             min_load_gap: DEFAULT_MIN_LOAD_GAP,
             max_load_skew: DEFAULT_MAX_LOAD_SKEW,
+            spill_order: SpillOrder::default(),
             virtual_nodes: DEFAULT_VIRTUAL_NODES,
+            load_source: LoadSource::default(),
         }
     }
 }
@@ -122,9 +188,15 @@ pub struct PolicyPatch {
     /// New `max_load_skew` (factor).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_load_skew: Option<f64>,
+    /// New spill order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spill_order: Option<SpillOrder>,
     /// New virtual nodes per worker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub virtual_nodes: Option<u32>,
+    /// New load source (`local` or `worker_metrics`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_source: Option<LoadSource>,
 }
 
 impl From<PolicySettings> for PolicyPatch {
@@ -134,7 +206,9 @@ impl From<PolicySettings> for PolicyPatch {
             kind: Some(settings.kind),
             min_load_gap: Some(settings.min_load_gap),
             max_load_skew: Some(settings.max_load_skew),
+            spill_order: Some(settings.spill_order),
             virtual_nodes: Some(settings.virtual_nodes),
+            load_source: Some(settings.load_source),
         }
     }
 }
@@ -153,6 +227,9 @@ pub enum PolicyError {
         "kind must be one of consistent_hashing, bounded_consistent_hashing, round_robin, random; got {0:?}"
     )]
     UnknownKind(String),
+    /// Unknown spill order name.
+    #[error("spill_order must be one of ring, hash_seeded; got {0:?}")]
+    UnknownSpillOrder(String),
 }
 
 impl PolicySettings {
@@ -174,7 +251,9 @@ impl PolicySettings {
             kind: patch.kind.unwrap_or(self.kind),
             min_load_gap: patch.min_load_gap.unwrap_or(self.min_load_gap),
             max_load_skew: patch.max_load_skew.unwrap_or(self.max_load_skew),
+            spill_order: patch.spill_order.unwrap_or(self.spill_order),
             virtual_nodes: patch.virtual_nodes.unwrap_or(self.virtual_nodes),
+            load_source: patch.load_source.unwrap_or(self.load_source),
         };
         next.validate()?;
         Ok(next)
@@ -428,5 +507,36 @@ mod tests {
             assert_eq!(serde_json::to_value(branch).unwrap(), branch.as_str());
         }
         assert!("weighted".parse::<PolicyKind>().is_err());
+        for order in SpillOrder::ALL {
+            assert_eq!(order.as_str().parse::<SpillOrder>().unwrap(), order);
+            assert_eq!(serde_json::to_value(order).unwrap(), order.as_str());
+        }
+        assert!(
+            "random"
+                .parse::<SpillOrder>()
+                .unwrap_err()
+                .to_string()
+                .contains("spill_order")
+        );
+    }
+
+    #[test]
+    fn settings_without_a_spill_order_read_as_ring() {
+        let old: PolicySettings = serde_json::from_str(
+            r#"{"kind":"bounded_consistent_hashing","min_load_gap":2,"max_load_skew":1.5,"virtual_nodes":150}"#,
+        )
+        .unwrap();
+        assert_eq!(old, PolicySettings::default());
+        let patched = old
+            .patched(&PolicyPatch {
+                spill_order: Some(SpillOrder::HashSeeded),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(patched.spill_order, SpillOrder::HashSeeded);
+        assert_eq!(
+            serde_json::to_value(patched).unwrap()["spill_order"],
+            "hash_seeded"
+        );
     }
 }

@@ -18,6 +18,16 @@ pub fn hash_position(bytes: &[u8]) -> u64 {
     u64::from_le_bytes(first)
 }
 
+/// MurmurHash3's 64-bit finaliser: a bijection that spreads every input bit over the output, so
+/// scores of nearby inputs look unrelated.
+fn fmix64(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
+}
+
 /// An immutable ring over `workers.len()` workers, identified by their index in the slice given to
 /// [`Ring::build`] (configuration order).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +41,10 @@ pub struct Ring {
     /// `by_worker[w * virtual_nodes..(w + 1) * virtual_nodes]`. Lets [`Ring::first_in_set`] find a
     /// worker's next point by binary search instead of walking the ring.
     by_worker: Vec<u32>,
+    /// `seeds[w]` is the position of worker `w`'s ring id: its half of the hash-seeded spill
+    /// order's score ([`Ring::seeded_score`]). A function of the ring id, not of the index, so the
+    /// order does not depend on configuration order.
+    seeds: Vec<u64>,
     worker_count: usize,
     virtual_nodes: u32,
 }
@@ -106,6 +120,10 @@ impl Ring {
             positions: points.iter().map(|p| p.0).collect(),
             owners: points.iter().map(|p| p.1).collect(),
             by_worker,
+            seeds: ring_ids
+                .iter()
+                .map(|id| hash_position(id.as_ref().as_bytes()))
+                .collect(),
             worker_count: ring_ids.len(),
             virtual_nodes,
         }
@@ -210,6 +228,63 @@ impl Ring {
             }
         }
         nearest.map(|(_, worker)| worker)
+    }
+
+    /// Rank of `worker` in the hash-seeded spill order of a key at `position`: the worker with the
+    /// highest score comes first (rendezvous hashing). For a fixed key the scores of the workers are
+    /// pseudo-random and independent of each other, so ordering by score is a per-key random
+    /// permutation that needs no allocation; a worker's score depends on its ring id, so replicas
+    /// that list the workers in another order agree. Panics if `worker` is not on the ring.
+    pub fn seeded_score(&self, position: u64, worker: usize) -> u64 {
+        fmix64(position ^ self.seeds[worker])
+    }
+
+    /// The worker ranked first in the hash-seeded order of `position` among those for which
+    /// `include` is true; ties (equal 64-bit scores, practically never) go to the larger seed, again
+    /// independent of configuration order. One pass over the workers, no allocation.
+    pub fn first_seeded(
+        &self,
+        position: u64,
+        mut include: impl FnMut(usize) -> bool,
+    ) -> Option<usize> {
+        let mut best: Option<((u64, u64), usize)> = None;
+        for worker in 0..self.worker_count {
+            if !include(worker) {
+                continue;
+            }
+            let rank = (self.seeded_score(position, worker), self.seeds[worker]);
+            if best.is_none_or(|(b, _)| rank > b) {
+                best = Some((rank, worker));
+            }
+        }
+        best.map(|(_, worker)| worker)
+    }
+
+    /// [`Ring::first_seeded`] over the workers whose bit is set in `workers` (bit `w` stands for
+    /// worker `w`; only workers 0..64 can be named). Visits only the named workers.
+    pub fn first_seeded_in_set(&self, position: u64, workers: u64) -> Option<usize> {
+        let mut best: Option<((u64, u64), usize)> = None;
+        let mut rest = workers;
+        while rest != 0 {
+            let worker = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            if worker >= self.worker_count {
+                break;
+            }
+            let rank = (self.seeded_score(position, worker), self.seeds[worker]);
+            if best.is_none_or(|(b, _)| rank > b) {
+                best = Some((rank, worker));
+            }
+        }
+        best.map(|(_, worker)| worker)
+    }
+
+    /// Every worker in the hash-seeded order of `position`, first-ranked first. Allocates; meant for
+    /// explain and tests, not the routing hot path.
+    pub fn seeded_order(&self, position: u64) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.worker_count).collect();
+        order.sort_by_key(|&w| std::cmp::Reverse((self.seeded_score(position, w), self.seeds[w])));
+        order
     }
 
     /// The distinct workers clockwise from `position`, each once, in ring order. Allocates a small

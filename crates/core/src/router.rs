@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use arc_swap::ArcSwap;
 
 use crate::decide::{Decision, FleetView, decide};
+use crate::fleet_load::{LoadSignal, LoadSource};
 use crate::load::{LoadGuard, WorkerStats};
 use crate::policy::{Branch, PolicyError, PolicyPatch, PolicySettings};
 use crate::ring::Ring;
@@ -133,22 +134,31 @@ impl RoutingTable {
     }
 
     /// Every worker's record (configuration order), the shape of `GET /admin/workers` and of the
-    /// telemetry worker records.
-    pub fn worker_records(&self) -> Vec<crate::telemetry::WorkerRecord> {
+    /// telemetry worker records, with scrape ages taken at `now_ms` (wall clock, ms since the Unix
+    /// epoch).
+    pub fn worker_records(&self, now_ms: u64) -> Vec<crate::telemetry::WorkerRecord> {
         self.workers
             .iter()
-            .zip(self.healthy.iter().zip(&self.states))
-            .map(|(w, (healthy, state))| crate::telemetry::WorkerRecord {
-                name: w.spec.name.clone(),
-                url: w.spec.url.clone(),
-                healthy: *healthy,
-                state: *state,
-                active: w.stats.active(),
-                requests_total: w.stats.requests_total(),
-                spilled_in_total: w.stats.spilled_in_total(),
-                spilled_out_total: w.stats.spilled_out_total(),
-                errors_total: w.stats.errors_total(),
-                source: w.spec.source.clone(),
+            .enumerate()
+            .map(|(i, w)| {
+                let last = w.stats.fleet_sample().last();
+                let metrics_mode = self.policy.load_source == LoadSource::WorkerMetrics;
+                crate::telemetry::WorkerRecord {
+                    name: w.spec.name.clone(),
+                    url: w.spec.url.clone(),
+                    healthy: self.healthy[i],
+                    state: self.states[i],
+                    active: w.stats.active(),
+                    requests_total: w.stats.requests_total(),
+                    spilled_in_total: w.stats.spilled_in_total(),
+                    spilled_out_total: w.stats.spilled_out_total(),
+                    errors_total: w.stats.errors_total(),
+                    load: Some(self.load(i)),
+                    reported_load: last.map(|l| l.sample.reported),
+                    scrape_age_ms: last.map(|l| now_ms.saturating_sub(l.scraped_at_ms)),
+                    load_stale: metrics_mode && !last.is_some_and(|l| l.fresh),
+                    source: w.spec.source.clone(),
+                }
             })
             .collect()
     }
@@ -174,7 +184,19 @@ impl FleetView for RoutingTable {
     }
 
     fn load(&self, worker: usize) -> u64 {
-        self.workers[worker].stats.active()
+        self.load_with_signal(worker).0
+    }
+
+    fn load_with_signal(&self, worker: usize) -> (u64, LoadSignal) {
+        let stats = &self.workers[worker].stats;
+        let local = stats.active();
+        match self.policy.load_source {
+            LoadSource::Local => (local, LoadSignal::Local),
+            LoadSource::WorkerMetrics => match stats.fleet_sample().fresh() {
+                Some(sample) => (sample.load(local), LoadSignal::WorkerMetrics),
+                None => (local, LoadSignal::Local),
+            },
+        }
     }
 
     fn resolve_target(&self, raw: &[u8]) -> Option<usize> {
@@ -798,7 +820,7 @@ mod tests {
             .unwrap();
         let table = router.table();
         assert_eq!(table.states()[home], WorkerState::Draining);
-        assert_eq!(table.worker_records()[home].state, WorkerState::Draining);
+        assert_eq!(table.worker_records(0)[home].state, WorkerState::Draining);
         router.set_state(&name, WorkerState::Active);
         let back = router.route(&RoutingKey::Explicit(key)).decision.worker;
         assert_eq!(back, preferred, "undrained, the key comes home");

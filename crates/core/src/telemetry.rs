@@ -9,7 +9,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{Branch, PolicyKind, PolicySettings};
+use crate::fleet_load::{LoadSignal, LoadSource};
+use crate::policy::{Branch, PolicyKind, PolicySettings, SpillOrder};
 
 /// Protocol version carried in every frame's `v`. Bumped only for incompatible changes; new optional
 /// fields do not bump it (clients must ignore unknown fields).
@@ -202,6 +203,12 @@ pub enum ClientCommand {
         /// New `max_load_skew` (finite, ≥ 1.0).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         max_load_skew: Option<f64>,
+        /// New spill order (`ring` or `hash_seeded`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        spill_order: Option<SpillOrder>,
+        /// New load source: `local` or `worker_metrics`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        load_source: Option<LoadSource>,
     },
     /// Stop sending new requests to a worker; its in-flight requests finish. A `drained` frame
     /// follows when the last one ended. Validated like `POST /admin/workers/{name}/drain`.
@@ -276,11 +283,33 @@ pub struct WorkerRecord {
     /// Requests to this worker that ended in a gateway-side error (connect failure, timeout,
     /// broken stream).
     pub errors_total: u64,
+    /// The load the bounded rule reads for this worker now (requests): `active` in `local` mode,
+    /// the fleet-wide load in `worker_metrics` mode. `None` from a gateway that predates it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load: Option<u64>,
+    /// The worker's own running + waiting requests at its last good scrape; `None` when it was
+    /// never scraped (or scraping is off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reported_load: Option<u64>,
+    /// Age of that scrape, milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrape_age_ms: Option<u64>,
+    /// In `worker_metrics` mode: no fresh sample, so the rule reads this replica's local load for
+    /// the worker. Always `false` in `local` mode.
+    #[serde(default)]
+    pub load_stale: bool,
     /// Where the worker came from: `static` (configuration file, `--worker`, the admin API) or
     /// `dns:NAME` (found by DNS discovery of `NAME`). Absent from older gateways' frames, which
     /// only had static workers.
     #[serde(default)]
     pub source: WorkerSource,
+}
+
+impl WorkerRecord {
+    /// The load the rule reads: [`WorkerRecord::load`], or `active` from an older gateway.
+    pub fn rule_load(&self) -> u64 {
+        self.load.unwrap_or(self.active)
+    }
 }
 
 /// Where a worker came from, on the wire `"static"` or `"dns:NAME"`.
@@ -422,6 +451,9 @@ pub struct SpillEvent {
     pub min_load_gap: u64,
     /// `max_load_skew` in force for the decision.
     pub max_load_skew: f64,
+    /// Which signal the compared loads came from (`local`, `worker_metrics` or `mixed`).
+    #[serde(default)]
+    pub load_signal: LoadSignal,
 }
 
 /// Fleet-wide rates and totals.
@@ -512,8 +544,23 @@ mod tests {
                 id: Some(CommandId::Text("a".into())),
                 kind: None,
                 min_load_gap: Some(3),
-                max_load_skew: None
+                max_load_skew: None,
+                spill_order: None,
+                load_source: None,
             }
+        );
+        let cmd: ClientCommand =
+            serde_json::from_str(r#"{"type":"set_policy","spill_order":"hash_seeded"}"#).unwrap();
+        assert!(matches!(
+            cmd,
+            ClientCommand::SetPolicy {
+                spill_order: Some(SpillOrder::HashSeeded),
+                ..
+            }
+        ));
+        assert!(
+            serde_json::from_str::<ClientCommand>(r#"{"type":"set_policy","spill_order":"next"}"#)
+                .is_err()
         );
         let resync: ClientCommand = serde_json::from_str(r#"{"type":"resync"}"#).unwrap();
         assert_eq!(resync, ClientCommand::Resync { id: None });

@@ -4,7 +4,8 @@
 //! `allocation-counter` (per thread, so parallel tests do not disturb each other).
 
 use allocation_counter::measure;
-use bch_core::policy::{Branch, PolicyKind, PolicyPatch, PolicySettings};
+use bch_core::fleet_load::{FleetSample, LoadSignal, LoadSource};
+use bch_core::policy::{Branch, PolicyKind, PolicyPatch, PolicySettings, SpillOrder};
 use bch_core::router::{Router, WorkerSource, WorkerSpec};
 use bch_core::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource, RoutingKey};
 
@@ -76,7 +77,16 @@ fn explicit_hit_does_not_allocate() {
 
 #[test]
 fn explicit_spill_does_not_allocate() {
-    let router = router(PolicySettings::default());
+    for spill_order in SpillOrder::ALL {
+        explicit_spill_does_not_allocate_under(spill_order);
+    }
+}
+
+fn explicit_spill_does_not_allocate_under(spill_order: SpillOrder) {
+    let router = router(PolicySettings {
+        spill_order,
+        ..PolicySettings::default()
+    });
     let raw = b"a-32-byte-routing-key-0123456789";
     let key = RoutingKey::Explicit(ExplicitKey::parse(raw).unwrap());
     let preferred = router.table().explain(&key).preferred.unwrap();
@@ -86,9 +96,48 @@ fn explicit_spill_does_not_allocate() {
         .map(|_| router.route(&RoutingKey::Target(name.as_bytes())))
         .collect();
     let (count, branch) = measure_explicit(&router, raw);
+    assert_eq!(branch, Branch::ExplicitRoutingKeySpillover, "{spill_order}");
+    assert_eq!(count, 0, "{spill_order}");
+    drop(held);
+}
+
+/// In `worker_metrics` mode the rule reads each worker's published sample: still no allocation,
+/// whether the report makes the preferred worker hot (spill) or not (hit).
+#[test]
+fn worker_metrics_decisions_do_not_allocate() {
+    let router = router(PolicySettings {
+        load_source: LoadSource::WorkerMetrics,
+        ..PolicySettings::default()
+    });
+    let raw = b"a-32-byte-routing-key-0123456789";
+    let key = RoutingKey::Explicit(ExplicitKey::parse(raw).unwrap());
+    let preferred = router.table().explain(&key).preferred.unwrap();
+    for worker in router.table().workers() {
+        let sample = FleetSample {
+            reported: 0,
+            local_at_scrape: 0,
+        };
+        worker.stats.fleet_sample().publish(sample, 1);
+    }
+    let (count, branch) = measure_explicit(&router, raw);
+    assert_eq!(branch, Branch::ExplicitRoutingKeyHit);
+    assert_eq!(count, 0);
+    // Other replicas put 5 requests on the preferred worker.
+    let hot = FleetSample {
+        reported: 5,
+        local_at_scrape: 0,
+    };
+    router.table().workers()[preferred]
+        .stats
+        .fleet_sample()
+        .publish(hot, 2);
+    let (count, branch) = measure_explicit(&router, raw);
     assert_eq!(branch, Branch::ExplicitRoutingKeySpillover);
     assert_eq!(count, 0);
-    drop(held);
+    assert_eq!(
+        router.table().explain(&key).load_signal,
+        Some(LoadSignal::WorkerMetrics)
+    );
 }
 
 #[test]

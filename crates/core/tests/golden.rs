@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 
 use bch_core::explain::{Explainer, Scenario};
-use bch_core::policy::{PolicyKind, PolicySettings};
+use bch_core::fleet_load::{FleetSample, LoadSource};
+use bch_core::policy::{PolicyKind, PolicySettings, SpillOrder};
 use bch_core::ring::{Ring, hash_position};
 use bch_core::router::{Router, WorkerSource, WorkerSpec};
 use bch_core::routing_key::{ExplicitKey, RoutingKey};
@@ -144,8 +145,61 @@ fn bounded_decisions_match() {
     }
 }
 
+/// The same vectors in `worker_metrics` mode, as one replica alone sees them: every worker reports
+/// exactly this replica's requests (a scrape right after the loads were reached), so the fleet
+/// number is the local one and every decision must be unchanged.
+#[test]
+fn bounded_decisions_match_in_worker_metrics_mode_for_one_replica() {
+    let bounded: Bounded = serde_json::from_str(BOUNDED).unwrap();
+    let mut explainer = Explainer::new();
+    for case in &bounded.cases {
+        let (mut scenario, expect_worker, expect_branch) = split_case(&bounded.workers, case);
+        scenario.load_source = LoadSource::WorkerMetrics;
+        for url in &bounded.workers {
+            let local = scenario.loads.get(url).copied().unwrap_or(0);
+            scenario.reported.insert(url.clone(), local);
+        }
+        let answer = explainer.explain(&scenario).unwrap();
+        assert_eq!(answer.worker, expect_worker, "{scenario:?}");
+        assert_eq!(answer.branch.as_str(), expect_branch, "{scenario:?}");
+    }
+}
+
+/// How a burst meets the scraper in `worker_metrics` mode.
+#[derive(Debug, Clone, Copy)]
+enum Scrapes {
+    /// `local` mode: no scraping at all.
+    Off,
+    /// One scrape of the idle fleet just before the burst, none during it: the burst splits inside
+    /// one scrape interval, on the requests the replica sent since the scrape.
+    BeforeTheBurst,
+    /// A scrape after every request, each reporting exactly this replica's requests.
+    AfterEveryRequest,
+}
+
 #[test]
 fn bursts_land_six_to_two() {
+    for scrapes in [
+        Scrapes::Off,
+        Scrapes::BeforeTheBurst,
+        Scrapes::AfterEveryRequest,
+    ] {
+        bursts_land_six_to_two_with(scrapes);
+    }
+}
+
+fn scrape_exactly(router: &Router) {
+    for worker in router.table().workers() {
+        let local = worker.stats.active();
+        let sample = FleetSample {
+            reported: local,
+            local_at_scrape: local,
+        };
+        worker.stats.fleet_sample().publish(sample, 1);
+    }
+}
+
+fn bursts_land_six_to_two_with(scrapes: Scrapes) {
     let bounded: Bounded = serde_json::from_str(BOUNDED).unwrap();
     let gaps: Vec<u64> = bounded.bursts.iter().map(|b| b.min_load_gap).collect();
     assert_eq!(gaps, vec![0, 1, 2, 4]);
@@ -153,18 +207,33 @@ fn bursts_land_six_to_two() {
         let policy = PolicySettings {
             min_load_gap: burst.min_load_gap,
             max_load_skew: burst.max_load_skew,
+            load_source: match scrapes {
+                Scrapes::Off => LoadSource::Local,
+                _ => LoadSource::WorkerMetrics,
+            },
             ..Default::default()
         };
         let router = Router::new(specs(&burst.workers), policy).unwrap();
         let key = RoutingKey::Explicit(ExplicitKey::parse(burst.routing_key.as_bytes()).unwrap());
-        let held: Vec<_> = (0..burst.requests).map(|_| router.route(&key)).collect();
+        if !matches!(scrapes, Scrapes::Off) {
+            scrape_exactly(&router);
+        }
+        let held: Vec<_> = (0..burst.requests)
+            .map(|_| {
+                let routed = router.route(&key);
+                if matches!(scrapes, Scrapes::AfterEveryRequest) {
+                    scrape_exactly(&router);
+                }
+                routed
+            })
+            .collect();
         let table = router.table();
         for (url, expected) in &burst.expect_loads {
             let worker = table.workers().iter().find(|w| &w.spec.url == url).unwrap();
             assert_eq!(
                 worker.stats.active(),
                 *expected,
-                "gap {} {url}",
+                "gap {} {url} {scrapes:?}",
                 burst.min_load_gap
             );
         }
@@ -189,7 +258,11 @@ fn near_idle_vectors() {
         explicit: true,
         min_load_gap: 2,
         max_load_skew: 1.5,
+        spill_order: SpillOrder::Ring,
         policy: PolicyKind::BoundedConsistentHashing,
+        load_source: LoadSource::Local,
+        reported: HashMap::new(),
+        local_at_scrape: HashMap::new(),
     };
     let preferred = explainer.explain(&base).unwrap().worker.unwrap();
     for (gap, p, spills) in [

@@ -10,8 +10,9 @@
 use std::sync::{Arc, Weak};
 
 use bch_core::decide::{Decision, FleetView, decide};
+use bch_core::fleet_load::{FleetSample, LoadSignal, LoadSource, fleet_load};
 use bch_core::load::WorkerStats;
-use bch_core::policy::{Branch, PolicyKind, PolicyPatch, PolicySettings};
+use bch_core::policy::{Branch, PolicyKind, PolicyPatch, PolicySettings, SpillOrder};
 use bch_core::ring::{Ring, hash_position};
 use bch_core::router::{Routed, Router, RoutingTable, WorkerSource, WorkerSpec};
 use bch_core::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource, RoutingKey};
@@ -287,7 +288,9 @@ proptest! {
             kind: if bounded { PolicyKind::BoundedConsistentHashing } else { PolicyKind::ConsistentHashing },
             min_load_gap,
             max_load_skew,
+            spill_order: SpillOrder::HashSeeded,
             virtual_nodes,
+            load_source: LoadSource::Local,
         };
         let implicit = RoutingKey::Implicit(ImplicitKey::from_value(ImplicitSource::Cookie, &key));
         let decision = decide(&ring, &policy, &implicit, &fleet, 7, 7);
@@ -320,8 +323,10 @@ proptest! {
         max_load_skew in skews(),
         key in "[ -~]{1,40}",
         virtual_nodes in 1u32..=40,
+        order in spill_orders(),
     ) {
-        check_spill_rule(&healthy, &loads[..n], extra, min_load_gap, max_load_skew, &key, virtual_nodes)?;
+        let rule = Rule { min_load_gap, max_load_skew, order };
+        check_spill_rule(&healthy, &loads[..n], extra, rule, &key, virtual_nodes)?;
     }
 }
 
@@ -339,8 +344,10 @@ proptest! {
         min_load_gap in 0u64..4,
         max_load_skew in skews(),
         key in "[ -~]{1,40}",
+        order in spill_orders(),
     ) {
-        check_spill_rule(&healthy[..n], &loads[..n], extra, min_load_gap, max_load_skew, &key, 4)?;
+        let rule = Rule { min_load_gap, max_load_skew, order };
+        check_spill_rule(&healthy[..n], &loads[..n], extra, rule, &key, 4)?;
     }
 }
 
@@ -356,13 +363,47 @@ proptest! {
         extra in prop_oneof![Just(0u64), (1u64 << 50)..(1u64 << 59)],
         max_load_skew in skews(),
         key in "[ -~]{1,40}",
+        order in spill_orders(),
     ) {
-        check_spill_rule(&healthy, &loads[..n], extra, 2, max_load_skew, &key, 8)?;
+        let rule = Rule { min_load_gap: 2, max_load_skew, order };
+        check_spill_rule(&healthy, &loads[..n], extra, rule, &key, 8)?;
     }
 }
 
 fn skews() -> impl Strategy<Value = f64> {
     prop_oneof![Just(1.0f64), Just(1.5), Just(2.0), 1.0f64..3.0]
+}
+
+fn spill_orders() -> impl Strategy<Value = SpillOrder> {
+    prop_oneof![Just(SpillOrder::Ring), Just(SpillOrder::HashSeeded)]
+}
+
+/// The thresholds and spill order a spill-rule check runs under.
+#[derive(Clone, Copy, Debug)]
+struct Rule {
+    min_load_gap: u64,
+    max_load_skew: f64,
+    order: SpillOrder,
+}
+
+/// MurmurHash3's 64-bit finaliser, restated from docs/policy.md ("Spill order").
+fn fmix64(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
+}
+
+/// The hash-seeded spill order as docs/policy.md states it: workers by descending
+/// `fmix64(key position XOR position(ring id))`, ties to the larger ring-id position.
+fn seeded_order_by_spec(ids: &[String], position: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..ids.len()).collect();
+    order.sort_by_key(|&w| {
+        let seed = hash_position(ids[w].as_bytes());
+        std::cmp::Reverse((fmix64(position ^ seed), seed))
+    });
+    order
 }
 
 /// Decides `key` on a ring of `healthy.len()` workers with the given loads (the preferred worker
@@ -371,11 +412,15 @@ fn check_spill_rule(
     healthy: &[bool],
     loads: &[u64],
     extra: u64,
-    min_load_gap: u64,
-    max_load_skew: f64,
+    rule: Rule,
     key: &str,
     virtual_nodes: u32,
 ) -> Result<(), TestCaseError> {
+    let Rule {
+        min_load_gap,
+        max_load_skew,
+        order,
+    } = rule;
     let n = healthy.len();
     let ids: Vec<String> = (0..n).map(|i| spec(i).url).collect();
     let ring = Ring::build(&ids, virtual_nodes);
@@ -392,6 +437,7 @@ fn check_spill_rule(
     let policy = PolicySettings {
         min_load_gap,
         max_load_skew,
+        spill_order: order,
         ..settings(virtual_nodes)
     };
     let decision = decide(
@@ -428,10 +474,13 @@ fn check_spill_rule(
     let limit = mean * max_load_skew;
     let spill = p - min > min_load_gap && p as f64 > limit;
     if spill {
-        let target = walk[1..]
-            .iter()
-            .copied()
-            .find(|&w| healthy[w] && fleet.loads[w] as f64 <= limit)
+        let candidates = match order {
+            SpillOrder::Ring => walk[1..].to_vec(),
+            SpillOrder::HashSeeded => seeded_order_by_spec(&ids, explicit.position()),
+        };
+        let target = candidates
+            .into_iter()
+            .find(|&w| w != preferred && healthy[w] && fleet.loads[w] as f64 <= limit)
             .expect("the healthy minimum is always eligible when skew >= 1");
         prop_assert_eq!(decision.branch, Branch::ExplicitRoutingKeySpillover);
         prop_assert_eq!(decision.worker, Some(target));
@@ -689,7 +738,7 @@ proptest! {
                 }
                 Op::Policy { kind, min_load_gap, max_load_skew } => {
                     let before = router.table();
-                    let patch = PolicyPatch { kind, min_load_gap, max_load_skew, virtual_nodes: None };
+                    let patch = PolicyPatch { kind, min_load_gap, max_load_skew, spill_order: None, virtual_nodes: None, load_source: None };
                     match router.set_policy(&patch) {
                         Ok(applied) => prop_assert_eq!(*router.table().policy(), applied),
                         Err(_) => {
@@ -717,4 +766,149 @@ proptest! {
             prop_assert_eq!(stats.active(), 0);
         }
     }
+}
+
+// Fleet-wide load (docs/replicas.md): the formula's contract, and N replicas sharing one fleet.
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Never below this replica's own count; no sample is local load; an exact report of this
+    /// replica's own requests is its own count (one replica alone routes as in `local` mode);
+    /// monotone in the report and in this replica's count.
+    #[test]
+    fn fleet_load_contract(
+        local in 0u64..1_000,
+        reported in 0u64..1_000,
+        at_scrape in 0u64..1_000,
+        more in 0u64..10,
+    ) {
+        let sample = FleetSample { reported, local_at_scrape: at_scrape };
+        let load = fleet_load(local, Some(sample));
+        prop_assert!(load >= local);
+        prop_assert_eq!(fleet_load(local, None), local);
+        let exact = FleetSample { reported: at_scrape, local_at_scrape: at_scrape };
+        prop_assert_eq!(fleet_load(local, Some(exact)), local);
+        let higher = FleetSample { reported: reported + more, ..sample };
+        prop_assert!(fleet_load(local, Some(higher)) >= load);
+        prop_assert!(fleet_load(local + more, Some(sample)) >= load);
+        // What other replicas had at the scrape is carried over unchanged.
+        if reported >= at_scrape {
+            prop_assert_eq!(load, reported - at_scrape + local);
+        }
+        prop_assert_eq!(sample.since_scrape(local), local as i64 - at_scrape as i64);
+    }
+
+    /// A sample beyond what the cell holds saturates instead of wrapping: the rule can only see
+    /// more load than reported, never less.
+    #[test]
+    fn sample_cell_round_trips_or_saturates(reported in any::<u64>(), at_scrape in any::<u64>()) {
+        let cell = bch_core::fleet_load::SampleCell::default();
+        cell.publish(FleetSample { reported, local_at_scrape: at_scrape }, 5);
+        let back = cell.fresh().unwrap();
+        prop_assert_eq!(back.reported, reported.min(bch_core::fleet_load::MAX_REPORTED));
+        prop_assert_eq!(back.local_at_scrape, at_scrape.min(bch_core::fleet_load::MAX_LOCAL_AT_SCRAPE));
+    }
+}
+
+/// N routers over one fleet, each scraping every worker's true load (the sum of every router's
+/// in-flight requests) before each request, as a scrape interval shorter than the request spacing
+/// gives: in `worker_metrics` mode the replicas place requests exactly as one gateway does.
+fn replicas_place(replicas: usize, requests: usize, source: LoadSource) -> (Vec<u64>, Vec<Routed>) {
+    let specs: Vec<WorkerSpec> = (0..2).map(spec).collect();
+    let policy = PolicySettings {
+        load_source: source,
+        ..PolicySettings::default()
+    };
+    let routers: Vec<Router> = (0..replicas)
+        .map(|_| Router::new(specs.clone(), policy).unwrap())
+        .collect();
+    let key = RoutingKey::Explicit(ExplicitKey::parse(b"session-a").unwrap());
+    let truth = |w: usize| -> u64 {
+        routers
+            .iter()
+            .map(|r| r.table().workers()[w].stats.active())
+            .sum()
+    };
+    let mut held = Vec::new();
+    for i in 0..requests {
+        for router in &routers {
+            for (w, worker) in router.table().workers().iter().enumerate() {
+                let sample = FleetSample {
+                    reported: truth(w),
+                    local_at_scrape: worker.stats.active(),
+                };
+                worker.stats.fleet_sample().publish(sample, 1);
+            }
+        }
+        let routed = routers[i % replicas].route(&key);
+        if source == LoadSource::WorkerMetrics && i > 0 {
+            assert_eq!(routed.decision.load_signal, Some(LoadSignal::WorkerMetrics));
+        }
+        held.push(routed);
+    }
+    ((0..2).map(truth).collect(), held)
+}
+
+#[test]
+fn three_replicas_decide_as_one_with_worker_metrics() {
+    let (alone, held_alone) = replicas_place(1, 8, LoadSource::Local);
+    let mut sorted = alone.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, vec![2, 6], "one gateway splits the burst 6:2");
+    let (fleet, held_fleet) = replicas_place(3, 8, LoadSource::WorkerMetrics);
+    assert_eq!(
+        fleet, alone,
+        "three replicas with worker metrics place as one gateway"
+    );
+    let (local, held_local) = replicas_place(3, 8, LoadSource::Local);
+    assert!(
+        local.contains(&8),
+        "three local replicas see at most 3 each and never spill: {local:?}"
+    );
+    for held in [held_alone, held_fleet, held_local] {
+        let stats: Vec<_> = held
+            .iter()
+            .filter_map(|r| r.guard.as_ref().map(|g| Arc::clone(g.stats())))
+            .collect();
+        drop(held);
+        assert!(stats.iter().all(|s| s.active() == 0));
+    }
+}
+
+/// A stale sample is not read: the rule falls back to local load and says so.
+#[test]
+fn stale_samples_fall_back_to_local_load() {
+    let specs: Vec<WorkerSpec> = (0..2).map(spec).collect();
+    let policy = PolicySettings {
+        load_source: LoadSource::WorkerMetrics,
+        ..PolicySettings::default()
+    };
+    let router = Router::new(specs, policy).unwrap();
+    let key = RoutingKey::Explicit(ExplicitKey::parse(b"session-a").unwrap());
+    let preferred = router.table().explain(&key).preferred.unwrap();
+    let stats = Arc::clone(&router.table().workers()[preferred].stats);
+    stats.fleet_sample().publish(
+        FleetSample {
+            reported: 9,
+            local_at_scrape: 0,
+        },
+        1,
+    );
+    let hot = router.table().explain(&key);
+    assert_eq!(hot.branch, Branch::ExplicitRoutingKeySpillover);
+    assert_eq!(
+        hot.load_signal,
+        Some(LoadSignal::Mixed),
+        "the other worker was never scraped"
+    );
+    stats.fleet_sample().mark_stale();
+    let cold = router.table().explain(&key);
+    assert_eq!(cold.branch, Branch::ExplicitRoutingKeyHit);
+    assert_eq!(cold.load_signal, Some(LoadSignal::Local));
+    let records = router.table().worker_records(10);
+    assert!(records[preferred].load_stale);
+    assert_eq!(records[preferred].reported_load, Some(9));
+    assert_eq!(records[preferred].scrape_age_ms, Some(9));
+    assert_eq!(records[preferred].load, Some(0));
 }

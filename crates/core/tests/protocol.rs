@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use bch_core::policy::{Branch, PolicyKind, PolicySettings};
+use bch_core::fleet_load::{LoadSignal, LoadSource};
+use bch_core::policy::{Branch, PolicyKind, PolicySettings, SpillOrder};
 use bch_core::telemetry::*;
 
 fn policy() -> PolicySettings {
@@ -11,7 +12,9 @@ fn policy() -> PolicySettings {
         kind: PolicyKind::BoundedConsistentHashing,
         min_load_gap: 2,
         max_load_skew: 1.5,
+        spill_order: SpillOrder::Ring,
         virtual_nodes: 150,
+        load_source: LoadSource::WorkerMetrics,
     }
 }
 
@@ -30,6 +33,10 @@ fn worker(name: &str, active: u64, healthy: bool) -> WorkerRecord {
         spilled_in_total: 3,
         spilled_out_total: 1,
         errors_total: 0,
+        load: Some(active + 2),
+        reported_load: Some(active + 2),
+        scrape_age_ms: Some(40),
+        load_stale: !healthy,
         source: Default::default(),
     }
 }
@@ -77,6 +84,7 @@ fn spill() -> SpillEvent {
         mean_load: 1.5,
         min_load_gap: 2,
         max_load_skew: 1.5,
+        load_signal: LoadSignal::WorkerMetrics,
     }
 }
 
@@ -201,6 +209,8 @@ fn client_commands_have_a_stable_shape() {
         kind: None,
         min_load_gap: Some(3),
         max_load_skew: Some(1.25),
+        spill_order: Some(SpillOrder::HashSeeded),
+        load_source: Some(LoadSource::WorkerMetrics),
     };
     insta::assert_json_snapshot!("set_policy", set_policy);
     insta::assert_json_snapshot!("resync", ClientCommand::Resync { id: None });
@@ -229,7 +239,26 @@ fn a_worker_record_without_a_state_is_active() {
 #[test]
 fn unknown_fields_from_a_newer_server_are_ignored() {
     let json = r#"{"v":1,"seq":9,"type":"policy","ts_ms":1,"changed_by":"ws","future":true,
-        "policy":{"kind":"round_robin","min_load_gap":0,"max_load_skew":1.0,"virtual_nodes":150}}"#;
+        "policy":{"kind":"round_robin","min_load_gap":0,"max_load_skew":1.0,"virtual_nodes":150,
+        "future_policy_field":"x"}}"#;
     let frame: ServerFrame = serde_json::from_str(json).unwrap();
     assert_eq!(frame.seq, 9);
+    // Inside the policy too: a newer server may add a setting.
+    let json = r#"{"v":1,"seq":9,"type":"policy","ts_ms":1,"changed_by":"ws",
+        "policy":{"kind":"round_robin","min_load_gap":0,"max_load_skew":1.0,"virtual_nodes":150,
+        "load_source":"worker_metrics","future":1}}"#;
+    let frame: ServerFrame = serde_json::from_str(json).unwrap();
+    let ServerMessage::Policy(update) = frame.message else {
+        panic!("a policy frame")
+    };
+    assert_eq!(update.policy.load_source, LoadSource::WorkerMetrics);
+}
+
+#[test]
+fn records_from_a_gateway_without_fleet_load_still_parse() {
+    let json = r#"{"name":"w","url":"http://a","healthy":true,"active":3,"requests_total":9,
+        "spilled_in_total":0,"spilled_out_total":0,"errors_total":0}"#;
+    let record: WorkerRecord = serde_json::from_str(json).unwrap();
+    assert_eq!((record.load, record.load_stale), (None, false));
+    assert_eq!(record.rule_load(), 3);
 }

@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
 
-use bch_core::policy::{Branch, PolicyKind, PolicyPatch, PolicySettings};
+use bch_core::fleet_load::LoadSource;
+use bch_core::policy::{Branch, PolicyKind, PolicyPatch, PolicySettings, SpillOrder};
 use bch_core::router::{Routed, Router, WorkerSource, WorkerSpec};
 use bch_core::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource, RoutingKey};
 
@@ -151,7 +152,10 @@ fn concurrent_routing_with_health_and_threshold_churn_balances_to_zero() {
                         kind: Some(kinds[rng.below(kinds.len() as u64) as usize]),
                         min_load_gap: Some(rng.below(4)),
                         max_load_skew: Some(1.0 + rng.below(100) as f64 / 100.0),
+                        spill_order: Some(SpillOrder::ALL[rng.below(2) as usize]),
                         virtual_nodes: None,
+                        // Flipping the load source mid-traffic must not disturb the accounting.
+                        load_source: Some(LoadSource::ALL[rng.below(2) as usize]),
                     })
                     .unwrap();
                 thread::yield_now();

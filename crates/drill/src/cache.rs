@@ -44,19 +44,42 @@ impl PrefixCache {
     /// Like vLLM, at most `len - 1` tokens count as a hit: the engine must compute the last prompt token
     /// itself to get the logits of the first output token. The blocks hit are marked recently used.
     pub(crate) fn lookup(&mut self, tokens: &[u32]) -> usize {
+        let hashes = self.usable_chain(tokens);
+        self.hit(&hashes) * self.block_size
+    }
+
+    /// Chained hashes of the full blocks a lookup of `tokens` may hit: those within the first
+    /// `len - 1` tokens.
+    pub(crate) fn usable_chain(&self, tokens: &[u32]) -> Vec<u64> {
         let usable = tokens.len().saturating_sub(1);
-        let Some(blocks) = self.blocks.as_mut() else {
-            return 0;
-        };
-        let hashes = chain_hashes(self.block_size, &tokens[..usable]);
-        let hits = hashes.iter().take_while(|h| blocks.contains(h)).count();
-        // Refresh in reverse so the first block ends up the most recently used: a chain is useless
-        // without its head, so eviction must take tails first (vLLM frees blocks in reverse for the same
-        // reason).
-        for hash in hashes[..hits].iter().rev() {
-            blocks.promote(hash);
+        chain_hashes(self.block_size, &tokens[..usable])
+    }
+
+    /// Leading blocks of `chain` that are cached, without refreshing them.
+    pub(crate) fn peek(&self, chain: &[u64]) -> usize {
+        match self.blocks.as_ref() {
+            Some(blocks) => chain.iter().take_while(|h| blocks.contains(h)).count(),
+            None => 0,
         }
-        hits * self.block_size
+    }
+
+    /// Leading blocks of `chain` that are cached, refreshed as used.
+    pub(crate) fn hit(&mut self, chain: &[u64]) -> usize {
+        let hits = self.peek(chain);
+        if let Some(blocks) = self.blocks.as_mut() {
+            // Refresh in reverse so the first block ends up the most recently used: a chain is
+            // useless without its head, so eviction must take tails first (vLLM frees blocks in
+            // reverse for the same reason).
+            for hash in chain[..hits].iter().rev() {
+                blocks.promote(hash);
+            }
+        }
+        hits
+    }
+
+    /// Tokens per block.
+    pub(crate) fn block_size(&self) -> usize {
+        self.block_size
     }
 
     /// Caches every full block of `tokens` (after their prefill), evicting least recently used blocks

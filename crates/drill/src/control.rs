@@ -92,12 +92,45 @@ impl ControlClient {
         Ok(body.workers)
     }
 
+    /// `GET /admin/policy`: the policy in force, as the gateway reports it.
+    pub(crate) async fn policy(&self) -> anyhow::Result<Value> {
+        self.send(
+            self.request(reqwest::Method::GET, "/admin/policy"),
+            "GET /admin/policy",
+        )
+        .await
+    }
+
     /// `PUT /admin/policy`; answers the resulting policy as the gateway reports it.
     pub(crate) async fn set_policy(&self, patch: &PolicyPatch) -> anyhow::Result<Value> {
         let request = self
             .request(reqwest::Method::PUT, "/admin/policy")
             .json(patch);
         self.send(request, "PUT /admin/policy").await
+    }
+
+    /// [`ControlClient::wait_drained`] on every replica's control plane at once: drained when all
+    /// are, `active` summed per worker name over the replicas, the longest wait.
+    pub(crate) async fn wait_all_drained(
+        clients: &[ControlClient],
+        within: Duration,
+    ) -> anyhow::Result<DrainCheck> {
+        let checks =
+            futures_util::future::try_join_all(clients.iter().map(|c| c.wait_drained(within)))
+                .await?;
+        let mut merged = DrainCheck {
+            all_zero: true,
+            waited_ms: 0.0,
+            active: BTreeMap::new(),
+        };
+        for check in checks {
+            merged.all_zero &= check.all_zero;
+            merged.waited_ms = merged.waited_ms.max(check.waited_ms);
+            for (worker, active) in check.active {
+                *merged.active.entry(worker).or_default() += active;
+            }
+        }
+        Ok(merged)
     }
 
     /// Polls `GET /admin/workers` until every worker's `active` is 0, for at most `within`.

@@ -10,15 +10,19 @@ use anyhow::Context as _;
 use bch_core::routing_key::DEFAULT_ROUTING_KEY_HEADER;
 use bch_drill::ab::{AbConfig, parse_cells, run_ab, write_plot};
 use bch_drill::sim::{DEFAULT_MODEL, SimConfig};
-use bch_drill::storm::{StormConfig, run_storm};
+use bch_drill::storm::{PrefixScope, StormConfig, run_storm};
 use bch_drill::worker::spawn_worker;
 use clap::{Args, Parser, Subcommand};
 use reqwest::Url;
+use tokio_util::sync::CancellationToken;
 
 /// Drills for a bch gateway: simulated OpenAI-compatible workers, storms of sibling requests sharing
 /// routing keys, and A/B comparisons of routing policies.
+///
+/// A repeated option takes its last value, so a wrapper script's defaults can be overridden by
+/// arguments appended after them (`tests/sim/ab.sh original --reps 3`).
 #[derive(Debug, Parser)]
-#[command(name = "bch-drill", version)]
+#[command(name = "bch-drill", version, args_override_self = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -73,18 +77,24 @@ struct SimArgs {
     /// Prefix-cache capacity of each worker, in blocks; 0 disables the cache.
     #[arg(long)]
     cache_blocks: Option<usize>,
-    /// Fixed overhead of each request before its prefill, in milliseconds.
+    /// Prefill throughput of each worker in prompt tokens per second, shared by the prefills of an
+    /// engine step; inf makes prefill free.
     #[arg(long)]
-    prefill_base_ms: Option<f64>,
-    /// Prefill cost of each uncached prompt token, in microseconds.
+    prefill_tokens_per_s: Option<f64>,
+    /// Prompt tokens one engine step may carry, decode tokens included; longer prefills are split
+    /// into chunks. Keep it at least --max-batch, or decodes crowd out prefill.
     #[arg(long)]
-    prefill_us_per_token: Option<f64>,
-    /// Decode step time of a request running alone, in milliseconds.
+    chunk_tokens: Option<usize>,
+    /// Time of an engine step with one decoding request, in milliseconds.
     #[arg(long)]
     decode_base_ms: Option<f64>,
-    /// Extra decode step time for each further request in the running batch, in milliseconds.
+    /// Extra engine step time for each further decoding request, in milliseconds.
     #[arg(long)]
     decode_per_running_ms: Option<f64>,
+    /// Let a request compute a prefix that another running request is already computing, instead
+    /// of waiting for it and hitting the cache.
+    #[arg(long)]
+    no_prefix_wait: bool,
 }
 
 impl SimArgs {
@@ -103,8 +113,11 @@ impl SimArgs {
             }
         };
         set(&mut c.time_scale, self.time_scale);
-        set(&mut c.prefill_base_ms, self.prefill_base_ms);
-        set(&mut c.prefill_us_per_token, self.prefill_us_per_token);
+        set(&mut c.prefill_tokens_per_s, self.prefill_tokens_per_s);
+        c.chunk_tokens = self.chunk_tokens.unwrap_or(c.chunk_tokens);
+        if self.no_prefix_wait {
+            c.wait_for_shared_prefix = false;
+        }
         set(&mut c.decode_step_base_ms, self.decode_base_ms);
         set(
             &mut c.decode_step_per_running_ms,
@@ -122,9 +135,11 @@ impl SimArgs {
 /// The storm's shape, shared by `storm` and `ab`.
 #[derive(Debug, Args)]
 struct StormOpts {
-    /// Data-plane URL of the gateway (or of one worker, for a baseline).
-    #[arg(long, env = "BCH_GATEWAY")]
-    gateway: Url,
+    /// Data-plane URL of the gateway (or of one worker, for a baseline). Several replicas in front
+    /// of one fleet: `A,B,C`, and requests go round-robin over them, as an L4 balancer would spread
+    /// them.
+    #[arg(long, env = "BCH_GATEWAY", value_delimiter = ',', required = true)]
+    gateway: Vec<Url>,
     /// Groups of sibling requests to fire.
     #[arg(long, default_value_t = StormConfig::default().groups)]
     groups: usize,
@@ -140,9 +155,21 @@ struct StormOpts {
     /// Ask for whole responses instead of SSE streams (TTFT is then the full response time).
     #[arg(long)]
     no_stream: bool,
-    /// Prompt tokens shared by every request of a key.
+    /// Prompt tokens of the shared prefix.
     #[arg(long, default_value_t = StormConfig::default().prefix_tokens)]
     prefix_tokens: usize,
+    /// Who shares the prefix: key (every group of a routing key, like a long-lived session) or
+    /// group (only the siblings of one group: every group brings a new prefix, like n samples of
+    /// one prompt in RL rollouts).
+    #[arg(long, value_parser = parse_scope, default_value = "key")]
+    prefix_scope: PrefixScope,
+    /// Make the first N keys hot: they take --hot-share of the groups and the other keys the rest,
+    /// each group's key drawn from the seed. 0 cycles the groups over the keys in turn.
+    #[arg(long, default_value_t = 0)]
+    hot_keys: usize,
+    /// Share of the groups, 0 to 1, that go to the hot keys.
+    #[arg(long, default_value_t = StormConfig::default().hot_share)]
+    hot_share: f64,
     /// Prompt tokens distinct to each request.
     #[arg(long, default_value_t = StormConfig::default().suffix_tokens)]
     suffix_tokens: usize,
@@ -155,9 +182,11 @@ struct StormOpts {
     /// Model name sent in requests.
     #[arg(long, default_value = DEFAULT_MODEL)]
     model: String,
-    /// Seed of the prompt text; the routing key names do not depend on it.
-    #[arg(long, default_value_t = StormConfig::default().seed)]
-    seed: u64,
+    /// Seed of the prompt text (and of a hot-key storm's key sequence); the routing key names do
+    /// not depend on it. Unless given, every invocation draws its own, so a second invocation does
+    /// not find the first one's prompts in the workers' caches.
+    #[arg(long)]
+    seed: Option<u64>,
     /// Seconds after which a request is given up, from sending it to its last byte.
     #[arg(long, default_value_t = StormConfig::default().request_timeout.as_secs())]
     timeout_s: u64,
@@ -169,6 +198,10 @@ struct StormOpts {
     /// whitespace is ignored), so the token never shows in `ps`.
     #[arg(long, env = "BCH_CONTROL_TOKEN_FILE", conflicts_with = "control_token")]
     control_token_file: Option<std::path::PathBuf>,
+}
+
+fn parse_scope(s: &str) -> Result<PrefixScope, String> {
+    s.parse()
 }
 
 impl StormOpts {
@@ -188,22 +221,32 @@ impl StormOpts {
         Ok(Some(token.to_owned()))
     }
 
-    fn config(&self, control: Option<Url>) -> StormConfig {
+    /// The seed given, or a fresh one for this invocation (32 bits: short enough to type back).
+    fn seed(&self) -> u64 {
+        self.seed
+            .unwrap_or_else(|| u64::from(rand::random::<u32>()))
+    }
+
+    fn config(&self, control: Option<Url>, seed: u64) -> StormConfig {
         StormConfig {
-            gateway: self.gateway.clone(),
+            gateway: self.gateway[0].clone(),
+            replicas: self.gateway[1..].to_vec(),
             groups: self.groups,
             siblings: self.siblings,
             keys: self.keys,
             concurrency: self.concurrency,
             stream: !self.no_stream,
             prefix_tokens: self.prefix_tokens,
+            prefix_scope: self.prefix_scope,
+            hot_keys: self.hot_keys,
+            hot_share: self.hot_share,
             suffix_tokens: self.suffix_tokens,
             max_tokens: self.max_tokens,
             routing_key_header: self.routing_key_header.clone(),
             model: self.model.clone(),
             control,
             control_token: self.control_token().ok().flatten(),
-            seed: self.seed,
+            seed,
             request_timeout: Duration::from_secs(self.timeout_s),
             ..StormConfig::default()
         }
@@ -214,9 +257,10 @@ impl StormOpts {
 struct StormArgs {
     #[command(flatten)]
     storm: StormOpts,
-    /// Control-plane URL; when given, the report checks that every worker's active load returns to 0.
-    #[arg(long, env = "BCH_CONTROL")]
-    control: Option<Url>,
+    /// Control-plane URL; when given, the report checks that every worker's active load returns to
+    /// 0. With several replicas, every replica's control plane: `A,B,C`.
+    #[arg(long, env = "BCH_CONTROL", value_delimiter = ',')]
+    control: Vec<Url>,
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
@@ -226,9 +270,10 @@ struct StormArgs {
 struct AbArgs {
     #[command(flatten)]
     storm: StormOpts,
-    /// Control-plane URL of the gateway; the policy is switched there between cells.
-    #[arg(long, env = "BCH_CONTROL")]
-    control: Url,
+    /// Control-plane URL of the gateway; the policy is switched there between cells. With several
+    /// replicas, every replica's control plane (`A,B,C`): the policy is switched on each.
+    #[arg(long, env = "BCH_CONTROL", value_delimiter = ',', required = true)]
+    control: Vec<Url>,
     /// Cells separated by `,`, options within a cell by `:`; the first cell is the baseline.
     /// E.g. `strict,gap=1,gap=2:skew=1.25`.
     #[arg(long, default_value = "strict,gap=1,gap=2,gap=4")]
@@ -286,7 +331,10 @@ async fn workers(args: WorkersArgs) -> anyhow::Result<()> {
 
 async fn storm(args: StormArgs) -> anyhow::Result<()> {
     args.storm.control_token()?;
-    let report = run_storm(&args.storm.config(args.control.clone())).await?;
+    let seed = args.storm.seed();
+    let mut config = args.storm.config(args.control.first().cloned(), seed);
+    config.replica_controls = args.control.iter().skip(1).cloned().collect();
+    let report = run_storm(&config).await?;
     print!("{report}");
     if let Some(path) = &args.out {
         write_json(path, &report)?;
@@ -294,29 +342,62 @@ async fn storm(args: StormArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn ab(args: AbArgs) -> anyhow::Result<()> {
+/// Fires `cancel` on Ctrl-C or SIGTERM, so a run in progress can put the gateway's policy back
+/// before the process ends.
+fn cancel_on_signal(cancel: CancellationToken) -> anyhow::Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        eprintln!("bch-drill: interrupted: restoring the gateway's policy");
+        cancel.cancel();
+    });
+    Ok(())
+}
+
+async fn ab(args: AbArgs, cancel: CancellationToken) -> anyhow::Result<()> {
     let cells = parse_cells(&args.cells).context("--cells")?;
+    let seed = args.storm.seed();
     let config = AbConfig {
         storm: StormConfig {
             progress: false,
-            ..args.storm.config(None)
+            ..args.storm.config(None, seed)
         },
-        control: args.control.clone(),
+        seed_given: args.storm.seed.is_some(),
+        control: args.control[0].clone(),
+        replica_controls: args.control[1..].to_vec(),
         control_token: args.storm.control_token()?,
         cells,
         reps: args.reps,
     };
     let total = config.cells.len() * config.reps;
-    let report = run_ab(&config, |run| {
+    eprintln!(
+        "bch-drill ab: {total} runs, prompt seed {seed} ({})",
+        if config.seed_given {
+            "given"
+        } else {
+            "random; pass --seed to repeat it"
+        }
+    );
+    cancel_on_signal(cancel.clone())?;
+    let report = run_ab(&config, &cancel, |run| {
+        let cached = if run.report.cached_reported > 0 {
+            format!("{:>5.1}%", run.report.cached_token_fraction * 100.0)
+        } else {
+            "  n/a".to_owned()
+        };
         eprintln!(
-            "[{}/{total}] rep {} {:<16} {:>8.1} req/s  TTFT mean {:>7.1} ms  spill {:>5.1}%  cached {:>5.1}%",
+            "[{}/{total}] rep {} {:<16} {:>8.1} req/s  TTFT mean {:>7.1} ms  spill {:>5.1}%  cached {cached}  seed {}",
             run.order,
             run.rep,
             run.cell,
             run.report.throughput_rps,
             run.report.ttft.mean_ms,
             run.report.spill_fraction * 100.0,
-            run.report.cached_token_fraction * 100.0,
+            run.report.shape.seed,
         );
     })
     .await?;
@@ -339,17 +420,23 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    let cancel = CancellationToken::new();
     let result = match cli.command {
         Command::Workers(args) => workers(args).await,
         Command::Storm(args) => storm(args).await,
-        Command::Ab(args) => ab(args).await,
+        Command::Ab(args) => ab(args, cancel.clone()).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One line: the context chain joined by ": ".
             eprintln!("bch-drill: error: {e:#}");
-            ExitCode::FAILURE
+            if cancel.is_cancelled() {
+                // 128 + SIGINT, as shells report an interrupted command.
+                ExitCode::from(130)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -383,7 +470,7 @@ mod tests {
             Some("file-token")
         );
         assert_eq!(
-            args.storm.config(None).control_token.as_deref(),
+            args.storm.config(None, 1).control_token.as_deref(),
             Some("file-token")
         );
         let both = Cli::try_parse_from(base.iter().copied().chain([
@@ -435,18 +522,96 @@ mod tests {
             panic!("not ab")
         };
         assert_eq!(args.reps, 3);
-        assert!(!args.storm.config(None).stream);
+        assert!(!args.storm.config(None, 1).stream);
         assert_eq!(parse_cells(&args.cells).unwrap().len(), 2);
+
+        let cli = Cli::try_parse_from([
+            "bch-drill",
+            "ab",
+            "--gateway",
+            "http://127.0.0.1:8080",
+            "--control",
+            "http://127.0.0.1:9090",
+            "--cells",
+            "strict,gap=2",
+            "--reps",
+            "5",
+            "--cells",
+            "strict,gap=0:skew=1,gap=6",
+            "--reps",
+            "3",
+        ])
+        .unwrap();
+        let Command::Ab(args) = cli.command else {
+            panic!("not ab")
+        };
+        assert_eq!((args.reps, parse_cells(&args.cells).unwrap().len()), (3, 3));
+
+        let cli = Cli::try_parse_from([
+            "bch-drill",
+            "storm",
+            "--gateway",
+            "http://127.0.0.1:8080,http://127.0.0.1:8081",
+            "--control",
+            "http://127.0.0.1:9090,http://127.0.0.1:9091",
+        ])
+        .unwrap();
+        let Command::Storm(replicated) = cli.command else {
+            panic!("not storm")
+        };
+        let config = replicated
+            .storm
+            .config(replicated.control.first().cloned(), 1);
+        assert_eq!(config.gateways().count(), 2);
+        assert_eq!(replicated.control.len(), 2);
 
         let cli = Cli::try_parse_from(["bch-drill", "storm", "--gateway", "http://127.0.0.1:8080"])
             .unwrap();
         let Command::Storm(args) = cli.command else {
             panic!("not storm")
         };
-        let config = args.storm.config(None);
+        let config = args.storm.config(None, 1);
         assert_eq!(config.control_token, None);
         assert_eq!((config.groups, config.siblings, config.keys), (400, 8, 8));
         assert!(config.stream);
+        assert_eq!(config.prefix_scope, PrefixScope::Key);
+        assert_eq!(
+            args.storm.seed, None,
+            "no --seed: each invocation draws its own"
+        );
+
+        let cli = Cli::try_parse_from([
+            "bch-drill",
+            "storm",
+            "--gateway",
+            "http://127.0.0.1:8080",
+            "--prefix-scope",
+            "group",
+            "--hot-keys",
+            "2",
+            "--seed",
+            "7",
+        ])
+        .unwrap();
+        let Command::Storm(args) = cli.command else {
+            panic!("not storm")
+        };
+        let config = args.storm.config(None, args.storm.seed());
+        assert_eq!(
+            (config.prefix_scope, config.hot_keys, config.seed),
+            (PrefixScope::Group, 2, 7)
+        );
+        assert!(
+            Cli::try_parse_from([
+                "bch-drill",
+                "storm",
+                "--gateway",
+                "http://a",
+                "--prefix-scope",
+                "turn"
+            ])
+            .is_err()
+        );
     }
 
     #[test]

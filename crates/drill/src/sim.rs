@@ -4,11 +4,16 @@
 //!
 //! - a prompt whose prefix is already in the worker's prefix cache starts faster (TTFT is queueing plus
 //!   prefill of the *uncached* tokens only), so keeping a routing key on one worker pays;
-//! - a worker gets slower per token as its running batch grows, so piling every request on one worker
-//!   costs, which is what a spill trades against cache locality;
+//! - a worker's prefill throughput (tokens/s) is shared by the prefills running at once, and decode
+//!   steps of running requests wait while a prefill chunk runs, as in an engine step of vLLM or
+//!   SGLang with chunked prefill: piling every request on one worker costs, which is what a spill
+//!   trades against cache locality;
 //! - a worker runs at most `max_batch` requests and queues the rest first-in first-out.
 //!
-//! All durations below are *simulated* and multiplied by [`SimConfig::time_scale`] before sleeping.
+//! The engine steps themselves run in `worker::engine`; this module holds the parameters, the step
+//! time, the tokenizer and the output text. All durations are *simulated* and multiplied by
+//! [`SimConfig::time_scale`] before sleeping. The equations and the calibration of the defaults are
+//! in docs/drill.md, "The model".
 
 use std::time::Duration;
 
@@ -32,17 +37,31 @@ pub struct SimConfig {
     /// Prefix-cache capacity in blocks; the least recently used block is evicted beyond it.
     /// 0 disables the cache. Default 4096 blocks (65,536 tokens).
     pub cache_capacity_blocks: usize,
-    /// Fixed per-request overhead before prefill (scheduling, tokenisation), in milliseconds. Default 1.
-    pub prefill_base_ms: f64,
-    /// Prefill cost per uncached prompt token, in microseconds. Default 100 (10,000 tokens/s).
-    pub prefill_us_per_token: f64,
-    /// Decode step time of a lone request, in milliseconds. Default 10.
+    /// Prefill throughput of the worker, in uncached prompt tokens per second, shared by every
+    /// prefill in an engine step (a chunk of `n` tokens adds `n / prefill_tokens_per_s` to the
+    /// step). Positive; `inf` makes prefill free. Default 10,000 (Llama-3.1-8B on one A100 at 50%
+    /// of its dense BF16 peak; docs/drill.md).
+    pub prefill_tokens_per_s: f64,
+    /// Prompt tokens one engine step may carry, decode tokens included (vLLM's
+    /// `max_num_batched_tokens`, SGLang's `--chunked-prefill-size`): a longer prefill is split into
+    /// chunks over several steps, and every running decode takes one token of the budget. Keep it at
+    /// least `max_batch` (vLLM requires that): when decodes fill the budget, prefill advances by one
+    /// token a step. Unused in instant mode. Default 2048.
+    pub chunk_tokens: usize,
+    /// Time of an engine step with one decoding request, in milliseconds: reading the weights.
+    /// Default 10 (16 GB of Llama-3.1-8B weights at 80% of an A100's 2,039 GB/s).
     pub decode_step_base_ms: f64,
-    /// Extra decode step time per running request (including itself beyond the first), in
-    /// milliseconds. Default 0.5: a full batch of 32 steps at 25.5 ms.
+    /// Extra step time per further decoding request, in milliseconds: reading its KV cache.
+    /// Default 0.1 (a 1,056-token context of Llama-3.1-8B, 128 KiB a token, at 80% of 2,039 GB/s):
+    /// a full batch of 32 steps at 13.1 ms.
     pub decode_step_per_running_ms: f64,
-    /// Requests decoded at once; later arrivals wait in a FIFO queue. Default 32.
+    /// Requests running at once (prefilling or decoding); later arrivals wait in a FIFO queue.
+    /// Default 32.
     pub max_batch: usize,
+    /// A request whose next prefix block another running request is computing waits in the queue
+    /// until that prefill ends, then hits the cache, as SGLang's scheduler defers in-batch
+    /// duplicates; `false` computes the prefix again alongside. Default true.
+    pub wait_for_shared_prefix: bool,
     /// Completion tokens when the request names no limit. Default 16.
     pub default_max_tokens: u32,
     /// Multiplies every simulated duration. 1.0 is "real time", 0.01 runs 100× faster, and 0 is instant
@@ -60,11 +79,12 @@ impl Default for SimConfig {
             model: DEFAULT_MODEL.to_owned(),
             block_size: 16,
             cache_capacity_blocks: 4096,
-            prefill_base_ms: 1.0,
-            prefill_us_per_token: 100.0,
+            prefill_tokens_per_s: 10_000.0,
+            chunk_tokens: 2048,
             decode_step_base_ms: 10.0,
-            decode_step_per_running_ms: 0.5,
+            decode_step_per_running_ms: 0.1,
             max_batch: 32,
+            wait_for_shared_prefix: true,
             default_max_tokens: 16,
             time_scale: 1.0,
             seed: 0,
@@ -83,15 +103,19 @@ impl SimConfig {
     ///
     /// # Errors
     ///
-    /// When `block_size` or `max_batch` is 0, or a duration or the time scale is negative or not
+    /// When `block_size`, `max_batch` or `chunk_tokens` is 0, `prefill_tokens_per_s` is not positive, or a duration or the time scale is negative or not
     /// finite; the message names the field.
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.block_size > 0, "block_size must be at least 1");
         anyhow::ensure!(self.max_batch > 0, "max_batch must be at least 1");
+        anyhow::ensure!(self.chunk_tokens > 0, "chunk_tokens must be at least 1");
+        anyhow::ensure!(
+            self.prefill_tokens_per_s > 0.0,
+            "prefill_tokens_per_s must be a number > 0 (inf for free prefill), got {}",
+            self.prefill_tokens_per_s
+        );
         for (name, value) in [
             ("time_scale", self.time_scale),
-            ("prefill_base_ms", self.prefill_base_ms),
-            ("prefill_us_per_token", self.prefill_us_per_token),
             ("decode_step_base_ms", self.decode_step_base_ms),
             (
                 "decode_step_per_running_ms",
@@ -111,18 +135,22 @@ impl SimConfig {
         self.time_scale == 0.0
     }
 
-    /// Simulated (unscaled) prefill time for `uncached_tokens` tokens.
-    pub(crate) fn prefill_time(&self, uncached_tokens: usize) -> Duration {
-        millis(self.prefill_base_ms + self.prefill_us_per_token * uncached_tokens as f64 / 1000.0)
-    }
-
-    /// Simulated (unscaled) time of one decode step while `running` requests share the batch.
+    /// Simulated (unscaled) time of one engine step that decodes one token for each of `decoding`
+    /// requests and prefills `prefill_tokens` prompt tokens:
     ///
-    /// Linear in the batch size: real engines are memory-bound at small batches, so the step cost grows
-    /// slowly but steadily with every sequence whose KV cache must be read.
-    pub(crate) fn decode_step_time(&self, running: usize) -> Duration {
-        let others = running.saturating_sub(1) as f64;
-        millis(self.decode_step_base_ms + self.decode_step_per_running_ms * others)
+    /// `decode_step_base_ms + decode_step_per_running_ms × max(decoding − 1, 0)
+    ///  + 1000 × prefill_tokens / prefill_tokens_per_s` (ms).
+    ///
+    /// The decode part is memory-bound (weights once, then each sequence's KV cache); the prefill
+    /// part is compute-bound and adds to it, so a running prefill chunk delays every decode of the
+    /// step and concurrent prefills share the throughput.
+    pub(crate) fn step_time(&self, decoding: usize, prefill_tokens: usize) -> Duration {
+        let others = decoding.saturating_sub(1) as f64;
+        millis(
+            self.decode_step_base_ms
+                + self.decode_step_per_running_ms * others
+                + 1000.0 * prefill_tokens as f64 / self.prefill_tokens_per_s,
+        )
     }
 
     /// The wall-clock duration to sleep for a simulated duration, or `None` in instant mode.
@@ -256,19 +284,32 @@ mod tests {
     }
 
     #[test]
-    fn prefill_cost_is_linear_in_uncached_tokens() {
+    fn prefill_adds_its_tokens_at_the_worker_throughput() {
         let c = SimConfig::default();
-        assert_eq!(c.prefill_time(0), Duration::from_millis(1));
-        assert_eq!(c.prefill_time(1000), Duration::from_millis(101));
+        // 1,000 tokens at 10,000 tokens/s on top of a one-sequence step.
+        assert_eq!(c.step_time(0, 1000), Duration::from_millis(110));
+        assert_eq!(c.step_time(1, 1000), Duration::from_millis(110));
+        // Two prefills of 500 in one step cost what one of 1,000 does: the throughput is shared.
+        assert_eq!(c.step_time(0, 500 + 500), c.step_time(0, 1000));
+        let free = SimConfig {
+            prefill_tokens_per_s: f64::INFINITY,
+            ..SimConfig::default()
+        };
+        assert_eq!(free.step_time(1, 100_000), Duration::from_millis(10));
     }
 
     #[test]
-    fn decode_step_grows_with_the_running_batch() {
+    fn a_step_grows_with_the_decoding_batch_and_with_prefill() {
         let c = SimConfig::default();
-        assert_eq!(c.decode_step_time(1), Duration::from_millis(10));
-        assert!(c.decode_step_time(8) > c.decode_step_time(1));
-        assert!(c.decode_step_time(32) > c.decode_step_time(8));
-        assert_eq!(c.decode_step_time(32), Duration::from_micros(25_500));
+        assert_eq!(c.step_time(1, 0), Duration::from_millis(10));
+        assert!(c.step_time(8, 0) > c.step_time(1, 0));
+        assert!(c.step_time(32, 0) > c.step_time(8, 0));
+        assert_eq!(c.step_time(32, 0), Duration::from_micros(13_100));
+        // A 2,048-token chunk in the step holds every decode for 204.8 ms more.
+        assert_eq!(
+            c.step_time(8, 2048) - c.step_time(8, 0),
+            Duration::from_micros(204_800)
+        );
     }
 
     #[test]
@@ -303,6 +344,26 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("max_batch")
+        );
+        let bad = SimConfig {
+            chunk_tokens: 0,
+            ..SimConfig::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("chunk_tokens")
+        );
+        let bad = SimConfig {
+            prefill_tokens_per_s: 0.0,
+            ..SimConfig::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("prefill_tokens_per_s")
         );
         SimConfig::default().validate().unwrap();
     }

@@ -1,4 +1,5 @@
-//! Small statistics for drill reports: percentiles and paired ratio confidence intervals.
+//! Small statistics for drill reports: percentiles, and paired confidence intervals of a ratio (for
+//! throughput and latency) and of a difference (for fractions, which may be 0).
 
 use serde::Serialize;
 
@@ -20,6 +21,12 @@ pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Two-sided 95% quantile of Student's t distribution (`t_{0.975}`), public for reports that say
+/// how wide their intervals are.
+pub(crate) fn t_975_for(df: usize) -> f64 {
+    t_975(df)
 }
 
 /// Two-sided 95% quantile of Student's t distribution (`t_{0.975}`) for `df` degrees of freedom.
@@ -44,7 +51,7 @@ fn t_975(df: usize) -> f64 {
     }
 }
 
-/// A throughput ratio `cell / baseline` estimated from paired repetitions.
+/// A ratio `cell / baseline` (of throughput or a latency) estimated from paired repetitions.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct PairedRatio {
     /// Pairs used (repetitions where both values are positive).
@@ -91,15 +98,65 @@ pub(crate) fn paired_ratio(baseline: &[f64], other: &[f64]) -> Option<PairedRati
     })
 }
 
+/// A difference `cell − baseline` (of a fraction, 0 to 1) estimated from paired repetitions.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct PairedDifference {
+    /// Pairs used.
+    pub n: usize,
+    /// Mean of the per-repetition differences.
+    pub mean: f64,
+    /// Lower end of the 95% confidence interval; `None` with fewer than two pairs.
+    pub ci_low: Option<f64>,
+    /// Upper end of the 95% confidence interval; `None` with fewer than two pairs.
+    pub ci_high: Option<f64>,
+}
+
+/// Estimates `other − baseline` from values paired by repetition: a t interval over the
+/// per-repetition differences. For fractions (the cached-token fraction), where a log ratio would
+/// fail at 0 and a difference in percentage points is what an operator reads. `None` without pairs.
+pub(crate) fn paired_difference(baseline: &[f64], other: &[f64]) -> Option<PairedDifference> {
+    let diffs: Vec<f64> = baseline.iter().zip(other).map(|(b, o)| o - b).collect();
+    let n = diffs.len();
+    if n == 0 {
+        return None;
+    }
+    let m = mean(&diffs);
+    let (ci_low, ci_high) = if n >= 2 {
+        let var = diffs.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1) as f64;
+        let half = t_975(n - 1) * (var / n as f64).sqrt();
+        (Some(m - half), Some(m + half))
+    } else {
+        (None, None)
+    };
+    Some(PairedDifference {
+        n,
+        mean: m,
+        ci_low,
+        ci_high,
+    })
+}
+
+impl PairedDifference {
+    /// Whether the 95% interval excludes 0, and on which side.
+    pub fn significance(&self) -> Significance {
+        match (self.ci_low, self.ci_high) {
+            (Some(low), _) if low > 0.0 => Significance::Higher,
+            (_, Some(high)) if high < 0.0 => Significance::Lower,
+            (Some(_), Some(_)) => Significance::NoSignificantDifference,
+            _ => Significance::Undetermined,
+        }
+    }
+}
+
 /// What a paired ratio says about a cell against the baseline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Significance {
-    /// The whole interval is above 1.0.
+    /// The whole interval is above 1.0 (a difference: above 0).
     Higher,
-    /// The whole interval is below 1.0.
+    /// The whole interval is below 1.0 (a difference: below 0).
     Lower,
-    /// The interval contains 1.0.
+    /// The interval contains 1.0 (a difference: 0).
     NoSignificantDifference,
     /// Fewer than two usable pairs: no interval.
     Undetermined,
@@ -186,6 +243,22 @@ mod tests {
         assert!((r.ci_low.unwrap() - (m - half).exp()).abs() < 1e-9);
         assert!((r.ci_high.unwrap() - (m + half).exp()).abs() < 1e-9);
         assert_eq!(r.significance(), Significance::NoSignificantDifference);
+    }
+
+    #[test]
+    fn paired_differences_match_a_hand_computation_and_handle_zero() {
+        // Differences -0.10, -0.12, -0.11: mean -0.11, sd 0.01, half 4.303 · 0.01/√3.
+        let d = paired_difference(&[0.8, 0.0, 0.5], &[0.7, -0.12, 0.39]).unwrap();
+        assert!((d.mean + 0.11).abs() < 1e-12);
+        let half = 4.303 * 0.01 / 3f64.sqrt();
+        assert!((d.ci_low.unwrap() - (-0.11 - half)).abs() < 1e-9);
+        assert!((d.ci_high.unwrap() - (-0.11 + half)).abs() < 1e-9);
+        assert_eq!(d.significance(), Significance::Lower);
+        let same = paired_difference(&[0.0, 0.0], &[0.0, 0.0]).unwrap();
+        assert_eq!(same.significance(), Significance::NoSignificantDifference);
+        let one = paired_difference(&[0.5], &[0.6]).unwrap();
+        assert_eq!(one.significance(), Significance::Undetermined);
+        assert_eq!(paired_difference(&[], &[]), None);
     }
 
     #[test]

@@ -109,18 +109,18 @@ async fn a_cached_prefix_lowers_ttft() {
     let cold = stream_chat(&w.url(), &prompt, 4).await;
     assert_eq!(cold.usage()["prompt_tokens"], 1024);
     assert_eq!(cold.usage()["prompt_tokens_details"]["cached_tokens"], 0);
-    // 1 ms overhead + 1024 tokens × 100 µs.
+    // One engine step: 10 ms + 1024 tokens at 10,000 tokens/s.
     assert!(
-        cold.ttft >= Duration::from_micros(103_400),
+        cold.ttft >= Duration::from_micros(112_400) && cold.ttft < Duration::from_micros(113_400),
         "cold TTFT {:?}",
         cold.ttft
     );
 
     let warm = stream_chat(&w.url(), &prompt, 4).await;
-    // 63 full blocks of 16 within the first 1023 tokens.
+    // 63 full blocks of 16 within the first 1023 tokens; 16 tokens left: 10 ms + 1.6 ms.
     assert_eq!(warm.usage()["prompt_tokens_details"]["cached_tokens"], 1008);
     assert!(
-        warm.ttft < Duration::from_millis(5),
+        warm.ttft >= Duration::from_micros(11_600) && warm.ttft < Duration::from_micros(12_600),
         "warm TTFT {:?}",
         warm.ttft
     );
@@ -199,13 +199,131 @@ async fn a_running_batch_slows_decode() {
     let url = w.url();
     let runs =
         futures_util::future::join_all(prompts.iter().map(|p| stream_chat(&url, p, 20))).await;
+    // Eight decoding together: 19 steps of 10 ms + 7 × 0.1 ms (less 1 ms: tokio's timers fire on
+    // whole milliseconds, so the two ends of the span are rounded).
     for run in runs {
         let decode = run.total - run.ttft;
         assert!(
-            decode > decode_alone + Duration::from_millis(40),
+            decode >= Duration::from_micros(19 * 10_700 - 1_000),
             "{decode:?} vs {decode_alone:?}"
         );
     }
+}
+
+/// Arrival time of every SSE frame of a streamed chat completion, from just before it is sent.
+async fn frame_times(url: &str, prompt: &str, max_tokens: u32) -> Vec<Duration> {
+    let start = Instant::now();
+    let response = reqwest::Client::new()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let mut body = response.bytes_stream();
+    let mut times = Vec::new();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.unwrap();
+        let frames = std::str::from_utf8(&chunk)
+            .unwrap()
+            .matches("data: ")
+            .count();
+        times.extend(std::iter::repeat_n(start.elapsed(), frames));
+    }
+    times
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_prefills_share_the_prefill_throughput() {
+    let w = worker(SimConfig::default()).await;
+    let url = w.url();
+    let alone = stream_chat(&url, &filler_text(100, 1024), 1).await;
+    // Eight cold 1,024-token prompts at once: 8,192 tokens of prefill at 10,000 tokens/s, four
+    // steps of a 2,048-token budget, so the last first token comes after at least 819 ms of prefill
+    // (plus a step overhead each), where one prompt alone took 112 ms.
+    let prompts: Vec<String> = (0..8).map(|i| filler_text(200 + i, 1024)).collect();
+    let runs =
+        futures_util::future::join_all(prompts.iter().map(|p| stream_chat(&url, p, 1))).await;
+    let last = runs.iter().map(|r| r.ttft).max().unwrap();
+    let first = runs.iter().map(|r| r.ttft).min().unwrap();
+    assert!(
+        last >= Duration::from_micros(819_200 + 4 * 10_000),
+        "last TTFT {last:?}"
+    );
+    // The first two share the first step's budget: each waits for both.
+    assert!(
+        first >= Duration::from_micros(214_800),
+        "first TTFT {first:?}"
+    );
+    assert!(first > alone.ttft);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_prefill_chunk_delays_the_running_decodes() {
+    let w = worker(SimConfig::default()).await;
+    let url = w.url();
+    let decoding = tokio::spawn({
+        let url = url.clone();
+        async move { frame_times(&url, "keep talking", 40).await }
+    });
+    // Let it decode a few steps, then a cold 2,048-token prompt fills one whole step budget
+    // (2,047 prefill tokens beside the one decode, then 1 more).
+    tokio::time::sleep(Duration::from_millis(55)).await;
+    let cold = stream_chat(&url, &filler_text(300, 2048), 1).await;
+    let times = decoding.await.unwrap();
+    let widest = times
+        .windows(2)
+        .map(|pair| pair[1] - pair[0])
+        .max()
+        .unwrap();
+    // Steps of a lone decode are 10 ms; the step carrying the chunk is 10.1 + 204.7 ms (less the
+    // 1 ms of timer rounding).
+    assert!(
+        widest >= Duration::from_micros(213_800),
+        "widest gap between tokens {widest:?}"
+    );
+    assert!(
+        cold.ttft >= Duration::from_micros(214_800),
+        "{:?}",
+        cold.ttft
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_prompt_is_prefilled_in_chunks() {
+    let w = worker(SimConfig::default()).await;
+    // 5,000 tokens: steps of 2,048, 2,048 and 904 tokens, 10 ms each on top of 500 ms of prefill.
+    let run = stream_chat(&w.url(), &filler_text(400, 5000), 2).await;
+    assert!(
+        run.ttft >= Duration::from_micros(530_000) && run.ttft < Duration::from_micros(531_000),
+        "{:?}",
+        run.ttft
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn siblings_wait_for_a_shared_prefix_then_hit_it() {
+    let w = worker(SimConfig::default()).await;
+    let url = w.url();
+    let prefix = filler_text(500, 1024);
+    let prompts: Vec<String> = (0..8)
+        .map(|i| format!("{prefix}\n{}", filler_text(600 + i, 32)))
+        .collect();
+    let runs =
+        futures_util::future::join_all(prompts.iter().map(|p| stream_chat(&url, p, 2))).await;
+    let mut cached: Vec<u64> = runs
+        .iter()
+        .map(|r| {
+            r.usage()["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    cached.sort_unstable();
+    // One sibling computes the prefix; the seven others wait for it and hit its 64 blocks.
+    assert_eq!(cached, [0, 1024, 1024, 1024, 1024, 1024, 1024, 1024]);
+    let stats = w.stats();
+    assert_eq!(stats.cached_tokens_total, 7 * 1024);
 }
 
 #[tokio::test(start_paused = true)]
@@ -426,4 +544,64 @@ async fn keep_alive_streams_are_not_delayed_by_nagle() {
     // the first).
     let elapsed = started.elapsed();
     assert!(elapsed < Duration::from_millis(300), "{elapsed:?}");
+}
+
+/// The two gauges a gateway scrapes for fleet-wide load (docs/replicas.md) count every request in
+/// the engine: held streams in the batch as running, the ones beyond `max_batch` as waiting, and
+/// both go back to 0 when the clients abort.
+#[tokio::test]
+async fn held_streams_are_reported_as_running_plus_waiting() {
+    let w = worker(SimConfig {
+        max_batch: 2,
+        decode_step_base_ms: 1_000.0,
+        ..SimConfig::default()
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let response = client
+            .post(format!("{}/v1/chat/completions", w.url()))
+            .json(&json!({
+                "messages": [{"role": "user", "content": format!("held {i}")}],
+                "max_tokens": 100,
+                "stream": true,
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        held.push(response);
+    }
+    let gauges = |text: &str| -> (u64, u64) {
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
+                .unwrap_or(u64::MAX)
+        };
+        (
+            value("vllm:num_requests_running "),
+            value("vllm:num_requests_waiting "),
+        )
+    };
+    let metrics = || async {
+        let text = reqwest::get(format!("{}/metrics", w.url()))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        gauges(&text)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metrics().await != (2, 1) {
+        assert!(Instant::now() < deadline, "gauges {:?}", metrics().await);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(held);
+    while metrics().await != (0, 0) {
+        assert!(Instant::now() < deadline, "gauges {:?}", metrics().await);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!((w.stats().running, w.stats().waiting), (0, 0));
 }

@@ -34,6 +34,7 @@ pub async fn run(
         url: w.url(),
         ring_id: None,
         health_path: None,
+        metrics_path: None,
     }));
     // The default ports may be taken (another gatewayd, a previous demo): fall back to free ones
     // rather than failing a newcomer's first command.

@@ -21,6 +21,7 @@
 //! - `upstream`: per-worker endpoints and pools of keep-alive connections;
 //! - `discovery`: workers from DNS (SRV, A/AAAA), handed to the admin owner;
 //! - `drain`: notices when a draining worker is idle (and removes it if asked);
+//! - `fleet`: the scraper of the workers' own load gauges (`[load] source = "worker_metrics"`);
 //! - `health`: active probes; `server`: accept loops; `metrics`: Prometheus; `error`: the one
 //!   error type of gateway answers; `demo`: `gatewayd --demo` (cargo feature `demo`).
 #![forbid(unsafe_code)]
@@ -35,6 +36,7 @@ mod demo;
 mod discovery;
 mod drain;
 mod error;
+mod fleet;
 mod health;
 mod metrics;
 mod picker;

@@ -11,8 +11,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use bch_core::fleet_load::LoadSource;
 use bch_core::load::{DurationHistogram, StatusClass};
-use bch_core::policy::{Branch, PolicyKind};
+use bch_core::policy::{Branch, PolicyKind, SpillOrder};
 use bch_core::router::Router;
 use bch_core::routing_key::IgnoredKey;
 use bch_core::telemetry::WorkerState;
@@ -24,6 +25,8 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::fleet::{Failure, ScrapeStats};
 
 /// The `reason` labels of `bch_client_body_errors_total`: a request body that ended early (the
 /// client left), was malformed, went over `max_body_bytes`, or came too slowly.
@@ -210,8 +213,9 @@ impl EncodeMetric for ConstHistogram {
     }
 }
 
-/// Builds the registry: the data-path metrics plus a collector over the router's worker counters.
-pub fn registry(metrics: Arc<Metrics>, router: Arc<Router>) -> Registry {
+/// Builds the registry: the data-path metrics plus a collector over the router's worker counters
+/// and the load scraper's counters.
+pub fn registry(metrics: Arc<Metrics>, router: Arc<Router>, scrapes: Arc<ScrapeStats>) -> Registry {
     let mut registry = Registry::default();
     registry.register(
         "bch_request_duration_seconds",
@@ -228,6 +232,10 @@ pub fn registry(metrics: Arc<Metrics>, router: Arc<Router>) -> Registry {
         "Event streams: time until the first data chunk of the body (the first token of an LLM stream)",
         metrics.time_to_first_token.clone(),
     );
+    registry.register_collector(Box::new(FleetLoadCollector {
+        router: Arc::clone(&router),
+        scrapes,
+    }));
     registry.register_collector(Box::new(GatewayCollector { metrics, router }));
     registry
 }
@@ -236,6 +244,14 @@ pub fn registry(metrics: Arc<Metrics>, router: Arc<Router>) -> Registry {
 struct GatewayCollector {
     metrics: Arc<Metrics>,
     router: Arc<Router>,
+}
+
+/// The fleet-wide load of every worker (docs/replicas.md): what the rule reads, what the worker
+/// reported, how old that is, whether the rule fell back to local load, and how scrapes went.
+#[derive(Debug)]
+struct FleetLoadCollector {
+    router: Arc<Router>,
+    scrapes: Arc<ScrapeStats>,
 }
 
 fn counter(
@@ -251,12 +267,15 @@ fn counter(
     Ok(())
 }
 
-fn gauge<N: prometheus_client::encoding::EncodeGaugeValue>(
+fn gauge<N>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     rows: impl IntoIterator<Item = (Vec<(&'static str, String)>, N)>,
-) -> Result<(), std::fmt::Error> {
+) -> Result<(), std::fmt::Error>
+where
+    ConstGauge<N>: EncodeMetric,
+{
     let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
     for (labels, value) in rows {
         ConstGauge::new(value).encode(metric.encode_family(&labels)?)?;
@@ -309,6 +328,17 @@ fn build_and_policy(
         "bch_policy_max_load_skew",
         "max_load_skew in force, a factor over the mean load (used by bounded_consistent_hashing only)",
         [(vec![], policy.max_load_skew)],
+    )?;
+    gauge(
+        encoder,
+        "bch_policy_spill_order",
+        "1 for the spill order in force (ring or hash_seeded; used by bounded_consistent_hashing only), 0 for the other",
+        SpillOrder::ALL.map(|order| {
+            (
+                vec![("order", order.as_str().to_owned())],
+                i64::from(order == policy.spill_order),
+            )
+        }),
     )?;
     gauge(
         encoder,
@@ -541,6 +571,85 @@ impl GatewayCollector {
                 )
             }),
         )
+    }
+}
+
+impl Collector for FleetLoadCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let table = self.router.table();
+        let source = table.policy().load_source;
+        gauge(
+            &mut encoder,
+            "bch_load_source",
+            "1 for the load source the bounded rule reads (local or worker_metrics)",
+            LoadSource::ALL.iter().map(|s| {
+                (
+                    vec![("source", s.as_str().to_owned())],
+                    i64::from(*s == source),
+                )
+            }),
+        )?;
+        let records = table.worker_records(crate::telemetry::wire::now_ms());
+        let label = |name: &str| vec![("worker", name.to_owned())];
+        gauge(
+            &mut encoder,
+            "bch_worker_load",
+            "Load the bounded rule reads for the worker: in-flight requests of this gateway, or the fleet-wide load in worker_metrics mode",
+            records
+                .iter()
+                .map(|r| (label(&r.name), r.rule_load() as i64)),
+        )?;
+        gauge(
+            &mut encoder,
+            "bch_worker_reported_load",
+            "Running plus waiting requests the worker reported at its last good scrape",
+            records
+                .iter()
+                .filter_map(|r| Some((label(&r.name), r.reported_load? as i64))),
+        )?;
+        gauge(
+            &mut encoder,
+            "bch_worker_load_scrape_age_seconds",
+            "Age of the worker's last good load scrape",
+            records
+                .iter()
+                .filter_map(|r| Some((label(&r.name), r.scrape_age_ms? as f64 / 1000.0))),
+        )?;
+        gauge(
+            &mut encoder,
+            "bch_worker_load_stale",
+            "1 when worker_metrics mode has no fresh sample of the worker and routes on local load",
+            records
+                .iter()
+                .map(|r| (label(&r.name), i64::from(r.load_stale))),
+        )?;
+        let counts: Vec<_> = records
+            .iter()
+            .map(|r| self.scrapes.counts(&r.url))
+            .collect();
+        counter(
+            &mut encoder,
+            "bch_load_scrapes",
+            "Load scrapes of the worker that gave a load",
+            records
+                .iter()
+                .zip(&counts)
+                .map(|(r, c)| (label(&r.name), c.ok)),
+        )?;
+        counter(
+            &mut encoder,
+            "bch_load_scrape_failures",
+            "Load scrapes of the worker that failed, by reason",
+            records.iter().zip(&counts).flat_map(|(r, c)| {
+                Failure::REASONS.iter().enumerate().map(move |(i, reason)| {
+                    (
+                        vec![("worker", r.name.clone()), ("reason", (*reason).to_owned())],
+                        c.failures[i],
+                    )
+                })
+            }),
+        )?;
+        Ok(())
     }
 }
 

@@ -377,6 +377,69 @@ fn explain_prints_one_answer_as_json() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("max_load_skew"));
 }
 
+/// `--spill-order` reaches the decision: with every other worker idle, the ring order spills to the
+/// key's clockwise successor and `hash_seeded` to the first other worker of the key's seeded order.
+#[test]
+fn explain_takes_the_spill_order() {
+    let workers: Vec<String> = (1..=5).map(|i| format!("http://10.9.0.{i}:8000")).collect();
+    let ring = bch_core::ring::Ring::build(&workers, 150);
+    // A key whose two orders disagree, so the answer tells them apart.
+    let (key, walk, seeded_first) = (0..100)
+        .find_map(|i| {
+            let key = format!("spill-order-{i}");
+            let position = bch_core::routing_key::ExplicitKey::parse(key.as_bytes())
+                .unwrap()
+                .position();
+            let walk = ring.workers_from(position);
+            let first = *ring
+                .seeded_order(position)
+                .iter()
+                .find(|&&w| w != walk[0])
+                .unwrap();
+            (first != walk[1]).then_some((key, walk, first))
+        })
+        .unwrap();
+    let key = key.as_str();
+    for (order, expected) in [("ring", walk[1]), ("hash_seeded", seeded_first)] {
+        let mut command = gatewayd();
+        command.arg("explain");
+        for w in &workers {
+            command.args(["--worker", w]);
+        }
+        let output = command
+            .args(["--load", &format!("{}=9", workers[walk[0]])])
+            .args(["--routing-key", key, "--spill-order", order])
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let answer: Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(
+            answer["branch"], "explicit_routing_key_spillover",
+            "{answer}"
+        );
+        assert_eq!(
+            answer["worker"],
+            workers[expected].as_str(),
+            "{order}: {answer}"
+        );
+    }
+    let output = gatewayd()
+        .args(["explain", "--worker", &workers[0], "--routing-key", "k"])
+        .args(["--spill-order", "next"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "clap refuses an unknown order"
+    );
+    assert!(String::from_utf8_lossy(&output.stderr).contains("spill_order"));
+}
+
 #[test]
 fn explain_batch_reproduces_the_golden_decisions_in_order() {
     let scenarios = golden_scenarios();

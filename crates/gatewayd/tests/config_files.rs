@@ -96,6 +96,7 @@ fn the_reference_mentions_every_field() {
         url: "http://127.0.0.1:1".into(),
         ring_id: Some("r".into()),
         health_path: Some("/h".into()),
+        metrics_path: None,
     });
     config.discovery.push(DiscoveryConfig {
         port: Some(8000),

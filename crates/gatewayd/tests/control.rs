@@ -336,7 +336,8 @@ async fn policy_get_and_put() {
     let initial = policy(&gateway).await;
     assert_eq!(
         initial,
-        json!({"kind": "consistent_hashing", "min_load_gap": 2, "max_load_skew": 1.5, "virtual_nodes": 150})
+        json!({"kind": "consistent_hashing", "min_load_gap": 2, "max_load_skew": 1.5,
+            "spill_order": "ring", "virtual_nodes": 150, "load_source": "local"})
     );
 
     // A subset applies and the answer is the whole result.
@@ -360,13 +361,17 @@ async fn policy_get_and_put() {
     answer.as_object_mut().unwrap().remove("note");
     assert_eq!(
         answer,
-        json!({"kind": "consistent_hashing", "min_load_gap": 4, "max_load_skew": 1.5, "virtual_nodes": 150})
+        json!({"kind": "consistent_hashing", "min_load_gap": 4, "max_load_skew": 1.5,
+            "spill_order": "ring", "virtual_nodes": 150, "load_source": "local"})
     );
-    let response = put(r#"{"kind": "bounded_consistent_hashing", "max_load_skew": 2.25}"#)
-        .await
-        .unwrap();
+    let response = put(
+        r#"{"kind": "bounded_consistent_hashing", "max_load_skew": 2.25, "spill_order": "hash_seeded"}"#,
+    )
+    .await
+    .unwrap();
     assert_eq!(response.status(), 200);
-    let good = json!({"kind": "bounded_consistent_hashing", "min_load_gap": 4, "max_load_skew": 2.25, "virtual_nodes": 150});
+    let good = json!({"kind": "bounded_consistent_hashing", "min_load_gap": 4, "max_load_skew": 2.25,
+        "spill_order": "hash_seeded", "virtual_nodes": 150, "load_source": "local"});
     let mut answer = response.json::<Value>().await.unwrap();
     answer.as_object_mut().unwrap().remove("note");
     assert_eq!(answer, good);
@@ -379,6 +384,7 @@ async fn policy_get_and_put() {
         ("[1]", "invalid"),
         (r#"{"min_load_gaps": 1}"#, "min_load_gaps"),
         (r#"{"max_load_skew": 0.99}"#, "max_load_skew"),
+        (r#"{"load_source": "prometheus"}"#, "load_source"),
         (
             r#"{"max_load_skew": 0.5, "min_load_gap": 9}"#,
             "max_load_skew",
@@ -394,6 +400,11 @@ async fn policy_get_and_put() {
         (r#"{"min_load_gap": 1.5}"#, "min_load_gap"),
         (r#"{"min_load_gap": "3"}"#, "min_load_gap"),
         (r#"{"kind": "strict"}"#, "kind"),
+        (r#"{"spill_order": "next"}"#, "spill_order"),
+        (
+            r#"{"spill_order": "ring", "max_load_skew": 0.5}"#,
+            "max_load_skew",
+        ),
         (r#"{"virtual_nodes": 0}"#, "virtual_nodes"),
         (r#"{"virtual_nodes": 1000000}"#, "virtual_nodes"),
     ];
@@ -511,6 +522,8 @@ async fn workers_list_add_remove() {
             "active",
             "errors_total",
             "healthy",
+            "load",
+            "load_stale",
             "name",
             "requests_total",
             "source",
@@ -892,12 +905,17 @@ async fn reload_applies_a_good_file_and_refuses_a_bad_one() {
     assert_eq!(worker_names(&gateway).await, ["a"]);
     assert_eq!(policy(&gateway).await["min_load_gap"], 2);
 
-    file.write(&config_text(5, "1.75", &[("a", &a), ("b", &b)]));
+    file.write(&config_text(5, "1.75", &[("a", &a), ("b", &b)]).replacen(
+        "[policy]\n",
+        "[policy]\nspill_order = \"hash_seeded\"\n",
+        1,
+    ));
     let response = reload().await.unwrap();
     assert_eq!(response.status(), 200);
     let answer: Value = response.json().await.unwrap();
     assert_eq!(answer["policy"]["min_load_gap"], 5);
-    let applied = json!({"kind": "bounded_consistent_hashing", "min_load_gap": 5, "max_load_skew": 1.75, "virtual_nodes": 150});
+    let applied = json!({"kind": "bounded_consistent_hashing", "min_load_gap": 5, "max_load_skew": 1.75,
+        "spill_order": "hash_seeded", "virtual_nodes": 150, "load_source": "local"});
     assert_eq!(policy(&gateway).await, applied);
     assert_eq!(worker_names(&gateway).await, ["a", "b"]);
     let response = client
@@ -936,6 +954,14 @@ async fn reload_applies_a_good_file_and_refuses_a_bad_one() {
         (
             config_text(7, "1.5", &[("a", &a)]).replace("[policy]", "[policy"),
             "line",
+        ),
+        (
+            config_text(7, "1.5", &[("a", &a)]).replacen(
+                "[policy]\n",
+                "[policy]\nspill_order = \"next\"\n",
+                1,
+            ),
+            "spill_order",
         ),
         (
             config_text(7, "1.5", &[("a", &a)]) + "\n[log]\nlevels = \"debug\"\n",
@@ -1028,6 +1054,8 @@ async fn metrics_have_the_design_families_and_count_requests() {
         ("bch_policy_kind", "gauge"),
         ("bch_policy_min_load_gap", "gauge"),
         ("bch_policy_max_load_skew", "gauge"),
+        ("bch_policy_spill_order", "gauge"),
+        ("bch_load_source", "gauge"),
     ] {
         assert!(
             before.contains(&format!("# TYPE {family} {kind}\n")),
@@ -1135,6 +1163,14 @@ async fn metrics_have_the_design_families_and_count_requests() {
     );
     assert_eq!(sample(&after, "bch_policy_min_load_gap", ""), Some(2.0));
     assert_eq!(sample(&after, "bch_policy_max_load_skew", ""), Some(1.5));
+    assert_eq!(
+        sample(&after, "bch_policy_spill_order", "order=\"ring\""),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&after, "bch_policy_spill_order", "order=\"hash_seeded\""),
+        Some(0.0)
+    );
     assert!(after.contains(&format!(
         "bch_build_info{{version=\"{}\"}} 1",
         env!("CARGO_PKG_VERSION")
@@ -1253,6 +1289,7 @@ async fn health_probes_flip_a_worker_without_moving_other_keys() {
         url: format!("http://{}", sick.addr),
         ring_id: None,
         health_path: None,
+        metrics_path: None,
     });
     let gateway = start(config).await;
     let keys: Vec<String> = (0..60).map(|i| format!("user-{i}")).collect();

@@ -8,9 +8,10 @@ use std::time::Duration;
 use bch_core::policy::PolicyKind;
 use bch_drill::ab::{AbConfig, parse_cells, run_ab};
 use bch_drill::sim::SimConfig;
-use bch_drill::storm::{StormConfig, run_storm};
+use bch_drill::storm::{PrefixScope, StormConfig, run_storm};
 use bch_drill::worker::{Fault, WorkerHandle, spawn_workers};
 use gatewayd::config::{Config, WorkerConfig};
+use tokio_util::sync::CancellationToken;
 
 async fn sim_workers(count: usize, time_scale: f64) -> Vec<WorkerHandle> {
     spawn_workers(count, 0, SimConfig::default().with_time_scale(time_scale))
@@ -30,6 +31,7 @@ fn config_for(workers: &[WorkerHandle], kind: PolicyKind, gap: u64) -> Config {
             url: w.url(),
             ring_id: None,
             health_path: None,
+            metrics_path: None,
         })
         .collect();
     config
@@ -106,6 +108,105 @@ async fn eight_held_same_key_requests_land_six_to_two_bounded_and_eight_to_zero_
         );
         gateway.shutdown().await;
     }
+}
+
+/// Where the fourth held request of `key` goes once three of its requests hold its preferred worker
+/// (loads `[3,0,0,0,0]`, gap 2, skew 1.5: the fourth spills), by the gateway's own counters.
+async fn fourth_request_target(
+    gateway: &gatewayd::RunningGateway,
+    key: &str,
+) -> (usize, Vec<tokio::task::JoinHandle<reqwest::Response>>) {
+    let url = format!("http://{}/v1/chat/completions", gateway.data_addr);
+    let mut requests = Vec::new();
+    let before: Vec<u64> = gateway
+        .routing_table()
+        .workers()
+        .iter()
+        .map(|w| w.stats.requests_total())
+        .collect();
+    for i in 0..4u64 {
+        let (url, key) = (url.clone(), key.to_owned());
+        requests.push(tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(url)
+                .header("x-smg-routing-key", key)
+                .json(&serde_json::json!({"messages":[{"role":"user","content":"hi"}],"max_tokens":1}))
+                .send()
+                .await
+                .unwrap()
+        }));
+        wait_in_flight(gateway, i + 1).await;
+    }
+    let table = gateway.routing_table();
+    let served: Vec<u64> = table
+        .workers()
+        .iter()
+        .zip(&before)
+        .map(|(w, b)| w.stats.requests_total() - b)
+        .collect();
+    let target = served
+        .iter()
+        .position(|&n| n == 1)
+        .expect("one spilled request");
+    assert_eq!(served.iter().sum::<u64>(), 4, "{served:?}");
+    (target, requests)
+}
+
+#[tokio::test]
+async fn the_spill_order_picks_the_ring_successor_or_the_hash_seeded_first() {
+    let workers = sim_workers(5, 0.0).await;
+    for w in &workers {
+        w.set_fault(Fault::StallFirstByte);
+    }
+    let urls: Vec<String> = workers.iter().map(WorkerHandle::url).collect();
+    let ring = bch_core::ring::Ring::build(&urls, 150);
+    // A key whose two orders disagree, so the test tells them apart.
+    let (key, ring_next, seeded_first) = (0..100)
+        .find_map(|i| {
+            let key = format!("hot-{i}");
+            let position = bch_core::routing_key::ExplicitKey::parse(key.as_bytes())
+                .unwrap()
+                .position();
+            let walk = ring.workers_from(position);
+            let seeded = ring.seeded_order(position);
+            let first = *seeded.iter().find(|&&w| w != walk[0]).unwrap();
+            (first != walk[1]).then_some((key, walk[1], first))
+        })
+        .unwrap();
+    let gateway = common::start(config_for(
+        &workers,
+        PolicyKind::BoundedConsistentHashing,
+        2,
+    ))
+    .await;
+    let policy_url = format!("http://{}/admin/policy", gateway.control_addr);
+    for (order, expected) in [("ring", ring_next), ("hash_seeded", seeded_first)] {
+        let answer: serde_json::Value = reqwest::Client::new()
+            .put(&policy_url)
+            .json(&serde_json::json!({"spill_order": order}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(answer["spill_order"], order);
+        let (target, requests) = fourth_request_target(&gateway, &key).await;
+        assert_eq!(target, expected, "{order}: {key}");
+        for w in &workers {
+            w.set_fault(Fault::None);
+        }
+        for r in requests {
+            let response = r.await.unwrap();
+            assert_eq!(response.status(), 200);
+            response.bytes().await.unwrap();
+        }
+        common::wait_all_idle(&gateway).await;
+        for w in &workers {
+            w.set_fault(Fault::StallFirstByte);
+        }
+    }
+    gateway.shutdown().await;
 }
 
 fn metric(text: &str, line_prefix: &str) -> u64 {
@@ -194,15 +295,26 @@ async fn ab_produces_every_cell_through_a_real_gateway() {
             progress: false,
             ..StormConfig::default()
         },
+        seed_given: true,
         control: format!("http://{}", gateway.control_addr).parse().unwrap(),
+        replica_controls: Vec::new(),
         control_token: None,
         cells: parse_cells("strict,gap=1,gap=2").unwrap(),
         reps: 2,
     };
+    let before: serde_json::Value =
+        reqwest::get(format!("http://{}/admin/policy", gateway.control_addr))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
     let mut runs = Vec::new();
-    let report = run_ab(&config, |run| runs.push(run.cell.clone()))
-        .await
-        .unwrap();
+    let report = run_ab(&config, &CancellationToken::new(), |run| {
+        runs.push(run.cell.clone())
+    })
+    .await
+    .unwrap();
     assert_eq!(runs.len(), 6);
     assert_eq!(report.cells.len(), 3);
     assert!(
@@ -212,20 +324,86 @@ async fn ab_produces_every_cell_through_a_real_gateway() {
             .all(|c| c.runs == 2 && c.throughput_rps > 0.0)
     );
     assert!(!report.verdict.is_empty());
-    // The last cell written is what the gateway now runs.
-    let policy: serde_json::Value =
+    // The gateway runs the policy it had before, not the last cell's.
+    let after: serde_json::Value =
         reqwest::get(format!("http://{}/admin/policy", gateway.control_addr))
             .await
             .unwrap()
             .json()
             .await
             .unwrap();
-    let last = runs.last().unwrap();
-    let expected_kind = if last == "strict" {
-        "consistent_hashing"
-    } else {
-        "bounded_consistent_hashing"
+    assert_eq!(after, before);
+    assert_eq!(after["kind"], "consistent_hashing");
+    assert!(report.meta.policy_restored);
+    assert_eq!(report.meta.policy_before, before);
+    assert_eq!(report.meta.workers.len(), 2);
+    assert!(report.meta.workers.iter().all(|w| w.sim.is_some()));
+    gateway.shutdown().await;
+}
+
+/// The original bounded-policy A/B's shape on a short run (docs/drill.md, "The original A/B on the
+/// simulator"): two workers, one group of 8 siblings at a time, each group with a fresh prefix.
+/// Strict keeps every group 8:0; every bounded cell splits every group 6:2 (spill exactly 25%) and
+/// has a lower cached-token fraction than strict in every repetition and a lower mean TTFT over the
+/// repetitions; the gaps place identically. Real time (scale 1): on a busy machine the timers of a
+/// scaled-down simulation are late by more than the 20% TTFT difference being checked.
+#[tokio::test]
+async fn the_original_ab_shape_reproduces_on_the_simulator() {
+    let workers = sim_workers(2, 1.0).await;
+    let gateway = common::start(config_for(&workers, PolicyKind::ConsistentHashing, 2)).await;
+    let config = AbConfig {
+        storm: StormConfig {
+            gateway: format!("http://{}", gateway.data_addr).parse().unwrap(),
+            groups: 3,
+            siblings: 8,
+            keys: 8,
+            concurrency: 1,
+            prefix_tokens: 1024,
+            suffix_tokens: 160,
+            max_tokens: 2,
+            prefix_scope: PrefixScope::Group,
+            seed: 1,
+            progress: false,
+            ..StormConfig::default()
+        },
+        seed_given: true,
+        control: format!("http://{}", gateway.control_addr).parse().unwrap(),
+        replica_controls: Vec::new(),
+        control_token: None,
+        cells: parse_cells("strict,gap=1,gap=2,gap=4").unwrap(),
+        reps: 2,
     };
-    assert_eq!(policy["kind"], expected_kind);
+    let report = run_ab(&config, &CancellationToken::new(), |_| {})
+        .await
+        .unwrap();
+    for run in &report.runs {
+        let r = &run.report;
+        assert_eq!((r.ok, r.errors), (24, 0), "{}", run.cell);
+        for (key, placement) in &r.placement {
+            let mut counts: Vec<u64> = placement.values().copied().collect();
+            counts.sort_unstable_by(|a, b| b.cmp(a));
+            let groups = counts.iter().sum::<u64>() / 8;
+            let expected = if run.cell == "strict" {
+                vec![8 * groups]
+            } else {
+                vec![6 * groups, 2 * groups]
+            };
+            assert_eq!(counts, expected, "{} {key}", run.cell);
+        }
+        let spill = if run.cell == "strict" { 0.0 } else { 0.25 };
+        assert_eq!(r.spill_fraction, spill, "{}", run.cell);
+        // Every prompt is 1,184 tokens; a sibling hits 1,024 of them or nothing: 7 hits a group
+        // under strict, 6 when two siblings are on the second worker.
+        let hits = if run.cell == "strict" { 7 } else { 6 };
+        assert_eq!(r.cached_tokens, 3 * hits * 1024, "{}", run.cell);
+    }
+    for cell in &report.cells[1..] {
+        let ttft = cell.ttft_mean_ratio.unwrap();
+        assert!(ttft.ratio < 1.0, "{} TTFT {ttft:?}", cell.label);
+        let cached = cell.cached_difference.unwrap();
+        assert!(cached.mean < 0.0, "{} cached {cached:?}", cell.label);
+    }
+    let spills: Vec<f64> = report.cells[1..].iter().map(|c| c.spill_fraction).collect();
+    assert_eq!(spills, [0.25, 0.25, 0.25]);
     gateway.shutdown().await;
 }

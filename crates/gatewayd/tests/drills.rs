@@ -184,6 +184,7 @@ fn config_for(workers: &[(String, String)]) -> Config {
             url: url.clone(),
             ring_id: None,
             health_path: None,
+            metrics_path: None,
         })
         .collect();
     config
@@ -736,7 +737,7 @@ fn placements(members: &[(String, String)], keys: &[String]) -> HashMap<String, 
             source: WorkerSource::Static,
         })
         .collect();
-    let router = Router::new(specs, Config::default().policy.settings()).unwrap();
+    let router = Router::new(specs, Config::default().policy_settings()).unwrap();
     let table = router.table();
     keys.iter()
         .map(|key| {

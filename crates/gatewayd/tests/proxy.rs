@@ -328,6 +328,7 @@ async fn removing_a_worker_stops_traffic_and_re_adding_keeps_counters() {
             url: home_worker.url(),
             ring_id: None,
             health_path: None,
+            metrics_path: None,
         })
         .send()
         .await

@@ -125,6 +125,7 @@ async fn credentials_never_leak() {
         url: dead_url,
         ring_id: None,
         health_path: None,
+        metrics_path: None,
     });
     let gateway = start(config).await;
     let data = format!("http://{}", gateway.data_addr);

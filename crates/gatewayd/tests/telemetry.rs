@@ -172,6 +172,7 @@ async fn set_policy_is_acked_validated_and_announced_both_ways() {
         serde_json::json!({"type":"set_policy","id":"x","max_load_skew":0.99}),
         serde_json::json!({"type":"set_policy","id":"y","min_load_gap":-1}),
         serde_json::json!({"type":"set_policy","id":"z","gap":1}),
+        serde_json::json!({"type":"set_policy","id":"o","spill_order":"next"}),
     ] {
         client.send(bad).await;
         let error = client
@@ -191,6 +192,33 @@ async fn set_policy_is_acked_validated_and_announced_both_ways() {
         "rejected commands changed nothing"
     );
 
+    // The spill order travels the same way, and is reported to every client.
+    client
+        .send(serde_json::json!({"type":"set_policy","id":8,"spill_order":"hash_seeded"}))
+        .await;
+    let ack = client
+        .until(|m| match m {
+            ServerMessage::Ack(ack) => Some(ack.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(
+        ack.policy.spill_order,
+        bch_core::policy::SpillOrder::HashSeeded
+    );
+    let announced = observer.next_policy().await;
+    assert_eq!(
+        announced.policy.spill_order,
+        bch_core::policy::SpillOrder::HashSeeded
+    );
+    let policy: serde_json::Value = reqwest::get(&policy_url)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(policy["spill_order"], "hash_seeded");
+
     let put = reqwest::Client::new()
         .put(&policy_url)
         .json(&serde_json::json!({"min_load_gap": 1}))
@@ -198,7 +226,16 @@ async fn set_policy_is_acked_validated_and_announced_both_ways() {
         .await
         .unwrap();
     assert_eq!(put.status(), 200);
-    let announced = client.next_policy().await;
+    // The client's own spill-order change is announced to it too, before or after its ack, so it
+    // may still be queued: skip it and take the HTTP change's frame.
+    let mut announced = client.next_policy().await;
+    if announced.changed_by == bch_core::telemetry::ChangeSource::Ws {
+        assert_eq!(
+            announced.policy.spill_order,
+            bch_core::policy::SpillOrder::HashSeeded
+        );
+        announced = client.next_policy().await;
+    }
     assert_eq!(
         announced.changed_by,
         bch_core::telemetry::ChangeSource::Http

@@ -376,6 +376,7 @@ fn config_for(urls: &[(&str, String)]) -> Config {
             url: url.clone(),
             ring_id: None,
             health_path: None,
+            metrics_path: None,
         })
         .collect();
     // A request put on a connection that can never answer shows up as a 504, quickly.

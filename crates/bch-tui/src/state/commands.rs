@@ -116,6 +116,8 @@ impl Change {
             kind: None,
             min_load_gap,
             max_load_skew,
+            spill_order: None,
+            load_source: None,
         }
     }
 }
@@ -131,18 +133,44 @@ pub enum CommandState {
     Failed(String),
 }
 
-/// One threshold change the operator made, and its fate.
+/// One threshold change the operator made, and its fate. With several replicas the same command
+/// (same id) goes to each of them, and each answers for itself.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CommandEntry {
     /// The command id sent in `set_policy`, which the gateway's `ack` or `error` echoes.
     pub id: u64,
     /// The change asked for, with the value it was computed from.
     pub change: Change,
-    /// Where it stands: pending until the gateway answers, or failed if the connection went first.
+    /// Where it stands overall: pending until every replica answered, then applied if all applied,
+    /// else failed with the first refusal.
     pub state: CommandState,
+    /// Where it stands on each replica, in `--url` order.
+    pub replies: Vec<CommandState>,
     /// When the console first saw it pending (set by [`CommandLog::expire`]); the timeout counts
     /// from here.
     since: Option<Instant>,
+}
+
+impl CommandEntry {
+    /// Recomputes [`CommandEntry::state`] from the replies.
+    fn settle(&mut self) {
+        self.state = if self.replies.contains(&CommandState::Pending) {
+            CommandState::Pending
+        } else if let Some((i, CommandState::Failed(message))) = self
+            .replies
+            .iter()
+            .enumerate()
+            .find(|(_, r)| matches!(r, CommandState::Failed(_)))
+        {
+            if self.replies.len() > 1 {
+                CommandState::Failed(format!("replica {}: {message}", i + 1))
+            } else {
+                CommandState::Failed(message.clone())
+            }
+        } else {
+            CommandState::Applied
+        };
+    }
 }
 
 /// The sent threshold changes, oldest first, at most [`COMMAND_LOG_CAP`], and the id the next one
@@ -163,8 +191,9 @@ impl Default for CommandLog {
 }
 
 impl CommandLog {
-    /// Records `change` as pending and returns the command that asks the gateway for it.
-    pub(crate) fn send(&mut self, change: Change) -> ClientCommand {
+    /// Records `change` as pending on each of `replicas` and returns the command that asks every
+    /// replica for it.
+    pub(crate) fn send(&mut self, change: Change, replicas: usize) -> ClientCommand {
         let id = self.next_id;
         self.next_id += 1;
         let command = change.command(id);
@@ -173,6 +202,7 @@ impl CommandLog {
             change,
             state: CommandState::Pending,
             since: None,
+            replies: vec![CommandState::Pending; replicas.max(1)],
         });
         while self.entries.len() > COMMAND_LOG_CAP {
             self.entries.pop_front();
@@ -200,10 +230,13 @@ impl CommandLog {
             }
             let since = *entry.since.get_or_insert(now);
             if now.saturating_duration_since(since) >= COMMAND_TIMEOUT {
-                entry.state = CommandState::Failed(format!(
-                    "no answer within {} s",
-                    COMMAND_TIMEOUT.as_secs()
-                ));
+                let message = format!("no answer within {} s", COMMAND_TIMEOUT.as_secs());
+                for reply in &mut entry.replies {
+                    if *reply == CommandState::Pending {
+                        *reply = CommandState::Failed(message.clone());
+                    }
+                }
+                entry.settle();
                 expired = true;
             }
         }
@@ -221,30 +254,39 @@ impl CommandLog {
         self.entries.iter().any(|c| c.id == id)
     }
 
-    /// Marks change `id` applied (the gateway's `ack`).
-    pub(crate) fn applied(&mut self, id: u64) {
-        if let Some(entry) = self.entries.iter_mut().find(|c| c.id == id) {
-            entry.state = CommandState::Applied;
-        }
+    /// Marks change `id` applied on `replica` (its `ack`).
+    pub(crate) fn applied(&mut self, id: u64, replica: usize) {
+        self.answer(id, replica, CommandState::Applied, true);
     }
 
-    /// Marks change `id` failed with `message`, unless it already has an answer: a late failure
-    /// must not overwrite what the gateway said.
-    pub(crate) fn failed(&mut self, id: u64, message: String) {
-        if let Some(entry) = self.entries.iter_mut().find(|c| c.id == id)
-            && entry.state == CommandState::Pending
+    /// Marks change `id` failed on `replica` with `message`, unless it already has an answer there:
+    /// a late failure must not overwrite what the gateway said.
+    pub(crate) fn failed(&mut self, id: u64, replica: usize, message: String) {
+        self.answer(id, replica, CommandState::Failed(message), false);
+    }
+
+    fn answer(&mut self, id: u64, replica: usize, state: CommandState, overwrite: bool) {
+        let Some(entry) = self.entries.iter_mut().find(|c| c.id == id) else {
+            return;
+        };
+        if let Some(reply) = entry.replies.get_mut(replica)
+            && (overwrite || *reply == CommandState::Pending)
         {
-            entry.state = CommandState::Failed(message);
+            *reply = state;
         }
+        entry.settle();
     }
 
-    /// Marks every pending change failed with `message`: after a lost connection no answer can
-    /// come for them.
-    pub(crate) fn fail_pending(&mut self, message: &str) {
+    /// Marks every change still pending on `replica` failed with `message`: after a lost
+    /// connection no answer can come from it.
+    pub(crate) fn fail_pending(&mut self, replica: usize, message: &str) {
         for entry in &mut self.entries {
-            if entry.state == CommandState::Pending {
-                entry.state = CommandState::Failed(message.to_owned());
+            if let Some(reply) = entry.replies.get_mut(replica)
+                && *reply == CommandState::Pending
+            {
+                *reply = CommandState::Failed(message.to_owned());
             }
+            entry.settle();
         }
     }
 

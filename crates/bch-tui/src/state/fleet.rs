@@ -105,7 +105,7 @@ pub struct FleetBound {
 }
 
 impl FleetBound {
-    /// Min, mean and count of the healthy workers' in-flight requests.
+    /// Min, mean and count of the healthy workers' loads, as the rule reads them.
     pub fn load(&self) -> FleetLoad {
         self.load
     }
@@ -138,16 +138,17 @@ impl Fleet {
             .is_some_and(|p| p.kind == PolicyKind::BoundedConsistentHashing)
     }
 
-    /// The current bound, or `None` before the policy is known, while it is not in force, or
-    /// while no worker takes requests. Like the router, it counts the workers that take
-    /// requests: healthy and not draining.
+    /// The current bound over the loads the rule reads ([`WorkerRecord::rule_load`]: local
+    /// in-flight requests, or the fleet-wide load in `worker_metrics` mode), or `None` before the
+    /// policy is known, while it is not in force, or while no worker takes requests. Like the
+    /// router, it counts the workers that take requests: healthy and not draining.
     pub fn bound(&self) -> Option<FleetBound> {
         let policy = self.policy.filter(|_| self.bound_in_force())?;
         let routable = self
             .workers
             .iter()
             .filter(|w| routable(w))
-            .map(|w| w.active);
+            .map(WorkerRecord::rule_load);
         Some(FleetBound {
             load: FleetLoad::of(routable)?,
             policy,
@@ -161,7 +162,7 @@ impl Fleet {
         };
         self.workers
             .iter()
-            .filter(|w| routable(w) && bound.check(w.active).should_spill())
+            .filter(|w| routable(w) && bound.check(w.rule_load()).should_spill())
             .count()
     }
 
@@ -267,7 +268,7 @@ impl Fleet {
         self.baseline = None;
     }
 
-    fn set_ring(&mut self, ring: RingOwnership) {
+    pub(super) fn set_ring(&mut self, ring: RingOwnership) {
         self.arcs = ring
             .workers
             .iter()

@@ -2,24 +2,28 @@
 //! commands to send out. No I/O and no clock here (the time is passed in where needed), so every
 //! transition is a plain unit test.
 //!
-//! [`State`] owns the parts: the live and the frozen [`Fleet`] (`fleet.rs`), the threshold changes
-//! and their fate (`commands.rs`) and the view-only [`Ui`] (`ui.rs`). Its fields are private: the
-//! app and the tests change it only through `apply_*` and [`State::set_viewports`], and read it
-//! through accessors.
+//! [`State`] owns the parts: one [`Replica`] per gateway the console watches (`replica.rs`: its
+//! connection, seq, last frame time and [`Fleet`]), the fleet merged across them (`merge.rs`), the frozen copy, the
+//! threshold changes and their fate (`commands.rs`) and the view-only [`Ui`] (`ui.rs`). Its fields
+//! are private: the app and the tests change it only through `apply_*` and
+//! [`State::set_viewports`], and read it through accessors. With one replica everything is that
+//! replica's; the `apply_*` methods without a replica index address the first.
 
 mod commands;
 mod fleet;
+mod merge;
+mod replica;
 mod ui;
 
-use bch_core::telemetry::{
-    ClientCommand, CommandId, KeyRecord, ServerFrame, ServerMessage, WorkerRecord,
-};
+use bch_core::telemetry::{ClientCommand, CommandId, KeyRecord, ServerFrame, WorkerRecord};
 use tokio::time::{Duration, Instant};
 
 pub use self::commands::{COMMAND_TIMEOUT, Change, CommandEntry, CommandState};
 use self::commands::{CommandLog, Threshold};
 pub(crate) use self::fleet::routable;
 pub use self::fleet::{Baseline, Fleet, FleetBound, SPILL_LOG_CAP, Sample};
+use self::replica::{Answer, differing};
+pub use self::replica::{Replica, Settings};
 pub use self::ui::{Panel, SortColumn, Ui, WorkerOrder};
 use crate::conn::{ConnEvent, ConnStatus};
 use crate::input::{Action, Mode};
@@ -29,76 +33,75 @@ use crate::input::{Action, Mode};
 pub enum Effect {
     /// Nothing beyond a redraw.
     None,
-    /// Send this command to the gateway.
+    /// Send this command to every replica.
     Send(ClientCommand),
     /// Restore the terminal and exit.
     Quit,
 }
 
-/// The whole console state: the connection, the live and the frozen fleet, the threshold changes,
-/// the operator notice and the view-only state. A plain value with no I/O in it: the app owns one
-/// and tests build their own.
+/// The whole console state: the replicas and their connections, the merged and the frozen fleet,
+/// the threshold changes, the operator notice and the view-only state. A plain value with no I/O
+/// in it: the app owns one and tests build their own.
 #[derive(Debug, Clone, PartialEq)]
 pub struct State {
-    url: String,
-    conn: ConnStatus,
-    /// Every frame applies here, paused or not.
-    live: Fleet,
+    /// At least one.
+    replicas: Vec<Replica>,
+    /// The fleet across every replica; only kept when there are several (with one, the replica's
+    /// own fleet is the picture).
+    merged: Fleet,
     /// While paused, the copy the panels show.
     frozen: Option<Fleet>,
-    /// Seq of the last frame on this connection, to spot frames the gateway dropped.
-    last_seq: Option<u64>,
-    /// A `resync` was sent after a seq gap and no snapshot has arrived since.
-    resyncing: bool,
     commands: CommandLog,
     notice: Option<String>,
     ui: Ui,
-    /// When the last frame arrived on this console's clock (`None` before the first, or when the
-    /// app does not say: tests that only apply frames).
-    last_frame_at: Option<Instant>,
 }
-
-/// A silence this many tick intervals long marks the view stale.
-const STALE_TICKS: u32 = 5;
-/// ...but never less than this: a gateway with a 10 ms tick interval may pause that long.
-const STALE_MIN: Duration = Duration::from_secs(1);
 
 impl State {
     /// A fresh state for a console pointed at `url`: connecting, nothing known yet.
     pub fn new(url: impl Into<String>) -> Self {
+        Self::for_replicas(vec![url.into()])
+    }
+
+    /// A fresh state for a console watching every gateway replica in `urls` (at least one; an
+    /// empty list watches none and shows nothing).
+    pub fn for_replicas(urls: Vec<String>) -> Self {
+        let mut replicas: Vec<Replica> = urls.into_iter().map(Replica::new).collect();
+        if replicas.is_empty() {
+            replicas.push(Replica::new(String::new()));
+        }
         Self {
-            url: url.into(),
-            conn: ConnStatus::Connecting,
-            live: Fleet::default(),
+            replicas,
+            merged: Fleet::default(),
             frozen: None,
-            last_seq: None,
-            resyncing: false,
             commands: CommandLog::default(),
             notice: None,
             ui: Ui::default(),
-            last_frame_at: None,
         }
     }
 
-    /// Records that a frame arrived at `now` (the app calls it for every frame it applies).
+    /// Records that a frame of the first replica arrived at `now`.
     pub fn frame_received(&mut self, now: Instant) {
-        self.last_frame_at = Some(now);
+        self.frame_received_on(0, now);
     }
 
-    /// How long ago the last frame arrived, at `now`; `None` when unknown.
+    /// Records that a frame of replica `replica` arrived at `now` (the app calls it for every
+    /// frame it applies).
+    pub fn frame_received_on(&mut self, replica: usize, now: Instant) {
+        let index = replica.min(self.replicas.len() - 1);
+        self.replicas[index].frame_received(now);
+    }
+
+    /// How long ago the last frame arrived, at `now`, on the replica that has been silent
+    /// longest; `None` when unknown.
     pub fn frame_age(&self, now: Instant) -> Option<Duration> {
-        Some(now.saturating_duration_since(self.last_frame_at?))
+        self.replicas.iter().filter_map(|r| r.frame_age(now)).max()
     }
 
-    /// Whether the gateway stopped talking: connected, yet no frame for [`STALE_TICKS`] tick
-    /// intervals (and at least [`STALE_MIN`]). A frozen gateway process keeps its socket open, so
-    /// the connection alone cannot tell.
+    /// Whether a gateway stopped talking: a replica connected, yet without a frame for several
+    /// tick intervals. A frozen gateway process keeps its socket open, so the connection alone
+    /// cannot tell.
     pub fn stale(&self, now: Instant) -> bool {
-        let Some(age) = self.frame_age(now) else {
-            return false;
-        };
-        let interval = Duration::from_millis(self.live.tick_interval_ms.unwrap_or(100));
-        self.conn == ConnStatus::Connected && age > (interval * STALE_TICKS).max(STALE_MIN)
+        self.replicas.iter().any(|r| r.stale(now))
     }
 
     /// Fails the changes that waited longer than [`COMMAND_TIMEOUT`] for an answer at `now`;
@@ -118,7 +121,7 @@ impl State {
     pub fn worker_rows(&self) -> Vec<&WorkerRecord> {
         let mut rows: Vec<&WorkerRecord> = self.visible().workers.iter().collect();
         if self.ui.worker_order() == WorkerOrder::Load {
-            rows.sort_by_key(|w| std::cmp::Reverse(w.active));
+            rows.sort_by_key(|w| std::cmp::Reverse(w.rule_load()));
         }
         rows
     }
@@ -133,25 +136,49 @@ impl State {
             .copied()
     }
 
-    /// The gateway websocket URL, for the header.
-    pub fn url(&self) -> &str {
-        &self.url
+    /// Every replica, in `--url` order.
+    pub fn replicas(&self) -> &[Replica] {
+        &self.replicas
     }
 
-    /// Where the connection stands, for the header and the reconnect countdown.
+    /// Per replica (in `--url` order): whether its thresholds, kind or load source differ from the
+    /// ones most replicas share.
+    pub fn differing(&self) -> Vec<bool> {
+        differing(&self.replicas)
+    }
+
+    /// The (first) gateway websocket URL, for the header.
+    pub fn url(&self) -> &str {
+        self.replicas[0].url()
+    }
+
+    /// Where the connection stands, for the header and the reconnect countdown: the first
+    /// replica that is not connected, else connected.
     pub fn conn(&self) -> &ConnStatus {
-        &self.conn
+        self.replicas
+            .iter()
+            .map(Replica::conn)
+            .find(|c| **c != ConnStatus::Connected)
+            .unwrap_or(self.replicas[0].conn())
+    }
+
+    /// Whether any replica counts down to a reconnect (the app redraws on a tick then).
+    pub fn counting_down(&self) -> bool {
+        self.replicas.iter().any(|r| r.conn().is_counting_down())
     }
 
     /// The live fleet: every frame applies here, paused or not. The header reads it, so rates and
-    /// the policy stay current while the panels are frozen.
+    /// the policy stay current while the panels are frozen. With several replicas, the merge.
     pub fn live(&self) -> &Fleet {
-        &self.live
+        match self.replicas.as_slice() {
+            [one] => one.fleet(),
+            _ => &self.merged,
+        }
     }
 
     /// What the panels show: the frozen copy while paused, else the live fleet.
     pub fn visible(&self) -> &Fleet {
-        self.frozen.as_ref().unwrap_or(&self.live)
+        self.frozen.as_ref().unwrap_or_else(|| self.live())
     }
 
     /// Whether the view is paused (`p`): the panels show a frozen copy while frames keep applying.
@@ -159,14 +186,15 @@ impl State {
         self.frozen.is_some()
     }
 
-    /// Seq of the last frame on this connection; `None` before the first.
+    /// Seq of the last frame on the first replica's connection; `None` before the first.
     pub fn last_seq(&self) -> Option<u64> {
-        self.last_seq
+        self.replicas[0].last_seq()
     }
 
-    /// Whether a `resync` was sent after a seq gap and no snapshot has arrived since.
+    /// Whether a `resync` was sent after a seq gap and no snapshot has arrived since, on any
+    /// replica.
     pub fn resyncing(&self) -> bool {
-        self.resyncing
+        self.replicas.iter().any(Replica::resyncing)
     }
 
     /// A one-line message for the operator (a refused key, an unreadable frame, an error without
@@ -208,14 +236,33 @@ impl State {
         self.ui.set_viewports(rows);
     }
 
-    /// Applies an event from the network task; returns a command to send (a `resync`) if needed.
+    /// Applies an event from the first replica's network task.
     pub fn apply_conn_event(&mut self, event: ConnEvent) -> Option<ClientCommand> {
+        self.apply_replica_event(0, event)
+    }
+
+    /// Applies an event from replica `replica`'s network task; returns a command to send to that
+    /// replica (a `resync`) if needed.
+    pub fn apply_replica_event(
+        &mut self,
+        replica: usize,
+        event: ConnEvent,
+    ) -> Option<ClientCommand> {
+        let index = replica.min(self.replicas.len() - 1);
         match event {
             ConnEvent::Status(status) => {
-                self.set_status(status);
+                if status == ConnStatus::Connected {
+                    // The previous connection's commands cannot be answered on this one, and its
+                    // `✓ applied` may describe another gateway process: start a fresh log.
+                    self.commands.clear();
+                }
+                if self.replicas[index].set_status(status) {
+                    self.commands
+                        .fail_pending(index, "connection lost before the gateway answered");
+                }
                 None
             }
-            ConnEvent::Frame(frame) => self.apply_frame(*frame),
+            ConnEvent::Frame(frame) => self.apply_replica_frame(index, *frame),
             ConnEvent::BadFrame(err) => {
                 self.notice = Some(format!("unreadable frame ignored: {err}"));
                 None
@@ -227,86 +274,45 @@ impl State {
                 } = cmd
                 {
                     self.commands
-                        .failed(id, "not sent: not connected".to_owned());
+                        .failed(id, index, "not sent: not connected".to_owned());
                 }
                 None
             }
         }
     }
 
-    fn set_status(&mut self, status: ConnStatus) {
-        match &status {
-            ConnStatus::Connected => {
-                // seq restarts at 0 on every connection and the first frame is a snapshot. The
-                // previous connection's commands cannot be answered on this one, and its
-                // `✓ applied` may describe another gateway process: start a fresh log.
-                self.last_seq = None;
-                self.resyncing = false;
-                self.commands.clear();
-                self.live.forget_baseline();
-                self.last_frame_at = None;
-            }
-            ConnStatus::Reconnecting { .. } => {
-                self.commands
-                    .fail_pending("connection lost before the gateway answered");
-            }
-            ConnStatus::Connecting => {}
-        }
-        self.conn = status;
-    }
-
-    /// Applies one telemetry frame. Returns `resync` when the frame's seq shows frames were missed.
+    /// Applies one telemetry frame of the first replica.
     pub fn apply_frame(&mut self, frame: ServerFrame) -> Option<ClientCommand> {
-        let expected = self.last_seq.map_or(0, |s| s + 1);
-        self.last_seq = Some(frame.seq);
-        let mut reply = None;
-        match frame.message {
-            ServerMessage::Snapshot(snap) => {
-                // A snapshot replaces everything, so frames missed before it do not matter.
-                self.resyncing = false;
-                self.live.apply_snapshot(snap);
-            }
-            message => {
-                if frame.seq != expected && !self.resyncing {
-                    self.resyncing = true;
-                    reply = Some(ClientCommand::Resync { id: None });
-                }
-                // Records are complete, so applying what did arrive is still correct for those items.
-                self.apply_message(message);
-            }
-        }
-        reply
+        self.apply_replica_frame(0, frame)
     }
 
-    fn apply_message(&mut self, message: ServerMessage) {
-        match message {
-            ServerMessage::Snapshot(snap) => self.live.apply_snapshot(snap),
-            ServerMessage::Tick(tick) => self.live.apply_tick(tick),
-            ServerMessage::Ring(update) => self.live.apply_ring(update),
-            ServerMessage::Policy(update) => self.live.apply_policy(update),
-            ServerMessage::Ack(ack) => {
-                self.live.apply_acked_policy(ack.policy);
-                if let Some(worker) = ack.worker {
-                    self.live.apply_worker(worker);
-                }
-                if let Some(CommandId::Number(id)) = ack.id {
-                    self.commands.applied(id);
-                }
+    /// Applies one telemetry frame of replica `replica`. Returns `resync` when the frame's seq
+    /// shows frames were missed.
+    pub fn apply_replica_frame(
+        &mut self,
+        replica: usize,
+        frame: ServerFrame,
+    ) -> Option<ClientCommand> {
+        let index = replica.min(self.replicas.len() - 1);
+        let (resync, answer) = self.replicas[index].apply_frame(frame);
+        match answer {
+            Some(Answer::Ack(Some(CommandId::Number(id)))) => self.commands.applied(id, index),
+            Some(Answer::Error(Some(CommandId::Number(id)), message))
+                if self.commands.knows(id) =>
+            {
+                self.commands.failed(id, index, message);
             }
-            ServerMessage::Drained(drained) => {
-                self.notice = Some(if drained.removed {
-                    format!("{} drained: idle and removed", drained.worker)
-                } else {
-                    format!("{} drained: no request in flight", drained.worker)
-                });
+            Some(Answer::Error(_, message)) => {
+                self.notice = Some(format!("gateway: {message}"));
             }
-            ServerMessage::Error(err) => match err.id {
-                Some(CommandId::Number(id)) if self.commands.knows(id) => {
-                    self.commands.failed(id, err.message);
-                }
-                _ => self.notice = Some(format!("gateway: {}", err.message)),
-            },
+            Some(Answer::Notice(message)) => self.notice = Some(message),
+            Some(Answer::Ack(_)) | None => {}
         }
+        if self.replicas.len() > 1 {
+            let fleets: Vec<&Fleet> = self.replicas.iter().map(Replica::fleet).collect();
+            self.merged = merge::merge(&fleets);
+        }
+        resync
     }
 
     /// Carries out an operator action; the effect tells the app what to send, or to quit.
@@ -320,7 +326,7 @@ impl State {
             Action::TogglePause => {
                 self.frozen = match self.frozen {
                     Some(_) => None,
-                    None => Some(self.live.clone()),
+                    None => Some(self.live().clone()),
                 };
             }
             Action::FocusNext => self.ui.focus_step(true),
@@ -378,7 +384,7 @@ impl State {
         }
     }
 
-    /// `d` / `u`: asks the gateway to drain or undrain the selected worker.
+    /// `d` / `u`: asks every replica to drain or undrain the selected worker.
     fn drain(&mut self, drain: bool) -> Effect {
         let Some(worker) = self.selected_worker() else {
             self.notice = Some("no worker to drain yet".into());
@@ -391,17 +397,17 @@ impl State {
         } else {
             Change::Undrain(name)
         };
-        Effect::Send(self.commands.send(change))
+        Effect::Send(self.commands.send(change, self.replicas.len()))
     }
 
     /// One press of a threshold key: asks the gateway for the next step of `threshold`, or says
     /// why not. Nothing changes locally until the gateway's `ack`.
     fn nudge(&mut self, threshold: Threshold, up: bool) -> Effect {
-        let Some(policy) = self.live.policy else {
+        let Some(policy) = self.live().policy else {
             self.notice = Some("no policy known yet: wait for the gateway's snapshot".into());
             return Effect::None;
         };
-        if !self.live.bound_in_force() {
+        if !self.live().bound_in_force() {
             self.notice = Some(format!(
                 "{} never spills: the thresholds change nothing (PUT /admin/policy to switch kind)",
                 policy.kind
@@ -412,7 +418,7 @@ impl State {
         match Change::step(threshold, up, pending, &policy) {
             Ok(change) => {
                 self.notice = None;
-                Effect::Send(self.commands.send(change))
+                Effect::Send(self.commands.send(change, self.replicas.len()))
             }
             Err(why) => {
                 self.notice = Some(why.to_owned());

@@ -2,6 +2,7 @@
 //! the fleet's rates, the rate sparklines, and one line for the most pressing message. The header
 //! always shows the live fleet, so rates and the policy stay current while the panels are paused.
 
+use bch_core::policy::PolicyKind;
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::Style;
@@ -25,13 +26,17 @@ const KEY_HINTS: &str =
 pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, now: Instant, styles: &Styles) {
     let [status, policy, rates, message] = Layout::vertical([Constraint::Length(1); 4]).areas(area);
     frame.render_widget(Paragraph::new(status_line(state, now, styles)), status);
-    frame.render_widget(Paragraph::new(policy_line(state.live(), styles)), policy);
+    frame.render_widget(
+        Paragraph::new(policy_line(state.live(), styles, policy.width)),
+        policy,
+    );
     sparklines(frame, rates, state.live(), styles);
     frame.render_widget(Paragraph::new(message_line(state, styles)), message);
 }
 
-/// `bch ● CONNECTED 0.1s ws://… dropped N`, then RESYNCING and PAUSED when they apply. A gateway
-/// that stopped sending (a frozen process keeps its socket) shows `◌ STALE` with the silence.
+/// `bch ● CONNECTED 0.1s ws://… dropped N` (with several replicas: the first one not connected,
+/// and their number), then RESYNCING and PAUSED when they apply. A gateway that stopped sending
+/// (a frozen process keeps its socket) shows `◌ STALE` with the silence.
 fn status_line(state: &State, now: Instant, styles: &Styles) -> Line<'static> {
     let age = state.frame_age(now);
     let (dot, tone, label) = match state.conn() {
@@ -60,7 +65,10 @@ fn status_line(state: &State, now: Instant, styles: &Styles) -> Line<'static> {
     }
     spans.extend([
         Span::raw("  "),
-        Span::raw(state.url().to_owned()),
+        Span::raw(match state.replicas().len() {
+            1 => state.url().to_owned(),
+            n => format!("{n} replicas, merged"),
+        }),
         Span::raw(format!("  dropped {}", state.live().dropped_events)),
     ]);
     if state.resyncing() {
@@ -75,41 +83,53 @@ fn status_line(state: &State, now: Instant, styles: &Styles) -> Line<'static> {
     Line::from(spans)
 }
 
-/// The policy kind and both thresholds, the fleet's rates, and who last changed the policy.
-fn policy_line(fleet: &Fleet, styles: &Styles) -> Line<'static> {
+/// The policy kind, both thresholds and the spill order, the fleet's rates, and who last changed
+/// the policy. On a terminal too narrow for the line, the bounded kind is shortened to `bounded`
+/// first, so the rates stay visible.
+fn policy_line(fleet: &Fleet, styles: &Styles, width: u16) -> Line<'static> {
     let dim = styles.dim();
     let Some(p) = &fleet.policy else {
         return Line::from(Span::styled(" waiting for the gateway's snapshot…", dim));
     };
-    let mut spans = vec![
-        Span::styled(" policy ", dim),
-        Span::styled(p.kind.as_str(), styles.value()),
-        Span::styled("  gap ", dim),
-        Span::styled(p.min_load_gap.to_string(), styles.value()),
-        Span::styled("  skew ", dim),
-        Span::styled(format!("{:.2}", p.max_load_skew), styles.value()),
-        Span::styled("  req/s ", dim),
-        Span::raw(format!("{:.1}", fleet.totals.requests_per_s)),
-        Span::styled("  spill/s ", dim),
-        Span::raw(format!("{:.1}", fleet.totals.spills_per_s)),
-    ];
-    if let Some(by) = fleet.policy_changed_by {
-        let from = fleet
-            .policy_changed_from
-            .as_deref()
-            .map(|c| format!(" {c}"))
-            .unwrap_or_default();
-        spans.push(Span::styled(
-            format!("  (changed by {}{from}", by.as_str()),
-            dim,
-        ));
-        // A reload put the file's values back; anything else is lost on the next one.
-        if by != ChangeSource::Reload {
-            spans.push(Span::styled(", lost on reload", styles.tone(Tone::Warning)));
+    let line = |kind: &'static str| {
+        let mut spans = vec![
+            Span::styled(" policy ", dim),
+            Span::styled(kind, styles.value()),
+            Span::styled("  gap ", dim),
+            Span::styled(p.min_load_gap.to_string(), styles.value()),
+            Span::styled("  skew ", dim),
+            Span::styled(format!("{:.2}", p.max_load_skew), styles.value()),
+            Span::styled("  order ", dim),
+            Span::styled(p.spill_order.as_str(), styles.value()),
+            Span::styled("  req/s ", dim),
+            Span::raw(format!("{:.1}", fleet.totals.requests_per_s)),
+            Span::styled("  spill/s ", dim),
+            Span::raw(format!("{:.1}", fleet.totals.spills_per_s)),
+        ];
+        if let Some(by) = fleet.policy_changed_by {
+            let from = fleet
+                .policy_changed_from
+                .as_deref()
+                .map(|c| format!(" {c}"))
+                .unwrap_or_default();
+            spans.push(Span::styled(
+                format!("  (changed by {}{from}", by.as_str()),
+                dim,
+            ));
+            // A reload put the file's values back; anything else is lost on the next one.
+            if by != ChangeSource::Reload {
+                spans.push(Span::styled(", lost on reload", styles.tone(Tone::Warning)));
+            }
+            spans.push(Span::styled(")", dim));
         }
-        spans.push(Span::styled(")", dim));
+        Line::from(spans)
+    };
+    let full = line(p.kind.as_str());
+    if full.width() <= usize::from(width) || p.kind != PolicyKind::BoundedConsistentHashing {
+        full
+    } else {
+        line("bounded")
     }
-    Line::from(spans)
 }
 
 /// Request and spill rates side by side, newest sample at the right edge.

@@ -14,6 +14,7 @@ mod header;
 mod help;
 mod keys;
 mod panel;
+mod replicas;
 mod ring;
 mod spills;
 mod styles;
@@ -36,21 +37,31 @@ const HEADER_ROWS: u16 = 4;
 #[derive(Debug, Clone, Copy)]
 struct Areas {
     header: Rect,
+    /// The replica rows; zero height with one replica.
+    replicas: Rect,
     workers: Rect,
     ring: Rect,
     keys: Rect,
     spills: Rect,
 }
 
-/// Splits `area` for a fleet of `workers` workers: two columns from [`WIDE`] on, one below it.
-fn layout(area: Rect, workers: usize) -> Areas {
-    let [header, body] =
-        Layout::vertical([Constraint::Length(HEADER_ROWS), Constraint::Min(0)]).areas(area);
-    if area.width >= WIDE {
+/// Splits `area` for a fleet of `workers` workers seen through `replica_count` replicas: two
+/// columns from [`WIDE`] on, one below it; the replica rows under the header when there are
+/// several.
+fn layout(area: Rect, workers: usize, replica_count: usize) -> Areas {
+    let [header, replicas, body] = Layout::vertical([
+        Constraint::Length(HEADER_ROWS),
+        Constraint::Length(replicas::height(replica_count)),
+        Constraint::Min(0),
+    ])
+    .areas(area);
+    let mut areas = if area.width >= WIDE {
         wide_layout(header, body, workers)
     } else {
         narrow_layout(header, body)
-    }
+    };
+    areas.replicas = replicas;
+    areas
 }
 
 /// Workers and ring side by side on top, sized to the fleet up to nearly half the height; keys and
@@ -67,6 +78,7 @@ fn wide_layout(header: Rect, body: Rect, workers: usize) -> Areas {
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(bottom);
     Areas {
         header,
+        replicas: Rect::default(),
         workers,
         ring,
         keys,
@@ -86,6 +98,7 @@ fn narrow_layout(header: Rect, body: Rect) -> Areas {
         Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(top);
     Areas {
         header,
+        replicas: Rect::default(),
         workers,
         ring,
         keys,
@@ -96,7 +109,7 @@ fn narrow_layout(header: Rect, body: Rect) -> Areas {
 /// Content rows each panel shows on a terminal of `area`, indexed like `Panel::ALL`: the app hands
 /// them to the state so scrolling stops where the view does (no dead key presses past the end).
 pub fn viewports(area: Rect, state: &State) -> [usize; 4] {
-    let a = layout(area, state.visible().workers.len());
+    let a = layout(area, state.visible().workers.len(), state.replicas().len());
     // Borders take two rows; workers, ring and keys also spend one on a legend, strip or header.
     let rows = |r: Rect, extra: u16| r.height.saturating_sub(2 + extra) as usize;
     [
@@ -112,8 +125,11 @@ pub fn viewports(area: Rect, state: &State) -> [usize; 4] {
 pub fn draw(frame: &mut Frame, state: &State, now: Instant) {
     let styles = Styles::default();
     let area = frame.area();
-    let a = layout(area, state.visible().workers.len());
+    let a = layout(area, state.visible().workers.len(), state.replicas().len());
     header::draw(frame, a.header, state, now, &styles);
+    if a.replicas.height > 0 {
+        replicas::draw(frame, a.replicas, state, now, &styles);
+    }
     workers::draw(frame, a.workers, state, &styles);
     ring::draw(frame, a.ring, state, &styles);
     keys::draw(frame, a.keys, state, &styles);

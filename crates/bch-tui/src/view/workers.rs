@@ -1,11 +1,14 @@
 //! The workers panel: one load bar per worker, drawn against the bounded policy's two bounds
 //! (`│` at `min + min_load_gap`, `┊` at `mean × max_load_skew`), with OVER on a worker whose keys
-//! would spill, DOWN on one that failed its health checks and DRAIN on one being drained. The
-//! title counts the OVER workers, so one scrolled out of view is not missed; the numbers come
-//! before the bar: the counters are added (errors first) only while the bar keeps its room. When
-//! some workers were found by DNS discovery, the title counts workers by source and rows with room
-//! left after every counter end with each worker's source.
+//! would spill, DOWN on one that failed its health checks and DRAIN on one being drained. A bar
+//! shows the load the rule reads (the fleet-wide load in `worker_metrics` mode); a worker the rule
+//! routes on local load because its scrape is stale is drawn with `▒` instead of `█`. The title
+//! counts the OVER workers, so one scrolled out of view is not missed; the numbers come before the
+//! bar: the counters are added (errors first) only while the bar keeps its room. When some workers
+//! were found by DNS discovery, the title counts workers by source and rows with room left after
+//! every counter end with each worker's source.
 
+use bch_core::fleet_load::LoadSource;
 use bch_core::telemetry::WorkerRecord;
 use ratatui::Frame;
 use ratatui::layout::Rect;
@@ -28,6 +31,8 @@ pub(super) const SKEW_MARKER: char = '┊';
 const BOTH_MARKER: char = '╫';
 /// The bar keeps at least this many cells before a counter is added to the rows.
 const MIN_BAR: usize = 12;
+/// Bar cell of a worker whose scrape is stale (the rule reads local load for it).
+const STALE_CELL: char = '▒';
 /// Widest source label a row shows (`dns:_http._tcp.llm…cluster.local`).
 const SOURCE_W: usize = 24;
 /// Narrowest cut of a source label worth showing (`dns:_htt…l.local`).
@@ -66,8 +71,8 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
     frame.render_widget(Paragraph::new(lines), inner);
 }
 
-/// ` Workers 3/4 healthy 2 OVER 1 draining by load `, and ` 3 discovered, 1 static ` when
-/// discovery found some of them.
+/// ` Workers 3/4 healthy 2 OVER 1 draining by load `, plus `fleet load` when the rule reads the
+/// workers' own gauges, and ` 3 discovered, 1 static ` when discovery found some of them.
 fn title(fleet: &Fleet, order: WorkerOrder, styles: &Styles) -> Line<'static> {
     let healthy = fleet.workers.iter().filter(|w| w.healthy).count();
     let mut spans = vec![
@@ -97,6 +102,12 @@ fn title(fleet: &Fleet, order: WorkerOrder, styles: &Styles) -> Line<'static> {
     }
     if order == WorkerOrder::Load {
         spans.push(Span::styled("by load ", styles.dim()));
+    }
+    if fleet
+        .policy
+        .is_some_and(|p| p.load_source == LoadSource::WorkerMetrics)
+    {
+        spans.push(Span::styled("· fleet load ", styles.value()));
     }
     let discovered = fleet
         .workers
@@ -137,6 +148,14 @@ fn legend(fleet: &Fleet, bound: Option<FleetBound>, width: u16, styles: &Styles)
     ];
     let load = b.load();
     let inputs = format!("  min {} mean {:.2}", load.min_load, load.mean_load);
+    let stale = fleet.workers.iter().any(|w| w.load_stale);
+    if stale {
+        // What the stale cells mean matters more than the inputs, which the bars show.
+        spans.push(Span::styled(
+            format!("  {STALE_CELL} stale: local load"),
+            styles.tone(Tone::Warning),
+        ));
+    }
     let used: usize = spans.iter().map(|s| s.width()).sum();
     // The inputs are derivable from the bars; drop them rather than cut them mid-number.
     if used + inputs.chars().count() <= width as usize {
@@ -230,7 +249,12 @@ impl Geometry {
             left -= 2 + source_w;
         }
         let bar_w = left.max(4);
-        let max_active = fleet.workers.iter().map(|w| w.active).max().unwrap_or(0);
+        let max_active = fleet
+            .workers
+            .iter()
+            .map(WorkerRecord::rule_load)
+            .max()
+            .unwrap_or(0);
         let mut scale = max_active as f64;
         if let Some(b) = bound {
             scale = scale.max(b.gap_bound() as f64).max(b.skew_bound());
@@ -290,7 +314,7 @@ fn worker_line(
 ) -> Line<'static> {
     // The same test the gateway routes with: OVER means a new request for this worker's keys
     // would spill.
-    let over = routable(w) && bound.is_some_and(|b| b.check(w.active).should_spill());
+    let over = routable(w) && bound.is_some_and(|b| b.check(w.rule_load()).should_spill());
     let (glyph, glyph_style) = if w.healthy {
         ("●", styles.tone(Tone::Good))
     } else {
@@ -306,7 +330,10 @@ fn worker_line(
         ),
     ];
     spans.extend(load_bar(w, over, bound, geometry, styles));
-    spans.push(Span::styled(format!("{:>5}", w.active), styles.value()));
+    spans.push(Span::styled(
+        format!("{:>5}", w.rule_load()),
+        styles.value(),
+    ));
     spans.push(flag(w, over, styles));
     spans.extend(counters(w, &geometry.counters, styles));
     if geometry.source_w > 0 {
@@ -325,21 +352,23 @@ fn load_bar(
     styles: &Styles,
 ) -> Vec<Span<'static>> {
     let bar_style = styles.load_bar(w.healthy, over);
-    let filled = geometry.filled(w.active);
+    let filled = geometry.filled(w.rule_load());
+    let fill = if w.load_stale { STALE_CELL } else { '█' };
     let gap_col = bound.map(|b| geometry.cell_of(b.gap_bound() as f64));
     let skew_col = bound.map(|b| geometry.cell_of(b.skew_bound()));
     (0..geometry.bar_w)
         .map(|i| {
             let marker = (gap_col == Some(i), skew_col == Some(i));
-            bar_cell(i < filled, marker, bar_style, styles)
+            bar_cell(i < filled, fill, marker, bar_style, styles)
         })
         .collect()
 }
 
-/// One cell of a bar: a marker if one of the bounds (`(gap, skew)`) falls here, else filled or
+/// One cell of a bar: a marker if one of the bounds (`(gap, skew)`) falls here, else `fill` or
 /// empty.
 fn bar_cell(
     in_bar: bool,
+    fill: char,
     (is_gap, is_skew): (bool, bool),
     bar_style: Style,
     styles: &Styles,
@@ -348,7 +377,7 @@ fn bar_cell(
         (true, true) => (BOTH_MARKER, styles.gap_marker()),
         (true, false) => (GAP_MARKER, styles.gap_marker()),
         (false, true) => (SKEW_MARKER, styles.skew_marker()),
-        (false, false) if in_bar => ('█', bar_style),
+        (false, false) if in_bar => (fill, bar_style),
         (false, false) => ('·', styles.dim()),
     };
     let style = if in_bar && (is_gap || is_skew) {

@@ -25,6 +25,10 @@ fn big_fleet() -> ServerFrame {
             spilled_in_total: (i % 5) as u64,
             spilled_out_total: (i % 3) as u64,
             errors_total: 0,
+            load: None,
+            reported_load: None,
+            scrape_age_ms: None,
+            load_stale: false,
             source: Default::default(),
         })
         .collect();
@@ -78,6 +82,7 @@ fn big_fleet() -> ServerFrame {
             mean_load: 5.3,
             min_load_gap: 2,
             max_load_skew: 1.5,
+            load_signal: Default::default(),
         })
         .collect();
     ServerFrame::new(

@@ -2,7 +2,8 @@
 //! and the `PUT /admin/policy` body each one sends.
 
 use anyhow::Context as _;
-use bch_core::policy::{PolicyKind, PolicyPatch};
+use bch_core::fleet_load::LoadSource;
+use bch_core::policy::{PolicyKind, PolicyPatch, SpillOrder};
 use serde::Serialize;
 
 /// One policy setting under test.
@@ -25,11 +26,15 @@ const DEFAULT_GAP: u64 = 2;
 ///
 /// - `strict` (or `consistent_hashing`): `{"kind":"consistent_hashing"}`;
 /// - `bounded` (or `bounded_consistent_hashing`): the bounded policy with default thresholds;
-/// - `gap=N`: bounded with `min_load_gap` N; `skew=X`: bounded with `max_load_skew` X. A bounded cell
-///   always sends both thresholds (defaults gap 2, skew 1.5), so a cell never inherits the previous
-///   cell's value;
+/// - `gap=N`: bounded with `min_load_gap` N; `skew=X`: bounded with `max_load_skew` X;
+///   `order=ring|hash_seeded`: bounded with that `spill_order`. A bounded cell always sends both
+///   thresholds and the spill order (defaults gap 2, skew 1.5, ring), so a cell never inherits the
+///   previous cell's value;
 /// - `round_robin` (or `rr`), `random`: the baselines;
-/// - `vnodes=N`: `virtual_nodes` N, combinable with any of the above.
+/// - `vnodes=N`: `virtual_nodes` N, combinable with any of the above;
+/// - `load=local` or `load=worker_metrics`: the load source the rule reads, combinable with any of
+///   the above. When one cell names a load source, every cell sends one (`local` unless it names
+///   another), so no cell inherits the previous cell's.
 ///
 /// # Errors
 ///
@@ -45,6 +50,11 @@ pub fn parse_cells(spec: &str) -> anyhow::Result<Vec<Cell>> {
             "cell {label:?} appears twice"
         );
         cells.push(cell);
+    }
+    if cells.iter().any(|c| c.policy.load_source.is_some()) {
+        for cell in &mut cells {
+            cell.policy.load_source.get_or_insert(LoadSource::Local);
+        }
     }
     Ok(cells)
 }
@@ -66,7 +76,9 @@ struct CellOptions {
     kind: Option<PolicyKind>,
     gap: Option<u64>,
     skew: Option<f64>,
+    order: Option<SpillOrder>,
     vnodes: Option<u32>,
+    load_source: Option<LoadSource>,
 }
 
 impl CellOptions {
@@ -89,13 +101,15 @@ impl CellOptions {
             "rr" | "round_robin" => self.set_kind(PolicyKind::RoundRobin),
             "random" => self.set_kind(PolicyKind::Random),
             other => anyhow::bail!(
-                "unknown option {other:?}; expected strict, bounded, gap=N, skew=X, vnodes=N, \
-                 round_robin or random"
+                "unknown option {other:?}; expected strict, bounded, gap=N, skew=X, \
+                 order=ring|hash_seeded, vnodes=N, load=local|worker_metrics, round_robin or \
+                 random"
             ),
         }
     }
 
-    /// An option `name=value`: a threshold (which implies the bounded policy) or the virtual nodes.
+    /// An option `name=value`: a threshold or the spill order (which imply the bounded policy), the
+    /// virtual nodes or the load source.
     fn value(&mut self, name: &str, value: &str) -> anyhow::Result<()> {
         match name {
             "gap" => {
@@ -117,6 +131,10 @@ impl CellOptions {
                 );
                 self.skew = Some(x);
             }
+            "order" => {
+                self.set_kind(PolicyKind::BoundedConsistentHashing)?;
+                self.order = Some(value.parse().map_err(|e| anyhow::anyhow!("{e}"))?);
+            }
             "vnodes" => {
                 let n: u32 = value
                     .parse()
@@ -124,7 +142,12 @@ impl CellOptions {
                 anyhow::ensure!(n > 0, "vnodes must be at least 1");
                 self.vnodes = Some(n);
             }
-            other => anyhow::bail!("unknown option {other:?}; expected gap, skew or vnodes"),
+            "load" => {
+                self.load_source = Some(value.parse().map_err(|e| anyhow::anyhow!("{e}"))?);
+            }
+            other => {
+                anyhow::bail!("unknown option {other:?}; expected gap, skew, order, vnodes or load")
+            }
         }
         Ok(())
     }
@@ -140,7 +163,9 @@ impl CellOptions {
                 kind: Some(kind),
                 min_load_gap: bounded.then(|| self.gap.unwrap_or(DEFAULT_GAP)),
                 max_load_skew: bounded.then(|| self.skew.unwrap_or(DEFAULT_SKEW)),
+                spill_order: bounded.then(|| self.order.unwrap_or_default()),
                 virtual_nodes: self.vnodes,
+                load_source: self.load_source,
             },
         })
     }
@@ -161,19 +186,28 @@ mod tests {
         assert_eq!(bodies[0], serde_json::json!({"kind": "consistent_hashing"}));
         assert_eq!(
             bodies[1],
-            serde_json::json!({"kind": "bounded_consistent_hashing", "min_load_gap": 1, "max_load_skew": 1.5})
+            serde_json::json!({"kind": "bounded_consistent_hashing", "min_load_gap": 1, "max_load_skew": 1.5,
+                "spill_order": "ring"})
         );
         assert_eq!(
             bodies[2],
-            serde_json::json!({"kind": "bounded_consistent_hashing", "min_load_gap": 2, "max_load_skew": 1.25})
+            serde_json::json!({"kind": "bounded_consistent_hashing", "min_load_gap": 2, "max_load_skew": 1.25,
+                "spill_order": "ring"})
         );
         assert_eq!(
             bodies[3],
             serde_json::json!({"kind": "bounded_consistent_hashing", "min_load_gap": 2, "max_load_skew": 1.5,
-                "virtual_nodes": 300})
+                "spill_order": "ring", "virtual_nodes": 300})
         );
         assert_eq!(bodies[4], serde_json::json!({"kind": "round_robin"}));
         assert_eq!(cells[2].label, "gap=2:skew=1.25");
+        let seeded = parse_cells("order=hash_seeded,gap=1:order=ring").unwrap();
+        assert_eq!(
+            serde_json::to_value(seeded[0].policy).unwrap(),
+            serde_json::json!({"kind": "bounded_consistent_hashing", "min_load_gap": 2,
+                "max_load_skew": 1.5, "spill_order": "hash_seeded"})
+        );
+        assert_eq!(seeded[1].policy.spill_order, Some(SpillOrder::Ring));
     }
 
     #[test]
@@ -186,5 +220,19 @@ mod tests {
         assert!(err("fast").contains("unknown option \"fast\""));
         assert!(err("vnodes=10").contains("no policy"));
         assert!(err("gap=1,gap=1").contains("appears twice"));
+        assert!(err("order=next").contains("spill_order must be one of ring, hash_seeded"));
+        assert!(err("rr:order=ring").contains("two policy kinds"));
+        assert!(err("gap=1:load=gpu").contains("load_source must be local or worker_metrics"));
+    }
+
+    #[test]
+    fn a_load_source_in_one_cell_is_sent_by_every_cell() {
+        let cells = parse_cells("gap=2:load=worker_metrics,gap=2").unwrap();
+        assert_eq!(cells[0].policy.load_source, Some(LoadSource::WorkerMetrics));
+        assert_eq!(cells[1].policy.load_source, Some(LoadSource::Local));
+        let body = serde_json::to_value(cells[0].policy).unwrap();
+        assert_eq!(body["load_source"], "worker_metrics");
+        let plain = parse_cells("gap=2,strict").unwrap();
+        assert!(plain.iter().all(|c| c.policy.load_source.is_none()));
     }
 }

@@ -1,17 +1,14 @@
-//! What an A/B run reports: every run, a summary per cell with its paired throughput ratio against
-//! the baseline, and the verdict in words ([`AbReport`], serialised as `--out` JSON), plus the
-//! comparison table it prints.
-
-use std::collections::BTreeMap;
-use std::fmt;
+//! What an A/B run reports ([`AbReport`], serialised as `--out` JSON): where and how it ran
+//! ([`AbMeta`]), every run, a summary per cell with paired intervals against the baseline, the
+//! paired comparisons of the candidate cells with each other, and the verdict in words.
 
 use bch_core::policy::PolicyPatch;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::cells::Cell;
-use crate::stats::{PairedRatio, Significance, mean, paired_ratio};
-use crate::storm::StormReport;
+use crate::sim::SimConfig;
+use crate::stats::{PairedDifference, PairedRatio, Significance};
+use crate::storm::{StormReport, StormShape};
 
 /// One storm of one cell in one repetition.
 #[derive(Clone, Debug, Serialize)]
@@ -24,11 +21,55 @@ pub struct AbRun {
     pub order: usize,
     /// The policy as the gateway answered the `PUT /admin/policy`.
     pub policy: Value,
-    /// What the run's storm measured.
+    /// What the run's storm measured (its `shape.seed` is the run's prompt seed).
     pub report: StormReport,
 }
 
-/// A cell's results over all repetitions.
+/// One worker behind the gateway, as the run found it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WorkerInfo {
+    /// The gateway's name for it.
+    pub name: String,
+    /// Its base URL.
+    pub url: String,
+    /// Its simulator parameters, from `GET {url}/bch-sim/config`; `None` for a real server (or one
+    /// that did not answer).
+    pub sim: Option<SimConfig>,
+}
+
+/// Where, when and with what an A/B run ran: enough to reproduce it or to tell two files apart.
+#[derive(Clone, Debug, Serialize)]
+pub struct AbMeta {
+    /// `bch-drill` and its version.
+    pub tool: String,
+    /// Start and end, RFC 3339 UTC.
+    pub started_at: String,
+    /// End, RFC 3339 UTC.
+    pub finished_at: String,
+    /// Base of the per-run prompt seeds (run `k` uses `seed + 1,000,003 × k`).
+    pub seed: u64,
+    /// True when the seed was given (`--seed`); false when drawn at random for this invocation, so
+    /// that a second invocation does not find the first one's prompts cached.
+    pub seed_given: bool,
+    /// Data-plane URL stormed (every replica's, comma-separated, when several).
+    pub gateway: String,
+    /// Control-plane URL whose policy was switched (every replica's, comma-separated, when
+    /// several).
+    pub control: String,
+    /// The storm of every run (its seed is the base seed).
+    pub storm: StormShape,
+    /// `GET /admin/policy` before the first run: the policy restored at the end. With several
+    /// replicas, the first one's; each replica gets back its own.
+    pub policy_before: Value,
+    /// True when the policy found was put back (after the last run, an error or an interruption).
+    pub policy_restored: bool,
+    /// Why the policy could not be restored, when it could not.
+    pub restore_error: Option<String>,
+    /// The workers behind the gateway, with their simulator settings where they have them.
+    pub workers: Vec<WorkerInfo>,
+}
+
+/// A cell's results over all repetitions, with paired 95% intervals against the baseline.
 #[derive(Clone, Debug, Serialize)]
 pub struct CellSummary {
     /// The cell as written, e.g. `gap=2:skew=1.25`.
@@ -41,314 +82,86 @@ pub struct CellSummary {
     pub throughput_rps: f64,
     /// Throughput relative to the baseline, paired by repetition (`None` for the baseline itself).
     pub ratio: Option<PairedRatio>,
-    /// What the ratio's interval says (`None` for the baseline).
+    /// What the throughput ratio's interval says (`None` for the baseline).
     pub significance: Option<Significance>,
     /// Mean over runs of the mean TTFT, ms.
     pub ttft_mean_ms: f64,
+    /// Mean TTFT relative to the baseline, paired by repetition.
+    pub ttft_mean_ratio: Option<PairedRatio>,
     /// Mean over runs of the p99 TTFT, ms.
     pub ttft_p99_ms: f64,
+    /// p99 TTFT relative to the baseline, paired by repetition.
+    pub ttft_p99_ratio: Option<PairedRatio>,
     /// Mean over runs of the hottest worker's share of responses, 0 to 1.
     pub hottest_worker_share: f64,
+    /// Mean over runs of the second-hottest worker's share of responses, 0 to 1.
+    pub second_hottest_worker_share: f64,
     /// Mean over runs of the spill fraction, 0 to 1.
     pub spill_fraction: f64,
-    /// Mean over runs of the cached-token fraction, 0 to 1.
+    /// Mean over runs of the cached-token fraction, 0 to 1 (unknown when `cached_reported` is
+    /// false).
     pub cached_token_fraction: f64,
+    /// Cached-token fraction minus the baseline's, paired by repetition (fraction, not points).
+    pub cached_difference: Option<PairedDifference>,
+    /// True when every run's server reported cached tokens.
+    pub cached_reported: bool,
     /// Failed requests over all runs.
     pub errors: u64,
     /// True when every run ended with every worker's `active` back at 0.
     pub drained: bool,
 }
 
-/// The A/B result: per-cell summaries, the verdict and every run.
+/// Candidate cell `b` against candidate cell `a` (`b / a`, `b − a`), paired by repetition.
+#[derive(Clone, Debug, Serialize)]
+pub struct Comparison {
+    /// The reference cell.
+    pub a: String,
+    /// The cell compared with it.
+    pub b: String,
+    /// Throughput ratio.
+    pub throughput: Option<PairedRatio>,
+    /// Mean TTFT ratio.
+    pub ttft_mean: Option<PairedRatio>,
+    /// p99 TTFT ratio.
+    pub ttft_p99: Option<PairedRatio>,
+    /// Cached-token fraction difference.
+    pub cached: Option<PairedDifference>,
+}
+
+impl Comparison {
+    /// True when every interval contains no difference (1.0 for ratios, 0 for the cached
+    /// fraction): the two cells cannot be told apart at 95%. False when any interval is missing.
+    pub fn indistinguishable(&self) -> bool {
+        let ratios = [self.throughput, self.ttft_mean, self.ttft_p99];
+        ratios
+            .iter()
+            .all(|r| r.is_some_and(|r| r.significance() == Significance::NoSignificantDifference))
+            && self
+                .cached
+                .is_some_and(|d| d.significance() == Significance::NoSignificantDifference)
+    }
+}
+
+/// The A/B result: how it ran, per-cell summaries, candidate comparisons, the verdict and every
+/// run.
 #[derive(Clone, Debug, Serialize)]
 pub struct AbReport {
+    /// Tool, time, seeds, gateway policy and worker settings.
+    pub meta: AbMeta,
     /// Label of the baseline cell, the first one.
     pub baseline: String,
     /// Repetitions of every cell.
     pub reps: usize,
+    /// Gateway replicas every storm spread its requests over (1 for a single gateway).
+    pub replicas: usize,
     /// Per-cell summaries, in cell order.
     pub cells: Vec<CellSummary>,
-    /// Conclusions in sentences: which cells differ from the baseline, one line per cell, then
-    /// warnings about failed requests and load that did not drain.
+    /// Every pair of candidate (non-baseline) cells, in cell order.
+    pub comparisons: Vec<Comparison>,
+    /// Conclusions in sentences: each cell against the baseline, the candidates against each
+    /// other, then warnings (too few repetitions, failed requests, undrained load, unreported
+    /// cache, a policy that could not be restored).
     pub verdict: Vec<String>,
     /// Every run, in the order it ran.
     pub runs: Vec<AbRun>,
-}
-
-/// Builds the per-cell summaries and verdict from finished runs; `cells[0]` is the baseline.
-pub(super) fn summarise(cells: &[Cell], reps: usize, runs: Vec<AbRun>) -> AbReport {
-    let baseline = throughput_per_rep(&runs, &cells[0].label);
-    let summaries: Vec<CellSummary> = cells
-        .iter()
-        .enumerate()
-        .map(|(i, cell)| summarise_cell(cell, &runs, (i > 0).then_some(&baseline)))
-        .collect();
-    let verdict = verdict(&summaries);
-    AbReport {
-        baseline: cells[0].label.clone(),
-        reps,
-        cells: summaries,
-        verdict,
-        runs,
-    }
-}
-
-/// A cell's throughput per repetition, for pairing with the baseline's.
-fn throughput_per_rep(runs: &[AbRun], label: &str) -> BTreeMap<usize, f64> {
-    runs.iter()
-        .filter(|r| r.cell == label)
-        .map(|r| (r.rep, r.report.throughput_rps))
-        .collect()
-}
-
-/// One cell's summary; `baseline` (throughput per repetition) is `None` for the baseline itself.
-fn summarise_cell(
-    cell: &Cell,
-    runs: &[AbRun],
-    baseline: Option<&BTreeMap<usize, f64>>,
-) -> CellSummary {
-    let mine: Vec<&AbRun> = runs.iter().filter(|r| r.cell == cell.label).collect();
-    let avg = |f: &dyn Fn(&StormReport) -> f64| {
-        mean(&mine.iter().map(|r| f(&r.report)).collect::<Vec<_>>())
-    };
-    let ratio = baseline.and_then(|baseline| {
-        let (b, o): (Vec<f64>, Vec<f64>) = throughput_per_rep(runs, &cell.label)
-            .iter()
-            .filter_map(|(rep, v)| baseline.get(rep).map(|b| (*b, *v)))
-            .unzip();
-        paired_ratio(&b, &o)
-    });
-    CellSummary {
-        label: cell.label.clone(),
-        policy: cell.policy,
-        runs: mine.len(),
-        throughput_rps: avg(&|r| r.throughput_rps),
-        significance: ratio.map(|r| r.significance()),
-        ratio,
-        ttft_mean_ms: avg(&|r| r.ttft.mean_ms),
-        ttft_p99_ms: avg(&|r| r.ttft.p99_ms),
-        hottest_worker_share: avg(&|r| r.hottest_worker_share),
-        spill_fraction: avg(&|r| r.spill_fraction),
-        cached_token_fraction: avg(&|r| r.cached_token_fraction),
-        errors: mine.iter().map(|r| r.report.errors).sum(),
-        drained: mine
-            .iter()
-            .all(|r| r.report.drain.as_ref().is_none_or(|d| d.all_zero)),
-    }
-}
-
-fn ci_text(r: &PairedRatio) -> String {
-    match (r.ci_low, r.ci_high) {
-        (Some(low), Some(high)) => format!("{:.3}x (95% CI {low:.3}-{high:.3})", r.ratio),
-        _ => format!("{:.3}x (no CI)", r.ratio),
-    }
-}
-
-/// The verdict: one summary line naming the cells that differ from the baseline, then one line per
-/// cell, then warnings (errors, undrained load).
-fn verdict(cells: &[CellSummary]) -> Vec<String> {
-    let Some(base) = cells.first() else {
-        return Vec::new();
-    };
-    let mut lines = Vec::new();
-    if cells.len() > 1 {
-        lines.push(headline(base, &cells[1..]));
-    }
-    lines.extend(cells[1..].iter().map(|c| cell_line(c, &base.label)));
-    lines.extend(cells.iter().flat_map(warnings));
-    lines
-}
-
-/// Which cells' throughput differs significantly from the baseline's, in one sentence.
-fn headline(base: &CellSummary, others: &[CellSummary]) -> String {
-    let differing: Vec<String> = others
-        .iter()
-        .filter_map(|c| match c.significance {
-            Some(Significance::Higher) => Some(format!("{} (higher)", c.label)),
-            Some(Significance::Lower) => Some(format!("{} (lower)", c.label)),
-            _ => None,
-        })
-        .collect();
-    if differing.is_empty() {
-        format!(
-            "No cell's throughput differs significantly from {} at 95%.",
-            base.label
-        )
-    } else {
-        format!(
-            "Throughput differs significantly from {} for: {}.",
-            base.label,
-            differing.join(", ")
-        )
-    }
-}
-
-/// A cell's ratio to the baseline and what its interval says.
-fn cell_line(c: &CellSummary, base: &str) -> String {
-    let Some(r) = &c.ratio else {
-        return format!("{}: no throughput to compare with {base}", c.label);
-    };
-    let (label, ci) = (&c.label, ci_text(r));
-    match c.significance {
-        Some(Significance::Higher) => {
-            format!("{label}: {ci} vs {base}: significantly higher throughput")
-        }
-        Some(Significance::Lower) => {
-            format!("{label}: {ci} vs {base}: significantly lower throughput")
-        }
-        Some(Significance::NoSignificantDifference) => {
-            format!("{label}: {ci} vs {base}: interval overlaps 1.0, no significant difference")
-        }
-        _ => format!(
-            "{label}: {ci} vs {base} from {} paired repetition(s): too few for a confidence interval (use --reps 2 or more)",
-            r.n
-        ),
-    }
-}
-
-/// Warnings about a cell's failed requests and undrained load.
-fn warnings(c: &CellSummary) -> Vec<String> {
-    let mut lines = Vec::new();
-    if c.errors > 0 {
-        lines.push(format!(
-            "WARNING: {} had {} failed request(s)",
-            c.label, c.errors
-        ));
-    }
-    if !c.drained {
-        lines.push(format!(
-            "WARNING: after a run of {}, some worker's active load did not return to 0",
-            c.label
-        ));
-    }
-    lines
-}
-
-impl fmt::Display for AbReport {
-    /// The comparison table followed by the verdict.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let vs = format!("vs {} (95% CI)", self.baseline);
-        writeln!(
-            f,
-            "{:<16} {:>10} {:>26} {:>11} {:>11} {:>8} {:>7} {:>7}",
-            "cell", "req/s", vs, "TTFT mean", "TTFT p99", "hottest", "spill", "cached"
-        )?;
-        for c in &self.cells {
-            let ratio = ratio_column(c);
-            writeln!(
-                f,
-                "{:<16} {:>10.1} {:>26} {:>8.1} ms {:>8.1} ms {:>7.1}% {:>6.1}% {:>6.1}%",
-                c.label,
-                c.throughput_rps,
-                ratio,
-                c.ttft_mean_ms,
-                c.ttft_p99_ms,
-                c.hottest_worker_share * 100.0,
-                c.spill_fraction * 100.0,
-                c.cached_token_fraction * 100.0,
-            )?;
-        }
-        writeln!(
-            f,
-            "({} repetitions per cell, interleaved; * = 95% CI excludes 1.0)",
-            self.reps
-        )?;
-        for line in &self.verdict {
-            writeln!(f, "{line}")?;
-        }
-        Ok(())
-    }
-}
-
-/// The table's ratio column: the ratio with its interval, starred when the interval excludes 1.0.
-fn ratio_column(c: &CellSummary) -> String {
-    let Some(r) = &c.ratio else {
-        return "1 (baseline)".to_owned();
-    };
-    let mark = match r.significance() {
-        Significance::Higher | Significance::Lower => " *",
-        _ => "",
-    };
-    match (r.ci_low, r.ci_high) {
-        (Some(l), Some(h)) => format!("{:.3} ({l:.3}-{h:.3}){mark}", r.ratio),
-        _ => format!("{:.3} (n={})", r.ratio, r.n),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn summary(label: &str, ratio: Option<PairedRatio>) -> CellSummary {
-        CellSummary {
-            label: label.to_owned(),
-            policy: PolicyPatch::default(),
-            runs: 3,
-            throughput_rps: 100.0,
-            significance: ratio.map(|r| r.significance()),
-            ratio,
-            ttft_mean_ms: 10.0,
-            ttft_p99_ms: 20.0,
-            hottest_worker_share: 0.5,
-            spill_fraction: 0.0,
-            cached_token_fraction: 0.9,
-            errors: 0,
-            drained: true,
-        }
-    }
-
-    #[test]
-    fn the_verdict_names_differing_cells_and_overlapping_intervals() {
-        let base = [100.0, 100.0, 100.0];
-        let cells = vec![
-            summary("strict", None),
-            summary("gap=1", paired_ratio(&base, &[120.0, 85.0, 101.0])),
-            summary("gap=2", paired_ratio(&base, &[110.0, 111.0, 109.0])),
-            summary("gap=4", paired_ratio(&base, &[90.0, 91.0, 89.0])),
-        ];
-        let lines = verdict(&cells);
-        assert_eq!(
-            lines[0],
-            "Throughput differs significantly from strict for: gap=2 (higher), gap=4 (lower)."
-        );
-        assert!(
-            lines[1].starts_with("gap=1: ")
-                && lines[1].ends_with("interval overlaps 1.0, no significant difference")
-        );
-        assert!(
-            lines[2].contains("1.100x (95% CI")
-                && lines[2].ends_with("significantly higher throughput")
-        );
-        assert!(lines[3].ends_with("significantly lower throughput"));
-        assert_eq!(lines.len(), 4);
-    }
-
-    #[test]
-    fn the_verdict_says_when_nothing_differs_or_intervals_are_missing() {
-        let cells = vec![
-            summary("strict", None),
-            summary("gap=2", paired_ratio(&[100.0, 100.0], &[120.0, 85.0])),
-            summary("gap=4", paired_ratio(&[100.0], &[150.0])),
-        ];
-        let lines = verdict(&cells);
-        assert_eq!(
-            lines[0],
-            "No cell's throughput differs significantly from strict at 95%."
-        );
-        assert!(lines[2].contains("too few for a confidence interval"));
-        let mut bad = cells;
-        bad[1].drained = false;
-        bad[1].errors = 3;
-        let lines = verdict(&bad);
-        assert!(
-            lines
-                .iter()
-                .any(|l| l == "WARNING: gap=2 had 3 failed request(s)")
-        );
-        assert!(
-            lines
-                .iter()
-                .any(|l| l.contains("gap=2, some worker's active load did not return to 0"))
-        );
-    }
 }

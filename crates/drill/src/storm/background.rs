@@ -14,7 +14,7 @@ use serde::Serialize;
 use tokio::task::{JoinError, JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use super::prompts::Prompts;
+use super::prompts::{PrefixScope, Prompts};
 use super::shooter::{Outcome, Shooter};
 use crate::sim::DEFAULT_MODEL;
 
@@ -125,7 +125,7 @@ struct Storm {
     config: BackgroundStormConfig,
     keys: Vec<String>,
     shooter: Arc<Shooter>,
-    prompts: Arc<Prompts>,
+    prompts: Prompts,
     rng: ChaCha8Rng,
     summary: BackgroundSummary,
     in_flight: JoinSet<Vec<Outcome>>,
@@ -142,18 +142,24 @@ impl Storm {
             "a background storm needs at least one key"
         );
         let shooter = Shooter::new(
-            &config.gateway,
+            [&config.gateway],
             &config.routing_key_header,
             config.stream,
             config.max_tokens,
             DEFAULT_MODEL,
             REQUEST_TIMEOUT,
         )?;
-        let prompts = Prompts::new(config.seed, keys.len(), config.prefix_tokens, SUFFIX_TOKENS);
+        let prompts = Prompts::new(
+            config.seed,
+            keys.len(),
+            PrefixScope::Key,
+            config.prefix_tokens,
+            SUFFIX_TOKENS,
+        );
         Ok(Self {
             rng: ChaCha8Rng::seed_from_u64(config.seed),
             shooter: Arc::new(shooter),
-            prompts: Arc::new(prompts),
+            prompts,
             summary: BackgroundSummary::default(),
             in_flight: JoinSet::new(),
             keys,
@@ -196,14 +202,11 @@ impl Storm {
         let key = self.pick_key();
         let group = self.summary.groups as usize;
         self.summary.groups += 1;
-        let (shooter, prompts) = (self.shooter.clone(), self.prompts.clone());
+        let shooter = self.shooter.clone();
         let key_name = self.keys[key].clone();
-        let siblings = self.config.siblings.max(1);
-        self.in_flight.spawn(async move {
-            shooter
-                .fire_group(&prompts, key, &key_name, group, siblings)
-                .await
-        });
+        let prompts = self.prompts.group(key, group, self.config.siblings.max(1));
+        self.in_flight
+            .spawn(async move { shooter.fire_group(prompts, &key_name).await });
     }
 
     /// A hot key with probability `hot_share`, else a cold one (always hot without cold keys and

@@ -1,9 +1,10 @@
 //! The storm: groups of concurrent sibling requests sharing a routing key and a long prompt prefix.
 //!
 //! The default shape is the frozen eight-sibling pattern of the original bounded-policy A/B: 400 groups
-//! of 8 siblings over 8 routing keys. Group `g` uses key `g mod keys`; its 8 siblings go out at once,
-//! all with the key's long common prefix (`prefix_tokens` tokens) followed by a short suffix of their
-//! own (`suffix_tokens` tokens). `concurrency` groups are in flight at a time; a new group starts when
+//! of 8 siblings over 8 routing keys. Group `g` uses key `g mod keys` (or, in a hot-key storm, a key
+//! drawn so that a few keys take most groups); its 8 siblings go out at once, all with a long common
+//! prefix (`prefix_tokens` tokens: the key's, or with [`PrefixScope::Group`] a fresh one per group)
+//! followed by a short suffix of their own (`suffix_tokens` tokens). `concurrency` groups are in flight at a time; a new group starts when
 //! one finishes. With strict consistent hashing all siblings pile onto the key's worker, where the
 //! prefix is cached; a bounded policy may spill some of them to a worker where it is not.
 //!
@@ -31,6 +32,7 @@ mod shooter;
 pub use background::{BackgroundStormConfig, BackgroundSummary, background_storm};
 #[cfg(feature = "harness")]
 pub use config::StormConfig;
+pub use prompts::PrefixScope;
 #[cfg(feature = "harness")]
 pub use report::{StormReport, StormShape, TtftBasis, TtftSummary};
 #[cfg(feature = "harness")]

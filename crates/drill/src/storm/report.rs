@@ -7,9 +7,11 @@ use std::fmt;
 use std::time::Duration;
 
 use bch_core::policy::Branch;
+use reqwest::Url;
 use serde::Serialize;
 
 use super::config::StormConfig;
+use super::prompts::PrefixScope;
 use super::shooter::Outcome;
 use crate::control::DrainCheck;
 use crate::stats::{mean, percentile};
@@ -50,8 +52,10 @@ pub struct TtftSummary {
 /// The storm's shape as configured, echoed in the report so a JSON file says what produced it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StormShape {
-    /// Data-plane URL the storm was aimed at.
+    /// Data-plane URL the storm was aimed at (every replica's, comma-separated, when several).
     pub gateway: String,
+    /// Gateway replicas the requests were spread over, round-robin (1 for a single gateway).
+    pub replicas: usize,
     /// Groups fired.
     pub groups: usize,
     /// Concurrent sibling requests per group.
@@ -62,8 +66,14 @@ pub struct StormShape {
     pub concurrency: usize,
     /// True when responses were streamed (SSE), which decides the [`TtftBasis`].
     pub stream: bool,
-    /// Prompt tokens shared by every request of a key.
+    /// Prompt tokens of the shared prefix.
     pub prefix_tokens: usize,
+    /// Who shares the prefix: every group of a key, or the siblings of one group.
+    pub prefix_scope: PrefixScope,
+    /// Hot keys (0: groups cycle over the keys in turn).
+    pub hot_keys: usize,
+    /// Share of groups on the hot keys (meaningful when `hot_keys > 0`).
+    pub hot_share: f64,
     /// Prompt tokens distinct to each request.
     pub suffix_tokens: usize,
     /// `max_tokens` of each request.
@@ -72,17 +82,61 @@ pub struct StormShape {
     pub seed: u64,
 }
 
+impl fmt::Display for StormShape {
+    /// `400 groups x 8 siblings over 8 keys (2 hot, 80%), group prefixes of 1024 + 32 tokens, 4
+    /// groups in flight, streaming`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} groups x {} siblings over {} keys",
+            self.groups, self.siblings, self.keys
+        )?;
+        if self.hot_keys > 0 {
+            write!(
+                f,
+                " ({} hot, {:.0}%)",
+                self.hot_keys,
+                self.hot_share * 100.0
+            )?;
+        }
+        let scope = match self.prefix_scope {
+            PrefixScope::Key => "key",
+            PrefixScope::Group => "group",
+        };
+        write!(
+            f,
+            ", {scope} prefixes of {} + {} tokens, {} groups in flight, {}",
+            self.prefix_tokens,
+            self.suffix_tokens,
+            self.concurrency,
+            if self.stream {
+                "streaming"
+            } else {
+                "non-streaming"
+            }
+        )
+    }
+}
+
 impl StormShape {
     /// The shape of a storm fired with `config`.
-    pub(super) fn of(config: &StormConfig) -> Self {
+    pub(crate) fn of(config: &StormConfig) -> Self {
         Self {
-            gateway: config.gateway.to_string(),
+            gateway: config
+                .gateways()
+                .map(Url::as_str)
+                .collect::<Vec<_>>()
+                .join(","),
+            replicas: config.gateways().count(),
             groups: config.groups,
             siblings: config.siblings,
             keys: config.keys,
             concurrency: config.concurrency,
             stream: config.stream,
             prefix_tokens: config.prefix_tokens,
+            prefix_scope: config.prefix_scope,
+            hot_keys: config.hot_keys,
+            hot_share: config.hot_share,
             suffix_tokens: config.suffix_tokens,
             max_tokens: config.max_tokens,
             seed: config.seed,
@@ -118,6 +172,9 @@ pub struct StormReport {
     pub per_worker: BTreeMap<String, u64>,
     /// Largest share of responses served by one worker, 0 to 1 (1/workers is perfectly even).
     pub hottest_worker_share: f64,
+    /// Second-largest share of responses served by one worker, 0 to 1: under a hot key, how much of
+    /// its overflow piled onto one other worker (the spill cascade).
+    pub second_hottest_worker_share: f64,
     /// Per branch (from `x-bch-branch`, `unknown` when absent): responses.
     pub branches: BTreeMap<String, u64>,
     /// Share of responses, 0 to 1, whose branch is `explicit_routing_key_spillover`.
@@ -130,6 +187,10 @@ pub struct StormReport {
     pub completion_tokens: u64,
     /// `cached_tokens / prompt_tokens`, 0 to 1 (0 without prompt tokens).
     pub cached_token_fraction: f64,
+    /// Successful responses that reported their cached tokens (`usage.prompt_tokens_details.
+    /// cached_tokens`, or llama.cpp's `timings.cache_n`). 0 means the server reports none, and
+    /// `cached_token_fraction` is unknown rather than 0.
+    pub cached_reported: u64,
     /// Whether every worker's `active` returned to 0 (only with a control URL).
     pub drain: Option<DrainCheck>,
 }
@@ -150,6 +211,7 @@ struct Tally {
     prompt_tokens: u64,
     cached_tokens: u64,
     completion_tokens: u64,
+    cached_reported: u64,
     ttfts_ms: Vec<f64>,
 }
 
@@ -171,6 +233,7 @@ impl Tally {
             self.prompt_tokens += o.prompt_tokens;
             self.cached_tokens += o.cached_tokens;
             self.completion_tokens += o.completion_tokens;
+            self.cached_reported += u64::from(o.cached_reported);
         }
     }
 
@@ -202,7 +265,10 @@ impl Tally {
     ) -> StormReport {
         let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
         let seconds = duration.as_secs_f64();
-        let hottest = self.per_worker.values().copied().max().unwrap_or(0);
+        let mut served: Vec<u64> = self.per_worker.values().copied().collect();
+        served.sort_unstable_by(|a, b| b.cmp(a));
+        let hottest = served.first().copied().unwrap_or(0);
+        let second = served.get(1).copied().unwrap_or(0);
         StormReport {
             requests: requests as u64,
             ok: self.ok,
@@ -218,6 +284,7 @@ impl Tally {
             ttft: ttft_summary(shape.stream, self.ttfts_ms),
             placement: self.placement,
             hottest_worker_share: ratio(hottest, self.responses),
+            second_hottest_worker_share: ratio(second, self.responses),
             per_worker: self.per_worker,
             branches: self.branches,
             spill_fraction: ratio(self.spilled, self.responses),
@@ -225,6 +292,7 @@ impl Tally {
             cached_tokens: self.cached_tokens,
             completion_tokens: self.completion_tokens,
             cached_token_fraction: ratio(self.cached_tokens, self.prompt_tokens),
+            cached_reported: self.cached_reported,
             drain,
             shape,
         }
@@ -274,20 +342,15 @@ impl fmt::Display for StormReport {
 impl StormReport {
     fn fmt_shape(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.shape;
+        let replicas = if s.replicas > 1 {
+            format!(" (round-robin over {} replicas)", s.replicas)
+        } else {
+            String::new()
+        };
         writeln!(
             f,
-            "storm: {} requests to {} ({} groups x {} siblings over {} keys, {} groups in flight, {})",
-            self.requests,
-            s.gateway,
-            s.groups,
-            s.siblings,
-            s.keys,
-            s.concurrency,
-            if s.stream {
-                "streaming"
-            } else {
-                "non-streaming"
-            },
+            "storm: {} requests to {}{replicas} ({s})",
+            self.requests, s.gateway
         )
     }
 
@@ -321,12 +384,20 @@ impl StormReport {
             "  TTFT          mean {:.1} ms   p50 {:.1} ms   p99 {:.1} ms   ({basis})",
             self.ttft.mean_ms, self.ttft.p50_ms, self.ttft.p99_ms
         )?;
-        writeln!(
-            f,
-            "  cached tokens {:.1}% of {} prompt tokens",
-            self.cached_token_fraction * 100.0,
-            self.prompt_tokens
-        )?;
+        if self.cached_reported == 0 && self.ok > 0 {
+            writeln!(
+                f,
+                "  cached tokens n/a: the server reported no cached tokens ({} prompt tokens)",
+                self.prompt_tokens
+            )?;
+        } else {
+            writeln!(
+                f,
+                "  cached tokens {:.1}% of {} prompt tokens",
+                self.cached_token_fraction * 100.0,
+                self.prompt_tokens
+            )?;
+        }
         let branches: Vec<String> = self
             .branches
             .iter()

@@ -24,9 +24,11 @@ use crate::control::{ControlClient, DrainCheck};
 /// cannot be asked for the drain check. Failed requests are not errors: the report counts them.
 pub async fn run_storm(config: &StormConfig) -> anyhow::Result<StormReport> {
     config.check()?;
-    preflight(&config.gateway).await?;
+    for gateway in config.gateways() {
+        preflight(gateway).await?;
+    }
     let shooter = Shooter::new(
-        &config.gateway,
+        config.gateways(),
         &config.routing_key_header,
         config.stream,
         config.max_tokens,
@@ -36,6 +38,7 @@ pub async fn run_storm(config: &StormConfig) -> anyhow::Result<StormReport> {
     let prompts = Prompts::new(
         config.seed,
         config.keys,
+        config.prefix_scope,
         config.prefix_tokens,
         config.suffix_tokens,
     );
@@ -84,8 +87,8 @@ fn progress_bar(config: &StormConfig) -> ProgressBar {
     progress
 }
 
-/// Fires every group, `concurrency` at a time: group `g` uses key `g mod keys`, and a new group
-/// starts as soon as one finishes. Each outcome comes with the index of its key.
+/// Fires every group, `concurrency` at a time: group `g` uses key [`StormConfig::key_of`]`(g)`, and a
+/// new group starts as soon as one finishes. Each outcome comes with the index of its key.
 async fn fire_groups(
     config: &StormConfig,
     shooter: &Shooter,
@@ -96,8 +99,8 @@ async fn fire_groups(
     let mut outcomes = Vec::with_capacity(config.groups * config.siblings);
     let groups = futures_util::stream::iter(0..config.groups)
         .map(|group| {
-            let key = group % config.keys;
-            let fired = shooter.fire_group(prompts, key, &keys[key], group, config.siblings);
+            let key = config.key_of(group);
+            let fired = shooter.fire_group(prompts.group(key, group, config.siblings), &keys[key]);
             async move { (key, fired.await) }
         })
         .buffer_unordered(config.concurrency);
@@ -111,11 +114,14 @@ async fn fire_groups(
 }
 
 async fn check_drain(config: &StormConfig) -> anyhow::Result<Option<DrainCheck>> {
-    let Some(control) = &config.control else {
+    let clients: Vec<ControlClient> = config
+        .controls()
+        .map(|control| ControlClient::new(control, config.control_token.clone()))
+        .collect();
+    if clients.is_empty() {
         return Ok(None);
-    };
-    let drain = ControlClient::new(control, config.control_token.clone())
-        .wait_drained(config.drain_timeout)
+    }
+    let drain = ControlClient::wait_all_drained(&clients, config.drain_timeout)
         .await
         .context("checking that every worker's active load returned to 0")?;
     Ok(Some(drain))

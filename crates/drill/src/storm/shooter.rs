@@ -12,8 +12,6 @@ use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::prompts::Prompts;
-
 /// One request's result.
 #[derive(Debug, Default)]
 pub(super) struct Outcome {
@@ -30,6 +28,9 @@ pub(super) struct Outcome {
     pub(super) prompt_tokens: u64,
     pub(super) cached_tokens: u64,
     pub(super) completion_tokens: u64,
+    /// The answer said how many prompt tokens were cached (servers that do not report them leave
+    /// `cached_tokens` at 0 without this).
+    pub(super) cached_reported: bool,
 }
 
 impl Outcome {
@@ -39,10 +40,11 @@ impl Outcome {
     }
 }
 
-/// Sends storm requests to one gateway.
+/// Sends storm requests to one gateway, or round-robin to several replicas.
 pub(super) struct Shooter {
     http: reqwest::Client,
-    endpoint: String,
+    endpoints: Vec<String>,
+    next: std::sync::atomic::AtomicUsize,
     key_header: HeaderName,
     stream: bool,
     max_tokens: u32,
@@ -50,14 +52,14 @@ pub(super) struct Shooter {
 }
 
 impl Shooter {
-    /// A shooter at `{gateway}/v1/chat/completions`, the routing key in `key_header`, each request
-    /// given up after `timeout` (headers to last byte).
+    /// A shooter at `{gateway}/v1/chat/completions` of each of `gateways` in turn, the routing key
+    /// in `key_header`, each request given up after `timeout` (headers to last byte).
     ///
     /// # Errors
     ///
-    /// When `key_header` is not a valid header name.
-    pub(super) fn new(
-        gateway: &Url,
+    /// When `key_header` is not a valid header name, or `gateways` is empty.
+    pub(super) fn new<'a>(
+        gateways: impl IntoIterator<Item = &'a Url>,
         key_header: &str,
         stream: bool,
         max_tokens: u32,
@@ -70,12 +72,15 @@ impl Shooter {
             .timeout(timeout)
             .build()
             .context("building the HTTP client")?;
+        let endpoints: Vec<String> = gateways
+            .into_iter()
+            .map(|g| format!("{}/v1/chat/completions", g.as_str().trim_end_matches('/')))
+            .collect();
+        anyhow::ensure!(!endpoints.is_empty(), "no gateway to send requests to");
         Ok(Self {
             http,
-            endpoint: format!(
-                "{}/v1/chat/completions",
-                gateway.as_str().trim_end_matches('/')
-            ),
+            endpoints,
+            next: std::sync::atomic::AtomicUsize::new(0),
             key_header,
             stream,
             max_tokens,
@@ -83,21 +88,19 @@ impl Shooter {
         })
     }
 
-    /// Fires one group: `siblings` concurrent requests of group number `group`, all with the routing
-    /// key `key_name` (index `key`), and waits for every answer.
-    pub(super) async fn fire_group(
-        &self,
-        prompts: &Prompts,
-        key: usize,
-        key_name: &str,
-        group: usize,
-        siblings: usize,
-    ) -> Vec<Outcome> {
-        let requests = (0..siblings).map(|s| {
-            let prompt = prompts.prompt(key, group, s);
-            async move { self.fire(key_name, &prompt).await }
-        });
+    /// Fires one group: one concurrent request per prompt, all with the routing key `key_name`,
+    /// and waits for every answer.
+    pub(super) async fn fire_group(&self, prompts: Vec<String>, key_name: &str) -> Vec<Outcome> {
+        let requests = prompts
+            .into_iter()
+            .map(|prompt| async move { self.fire(key_name, &prompt).await });
         futures_util::future::join_all(requests).await
+    }
+
+    /// The next gateway in turn.
+    fn endpoint(&self) -> &str {
+        let turn = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        &self.endpoints[turn % self.endpoints.len()]
     }
 
     /// Sends one request and reads its answer.
@@ -114,7 +117,7 @@ impl Shooter {
         let start = Instant::now();
         let sent = self
             .http
-            .post(&self.endpoint)
+            .post(self.endpoint())
             .header(&self.key_header, key)
             .json(&body)
             .send()
@@ -175,12 +178,22 @@ fn describe(error: reqwest::Error) -> String {
     format!("{:#}", anyhow::Error::from(error))
 }
 
+/// Token counts from an answer or a stream chunk: `usage` as OpenAI and vLLM send it, and the cached
+/// tokens from `usage.prompt_tokens_details.cached_tokens` or, from llama.cpp's `llama-server`,
+/// `timings.cache_n`.
 fn take_usage(v: &Value, outcome: &mut Outcome) {
     if let Some(usage) = v.get("usage").filter(|u| u.is_object()) {
-        let n = |p: &str| usage.pointer(p).and_then(Value::as_u64).unwrap_or(0);
-        outcome.prompt_tokens = n("/prompt_tokens");
-        outcome.completion_tokens = n("/completion_tokens");
-        outcome.cached_tokens = n("/prompt_tokens_details/cached_tokens");
+        let n = |p: &str| usage.pointer(p).and_then(Value::as_u64);
+        outcome.prompt_tokens = n("/prompt_tokens").unwrap_or(0);
+        outcome.completion_tokens = n("/completion_tokens").unwrap_or(0);
+        if let Some(cached) = n("/prompt_tokens_details/cached_tokens") {
+            outcome.cached_tokens = cached;
+            outcome.cached_reported = true;
+        }
+    }
+    if let Some(cached) = v.pointer("/timings/cache_n").and_then(Value::as_u64) {
+        outcome.cached_tokens = cached;
+        outcome.cached_reported = true;
     }
 }
 

@@ -27,6 +27,7 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics))
+        .route(SIM_CONFIG_PATH, get(sim_config))
         .with_state(shared)
 }
 
@@ -83,6 +84,15 @@ async fn models(State(shared): State<Arc<Shared>>) -> Response {
         "data": [{"id": shared.config.model, "object": "model", "created": 0, "owned_by": "bch-drill"}],
     }))
     .into_response()
+}
+
+/// Where a simulated worker answers its own parameters, so a harness can record what it measured
+/// (a real server answers 404 there).
+pub const SIM_CONFIG_PATH: &str = "/bch-sim/config";
+
+/// `GET /bch-sim/config`: `{"name", "config": SimConfig}`.
+async fn sim_config(State(shared): State<Arc<Shared>>) -> Response {
+    axum::Json(json!({"name": shared.name, "config": shared.config})).into_response()
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {

@@ -1,15 +1,15 @@
-//! One request's life inside the simulated engine, on simulated time: a FIFO wait for one of
-//! `max_batch` slots, the prefix-cache lookup, prefill of the uncached tokens, then one token per
-//! decode step whose length grows with the running batch (docs/drill.md, "The model").
+//! One request's life inside the simulated engine: submitted to the worker's engine (which queues,
+//! looks the prompt up in the prefix cache, prefills it in chunks and decodes one token per step,
+//! on simulated time; docs/drill.md, "The model"), then read token by token by the response. In
+//! instant mode there is no engine task: admission, lookup and generation happen at once.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
 use serde::Serialize;
-use tokio::sync::OwnedSemaphorePermit;
-use tokio::time::Instant;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
+use super::engine::Event;
 use super::state::Shared;
 use crate::sim::{OutputWords, tokenize};
 
@@ -53,23 +53,23 @@ pub(super) struct PromptTokensDetails {
 /// One request moving through the simulated engine.
 pub(super) struct Generation {
     shared: Arc<Shared>,
-    tokens: Vec<u32>,
+    tokens: Arc<[u32]>,
     max_tokens: u32,
     produced: u32,
     words: OutputWords,
     text: String,
     cached_tokens: usize,
+    /// Engine mode: the engine's events for this request, once submitted.
+    events: Option<mpsc::UnboundedReceiver<Event>>,
+    /// Instant mode: the batch slot held.
     slot: Option<BatchSlot>,
-    /// Where simulated time has got to. Sleeping *until* this deadline, rather than *for* each step,
-    /// keeps timer rounding (tokio rounds up to 1 ms) from accumulating over many short scaled steps.
-    clock: Instant,
 }
 
 impl Generation {
     /// A request for `prompt` that will stop after `max_tokens` tokens; nothing happens until
     /// [`Generation::admit`].
     pub(super) fn new(shared: Arc<Shared>, prompt: &str, max_tokens: u32) -> Self {
-        let tokens = tokenize(prompt);
+        let tokens: Arc<[u32]> = tokenize(prompt).into();
         let words = OutputWords::new(shared.config.seed, &tokens);
         Self {
             shared,
@@ -79,8 +79,8 @@ impl Generation {
             words,
             text: String::new(),
             cached_tokens: 0,
+            events: None,
             slot: None,
-            clock: Instant::now(),
         }
     }
 
@@ -89,15 +89,29 @@ impl Generation {
         &self.text
     }
 
-    async fn advance(&mut self, simulated: Duration) {
-        if let Some(wall) = self.shared.config.scaled(simulated) {
-            self.clock += wall;
-            tokio::time::sleep_until(self.clock).await;
+    /// Waits until the prompt is prefilled: queued for the running batch, looked up in the prefix
+    /// cache, and its uncached tokens computed by the engine's steps. In instant mode all of that
+    /// happens at once.
+    pub(super) async fn admit(&mut self) {
+        if self.shared.config.is_instant() {
+            self.admit_instantly().await;
+            return;
         }
+        let gauges = self.shared.engine_gauges();
+        let mut events = self
+            .shared
+            .engine
+            .submit(self.tokens.clone(), self.max_tokens, &gauges);
+        // The engine only stops sending by finishing the request; a worker shutting down lets
+        // in-flight requests run to the end.
+        if let Some(Event::First { cached }) = events.recv().await {
+            self.cached_tokens = cached;
+        }
+        self.events = Some(events);
     }
 
-    /// Queues for a batch slot, then prefills the uncached part of the prompt.
-    pub(super) async fn admit(&mut self) {
+    /// Instant mode: a FIFO wait for a batch slot, the lookup and the cache insert, no time.
+    async fn admit_instantly(&mut self) {
         let shared = self.shared.clone();
         let metrics = &shared.metrics;
         let permit = {
@@ -116,28 +130,22 @@ impl Generation {
             _permit: permit,
             running: metrics.running.clone(),
         });
-        self.clock = Instant::now();
-
-        self.cached_tokens = shared.cache().lookup(&self.tokens);
+        let mut engine = shared.engine.lock();
+        self.cached_tokens = engine.cache.lookup(&self.tokens);
         metrics.prompt_tokens.inc_by(self.tokens.len() as u64);
         metrics.cached_tokens.inc_by(self.cached_tokens as u64);
-        let uncached = self.tokens.len() - self.cached_tokens;
-        self.advance(shared.config.prefill_time(uncached)).await;
-        // Blocks become reusable once computed, as in SGLang's radix cache: concurrent siblings that
-        // were admitted during this prefill do not hit them.
-        shared.cache().insert(&self.tokens);
+        engine.cache.insert(&self.tokens);
     }
 
-    /// The next token: the first comes right after prefill, each later one after a decode step whose
-    /// length depends on the running batch at that moment.
+    /// The next token: the first comes with the end of prefill, each later one with an engine step.
     pub(super) async fn next_token(&mut self) -> Option<&'static str> {
         if self.produced >= self.max_tokens {
             return None;
         }
-        if self.produced > 0 {
-            let running = self.shared.metrics.running.get().max(1) as usize;
-            self.advance(self.shared.config.decode_step_time(running))
-                .await;
+        if self.produced > 0
+            && let Some(events) = self.events.as_mut()
+        {
+            events.recv().await?;
         }
         self.produced += 1;
         self.shared.metrics.generation_tokens.inc();
@@ -152,6 +160,7 @@ impl Generation {
     /// Releases the batch slot and counts the request as completed.
     pub(super) fn finish(&mut self) {
         self.slot = None;
+        self.events = None;
         self.shared.metrics.success.inc();
     }
 

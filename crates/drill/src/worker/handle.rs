@@ -9,6 +9,7 @@ use axum::serve::ListenerExt as _;
 use tokio::task::JoinHandle;
 
 use super::api::router;
+use super::engine;
 use super::faults::Fault;
 use super::state::{Shared, SimStats};
 use crate::sim::SimConfig;
@@ -103,6 +104,14 @@ pub async fn spawn_worker(
         .with_context(|| format!("cannot bind worker {name} to {addr}"))?;
     let addr = listener.local_addr()?;
     let shared = Arc::new(Shared::new(name, config));
+    if !shared.config.is_instant() {
+        tokio::spawn(engine::run(
+            shared.engine.clone(),
+            shared.config.clone(),
+            shared.engine_gauges(),
+            shared.cancel.clone(),
+        ));
+    }
     let app = router(shared.clone());
     let cancel = shared.cancel.clone();
     let task = tokio::spawn(async move {

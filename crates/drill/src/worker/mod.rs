@@ -10,11 +10,13 @@
 //! | `GET /health` | 200 with an empty body |
 //! | `GET /v1/models` | the one model, [`SimConfig::model`](crate::sim::SimConfig::model) |
 //! | `GET /metrics` | Prometheus/OpenMetrics text with vLLM's metric names |
+//! | `GET /bch-sim/config` | `{"name", "config"}`: the worker's [`SimConfig`](crate::sim::SimConfig) |
 //!
 //! A request's life follows [`crate::sim`]: wait in the FIFO queue for one of `max_batch` slots, look
-//! its prompt up in the worker's prefix cache, prefill the uncached tokens, then produce one token per
-//! decode step whose duration grows with the running batch. Time to first token is therefore queueing
-//! plus prefill of the uncached tokens. Responses report `usage.prompt_tokens`,
+//! its prompt up in the worker's prefix cache, prefill the uncached tokens in chunks that share each
+//! engine step (and its prefill throughput) with other prefills and with the running decodes, then
+//! produce one token per engine step. Time to first token is therefore queueing plus the steps that
+//! carried its prefill. Responses report `usage.prompt_tokens`,
 //! `usage.completion_tokens` and `usage.prompt_tokens_details.cached_tokens` as vLLM does; streams send
 //! a final usage chunk when asked with `"stream_options": {"include_usage": true}` and always end with
 //! `data: [DONE]`.
@@ -22,11 +24,13 @@
 //! Faults for tests are switched at run time with [`WorkerHandle::set_fault`].
 //!
 //! The pieces, each depending only on those listed before it: `faults` (the fault kinds and switch),
-//! `state` (what a worker's requests share, and its metrics), `request` (the three request shapes),
+//! `engine` (the scheduler: admission, chunked prefill and decode steps on simulated time), `state`
+//! (what a worker's requests share, and its metrics), `request` (the three request shapes),
 //! `generation` (a request's life on simulated time), `response` (bodies and SSE streams), `api` (the
 //! routes), `handle` (starting a worker and owning it).
 
 mod api;
+mod engine;
 mod faults;
 mod generation;
 mod handle;
@@ -34,6 +38,7 @@ mod request;
 mod response;
 mod state;
 
+pub use api::SIM_CONFIG_PATH;
 pub use faults::Fault;
 pub use handle::{WorkerHandle, spawn_worker, spawn_workers};
 pub use state::SimStats;

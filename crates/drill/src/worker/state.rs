@@ -2,8 +2,8 @@
 //! switch, and the vLLM-named metrics that double as its live state; plus [`SimStats`], the snapshot
 //! of those numbers that a worker's owner reads.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, MutexGuard};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -12,8 +12,8 @@ use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use super::engine::{Engine, EngineGauges};
 use super::faults::FaultSwitch;
-use crate::cache::PrefixCache;
 use crate::sim::SimConfig;
 
 /// A snapshot of one simulated worker: counters since it started and the batch and cache as they are
@@ -113,8 +113,10 @@ impl WorkerMetrics {
 pub(super) struct Shared {
     pub(super) name: String,
     pub(super) config: SimConfig,
-    cache: Mutex<PrefixCache>,
-    /// `max_batch` permits: holding one is being in the running batch.
+    /// The scheduler and the prefix cache (the cache is used by instant mode too).
+    pub(super) engine: Arc<Engine>,
+    /// Instant mode only, where no engine task runs: `max_batch` permits, holding one is being in
+    /// the running batch.
     pub(super) batch: Arc<Semaphore>,
     pub(super) metrics: WorkerMetrics,
     pub(super) fault: FaultSwitch,
@@ -128,10 +130,7 @@ impl Shared {
     /// Fresh state for a worker named `name`: empty cache, idle batch, no fault.
     pub(super) fn new(name: String, config: SimConfig) -> Self {
         Self {
-            cache: Mutex::new(PrefixCache::new(
-                config.block_size,
-                config.cache_capacity_blocks,
-            )),
+            engine: Arc::new(Engine::new(config.block_size, config.cache_capacity_blocks)),
             batch: Arc::new(Semaphore::new(config.max_batch)),
             metrics: WorkerMetrics::new(),
             fault: FaultSwitch::new(),
@@ -142,13 +141,15 @@ impl Shared {
         }
     }
 
-    /// The prefix cache, locked.
-    pub(super) fn cache(&self) -> MutexGuard<'_, PrefixCache> {
-        // A panic while holding the lock cannot leave the LRU half-updated in a way that matters for a
-        // simulation, so a poisoned lock is simply reused.
-        self.cache
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// The gauges and counters the engine keeps current.
+    pub(super) fn engine_gauges(&self) -> EngineGauges {
+        let m = &self.metrics;
+        EngineGauges {
+            running: m.running.clone(),
+            waiting: m.waiting.clone(),
+            prompt_tokens: m.prompt_tokens.clone(),
+            cached_tokens: m.cached_tokens.clone(),
+        }
     }
 
     /// The numbers behind [`SimStats`], read now.
@@ -162,7 +163,7 @@ impl Shared {
             completion_tokens_total: m.generation_tokens.get(),
             running: m.running.get().max(0) as u64,
             waiting: m.waiting.get().max(0) as u64,
-            cached_blocks: self.cache().len(),
+            cached_blocks: self.engine.lock().cache.len(),
         }
     }
 }

@@ -160,6 +160,8 @@ fn discovered_member(
         url: url.to_owned(),
         ring_id: None,
         health_path: source.health_path.clone(),
+        // Discovered workers are scraped at `[load] metrics_path`.
+        metrics_path: None,
     };
     let mut member = entry.member()?;
     member.spec.source = source.source();

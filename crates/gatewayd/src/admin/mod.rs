@@ -307,7 +307,7 @@ impl Admin {
     fn record(&self, name: &str) -> Result<WorkerRecord, AdminError> {
         self.router
             .table()
-            .worker_records()
+            .worker_records(crate::telemetry::wire::now_ms())
             .into_iter()
             .find(|w| w.name == name)
             .ok_or_else(|| AdminError::UnknownWorker(name.to_owned()))
@@ -368,8 +368,9 @@ impl Admin {
         Ok(spec)
     }
 
-    /// Applies a policy patch (any subset of kind, thresholds, virtual nodes) and answers the
-    /// policy in force; `actor` is logged and announced to telemetry clients.
+    /// Applies a policy patch (any subset of kind, thresholds, virtual nodes, load source, spill
+    /// order) and answers the policy in force; `actor` is logged and announced to telemetry
+    /// clients.
     pub fn set_policy(
         &self,
         patch: &PolicyPatch,
@@ -378,11 +379,8 @@ impl Admin {
         // The answer is the policy this change put in force, not whatever a concurrent change
         // left in the table a moment later.
         self.change(actor, |config, _| {
-            let policy = config.policy.settings().patched(patch)?;
-            config.policy.kind = policy.kind;
-            config.policy.min_load_gap = policy.min_load_gap;
-            config.policy.max_load_skew = policy.max_load_skew;
-            config.policy.virtual_nodes = policy.virtual_nodes;
+            let policy = config.policy_settings().patched(patch)?;
+            config.set_policy_settings(policy);
             Ok(policy)
         })
     }
@@ -483,7 +481,7 @@ impl Admin {
                 return Err(AdminError::Loop(message));
             }
         }
-        let policy = next.config.policy.settings();
+        let policy = next.config.policy_settings();
         policy.validate()?;
         let merged = merge(
             &next.statics,
@@ -545,7 +543,7 @@ impl Admin {
             .remove_when_idle
             .retain(|name| table.index_of(name).is_some());
         if policy != before {
-            tracing::info!(source = actor.source.as_str(), client = actor.client_str(), kind = %policy.kind, min_load_gap = policy.min_load_gap, max_load_skew = policy.max_load_skew, virtual_nodes = policy.virtual_nodes, previous_kind = %before.kind, previous_min_load_gap = before.min_load_gap, previous_max_load_skew = before.max_load_skew, "policy changed");
+            tracing::info!(source = actor.source.as_str(), client = actor.client_str(), kind = %policy.kind, min_load_gap = policy.min_load_gap, max_load_skew = policy.max_load_skew, spill_order = %policy.spill_order, virtual_nodes = policy.virtual_nodes, load_source = policy.load_source.as_str(), previous_kind = %before.kind, previous_min_load_gap = before.min_load_gap, previous_max_load_skew = before.max_load_skew, previous_spill_order = %before.spill_order, previous_load_source = before.load_source.as_str(), "policy changed");
             self.telemetry
                 .policy_changed(actor.source, actor.client.clone());
         }

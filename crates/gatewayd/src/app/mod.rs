@@ -41,6 +41,7 @@ use crate::admin::Admin;
 use crate::config::{Config, ConfigError};
 use crate::control::ControlPlane;
 use crate::control::guard::BrowserGuard;
+use crate::fleet::ScrapeStats;
 use crate::metrics::Metrics;
 use crate::picker::PickerPlane;
 use crate::proxy::DataPlane;
@@ -235,6 +236,7 @@ impl Listeners {
 /// The parts of a gateway, each with its narrow handle, before anything runs.
 struct Parts {
     router: Arc<Router>,
+    scrapes: Arc<ScrapeStats>,
     registry: Arc<prometheus_client::registry::Registry>,
     metrics: Arc<Metrics>,
     upstreams: Arc<Upstreams>,
@@ -274,14 +276,16 @@ fn assemble(
     }
     let router = Arc::new(Router::with_initial_health(
         members.iter().map(|m| m.spec.clone()).collect(),
-        config.policy.settings(),
+        config.policy_settings(),
         !config.health.wait_for_first_probe,
     )?);
     let probe_now = Arc::new(Notify::new());
     let metrics = Arc::new(Metrics::default());
+    let scrapes = Arc::new(ScrapeStats::default());
     let registry = Arc::new(crate::metrics::registry(
         Arc::clone(&metrics),
         Arc::clone(&router),
+        Arc::clone(&scrapes),
     ));
     let telemetry = Telemetry::start(
         Arc::clone(&router),
@@ -332,6 +336,7 @@ fn assemble(
     });
     Ok(Parts {
         router,
+        scrapes,
         registry,
         metrics,
         upstreams,
@@ -345,7 +350,7 @@ fn assemble(
 }
 
 /// Spawns the accept loops (tracked by `tasks`, so shutdown can wait for their connections), the
-/// health prober, DNS discovery and the idle-connection sweeper.
+/// load scraper, the health prober, DNS discovery and the idle-connection sweeper.
 fn spawn_services(
     parts: Parts,
     listeners: Listeners,
@@ -407,6 +412,12 @@ fn spawn_services(
                 },
             ))
         },
+    ));
+    tokio::spawn(crate::fleet::run(
+        Arc::clone(&parts.router),
+        parts.admin.config(),
+        parts.scrapes,
+        shutdown.clone(),
     ));
     tokio::spawn(crate::health::run(crate::health::Prober {
         router: Arc::clone(&parts.router),

@@ -5,14 +5,15 @@ use std::io::{BufRead, Write};
 use std::process::ExitCode;
 
 use bch_core::explain::{Explainer, Scenario};
-use bch_core::policy::PolicyKind;
+use bch_core::fleet_load::LoadSource;
+use bch_core::policy::{PolicyKind, SpillOrder};
 use clap::Args;
 
 /// `gatewayd explain` options.
 #[derive(Debug, Args)]
 pub struct ExplainArgs {
     /// Read one JSON scenario per line on stdin and write one `{"worker","branch"}` per line.
-    #[arg(long, conflicts_with_all = ["workers", "routing_key"])]
+    #[arg(long, conflicts_with_all = ["workers", "routing_key", "reported", "local_at_scrape"])]
     pub batch: bool,
     /// A worker URL, in configuration order; repeat for every worker.
     #[arg(long = "worker", value_name = "URL", required_unless_present = "batch")]
@@ -38,14 +39,42 @@ pub struct ExplainArgs {
     /// (finite, at least 1.0).
     #[arg(long, default_value_t = bch_core::policy::DEFAULT_MAX_LOAD_SKEW)]
     pub max_load_skew: f64,
+    /// Where a spilled request goes among the workers under the bound: ring (the next one
+    /// clockwise) or hash_seeded (a per-key pseudo-random order of the workers).
+    #[arg(long, value_parser = parse_spill_order, default_value = "ring")]
+    pub spill_order: SpillOrder,
     /// The routing policy to decide with; explain studies the bounded policy unless told otherwise.
     #[arg(long, value_parser = parse_policy, default_value = "bounded_consistent_hashing")]
     pub policy: PolicyKind,
+    /// Which load the rule reads: local (the --load values) or worker_metrics (the --reported
+    /// values, corrected by this replica's requests since the scrape).
+    #[arg(long, value_parser = parse_load_source, default_value = "local")]
+    pub load_source: LoadSource,
+    /// A worker's reported running + waiting requests at its last scrape, as `URL=N`; repeat.
+    /// Workers without one fall back to their --load value in worker_metrics mode.
+    #[arg(long = "reported", value_name = "URL=N", value_parser = parse_load)]
+    pub reported: Vec<(String, u64)>,
+    /// This replica's in-flight requests on a worker when its scrape was sent, as `URL=N`;
+    /// repeat. Defaults to the worker's --load value (nothing changed since the scrape).
+    #[arg(long = "local-at-scrape", value_name = "URL=N", value_parser = parse_load)]
+    pub local_at_scrape: Vec<(String, u64)>,
+}
+
+/// A load source for clap: `local` or `worker_metrics`.
+pub fn parse_load_source(s: &str) -> Result<LoadSource, String> {
+    s.parse()
+        .map_err(|e: bch_core::fleet_load::UnknownLoadSource| e.to_string())
 }
 
 /// A policy name for clap: `consistent_hashing`, `bounded_consistent_hashing`, `round_robin`,
 /// `random`.
 pub fn parse_policy(s: &str) -> Result<PolicyKind, String> {
+    s.parse()
+        .map_err(|e: bch_core::policy::PolicyError| e.to_string())
+}
+
+/// A spill order name for clap: `ring` or `hash_seeded`.
+pub fn parse_spill_order(s: &str) -> Result<SpillOrder, String> {
     s.parse()
         .map_err(|e: bch_core::policy::PolicyError| e.to_string())
 }
@@ -74,7 +103,11 @@ pub fn explain(args: ExplainArgs) -> ExitCode {
         explicit: !args.implicit,
         min_load_gap: args.min_load_gap,
         max_load_skew: args.max_load_skew,
+        spill_order: args.spill_order,
         policy: args.policy,
+        load_source: args.load_source,
+        reported: args.reported.into_iter().collect(),
+        local_at_scrape: args.local_at_scrape.into_iter().collect(),
     };
     match explainer.explain(&scenario) {
         Ok(answer) => {

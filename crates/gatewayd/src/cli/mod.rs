@@ -12,14 +12,15 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use bch_core::policy::PolicyKind;
+use bch_core::policy::{PolicyKind, SpillOrder};
 use clap::{Args, Parser, Subcommand};
 
 use crate::app::{StartOptions, init_logging};
 use crate::config::{Config, DiscoveryConfig, DnsKind, LogFormat, WorkerConfig};
 use addr::parse_addr;
+use bch_core::fleet_load::LoadSource;
 use envoy_config::EnvoyConfigArgs;
-use explain::{ExplainArgs, parse_policy};
+use explain::{ExplainArgs, parse_load_source, parse_policy};
 use reload::ReloadArgs;
 
 /// bch gateway daemon: bounded consistent hashing in front of LLM inference workers.
@@ -102,6 +103,14 @@ pub struct RunArgs {
     /// key can spill (finite, at least 1.0).
     #[arg(long)]
     pub max_load_skew: Option<f64>,
+    /// Bounded policy: where a spilled request goes among the workers under the bound: ring (the
+    /// next one clockwise, the default) or hash_seeded (a per-key pseudo-random order).
+    #[arg(long, value_parser = explain::parse_spill_order)]
+    pub spill_order: Option<SpillOrder>,
+    /// Which load the bounded rule reads: local (this process's in-flight requests) or
+    /// worker_metrics (the workers' own gauges, so several replicas decide as one).
+    #[arg(long, value_parser = parse_load_source)]
+    pub load_source: Option<LoadSource>,
     /// File holding the control plane's bearer token.
     #[arg(long, env = "GATEWAYD_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
@@ -159,12 +168,13 @@ fn check_config(file: &std::path::Path) -> ExitCode {
         n => format!(", {n} discovery sources"),
     };
     println!(
-        "{}: ok ({} workers{sources}, policy {}, min_load_gap {}, max_load_skew {})",
+        "{}: ok ({} workers{sources}, policy {}, min_load_gap {}, max_load_skew {}, spill_order {})",
         file.display(),
         config.workers.len(),
         config.policy.kind,
         config.policy.min_load_gap,
-        config.policy.max_load_skew
+        config.policy.max_load_skew,
+        config.policy.spill_order
     );
     ExitCode::SUCCESS
 }
@@ -223,6 +233,12 @@ pub fn apply_flags(args: &RunArgs, config: &mut Config) {
     }
     if let Some(skew) = args.max_load_skew {
         config.policy.max_load_skew = skew;
+    }
+    if let Some(order) = args.spill_order {
+        config.policy.spill_order = order;
+    }
+    if let Some(source) = args.load_source {
+        config.load.source = source;
     }
     if let Some(file) = &args.admin_token_file {
         config.server.admin_token_file = Some(file.clone());

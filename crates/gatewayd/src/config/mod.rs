@@ -2,13 +2,15 @@
 //! whole before anything is put in force. The annotated reference is `config/gatewayd.toml`.
 //!
 //! [`worker`] holds one worker entry and its parsed URL; [`alias`] the canonical backend a URL
-//! reaches; [`discovery`] one DNS discovery source; [`runtime`] the per-request settings derived
+//! reaches; [`load`] the `[load]` section (which load the rule reads, and how workers are
+//! scraped); [`discovery`] one DNS discovery source; [`runtime`] the per-request settings derived
 //! from a whole configuration; [`diff`] what a reload changed, for its log line; [`persist`] the
 //! configuration in force as TOML.
 
 pub mod alias;
 pub mod diff;
 pub mod discovery;
+pub mod load;
 pub mod persist;
 pub mod runtime;
 pub mod worker;
@@ -21,12 +23,14 @@ use arc_swap::ArcSwap;
 
 use bch_core::policy::{
     DEFAULT_MAX_LOAD_SKEW, DEFAULT_MIN_LOAD_GAP, DEFAULT_VIRTUAL_NODES, PolicyKind, PolicySettings,
+    SpillOrder,
 };
 use bch_core::router::WorkerSpec;
 use bch_core::routing_key::{DEFAULT_ROUTING_KEY_HEADER, DEFAULT_TARGET_WORKER_HEADER};
 use serde::{Deserialize, Serialize};
 
 pub use discovery::{DiscoveryConfig, DiscoveryError, DnsKind};
+pub use load::LoadConfig;
 pub use worker::{Member, WorkerConfig, WorkerError, WorkerUrl, WorkerUrlError};
 
 /// The policy a gateway runs when its configuration names none: strict `consistent_hashing`. The
@@ -58,6 +62,8 @@ pub struct Config {
     pub routing: RoutingConfig,
     /// Policy and thresholds.
     pub policy: PolicyConfig,
+    /// Which load the rule reads, and how workers' own gauges are scraped.
+    pub load: LoadConfig,
     /// Active health probes.
     pub health: HealthConfig,
     /// Websocket telemetry.
@@ -183,6 +189,10 @@ pub struct PolicyConfig {
     /// Bounded policy: the factor over the fleet mean load the preferred worker must exceed before
     /// it can spill (finite, ≥ 1.0).
     pub max_load_skew: f64,
+    /// Bounded policy: where a spilled request goes among the workers under the bound: `ring`
+    /// (the next one clockwise, SGLang Model Gateway's order; the default) or `hash_seeded` (a
+    /// per-key pseudo-random order of the workers). docs/policy.md, "Spill order".
+    pub spill_order: SpillOrder,
     /// Points per worker on the ring; 150 gives placement parity with SGLang Model Gateway.
     pub virtual_nodes: u32,
 }
@@ -193,20 +203,33 @@ impl Default for PolicyConfig {
             kind: DEFAULT_POLICY_KIND,
             min_load_gap: DEFAULT_MIN_LOAD_GAP,
             max_load_skew: DEFAULT_MAX_LOAD_SKEW,
+            spill_order: SpillOrder::default(),
             virtual_nodes: DEFAULT_VIRTUAL_NODES,
         }
     }
 }
 
-impl PolicyConfig {
-    /// The same values as the router's policy settings.
-    pub fn settings(&self) -> PolicySettings {
+impl Config {
+    /// The router's policy settings: `[policy]` plus `[load] source`.
+    pub fn policy_settings(&self) -> PolicySettings {
         PolicySettings {
-            kind: self.kind,
-            min_load_gap: self.min_load_gap,
-            max_load_skew: self.max_load_skew,
-            virtual_nodes: self.virtual_nodes,
+            kind: self.policy.kind,
+            min_load_gap: self.policy.min_load_gap,
+            max_load_skew: self.policy.max_load_skew,
+            spill_order: self.policy.spill_order,
+            virtual_nodes: self.policy.virtual_nodes,
+            load_source: self.load.source,
         }
+    }
+
+    /// Puts `settings` in force in this configuration: `[policy]` and `[load] source`.
+    pub fn set_policy_settings(&mut self, settings: PolicySettings) {
+        self.policy.kind = settings.kind;
+        self.policy.min_load_gap = settings.min_load_gap;
+        self.policy.max_load_skew = settings.max_load_skew;
+        self.policy.spill_order = settings.spill_order;
+        self.policy.virtual_nodes = settings.virtual_nodes;
+        self.load.source = settings.load_source;
     }
 }
 
@@ -404,7 +427,7 @@ impl Config {
                 message,
             })
         };
-        if let Err(e) = self.policy.settings().validate() {
+        if let Err(e) = self.policy_settings().validate() {
             let field = if matches!(e, bch_core::policy::PolicyError::InvalidSkew(_)) {
                 "policy.max_load_skew"
             } else {
@@ -503,6 +526,9 @@ impl Config {
                     format!("{origin:?} is not an origin: write scheme://host[:port], no path"),
                 );
             }
+        }
+        if let Err((field, message)) = self.load.validate() {
+            invalid(&format!("load.{field}"), message);
         }
         if self.picker.fallbacks > MAX_PICKER_FALLBACKS {
             invalid(
@@ -728,6 +754,9 @@ mod tests {
         let config = parse("").unwrap();
         assert_eq!(config, Config::default());
         assert_eq!(config.policy.kind, PolicyKind::ConsistentHashing);
+        assert_eq!(config.policy.spill_order, SpillOrder::Ring);
+        let seeded = parse("[policy]\nspill_order = \"hash_seeded\"\n").unwrap();
+        assert_eq!(seeded.policy_settings().spill_order, SpillOrder::HashSeeded);
     }
 
     #[test]
@@ -769,6 +798,7 @@ mod tests {
             ("[policy]\nmax_load_skew = inf\n", "policy.max_load_skew"),
             ("[policy]\nmin_load_gap = -1\n", "min_load_gap"),
             ("[policy]\nmin_load_gaps = 1\n", "min_load_gaps"),
+            ("[policy]\nspill_order = \"next\"\n", "spill_order"),
             ("[[workers]]\nurl = \"not a url\"\n", "workers[0].url"),
             ("[[workers]]\nurl = \"https://a:1\"\n", "workers[0].url"),
             (
@@ -811,6 +841,23 @@ mod tests {
                 "server.request_body_timeout_ms",
             ),
             ("[policy\n", "line 1"),
+            ("[load]\nsource = \"gpu\"\n", "source"),
+            (
+                "[load]\nscrape_interval_ms = 0\n",
+                "load.scrape_interval_ms",
+            ),
+            ("[load]\nstale_after_ms = 50\n", "load.stale_after_ms"),
+            ("[load]\nmetrics_path = \"metrics\"\n", "load.metrics_path"),
+            ("[load]\nrunning_gauge = \"x\"\n", "load.waiting_gauge"),
+            (
+                "[load]\nrunning_gauge = \"a b\"\nwaiting_gauge = \"c\"\n",
+                "load.running_gauge",
+            ),
+            ("[load]\nmax_scrape_bytes = 0\n", "load.max_scrape_bytes"),
+            (
+                "[[workers]]\nurl = \"http://a:1\"\nmetrics_path = \"m\"\n",
+                "workers[0].metrics_path",
+            ),
             ("[[discovery]]\ndns = \"llm.test\"\n", "discovery[0].port"),
             (
                 "[[discovery]]\ndns = \"_h._tcp.a\"\n[[discovery]]\ndns = \"_H._tcp.a.\"\n",

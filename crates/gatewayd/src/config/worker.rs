@@ -28,6 +28,9 @@ pub struct WorkerConfig {
     /// Health probe path for this worker (llama.cpp's server has no `/health`; use `/v1/models`).
     #[serde(default)]
     pub health_path: Option<String>,
+    /// Where this worker serves its Prometheus text, when not at `[load] metrics_path`.
+    #[serde(default)]
+    pub metrics_path: Option<String>,
 }
 
 /// Why a worker URL was refused; the message quotes the URL.
@@ -214,10 +217,12 @@ pub struct Member {
     pub url: WorkerUrl,
     /// This worker's own health probe path, when it has one.
     pub health_path: Option<String>,
+    /// This worker's own metrics path, when it has one.
+    pub metrics_path: Option<String>,
 }
 
-/// Why one worker entry is invalid: the field (`url`, `name`, `health_path`, `ring_id`) and what is
-/// wrong with it.
+/// Why one worker entry is invalid: the field (`url`, `name`, `health_path`, `metrics_path`,
+/// `ring_id`) and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {message}")]
 pub struct WorkerError {
@@ -235,6 +240,7 @@ impl WorkerConfig {
             url: url.to_owned(),
             ring_id: None,
             health_path: None,
+            metrics_path: None,
         }
     }
 
@@ -265,12 +271,13 @@ impl WorkerConfig {
                 format!("{name:?} is a path segment clients rewrite; choose another name"),
             ));
         }
-        if self
-            .health_path
-            .as_ref()
-            .is_some_and(|p| !p.starts_with('/'))
-        {
-            return Err(invalid("health_path", "must start with '/'".into()));
+        for (field, path) in [
+            ("health_path", &self.health_path),
+            ("metrics_path", &self.metrics_path),
+        ] {
+            if path.as_ref().is_some_and(|p| !p.starts_with('/')) {
+                return Err(invalid(field, "must start with '/'".into()));
+            }
         }
         if self.ring_id.as_ref().is_some_and(String::is_empty) {
             return Err(invalid("ring_id", "must not be empty".into()));
@@ -284,6 +291,7 @@ impl WorkerConfig {
             },
             url,
             health_path: self.health_path.clone(),
+            metrics_path: self.metrics_path.clone(),
         })
     }
 }
@@ -368,6 +376,13 @@ mod tests {
                     ..WorkerConfig::from_url("http://a:1")
                 },
                 "health_path",
+            ),
+            (
+                WorkerConfig {
+                    metrics_path: Some("metrics".into()),
+                    ..WorkerConfig::from_url("http://a:1")
+                },
+                "metrics_path",
             ),
         ] {
             assert_eq!(entry.member().unwrap_err().field, field, "{entry:?}");

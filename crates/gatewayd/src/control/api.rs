@@ -18,6 +18,7 @@ use super::state::{ControlPlane, Peer};
 use crate::admin::{Actor, AdminError};
 use crate::config::WorkerConfig;
 use crate::error::GatewayError;
+use crate::telemetry::wire::now_ms;
 
 /// Largest control plane request body, bytes: a worker entry or a policy patch is a few hundred.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -53,7 +54,8 @@ pub async fn metrics(State(plane): State<Arc<ControlPlane>>) -> Response {
 
 /// `GET /admin/workers`: every worker's record, configuration order.
 pub async fn list_workers(State(plane): State<Arc<ControlPlane>>) -> Response {
-    Json(serde_json::json!({ "workers": plane.router.table().worker_records() })).into_response()
+    let records = plane.router.table().worker_records(now_ms());
+    Json(serde_json::json!({ "workers": records })).into_response()
 }
 
 /// `POST /admin/workers`: adds a worker (`{"url", "name"?, "ring_id"?, "health_path"?}`); 201 with
@@ -128,7 +130,8 @@ pub async fn get_policy(State(plane): State<Arc<ControlPlane>>) -> Response {
 }
 
 /// `PUT /admin/policy`: applies any subset of `kind`, `min_load_gap`, `max_load_skew`,
-/// `virtual_nodes`; answers the policy in force, with a note that the change is not persisted.
+/// `spill_order`, `virtual_nodes`, `load_source`; answers the policy in force, with a note that the
+/// change is not persisted.
 pub async fn put_policy(
     State(plane): State<Arc<ControlPlane>>,
     Peer(peer): Peer,
@@ -171,7 +174,7 @@ pub async fn reload(State(plane): State<Arc<ControlPlane>>) -> Result<Response, 
     Ok(Json(serde_json::json!({
         "reloaded": true,
         "policy": table.policy(),
-        "workers": table.worker_records(),
+        "workers": table.worker_records(now_ms()),
     }))
     .into_response())
 }

@@ -1,11 +1,15 @@
 //! `GET /admin/explain`: what a key would get right now, and why, without reserving load. The
-//! decision is the router's own (`RoutingTable::explain`), so it is exactly what routing does.
+//! decision is the router's own (`RoutingTable::explain`), so it is exactly what routing does;
+//! `fleet_loads` shows, per worker, the local and the fleet-wide numbers and which one the rule
+//! read.
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::response::{IntoResponse, Response};
+use bch_core::explain::WorkerLoad;
+use bch_core::router::RoutingTable;
 use bch_core::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource, RoutingKey};
 
 use super::state::ControlPlane;
@@ -119,12 +123,42 @@ pub async fn explain(
         "branch": decision.branch,
         "preferred": decision.preferred.map(name),
         "bound": decision.bound,
+        "load_signal": decision.load_signal,
         "policy": table.policy(),
         "loads": loads,
+        "fleet_loads": fleet_loads(&table),
         "note": match key {
             RoutingKey::None => Some("keyless requests pick the less loaded of two random healthy workers; explain shows one such pick"),
             _ => None,
         },
     }))
     .into_response())
+}
+
+/// Per worker: this replica's count, the worker's last report and its age, the fleet-wide load and
+/// the load the rule read (docs/replicas.md).
+fn fleet_loads(table: &RoutingTable) -> Vec<serde_json::Value> {
+    let source = table.policy().load_source;
+    let records = table.worker_records(crate::telemetry::wire::now_ms());
+    table
+        .workers()
+        .iter()
+        .zip(records)
+        .map(|(worker, record)| {
+            let sample = worker.stats.fleet_sample().fresh();
+            let numbers = WorkerLoad::new(worker.spec.name.clone(), record.active, sample, source);
+            let mut value = serde_json::to_value(numbers).unwrap_or_default();
+            if let serde_json::Value::Object(map) = &mut value {
+                // A stale report is still worth seeing, marked as such.
+                if map.get("reported").is_none()
+                    && let Some(reported) = record.reported_load
+                {
+                    map.insert("reported".into(), reported.into());
+                }
+                map.insert("scrape_age_ms".into(), record.scrape_age_ms.into());
+                map.insert("stale".into(), record.load_stale.into());
+            }
+            value
+        })
+        .collect()
 }

@@ -125,12 +125,16 @@ fn handle_command(
             kind,
             min_load_gap,
             max_load_skew,
+            spill_order,
+            load_source,
         } => {
             let patch = PolicyPatch {
                 kind,
                 min_load_gap,
                 max_load_skew,
+                spill_order,
                 virtual_nodes: None,
+                load_source,
             };
             Some(match plane.admin.set_policy(&patch, actor) {
                 Ok(policy) => encode_message(&ServerMessage::Ack(Ack {

@@ -33,7 +33,7 @@ impl SessionProbe {
         let members = config.members()?;
         let router = Arc::new(Router::new(
             members.iter().map(|m| m.spec.clone()).collect(),
-            config.policy.settings(),
+            config.policy_settings(),
         )?);
         let metrics = Arc::new(Metrics::default());
         let shutdown = CancellationToken::new();

@@ -95,6 +95,7 @@ impl SpillLog {
             mean_load: bound.mean_load,
             min_load_gap: bound.min_load_gap,
             max_load_skew: bound.max_load_skew,
+            load_signal: decision.load_signal.unwrap_or_default(),
         };
         self.kept.push_back(event.clone());
         while self.kept.len() > self.max {
@@ -234,7 +235,7 @@ impl Aggregator {
         encode_message(&ServerMessage::Snapshot(Snapshot {
             ts_ms: now_ms(),
             policy: *table.policy(),
-            workers: table.worker_records(),
+            workers: table.worker_records(now_ms()),
             ring: if table.membership_generation() == self.ring_generation {
                 self.ring.clone()
             } else {
@@ -286,7 +287,7 @@ impl Aggregator {
         self.ring = ring_ownership(table);
         let message = encode_message(&ServerMessage::Ring(RingUpdate {
             ts_ms: now_ms(),
-            workers: table.worker_records(),
+            workers: table.worker_records(now_ms()),
             ring: self.ring.clone(),
         }));
         self.clients.broadcast(&message);
@@ -295,7 +296,7 @@ impl Aggregator {
     /// The worker records that differ from the last tick's, remembered for the next one.
     fn changed_workers(&mut self, table: &RoutingTable) -> Vec<WorkerRecord> {
         let changed: Vec<WorkerRecord> = table
-            .worker_records()
+            .worker_records(now_ms())
             .into_iter()
             .filter(|w| self.last_workers.get(&w.name) != Some(w))
             .collect();

@@ -350,6 +350,7 @@ pub fn test_config(workers: &[&FakeWorker]) -> Config {
             url: w.url(),
             ring_id: None,
             health_path: None,
+            metrics_path: None,
         })
         .collect();
     config

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Where a held SSE stream's memory goes in gatewayd: workload (c) of bench/proxy.sh (streams held
+# open through gatewayd to slow simulated workers), once plain for the RSS per stream and once
+# under heaptrack, whose heap at the peak is attributed to its owners (bench/held_memory.py).
+#
+#   bash bench/held_memory.sh               # 1,000 held streams, release build
+#   bash bench/held_memory.sh --streams N   # other counts (mind the open-file limit: 2 per stream)
+#
+# Needs heaptrack (apt-get install heaptrack) and python3. Everything listens on 127.0.0.1 only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BENCH_NAME=held-memory
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+
+STREAMS=1000
+PORT_BASE=${BENCH_PORT_BASE:-29690}
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --streams) STREAMS=$2; shift ;;
+    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option $1 (see --help)" ;;
+  esac
+  shift
+done
+command -v heaptrack >/dev/null || die "heaptrack is missing (apt-get install heaptrack)"
+bench_workdir
+
+log "building gatewayd and bch-drill (release)"
+cargo build --release --locked -p gatewayd -p bch-drill >"$WORK/build.log" 2>&1 || { cat "$WORK/build.log"; die "build failed"; }
+TARGET=$(bench_target_dir)/release
+python3 bench/bodies.py "$WORK" >/dev/null
+
+LISTEN=$PORT_BASE CONTROL=$((PORT_BASE + 1)) WORKER_BASE=$((PORT_BASE + 10))
+"$TARGET/bch-drill" workers --count 4 --base-port "$WORKER_BASE" --time-scale 1 --cache-blocks 0 \
+  --max-batch 100000 --prefill-base-ms 0 --prefill-us-per-token 0 --decode-base-ms 1000 \
+  --decode-per-running-ms 0 >"$WORK/workers.log" 2>&1 &
+PIDS+=($!)
+wait_port $((WORKER_BASE + 3))
+{
+  printf '[server]\nlisten = "127.0.0.1:%s"\ncontrol_listen = "127.0.0.1:%s"\nmax_connections = 20000\n\n' "$LISTEN" "$CONTROL"
+  printf '[policy]\nkind = "bounded_consistent_hashing"\nmin_load_gap = 2\nmax_load_skew = 1.5\n\n[log]\nlevel = "warn"\n'
+  for i in 0 1 2 3; do printf '\n[[workers]]\nname = "sim-%s"\nurl = "http://127.0.0.1:%s"\n' "$i" $((WORKER_BASE + i)); done
+} >"$WORK/gatewayd.toml"
+
+# One run: gatewayd (under $1... when given), held streams, gatewayd stopped with SIGINT so
+# heaptrack writes its data. Prints hold_streams.py's JSON.
+run_once() {
+  "$@" "$TARGET/gatewayd" --config "$WORK/gatewayd.toml" >>"$WORK/gatewayd.log" 2>&1 &
+  local wrapper=$!
+  wait_port "$LISTEN" 30
+  local pid
+  pid=$(pgrep -n -f "$TARGET/gatewayd --config $WORK/gatewayd.toml")
+  python3 bench/hold_streams.py --port "$LISTEN" --body "$WORK/body_c.json" --streams "$STREAMS" \
+    --keys 1000 --hold 3 --pid "$pid"
+  kill -INT "$pid"
+  wait "$wrapper" 2>/dev/null || true
+}
+
+log "holding $STREAMS streams through gatewayd"
+run_once >"$WORK/plain.json"
+RSS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["rss_per_stream_kib"])' "$WORK/plain.json")
+log "RSS per held stream: $RSS KiB; again under heaptrack"
+run_once heaptrack -o "$WORK/heap" >"$WORK/heaptrack.json" 2>"$WORK/heaptrack.err"
+heaptrack_print "$WORK"/heap.*zst --print-peaks=0 --print-allocators=0 --print-temporary=0 \
+  --print-leaks=0 -F "$WORK/peak.folded" --flamegraph-cost-type peak >/dev/null 2>&1
+python3 bench/held_memory.py "$WORK/peak.folded" --streams "$STREAMS" --rss-per-stream-kib "$RSS"

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Load-scraping cost: gatewayd's CPU with 64 workers scraped at 10 Hz ([load] source =
+# "worker_metrics") against the same gatewayd with scraping off (source = "local"), in alternating
+# phases of one run, no request traffic. The workers are bench/metrics_server.py, a vLLM-sized
+# (~40 KB) exposition each by default. See docs/benchmarks.md.
+#
+#   bash bench/scrape.sh             # 3 rounds of 10 s phases (~70 s)
+#   bash bench/scrape.sh --quick     # 1 round of 3 s phases (smoke)
+#
+# Options: --workers N, --interval-ms MS, --body vllm|small, --phase-secs S, --rounds N, --out FILE,
+# --no-pin, --profile P (cargo profile; release by default, dev in --quick).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BENCH_NAME=scrape
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+
+WORKERS=64 INTERVAL=100 BODY=vllm PHASE=10 ROUNDS=3 PIN=1 QUICK=0 OUT="" PROFILE=""
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --quick) QUICK=1 ;;
+    --workers) WORKERS=$2; shift ;;
+    --interval-ms) INTERVAL=$2; shift ;;
+    --body) BODY=$2; shift ;;
+    --phase-secs) PHASE=$2; shift ;;
+    --rounds) ROUNDS=$2; shift ;;
+    --out) OUT=$2; shift ;;
+    --no-pin) PIN=0 ;;
+    --profile) PROFILE=$2; shift ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "bench/scrape.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ $QUICK == 1 ]] && { PHASE=3; ROUNDS=1; PROFILE=${PROFILE:-dev}; }
+PROFILE=${PROFILE:-release}
+OUT=${OUT:-bench/results/scrape$([[ $QUICK == 1 ]] && echo -quick || true).json}
+
+PROXY_RUN=(); LOAD_RUN=()
+if [[ $PIN == 1 ]] && [[ $(nproc) -ge 2 ]] && command -v taskset >/dev/null 2>&1; then
+  PROXY_RUN=(taskset -c 0); LOAD_RUN=(taskset -c "1-$(($(nproc) - 1))")
+fi
+
+log "building gatewayd (profile $PROFILE)"
+cargo build --quiet --profile "$PROFILE" -p gatewayd --bin gatewayd
+BIN=$(bench_target_dir)/$([[ $PROFILE == dev ]] && echo debug || echo "$PROFILE")
+bench_workdir
+
+"${LOAD_RUN[@]}" python3 bench/metrics_server.py --count "$WORKERS" --body "$BODY" >"$WORK/ports" &
+PIDS+=($!)
+for _ in $(seq 1 100); do [[ $(wc -l <"$WORK/ports") -ge $WORKERS ]] && break; sleep 0.1; done
+[[ $(wc -l <"$WORK/ports") -ge $WORKERS ]] || die "the metrics servers did not start"
+{
+  printf '[server]\nlisten = "127.0.0.1:0"\ncontrol_listen = "127.0.0.1:0"\n\n'
+  printf '[load]\nsource = "local"\nscrape_interval_ms = %s\nstale_after_ms = %s\n\n' "$INTERVAL" $((INTERVAL * 5))
+  printf '[log]\nlevel = "warn"\n'
+  i=0
+  while read -r port; do
+    printf '\n[[workers]]\nname = "w%s"\nurl = "http://127.0.0.1:%s"\n' "$i" "$port"
+    i=$((i + 1))
+  done <"$WORK/ports"
+} >"$WORK/gatewayd.toml"
+RUST_LOG=warn "${PROXY_RUN[@]}" "$BIN/gatewayd" --config "$WORK/gatewayd.toml" >"$WORK/gatewayd.log" 2>&1 &
+GW=$!; PIDS+=($GW)
+for _ in $(seq 1 100); do grep -q "control plane" "$WORK/gatewayd.log" && break; sleep 0.1; done
+CONTROL=$(sed -n 's/.*control plane http:\/\/\([^ ]*\).*/\1/p' "$WORK/gatewayd.log" | head -1)
+[[ -n $CONTROL ]] || die "gatewayd did not start: $(cat "$WORK/gatewayd.log")"
+wait_probed "http://$CONTROL" "$WORKERS"
+
+log "$WORKERS workers ($BODY bodies), scrape every ${INTERVAL} ms; phases of ${PHASE}s off and on, $ROUNDS round(s)"
+mkdir -p "$(dirname "$OUT")"
+python3 - "$GW" "$CONTROL" "$PHASE" "$ROUNDS" "$WORKERS" "$INTERVAL" "$BODY" "$OUT" <<'PY'
+import json, os, sys, time, urllib.request
+pid, control, phase, rounds, workers, interval, body, out = sys.argv[1:]
+phase, rounds, workers = float(phase), int(rounds), int(workers)
+tick = os.sysconf("SC_CLK_TCK")
+
+def cpu():
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / tick
+
+def put(source):
+    req = urllib.request.Request(f"http://{control}/admin/policy", method="PUT",
+                                 data=json.dumps({"load_source": source}).encode(),
+                                 headers={"content-type": "application/json"})
+    urllib.request.urlopen(req).read()
+
+def scrapes():
+    text = urllib.request.urlopen(f"http://{control}/metrics").read().decode()
+    return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith("bch_load_scrapes_total{"))
+
+def all_reported():
+    records = json.load(urllib.request.urlopen(f"http://{control}/admin/workers"))["workers"]
+    return all(r.get("reported_load") is not None for r in records)
+
+phases = []
+for r in range(rounds):
+    for source in ["local", "worker_metrics"]:
+        put(source)
+        deadline = time.time() + 10
+        while source == "worker_metrics" and not all_reported():
+            assert time.time() < deadline, "workers never all scraped"
+            time.sleep(0.05)
+        time.sleep(1.0)  # settle: the first round's connections are open
+        c0, s0, t0 = cpu(), scrapes(), time.time()
+        time.sleep(phase)
+        c1, s1, t1 = cpu(), scrapes(), time.time()
+        phases.append({"round": r + 1, "source": source, "cpu_percent": 100 * (c1 - c0) / (t1 - t0),
+                       "scrapes_per_s": (s1 - s0) / (t1 - t0)})
+        print(f"round {r + 1} {source:<15} cpu {phases[-1]['cpu_percent']:6.2f} %  scrapes/s {phases[-1]['scrapes_per_s']:7.1f}", file=sys.stderr)
+mean = lambda src, key: sum(p[key] for p in phases if p["source"] == src) / rounds
+off, on = mean("local", "cpu_percent"), mean("worker_metrics", "cpu_percent")
+result = {"workers": workers, "interval_ms": int(interval), "body": body, "phase_s": phase, "rounds": rounds,
+          "cpu_percent_off": off, "cpu_percent_on": on, "cost_percent_of_one_core": on - off,
+          "scrapes_per_s": mean("worker_metrics", "scrapes_per_s"), "phases": phases}
+json.dump(result, open(out, "w"), indent=2)
+print(f"scraping {workers} workers every {interval} ms costs {on - off:.2f} % of one core "
+      f"({off:.2f} % off, {on:.2f} % on; {result['scrapes_per_s']:.0f} scrapes/s)")
+PY
+log "results written to $OUT"

@@ -1,0 +1,120 @@
+//! The replicas panel, shown when the console watches several gateway replicas: one row per
+//! replica with its connection, the policy and load source it reports, what it answered to the
+//! last threshold change, and DIFFERS when its settings are not the ones most replicas share.
+
+use bch_core::fleet_load::LoadSource;
+use ratatui::Frame;
+use ratatui::layout::Rect;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::Paragraph;
+use tokio::time::Instant;
+
+use super::panel::panel_block;
+use super::styles::{Styles, Tone};
+use super::text::truncate_left;
+use crate::conn::ConnStatus;
+use crate::state::{CommandState, Replica, State};
+
+/// Rows the panel takes for `replicas` replicas: none for one, else one each plus the border.
+pub(super) fn height(replicas: usize) -> u16 {
+    if replicas > 1 {
+        u16::try_from(replicas)
+            .unwrap_or(u16::MAX)
+            .saturating_add(2)
+    } else {
+        0
+    }
+}
+
+/// Draws one row per replica at `area`.
+pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, now: Instant, styles: &Styles) {
+    let replicas = state.replicas();
+    let differing = state.differing();
+    let connected = replicas
+        .iter()
+        .filter(|r| *r.conn() == ConnStatus::Connected)
+        .count();
+    let title = Line::from(vec![
+        Span::raw(" Replicas "),
+        Span::styled(
+            format!("{connected}/{} connected ", replicas.len()),
+            styles.dim(),
+        ),
+    ]);
+    let block = panel_block(false, title, styles);
+    let inner = block.inner(area);
+    frame.render_widget(block, area);
+    let url_w = replicas
+        .iter()
+        .map(|r| r.url().chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(8, 32);
+    let last = state.last_command();
+    let lines: Vec<Line> = replicas
+        .iter()
+        .enumerate()
+        .map(|(i, replica)| {
+            let reply = last.and_then(|c| c.replies.get(i).map(|r| (c.id, r)));
+            row(replica, differing[i], reply, url_w, now, styles)
+        })
+        .collect();
+    frame.render_widget(Paragraph::new(lines), inner);
+}
+
+/// `● ws://a:9090/ws CONNECTED  gap 2 skew 1.50 load metrics DIFFERS  #3 ✓` (`metrics` is the
+/// `worker_metrics` load source).
+fn row(
+    replica: &Replica,
+    differs: bool,
+    reply: Option<(u64, &CommandState)>,
+    url_w: usize,
+    now: Instant,
+    styles: &Styles,
+) -> Line<'static> {
+    let (dot, tone) = match replica.conn() {
+        ConnStatus::Connected => ("●", Tone::Good),
+        ConnStatus::Connecting => ("○", Tone::Warning),
+        ConnStatus::Reconnecting { .. } => ("○", Tone::Alert),
+    };
+    let mut spans = vec![
+        Span::styled(format!(" {dot} "), styles.status(tone)),
+        Span::raw(format!("{:<url_w$} ", truncate_left(replica.url(), url_w))),
+        Span::styled(
+            format!("{:<10} ", replica.conn().label(now)),
+            styles.status(tone),
+        ),
+    ];
+    match replica.settings() {
+        Some(s) => {
+            // Short, so a row with a refusal still fits 80 columns.
+            let source = match s.load_source {
+                LoadSource::Local => "local",
+                LoadSource::WorkerMetrics => "metrics",
+            };
+            spans.push(Span::styled("gap ", styles.dim()));
+            spans.push(Span::styled(s.min_load_gap.to_string(), styles.value()));
+            spans.push(Span::styled(" skew ", styles.dim()));
+            spans.push(Span::styled(
+                format!("{:.2}", s.max_load_skew),
+                styles.value(),
+            ));
+            spans.push(Span::styled(" load ", styles.dim()));
+            spans.push(Span::styled(format!("{source:<7}"), styles.value()));
+        }
+        None => spans.push(Span::styled("no policy yet", styles.dim())),
+    }
+    // Before the command's answer, whose refusal message may be long and get cut.
+    if differs {
+        spans.push(Span::styled(" DIFFERS", styles.status(Tone::Alert)));
+    }
+    if let Some((id, state)) = reply {
+        let (text, tone) = match state {
+            CommandState::Pending => (format!("  #{id} …"), Tone::Warning),
+            CommandState::Applied => (format!("  #{id} ✓"), Tone::Good),
+            CommandState::Failed(message) => (format!("  #{id} ✗ {message}"), Tone::Alert),
+        };
+        spans.push(Span::styled(text, styles.status(tone)));
+    }
+    Line::from(spans)
+}

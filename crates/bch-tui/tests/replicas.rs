@@ -1,0 +1,212 @@
+//! Several replicas in one console (`bch-tui --url A --url B --url C`): the fleet merged across
+//! them, one row per replica, a replica whose settings differ flagged, a threshold key sent to
+//! every replica with each answer shown, and the load bars reading the load the rule reads, with
+//! stale workers marked; a drain anywhere shows in the merge, drain keys reach every replica, one
+//! silent replica marks the view stale and an unanswered change times out on each replica.
+
+mod common;
+
+use bch_core::fleet_load::LoadSource;
+use bch_core::telemetry::{
+    Ack, ClientCommand, CommandId, ServerFrame, ServerMessage, Snapshot, WorkerState,
+};
+use bch_tui::{Action, CommandState, ConnEvent, ConnStatus, Effect, State};
+use common::{frame, render, snapshot_with};
+use insta::assert_snapshot;
+use tokio::time::{Duration, Instant};
+
+const URLS: [&str; 3] = [
+    "ws://10.0.0.1:9090/ws",
+    "ws://10.0.0.2:9090/ws",
+    "ws://10.0.0.3:9090/ws",
+];
+
+/// Three connected replicas of one worker_metrics fleet, each with the recorded snapshot edited by
+/// `edit(replica, snapshot)`.
+fn three(edit: impl Fn(usize, &mut Snapshot)) -> State {
+    let mut s = State::for_replicas(URLS.iter().map(|u| (*u).to_owned()).collect());
+    for i in 0..3 {
+        s.apply_replica_event(i, ConnEvent::Status(ConnStatus::Connected));
+        let snapshot = snapshot_with(|snap| {
+            snap.policy.load_source = LoadSource::WorkerMetrics;
+            edit(i, snap);
+        });
+        assert_eq!(s.apply_replica_frame(i, snapshot), None);
+    }
+    s
+}
+
+/// Each replica's share of the fleet: the recorded loads, plus the fleet-wide load every replica's
+/// rule reads (the sum, 6 on w0), with w3's scrape stale on replica 2.
+fn fleet_of_three() -> State {
+    three(|i, snap| {
+        for (w, worker) in snap.workers.iter_mut().enumerate() {
+            worker.active = [2, 1, 1, 0][w] + u64::from(i == 0 && w == 0);
+            worker.load = Some([6, 3, 3, 1][w]);
+            worker.reported_load = Some([6, 3, 3, 1][w]);
+            worker.scrape_age_ms = Some(40);
+        }
+        if i == 2 {
+            snap.workers[3].load_stale = true;
+            snap.workers[3].load = Some(0);
+        }
+        snap.spills[0].ts_ms += i as u64;
+    })
+}
+
+#[test]
+fn the_fleet_is_merged_across_replicas() {
+    let s = fleet_of_three();
+    let fleet = s.visible();
+    let w0 = &fleet.workers[0];
+    assert_eq!(w0.active, 7, "every replica's in-flight requests on w0");
+    assert_eq!(w0.rule_load(), 6, "the fleet-wide load the rules read");
+    assert_eq!(w0.requests_total, 3 * 812);
+    assert!(fleet.workers[3].load_stale, "stale on one replica");
+    assert_eq!(fleet.spills.len(), 6, "the three spill logs interleaved");
+    assert!(fleet.spills.iter().is_sorted_by_key(|e| e.ts_ms));
+    assert!((fleet.totals.requests_per_s - 3.0 * 48.0).abs() < 1e-9);
+    let key = &fleet.keys["chat-session-0001"];
+    assert_eq!(key.active["w0"], 6);
+    assert_eq!(key.requests_total, 3 * 41);
+    assert_eq!(s.differing(), vec![false, false, false]);
+}
+
+#[test]
+fn a_replica_with_other_settings_is_flagged() {
+    let s = three(|i, snap| {
+        if i == 1 {
+            snap.policy.load_source = LoadSource::Local;
+        }
+    });
+    assert_eq!(s.differing(), vec![false, true, false]);
+    let s = three(|i, snap| {
+        if i == 2 {
+            snap.policy.min_load_gap = 4;
+        }
+    });
+    assert_eq!(s.differing(), vec![false, false, true]);
+}
+
+fn ack(id: u64, seq: u64, gap: u64) -> ServerFrame {
+    let ServerMessage::Snapshot(snap) = frame("snapshot").message else {
+        unreachable!()
+    };
+    let mut policy = snap.policy;
+    policy.min_load_gap = gap;
+    policy.load_source = LoadSource::WorkerMetrics;
+    ServerFrame::new(
+        seq,
+        ServerMessage::Ack(Ack {
+            id: Some(CommandId::Number(id)),
+            policy,
+            worker: None,
+        }),
+    )
+}
+
+#[test]
+fn a_threshold_key_goes_to_every_replica_and_each_answer_is_shown() {
+    let mut s = fleet_of_three();
+    let Effect::Send(ClientCommand::SetPolicy {
+        id, min_load_gap, ..
+    }) = s.apply_action(Action::GapUp)
+    else {
+        panic!("a set_policy for every replica")
+    };
+    assert_eq!((id, min_load_gap), (Some(CommandId::Number(1)), Some(3)));
+    s.apply_replica_frame(0, ack(1, 1, 3));
+    let entry = s.last_command().unwrap();
+    assert_eq!(
+        entry.state,
+        CommandState::Pending,
+        "two replicas have not answered"
+    );
+    assert_eq!(entry.replies[0], CommandState::Applied);
+    // Replica 1 drops before answering; replica 2 acknowledges.
+    s.apply_replica_event(
+        1,
+        ConnEvent::Status(ConnStatus::Reconnecting {
+            retry_at: Instant::now() + Duration::from_secs(1),
+            attempt: 1,
+            reason: "connection reset".into(),
+        }),
+    );
+    s.apply_replica_frame(2, ack(1, 1, 3));
+    let entry = s.last_command().unwrap();
+    assert!(matches!(&entry.replies[1], CommandState::Failed(m) if m.contains("connection lost")));
+    assert!(matches!(&entry.state, CommandState::Failed(m) if m.starts_with("replica 2:")));
+    assert_eq!(entry.replies[2], CommandState::Applied);
+    // Replicas 1 (still on gap 2) and the others (now on 3) differ: the odd one is flagged.
+    assert_eq!(s.differing(), vec![false, true, false]);
+}
+
+#[test]
+fn three_replicas_160x48() {
+    let mut s = fleet_of_three();
+    s.apply_action(Action::GapUp);
+    s.apply_replica_frame(0, ack(1, 1, 3));
+    s.apply_replica_frame(2, ack(1, 1, 3));
+    let screen = render(&s, 160, 48, Instant::now());
+    assert!(screen.contains("3 replicas, merged"), "{screen}");
+    assert!(screen.contains("▒"), "the stale worker is marked: {screen}");
+    assert!(screen.contains("DIFFERS"), "{screen}");
+    assert_snapshot!(screen);
+}
+
+#[test]
+fn three_replicas_80x24() {
+    assert_snapshot!(render(&fleet_of_three(), 80, 24, Instant::now()));
+}
+
+#[test]
+fn a_worker_draining_on_one_replica_is_draining_in_the_merge_and_a_drain_goes_to_every_replica() {
+    let s = three(|i, snap| {
+        if i == 1 {
+            snap.workers[2].state = WorkerState::Draining;
+        }
+    });
+    let fleet = s.visible();
+    assert_eq!(fleet.workers[2].state, WorkerState::Draining);
+    assert_eq!(fleet.workers[0].state, WorkerState::Active);
+
+    let mut s = fleet_of_three();
+    let Effect::Send(ClientCommand::Drain { id, worker, .. }) = s.apply_action(Action::Drain)
+    else {
+        panic!("a drain for every replica")
+    };
+    assert_eq!((id, worker.as_str()), (Some(CommandId::Number(1)), "w0"));
+    let entry = s.last_command().unwrap();
+    assert_eq!(
+        entry.replies.len(),
+        3,
+        "one answer expected from each replica"
+    );
+}
+
+#[test]
+fn one_silent_replica_marks_the_view_stale_and_an_unanswered_change_times_out_on_each() {
+    let mut s = fleet_of_three();
+    let start = Instant::now();
+    for i in 0..3 {
+        s.frame_received_on(i, start);
+    }
+    assert!(!s.stale(start + Duration::from_millis(200)));
+    // Replicas 0 and 1 keep talking; replica 2 goes silent.
+    let later = start + Duration::from_secs(5);
+    s.frame_received_on(0, later);
+    s.frame_received_on(1, later);
+    assert!(s.stale(later), "replica 2 sent nothing for 5 s");
+    assert_eq!(s.frame_age(later), Some(Duration::from_secs(5)));
+
+    let Effect::Send(_) = s.apply_action(Action::GapUp) else {
+        panic!("a set_policy for every replica")
+    };
+    s.apply_replica_frame(0, ack(1, 1, 3));
+    assert!(!s.expire_commands(later));
+    assert!(s.expire_commands(later + bch_tui::COMMAND_TIMEOUT));
+    let entry = s.last_command().unwrap();
+    assert_eq!(entry.replies[0], CommandState::Applied, "answered in time");
+    assert!(matches!(&entry.replies[1], CommandState::Failed(m) if m.contains("no answer")));
+    assert!(matches!(&entry.state, CommandState::Failed(m) if m.starts_with("replica 2:")));
+}

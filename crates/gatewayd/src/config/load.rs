@@ -1,0 +1,121 @@
+//! `[load]`: which per-worker load the bounded rule reads, and how the workers' own gauges are
+//! scraped for the fleet-wide load (docs/replicas.md).
+
+use bch_core::fleet_load::LoadSource;
+use serde::{Deserialize, Serialize};
+
+/// `[load]`. `source` is switchable at run time (`PUT /admin/policy`, the websocket `set_policy`,
+/// a reload); the scrape settings take effect at the next scrape round.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoadConfig {
+    /// `local`: this process's in-flight requests (the default, one gateway). `worker_metrics`:
+    /// the workers' reported load, so several replicas decide as one.
+    pub source: LoadSource,
+    /// Time between two scrapes of every worker, ms. Each scrape times out after 80 % of it, so a
+    /// hung worker never delays the next round. Scraping runs only while `source` is
+    /// `worker_metrics`.
+    pub scrape_interval_ms: u64,
+    /// A worker whose last good scrape is older than this (ms) falls back to local load. Must
+    /// exceed `scrape_interval_ms`.
+    pub stale_after_ms: u64,
+    /// Path of the Prometheus text on every worker without its own `metrics_path`.
+    pub metrics_path: String,
+    /// Largest metrics body read, bytes; a larger answer counts as a failed scrape.
+    pub max_scrape_bytes: usize,
+    /// With `waiting_gauge`: the running-requests gauge of an engine not recognised by name (summed
+    /// over all its series). When set, the pair is tried before the built-in engines.
+    pub running_gauge: Option<String>,
+    /// With `running_gauge`: that engine's queued-requests gauge.
+    pub waiting_gauge: Option<String>,
+}
+
+impl Default for LoadConfig {
+    fn default() -> Self {
+        Self {
+            source: LoadSource::Local,
+            scrape_interval_ms: 100,
+            stale_after_ms: 500,
+            metrics_path: "/metrics".to_owned(),
+            max_scrape_bytes: 1024 * 1024,
+            running_gauge: None,
+            waiting_gauge: None,
+        }
+    }
+}
+
+impl LoadConfig {
+    /// Checks every value; the error names the field (without the `load.` prefix) and says what
+    /// is wrong.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if self.scrape_interval_ms < 10 {
+            return Err((
+                "scrape_interval_ms",
+                "must be at least 10 (ms); scraping every worker faster costs more than it tells"
+                    .into(),
+            ));
+        }
+        if self.stale_after_ms <= self.scrape_interval_ms {
+            return Err((
+                "stale_after_ms",
+                format!(
+                    "must exceed scrape_interval_ms ({}), or every sample would go stale between two scrapes",
+                    self.scrape_interval_ms
+                ),
+            ));
+        }
+        if !self.metrics_path.starts_with('/') {
+            return Err(("metrics_path", "must start with '/'".into()));
+        }
+        if self.max_scrape_bytes == 0 {
+            return Err(("max_scrape_bytes", "must be at least 1".into()));
+        }
+        match (&self.running_gauge, &self.waiting_gauge) {
+            (None, None) => Ok(()),
+            (Some(_), None) => Err((
+                "waiting_gauge",
+                "must be set together with running_gauge".into(),
+            )),
+            (None, Some(_)) => Err((
+                "running_gauge",
+                "must be set together with waiting_gauge".into(),
+            )),
+            (Some(running), Some(waiting)) => {
+                for (field, name) in [("running_gauge", running), ("waiting_gauge", waiting)] {
+                    if !is_metric_name(name) {
+                        return Err((
+                            field,
+                            format!(
+                                "{name:?} is not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)"
+                            ),
+                        ));
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The custom gauge pair, when both names are set.
+    pub fn custom_gauges(&self) -> Option<(&str, &str)> {
+        Some((
+            self.running_gauge.as_deref()?,
+            self.waiting_gauge.as_deref()?,
+        ))
+    }
+
+    /// How long one scrape may take: 80 % of the interval, so a hung worker's timeout never runs
+    /// into the next round.
+    pub fn scrape_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis((self.scrape_interval_ms * 4 / 5).max(1))
+    }
+}
+
+/// `[a-zA-Z_:][a-zA-Z0-9_:]*`, the Prometheus metric name grammar.
+pub fn is_metric_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}

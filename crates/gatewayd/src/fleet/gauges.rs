@@ -1,0 +1,259 @@
+//! Reading a worker's load out of its Prometheus text: the running and waiting gauges of the
+//! engines gatewayd recognises, every series summed.
+//!
+//! A vLLM exposition is some 40 KB of histograms of which two families matter, and a full parse
+//! of it costs about a millisecond; scraping 64 workers ten times a second would spend most of a
+//! core on it. So one pass picks out the sample lines whose metric name is a recognised gauge
+//! (comments, `# EOF` and every other family are skipped by comparing names only), and only those
+//! lines go through the text-format parser, which handles label escaping, `NaN`/`+Inf` and
+//! timestamps.
+
+/// The gauges of one engine: requests in the running batch and requests queued for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Engine {
+    /// Short name for logs and the metrics' `engine` label.
+    pub name: &'static str,
+    /// Running (or processing) requests.
+    pub running: &'static str,
+    /// Waiting (queued, deferred) requests.
+    pub waiting: &'static str,
+}
+
+/// The engines recognised by name, in the order they are tried (docs/replicas.md lists where each
+/// name comes from).
+pub const ENGINES: [Engine; 5] = [
+    Engine {
+        name: "vllm",
+        running: "vllm:num_requests_running",
+        waiting: "vllm:num_requests_waiting",
+    },
+    Engine {
+        name: "sglang",
+        running: "sglang:num_running_reqs",
+        waiting: "sglang:num_queue_reqs",
+    },
+    Engine {
+        name: "sglang",
+        running: "sglang_num_running_reqs",
+        waiting: "sglang_num_queue_reqs",
+    },
+    Engine {
+        name: "llama.cpp",
+        running: "llamacpp:requests_processing",
+        waiting: "llamacpp:requests_deferred",
+    },
+    Engine {
+        name: "tgi",
+        running: "tgi_batch_current_size",
+        waiting: "tgi_queue_size",
+    },
+];
+
+/// A worker's load as its gauges report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reading {
+    /// Running + waiting requests, every series summed, rounded to whole requests.
+    pub load: u64,
+    /// Which engine's names matched (`custom` for the configured pair).
+    pub engine: &'static str,
+}
+
+/// Why a metrics body gave no load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum GaugeError {
+    /// None of the recognised gauges (nor the configured pair) is in the text.
+    #[error("no recognised load gauge in the metrics text")]
+    NoGauges,
+    /// A line of a recognised gauge does not parse as a Prometheus sample.
+    #[error("a load gauge line does not parse")]
+    Unparsable,
+    /// A recognised gauge has a negative, NaN or infinite value.
+    #[error("a load gauge is negative, NaN or infinite")]
+    BadValue,
+}
+
+/// The load in `text`: the configured pair `custom` (running, waiting) first, then [`ENGINES`] in
+/// order; the first engine with at least one of its two gauges present gives the load (so an
+/// engine exporting both SGLang spellings is not counted twice).
+pub fn read_load(text: &str, custom: Option<(&str, &str)>) -> Result<Reading, GaugeError> {
+    // Slot 0 is the custom pair, then one slot per engine: any sample seen, and the sum.
+    let mut seen = [false; ENGINES.len() + 1];
+    let mut sums = [0.0f64; ENGINES.len() + 1];
+    let slot_of = |name: &str| -> Option<usize> {
+        if custom.is_some_and(|(running, waiting)| running == name || waiting == name) {
+            return Some(0);
+        }
+        ENGINES
+            .iter()
+            .position(|e| e.running == name || e.waiting == name)
+            .map(|i| i + 1)
+    };
+    for line in text.lines() {
+        let line = line.trim_start();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let name_end = line.find(['{', ' ', '\t']).unwrap_or(line.len());
+        let Some(slot) = slot_of(&line[..name_end]) else {
+            continue;
+        };
+        let value = sample_value(line)?;
+        if !value.is_finite() || value < 0.0 {
+            return Err(GaugeError::BadValue);
+        }
+        seen[slot] = true;
+        sums[slot] += value;
+    }
+    let slot = seen.iter().position(|s| *s).ok_or(GaugeError::NoGauges)?;
+    let engine = match slot {
+        0 => "custom",
+        n => ENGINES[n - 1].name,
+    };
+    // A sum of gauges is a whole number of requests up to float noise; round, and saturate far
+    // beyond any real load.
+    Ok(Reading {
+        load: sums[slot].round().min(u64::MAX as f64) as u64,
+        engine,
+    })
+}
+
+/// The value of one sample line, parsed by the text-format parser (labels with escaped quotes or
+/// braces, `+Inf`, `NaN`, an optional timestamp).
+fn sample_value(line: &str) -> Result<f64, GaugeError> {
+    let (metrics, error) = prom_text_format_parser::parse_scrape(line);
+    if error.is_some() {
+        return Err(GaugeError::Unparsable);
+    }
+    let sample = metrics
+        .first()
+        .and_then(|m| m.samples.first())
+        .ok_or(GaugeError::Unparsable)?;
+    // The parser validated the number's shape; Rust's parser reads every shape it accepts
+    // (`NaN`, `+Inf` case-insensitively), and a refusal is an unparsable line, not a panic.
+    sample
+        .value
+        .value
+        .parse::<f64>()
+        .map_err(|_| GaugeError::Unparsable)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VLLM: &str = r#"# HELP python_gc_objects_collected_total Objects collected during gc
+# TYPE python_gc_objects_collected_total counter
+python_gc_objects_collected_total{generation="0"} 11929.0
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 3.0
+vllm:num_requests_running{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m, \"quoted\" {braced}"} 2.0
+vllm:num_requests_waiting{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0
+# HELP vllm:num_requests_running_total Not a gauge we read, despite the prefix.
+vllm:num_requests_running_total 99
+# EOF
+"#;
+
+    #[test]
+    fn vllm_series_are_summed() {
+        let reading = read_load(VLLM, None).unwrap();
+        assert_eq!(
+            reading,
+            Reading {
+                load: 6,
+                engine: "vllm"
+            }
+        );
+    }
+
+    #[test]
+    fn every_engine_is_recognised() {
+        for (text, load, engine) in [
+            (
+                "sglang:num_running_reqs{model_name=\"m\"} 4\nsglang:num_queue_reqs{model_name=\"m\"} 3\n",
+                7,
+                "sglang",
+            ),
+            (
+                "sglang_num_running_reqs 2\nsglang_num_queue_reqs 1 1712345678000\n",
+                3,
+                "sglang",
+            ),
+            (
+                "# HELP llamacpp:requests_processing Number of requests processing.\n# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 1\nllamacpp:requests_deferred 5\n",
+                6,
+                "llama.cpp",
+            ),
+            ("tgi_batch_current_size 8\ntgi_queue_size 2\n", 10, "tgi"),
+        ] {
+            assert_eq!(
+                read_load(text, None),
+                Ok(Reading { load, engine }),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_configured_pair_comes_first() {
+        let text = "my_active 5\nmy_queued{q=\"a\"} 1\nmy_queued{q=\"b\"} 1\nvllm:num_requests_running 9\n";
+        assert_eq!(
+            read_load(text, Some(("my_active", "my_queued"))),
+            Ok(Reading {
+                load: 7,
+                engine: "custom"
+            })
+        );
+        assert_eq!(read_load(text, None).unwrap().load, 9);
+    }
+
+    #[test]
+    fn one_engine_only_even_if_two_spellings_are_exported() {
+        let text = "sglang:num_running_reqs 4\nsglang_num_running_reqs 4\n";
+        assert_eq!(read_load(text, None).unwrap().load, 4);
+    }
+
+    #[test]
+    fn bad_input_is_an_error_not_a_panic() {
+        assert_eq!(read_load("", None), Err(GaugeError::NoGauges));
+        assert_eq!(
+            read_load("<html>404 Not Found</html>\n", None),
+            Err(GaugeError::NoGauges)
+        );
+        assert_eq!(
+            read_load("vllm:num_requests_running three\n", None),
+            Err(GaugeError::Unparsable)
+        );
+        assert_eq!(
+            read_load("vllm:num_requests_running{model=\"m} 3\n", None),
+            Err(GaugeError::Unparsable)
+        );
+        assert_eq!(
+            read_load("vllm:num_requests_running -1\n", None),
+            Err(GaugeError::BadValue)
+        );
+        assert_eq!(
+            read_load("vllm:num_requests_running NaN\n", None),
+            Err(GaugeError::BadValue)
+        );
+        assert_eq!(
+            read_load("vllm:num_requests_running +Inf\n", None),
+            Err(GaugeError::BadValue)
+        );
+        assert_eq!(
+            read_load("vllm:num_requests_running 1e3\n", None)
+                .unwrap()
+                .load,
+            1000
+        );
+        // Arbitrary bytes never panic.
+        let noise: String = (0..2000u32)
+            .map(|i| char::from_u32((i * 7919) % 0x2FF).unwrap_or('?'))
+            .collect();
+        let _ = read_load(&noise, None);
+        let _ = read_load(&format!("vllm:num_requests_running{noise}"), None);
+    }
+}

@@ -1,0 +1,199 @@
+//! What the scraper knows about each worker beyond its sample: when it last scraped well, how its
+//! scrapes have been going (so a change is logged once, not every round) and the counters
+//! `/metrics` shows.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use tokio::time::Instant;
+
+use super::scrape::Failure;
+
+/// Scrape counters of one worker, by URL, for `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScrapeCounts {
+    /// Scrapes that gave a load.
+    pub ok: u64,
+    /// Failed scrapes, indexed like [`Failure::REASONS`].
+    pub failures: [u64; Failure::REASONS.len()],
+}
+
+/// Scrape counters of every worker, written by the scraper once per round and read by `/metrics`.
+/// A plain mutex: neither side is the data path, and each holds it for a copy or a few additions.
+#[derive(Debug, Default)]
+pub struct ScrapeStats {
+    by_url: Mutex<HashMap<String, ScrapeCounts>>,
+}
+
+impl ScrapeStats {
+    /// The counters of the worker at `url` (zero for one never scraped).
+    pub fn counts(&self, url: &str) -> ScrapeCounts {
+        self.lock().get(url).copied().unwrap_or_default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, ScrapeCounts>> {
+        self.by_url.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds one round's outcomes and forgets workers no longer registered.
+    pub(super) fn record_round<'a>(
+        &self,
+        outcomes: impl IntoIterator<Item = (&'a str, Result<(), Failure>)>,
+        keep: impl Fn(&str) -> bool,
+    ) {
+        let mut by_url = self.lock();
+        for (url, outcome) in outcomes {
+            let counts = by_url.entry(url.to_owned()).or_default();
+            match outcome {
+                Ok(()) => counts.ok += 1,
+                Err(failure) => counts.failures[failure.index()] += 1,
+            }
+        }
+        by_url.retain(|url, _| keep(url));
+    }
+}
+
+/// How one worker's scrapes are going, as far as logging is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// Never scraped yet.
+    Unknown,
+    /// The last scrape gave a load.
+    Good,
+    /// The last scrape failed this way.
+    Failing(&'static str),
+}
+
+/// One worker's scrape history: what to log, and whether its sample is still fresh.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Track {
+    outcome: Outcome,
+    last_good: Option<Instant>,
+    /// Whether the rule reads this worker's sample (it is fresh); `false` means local load.
+    using_sample: bool,
+}
+
+impl Default for Track {
+    fn default() -> Self {
+        Self {
+            outcome: Outcome::Unknown,
+            last_good: None,
+            using_sample: false,
+        }
+    }
+}
+
+/// What changed in one worker's track this round, to log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Change {
+    /// A good scrape after failures (or the first one).
+    Recovered,
+    /// The first failure of this kind.
+    Failing(Failure),
+    /// A fresh sample again (the first one, or after falling back to local load).
+    UsingSample,
+}
+
+impl Track {
+    /// Notes one scrape result (sent at `at`) and answers what to log about it.
+    pub(super) fn observe(&mut self, at: Instant, result: Result<(), Failure>) -> Vec<Change> {
+        let mut changes = Vec::new();
+        match result {
+            Ok(()) => {
+                if self.outcome != Outcome::Good {
+                    if matches!(self.outcome, Outcome::Failing(_)) {
+                        changes.push(Change::Recovered);
+                    }
+                    self.outcome = Outcome::Good;
+                }
+                self.last_good = Some(at);
+                if !self.using_sample {
+                    self.using_sample = true;
+                    changes.push(Change::UsingSample);
+                }
+            }
+            Err(failure) => {
+                let outcome = Outcome::Failing(failure.reason());
+                if self.outcome != outcome {
+                    self.outcome = outcome;
+                    changes.push(Change::Failing(failure));
+                }
+            }
+        }
+        changes
+    }
+
+    /// Whether the last good scrape is older than `stale_after` at `now`; flips the track to local
+    /// load once and says so.
+    pub(super) fn went_stale(&mut self, now: Instant, stale_after: std::time::Duration) -> bool {
+        let stale = self
+            .last_good
+            .is_none_or(|at| now.saturating_duration_since(at) > stale_after);
+        if stale && self.using_sample {
+            self.using_sample = false;
+            return true;
+        }
+        false
+    }
+
+    /// Whether the rule reads this worker's sample.
+    #[cfg(test)]
+    pub(super) fn using_sample(&self) -> bool {
+        self.using_sample
+    }
+
+    /// Whether this worker never scraped well.
+    pub(super) fn never_good(&self) -> bool {
+        self.last_good.is_none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::fleet::gauges::GaugeError;
+
+    #[test]
+    fn each_change_is_reported_once() {
+        let t0 = Instant::now();
+        let stale_after = Duration::from_millis(500);
+        let mut track = Track::default();
+        let not_found = Err(Failure::Status(404));
+        assert_eq!(
+            track.observe(t0, not_found),
+            vec![Change::Failing(Failure::Status(404))]
+        );
+        assert_eq!(track.observe(t0, not_found), vec![]);
+        assert!(
+            !track.went_stale(t0, stale_after),
+            "never used: nothing to fall back from"
+        );
+        let garbage = Err(Failure::Gauges(GaugeError::Unparsable));
+        assert_eq!(
+            track.observe(t0, garbage),
+            vec![Change::Failing(Failure::Gauges(GaugeError::Unparsable))]
+        );
+        assert_eq!(
+            track.observe(t0, Ok(())),
+            vec![Change::Recovered, Change::UsingSample]
+        );
+        assert_eq!(track.observe(t0, Ok(())), vec![]);
+        assert!(track.using_sample());
+        let later = t0 + Duration::from_millis(400);
+        assert_eq!(track.observe(later, Err(Failure::Timeout)).len(), 1);
+        assert!(
+            !track.went_stale(later, stale_after),
+            "the last good one is 400 ms old"
+        );
+        let much_later = t0 + Duration::from_millis(600);
+        assert!(track.went_stale(much_later, stale_after));
+        assert!(!track.went_stale(much_later, stale_after), "once");
+        assert!(!track.using_sample());
+        assert_eq!(
+            track.observe(much_later, Ok(())),
+            vec![Change::Recovered, Change::UsingSample]
+        );
+    }
+}

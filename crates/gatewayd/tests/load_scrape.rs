@@ -1,0 +1,410 @@
+//! The load scraper against real HTTP servers that misbehave on `/metrics`: 404, garbage, a gauge
+//! line that does not parse, a huge body (declared and chunked), a hang. Each falls back to local
+//! load, counts the failure in `/metrics` by reason, keeps routing (which never waits for a scrape)
+//! and recovers when the worker answers well again. The real binary logs each change once.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use bch_core::fleet_load::LoadSource;
+use common::client;
+use gatewayd::RunningGateway;
+use gatewayd::config::{Config, WorkerConfig};
+use serde_json::Value;
+use tokio::time::Instant;
+
+/// How a fake worker answers `GET /metrics`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+enum Mode {
+    /// vLLM gauges reporting `Reporting::load` requests.
+    Good,
+    NotFound,
+    /// A 200 with an HTML page.
+    Garbage,
+    /// A 200 with a vLLM gauge whose value is not a number.
+    Unparsable,
+    /// A 200 declaring 8 MiB.
+    HugeDeclared,
+    /// A 200 streaming 2 MiB in chunks without a length.
+    HugeChunked,
+    /// Accepts, then never answers.
+    Hang,
+}
+
+const MODES: [Mode; 7] = [
+    Mode::Good,
+    Mode::NotFound,
+    Mode::Garbage,
+    Mode::Unparsable,
+    Mode::HugeDeclared,
+    Mode::HugeChunked,
+    Mode::Hang,
+];
+
+struct Reporting {
+    mode: AtomicUsize,
+    load: AtomicU64,
+    scrapes: AtomicU64,
+    hanging: AtomicUsize,
+}
+
+impl Reporting {
+    fn set(&self, mode: Mode) {
+        self.mode.store(mode as usize, Ordering::SeqCst);
+    }
+}
+
+/// Decrements the hanging count when a hung scrape is dropped (the gateway gave up on it).
+struct Hung(Arc<Reporting>);
+
+impl Drop for Hung {
+    fn drop(&mut self) {
+        self.0.hanging.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn metrics(State(state): State<Arc<Reporting>>) -> Response {
+    state.scrapes.fetch_add(1, Ordering::SeqCst);
+    let load = state.load.load(Ordering::SeqCst);
+    match MODES[state.mode.load(Ordering::SeqCst)] {
+        Mode::Good => format!(
+            "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"m\"}} {load}.0\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"m\"}} 0.0\n"
+        )
+        .into_response(),
+        Mode::NotFound => (StatusCode::NOT_FOUND, "no metrics here").into_response(),
+        Mode::Garbage => "<html><body>Welcome to nginx!</body></html>".into_response(),
+        Mode::Unparsable => "vllm:num_requests_running lots\n".into_response(),
+        Mode::HugeDeclared => (
+            [(header::CONTENT_LENGTH, (8u64 << 20).to_string())],
+            Body::from_stream(futures_util::stream::repeat_with(|| {
+                Ok::<_, std::io::Error>(axum::body::Bytes::from(vec![b'#'; 64 * 1024]))
+            })),
+        )
+            .into_response(),
+        Mode::HugeChunked => Body::from_stream(futures_util::stream::iter((0..32).map(|_| {
+            Ok::<_, std::io::Error>(axum::body::Bytes::from(
+                "# padding padding padding padding\n".repeat(2_000),
+            ))
+        })))
+        .into_response(),
+        Mode::Hang => {
+            state.hanging.fetch_add(1, Ordering::SeqCst);
+            let _hung = Hung(Arc::clone(&state));
+            std::future::pending::<()>().await;
+            unreachable!()
+        }
+    }
+}
+
+/// A worker whose inference and health routes work and whose `/metrics` answers as told.
+async fn misbehaving_worker(mode: Mode) -> (SocketAddr, Arc<Reporting>) {
+    let state = Arc::new(Reporting {
+        mode: AtomicUsize::new(mode as usize),
+        load: AtomicU64::new(0),
+        scrapes: AtomicU64::new(0),
+        hanging: AtomicUsize::new(0),
+    });
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/{*path}", any(|| async { "{\"ok\":true}" }))
+        .with_state(Arc::clone(&state));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, state)
+}
+
+fn config(addr: SocketAddr) -> Config {
+    let mut config = Config::default();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.control_listen = "127.0.0.1:0".parse().unwrap();
+    config.policy.kind = bch_core::policy::PolicyKind::BoundedConsistentHashing;
+    config.load.source = LoadSource::WorkerMetrics;
+    config.load.scrape_interval_ms = 50;
+    config.load.stale_after_ms = 300;
+    config.workers = vec![WorkerConfig {
+        name: Some("w".into()),
+        ..WorkerConfig::from_url(&format!("http://{addr}"))
+    }];
+    config
+}
+
+async fn get_json(gateway: &RunningGateway, path: &str) -> Value {
+    client()
+        .get(format!("http://{}{path}", gateway.control_addr))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn record(gateway: &RunningGateway) -> Value {
+    get_json(gateway, "/admin/workers").await["workers"][0].clone()
+}
+
+/// `bch_load_scrape_failures_total{worker="w",reason=…}` in the gateway's `/metrics`.
+fn failures(gateway: &RunningGateway, reason: &str) -> u64 {
+    let needle = format!("bch_load_scrape_failures_total{{worker=\"w\",reason=\"{reason}\"}} ");
+    gateway
+        .metrics_text()
+        .lines()
+        .find_map(|l| l.strip_prefix(&needle)?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Polls `cond` on the gateway's worker record until it holds (bounded).
+async fn wait_record(gateway: &RunningGateway, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let record = record(gateway).await;
+        if cond(&record) {
+            return record;
+        }
+        assert!(Instant::now() < deadline, "{what}: {record}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn chat(gateway: &RunningGateway) -> reqwest::Response {
+    client()
+        .post(format!("http://{}/v1/chat/completions", gateway.data_addr))
+        .header("x-smg-routing-key", "k")
+        .body("{}")
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn each_bad_answer_falls_back_to_local_load_and_is_counted() {
+    for (mode, reason) in [
+        (Mode::NotFound, "http_status"),
+        (Mode::Garbage, "no_gauges"),
+        (Mode::Unparsable, "unparsable"),
+        (Mode::HugeDeclared, "too_large"),
+        (Mode::HugeChunked, "too_large"),
+        (Mode::Hang, "timeout"),
+    ] {
+        let (addr, reporting) = misbehaving_worker(mode).await;
+        let gateway = gatewayd::start(gatewayd::StartOptions::new(config(addr)))
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while failures(&gateway, reason) < 3 {
+            assert!(
+                Instant::now() < deadline,
+                "{mode:?}: no {reason} failures counted"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let record = record(&gateway).await;
+        assert_eq!(record["load_stale"], true, "{mode:?}: {record}");
+        assert!(record.get("reported_load").is_none(), "{mode:?}: {record}");
+        let explain = get_json(&gateway, "/admin/explain?routing_key=k").await;
+        assert_eq!(explain["fleet_loads"][0]["signal"], "local", "{mode:?}");
+        assert_eq!(explain["load_signal"], "local", "{mode:?}");
+        // Routing goes on, on local load.
+        let response = chat(&gateway).await;
+        assert_eq!(response.status(), 200, "{mode:?}");
+        assert_eq!(response.headers()["x-bch-worker"], "w");
+        if mode == Mode::Hang {
+            // Every hung scrape was given up (timeout below the 50 ms interval), not piled up.
+            assert!(reporting.hanging.load(Ordering::SeqCst) <= 1);
+            assert!(reporting.scrapes.load(Ordering::SeqCst) >= 3);
+        }
+        // The worker answers well again: its report is used at once.
+        reporting.load.store(4, Ordering::SeqCst);
+        reporting.set(Mode::Good);
+        let record = wait_record(&gateway, "recovery", |r| r["load_stale"] == false).await;
+        assert_eq!(record["reported_load"], 4, "{mode:?}");
+        assert_eq!(record["load"], 4, "{mode:?}: the rule reads the report");
+        gateway.shutdown().await;
+    }
+}
+
+/// A request is routed and answered while a scrape of its worker hangs: the decision reads the
+/// last published numbers and never waits for the scraper.
+#[tokio::test]
+async fn routing_never_waits_for_a_hung_scrape() {
+    let (addr, reporting) = misbehaving_worker(Mode::Good).await;
+    reporting.load.store(2, Ordering::SeqCst);
+    let mut config = config(addr);
+    // A long interval and timeout, so a hung scrape is in progress for a long time.
+    config.load.scrape_interval_ms = 5_000;
+    config.load.stale_after_ms = 60_000;
+    let gateway = gatewayd::start(gatewayd::StartOptions::new(config))
+        .await
+        .unwrap();
+    wait_record(&gateway, "first scrape", |r| r["reported_load"] == 2).await;
+    reporting.set(Mode::Hang);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reporting.hanging.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "no scrape hung");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for _ in 0..5 {
+        let response = chat(&gateway).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            reporting.hanging.load(Ordering::SeqCst),
+            1,
+            "answered while the scrape still hangs"
+        );
+    }
+    let record = record(&gateway).await;
+    assert_eq!(
+        record["load_stale"], false,
+        "the last good sample is still fresh"
+    );
+    assert_eq!(record["reported_load"], 2);
+    gateway.shutdown().await;
+}
+
+/// A good worker that starts hanging keeps its last sample until `stale_after_ms`, then falls
+/// back to local load; a good answer brings the report back.
+#[tokio::test]
+async fn a_sample_goes_stale_after_stale_after_ms() {
+    let (addr, reporting) = misbehaving_worker(Mode::Good).await;
+    reporting.load.store(7, Ordering::SeqCst);
+    let gateway = gatewayd::start(gatewayd::StartOptions::new(config(addr)))
+        .await
+        .unwrap();
+    wait_record(&gateway, "first scrape", |r| r["load"] == 7).await;
+    reporting.set(Mode::NotFound);
+    let stale = wait_record(&gateway, "stale", |r| r["load_stale"] == true).await;
+    assert_eq!(stale["load"], 0, "local load once stale: {stale}");
+    assert_eq!(stale["reported_load"], 7, "the last report stays visible");
+    assert!(stale["scrape_age_ms"].as_u64().unwrap() >= 300, "{stale}");
+    let metrics = gateway.metrics_text();
+    assert!(
+        metrics.contains("bch_worker_load_stale{worker=\"w\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("bch_worker_reported_load{worker=\"w\"} 7"),
+        "{metrics}"
+    );
+    reporting.set(Mode::Good);
+    wait_record(&gateway, "fresh again", |r| r["load_stale"] == false).await;
+    gateway.shutdown().await;
+}
+
+/// Switching the load source at run time through `PUT /admin/policy`: scraping starts, and stops
+/// (with the samples forgotten) when the source goes back to local.
+#[tokio::test]
+async fn the_load_source_switches_at_run_time() {
+    let (addr, reporting) = misbehaving_worker(Mode::Good).await;
+    reporting.load.store(3, Ordering::SeqCst);
+    let mut config = config(addr);
+    config.load.source = LoadSource::Local;
+    let gateway = gatewayd::start(gatewayd::StartOptions::new(config))
+        .await
+        .unwrap();
+    let put = |source: &'static str| {
+        let url = format!("http://{}/admin/policy", gateway.control_addr);
+        async move {
+            let response = client()
+                .put(url)
+                .header("content-type", "application/json")
+                .body(format!("{{\"load_source\":\"{source}\"}}"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200);
+            response.json::<Value>().await.unwrap()
+        }
+    };
+    let record = record(&gateway).await;
+    assert!(record.get("reported_load").is_none() && record["load_stale"] == false);
+    assert_eq!(
+        reporting.scrapes.load(Ordering::SeqCst),
+        0,
+        "no scraping in local mode"
+    );
+    assert_eq!(put("worker_metrics").await["load_source"], "worker_metrics");
+    wait_record(&gateway, "scraped", |r| r["load"] == 3).await;
+    assert!(
+        gateway
+            .metrics_text()
+            .contains("bch_load_source{source=\"worker_metrics\"} 1")
+    );
+    assert_eq!(put("local").await["load_source"], "local");
+    let record = wait_record(&gateway, "forgotten", |r| r.get("reported_load").is_none()).await;
+    assert_eq!(record["load"], 0);
+    let refused = client()
+        .put(format!("http://{}/admin/policy", gateway.control_addr))
+        .header("content-type", "application/json")
+        .body("{\"load_source\":\"prometheus\"}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    let body = refused.text().await.unwrap();
+    assert!(body.contains("load_source"), "{body}");
+    gateway.shutdown().await;
+}
+
+/// The real binary warns once per change of a worker's scrape state, not once per scrape.
+#[tokio::test]
+async fn the_daemon_warns_once_per_change_of_state() {
+    let (addr, reporting) = misbehaving_worker(Mode::NotFound).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gatewayd.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\ncontrol_listen = \"127.0.0.1:0\"\n[load]\nsource = \"worker_metrics\"\nscrape_interval_ms = 20\nstale_after_ms = 100\n[[workers]]\nname = \"w\"\nurl = \"http://{addr}\"\n"
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gatewayd"))
+        .args(["--config", path.to_str().unwrap()])
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(15);
+    // 404 for at least 20 rounds, then garbage for 20, then good.
+    for (next, scrapes) in [(Mode::Garbage, 20), (Mode::Good, 40), (Mode::Good, 60)] {
+        while reporting.scrapes.load(Ordering::SeqCst) < scrapes {
+            assert!(Instant::now() < deadline, "the daemon stopped scraping");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        reporting.set(next);
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let lines: Vec<String> = rx.try_iter().collect();
+    let count = |needle: &str| lines.iter().filter(|l| l.contains(needle)).count();
+    assert_eq!(count("reason=http_status"), 1, "{lines:#?}");
+    assert_eq!(count("reason=no_gauges"), 1, "{lines:#?}");
+    assert_eq!(count("load scrape works again"), 1, "{lines:#?}");
+    assert!(lines.iter().all(|l| !l.contains("panicked")), "{lines:#?}");
+}
