@@ -70,6 +70,19 @@ for workload in ${WORKLOADS//,/ }; do
     "$GATEWAYD" --config "$WORK/gatewayd.toml" >"$WORK/gatewayd-$workload.log" 2>&1 &
   pid=$!
   wait_port "$GW" 60
+  # Workers wait for their first probe before they take traffic: start once one has passed, so
+  # no early 503 counts as a (cheap) request.
+  python3 - "$GW" <<'PY' || die "gatewayd not ready"
+import sys, time, urllib.request
+deadline = time.time() + 60
+while time.time() < deadline:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/readiness", timeout=2)
+        sys.exit(0)
+    except Exception:  # noqa: BLE001 - 503 or no answer: not ready yet
+        time.sleep(0.1)
+sys.exit("gatewayd not ready after 60 s")
+PY
   # Count the traffic only: start-up is zeroed away, and the counts are dumped before shutdown, so
   # a slow run (fewer requests) does not spread start-up over fewer requests.
   callgrind_control --zero "$pid" >/dev/null 2>&1

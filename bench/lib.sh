@@ -6,6 +6,9 @@
 #   bench_workdir               makes $WORK (removed on exit) and kills every pid in PIDS on exit
 #   port_free PORT              true when nothing listens on 127.0.0.1:PORT
 #   wait_port PORT [SECONDS]    waits (default 10 s) until something listens on 127.0.0.1:PORT
+#   wait_probed URL N [SECONDS] waits (default 30 s) until the gateway whose control plane is at
+#                               URL (http://host:port) lists N healthy workers: new workers take
+#                               traffic only once their first probe passed
 
 log() { printf '[%s %(%H:%M:%S)T] %s\n' "$BENCH_NAME" -1 "$*" >&2; }
 die() { echo "bench/$(basename "$0"): error: $*" >&2; exit 1; }
@@ -37,4 +40,20 @@ wait_port() {
     sleep 0.05
   done
   die "nothing listening on 127.0.0.1:$1 after ${2:-10} s"
+}
+wait_probed() {
+  python3 - "$1" "$2" "${3:-30}" <<'PY' || die "$1: fewer than $2 workers passed their first probe after ${3:-30} s"
+import json, sys, time, urllib.request
+url, want, limit = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+deadline = time.time() + limit
+while time.time() < deadline:
+    try:
+        workers = json.load(urllib.request.urlopen(f"{url}/admin/workers", timeout=2))["workers"]
+        if sum(1 for w in workers if w["healthy"]) >= want:
+            sys.exit(0)
+    except Exception:  # noqa: BLE001 - any failure is "not ready yet"
+        pass
+    time.sleep(0.05)
+sys.exit(1)
+PY
 }

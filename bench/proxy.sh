@@ -376,11 +376,28 @@ if wants envoy-bch; then
     || die "Envoy rejected gatewayd envoy-config's bootstrap: $(tail -n 3 "$WORK/envoy-validate.log")"
 fi
 start_envoy_bch() { # speed -> PORT, CURRENT_PID (Envoy), PICKER_PID
-  local picker
-  if [[ $1 == fast ]]; then PORT=$EB_FAST picker=$EB_PICKER_FAST; else PORT=$EB_SLOW picker=$EB_PICKER_SLOW; fi
+  local picker control
+  if [[ $1 == fast ]]; then PORT=$EB_FAST picker=$EB_PICKER_FAST control=$EB_CTL_FAST
+  else PORT=$EB_SLOW picker=$EB_PICKER_SLOW control=$EB_CTL_SLOW; fi
   RUST_LOG=warn "${PROXY_RUN[@]}" "$GATEWAYD" --config "$WORK/picker-$1.toml" >>"$WORK/picker.log" 2>&1 &
   PICKER_PID=$!; PIDS+=("$PICKER_PID")
   wait_port "$picker" 30
+  # The picker has no data plane (no /readiness): its workers take traffic once their first probe
+  # passed, which the control plane's worker list shows.
+  python3 - "$control" "$WORKERS" <<'PY' || die "the picker's workers did not pass their first probe (log: $WORK/picker.log)"
+import json, sys, time, urllib.request
+port, want = sys.argv[1], int(sys.argv[2])
+deadline = time.time() + 30
+while time.time() < deadline:
+    try:
+        workers = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/workers", timeout=2))["workers"]
+        if sum(1 for w in workers if w["healthy"]) >= want:
+            sys.exit(0)
+    except Exception:  # noqa: BLE001 - any failure is "not ready yet"
+        pass
+    time.sleep(0.05)
+sys.exit(f"picker's control plane on port {port}: fewer than {want} healthy workers after 30 s")
+PY
   "${PROXY_RUN[@]}" "$ENVOY_BIN" -c "$WORK/envoy-bch-$1.yaml" --concurrency 1 --disable-hot-restart \
     --log-level warn >>"$WORK/envoy-bch.log" 2>&1 &
   CURRENT_PID=$!
@@ -459,6 +476,11 @@ start_target() { # target workload -> sets PORT, CURRENT_PID
   wait_port "$PORT" 30
   if [[ $target == smg ]]; then
     wait_smg_ready "$PORT" || die "SMG did not register its workers (log: $WORK/smg.log)"
+  fi
+  if [[ $target == gatewayd ]]; then
+    # gatewayd's workers take traffic once their first probe passed; its /readiness has the same
+    # healthy_workers count as SMG's.
+    wait_smg_ready "$PORT" || die "gatewayd's workers did not pass their first probe (log: $WORK/gatewayd.log)"
   fi
   return 0
 }

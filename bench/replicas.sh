@@ -66,6 +66,7 @@ for i in $(seq 1 "$REPLICAS"); do
   line=$(grep -m1 "control plane" "$WORK/gatewayd-$i.log") || die "replica $i did not start: $(cat "$WORK/gatewayd-$i.log")"
   DATA+=("$(sed -n 's/.*data plane \(http:\/\/[^ ]*\).*/\1/p' <<<"$line")")
   CONTROL+=("$(sed -n 's/.*control plane \(http:\/\/[^ ]*\).*/\1/p' <<<"$line")")
+  wait_probed "${CONTROL[-1]}" 4
 done
 join() { local IFS=,; echo "$*"; }
 

@@ -65,6 +65,7 @@ GW=$!; PIDS+=($GW)
 for _ in $(seq 1 100); do grep -q "control plane" "$WORK/gatewayd.log" && break; sleep 0.1; done
 CONTROL=$(sed -n 's/.*control plane http:\/\/\([^ ]*\).*/\1/p' "$WORK/gatewayd.log" | head -1)
 [[ -n $CONTROL ]] || die "gatewayd did not start: $(cat "$WORK/gatewayd.log")"
+wait_probed "http://$CONTROL" "$WORKERS"
 
 log "$WORKERS workers ($BODY bodies), scrape every ${INTERVAL} ms; phases of ${PHASE}s off and on, $ROUNDS round(s)"
 mkdir -p "$(dirname "$OUT")"

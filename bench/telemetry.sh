@@ -73,6 +73,18 @@ wait_port $((PORT_BASE + WORKERS - 1))
 RUST_LOG=warn "${PROXY_RUN[@]}" "$BIN/gatewayd" --config "$WORK/gatewayd.toml" >"$WORK/gatewayd.log" 2>&1 &
 GW=$!; PIDS+=($GW)
 wait_port $DATA; wait_port $CONTROL
+# Workers take traffic once their first probe passed.
+python3 - "$DATA" <<'PY'
+import sys, time, urllib.request
+deadline = time.time() + 30
+while time.time() < deadline:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/readiness", timeout=1)
+        sys.exit(0)
+    except Exception:  # noqa: BLE001 - 503 or no answer: not ready yet
+        time.sleep(0.1)
+sys.exit("gatewayd not ready after 30 s")
+PY
 
 log "$RATE requests/s over $KEYS keys; phases of ${PHASE}s without and with $CLIENTS websocket clients, $ROUNDS round(s)"
 mkdir -p "$(dirname "$OUT")"

@@ -6,7 +6,8 @@
 # Builds gatewayd and bch-tui (debug), starts `gatewayd --demo` on free loopback ports, runs bch-tui
 # in a detached 120x40 tmux session on a private tmux server, and checks the screen by polling
 # `tmux capture-pane` against deadlines: CONNECTED, the four simulated workers, moving load, `G`
-# raising min_load_gap (confirmed by GET /admin/policy and on screen), RECONNECTING when gatewayd
+# raising min_load_gap (confirmed by GET /admin/policy and on screen), `d` draining and `u`
+# undraining the selected worker (confirmed by GET /admin/workers and on screen), RECONNECTING when gatewayd
 # stops, CONNECTED again when it restarts on the same ports, and `q` ending the console with exit
 # status 0. Stops only what it started (by pid, and its own tmux server). Every captured pane is kept
 # in a temporary directory whose path is printed; the last line is `tui e2e: N passed, M failed`.
@@ -172,7 +173,12 @@ policy_gap() {
 }
 # The worker rows of the Workers panel (bars and in-flight counts). Alternation rather than a
 # bracket expression: in the C locale (CI) grep reads `[●✗]` as a set of single bytes.
-worker_rows() { grep -E '^║(●|✗) sim-[0-9]'; }
+# The selected row has `▸` between the glyph and the name.
+worker_rows() { grep -E '^║(●|✗)( |▸)sim-[0-9]'; }
+worker_state() {
+  curl -sf --max-time 2 "$CONTROL/admin/workers" |
+    python3 -c 'import json,sys; print({w["name"]: w["state"] for w in json.load(sys.stdin)["workers"]}[sys.argv[1]])' "$1"
+}
 
 # ---------------------------------------------------------------- the run
 log "gatewayd --demo on 127.0.0.1:$DATA_PORT (data) and 127.0.0.1:$CONTROL_PORT (control)"
@@ -261,6 +267,37 @@ else
   else
     fail "G: the policy changed to $NEW_GAP but the screen does not show it"
   fi
+fi
+
+# 4b. d drains the selected worker (the first row, sim-0, with the Workers panel focused) and u
+# undrains it: the gateway's /admin/workers and the screen agree.
+wait_state() {
+  local want=$1 got="" deadline=$(($(date +%s) + 10))
+  while [ "$(date +%s)" -lt "$deadline" ]; do
+    got=$(worker_state sim-0) || got=""
+    [ "$got" = "$want" ] && return 0
+    sleep 0.1
+  done
+  log "sim-0 state: '$got', expected '$want'"
+  return 1
+}
+sim0_drains() { worker_rows | grep 'sim-0 ' | grep -q DRAIN; }
+sim0_active() { ! worker_rows | grep 'sim-0 ' | grep -q DRAIN; }
+tmx send-keys -t "$SESSION" d
+if ! wait_state draining; then
+  fail "d: GET /admin/workers does not show sim-0 draining"
+elif wait_screen drained 10 sim0_drains; then
+  pass "d: sim-0 draining on the gateway and DRAIN on screen"
+else
+  fail "d: sim-0 is draining but the screen does not show DRAIN"
+fi
+tmx send-keys -t "$SESSION" u
+if ! wait_state active; then
+  fail "u: GET /admin/workers does not show sim-0 active again"
+elif wait_screen undrained 10 sim0_active; then
+  pass "u: sim-0 active again on the gateway and on screen"
+else
+  fail "u: sim-0 is active but the screen still shows DRAIN"
 fi
 
 # 5. gatewayd stops: RECONNECTING.

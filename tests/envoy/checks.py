@@ -193,6 +193,13 @@ level = "warn"
             if time.time() > deadline:
                 raise RuntimeError(f"no 200 through Envoy (last {status})")
             time.sleep(0.2)
+        # Workers take traffic once their first probe passed ([health] wait_for_first_probe): a
+        # worker that was not listening yet at the first round would otherwise be out until the
+        # next one, 5 s later, and its keys elsewhere.
+        while not all(w["healthy"] for w in self.workers_now().values()):
+            if time.time() > deadline:
+                raise RuntimeError(f"not every worker passed its first probe: {self.workers_now()}")
+            time.sleep(0.1)
         self.wait_idle()
 
     def start_worker(self, i):

@@ -198,4 +198,11 @@ fleet_start_gatewayd() {
   PIDS+=($!)
   log "gatewayd: pid $! data 127.0.0.1:$GW control 127.0.0.1:$CTL (log $WORK/gatewayd.log)"
   wait_http "http://127.0.0.1:$GW/readiness" 60 "gatewayd"
+  # Workers take traffic once their first probe passed; readiness needs one, the checks need both.
+  local deadline=$(($(date +%s) + 60))
+  until curl -fsS --max-time 5 "http://127.0.0.1:$CTL/admin/workers" 2>/dev/null |
+    "$PY" -c 'import json,sys; sys.exit(0 if all(w["healthy"] for w in json.load(sys.stdin)["workers"]) else 1)'; do
+    [ "$(date +%s)" -lt "$deadline" ] || die "gatewayd: not every worker passed its first probe in 60 s"
+    sleep 0.2
+  done
 }

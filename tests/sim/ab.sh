@@ -82,6 +82,21 @@ for _ in $(seq 1 100); do
   curl -fsS -o /dev/null "http://127.0.0.1:$GW/readiness" 2>/dev/null && break
   sleep 0.1
 done
+# Workers take traffic once their first probe passed; readiness needs one, the A/B needs all.
+python3 - "$CTL" "$WORKERS" <<'PY' || { echo "not every worker passed its first probe" >&2; exit 1; }
+import json, sys, time, urllib.request
+port, want = sys.argv[1], int(sys.argv[2])
+deadline = time.time() + 30
+while time.time() < deadline:
+    try:
+        workers = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/workers", timeout=2))["workers"]
+        if sum(1 for w in workers if w["healthy"]) >= want:
+            sys.exit(0)
+    except Exception:  # noqa: BLE001 - any failure is "not ready yet"
+        pass
+    time.sleep(0.05)
+sys.exit(1)
+PY
 
 log "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $WORKERS workers at time scale $SCALE"
 "$BIN/bch-drill" ab --gateway "http://127.0.0.1:$GW" --control "http://127.0.0.1:$CTL" "${AB[@]}" "$@" \

@@ -118,8 +118,8 @@ async fn serve(tcp: tokio::net::TcpStream) -> anyhow::Result<()> {
                             Ok(next) => {
                                 policy = next;
                                 snap.policy = next;
-                                ws.send(send(ServerMessage::Ack(Ack { id, policy }))).await?;
-                                let update = PolicyUpdate { ts_ms: snap.ts_ms, policy, changed_by: ChangeSource::Ws };
+                                ws.send(send(ServerMessage::Ack(Ack { id, policy, worker: None }))).await?;
+                                let update = PolicyUpdate { ts_ms: snap.ts_ms, policy, changed_by: ChangeSource::Ws, client: None };
                                 ws.send(send(ServerMessage::Policy(update))).await?;
                             }
                             Err(e) => {
@@ -130,6 +130,11 @@ async fn serve(tcp: tokio::net::TcpStream) -> anyhow::Result<()> {
                     }
                     Ok(ClientCommand::Resync { .. }) => {
                         ws.send(send(ServerMessage::Snapshot(snap.clone()))).await?;
+                    }
+                    Ok(ClientCommand::Drain { id, worker, .. } | ClientCommand::Undrain { id, worker }) => {
+                        // Recorded telemetry has no live workers to drain.
+                        let err = CommandError { id, message: format!("the fake gateway cannot drain {worker}") };
+                        ws.send(send(ServerMessage::Error(err))).await?;
                     }
                     Err(e) => {
                         let err = CommandError { id: None, message: format!("bad command: {e}") };

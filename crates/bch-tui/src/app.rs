@@ -3,8 +3,9 @@
 //!
 //! Input never waits on the network: the connection runs in its own task (`conn`) and both sides
 //! only exchange channel messages. Drawing happens only when something changed, at most
-//! once per [`FRAME_BUDGET`], plus on a [`TICK`] while a reconnect countdown is showing — so an idle
-//! console costs next to no CPU and a storm of ticks does not turn into a storm of redraws.
+//! once per [`FRAME_BUDGET`], plus on a [`TICK`] while something time-based is showing (the
+//! reconnect countdown, the age of the last frame) — so a storm of ticks does not turn into a
+//! storm of redraws. The tick also fails threshold changes that got no answer in time.
 
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use ratatui::backend::Backend;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::conn::ConnEvent;
+use crate::conn::{ConnEvent, ConnStatus};
 use crate::input::{Action, map_key};
 use crate::state::{Effect, State};
 use crate::view;
@@ -84,6 +85,9 @@ impl App {
     /// Applies an event from replica `replica`'s network task, answering a seq gap with `resync`
     /// to that replica.
     pub fn handle_replica_conn(&mut self, replica: usize, event: ConnEvent) {
+        if matches!(event, ConnEvent::Frame(_)) {
+            self.state.frame_received_on(replica, Instant::now());
+        }
         if let Some(cmd) = self.state.apply_replica_event(replica, event) {
             self.send(replica, cmd);
         }
@@ -172,7 +176,10 @@ where
                 dirty = true;
             }
             _ = tick.tick() => {
-                if app.state.counting_down() {
+                // The countdown, the age of the last frame (and the stale mark when frames stop)
+                // and command timeouts change with time alone.
+                let expired = app.state.expire_commands(Instant::now());
+                if expired || app.state.counting_down() || *app.state.conn() == ConnStatus::Connected {
                     dirty = true;
                 }
             }

@@ -33,6 +33,12 @@ pub enum Action {
     ScrollBottom,
     /// Cycle the key table's sort column.
     CycleSort,
+    /// Order the workers panel by load, or back by configuration.
+    ToggleWorkerOrder,
+    /// Drain the selected worker: no new requests, its in-flight ones finish.
+    Drain,
+    /// Route new requests to the selected worker again.
+    Undrain,
     /// Open the `/` prompt and move focus to the key table, to type a key filter.
     StartFilter,
     /// A character typed into the filter.
@@ -116,6 +122,19 @@ pub(crate) const BINDINGS: &[Binding] = &[
         ],
     },
     Binding {
+        keys: "d / u",
+        meaning: "drain / undrain the selected worker",
+        actions: &[
+            (|k| is_char(k, 'd'), Action::Drain),
+            (|k| is_char(k, 'u'), Action::Undrain),
+        ],
+    },
+    Binding {
+        keys: "l",
+        meaning: "order workers by load / by configuration",
+        actions: &[(|k| is_char(k, 'l'), Action::ToggleWorkerOrder)],
+    },
+    Binding {
         keys: "p",
         meaning: "pause the view (data keeps flowing)",
         actions: &[(|k| is_char(k, 'p'), Action::TogglePause)],
@@ -130,7 +149,7 @@ pub(crate) const BINDINGS: &[Binding] = &[
     },
     Binding {
         keys: "↑ ↓ PgUp PgDn",
-        meaning: "scroll the focused panel",
+        meaning: "scroll the focused panel (workers: select)",
         // `k`/`j` are vi aliases of the arrows and, like them, ignore modifiers.
         actions: &[
             (
@@ -295,6 +314,9 @@ mod tests {
             (key(KeyCode::Char('s')), Action::SkewDown),
             (shift('S'), Action::SkewUp),
             (key(KeyCode::Char('p')), Action::TogglePause),
+            (key(KeyCode::Char('d')), Action::Drain),
+            (key(KeyCode::Char('u')), Action::Undrain),
+            (key(KeyCode::Char('l')), Action::ToggleWorkerOrder),
             (key(KeyCode::Tab), Action::FocusNext),
             (key(KeyCode::BackTab), Action::FocusPrev),
             (key(KeyCode::Up), Action::Scroll(-1)),
@@ -324,7 +346,7 @@ mod tests {
         }
         let entries: usize = BINDINGS.iter().map(|b| b.actions.len()).sum();
         assert_eq!(
-            entries, 19,
+            entries, 22,
             "a binding was added without a key in this test"
         );
         for unbound in [

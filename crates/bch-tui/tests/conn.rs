@@ -91,7 +91,14 @@ async fn connect_command_ack_and_reconnect() {
             min_load_gap: min_load_gap.unwrap(),
             ..Default::default()
         };
-        let ack = ServerFrame::new(1, ServerMessage::Ack(Ack { id, policy }));
+        let ack = ServerFrame::new(
+            1,
+            ServerMessage::Ack(Ack {
+                id,
+                policy,
+                worker: None,
+            }),
+        );
         ws.send(text(&ack)).await.unwrap();
         ws.close(None).await.unwrap();
 

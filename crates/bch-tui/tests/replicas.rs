@@ -1,12 +1,15 @@
 //! Several replicas in one console (`bch-tui --url A --url B --url C`): the fleet merged across
 //! them, one row per replica, a replica whose settings differ flagged, a threshold key sent to
 //! every replica with each answer shown, and the load bars reading the load the rule reads, with
-//! stale workers marked.
+//! stale workers marked; a drain anywhere shows in the merge, drain keys reach every replica, one
+//! silent replica marks the view stale and an unanswered change times out on each replica.
 
 mod common;
 
 use bch_core::fleet_load::LoadSource;
-use bch_core::telemetry::{Ack, ClientCommand, CommandId, ServerFrame, ServerMessage, Snapshot};
+use bch_core::telemetry::{
+    Ack, ClientCommand, CommandId, ServerFrame, ServerMessage, Snapshot, WorkerState,
+};
 use bch_tui::{Action, CommandState, ConnEvent, ConnStatus, Effect, State};
 use common::{frame, render, snapshot_with};
 use insta::assert_snapshot;
@@ -97,6 +100,7 @@ fn ack(id: u64, seq: u64, gap: u64) -> ServerFrame {
         ServerMessage::Ack(Ack {
             id: Some(CommandId::Number(id)),
             policy,
+            worker: None,
         }),
     )
 }
@@ -153,4 +157,56 @@ fn three_replicas_160x48() {
 #[test]
 fn three_replicas_80x24() {
     assert_snapshot!(render(&fleet_of_three(), 80, 24, Instant::now()));
+}
+
+#[test]
+fn a_worker_draining_on_one_replica_is_draining_in_the_merge_and_a_drain_goes_to_every_replica() {
+    let s = three(|i, snap| {
+        if i == 1 {
+            snap.workers[2].state = WorkerState::Draining;
+        }
+    });
+    let fleet = s.visible();
+    assert_eq!(fleet.workers[2].state, WorkerState::Draining);
+    assert_eq!(fleet.workers[0].state, WorkerState::Active);
+
+    let mut s = fleet_of_three();
+    let Effect::Send(ClientCommand::Drain { id, worker, .. }) = s.apply_action(Action::Drain)
+    else {
+        panic!("a drain for every replica")
+    };
+    assert_eq!((id, worker.as_str()), (Some(CommandId::Number(1)), "w0"));
+    let entry = s.last_command().unwrap();
+    assert_eq!(
+        entry.replies.len(),
+        3,
+        "one answer expected from each replica"
+    );
+}
+
+#[test]
+fn one_silent_replica_marks_the_view_stale_and_an_unanswered_change_times_out_on_each() {
+    let mut s = fleet_of_three();
+    let start = Instant::now();
+    for i in 0..3 {
+        s.frame_received_on(i, start);
+    }
+    assert!(!s.stale(start + Duration::from_millis(200)));
+    // Replicas 0 and 1 keep talking; replica 2 goes silent.
+    let later = start + Duration::from_secs(5);
+    s.frame_received_on(0, later);
+    s.frame_received_on(1, later);
+    assert!(s.stale(later), "replica 2 sent nothing for 5 s");
+    assert_eq!(s.frame_age(later), Some(Duration::from_secs(5)));
+
+    let Effect::Send(_) = s.apply_action(Action::GapUp) else {
+        panic!("a set_policy for every replica")
+    };
+    s.apply_replica_frame(0, ack(1, 1, 3));
+    assert!(!s.expire_commands(later));
+    assert!(s.expire_commands(later + bch_tui::COMMAND_TIMEOUT));
+    let entry = s.last_command().unwrap();
+    assert_eq!(entry.replies[0], CommandState::Applied, "answered in time");
+    assert!(matches!(&entry.replies[1], CommandState::Failed(m) if m.contains("no answer")));
+    assert!(matches!(&entry.state, CommandState::Failed(m) if m.starts_with("replica 2:")));
 }

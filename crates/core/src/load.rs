@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::fleet_load::SampleCell;
 
-/// Counters of one worker. All counts are requests.
+/// Counters of one worker. All counts are requests unless named otherwise.
 #[derive(Debug, Default)]
 pub struct WorkerStats {
     active: AtomicU64,
@@ -25,6 +25,122 @@ pub struct WorkerStats {
     spilled_out_total: AtomicU64,
     errors_total: AtomicU64,
     fleet: SampleCell,
+    health_changes_total: AtomicU64,
+    responses: [AtomicU64; StatusClass::ALL.len()],
+    durations: DurationHistogram,
+}
+
+/// The class of the HTTP status a client was answered with, the label of per-status counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusClass {
+    /// 1xx (or a status outside 100..=599).
+    Informational,
+    /// 2xx.
+    Success,
+    /// 3xx.
+    Redirection,
+    /// 4xx.
+    ClientError,
+    /// 5xx.
+    ServerError,
+    /// No status was sent: the client left before the response head.
+    None,
+}
+
+impl StatusClass {
+    /// Every class, in label order.
+    pub const ALL: [StatusClass; 6] = [
+        StatusClass::Informational,
+        StatusClass::Success,
+        StatusClass::Redirection,
+        StatusClass::ClientError,
+        StatusClass::ServerError,
+        StatusClass::None,
+    ];
+
+    /// The class of HTTP status `status`; 0 means none was sent.
+    pub fn of(status: u16) -> StatusClass {
+        match status {
+            0 => StatusClass::None,
+            200..=299 => StatusClass::Success,
+            300..=399 => StatusClass::Redirection,
+            400..=499 => StatusClass::ClientError,
+            500..=599 => StatusClass::ServerError,
+            _ => StatusClass::Informational,
+        }
+    }
+
+    /// The label value: `1xx` … `5xx`, or `none`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StatusClass::Informational => "1xx",
+            StatusClass::Success => "2xx",
+            StatusClass::Redirection => "3xx",
+            StatusClass::ClientError => "4xx",
+            StatusClass::ServerError => "5xx",
+            StatusClass::None => "none",
+        }
+    }
+
+    /// Position in [`StatusClass::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Upper bounds of [`DurationHistogram`]'s buckets: 1 ms doubling to about 524 s, the range of LLM
+/// requests from an instant cache hit to a long generation.
+pub const DURATION_BUCKETS: usize = 20;
+
+/// The upper bound of bucket `i` of a [`DurationHistogram`], seconds.
+pub fn duration_bucket_bound(i: usize) -> f64 {
+    0.001 * f64::from(1u32 << i.min(31))
+}
+
+/// A lock-free histogram of request durations: [`DURATION_BUCKETS`] buckets plus one above the
+/// last bound, and a sum in microseconds. An observation is two relaxed atomic adds, so the data
+/// path can keep one per worker.
+#[derive(Debug, Default)]
+pub struct DurationHistogram {
+    buckets: [AtomicU64; DURATION_BUCKETS],
+    /// Observations above the last bound.
+    overflow: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl DurationHistogram {
+    /// Counts one observation of `seconds` (negative and NaN count as 0).
+    pub fn observe(&self, seconds: f64) {
+        let seconds = if seconds.is_finite() && seconds > 0.0 {
+            seconds
+        } else {
+            0.0
+        };
+        let slot = (0..DURATION_BUCKETS).find(|&i| seconds <= duration_bucket_bound(i));
+        match slot {
+            Some(i) => self.buckets[i].fetch_add(1, Ordering::Relaxed),
+            None => self.overflow.fetch_add(1, Ordering::Relaxed),
+        };
+        self.sum_micros
+            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+    }
+
+    /// `(sum in seconds, count, (upper bound, observations in this bucket only))`, the last
+    /// bucket's bound being infinity: the shape prometheus-client's encoder takes (it sums them).
+    pub fn read(&self) -> (f64, u64, Vec<(f64, u64)>) {
+        let mut buckets: Vec<(f64, u64)> = (0..DURATION_BUCKETS)
+            .map(|i| {
+                (
+                    duration_bucket_bound(i),
+                    self.buckets[i].load(Ordering::Relaxed),
+                )
+            })
+            .collect();
+        buckets.push((f64::INFINITY, self.overflow.load(Ordering::Relaxed)));
+        let count = buckets.iter().map(|(_, n)| n).sum();
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        (sum, count, buckets)
+    }
 }
 
 impl WorkerStats {
@@ -51,6 +167,33 @@ impl WorkerStats {
     /// Requests to the worker that ended in a gateway-side error.
     pub fn errors_total(&self) -> u64 {
         self.errors_total.load(Ordering::Relaxed)
+    }
+
+    /// How often the worker's health flipped (healthy to unhealthy or back): a flapping worker
+    /// shows as a fast-growing count.
+    pub fn health_changes_total(&self) -> u64 {
+        self.health_changes_total.load(Ordering::Relaxed)
+    }
+
+    /// Responses to requests routed to the worker whose status was of class `class`.
+    pub fn responses_total(&self, class: StatusClass) -> u64 {
+        self.responses[class.index()].load(Ordering::Relaxed)
+    }
+
+    /// Durations of the requests routed to the worker, until their last byte.
+    pub fn durations(&self) -> &DurationHistogram {
+        &self.durations
+    }
+
+    /// Counts the end of one request routed to the worker: the status class the client got and
+    /// how long the request took, seconds.
+    pub fn record_response(&self, class: StatusClass, seconds: f64) {
+        self.responses[class.index()].fetch_add(1, Ordering::Relaxed);
+        self.durations.observe(seconds);
+    }
+
+    pub(crate) fn record_health_change(&self) {
+        self.health_changes_total.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The worker's last scrape (reported load), published by the gateway's scraper and read by
@@ -130,6 +273,37 @@ mod tests {
         drop(b);
         assert_eq!(stats.active(), 0);
         assert_eq!(stats.requests_total(), 2);
+    }
+
+    #[test]
+    fn status_classes_and_duration_buckets() {
+        assert_eq!(StatusClass::of(204), StatusClass::Success);
+        assert_eq!(StatusClass::of(503), StatusClass::ServerError);
+        assert_eq!(StatusClass::of(0), StatusClass::None);
+        assert_eq!(StatusClass::of(101).as_str(), "1xx");
+        for (i, class) in StatusClass::ALL.iter().enumerate() {
+            assert_eq!(class.index(), i);
+        }
+        let stats = WorkerStats::default();
+        stats.record_response(StatusClass::Success, 0.0015);
+        stats.record_response(StatusClass::Success, 0.001);
+        stats.record_response(StatusClass::ServerError, 10_000.0);
+        assert_eq!(stats.responses_total(StatusClass::Success), 2);
+        let (sum, count, buckets) = stats.durations().read();
+        assert_eq!(count, 3);
+        assert!((sum - 10_000.002_5).abs() < 1e-3, "{sum}");
+        assert_eq!(buckets[0], (0.001, 1), "1 ms is inside the first bucket");
+        assert_eq!(
+            buckets[1],
+            (0.002, 1),
+            "counts per bucket; the encoder sums them"
+        );
+        assert_eq!(buckets.len(), DURATION_BUCKETS + 1);
+        assert_eq!(
+            buckets[DURATION_BUCKETS],
+            (f64::INFINITY, 1),
+            "the 10,000 s one is above every bound"
+        );
     }
 
     #[test]

@@ -24,6 +24,7 @@ use crate::policy::{Branch, PolicyError, PolicyPatch, PolicySettings};
 use crate::ring::Ring;
 use crate::routing_key::RoutingKey;
 pub use crate::telemetry::WorkerSource;
+use crate::telemetry::WorkerState;
 
 /// A worker as configured: unique `name` and `url`, and the identity its ring points are labelled
 /// with (`ring_id`, defaulting to the URL exactly as written, which is what gives placement parity
@@ -82,7 +83,10 @@ pub struct RoutingTable {
     workers: Arc<[Worker]>,
     ring: Arc<Ring>,
     healthy: Vec<bool>,
-    healthy_count: usize,
+    states: Vec<WorkerState>,
+    /// `healthy && active` per worker: what routing asks, computed once per table.
+    routable: Vec<bool>,
+    routable_count: usize,
     policy: PolicySettings,
     membership_generation: u64,
 }
@@ -106,6 +110,16 @@ impl RoutingTable {
     /// Health of each worker, configuration order.
     pub fn health(&self) -> &[bool] {
         &self.healthy
+    }
+
+    /// Each worker's operator state (`active` or `draining`), configuration order.
+    pub fn states(&self) -> &[WorkerState] {
+        &self.states
+    }
+
+    /// Workers that take new requests: healthy and not draining. `/readiness` counts these.
+    pub fn routable_count(&self) -> usize {
+        self.routable_count
     }
 
     /// Increases by one on every membership (or `virtual_nodes`) change: a cheap way for observers
@@ -133,6 +147,7 @@ impl RoutingTable {
                     name: w.spec.name.clone(),
                     url: w.spec.url.clone(),
                     healthy: self.healthy[i],
+                    state: self.states[i],
                     active: w.stats.active(),
                     requests_total: w.stats.requests_total(),
                     spilled_in_total: w.stats.spilled_in_total(),
@@ -154,32 +169,18 @@ impl RoutingTable {
     }
 }
 
-impl RoutingTable {
-    /// The same membership and ring (shared, not rebuilt) with other health or policy: what a
-    /// health flip or a threshold change publishes.
-    fn with(&self, healthy: Vec<bool>, policy: PolicySettings) -> RoutingTable {
-        RoutingTable {
-            workers: Arc::clone(&self.workers),
-            ring: Arc::clone(&self.ring),
-            healthy_count: healthy.iter().filter(|h| **h).count(),
-            healthy,
-            policy,
-            membership_generation: self.membership_generation,
-        }
-    }
-}
-
 impl FleetView for RoutingTable {
     fn worker_count(&self) -> usize {
         self.workers.len()
     }
 
+    /// Healthy and not draining: a draining worker's keys go where an unhealthy worker's would.
     fn healthy(&self, worker: usize) -> bool {
-        self.healthy[worker]
+        self.routable[worker]
     }
 
     fn healthy_count(&self) -> usize {
-        self.healthy_count
+        self.routable_count
     }
 
     fn load(&self, worker: usize) -> u64 {
@@ -240,6 +241,8 @@ struct CounterRegistry {
     /// picks them up again. The router itself never decides how long a departed worker is
     /// remembered: a caller that wants counters to survive an absence holds the `Arc`.
     counters: HashMap<String, Weak<WorkerStats>>,
+    /// New workers start unhealthy (until a probe passes) instead of healthy.
+    new_workers_unhealthy: bool,
 }
 
 /// The router: current table plus the selection step.
@@ -255,9 +258,23 @@ pub struct Router {
 impl Router {
     /// A router over `workers` (all healthy at start) with `policy`.
     pub fn new(workers: Vec<WorkerSpec>, policy: PolicySettings) -> Result<Router, RouterError> {
+        Router::with_initial_health(workers, policy, true)
+    }
+
+    /// A router over `workers` with `policy`, where every worker, at start and when added later,
+    /// begins `healthy` or not (a gateway that waits for a worker's first probe before sending it
+    /// traffic starts them unhealthy).
+    pub fn with_initial_health(
+        workers: Vec<WorkerSpec>,
+        policy: PolicySettings,
+        healthy: bool,
+    ) -> Result<Router, RouterError> {
         policy.validate()?;
         validate_membership(&workers)?;
-        let mut registry = CounterRegistry::default();
+        let mut registry = CounterRegistry {
+            new_workers_unhealthy: !healthy,
+            ..CounterRegistry::default()
+        };
         let table = build_table(&mut registry, workers, policy, None, 0);
         Ok(Router {
             table: ArcSwap::from_pointee(table),
@@ -311,9 +328,9 @@ impl Router {
             Some(position) => table
                 .ring
                 .points_from(position)
-                .find(|&w| w != failed && table.healthy[w]),
+                .find(|&w| w != failed && table.routable[w]),
             None => (0..table.workers.len())
-                .filter(|&w| w != failed && table.healthy[w])
+                .filter(|&w| w != failed && table.routable[w])
                 .min_by_key(|&w| table.workers[w].stats.active()),
         }?;
         Some((next, table.workers[next].stats.acquire()))
@@ -342,9 +359,33 @@ impl Router {
         }
         let mut health = current.healthy.clone();
         health[index] = healthy;
-        self.table
-            .store(Arc::new(current.with(health, current.policy)));
+        current.workers[index].stats.record_health_change();
+        self.table.store(Arc::new(current.with_flags(
+            health,
+            current.states.clone(),
+            current.policy,
+        )));
         true
+    }
+
+    /// Sets a worker's operator state by name (`draining` takes it out of routing like an
+    /// unhealthy worker, without touching its health). Reuses the ring. `None` when no worker has
+    /// this name; otherwise whether the state changed.
+    pub fn set_state(&self, name: &str, state: WorkerState) -> Option<bool> {
+        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.table.load_full();
+        let index = current.index_of(name)?;
+        if current.states[index] == state {
+            return Some(false);
+        }
+        let mut states = current.states.clone();
+        states[index] = state;
+        self.table.store(Arc::new(current.with_flags(
+            current.healthy.clone(),
+            states,
+            current.policy,
+        )));
+        Some(true)
     }
 
     /// Applies a policy patch atomically; a refused patch changes nothing. Thresholds and kind reuse
@@ -363,13 +404,19 @@ impl Router {
                 current.membership_generation + 1,
             )
         } else {
-            current.with(current.healthy.clone(), policy)
+            current.with_flags(current.healthy.clone(), current.states.clone(), policy)
         };
         self.table.store(Arc::new(table));
         Ok(policy)
     }
 
-    /// Adds a worker (healthy until probes say otherwise). Rebuilds the ring.
+    /// Whether workers that join from now on start healthy (see [`Router::with_initial_health`]).
+    pub fn set_initial_health(&self, healthy: bool) {
+        let mut registry = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        registry.new_workers_unhealthy = !healthy;
+    }
+
+    /// Adds a worker (active, and healthy unless new workers start unhealthy). Rebuilds the ring.
     pub fn add_worker(&self, spec: WorkerSpec) -> Result<(), MembershipError> {
         self.change_membership(|specs| {
             specs.push(spec);
@@ -486,6 +533,51 @@ pub fn validate_membership(specs: &[WorkerSpec]) -> Result<(), MembershipError> 
     Ok(())
 }
 
+impl RoutingTable {
+    /// The same membership and ring (shared, not rebuilt) with other health, states or policy:
+    /// what a health flip, a drain or a threshold change publishes.
+    fn with_flags(
+        &self,
+        healthy: Vec<bool>,
+        states: Vec<WorkerState>,
+        policy: PolicySettings,
+    ) -> RoutingTable {
+        RoutingTable::assemble(
+            Arc::clone(&self.workers),
+            Arc::clone(&self.ring),
+            healthy,
+            states,
+            policy,
+            self.membership_generation,
+        )
+    }
+
+    fn assemble(
+        workers: Arc<[Worker]>,
+        ring: Arc<Ring>,
+        healthy: Vec<bool>,
+        states: Vec<WorkerState>,
+        policy: PolicySettings,
+        membership_generation: u64,
+    ) -> RoutingTable {
+        let routable: Vec<bool> = healthy
+            .iter()
+            .zip(&states)
+            .map(|(h, s)| *h && *s == WorkerState::Active)
+            .collect();
+        RoutingTable {
+            workers,
+            ring,
+            healthy,
+            states,
+            routable_count: routable.iter().filter(|r| **r).count(),
+            routable,
+            policy,
+            membership_generation,
+        }
+    }
+}
+
 fn build_table(
     registry: &mut CounterRegistry,
     specs: Vec<WorkerSpec>,
@@ -494,16 +586,20 @@ fn build_table(
     membership_generation: u64,
 ) -> RoutingTable {
     registry.counters.retain(|_, weak| weak.strong_count() > 0);
+    let initial_health = !registry.new_workers_unhealthy;
     let ring_ids: Vec<&str> = specs.iter().map(WorkerSpec::ring_id).collect();
     let ring = Arc::new(Ring::build(&ring_ids, policy.virtual_nodes));
-    let healthy: Vec<bool> = specs
+    // A worker that stays (same URL) keeps its health and state; a new one starts active, with the
+    // initial health.
+    let kept = |spec: &WorkerSpec| {
+        let table = previous?;
+        let i = table.workers.iter().position(|w| w.spec.url == spec.url)?;
+        Some((table.healthy[i], table.states[i]))
+    };
+    let (healthy, states): (Vec<bool>, Vec<WorkerState>) = specs
         .iter()
-        .map(|spec| {
-            previous
-                .and_then(|t| t.workers.iter().position(|w| w.spec.url == spec.url))
-                .is_none_or(|i| previous.expect("checked").healthy[i])
-        })
-        .collect();
+        .map(|spec| kept(spec).unwrap_or((initial_health, WorkerState::Active)))
+        .unzip();
     let workers: Arc<[Worker]> = specs
         .into_iter()
         .map(|spec| {
@@ -521,14 +617,14 @@ fn build_table(
             Worker { spec, stats }
         })
         .collect();
-    RoutingTable {
+    RoutingTable::assemble(
         workers,
         ring,
-        healthy_count: healthy.iter().filter(|h| **h).count(),
         healthy,
+        states,
         policy,
         membership_generation,
-    }
+    )
 }
 
 #[cfg(test)]
@@ -689,6 +785,69 @@ mod tests {
             after.membership_generation(),
             before.membership_generation() + 1
         );
+    }
+
+    #[test]
+    fn a_draining_worker_gets_no_new_requests_and_keeps_its_health_and_state() {
+        let router = Router::new(vec![spec(1), spec(2)], PolicySettings::default()).unwrap();
+        let key = ExplicitKey::parse(b"session").unwrap();
+        let preferred = router.route(&RoutingKey::Explicit(key)).decision.worker;
+        let home = preferred.unwrap();
+        let name = router.table().workers()[home].spec.name.clone();
+        assert_eq!(router.set_state(&name, WorkerState::Draining), Some(true));
+        assert_eq!(router.set_state(&name, WorkerState::Draining), Some(false));
+        assert_eq!(router.set_state("nope", WorkerState::Draining), None);
+        let table = router.table();
+        assert_eq!(table.health(), &[true, true], "health untouched");
+        assert_eq!(table.routable_count(), 1);
+        let routed = router.route(&RoutingKey::Explicit(key));
+        assert_eq!(
+            routed.decision.worker,
+            Some(1 - home),
+            "where an unhealthy worker's go"
+        );
+        let target = router.route(&RoutingKey::Target(name.as_bytes()));
+        assert_eq!(target.decision.branch, Branch::TargetWorkerMiss);
+        assert!(
+            router
+                .route_retry(&table, &RoutingKey::None, 1 - home)
+                .is_none(),
+            "a retry never lands on it either"
+        );
+        // Kept across a membership change (a reload of the same workers), like health.
+        router
+            .reconfigure(vec![spec(1), spec(2)], PolicySettings::default())
+            .unwrap();
+        let table = router.table();
+        assert_eq!(table.states()[home], WorkerState::Draining);
+        assert_eq!(table.worker_records(0)[home].state, WorkerState::Draining);
+        router.set_state(&name, WorkerState::Active);
+        let back = router.route(&RoutingKey::Explicit(key)).decision.worker;
+        assert_eq!(back, preferred, "undrained, the key comes home");
+    }
+
+    #[test]
+    fn new_workers_can_start_unhealthy_and_health_flips_are_counted() {
+        let router =
+            Router::with_initial_health(vec![spec(1)], PolicySettings::default(), false).unwrap();
+        assert_eq!(router.table().health(), &[false]);
+        assert_eq!(
+            router.route(&RoutingKey::None).decision.branch,
+            Branch::NoHealthyWorkers
+        );
+        assert!(router.set_health("w1", true));
+        router.add_worker(spec(2)).unwrap();
+        assert_eq!(
+            router.table().health(),
+            &[true, false],
+            "only the new one waits"
+        );
+        router.set_initial_health(true);
+        router.add_worker(spec(3)).unwrap();
+        assert_eq!(router.table().health(), &[true, false, true]);
+        router.set_health("w1", false);
+        router.set_health("w1", false);
+        assert_eq!(router.table().workers()[0].stats.health_changes_total(), 2);
     }
 
     #[test]

@@ -48,6 +48,8 @@ pub enum ServerMessage {
     Ack(Ack),
     /// A client command was rejected; nothing changed.
     Error(CommandError),
+    /// A draining worker has no request in flight any more (and was removed, if that was asked).
+    Drained(DrainedUpdate),
 }
 
 /// Full state sent on connect and on resync.
@@ -109,6 +111,21 @@ pub struct PolicyUpdate {
     pub policy: PolicySettings,
     /// Who changed it.
     pub changed_by: ChangeSource,
+    /// The peer address of the client that made the change (`ws` and `http` changes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
+}
+
+/// Sent once when a draining worker's last in-flight request ended: it is idle and can be taken
+/// down for maintenance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainedUpdate {
+    /// Wall-clock time, milliseconds since the Unix epoch.
+    pub ts_ms: u64,
+    /// The worker's name.
+    pub worker: String,
+    /// Whether the gateway removed the worker from the membership (the drain asked for it).
+    pub removed: bool,
 }
 
 /// Who made a policy change.
@@ -142,6 +159,9 @@ pub struct Ack {
     pub id: Option<CommandId>,
     /// The policy after the command.
     pub policy: PolicySettings,
+    /// For `drain` and `undrain`: the worker's record after the command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<WorkerRecord>,
 }
 
 /// Answer to a rejected client command; nothing was changed.
@@ -190,12 +210,54 @@ pub enum ClientCommand {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         load_source: Option<LoadSource>,
     },
+    /// Stop sending new requests to a worker; its in-flight requests finish. A `drained` frame
+    /// follows when the last one ended. Validated like `POST /admin/workers/{name}/drain`.
+    Drain {
+        /// Echoed in the `ack` or `error`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<CommandId>,
+        /// The worker's name.
+        worker: String,
+        /// Remove the worker from the membership once it is idle.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        remove: bool,
+    },
+    /// Route new requests to a draining worker again (cancels a pending removal).
+    Undrain {
+        /// Echoed in the `ack` or `error`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<CommandId>,
+        /// The worker's name.
+        worker: String,
+    },
     /// Ask for a fresh `snapshot` (after a `seq` gap, for example).
     Resync {
         /// Echoed in nothing; accepted for symmetry with `set_policy`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         id: Option<CommandId>,
     },
+}
+
+/// Whether a worker takes new requests, set by the operator (independent of health).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerState {
+    /// Takes new requests while healthy.
+    #[default]
+    Active,
+    /// Takes no new request (its keys go where an unhealthy worker's would); requests already on
+    /// it run to completion.
+    Draining,
+}
+
+impl WorkerState {
+    /// The snake-case name used on the wire (`active`, `draining`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerState::Active => "active",
+            WorkerState::Draining => "draining",
+        }
+    }
 }
 
 /// One worker's state, as in `GET /admin/workers`.
@@ -207,6 +269,9 @@ pub struct WorkerRecord {
     pub url: String,
     /// Health as seen by probes and passive marking.
     pub healthy: bool,
+    /// `active` or `draining` (absent from frames of older gateways: `active`).
+    #[serde(default)]
+    pub state: WorkerState,
     /// In-flight requests of this gateway process on the worker.
     pub active: u64,
     /// Requests routed to the worker since it was first registered.

@@ -23,6 +23,11 @@ fn worker(name: &str, active: u64, healthy: bool) -> WorkerRecord {
         name: name.into(),
         url: format!("http://10.0.0.{}:8000", name.len()),
         healthy,
+        state: if active == 2 {
+            WorkerState::Draining
+        } else {
+            WorkerState::Active
+        },
         active,
         requests_total: 120 + active,
         spilled_in_total: 3,
@@ -144,6 +149,7 @@ fn frames() -> Vec<(&'static str, ServerFrame)> {
                     ts_ms,
                     policy: policy(),
                     changed_by: ChangeSource::Http,
+                    client: Some("10.0.0.9:51234".into()),
                 }),
             ),
         ),
@@ -154,6 +160,18 @@ fn frames() -> Vec<(&'static str, ServerFrame)> {
                 ServerMessage::Ack(Ack {
                     id: Some(CommandId::Number(7)),
                     policy: policy(),
+                    worker: None,
+                }),
+            ),
+        ),
+        (
+            "drained",
+            ServerFrame::new(
+                6,
+                ServerMessage::Drained(DrainedUpdate {
+                    ts_ms,
+                    worker: "gpu-b".into(),
+                    removed: true,
                 }),
             ),
         ),
@@ -196,6 +214,26 @@ fn client_commands_have_a_stable_shape() {
     };
     insta::assert_json_snapshot!("set_policy", set_policy);
     insta::assert_json_snapshot!("resync", ClientCommand::Resync { id: None });
+    let drain = ClientCommand::Drain {
+        id: Some(CommandId::Number(9)),
+        worker: "gpu-b".into(),
+        remove: true,
+    };
+    insta::assert_json_snapshot!("drain", drain);
+    let undrain = ClientCommand::Undrain {
+        id: Some(CommandId::Number(10)),
+        worker: "gpu-b".into(),
+    };
+    insta::assert_json_snapshot!("undrain", undrain);
+}
+
+#[test]
+fn a_worker_record_without_a_state_is_active() {
+    // Frames of a gateway from before drain existed.
+    let json = r#"{"name":"w","url":"http://w:1","healthy":true,"active":0,"requests_total":0,
+        "spilled_in_total":0,"spilled_out_total":0,"errors_total":0}"#;
+    let record: WorkerRecord = serde_json::from_str(json).unwrap();
+    assert_eq!(record.state, WorkerState::Active);
 }
 
 #[test]

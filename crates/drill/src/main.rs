@@ -190,9 +190,14 @@ struct StormOpts {
     /// Seconds after which a request is given up, from sending it to its last byte.
     #[arg(long, default_value_t = StormConfig::default().request_timeout.as_secs())]
     timeout_s: u64,
-    /// Bearer token for the control plane, when it requires one.
+    /// Bearer token for the control plane, when it requires one. Visible to anyone who can list
+    /// processes: prefer --control-token-file.
     #[arg(long, env = "BCH_CONTROL_TOKEN", hide_env_values = true)]
     control_token: Option<String>,
+    /// File holding the control plane's bearer token (gatewayd's admin_token_file; surrounding
+    /// whitespace is ignored), so the token never shows in `ps`.
+    #[arg(long, env = "BCH_CONTROL_TOKEN_FILE", conflicts_with = "control_token")]
+    control_token_file: Option<std::path::PathBuf>,
 }
 
 fn parse_scope(s: &str) -> Result<PrefixScope, String> {
@@ -200,6 +205,22 @@ fn parse_scope(s: &str) -> Result<PrefixScope, String> {
 }
 
 impl StormOpts {
+    /// The control plane token: `--control-token`, or the contents of `--control-token-file`.
+    fn control_token(&self) -> anyhow::Result<Option<String>> {
+        let Some(path) = &self.control_token_file else {
+            return Ok(self.control_token.clone());
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--control-token-file {}", path.display()))?;
+        let token = text.trim();
+        anyhow::ensure!(
+            !token.is_empty(),
+            "--control-token-file {} is empty",
+            path.display()
+        );
+        Ok(Some(token.to_owned()))
+    }
+
     /// The seed given, or a fresh one for this invocation (32 bits: short enough to type back).
     fn seed(&self) -> u64 {
         self.seed
@@ -224,7 +245,7 @@ impl StormOpts {
             routing_key_header: self.routing_key_header.clone(),
             model: self.model.clone(),
             control,
-            control_token: self.control_token.clone(),
+            control_token: self.control_token().ok().flatten(),
             seed,
             request_timeout: Duration::from_secs(self.timeout_s),
             ..StormConfig::default()
@@ -309,6 +330,7 @@ async fn workers(args: WorkersArgs) -> anyhow::Result<()> {
 }
 
 async fn storm(args: StormArgs) -> anyhow::Result<()> {
+    args.storm.control_token()?;
     let seed = args.storm.seed();
     let mut config = args.storm.config(args.control.first().cloned(), seed);
     config.replica_controls = args.control.iter().skip(1).cloned().collect();
@@ -347,7 +369,7 @@ async fn ab(args: AbArgs, cancel: CancellationToken) -> anyhow::Result<()> {
         seed_given: args.storm.seed.is_some(),
         control: args.control[0].clone(),
         replica_controls: args.control[1..].to_vec(),
-        control_token: args.storm.control_token.clone(),
+        control_token: args.storm.control_token()?,
         cells,
         reps: args.reps,
     };
@@ -430,6 +452,55 @@ mod tests {
     }
 
     #[test]
+    fn the_control_token_can_come_from_a_file_and_never_from_both() {
+        let path = std::env::temp_dir().join(format!("bch-drill-token-{}", std::process::id()));
+        std::fs::write(&path, "  file-token\n").unwrap();
+        let base = ["bch-drill", "storm", "--gateway", "http://127.0.0.1:8080"];
+        let cli = Cli::try_parse_from(
+            base.iter()
+                .copied()
+                .chain(["--control-token-file", path.to_str().unwrap()]),
+        )
+        .unwrap();
+        let Command::Storm(args) = cli.command else {
+            panic!("not storm")
+        };
+        assert_eq!(
+            args.storm.control_token().unwrap().as_deref(),
+            Some("file-token")
+        );
+        assert_eq!(
+            args.storm.config(None, 1).control_token.as_deref(),
+            Some("file-token")
+        );
+        let both = Cli::try_parse_from(base.iter().copied().chain([
+            "--control-token",
+            "t",
+            "--control-token-file",
+            path.to_str().unwrap(),
+        ]));
+        assert!(both.is_err(), "one or the other");
+        std::fs::write(&path, "\n").unwrap();
+        let cli = Cli::try_parse_from(
+            base.iter()
+                .copied()
+                .chain(["--control-token-file", path.to_str().unwrap()]),
+        )
+        .unwrap();
+        let Command::Storm(args) = cli.command else {
+            panic!("not storm")
+        };
+        assert!(
+            args.storm
+                .control_token()
+                .unwrap_err()
+                .to_string()
+                .contains("empty")
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
     fn storm_and_ab_options_parse() {
         let cli = Cli::try_parse_from([
             "bch-drill",
@@ -500,6 +571,7 @@ mod tests {
             panic!("not storm")
         };
         let config = args.storm.config(None, 1);
+        assert_eq!(config.control_token, None);
         assert_eq!((config.groups, config.siblings, config.keys), (400, 8, 8));
         assert!(config.stream);
         assert_eq!(config.prefix_scope, PrefixScope::Key);

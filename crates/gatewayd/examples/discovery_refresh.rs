@@ -298,7 +298,8 @@ async fn measure(
     })
 }
 
-/// Waits (up to a minute) until the SRV name's workers are in the membership.
+/// Waits (up to a minute) until the SRV name's workers are in the membership and have passed
+/// their first probe (new workers take no traffic before it).
 async fn wait_for_fleet(client: &reqwest::Client, args: &Args) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -308,12 +309,14 @@ async fn wait_for_fleet(client: &reqwest::Client, args: &Args) -> anyhow::Result
             .await?
             .json()
             .await?;
-        let count = body["workers"].as_array().map_or(0, Vec::len);
+        let count = body["workers"].as_array().map_or(0, |workers| {
+            workers.iter().filter(|w| w["healthy"] == true).count()
+        });
         if count >= 1000 {
             return Ok(());
         }
         if Instant::now() > deadline {
-            bail!("only {count} workers discovered after a minute");
+            bail!("only {count} healthy workers discovered after a minute");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

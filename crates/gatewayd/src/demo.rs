@@ -14,11 +14,13 @@ use crate::config::WorkerConfig;
 /// Runs the demo until SIGINT/SIGTERM: `workers` simulated workers on free loopback ports, pinned
 /// (a reload keeps them), the gateway of `options` and a background storm with a few hot keys.
 /// With `fallback_ports`, busy listen addresses (the defaults, when the operator chose none) are
-/// replaced by free ports instead of failing.
+/// replaced by free ports instead of failing. `banner` prints the human welcome (not in JSON log
+/// mode, where the `gatewayd started` line says where everything is).
 pub async fn run(
     options: StartOptions,
     workers: usize,
     fallback_ports: bool,
+    banner: bool,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
         (1..=64).contains(&workers),
@@ -51,6 +53,23 @@ pub async fn run(
         storm_cancel.clone(),
     ));
     let policy = *running.routing_table().policy();
+    if banner {
+        print_banner(workers, &running, &policy);
+    }
+    running.run_until_stopped().await;
+    storm_cancel.cancel();
+    let _ = storm.await;
+    for worker in simulated {
+        let _ = worker.shutdown().await;
+    }
+    Ok(())
+}
+
+fn print_banner(
+    workers: usize,
+    running: &crate::app::RunningGateway,
+    policy: &bch_core::policy::PolicySettings,
+) {
     eprintln!(
         "\n\
          bch demo: {workers} simulated workers, policy {} (min_load_gap {}, max_load_skew {}), gentle storm on keys hot-0, hot-1, cold-0..5\n\
@@ -63,11 +82,4 @@ pub async fn run(
         data = running.data_addr,
         control = running.control_addr,
     );
-    running.run_until_stopped().await;
-    storm_cancel.cancel();
-    let _ = storm.await;
-    for worker in simulated {
-        let _ = worker.shutdown().await;
-    }
-    Ok(())
 }

@@ -20,6 +20,7 @@
 //! - `telemetry`: the aggregator that owns telemetry data and publishes frames;
 //! - `upstream`: per-worker endpoints and pools of keep-alive connections;
 //! - `discovery`: workers from DNS (SRV, A/AAAA), handed to the admin owner;
+//! - `drain`: notices when a draining worker is idle (and removes it if asked);
 //! - `fleet`: the scraper of the workers' own load gauges (`[load] source = "worker_metrics"`);
 //! - `health`: active probes; `server`: accept loops; `metrics`: Prometheus; `error`: the one
 //!   error type of gateway answers; `demo`: `gatewayd --demo` (cargo feature `demo`).
@@ -33,6 +34,7 @@ mod control;
 #[cfg(feature = "demo")]
 mod demo;
 mod discovery;
+mod drain;
 mod error;
 mod fleet;
 mod health;
@@ -45,7 +47,7 @@ mod telemetry;
 mod upstream;
 
 pub use admin::ConfigOverrides;
-pub use app::{RunningGateway, StartError, StartOptions, start};
+pub use app::{Findings, RunningGateway, StartError, StartOptions, check, start};
 
 /// Internals that the fuzz and allocation tests drive directly. Not a stable API.
 #[doc(hidden)]

@@ -1,20 +1,25 @@
 //! Prometheus metrics (`GET /metrics` on the control plane), all prefixed `bch_`.
 //!
 //! Per-worker values are not kept in metric families: they are read from the router's atomic
-//! counters at scrape time by a collector, so the data path pays nothing for them and a removed
+//! counters at scrape time by a collector (responses by status class and durations too, from
+//! bch-core's lock-free per-worker histogram), so the data path pays nothing for them and a removed
 //! worker simply disappears from the next scrape. Branch counts are plain atomics for the same
-//! reason; only the two latency histograms take prometheus-client's short internal lock.
+//! reason; only the fleet-wide latency histograms take prometheus-client's short internal lock.
+//! Probe failures are written by the prober only, under a mutex the data path never touches.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bch_core::fleet_load::LoadSource;
-use bch_core::policy::Branch;
+use bch_core::load::{DurationHistogram, StatusClass};
+use bch_core::policy::{Branch, PolicyKind, SpillOrder};
 use bch_core::router::Router;
 use bch_core::routing_key::IgnoredKey;
+use bch_core::telemetry::WorkerState;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -37,10 +42,18 @@ pub struct Metrics {
     retries: AtomicU64,
     rejected_connections: AtomicU64,
     telemetry_dropped: AtomicU64,
+    /// Responses of requests that never got a worker (413, 503), by status class.
+    unrouted_responses: [AtomicU64; StatusClass::ALL.len()],
+    /// Failed probes by `(worker, reason)`; written by the prober only.
+    probe_failures: Mutex<BTreeMap<(String, &'static str), u64>>,
     /// Whole request duration, seconds (until the last body byte or the client left).
     pub request_duration: Histogram,
-    /// Time until the worker's response headers arrived, seconds.
-    pub time_to_first_byte: Histogram,
+    /// Time until the worker's response headers arrived, seconds. Engines send headers before
+    /// prefill, so this is not the time to the first token.
+    pub response_headers: Histogram,
+    /// Event streams: time until the first data chunk of the body reached the gateway, seconds.
+    /// For an LLM stream that is the first token (the prefill's end).
+    pub time_to_first_token: Histogram,
     /// DNS discovery's counters, per source (never touched by the data path).
     pub discovery: Arc<DiscoveryMetrics>,
 }
@@ -102,9 +115,12 @@ impl Default for Metrics {
             retries: AtomicU64::new(0),
             rejected_connections: AtomicU64::new(0),
             telemetry_dropped: AtomicU64::new(0),
+            unrouted_responses: Default::default(),
+            probe_failures: Mutex::new(BTreeMap::new()),
             // 1 ms .. ~16 min: LLM requests range from instant cache hits to long generations.
             request_duration: Histogram::new(exponential_buckets(0.001, 2.0, 20)),
-            time_to_first_byte: Histogram::new(exponential_buckets(0.001, 2.0, 20)),
+            response_headers: Histogram::new(exponential_buckets(0.001, 2.0, 20)),
+            time_to_first_token: Histogram::new(exponential_buckets(0.001, 2.0, 20)),
             discovery: Arc::default(),
         }
     }
@@ -144,6 +160,57 @@ impl Metrics {
     pub fn record_telemetry_drop(&self) {
         self.telemetry_dropped.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// Counts the answer to a request that never got a worker (refused before or by routing).
+    pub fn record_unrouted_response(&self, class: StatusClass) {
+        self.unrouted_responses[class.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one failed probe of `worker` for `reason` (`refused`, `timeout`, `status`, `error`).
+    pub fn record_probe_failure(&self, worker: &str, reason: &'static str) {
+        let mut failures = self
+            .probe_failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *failures.entry((worker.to_owned(), reason)).or_default() += 1;
+    }
+
+    /// Forgets the probe failures of workers for which `keep` is false (they left the fleet), so
+    /// churn does not grow the series forever.
+    pub fn retain_probe_failures(&self, keep: impl Fn(&str) -> bool) {
+        self.probe_failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|(worker, _), _| keep(worker));
+    }
+}
+
+/// A histogram read from counters at scrape time: sum, count and per-bucket counts.
+struct ConstHistogram {
+    sum: f64,
+    count: u64,
+    buckets: Vec<(f64, u64)>,
+}
+
+impl ConstHistogram {
+    fn of(histogram: &DurationHistogram) -> Self {
+        let (sum, count, buckets) = histogram.read();
+        Self {
+            sum,
+            count,
+            buckets,
+        }
+    }
+}
+
+impl EncodeMetric for ConstHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_histogram::<NoLabelSet>(self.sum, self.count, &self.buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
 }
 
 /// Builds the registry: the data-path metrics plus a collector over the router's worker counters
@@ -156,9 +223,14 @@ pub fn registry(metrics: Arc<Metrics>, router: Arc<Router>, scrapes: Arc<ScrapeS
         metrics.request_duration.clone(),
     );
     registry.register(
-        "bch_time_to_first_byte_seconds",
-        "Time until the worker's response headers arrived",
-        metrics.time_to_first_byte.clone(),
+        "bch_response_headers_seconds",
+        "Time until the worker's response headers arrived (engines send them before prefill: not the time to the first token)",
+        metrics.response_headers.clone(),
+    );
+    registry.register(
+        "bch_time_to_first_token_seconds",
+        "Event streams: time until the first data chunk of the body (the first token of an LLM stream)",
+        metrics.time_to_first_token.clone(),
     );
     registry.register_collector(Box::new(FleetLoadCollector {
         router: Arc::clone(&router),
@@ -208,6 +280,72 @@ where
     for (labels, value) in rows {
         ConstGauge::new(value).encode(metric.encode_family(&labels)?)?;
     }
+    Ok(())
+}
+
+/// `bch_build_info` and the policy in force: what an alert or a dashboard annotation needs to
+/// tell which build and which thresholds produced the numbers.
+fn build_and_policy(
+    encoder: &mut DescriptorEncoder,
+    router: &Router,
+) -> Result<(), std::fmt::Error> {
+    gauge(
+        encoder,
+        "bch_build_info",
+        "Always 1; the labels name the gatewayd build",
+        [(
+            vec![("version", env!("CARGO_PKG_VERSION").to_owned())],
+            1i64,
+        )],
+    )?;
+    let table = router.table();
+    let policy = table.policy();
+    gauge(
+        encoder,
+        "bch_policy_kind",
+        "1 for the routing policy in force, 0 for the others",
+        [
+            PolicyKind::ConsistentHashing,
+            PolicyKind::BoundedConsistentHashing,
+            PolicyKind::RoundRobin,
+            PolicyKind::Random,
+        ]
+        .map(|kind| {
+            (
+                vec![("kind", kind.as_str().to_owned())],
+                i64::from(kind == policy.kind),
+            )
+        }),
+    )?;
+    gauge(
+        encoder,
+        "bch_policy_min_load_gap",
+        "min_load_gap in force, in-flight requests (used by bounded_consistent_hashing only)",
+        [(vec![], policy.min_load_gap as i64)],
+    )?;
+    gauge(
+        encoder,
+        "bch_policy_max_load_skew",
+        "max_load_skew in force, a factor over the mean load (used by bounded_consistent_hashing only)",
+        [(vec![], policy.max_load_skew)],
+    )?;
+    gauge(
+        encoder,
+        "bch_policy_spill_order",
+        "1 for the spill order in force (ring or hash_seeded; used by bounded_consistent_hashing only), 0 for the other",
+        SpillOrder::ALL.map(|order| {
+            (
+                vec![("order", order.as_str().to_owned())],
+                i64::from(order == policy.spill_order),
+            )
+        }),
+    )?;
+    gauge(
+        encoder,
+        "bch_policy_virtual_nodes",
+        "Ring points per worker",
+        [(vec![], i64::from(policy.virtual_nodes))],
+    )?;
     Ok(())
 }
 
@@ -265,10 +403,71 @@ impl Collector for GatewayCollector {
             "Routing events the telemetry aggregator could not take (queue full)",
             [(vec![], m.telemetry_dropped.load(Ordering::Relaxed))],
         )?;
+        build_and_policy(&mut encoder, &self.router)?;
         let table = self.router.table();
         let workers = table.workers();
         let health = table.health();
         let label = |i: usize| vec![("worker", workers[i].spec.name.clone())];
+        gauge(
+            &mut encoder,
+            "bch_worker_draining",
+            "1 while the worker is draining (no new requests; its in-flight ones finish)",
+            (0..workers.len()).map(|i| {
+                (
+                    label(i),
+                    i64::from(table.states()[i] == WorkerState::Draining),
+                )
+            }),
+        )?;
+        counter(
+            &mut encoder,
+            "bch_responses",
+            "Responses by status class (none: the client left before the head) and worker (empty: the request never got one)",
+            StatusClass::ALL.iter().flat_map(|class| {
+                let class = *class;
+                let unrouted = (
+                    vec![
+                        ("status_class", class.as_str().to_owned()),
+                        ("worker", String::new()),
+                    ],
+                    m.unrouted_responses[class.index()].load(Ordering::Relaxed),
+                );
+                std::iter::once(unrouted).chain((0..workers.len()).map(move |i| {
+                    (
+                        vec![
+                            ("status_class", class.as_str().to_owned()),
+                            ("worker", workers[i].spec.name.clone()),
+                        ],
+                        workers[i].stats.responses_total(class),
+                    )
+                }))
+            }),
+        )?;
+        {
+            let mut metric = encoder.encode_descriptor(
+                "bch_worker_request_duration_seconds",
+                "Duration of the requests routed to the worker, until the last body byte or client disconnect",
+                None,
+                MetricType::Histogram,
+            )?;
+            for (i, worker) in workers.iter().enumerate() {
+                ConstHistogram::of(worker.stats.durations())
+                    .encode(metric.encode_family(&label(i))?)?;
+            }
+        }
+        let failures = m
+            .probe_failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        counter(
+            &mut encoder,
+            "bch_probe_failures",
+            "Failed health probes by worker and reason (refused, timeout, status, error)",
+            failures.into_iter().map(|((worker, reason), n)| {
+                (vec![("worker", worker), ("reason", reason.to_owned())], n)
+            }),
+        )?;
         gauge(
             &mut encoder,
             "bch_worker_active",
@@ -302,6 +501,11 @@ impl Collector for GatewayCollector {
                 "bch_worker_errors",
                 "Requests to the worker that ended in an error of the worker or the way to it (never the client's)",
                 bch_core::load::WorkerStats::errors_total,
+            ),
+            (
+                "bch_worker_health_changes",
+                "Times the worker's health flipped (healthy to unhealthy or back)",
+                bch_core::load::WorkerStats::health_changes_total,
             ),
         ] {
             counter(

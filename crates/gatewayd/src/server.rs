@@ -8,6 +8,7 @@
 
 use std::convert::Infallible;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -66,13 +67,14 @@ impl Listening {
     }
 }
 
-/// Serves `listener` until shutdown with a service per connection from `make_service`, capped by
-/// `cap`. `TCP_NODELAY` is set: a streamed response must not wait for a delayed ACK.
+/// Serves `listener` until shutdown with a service per connection from `make_service` (given the
+/// client's address), capped by `cap`. `TCP_NODELAY` is set: a streamed response must not wait
+/// for a delayed ACK.
 pub async fn serve_capped<S, B>(
     listener: TcpListener,
     listening: Listening,
     cap: ConnectionCap,
-    make_service: impl Fn() -> S,
+    make_service: impl Fn(SocketAddr) -> S,
 ) where
     S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Send + 'static,
     S::Future: Send + 'static,
@@ -81,7 +83,7 @@ pub async fn serve_capped<S, B>(
 {
     let permits = Arc::new(Semaphore::new(cap.max_connections));
     let builder = listening.builder();
-    while let Some(stream) = next_connection(&listener, &listening).await {
+    while let Some((stream, peer)) = next_connection(&listener, &listening).await {
         let _ = stream.set_nodelay(true);
         let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
             (cap.on_reject)();
@@ -89,7 +91,7 @@ pub async fn serve_capped<S, B>(
             continue;
         };
         let stream = WriteStallGuard::new(stream, cap.write_stall_timeout);
-        let connection = builder.serve_connection(TokioIo::new(stream), make_service());
+        let connection = builder.serve_connection(TokioIo::new(stream), make_service(peer));
         let shutdown = listening.shutdown.clone();
         listening.tasks.spawn(async move {
             tokio::pin!(connection);
@@ -105,11 +107,12 @@ pub async fn serve_capped<S, B>(
     }
 }
 
-/// Serves `listener` until shutdown, with HTTP upgrades (websockets) allowed.
+/// Serves `listener` until shutdown, with HTTP upgrades (websockets) allowed; `make_service` is
+/// given the client's address.
 pub async fn serve_upgradable<S, B>(
     listener: TcpListener,
     listening: Listening,
-    make_service: impl Fn() -> S,
+    make_service: impl Fn(SocketAddr) -> S,
 ) where
     S: Service<Request<Incoming>, Response = Response<B>> + Send + 'static,
     S::Future: Send + 'static,
@@ -118,9 +121,9 @@ pub async fn serve_upgradable<S, B>(
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let builder = listening.builder();
-    while let Some(stream) = next_connection(&listener, &listening).await {
+    while let Some((stream, peer)) = next_connection(&listener, &listening).await {
         let connection = builder
-            .serve_connection(TokioIo::new(stream), make_service())
+            .serve_connection(TokioIo::new(stream), make_service(peer))
             .with_upgrades();
         let shutdown = listening.shutdown.clone();
         listening.tasks.spawn(async move {
@@ -254,14 +257,17 @@ async fn refuse(mut stream: TcpStream, response: Bytes) {
     .await;
 }
 
-/// The next accepted connection, or `None` once shutdown starts. Accept errors (EMFILE and friends)
-/// are logged and retried after a short pause instead of spinning.
-async fn next_connection(listener: &TcpListener, listening: &Listening) -> Option<TcpStream> {
+/// The next accepted connection and its peer, or `None` once shutdown starts. Accept errors
+/// (EMFILE and friends) are logged and retried after a short pause instead of spinning.
+async fn next_connection(
+    listener: &TcpListener,
+    listening: &Listening,
+) -> Option<(TcpStream, SocketAddr)> {
     loop {
         tokio::select! {
             _ = listening.shutdown.cancelled() => return None,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => return Some(stream),
+                Ok(accepted) => return Some(accepted),
                 Err(error) => {
                     tracing::warn!(%error, plane = listening.plane, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -179,6 +179,92 @@ fn credentials_in_worker_urls_are_refused_without_being_printed() {
     }
 }
 
+/// `check-config FILE`: exit status, stdout, stderr.
+fn check(file: &Path) -> (Option<i32>, String, String) {
+    let output = gatewayd().arg("check-config").arg(file).output().unwrap();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn check_config_runs_every_start_up_check_and_reports_every_problem() {
+    // Three problems at once: a bad value, listeners on one port, an open control plane beyond
+    // loopback. Each used to pass check-config (or all but the first went unreported) and then
+    // refused to start.
+    let file = TempFile::new(
+        "[server]\nlisten = \"127.0.0.1:9100\"\ncontrol_listen = \"0.0.0.0:9100\"\n\n[policy]\nmax_load_skew = 0.5\n\n[[workers]]\nurl = \"http://127.0.0.1:1\"\n",
+    );
+    let (code, _, stderr) = check(file.path());
+    assert_eq!(code, Some(1), "{stderr}");
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("error: "))
+        .collect();
+    assert_eq!(errors.len(), 3, "{stderr}");
+    assert!(errors[0].contains("policy.max_load_skew"), "{stderr}");
+    assert!(
+        errors[1].contains("server.control_listen") && errors[1].contains("9100"),
+        "{stderr}"
+    );
+    assert!(errors[2].contains("without a token"), "{stderr}");
+    // The daemon refuses the same file with the same problems.
+    let output = gatewayd()
+        .arg("--config")
+        .arg(file.path())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let started = String::from_utf8_lossy(&output.stderr);
+    assert!(started.contains("3 problems"), "{started}");
+    for error in &errors {
+        assert!(
+            started.contains(error.trim_start_matches("error: ")),
+            "{started}"
+        );
+    }
+
+    // Token files: missing, empty.
+    let empty = TempFile::new("  \n");
+    for (token, needle) in [
+        (
+            "/nonexistent/bch/admin.token".to_owned(),
+            "cannot read admin_token_file",
+        ),
+        (empty.path().display().to_string(), "is empty"),
+    ] {
+        let file = TempFile::new(&format!(
+            "[server]\nadmin_token_file = \"{token}\"\n\n[[workers]]\nurl = \"http://127.0.0.1:1\"\n"
+        ));
+        let (code, _, stderr) = check(file.path());
+        assert_eq!(code, Some(1), "{stderr}");
+        assert!(stderr.contains(needle), "{stderr}");
+    }
+
+    // A duplicate name the user never wrote is reported under the URLs they did write.
+    let file = TempFile::new(
+        "[[workers]]\nurl = \"http://h:8000\"\n\n[[workers]]\nurl = \"http://h:8000/\"\n",
+    );
+    let (code, _, stderr) = check(file.path());
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("workers[1].url: \"http://h:8000/\" gets the default name \"h:8000\", already the name of workers[0] (\"http://h:8000\")"),
+        "{stderr}"
+    );
+
+    // No workers: fine, but said.
+    let file = TempFile::new("[policy]\nmin_load_gap = 3\n");
+    let (code, stdout, stderr) = check(file.path());
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("ok (0 workers"), "{stdout}");
+    assert!(
+        stderr.starts_with("warning: no workers configured"),
+        "{stderr}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // explain
 
@@ -468,6 +554,8 @@ struct Daemon {
     data: String,
     control: String,
     stderr: std::sync::mpsc::Receiver<String>,
+    /// The fields of the JSON `gatewayd started` line (JSON log mode only).
+    started: Option<Value>,
 }
 
 impl Daemon {
@@ -492,16 +580,27 @@ impl Daemon {
             data: String::new(),
             control: String::new(),
             stderr,
+            started: None,
         };
         // The banner names the bound addresses (the test binds port 0); the demo's banner puts
-        // them on lines of their own.
+        // them on lines of their own; in JSON mode the `gatewayd started` line carries them as
+        // `data_plane` and `control_plane`.
         let address_after = |line: &str, label: &str| {
             let rest = line.split(label).nth(1)?;
             let rest = rest.split("http://").nth(1)?;
-            Some(rest.split_whitespace().next()?.to_owned())
+            let end = rest
+                .find(|c: char| c.is_whitespace() || c == '"')
+                .unwrap_or(rest.len());
+            Some(rest[..end].to_owned())
         };
         while daemon.data.is_empty() || daemon.control.is_empty() {
             let line = daemon.wait_for_stderr("plane");
+            if let Ok(value) = serde_json::from_str::<Value>(&line) {
+                daemon.started = Some(value["fields"].clone());
+            }
+            let line = line
+                .replace("data_plane", "data plane")
+                .replace("control_plane", "control plane");
             if let Some(address) = address_after(&line, "data plane") {
                 daemon.data = address;
             }
@@ -760,7 +859,7 @@ fn request_lines(daemon: &mut Daemon, count: usize) -> Vec<Value> {
 #[test]
 fn refused_and_failed_requests_are_logged_once_and_timed_with_their_status() {
     let file = TempFile::new(
-        "[server]\nmax_body_bytes = 16\n\n[health]\ninterval_ms = 60000\n\n[[workers]]\nname = \"dead\"\nurl = \"http://127.0.0.1:9\"\n",
+        "[server]\nmax_body_bytes = 16\n\n[health]\ninterval_ms = 60000\nwait_for_first_probe = false\n\n[[workers]]\nname = \"dead\"\nurl = \"http://127.0.0.1:9\"\n",
     );
     let mut command = gatewayd();
     command
@@ -815,6 +914,339 @@ fn refused_and_failed_requests_are_logged_once_and_timed_with_their_status() {
         .filter(|l| l.contains("\"message\":\"request\""))
         .collect();
     assert!(extra.is_empty(), "{extra:?}");
+}
+
+/// A minimal worker in the test process: every request on every connection gets `200 ok` and the
+/// connection is closed. Enough for probes and one proxied request.
+fn tiny_worker() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                use std::io::Read;
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf);
+                let _ = stream.write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+                );
+            });
+        }
+    });
+    address
+}
+
+/// Reads stderr lines (each must be JSON) until one whose message is `message`; all of them.
+fn json_lines_until(daemon: &mut Daemon, message: &str) -> Vec<Value> {
+    let mut lines = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = daemon
+            .stderr
+            .recv_timeout(left)
+            .unwrap_or_else(|e| panic!("no {message:?} line: {e}; got {lines:#?}"));
+        let value: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("JSON log mode printed a non-JSON line {line:?}: {e}"));
+        let done = value["fields"]["message"] == message;
+        lines.push(value);
+        if done {
+            return lines;
+        }
+    }
+}
+
+#[test]
+fn json_log_mode_prints_only_json_and_the_lines_say_who_what_and_how_long() {
+    let live = tiny_worker();
+    let file = TempFile::new(&format!(
+        "[policy]\nmin_load_gap = 2\n\n[health]\ninterval_ms = 60000\nwait_for_first_probe = false\n\n[[workers]]\nname = \"dead\"\nurl = \"http://127.0.0.1:9\"\n\n[[workers]]\nname = \"live\"\nurl = \"http://{live}\"\n"
+    ));
+    let mut command = gatewayd();
+    command
+        .arg("--config")
+        .arg(file.path())
+        .args(["--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0"])
+        .args(["--log-format", "json"]);
+    let mut daemon = Daemon::spawn(command);
+    let key = (0..1000)
+        .map(|i| format!("k{i}"))
+        .find(|k| {
+            daemon.get_json(&format!("/admin/explain?routing_key={k}"))["preferred"] == "dead"
+        })
+        .expect("a key preferring the dead worker");
+
+    // A request for the dead worker's key: the connect fails, it is retried on `live`; the
+    // client's own request id is kept and returned.
+    let (status, _) = exchange(
+        &daemon.data,
+        &format!(
+            "POST /v1/chat/completions?secret=1 HTTP/1.1\r\nx-smg-routing-key: {key}\r\nx-request-id: client-id-1\r\n"
+        ),
+        "{}",
+    );
+    assert_eq!(status, 200);
+    // Without an id of its own, the client gets the gateway's.
+    let raw = raw_exchange(&daemon.data, "GET /v1/models HTTP/1.1\r\n", "");
+    let id = raw
+        .lines()
+        .find_map(|l| l.strip_prefix("x-request-id: "))
+        .expect("a request id on the answer")
+        .trim()
+        .to_owned();
+    // A policy change names its client.
+    let (status, _) = exchange(
+        &daemon.control,
+        "PUT /admin/policy HTTP/1.1\r\ncontent-type: application/json\r\n",
+        r#"{"min_load_gap":3}"#,
+    );
+    assert_eq!(status, 200);
+    // A reload logs what it changed (the file still says 2).
+    assert_eq!(daemon.post("/admin/reload"), 200);
+
+    let lines = json_lines_until(&mut daemon, "configuration reloaded");
+    let fields = |message: &str| -> Vec<Value> {
+        lines
+            .iter()
+            .filter(|l| l["fields"]["message"] == message)
+            .map(|l| l["fields"].clone())
+            .collect()
+    };
+    let requests = fields("request");
+    assert_eq!(requests.len(), 2, "{lines:#?}");
+    let retried = &requests[0];
+    assert_eq!(retried["request_id"], "client-id-1");
+    assert_eq!(retried["method"], "POST");
+    assert_eq!(
+        retried["path"], "/v1/chat/completions",
+        "the query is never logged"
+    );
+    assert_eq!(retried["worker"], "live");
+    assert_eq!(retried["retried_from"], "dead");
+    assert_eq!(retried["status"], 200);
+    assert!(retried["ttfb_ms"].as_i64().unwrap() >= 0, "{retried}");
+    assert!(retried["headers_ms"].as_i64().unwrap() >= 0, "{retried}");
+    assert_eq!(requests[1]["request_id"], id.as_str());
+    assert_eq!(requests[1]["retried_from"], "-");
+    let changed = &fields("policy changed")[0];
+    assert_eq!(changed["source"], "http");
+    assert!(
+        changed["client"]
+            .as_str()
+            .unwrap()
+            .starts_with("127.0.0.1:"),
+        "{changed}"
+    );
+    assert_eq!(changed["previous_min_load_gap"], 2);
+    let reloaded = &fields("configuration reloaded")[0];
+    assert_eq!(
+        reloaded["changes"], "policy.min_load_gap 3 -> 2",
+        "{reloaded}"
+    );
+
+    daemon.signal("TERM");
+    assert!(daemon.wait().success());
+    for line in daemon.stderr.try_iter() {
+        assert!(
+            serde_json::from_str::<Value>(&line).is_ok(),
+            "non-JSON line {line:?}"
+        );
+    }
+
+    // A configuration that does not start: still JSON only.
+    let bad = TempFile::new("[policy]\nmax_load_skew = 0.5\n");
+    let output = gatewayd()
+        .arg("--config")
+        .arg(bad.path())
+        .args(["--log-format", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.trim().is_empty());
+    let values: Vec<Value> = stderr
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{line:?}: {e}")))
+        .collect();
+    let last = values.last().unwrap();
+    assert_eq!(last["level"], "ERROR");
+    assert!(
+        last["fields"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_load_skew"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_start_up_line_summarises_what_runs() {
+    let file = TempFile::new(&daemon_config(
+        4,
+        1.25,
+        &["http://127.0.0.1:9", "http://127.0.0.1:10"],
+    ));
+    let mut command = gatewayd();
+    command
+        .arg("--config")
+        .arg(file.path())
+        .args(["--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0"])
+        .args(["--log-format", "json"]);
+    let mut daemon = Daemon::spawn(command);
+    let started = daemon.started.clone().expect("a start-up line");
+    assert_eq!(started["policy"], "bounded_consistent_hashing");
+    assert_eq!(started["min_load_gap"], 4);
+    assert_eq!(started["max_load_skew"], 1.25);
+    assert_eq!(started["worker_count"], 2);
+    assert_eq!(started["workers"], "127.0.0.1:9,127.0.0.1:10");
+    assert_eq!(started["version"], env!("CARGO_PKG_VERSION"));
+    daemon.signal("TERM");
+    assert!(daemon.wait().success());
+}
+
+/// One HTTP/1.1 exchange, answered as the raw response text (head and body).
+fn raw_exchange(address: &str, head: &str, body: &str) -> String {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    write!(
+        stream,
+        "{head}host: localhost\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+}
+
+// ---------------------------------------------------------------------------------------------
+// gatewayd reload
+
+/// `gatewayd reload ARGS`: exit status, stdout, stderr.
+fn reload_command(args: &[&str], config: &Path) -> (Option<i32>, String, String) {
+    let output = gatewayd()
+        .arg("reload")
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .env_remove("GATEWAYD_ADMIN_TOKEN_FILE")
+        .output()
+        .unwrap();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn gatewayd_reload_fails_when_the_reload_fails() {
+    let token = TempFile::new("reload-test-token\n");
+    let with_token = |gap: u64, skew: f64| {
+        format!(
+            "[server]\nadmin_token_file = \"{}\"\nshutdown_grace_ms = 1000\n\n[policy]\nkind = \"bounded_consistent_hashing\"\nmin_load_gap = {gap}\nmax_load_skew = {skew:?}\n",
+            token.path().display(),
+        )
+    };
+    let file = TempFile::new(&with_token(2, 1.5));
+    let mut command = gatewayd();
+    command.arg("--config").arg(file.path()).args([
+        "--listen",
+        "127.0.0.1:0",
+        "--control-listen",
+        "127.0.0.1:0",
+    ]);
+    let mut daemon = Daemon::spawn(command);
+    let control = format!("http://{}", daemon.control);
+
+    // A good file: exit 0. The token comes from the file's admin_token_file.
+    std::fs::write(file.path(), with_token(3, 1.5)).unwrap();
+    let (code, stdout, stderr) = reload_command(&["--control", &control], file.path());
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.starts_with("reloaded: policy bounded_consistent_hashing"),
+        "{stdout}"
+    );
+    daemon.wait_for_stderr("configuration reloaded");
+
+    // A bad file: the gateway keeps its configuration and `gatewayd reload` exits 1 saying why
+    // (kill -HUP would have exited 0).
+    std::fs::write(
+        file.path(),
+        with_token(3, 1.5).replace("max_load_skew = 1.5", "max_load_skew = 0.5"),
+    )
+    .unwrap();
+    let (code, _, stderr) = reload_command(&["--control", &control], file.path());
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("reload failed") && stderr.contains("policy.max_load_skew"),
+        "{stderr}"
+    );
+
+    // A wrong token, and nobody listening: exit 1 too.
+    let wrong = TempFile::new("not-the-token\n");
+    let wrong_path = wrong.path().display().to_string();
+    let (code, _, stderr) = reload_command(
+        &["--control", &control, "--token-file", &wrong_path],
+        file.path(),
+    );
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("401"), "{stderr}");
+    let (code, _, stderr) = reload_command(&["--control", "http://127.0.0.1:9"], file.path());
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("cannot reach"), "{stderr}");
+
+    daemon.signal("TERM");
+    assert!(daemon.wait().success());
+}
+
+#[test]
+fn connections_refused_at_the_cap_are_logged_without_flooding() {
+    let file = TempFile::new(&format!(
+        "{}\nmax_connections = 1\n",
+        daemon_config(2, 1.5, &[]).trim_end()
+    ));
+    let mut command = gatewayd();
+    command.arg("--config").arg(file.path()).args([
+        "--listen",
+        "127.0.0.1:0",
+        "--control-listen",
+        "127.0.0.1:0",
+    ]);
+    let mut daemon = Daemon::spawn(command);
+    // One connection holds the only slot (it sends nothing); the next ones are refused with a
+    // raw 503 that no request line records.
+    let _held = std::net::TcpStream::connect(&daemon.data).unwrap();
+    let mut refused = Vec::new();
+    for _ in 0..3 {
+        use std::io::Read;
+        let mut stream = std::net::TcpStream::connect(&daemon.data).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        refused.push(answer);
+    }
+    assert!(
+        refused.iter().all(|a| a.starts_with("HTTP/1.1 503")),
+        "{refused:?}"
+    );
+    let line = daemon.wait_for_stderr("connections refused at max_connections");
+    assert!(line.contains("max_connections=1"), "{line}");
+    daemon.signal("TERM");
+    assert!(daemon.wait().success());
+    // Three refusals within a second: one line, not three.
+    let more = daemon
+        .stderr
+        .try_iter()
+        .filter(|l| l.contains("connections refused at max_connections"))
+        .count();
+    assert_eq!(more, 0, "one line per second at most");
 }
 
 #[test]

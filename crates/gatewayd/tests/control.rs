@@ -350,7 +350,15 @@ async fn policy_get_and_put() {
     };
     let response = put(r#"{"min_load_gap": 4}"#).await.unwrap();
     assert_eq!(response.status(), 200);
-    let answer: Value = response.json().await.unwrap();
+    let mut answer: Value = response.json().await.unwrap();
+    // The answer says the change is not persisted, and how to persist it.
+    let note = answer["note"].take();
+    assert!(
+        note.as_str().unwrap().contains("lost on the next reload")
+            && note.as_str().unwrap().contains("GET /admin/config"),
+        "{note}"
+    );
+    answer.as_object_mut().unwrap().remove("note");
     assert_eq!(
         answer,
         json!({"kind": "consistent_hashing", "min_load_gap": 4, "max_load_skew": 1.5,
@@ -364,7 +372,9 @@ async fn policy_get_and_put() {
     assert_eq!(response.status(), 200);
     let good = json!({"kind": "bounded_consistent_hashing", "min_load_gap": 4, "max_load_skew": 2.25,
         "spill_order": "hash_seeded", "virtual_nodes": 150, "load_source": "local"});
-    assert_eq!(response.json::<Value>().await.unwrap(), good);
+    let mut answer = response.json::<Value>().await.unwrap();
+    answer.as_object_mut().unwrap().remove("note");
+    assert_eq!(answer, good);
     assert_eq!(policy(&gateway).await, good);
 
     // Bad input: 400 naming the field, and nothing changes (also not the valid half of a patch).
@@ -519,9 +529,11 @@ async fn workers_list_add_remove() {
             "source",
             "spilled_in_total",
             "spilled_out_total",
+            "state",
             "url"
         ]
     );
+    assert_eq!(listed[0]["state"], "active");
     assert_eq!(listed[0]["source"], "static");
     assert_eq!(listed[0]["name"], "a");
     assert_eq!(listed[0]["url"], a.url().as_str());
@@ -1031,7 +1043,19 @@ async fn metrics_have_the_design_families_and_count_requests() {
         ("bch_worker_healthy", "gauge"),
         ("bch_worker_errors", "counter"),
         ("bch_request_duration_seconds", "histogram"),
-        ("bch_time_to_first_byte_seconds", "histogram"),
+        ("bch_response_headers_seconds", "histogram"),
+        ("bch_time_to_first_token_seconds", "histogram"),
+        ("bch_worker_request_duration_seconds", "histogram"),
+        ("bch_responses", "counter"),
+        ("bch_worker_draining", "gauge"),
+        ("bch_worker_health_changes", "counter"),
+        ("bch_probe_failures", "counter"),
+        ("bch_build_info", "gauge"),
+        ("bch_policy_kind", "gauge"),
+        ("bch_policy_min_load_gap", "gauge"),
+        ("bch_policy_max_load_skew", "gauge"),
+        ("bch_policy_spill_order", "gauge"),
+        ("bch_load_source", "gauge"),
     ] {
         assert!(
             before.contains(&format!("# TYPE {family} {kind}\n")),
@@ -1101,8 +1125,78 @@ async fn metrics_have_the_design_families_and_count_requests() {
     assert_eq!(branch(&after, "implicit_routing_key_hit"), 1.0);
     assert_eq!(branch(&after, "explicit_routing_key_spillover"), 0.0);
     assert_eq!(
-        sample(&after, "bch_time_to_first_byte_seconds_count", ""),
+        sample(&after, "bch_response_headers_seconds_count", ""),
         Some(7.0)
+    );
+    // By status class and worker: 7 answered 2xx by a worker, the miss refused without one.
+    let class =
+        |text: &str, labels: &str| sample(text, "bch_responses_total", labels).unwrap_or(0.0);
+    let ok: f64 = ["a", "b"]
+        .iter()
+        .map(|w| class(&after, &format!("status_class=\"2xx\",worker=\"{w}\"")))
+        .sum();
+    assert_eq!(ok, 7.0);
+    assert_eq!(class(&after, "status_class=\"5xx\",worker=\"\""), 1.0);
+    let durations: f64 = ["a", "b"]
+        .iter()
+        .map(|w| {
+            sample(
+                &after,
+                "bch_worker_request_duration_seconds_count",
+                &format!("worker=\"{w}\""),
+            )
+            .unwrap()
+        })
+        .sum();
+    assert_eq!(
+        durations, 7.0,
+        "per-worker durations of the served requests"
+    );
+    assert_eq!(
+        sample(&after, "bch_time_to_first_token_seconds_count", ""),
+        Some(0.0),
+        "no event stream yet"
+    );
+    assert_eq!(
+        sample(&after, "bch_policy_kind", "kind=\"consistent_hashing\""),
+        Some(1.0)
+    );
+    assert_eq!(sample(&after, "bch_policy_min_load_gap", ""), Some(2.0));
+    assert_eq!(sample(&after, "bch_policy_max_load_skew", ""), Some(1.5));
+    assert_eq!(
+        sample(&after, "bch_policy_spill_order", "order=\"ring\""),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&after, "bch_policy_spill_order", "order=\"hash_seeded\""),
+        Some(0.0)
+    );
+    assert!(after.contains(&format!(
+        "bch_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    )));
+    // An event stream: the first data chunk is the first token, well before the stream's end.
+    let whole_before = sample(&after, "bch_request_duration_seconds_sum", "").unwrap();
+    let sse = client
+        .get(data(&gateway, "/sse?n=3&gap_ms=30"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse.status(), 200);
+    sse.bytes().await.unwrap();
+    eventually!("one time to first token observed", {
+        after = scrape(&gateway).await;
+        sample(&after, "bch_time_to_first_token_seconds_count", "") == Some(1.0)
+    });
+    let ttft = sample(&after, "bch_time_to_first_token_seconds_sum", "").unwrap();
+    eventually!("the stream's duration observed", {
+        after = scrape(&gateway).await;
+        sample(&after, "bch_request_duration_seconds_count", "") == Some(9.0)
+    });
+    let stream = sample(&after, "bch_request_duration_seconds_sum", "").unwrap() - whole_before;
+    assert!(
+        ttft > 0.0 && ttft < stream,
+        "the first chunk came before the end: {ttft} vs {stream}"
     );
     let per_worker: f64 = ["a", "b"]
         .iter()
@@ -1115,7 +1209,7 @@ async fn metrics_have_the_design_families_and_count_requests() {
             .unwrap()
         })
         .sum();
-    assert_eq!(per_worker, 7.0);
+    assert_eq!(per_worker, 8.0, "the 7 served, then the event stream");
     assert!(
         sample(&after, "bch_worker_requests_total", "worker=\"b\"").unwrap() >= 1.0,
         "the target request went to b"
@@ -1291,5 +1385,112 @@ async fn a_worker_health_path_is_probed_instead_of_the_default() {
     assert!(healthy(&gateway, "custom").await);
     assert!(healthy(&gateway, "added").await);
     assert_eq!(plain.state.requests.load(Ordering::SeqCst), 0);
+    gateway.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Credentials and the configuration in force
+
+#[tokio::test]
+async fn the_metrics_token_opens_metrics_and_nothing_else() {
+    let a = fake_worker("a").await;
+    let admin = TempFile::new("admin-token", TOKEN);
+    let scraper = TempFile::new("metrics-token", "scrape-only-token\n");
+    let mut config = test_config(&[&a]);
+    config.server.admin_token_file = Some(admin.path().to_owned());
+    config.server.metrics_token_file = Some(scraper.path().to_owned());
+    let gateway = start(config).await;
+    let client = client();
+    let with = |path: &str, token: &str| {
+        client
+            .get(control(&gateway, path))
+            .bearer_auth(token.to_owned())
+            .send()
+    };
+    assert_eq!(
+        with("/metrics", "scrape-only-token")
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        with("/metrics", TOKEN).await.unwrap().status(),
+        200,
+        "the admin token too"
+    );
+    for path in ["/admin/workers", "/admin/policy", "/admin/config", "/ws"] {
+        assert_eq!(
+            with(path, "scrape-only-token").await.unwrap().status(),
+            401,
+            "{path} with the metrics token"
+        );
+    }
+    let put = client
+        .put(control(&gateway, "/admin/policy"))
+        .bearer_auth("scrape-only-token")
+        .body(r#"{"min_load_gap":9}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 401);
+    gateway.shutdown().await;
+
+    // Without an admin token a metrics token protects nothing: refused at start-up.
+    let mut config = test_config(&[&a]);
+    config.server.metrics_token_file = Some(scraper.path().to_owned());
+    let error = match gatewayd::start(gatewayd::StartOptions::new(config)).await {
+        Ok(_) => panic!("a metrics token without an admin token must be refused"),
+        Err(e) => e.to_string(),
+    };
+    assert!(error.contains("server.metrics_token_file"), "{error}");
+}
+
+#[tokio::test]
+async fn the_configuration_in_force_comes_back_as_toml_with_runtime_changes() {
+    let (a, b) = (fake_worker("a").await, fake_worker("b").await);
+    let gateway = start(test_config(&[&a])).await;
+    let client = client();
+    let put = client
+        .put(control(&gateway, "/admin/policy"))
+        .header("content-type", "application/json")
+        .body(r#"{"kind":"bounded_consistent_hashing","min_load_gap":6}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    let added = client
+        .post(control(&gateway, "/admin/workers"))
+        .json(&json!({"name": "b", "url": b.url()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 201);
+    let response = client
+        .get(control(&gateway, "/admin/config"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/toml")
+    );
+    let text = response.text().await.unwrap();
+    let config: gatewayd::config::Config = toml::from_str(&text).unwrap();
+    config.validate().unwrap();
+    assert_eq!(config.policy.min_load_gap, 6);
+    assert_eq!(
+        config.policy.kind,
+        bch_core::policy::PolicyKind::BoundedConsistentHashing
+    );
+    let names: Vec<_> = config
+        .workers
+        .iter()
+        .map(|w| w.name.clone().unwrap())
+        .collect();
+    assert_eq!(names, ["a", "b"]);
     gateway.shutdown().await;
 }

@@ -573,6 +573,23 @@ async fn a_discovered_worker_cannot_be_deleted_and_a_static_one_with_its_url_is_
             "{message}"
         );
     }
+    // A discovered worker drains, but a drain that would remove it is refused as DELETE is.
+    for (body, status) in [(r#"{"remove":true}"#, 409), (r#"{"remove":false}"#, 200)] {
+        let response = client
+            .post(format!("{control}/admin/workers/w1.llm.test/drain"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), status, "{body}");
+        let answer: Value = response.json().await.unwrap();
+        if status == 409 {
+            assert_eq!(answer["error"]["code"], "worker_discovered");
+        } else {
+            assert_eq!(answer["state"], "draining", "{answer}");
+        }
+    }
     let response = client
         .post(format!("{control}/admin/workers"))
         .json(&json!({"url": sims[1].url(), "name": "static-1"}))

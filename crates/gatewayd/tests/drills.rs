@@ -173,6 +173,9 @@ fn config_for(workers: &[(String, String)]) -> Config {
     config.server.shutdown_grace_ms = 2_000;
     config.health.interval_ms = 100;
     config.health.timeout_ms = 500;
+    // The drills decide health themselves (stopped workers, passive marking); a worker added
+    // mid-drill takes its keys at once, as the placement model expects.
+    config.health.wait_for_first_probe = false;
     config.telemetry.interval_ms = 50;
     config.workers = workers
         .iter()

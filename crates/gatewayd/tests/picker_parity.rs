@@ -145,7 +145,8 @@ fn routing_metrics(gateway: &RunningGateway) -> Vec<String> {
         "bch_worker_errors_total",
         "bch_worker_healthy",
         "bch_request_duration_seconds_count",
-        "bch_time_to_first_byte_seconds_count",
+        "bch_response_headers_seconds_count",
+        "bch_responses_total",
     ];
     gateway
         .metrics_text()

@@ -574,3 +574,52 @@ async fn sequential_requests_reuse_one_worker_connection() {
     assert_eq!(connections, 2);
     gateway.shutdown().await;
 }
+
+#[tokio::test]
+async fn every_request_has_an_id_that_reaches_the_worker_and_comes_back() {
+    let a = fake_worker("a").await;
+    let gateway = start(test_config(&[&a])).await;
+    let client = client();
+    let url = format!("http://{}/echo", gateway.data_addr);
+    // The client's own id is kept.
+    let response = client
+        .get(&url)
+        .header("x-request-id", "trace-abc-123")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["x-request-id"], "trace-abc-123");
+    let echo: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(echo["headers"]["x-request-id"], "trace-abc-123");
+    // Without one (or with one the gateway will not carry), the gateway's id goes both ways.
+    let mut seen = std::collections::HashSet::new();
+    for sent in [None, Some("has a space"), Some("")] {
+        let mut request = client.get(&url);
+        if let Some(id) = sent {
+            request = request.header("x-request-id", id);
+        }
+        let response = request.send().await.unwrap();
+        let id = response.headers()["x-request-id"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let echo: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(
+            echo["headers"]["x-request-id"],
+            id.as_str(),
+            "forwarded as returned"
+        );
+        assert!(id.len() > 9 && id.contains('-'), "{id}");
+        assert!(seen.insert(id), "ids are unique");
+    }
+    // Gateway-made answers carry it too.
+    let refused = client
+        .get(&url)
+        .header("x-smg-target-worker", "nobody")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 503);
+    assert!(refused.headers().contains_key("x-request-id"));
+    gateway.shutdown().await;
+}

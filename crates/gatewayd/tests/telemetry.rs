@@ -4,78 +4,11 @@ mod common;
 
 use std::time::Duration;
 
-use bch_core::telemetry::{ServerFrame, ServerMessage};
+use bch_core::telemetry::ServerMessage;
+use common::ws::Client;
 use common::*;
-use futures_util::{SinkExt, StreamExt};
-use tokio_tungstenite::tungstenite::Message;
+use futures_util::StreamExt;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-
-type Socket =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-struct Client {
-    socket: Socket,
-    next_seq: u64,
-}
-
-impl Client {
-    async fn connect(gateway: &gatewayd::RunningGateway) -> Client {
-        let (socket, _) =
-            tokio_tungstenite::connect_async(format!("ws://{}/ws", gateway.control_addr))
-                .await
-                .expect("websocket upgrade");
-        Client {
-            socket,
-            next_seq: 0,
-        }
-    }
-
-    /// Next frame, checking the envelope: version 1 and a gap-free `seq`.
-    async fn frame(&mut self) -> ServerFrame {
-        loop {
-            let message = tokio::time::timeout(Duration::from_secs(5), self.socket.next())
-                .await
-                .expect("a frame within 5 s")
-                .expect("socket open")
-                .expect("valid frame");
-            let Message::Text(text) = message else {
-                continue;
-            };
-            let frame: ServerFrame = serde_json::from_str(&text).expect("frame parses");
-            assert_eq!(frame.v, 1);
-            assert_eq!(frame.seq, self.next_seq, "seq without gaps");
-            self.next_seq += 1;
-            return frame;
-        }
-    }
-
-    /// Reads frames until `pick` returns something.
-    async fn until<T>(&mut self, mut pick: impl FnMut(&ServerMessage) -> Option<T>) -> T {
-        for _ in 0..5_000 {
-            let frame = self.frame().await;
-            if let Some(found) = pick(&frame.message) {
-                return found;
-            }
-        }
-        panic!("condition not seen in 5,000 frames");
-    }
-
-    /// The next `policy` frame.
-    async fn next_policy(&mut self) -> bch_core::telemetry::PolicyUpdate {
-        self.until(|m| match m {
-            ServerMessage::Policy(p) => Some(p.clone()),
-            _ => None,
-        })
-        .await
-    }
-
-    async fn send(&mut self, json: serde_json::Value) {
-        self.socket
-            .send(Message::Text(json.to_string().into()))
-            .await
-            .unwrap();
-    }
-}
 
 /// `(min_load_gap, max_load_skew)` as `GET /admin/policy` reports them.
 async fn http_thresholds(policy_url: &str) -> (Option<u64>, Option<f64>) {

@@ -1,11 +1,18 @@
-//! The threshold changes the operator made and what became of them: the step one key press asks
-//! for ([`Change::step`]), and the log of sent changes with their fate ([`CommandLog`]), which is
-//! what the status line shows and what `ack`/`error` frames are matched against.
+//! The changes the operator made and what became of them: the threshold step one key press asks
+//! for ([`Change::step`]), drains, and the log of sent changes with their fate ([`CommandLog`]),
+//! which is what the status line shows and what `ack`/`error` frames are matched against. A change
+//! that gets no answer within [`COMMAND_TIMEOUT`] fails, and a new connection starts a new log: an
+//! answer can only come on the connection that carried the command.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use bch_core::policy::PolicySettings;
 use bch_core::telemetry::{ClientCommand, CommandId};
+use tokio::time::Instant;
+
+/// How long a sent change may wait for the gateway's answer before it is shown as failed.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Threshold changes remembered; the status line shows only the newest, the rest are there so a
 /// late `ack` or `error` still finds its entry.
@@ -22,22 +29,27 @@ pub(crate) enum Threshold {
     MaxLoadSkew,
 }
 
-/// One requested threshold change, as `(from, to)`: `from` is what the change was computed from,
-/// so the status line can say `gap 2 → 3`.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// One requested change: a threshold as `(from, to)` — `from` is what the change was computed
+/// from, so the status line can say `gap 2 → 3` — or a worker drained or undrained.
+#[derive(Debug, Clone, PartialEq)]
 pub enum Change {
     /// `min_load_gap` from → to, in requests.
     Gap(u64, u64),
     /// `max_load_skew` from → to, as factors.
     Skew(f64, f64),
+    /// Drain the named worker (no new requests; in-flight ones finish).
+    Drain(String),
+    /// Route new requests to the named worker again.
+    Undrain(String),
 }
 
 impl Change {
-    /// Which threshold this changes.
-    pub(crate) fn threshold(self) -> Threshold {
+    /// Which threshold this changes, if it is a threshold change.
+    pub(crate) fn threshold(&self) -> Option<Threshold> {
         match self {
-            Change::Gap(..) => Threshold::MinLoadGap,
-            Change::Skew(..) => Threshold::MaxLoadSkew,
+            Change::Gap(..) => Some(Threshold::MinLoadGap),
+            Change::Skew(..) => Some(Threshold::MaxLoadSkew),
+            Change::Drain(_) | Change::Undrain(_) => None,
         }
     }
 
@@ -79,14 +91,28 @@ impl Change {
         }
     }
 
-    /// The `set_policy` command asking for this change under command id `id`.
-    fn command(self, id: u64) -> ClientCommand {
+    /// The command asking for this change under command id `id`.
+    fn command(&self, id: u64) -> ClientCommand {
+        let id = Some(CommandId::Number(id));
         let (min_load_gap, max_load_skew) = match self {
-            Change::Gap(_, to) => (Some(to), None),
-            Change::Skew(_, to) => (None, Some(to)),
+            Change::Gap(_, to) => (Some(*to), None),
+            Change::Skew(_, to) => (None, Some(*to)),
+            Change::Drain(worker) => {
+                return ClientCommand::Drain {
+                    id,
+                    worker: worker.clone(),
+                    remove: false,
+                };
+            }
+            Change::Undrain(worker) => {
+                return ClientCommand::Undrain {
+                    id,
+                    worker: worker.clone(),
+                };
+            }
         };
         ClientCommand::SetPolicy {
-            id: Some(CommandId::Number(id)),
+            id,
             kind: None,
             min_load_gap,
             max_load_skew,
@@ -120,6 +146,9 @@ pub struct CommandEntry {
     pub state: CommandState,
     /// Where it stands on each replica, in `--url` order.
     pub replies: Vec<CommandState>,
+    /// When the console first saw it pending (set by [`CommandLog::expire`]); the timeout counts
+    /// from here.
+    since: Option<Instant>,
 }
 
 impl CommandEntry {
@@ -167,16 +196,18 @@ impl CommandLog {
     pub(crate) fn send(&mut self, change: Change, replicas: usize) -> ClientCommand {
         let id = self.next_id;
         self.next_id += 1;
+        let command = change.command(id);
         self.entries.push_back(CommandEntry {
             id,
             change,
             state: CommandState::Pending,
+            since: None,
             replies: vec![CommandState::Pending; replicas.max(1)],
         });
         while self.entries.len() > COMMAND_LOG_CAP {
             self.entries.pop_front();
         }
-        change.command(id)
+        command
     }
 
     /// The newest change to `threshold` still waiting for an answer.
@@ -185,8 +216,37 @@ impl CommandLog {
             .iter()
             .rev()
             .filter(|c| c.state == CommandState::Pending)
-            .map(|c| c.change)
-            .find(|c| c.threshold() == threshold)
+            .map(|c| c.change.clone())
+            .find(|c| c.threshold() == Some(threshold))
+    }
+
+    /// Starts the clock of every pending change not yet timed, and fails the ones that waited
+    /// longer than [`COMMAND_TIMEOUT`] at `now`. Returns whether anything failed.
+    pub(crate) fn expire(&mut self, now: Instant) -> bool {
+        let mut expired = false;
+        for entry in &mut self.entries {
+            if entry.state != CommandState::Pending {
+                continue;
+            }
+            let since = *entry.since.get_or_insert(now);
+            if now.saturating_duration_since(since) >= COMMAND_TIMEOUT {
+                let message = format!("no answer within {} s", COMMAND_TIMEOUT.as_secs());
+                for reply in &mut entry.replies {
+                    if *reply == CommandState::Pending {
+                        *reply = CommandState::Failed(message.clone());
+                    }
+                }
+                entry.settle();
+                expired = true;
+            }
+        }
+        expired
+    }
+
+    /// Forgets every entry: a new connection cannot answer the old one's commands, and its
+    /// `✓ applied` would describe another process. Ids keep growing.
+    pub(crate) fn clear(&mut self) {
+        self.entries.clear();
     }
 
     /// Whether `id` is one of the changes in the log.

@@ -6,10 +6,10 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use bch_core::policy::{BoundCheck, FleetLoad, PolicySettings};
+use bch_core::policy::{BoundCheck, FleetLoad, PolicyKind, PolicySettings};
 use bch_core::telemetry::{
     ChangeSource, KeyRecord, PolicyUpdate, RingOwnership, RingUpdate, Snapshot, SpillEvent, Tick,
-    Totals, WorkerRecord,
+    Totals, WorkerRecord, WorkerState,
 };
 
 /// Spill events kept for the log; older ones fall off the front. More than the tallest screen
@@ -33,6 +33,13 @@ pub struct Fleet {
     /// Who made the last policy change seen on this connection; `None` when none was seen since
     /// the last snapshot.
     pub policy_changed_by: Option<ChangeSource>,
+    /// The address of the client that made it, when the gateway said.
+    pub policy_changed_from: Option<String>,
+    /// The counters when the last policy change was seen, so the key table can count from there.
+    pub baseline: Option<Baseline>,
+    /// The gateway's tick interval as the frames' timestamps show it, ms (`None` before two
+    /// ticks): how long a silence means the gateway stopped talking.
+    pub tick_interval_ms: Option<u64>,
     /// Every registered worker, in configuration order (the gateway's order, kept so rows do not
     /// jump between frames).
     pub workers: Vec<WorkerRecord>,
@@ -53,6 +60,29 @@ pub struct Fleet {
     /// Every arc of the ring as `(start, end, index into ring.workers)`, sorted by start, so the
     /// owner of any position is a binary search away.
     arcs: Vec<(f64, f64, usize)>,
+}
+
+/// Every tracked key's `(requests_total, spills_total)` at a policy change, and when it was.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Baseline {
+    /// Gateway time of the change, ms since the Unix epoch.
+    pub ts_ms: u64,
+    /// Counters by key label.
+    pub keys: BTreeMap<String, (u64, u64)>,
+}
+
+impl Baseline {
+    /// `key`'s `(requests, spills)` since the baseline. A key first tracked after it counts from
+    /// 0; one whose counters went down was evicted and tracked anew, and counts from there.
+    pub fn since(&self, key: &KeyRecord) -> (u64, u64) {
+        match self.keys.get(&key.key) {
+            Some(&(requests, spills)) if key.requests_total >= requests => (
+                key.requests_total - requests,
+                key.spills_total.saturating_sub(spills),
+            ),
+            _ => (key.requests_total, key.spills_total),
+        }
+    }
 }
 
 /// One point of the sparklines: the fleet-wide rates of one tick.
@@ -101,20 +131,39 @@ impl FleetBound {
 }
 
 impl Fleet {
+    /// Whether the spill bound is in force: only `bounded_consistent_hashing` spills; under the
+    /// other policies the thresholds change nothing. `false` before the policy is known.
+    pub fn bound_in_force(&self) -> bool {
+        self.policy
+            .is_some_and(|p| p.kind == PolicyKind::BoundedConsistentHashing)
+    }
+
     /// The current bound over the loads the rule reads ([`WorkerRecord::rule_load`]: local
     /// in-flight requests, or the fleet-wide load in `worker_metrics` mode), or `None` before the
-    /// policy is known or while no worker is healthy.
+    /// policy is known, while it is not in force, or while no worker takes requests. Like the
+    /// router, it counts the workers that take requests: healthy and not draining.
     pub fn bound(&self) -> Option<FleetBound> {
-        let policy = self.policy?;
-        let healthy = self
+        let policy = self.policy.filter(|_| self.bound_in_force())?;
+        let routable = self
             .workers
             .iter()
-            .filter(|w| w.healthy)
+            .filter(|w| routable(w))
             .map(WorkerRecord::rule_load);
         Some(FleetBound {
-            load: FleetLoad::of(healthy)?,
+            load: FleetLoad::of(routable)?,
             policy,
         })
+    }
+
+    /// The worker rows whose keys would spill on their next request (OVER).
+    pub fn over(&self) -> usize {
+        let Some(bound) = self.bound() else {
+            return 0;
+        };
+        self.workers
+            .iter()
+            .filter(|w| routable(w) && bound.check(w.rule_load()).should_spill())
+            .count()
     }
 
     /// Index into `ring.workers` of the worker owning ring position `x` (0.0..1.0), or `None`
@@ -125,7 +174,8 @@ impl Fleet {
         (start <= x && x < end).then_some(owner)
     }
 
-    /// Replaces everything but the rate history with the snapshot's picture.
+    /// Replaces everything but the rate history, the tick interval and the counters' baseline
+    /// with the snapshot's picture.
     pub(super) fn apply_snapshot(&mut self, snap: Snapshot) {
         let history = std::mem::take(&mut self.history);
         *self = Fleet {
@@ -135,6 +185,8 @@ impl Fleet {
             keys: snap.keys.into_iter().map(|k| (k.key.clone(), k)).collect(),
             totals: snap.totals,
             history,
+            tick_interval_ms: self.tick_interval_ms,
+            baseline: self.baseline.take(),
             ..Fleet::default()
         };
         self.set_ring(snap.ring);
@@ -143,6 +195,14 @@ impl Fleet {
 
     /// Merges a tick: its records replace the ones with the same name, everything else stays.
     pub(super) fn apply_tick(&mut self, tick: Tick) {
+        if self.ts_ms > 0 && tick.ts_ms > self.ts_ms {
+            // Smoothed, so one late tick does not move the staleness threshold much.
+            let delta = tick.ts_ms - self.ts_ms;
+            self.tick_interval_ms = Some(match self.tick_interval_ms {
+                Some(old) => (old * 3 + delta) / 4,
+                None => delta,
+            });
+        }
         self.ts_ms = tick.ts_ms;
         for worker in tick.workers {
             match self.workers.iter_mut().find(|w| w.name == worker.name) {
@@ -174,15 +234,38 @@ impl Fleet {
         self.set_ring(update.ring);
     }
 
-    /// A policy change made by anyone (this console, another one, the HTTP API, a reload).
+    /// A policy change made by anyone (this console, another one, the HTTP API, a reload); the
+    /// key table's counters start again from here.
     pub(super) fn apply_policy(&mut self, update: PolicyUpdate) {
         self.policy = Some(update.policy);
         self.policy_changed_by = Some(update.changed_by);
+        self.policy_changed_from = update.client;
+        self.baseline = Some(Baseline {
+            ts_ms: update.ts_ms,
+            keys: self
+                .keys
+                .values()
+                .map(|k| (k.key.clone(), (k.requests_total, k.spills_total)))
+                .collect(),
+        });
+    }
+
+    /// A worker's record as a command's answer gave it (drain, undrain).
+    pub(super) fn apply_worker(&mut self, record: WorkerRecord) {
+        if let Some(slot) = self.workers.iter_mut().find(|w| w.name == record.name) {
+            *slot = record;
+        }
     }
 
     /// The policy in force after one of this console's commands was applied.
     pub(super) fn apply_acked_policy(&mut self, policy: PolicySettings) {
         self.policy = Some(policy);
+    }
+
+    /// Seen since on this connection: a new gateway process has new counters, so a baseline
+    /// from the previous one would be wrong.
+    pub(super) fn forget_baseline(&mut self) {
+        self.baseline = None;
     }
 
     pub(super) fn set_ring(&mut self, ring: RingOwnership) {
@@ -202,4 +285,9 @@ impl Fleet {
             self.spills.pop_front();
         }
     }
+}
+
+/// Whether a worker takes new requests: healthy and not draining.
+pub(crate) fn routable(worker: &WorkerRecord) -> bool {
+    worker.healthy && worker.state == WorkerState::Active
 }

@@ -5,14 +5,16 @@
 //! load on the worker); the load the rule reads is the highest any replica's rule reads (in
 //! `worker_metrics` mode they all read about the fleet-wide number; in `local` mode each reads its
 //! own share, and the highest share is what a spill would be decided on); a worker is healthy only
-//! if every replica that knows it says so, and stale if any replica routes it on local load. Keys
+//! if every replica that knows it says so, draining if any replica drains it, and stale if any
+//! replica routes it on local load. Key counters at the last policy change are summed like the
+//! counters. Keys
 //! are summed per worker, the spill logs interleaved by time, rates and totals summed.
 
 use std::collections::BTreeMap;
 
-use bch_core::telemetry::{KeyRecord, WorkerRecord};
+use bch_core::telemetry::{KeyRecord, WorkerRecord, WorkerState};
 
-use super::fleet::{Fleet, SPILL_LOG_CAP, Sample};
+use super::fleet::{Baseline, Fleet, SPILL_LOG_CAP, Sample};
 
 /// The merged fleet of `fleets` (at least one). The policy and ring are the first replica's that
 /// has one (the replica rows show where they differ).
@@ -21,6 +23,9 @@ pub(super) fn merge(fleets: &[&Fleet]) -> Fleet {
     merged.ts_ms = fleets.iter().map(|f| f.ts_ms).max().unwrap_or(0);
     merged.policy = fleets.iter().find_map(|f| f.policy);
     merged.policy_changed_by = fleets.iter().find_map(|f| f.policy_changed_by);
+    merged.policy_changed_from = fleets.iter().find_map(|f| f.policy_changed_from.clone());
+    merged.baseline = merge_baselines(fleets);
+    merged.tick_interval_ms = fleets.iter().filter_map(|f| f.tick_interval_ms).max();
     merged.workers = merge_workers(fleets);
     merged.keys = merge_keys(fleets);
     merged.dropped_events = fleets.iter().map(|f| f.dropped_events).sum();
@@ -55,6 +60,11 @@ fn merge_workers(fleets: &[&Fleet]) -> Vec<WorkerRecord> {
             continue;
         };
         slot.healthy &= record.healthy;
+        if record.state != WorkerState::Active {
+            // Draining on one replica: that replica sends it nothing new, so it is not routable
+            // fleet-wide either.
+            slot.state = record.state;
+        }
         slot.active += record.active;
         slot.requests_total += record.requests_total;
         slot.spilled_in_total += record.spilled_in_total;
@@ -84,6 +94,22 @@ fn merge_keys(fleets: &[&Fleet]) -> BTreeMap<String, KeyRecord> {
             slot.last_seen_ms = key.last_seen_ms;
             slot.current = key.current.clone();
             slot.preferred = key.preferred.clone();
+        }
+    }
+    merged
+}
+
+/// The key counters at the last policy change, summed over the replicas that saw one (a console's
+/// change reaches every replica), so the summed key counters count from there; the latest time.
+fn merge_baselines(fleets: &[&Fleet]) -> Option<Baseline> {
+    let mut merged: Option<Baseline> = None;
+    for baseline in fleets.iter().filter_map(|f| f.baseline.as_ref()) {
+        let slot = merged.get_or_insert_with(Baseline::default);
+        slot.ts_ms = slot.ts_ms.max(baseline.ts_ms);
+        for (key, (requests, spills)) in &baseline.keys {
+            let sum = slot.keys.entry(key.clone()).or_default();
+            sum.0 += requests;
+            sum.1 += spills;
         }
     }
     merged

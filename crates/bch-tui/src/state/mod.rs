@@ -3,7 +3,7 @@
 //! transition is a plain unit test.
 //!
 //! [`State`] owns the parts: one [`Replica`] per gateway the console watches (`replica.rs`: its
-//! connection, seq and [`Fleet`]), the fleet merged across them (`merge.rs`), the frozen copy, the
+//! connection, seq, last frame time and [`Fleet`]), the fleet merged across them (`merge.rs`), the frozen copy, the
 //! threshold changes and their fate (`commands.rs`) and the view-only [`Ui`] (`ui.rs`). Its fields
 //! are private: the app and the tests change it only through `apply_*` and
 //! [`State::set_viewports`], and read it through accessors. With one replica everything is that
@@ -15,14 +15,16 @@ mod merge;
 mod replica;
 mod ui;
 
-use bch_core::telemetry::{ClientCommand, CommandId, KeyRecord, ServerFrame};
+use bch_core::telemetry::{ClientCommand, CommandId, KeyRecord, ServerFrame, WorkerRecord};
+use tokio::time::{Duration, Instant};
 
-pub use self::commands::{Change, CommandEntry, CommandState};
+pub use self::commands::{COMMAND_TIMEOUT, Change, CommandEntry, CommandState};
 use self::commands::{CommandLog, Threshold};
-pub use self::fleet::{Fleet, FleetBound, SPILL_LOG_CAP, Sample};
+pub(crate) use self::fleet::routable;
+pub use self::fleet::{Baseline, Fleet, FleetBound, SPILL_LOG_CAP, Sample};
 use self::replica::{Answer, differing};
 pub use self::replica::{Replica, Settings};
-pub use self::ui::{Panel, SortColumn, Ui};
+pub use self::ui::{Panel, SortColumn, Ui, WorkerOrder};
 use crate::conn::{ConnEvent, ConnStatus};
 use crate::input::{Action, Mode};
 
@@ -75,6 +77,63 @@ impl State {
             notice: None,
             ui: Ui::default(),
         }
+    }
+
+    /// Records that a frame of the first replica arrived at `now`.
+    pub fn frame_received(&mut self, now: Instant) {
+        self.frame_received_on(0, now);
+    }
+
+    /// Records that a frame of replica `replica` arrived at `now` (the app calls it for every
+    /// frame it applies).
+    pub fn frame_received_on(&mut self, replica: usize, now: Instant) {
+        let index = replica.min(self.replicas.len() - 1);
+        self.replicas[index].frame_received(now);
+    }
+
+    /// How long ago the last frame arrived, at `now`, on the replica that has been silent
+    /// longest; `None` when unknown.
+    pub fn frame_age(&self, now: Instant) -> Option<Duration> {
+        self.replicas.iter().filter_map(|r| r.frame_age(now)).max()
+    }
+
+    /// Whether a gateway stopped talking: a replica connected, yet without a frame for several
+    /// tick intervals. A frozen gateway process keeps its socket open, so the connection alone
+    /// cannot tell.
+    pub fn stale(&self, now: Instant) -> bool {
+        self.replicas.iter().any(|r| r.stale(now))
+    }
+
+    /// Fails the changes that waited longer than [`COMMAND_TIMEOUT`] for an answer at `now`;
+    /// `true` when one did (the screen must say so).
+    pub fn expire_commands(&mut self, now: Instant) -> bool {
+        self.commands.expire(now)
+    }
+
+    /// The changes still waiting for an answer.
+    pub fn pending(&self) -> impl Iterator<Item = &CommandEntry> {
+        self.commands
+            .iter()
+            .filter(|c| c.state == CommandState::Pending)
+    }
+
+    /// The workers panel's rows, in the chosen order (ties keep configuration order).
+    pub fn worker_rows(&self) -> Vec<&WorkerRecord> {
+        let mut rows: Vec<&WorkerRecord> = self.visible().workers.iter().collect();
+        if self.ui.worker_order() == WorkerOrder::Load {
+            rows.sort_by_key(|w| std::cmp::Reverse(w.rule_load()));
+        }
+        rows
+    }
+
+    /// The worker the drain keys act on: the picked one while it exists, else the first row.
+    pub fn selected_worker(&self) -> Option<&WorkerRecord> {
+        let rows = self.worker_rows();
+        let picked = self.ui.selected_worker();
+        rows.iter()
+            .find(|w| Some(w.name.as_str()) == picked)
+            .or(rows.first())
+            .copied()
     }
 
     /// Every replica, in `--url` order.
@@ -192,6 +251,11 @@ impl State {
         let index = replica.min(self.replicas.len() - 1);
         match event {
             ConnEvent::Status(status) => {
+                if status == ConnStatus::Connected {
+                    // The previous connection's commands cannot be answered on this one, and its
+                    // `✓ applied` may describe another gateway process: start a fresh log.
+                    self.commands.clear();
+                }
                 if self.replicas[index].set_status(status) {
                     self.commands
                         .fail_pending(index, "connection lost before the gateway answered");
@@ -241,6 +305,7 @@ impl State {
             Some(Answer::Error(_, message)) => {
                 self.notice = Some(format!("gateway: {message}"));
             }
+            Some(Answer::Notice(message)) => self.notice = Some(message),
             Some(Answer::Ack(_)) | None => {}
         }
         if self.replicas.len() > 1 {
@@ -266,6 +331,15 @@ impl State {
             }
             Action::FocusNext => self.ui.focus_step(true),
             Action::FocusPrev => self.ui.focus_step(false),
+            Action::Scroll(delta) if self.ui.focus() == Panel::Workers => {
+                self.move_worker_selection(delta);
+            }
+            Action::ScrollTop if self.ui.focus() == Panel::Workers => {
+                self.move_worker_selection(i32::MIN / 2);
+            }
+            Action::ScrollBottom if self.ui.focus() == Panel::Workers => {
+                self.move_worker_selection(i32::MAX / 2);
+            }
             Action::Scroll(delta) => {
                 let max = self.max_scroll(self.ui.focus());
                 self.ui.scroll_by(delta, max);
@@ -273,6 +347,8 @@ impl State {
             Action::ScrollTop => self.ui.scroll_to(0),
             Action::ScrollBottom => self.ui.scroll_to(self.max_scroll(self.ui.focus())),
             Action::CycleSort => self.ui.cycle_sort(),
+            Action::ToggleWorkerOrder => self.ui.toggle_worker_order(),
+            Action::Drain | Action::Undrain => return self.drain(action == Action::Drain),
             Action::StartFilter => self.ui.start_filter(),
             Action::FilterChar(c) => self.ui.type_filter(c),
             Action::FilterBackspace => self.ui.erase_filter_char(),
@@ -283,6 +359,47 @@ impl State {
         Effect::None
     }
 
+    /// Moves the worker selection `delta` rows in the panel's order and scrolls so it stays on
+    /// screen.
+    fn move_worker_selection(&mut self, delta: i32) {
+        let rows = self.worker_rows();
+        if rows.is_empty() {
+            return;
+        }
+        let current = self
+            .selected_worker()
+            .and_then(|w| rows.iter().position(|r| r.name == w.name))
+            .unwrap_or(0);
+        let next = current
+            .saturating_add_signed(delta as isize)
+            .min(rows.len() - 1);
+        let name = rows[next].name.clone();
+        self.ui.select_worker(name);
+        let visible = self.ui.viewport(Panel::Workers).max(1);
+        let scroll = self.ui.scroll(Panel::Workers);
+        if next < scroll {
+            self.ui.scroll_to(next);
+        } else if next >= scroll + visible {
+            self.ui.scroll_to(next + 1 - visible);
+        }
+    }
+
+    /// `d` / `u`: asks every replica to drain or undrain the selected worker.
+    fn drain(&mut self, drain: bool) -> Effect {
+        let Some(worker) = self.selected_worker() else {
+            self.notice = Some("no worker to drain yet".into());
+            return Effect::None;
+        };
+        let name = worker.name.clone();
+        self.notice = None;
+        let change = if drain {
+            Change::Drain(name)
+        } else {
+            Change::Undrain(name)
+        };
+        Effect::Send(self.commands.send(change, self.replicas.len()))
+    }
+
     /// One press of a threshold key: asks the gateway for the next step of `threshold`, or says
     /// why not. Nothing changes locally until the gateway's `ack`.
     fn nudge(&mut self, threshold: Threshold, up: bool) -> Effect {
@@ -290,6 +407,13 @@ impl State {
             self.notice = Some("no policy known yet: wait for the gateway's snapshot".into());
             return Effect::None;
         };
+        if !self.live().bound_in_force() {
+            self.notice = Some(format!(
+                "{} never spills: the thresholds change nothing (PUT /admin/policy to switch kind)",
+                policy.kind
+            ));
+            return Effect::None;
+        }
         let pending = self.commands.newest_pending(threshold);
         match Change::step(threshold, up, pending, &policy) {
             Ok(change) => {

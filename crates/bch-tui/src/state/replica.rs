@@ -5,6 +5,7 @@
 use bch_core::fleet_load::LoadSource;
 use bch_core::policy::PolicySettings;
 use bch_core::telemetry::{ClientCommand, ServerFrame, ServerMessage};
+use tokio::time::{Duration, Instant};
 
 use super::fleet::Fleet;
 use crate::conn::ConnStatus;
@@ -19,7 +20,15 @@ pub struct Replica {
     last_seq: Option<u64>,
     /// A `resync` was sent after a seq gap and no snapshot has arrived since.
     resyncing: bool,
+    /// When the last frame arrived on this console's clock (`None` before the first, or when the
+    /// app does not say: tests that only apply frames).
+    last_frame_at: Option<Instant>,
 }
+
+/// A silence this many tick intervals long marks the view stale.
+const STALE_TICKS: u32 = 5;
+/// ...but never less than this: a gateway with a 10 ms tick interval may pause that long.
+const STALE_MIN: Duration = Duration::from_secs(1);
 
 /// A command answer a frame carried, for the state's command log.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,6 +37,8 @@ pub(super) enum Answer {
     Ack(Option<bch_core::telemetry::CommandId>),
     /// `error` with this id and message.
     Error(Option<bch_core::telemetry::CommandId>, String),
+    /// A line for the operator (a drained worker).
+    Notice(String),
 }
 
 /// The settings a replica row compares: kind, both thresholds and the load source.
@@ -63,7 +74,29 @@ impl Replica {
             fleet: Fleet::default(),
             last_seq: None,
             resyncing: false,
+            last_frame_at: None,
         }
+    }
+
+    /// Records that a frame arrived at `now`.
+    pub(super) fn frame_received(&mut self, now: Instant) {
+        self.last_frame_at = Some(now);
+    }
+
+    /// How long ago its last frame arrived, at `now`; `None` when unknown.
+    pub fn frame_age(&self, now: Instant) -> Option<Duration> {
+        Some(now.saturating_duration_since(self.last_frame_at?))
+    }
+
+    /// Whether the replica stopped talking: connected, yet no frame for [`STALE_TICKS`] tick
+    /// intervals (and at least [`STALE_MIN`]). A frozen gateway process keeps its socket open, so
+    /// the connection alone cannot tell.
+    pub fn stale(&self, now: Instant) -> bool {
+        let Some(age) = self.frame_age(now) else {
+            return false;
+        };
+        let interval = Duration::from_millis(self.fleet.tick_interval_ms.unwrap_or(100));
+        self.conn == ConnStatus::Connected && age > (interval * STALE_TICKS).max(STALE_MIN)
     }
 
     /// The replica's websocket URL.
@@ -101,9 +134,13 @@ impl Replica {
     pub(super) fn set_status(&mut self, status: ConnStatus) -> bool {
         let lost = matches!(status, ConnStatus::Reconnecting { .. });
         if status == ConnStatus::Connected {
-            // seq restarts at 0 on every connection and the first frame is a snapshot.
+            // seq restarts at 0 on every connection and the first frame is a snapshot. The
+            // counters may belong to a new gateway process: a baseline from the previous one
+            // would be wrong.
             self.last_seq = None;
             self.resyncing = false;
+            self.fleet.forget_baseline();
+            self.last_frame_at = None;
         }
         self.conn = status;
         lost
@@ -145,8 +182,16 @@ impl Replica {
             }
             ServerMessage::Ack(ack) => {
                 self.fleet.apply_acked_policy(ack.policy);
+                if let Some(worker) = ack.worker {
+                    self.fleet.apply_worker(worker);
+                }
                 Some(Answer::Ack(ack.id))
             }
+            ServerMessage::Drained(drained) => Some(Answer::Notice(if drained.removed {
+                format!("{} drained: idle and removed", drained.worker)
+            } else {
+                format!("{} drained: no request in flight", drained.worker)
+            })),
             ServerMessage::Error(err) => Some(Answer::Error(err.id, err.message)),
         };
         (resync, answer)

@@ -69,10 +69,32 @@ impl SortColumn {
     }
 }
 
+/// The workers panel's row order; `l` toggles it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerOrder {
+    /// Configuration order (the gateway's), so rows do not jump.
+    Config,
+    /// Most in-flight requests first: an overloaded worker cannot be scrolled out of view.
+    Load,
+}
+
+impl WorkerOrder {
+    /// Short name shown in the workers panel's title.
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkerOrder::Config => "config",
+            WorkerOrder::Load => "load",
+        }
+    }
+}
+
 /// View-only state: focus, scrolling, sorting, filter, overlays.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ui {
     focus: Panel,
+    worker_order: WorkerOrder,
+    /// The worker row the drain keys act on, by name (rows move when sorted by load).
+    selected_worker: Option<String>,
     /// First visible row per panel, indexed like [`Panel::ALL`].
     scroll: [usize; 4],
     sort: SortColumn,
@@ -88,6 +110,8 @@ impl Default for Ui {
     fn default() -> Self {
         Self {
             focus: Panel::Workers,
+            worker_order: WorkerOrder::Config,
+            selected_worker: None,
             scroll: [0; 4],
             sort: SortColumn::Recent,
             filter: String::new(),
@@ -107,6 +131,27 @@ impl Ui {
     /// The column the key table is sorted by.
     pub fn sort(&self) -> SortColumn {
         self.sort
+    }
+
+    /// The workers panel's row order.
+    pub fn worker_order(&self) -> WorkerOrder {
+        self.worker_order
+    }
+
+    /// The worker the drain keys act on, when one was picked (else the first row).
+    pub fn selected_worker(&self) -> Option<&str> {
+        self.selected_worker.as_deref()
+    }
+
+    pub(super) fn select_worker(&mut self, name: String) {
+        self.selected_worker = Some(name);
+    }
+
+    pub(super) fn toggle_worker_order(&mut self) {
+        self.worker_order = match self.worker_order {
+            WorkerOrder::Config => WorkerOrder::Load,
+            WorkerOrder::Load => WorkerOrder::Config,
+        };
     }
 
     /// The key filter: a case-insensitive substring of the key label, applied live while typing.

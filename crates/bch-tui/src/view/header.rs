@@ -12,12 +12,15 @@ use tokio::time::Instant;
 
 use super::styles::{Styles, Tone};
 use super::text::clock;
+use bch_core::telemetry::ChangeSource;
+
 use crate::conn::ConnStatus;
 use crate::state::{Change, CommandEntry, CommandState, Fleet, Sample, State};
 
 /// The key hints shown when there is nothing more pressing to say; the full list is in the help
 /// overlay.
-const KEY_HINTS: &str = " g/G gap  s/S skew  p pause  Tab focus  / filter  o sort  ? help  q quit";
+const KEY_HINTS: &str =
+    " g/G gap  s/S skew  d/u drain  l order  p pause  Tab  / filter  ? help  q quit";
 
 /// Draws the header into its four rows at `area`, with the reconnect countdown taken at `now`.
 pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, now: Instant, styles: &Styles) {
@@ -31,28 +34,43 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, now: Instant, s
     frame.render_widget(Paragraph::new(message_line(state, styles)), message);
 }
 
-/// `bch ● CONNECTED ws://… dropped N` (with several replicas: the first one not connected, and
-/// their number), then RESYNCING and PAUSED when they apply.
+/// `bch ● CONNECTED 0.1s ws://… dropped N` (with several replicas: the first one not connected,
+/// and their number), then RESYNCING and PAUSED when they apply. A gateway that stopped sending
+/// (a frozen process keeps its socket) shows `◌ STALE` with the silence.
 fn status_line(state: &State, now: Instant, styles: &Styles) -> Line<'static> {
-    let (dot, tone) = match state.conn() {
-        ConnStatus::Connected => ("●", Tone::Good),
-        ConnStatus::Connecting => ("○", Tone::Warning),
-        ConnStatus::Reconnecting { .. } => ("○", Tone::Alert),
+    let age = state.frame_age(now);
+    let (dot, tone, label) = match state.conn() {
+        ConnStatus::Connected if state.stale(now) => (
+            "◌",
+            Tone::Alert,
+            format!(
+                "STALE: no frame for {:.1}s",
+                age.unwrap_or_default().as_secs_f64()
+            ),
+        ),
+        ConnStatus::Connected => ("●", Tone::Good, state.conn().label(now)),
+        ConnStatus::Connecting => ("○", Tone::Warning, state.conn().label(now)),
+        ConnStatus::Reconnecting { .. } => ("○", Tone::Alert, state.conn().label(now)),
     };
     let mut spans = vec![
         Span::styled(" bch ", styles.brand()),
         Span::raw(" "),
-        Span::styled(
-            format!("{dot} {}", state.conn().label(now)),
-            styles.status(tone),
-        ),
+        Span::styled(format!("{dot} {label}"), styles.status(tone)),
+    ];
+    if let (ConnStatus::Connected, Some(age), false) = (state.conn(), age, state.stale(now)) {
+        spans.push(Span::styled(
+            format!(" {:.1}s ago", age.as_secs_f64()),
+            styles.dim(),
+        ));
+    }
+    spans.extend([
         Span::raw("  "),
         Span::raw(match state.replicas().len() {
             1 => state.url().to_owned(),
             n => format!("{n} replicas, merged"),
         }),
         Span::raw(format!("  dropped {}", state.live().dropped_events)),
-    ];
+    ]);
     if state.resyncing() {
         spans.push(Span::styled("  RESYNCING", styles.status(Tone::Warning)));
     }
@@ -89,7 +107,20 @@ fn policy_line(fleet: &Fleet, styles: &Styles, width: u16) -> Line<'static> {
             Span::raw(format!("{:.1}", fleet.totals.spills_per_s)),
         ];
         if let Some(by) = fleet.policy_changed_by {
-            spans.push(Span::styled(format!("  (changed by {})", by.as_str()), dim));
+            let from = fleet
+                .policy_changed_from
+                .as_deref()
+                .map(|c| format!(" {c}"))
+                .unwrap_or_default();
+            spans.push(Span::styled(
+                format!("  (changed by {}{from}", by.as_str()),
+                dim,
+            ));
+            // A reload put the file's values back; anything else is lost on the next one.
+            if by != ChangeSource::Reload {
+                spans.push(Span::styled(", lost on reload", styles.tone(Tone::Warning)));
+            }
+            spans.push(Span::styled(")", dim));
         }
         Line::from(spans)
     };
@@ -154,26 +185,55 @@ fn message_line(state: &State, styles: &Styles) -> Line<'static> {
             format!(" ✗ attempt {attempt}: {reason}"),
             styles.tone(Tone::Alert),
         )),
-        (None, _, Some(cmd)) => command_line(cmd, styles),
+        (None, _, Some(cmd)) => command_line(cmd, state, styles),
         (None, _, None) => Line::from(Span::styled(KEY_HINTS, styles.dim())),
     }
 }
 
-/// `#3 gap 2 → 3 ✓ applied`: a threshold change and its fate.
-fn command_line(cmd: &CommandEntry, styles: &Styles) -> Line<'static> {
-    let what = match cmd.change {
+/// What a change asks for, in the status line's words.
+fn describe(change: &Change) -> String {
+    match change {
         Change::Gap(from, to) => format!("gap {from} → {to}"),
         Change::Skew(from, to) => format!("skew {from:.2} → {to:.2}"),
-    };
+        Change::Drain(worker) => format!("drain {worker}"),
+        Change::Undrain(worker) => format!("undrain {worker}"),
+    }
+}
+
+/// `#3 gap 2 → 3 ✓ applied`: the newest change and its fate; with several still pending, all of
+/// them (`#1–#3 gap 2 → 5 … 3 pending`), so quick presses do not hide the ones before.
+fn command_line(cmd: &CommandEntry, state: &State, styles: &Styles) -> Line<'static> {
+    let pending: Vec<&CommandEntry> = state.pending().collect();
+    if pending.len() > 1 {
+        let first = pending[0];
+        let last = pending[pending.len() - 1];
+        let what = match (&first.change, &last.change) {
+            (Change::Gap(from, _), Change::Gap(_, to)) => format!("gap {from} → {to}"),
+            (Change::Skew(from, _), Change::Skew(_, to)) => format!("skew {from:.2} → {to:.2}"),
+            _ => describe(&last.change),
+        };
+        return Line::from(vec![
+            Span::styled(format!(" #{}–#{} ", first.id, last.id), styles.dim()),
+            Span::raw(what),
+            Span::raw(" "),
+            Span::styled(
+                format!("… {} pending", pending.len()),
+                styles.status(Tone::Warning),
+            ),
+        ]);
+    }
     // Short words: the gateway's message already names the field, and it must fit in 80 columns.
     let (status, tone) = match &cmd.state {
         CommandState::Pending => ("… pending".to_owned(), Tone::Warning),
+        CommandState::Applied if cmd.change.threshold().is_some() => {
+            ("✓ applied, until reload".to_owned(), Tone::Good)
+        }
         CommandState::Applied => ("✓ applied".to_owned(), Tone::Good),
         CommandState::Failed(msg) => (format!("✗ {msg}"), Tone::Alert),
     };
     Line::from(vec![
         Span::styled(format!(" #{} ", cmd.id), styles.dim()),
-        Span::raw(what),
+        Span::raw(describe(&cmd.change)),
         Span::raw(" "),
         Span::styled(status, styles.status(tone)),
     ])

@@ -39,7 +39,7 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, styles: &Styles) {
 }
 
 /// What the markers, `↷` and the compact spill numbers mean.
-fn legend(styles: &Styles) -> [Line<'static>; 5] {
+fn legend(styles: &Styles) -> [Line<'static>; 6] {
     [
         Line::from(vec![
             Span::styled(format!(" {GAP_MARKER} "), styles.gap_marker()),
@@ -48,6 +48,7 @@ fn legend(styles: &Styles) -> [Line<'static>; 5] {
             Span::raw("mean × max_load_skew"),
         ]),
         Line::raw(" A worker above both marks is OVER: its keys spill."),
+        Line::raw(" DRAIN: no new requests (d); u takes it back."),
         Line::raw(" ↷ in the key table: served off its preferred worker."),
         Line::raw(" Narrow spill log: 9>2+2 9>3.50×1.50 = load > min+gap,"),
         Line::raw("   load > mean×skew."),

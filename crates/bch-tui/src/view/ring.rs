@@ -136,7 +136,7 @@ fn ring_row(
         Span::styled(format!("{} ", worker_glyph(i)), styles.worker(i)),
         Span::styled(
             format!("{:<name_w$} ", truncate_left(&share.name, name_w)),
-            styles.name(healthy),
+            styles.name(healthy, false),
         ),
         Span::raw(format!("{:>6.1}% ", share.share * 100.0)),
     ];

@@ -1,6 +1,8 @@
 //! The spill log, newest first: each spill with the worker it left and the one it went to (or `✗`
 //! when no worker was eligible and it stayed), and the numbers the bounded rule compared. Lines keep
-//! every number and shorten the key when the panel is narrow.
+//! every number and shorten the key when the panel is narrow. When the kept log turns over in
+//! seconds (full, and spanning less than [`GROUP_BELOW_MS`]), single events scroll past unread:
+//! the log is then grouped per key and worker pair, with a count and the newest numbers.
 
 use bch_core::policy::Branch;
 use bch_core::telemetry::SpillEvent;
@@ -12,22 +14,89 @@ use ratatui::widgets::Paragraph;
 use super::panel::{panel_block, scroll_window};
 use super::styles::{Styles, Tone};
 use super::text::{clock, truncate_middle};
-use crate::state::{Fleet, Panel, State};
+use crate::state::{Fleet, Panel, SPILL_LOG_CAP, State};
+
+/// A full log spanning less than this (ms) is shown grouped per key and worker pair.
+pub(super) const GROUP_BELOW_MS: u64 = 10_000;
+
+/// The spills of one key from one worker to another within the kept log: how many, and the
+/// newest (whose numbers are shown).
+struct Group<'a> {
+    count: usize,
+    newest: &'a SpillEvent,
+}
+
+/// The kept log grouped per (key, from, to, branch), newest group first.
+fn groups(fleet: &Fleet) -> Vec<Group<'_>> {
+    let mut groups: Vec<Group> = Vec::new();
+    for event in fleet.spills.iter().rev() {
+        let same = |g: &&mut Group| {
+            let n = g.newest;
+            n.key == event.key
+                && n.from == event.from
+                && n.to == event.to
+                && n.branch == event.branch
+        };
+        match groups.iter_mut().find(same) {
+            Some(group) => group.count += 1,
+            None => groups.push(Group {
+                count: 1,
+                newest: event,
+            }),
+        }
+    }
+    groups
+}
+
+/// Whether the kept log turns over too fast to read event by event.
+fn grouped(fleet: &Fleet) -> bool {
+    let (Some(oldest), Some(newest)) = (fleet.spills.front(), fleet.spills.back()) else {
+        return false;
+    };
+    fleet.spills.len() >= SPILL_LOG_CAP
+        && newest.ts_ms.saturating_sub(oldest.ts_ms) < GROUP_BELOW_MS
+}
 
 /// Draws the spill log at `area`, from the scroll offset on.
 pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles) {
     let fleet = state.visible();
-    let title = Line::from(vec![
-        Span::raw(" Spills "),
-        Span::styled(
-            format!("{} total, newest first ", fleet.totals.spills_total),
-            styles.dim(),
-        ),
-    ]);
+    let grouped = grouped(fleet);
+    let how = if grouped {
+        let span = fleet.spills.back().map_or(0, |n| n.ts_ms)
+            - fleet.spills.front().map_or(0, |o| o.ts_ms);
+        format!(
+            "{} total; the last {} in {:.1}s by key and pair ",
+            fleet.totals.spills_total,
+            fleet.spills.len(),
+            span as f64 / 1000.0
+        )
+    } else {
+        format!("{} total, newest first ", fleet.totals.spills_total)
+    };
+    let title = Line::from(vec![Span::raw(" Spills "), Span::styled(how, styles.dim())]);
     let block = panel_block(state.ui().focus() == Panel::Spills, title, styles);
     let inner = block.inner(area);
     frame.render_widget(block, area);
     let visible = inner.height as usize;
+    if grouped {
+        let groups = groups(fleet);
+        let start = scroll_window(
+            frame,
+            area,
+            state.scroll(Panel::Spills),
+            groups.len(),
+            visible,
+            styles,
+        );
+        let lines: Vec<Line> = groups
+            .iter()
+            .skip(start)
+            .take(visible)
+            .map(|g| group_line(g, usize::from(inner.width), styles))
+            .collect();
+        frame.render_widget(Paragraph::new(lines), inner);
+        return;
+    }
     let len = fleet.spills.len();
     let start = scroll_window(
         frame,
@@ -97,6 +166,21 @@ fn spill_line(s: &SpillEvent, width: usize, styles: &Styles) -> Line<'static> {
         Span::styled(target, target_style),
         Span::raw(format!(" {rule}")),
     ])
+}
+
+/// `12:00:00 hot-0 ×29 sim-0→sim-3 3>0+2 3>1.25×1.50`: a group's count and its newest spill in
+/// the compact form.
+fn group_line(g: &Group<'_>, width: usize, styles: &Styles) -> Line<'static> {
+    let count = format!("×{} ", g.count);
+    let mut line = spill_line(
+        g.newest,
+        width.saturating_sub(count.chars().count()),
+        styles,
+    );
+    let at = usize::from(!line.spans.is_empty());
+    line.spans
+        .insert(at, Span::styled(count, styles.status(Tone::Warning)));
+    line
 }
 
 /// `12:00:00.085 chat-session-0001 w0 → w1 pref 9 min 2 mean 3.50 gap 2 skew 1.50`.

@@ -156,13 +156,14 @@ impl Styles {
         marker.bg(bar.fg.unwrap_or(Color::Reset)).fg(self.ink)
     }
 
-    /// A worker's name: crossed out and dim while it is down.
-    pub(super) fn name(&self, healthy: bool) -> Style {
-        if healthy {
+    /// A worker's name: crossed out and dim while it is down, reversed when selected.
+    pub(super) fn name(&self, healthy: bool, selected: bool) -> Style {
+        let style = if healthy {
             Style::new()
         } else {
             self.dim().add_modifier(Modifier::CROSSED_OUT)
-        }
+        };
+        if selected { style.reversed() } else { style }
     }
 
     /// The `i`-th worker's glyph tag in the ring panel: its colour as background.

@@ -1,9 +1,12 @@
 //! The workers panel: one load bar per worker, drawn against the bounded policy's two bounds
 //! (`│` at `min + min_load_gap`, `┊` at `mean × max_load_skew`), with OVER on a worker whose keys
-//! would spill and DOWN on one that failed its health checks. A bar shows the load the rule reads
-//! (the fleet-wide load in `worker_metrics` mode); a worker the rule routes on local load because
-//! its scrape is stale is drawn with `▒` instead of `█`. When some workers were found by DNS
-//! discovery, the title counts workers by source and wide rows end with each worker's source.
+//! would spill, DOWN on one that failed its health checks and DRAIN on one being drained. A bar
+//! shows the load the rule reads (the fleet-wide load in `worker_metrics` mode); a worker the rule
+//! routes on local load because its scrape is stale is drawn with `▒` instead of `█`. The title
+//! counts the OVER workers, so one scrolled out of view is not missed; the numbers come before the
+//! bar: the counters are added (errors first) only while the bar keeps its room. When some workers
+//! were found by DNS discovery, the title counts workers by source and rows with room left after
+//! every counter end with each worker's source.
 
 use bch_core::fleet_load::LoadSource;
 use bch_core::telemetry::WorkerRecord;
@@ -13,10 +16,12 @@ use ratatui::style::Style;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
+use bch_core::telemetry::WorkerState;
+
 use super::panel::{panel_block, scroll_window};
 use super::styles::{Styles, Tone};
 use super::text::{truncate_left, truncate_middle};
-use crate::state::{Fleet, FleetBound, Panel, State};
+use crate::state::{Fleet, FleetBound, Panel, State, WorkerOrder, routable};
 
 /// Marker drawn in a load bar at `min + min_load_gap`.
 pub(super) const GAP_MARKER: char = '│';
@@ -24,19 +29,25 @@ pub(super) const GAP_MARKER: char = '│';
 pub(super) const SKEW_MARKER: char = '┊';
 /// Marker when both bounds fall in the same cell.
 const BOTH_MARKER: char = '╫';
+/// The bar keeps at least this many cells before a counter is added to the rows.
+const MIN_BAR: usize = 12;
 /// Bar cell of a worker whose scrape is stale (the rule reads local load for it).
 const STALE_CELL: char = '▒';
-/// Inner width from which each row also shows the worker's request, spill and error counters.
-const STATS_FROM: u16 = 86;
 /// Widest source label a row shows (`dns:_http._tcp.llm…cluster.local`).
 const SOURCE_W: usize = 24;
+/// Narrowest cut of a source label worth showing (`dns:_htt…l.local`).
+const MIN_SOURCE: usize = 16;
 
 /// Draws the workers panel at `area`: the bound legend, then one row per worker from the scroll
 /// offset on.
 pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles) {
     let fleet = state.visible();
     let focused = state.ui().focus() == Panel::Workers;
-    let block = panel_block(focused, title(fleet, styles), styles);
+    let block = panel_block(
+        focused,
+        title(fleet, state.ui().worker_order(), styles),
+        styles,
+    );
     let inner = block.inner(area);
     frame.render_widget(block, area);
     if inner.height == 0 || inner.width < 12 {
@@ -46,22 +57,23 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
     let geometry = Geometry::new(fleet, bound, inner.width);
     let rows_h = inner.height.saturating_sub(1) as usize;
     let scroll = state.scroll(Panel::Workers);
-    let start = scroll_window(frame, area, scroll, fleet.workers.len(), rows_h, styles);
+    let rows = state.worker_rows();
+    let start = scroll_window(frame, area, scroll, rows.len(), rows_h, styles);
+    // The selection shows only while the panel has focus, where the drain keys are meant for it.
+    let selected = focused
+        .then(|| state.selected_worker().map(|w| w.name.as_str()))
+        .flatten();
     let mut lines = vec![legend(fleet, bound, inner.width, styles)];
-    lines.extend(
-        fleet
-            .workers
-            .iter()
-            .skip(start)
-            .take(rows_h)
-            .map(|w| worker_line(w, bound, &geometry, styles)),
-    );
+    lines.extend(rows.iter().skip(start).take(rows_h).map(|w| {
+        let picked = selected == Some(w.name.as_str());
+        worker_line(w, bound, &geometry, picked, styles)
+    }));
     frame.render_widget(Paragraph::new(lines), inner);
 }
 
-/// ` Workers 3/4 healthy `, plus `fleet load` when the rule reads the workers' own gauges, and
-/// ` 3 discovered, 1 static ` when discovery found some of them.
-fn title(fleet: &Fleet, styles: &Styles) -> Line<'static> {
+/// ` Workers 3/4 healthy 2 OVER 1 draining by load `, plus `fleet load` when the rule reads the
+/// workers' own gauges, and ` 3 discovered, 1 static ` when discovery found some of them.
+fn title(fleet: &Fleet, order: WorkerOrder, styles: &Styles) -> Line<'static> {
     let healthy = fleet.workers.iter().filter(|w| w.healthy).count();
     let mut spans = vec![
         Span::raw(" Workers "),
@@ -70,6 +82,27 @@ fn title(fleet: &Fleet, styles: &Styles) -> Line<'static> {
             styles.dim(),
         ),
     ];
+    let over = fleet.over();
+    if over > 0 {
+        spans.push(Span::styled(
+            format!("{over} OVER "),
+            styles.status(Tone::Alert),
+        ));
+    }
+    let draining = fleet
+        .workers
+        .iter()
+        .filter(|w| w.state == WorkerState::Draining)
+        .count();
+    if draining > 0 {
+        spans.push(Span::styled(
+            format!("{draining} draining "),
+            styles.status(Tone::Warning),
+        ));
+    }
+    if order == WorkerOrder::Load {
+        spans.push(Span::styled("by load ", styles.dim()));
+    }
     if fleet
         .policy
         .is_some_and(|p| p.load_source == LoadSource::WorkerMetrics)
@@ -95,13 +128,16 @@ fn title(fleet: &Fleet, styles: &Styles) -> Line<'static> {
 /// from when the row has room.
 fn legend(fleet: &Fleet, bound: Option<FleetBound>, width: u16, styles: &Styles) -> Line<'static> {
     let Some(b) = bound else {
-        return if fleet.workers.is_empty() {
-            Line::from(Span::styled("no workers", styles.dim()))
-        } else {
-            Line::from(Span::styled(
+        return match fleet.policy {
+            Some(policy) if !fleet.bound_in_force() => Line::from(Span::styled(
+                format!("no bound: {} never spills", policy.kind),
+                styles.dim(),
+            )),
+            _ if fleet.workers.is_empty() => Line::from(Span::styled("no workers", styles.dim())),
+            _ => Line::from(Span::styled(
                 "no healthy worker: no bound",
                 styles.tone(Tone::Alert),
-            ))
+            )),
         };
     };
     let mut spans = vec![
@@ -128,14 +164,62 @@ fn legend(fleet: &Fleet, bound: Option<FleetBound>, width: u16, styles: &Styles)
     Line::from(spans)
 }
 
+/// A counter a worker row can show, in the order they are added as the panel widens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Counter {
+    Errors,
+    SpilledOut,
+    SpilledIn,
+    Requests,
+}
+
+impl Counter {
+    /// Priority order: errors say something is wrong, spills what the policy does, requests are
+    /// the least urgent.
+    const BY_PRIORITY: [Counter; 4] = [
+        Counter::Errors,
+        Counter::SpilledOut,
+        Counter::SpilledIn,
+        Counter::Requests,
+    ];
+
+    /// The label and the digits its column keeps.
+    fn label(self) -> (&'static str, usize) {
+        match self {
+            Counter::Errors => ("err", 4),
+            Counter::SpilledOut => ("out", 5),
+            Counter::SpilledIn => ("in", 5),
+            Counter::Requests => ("req", 7),
+        }
+    }
+
+    /// The counter's value for `w`.
+    fn value(self, w: &WorkerRecord) -> u64 {
+        match self {
+            Counter::Errors => w.errors_total,
+            Counter::SpilledOut => w.spilled_out_total,
+            Counter::SpilledIn => w.spilled_in_total,
+            Counter::Requests => w.requests_total,
+        }
+    }
+
+    /// Columns this counter takes: `  err 1234`.
+    fn width(self) -> usize {
+        let (label, digits) = self.label();
+        2 + label.len() + 1 + digits
+    }
+}
+
 /// Column widths shared by every row, and the load that the full bar width stands for.
 struct Geometry {
     name_w: usize,
     bar_w: usize,
     /// In-flight requests at the bar's right end.
     scale: f64,
-    stats: bool,
-    /// Width of the source column that wide rows end with; 0 unless some worker was discovered.
+    /// Counters shown, in display order (requests first).
+    counters: Vec<Counter>,
+    /// Width of the source column that rows end with; 0 unless some worker was discovered and
+    /// every counter fits beside it.
     source_w: usize,
 }
 
@@ -148,29 +232,23 @@ impl Geometry {
             .max()
             .unwrap_or(0)
             .clamp(4, 16);
-        let stats = width >= STATS_FROM;
-        let stats_w = if stats { 30 } else { 0 };
-        let discovered = fleet.workers.iter().any(|w| w.source.is_discovered());
-        let source_w = if stats && discovered {
-            fleet
-                .workers
-                .iter()
-                .map(|w| w.source.label().chars().count())
-                .max()
-                .unwrap_or(0)
-                .min(SOURCE_W)
-        } else {
-            0
-        };
-        // glyph + space, name, space, bar, active (5), flag (5), stats, two spaces + source. The
-        // counters are 38 wide, not 30: rows without a source column let the panel clip them.
-        let source_slot = if source_w > 0 {
-            38 - stats_w + 2 + source_w
-        } else {
-            0
-        };
-        let fixed = 2 + name_w + 1 + 5 + 5 + stats_w + source_slot;
-        let bar_w = (width as usize).saturating_sub(fixed).max(4);
+        // glyph + marker, name, space, bar, active (5), flag (6), counters, source
+        let fixed = 2 + name_w + 1 + 5 + 6;
+        let mut left = (width as usize).saturating_sub(fixed);
+        let mut counters = Vec::new();
+        for counter in Counter::BY_PRIORITY {
+            if left >= MIN_BAR + counter.width() {
+                left -= counter.width();
+                counters.push(counter);
+            }
+        }
+        // Display order is the reverse of priority: `req … in … out … err`, errors at the edge.
+        counters.reverse();
+        let source_w = source_width(fleet, counters.len(), left);
+        if source_w > 0 {
+            left -= 2 + source_w;
+        }
+        let bar_w = left.max(4);
         let max_active = fleet
             .workers
             .iter()
@@ -186,7 +264,7 @@ impl Geometry {
             bar_w,
             // Headroom so the bound markers never sit on the panel's edge.
             scale: (scale * 1.25).max(4.0),
-            stats,
+            counters,
             source_w,
         }
     }
@@ -202,16 +280,41 @@ impl Geometry {
     }
 }
 
-/// `● w0   ███│██┊█···    9 OVER  req …`: health glyph, name, bar, load, flag, counters.
+/// Columns of the source label that rows end with (two spaces before it): the least urgent
+/// column, so only when some worker was discovered, all `shown` counters fit and `left` cells
+/// leave the bar its room; cut in the middle to what is left, but never below [`MIN_SOURCE`].
+fn source_width(fleet: &Fleet, shown: usize, left: usize) -> usize {
+    if shown < Counter::BY_PRIORITY.len() || !fleet.workers.iter().any(|w| w.source.is_discovered())
+    {
+        return 0;
+    }
+    let widest = fleet
+        .workers
+        .iter()
+        .map(|w| w.source.label().chars().count())
+        .max()
+        .unwrap_or(0)
+        .min(SOURCE_W);
+    let room = left.saturating_sub(MIN_BAR + 2).min(widest);
+    if room >= MIN_SOURCE.min(widest) {
+        room
+    } else {
+        0
+    }
+}
+
+/// `●▸w0   ███│██┊█···    9 OVER  req …`: health glyph, the selection mark, name, bar, load,
+/// flag, counters.
 fn worker_line(
     w: &WorkerRecord,
     bound: Option<FleetBound>,
     geometry: &Geometry,
+    selected: bool,
     styles: &Styles,
 ) -> Line<'static> {
     // The same test the gateway routes with: OVER means a new request for this worker's keys
     // would spill.
-    let over = w.healthy && bound.is_some_and(|b| b.check(w.rule_load()).should_spill());
+    let over = routable(w) && bound.is_some_and(|b| b.check(w.rule_load()).should_spill());
     let (glyph, glyph_style) = if w.healthy {
         ("●", styles.tone(Tone::Good))
     } else {
@@ -219,10 +322,11 @@ fn worker_line(
     };
     let name_w = geometry.name_w;
     let mut spans = vec![
-        Span::styled(format!("{glyph} "), glyph_style),
+        Span::styled(glyph, glyph_style),
+        Span::styled(if selected { "▸" } else { " " }, styles.value()),
         Span::styled(
             format!("{:<name_w$} ", truncate_left(&w.name, name_w)),
-            styles.name(w.healthy),
+            styles.name(w.healthy, selected),
         ),
     ];
     spans.extend(load_bar(w, over, bound, geometry, styles));
@@ -230,10 +334,8 @@ fn worker_line(
         format!("{:>5}", w.rule_load()),
         styles.value(),
     ));
-    spans.push(flag(w.healthy, over, styles));
-    if geometry.stats {
-        spans.push(counters(w, styles));
-    }
+    spans.push(flag(w, over, styles));
+    spans.extend(counters(w, &geometry.counters, styles));
     if geometry.source_w > 0 {
         let source = truncate_middle(&w.source.label(), geometry.source_w);
         spans.push(Span::styled(format!("  {source}"), styles.dim()));
@@ -286,24 +388,33 @@ fn bar_cell(
     Span::styled(ch.to_string(), style)
 }
 
-/// ` DOWN`, ` OVER` or blanks of the same width, so the counters stay in one column.
-fn flag(healthy: bool, over: bool, styles: &Styles) -> Span<'static> {
-    if !healthy {
-        Span::styled(" DOWN", styles.status(Tone::Alert))
+/// ` DOWN `, ` DRAIN`, ` OVER ` or blanks of the same width, so the counters stay in one column.
+fn flag(w: &WorkerRecord, over: bool, styles: &Styles) -> Span<'static> {
+    if !w.healthy {
+        Span::styled(" DOWN ", styles.status(Tone::Alert))
+    } else if w.state == WorkerState::Draining {
+        Span::styled(" DRAIN", styles.status(Tone::Warning))
     } else if over {
-        Span::styled(" OVER", styles.status(Tone::Alert))
+        Span::styled(" OVER ", styles.status(Tone::Alert))
     } else {
-        Span::raw("     ")
+        Span::raw("      ")
     }
 }
 
-/// `  req  812 in    1 out    4 err   0`: cumulative counters, shown when the panel is wide.
-fn counters(w: &WorkerRecord, styles: &Styles) -> Span<'static> {
-    Span::styled(
-        format!(
-            "  req {:>6} in {:>4} out {:>4} err {:>3}",
-            w.requests_total, w.spilled_in_total, w.spilled_out_total, w.errors_total
-        ),
-        styles.dim(),
-    )
+/// `  req  812  in    1  out    4  err   0`: the cumulative counters the width allows; a value
+/// wider than its column pushes the row on rather than being cut.
+fn counters(w: &WorkerRecord, shown: &[Counter], styles: &Styles) -> Vec<Span<'static>> {
+    shown
+        .iter()
+        .map(|counter| {
+            let (label, digits) = counter.label();
+            let value = counter.value(w);
+            let style = if *counter == Counter::Errors && value > 0 {
+                styles.tone(Tone::Alert)
+            } else {
+                styles.dim()
+            };
+            Span::styled(format!("  {label} {value:>digits$}"), style)
+        })
+        .collect()
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use bch_core::policy::Branch;
 use bch_core::telemetry::{
     KeyKind, KeyRecord, RingOwnership, RingShare, ServerFrame, ServerMessage, Snapshot, SpillEvent,
-    Tick, Totals, WorkerRecord,
+    Tick, Totals, WorkerRecord, WorkerState,
 };
 use bch_tui::{ConnEvent, ConnStatus, State};
 
@@ -19,6 +19,7 @@ fn big_fleet() -> ServerFrame {
             name: format!("gpu-{i:02}"),
             url: format!("http://10.1.0.{}:30000", 10 + i),
             healthy: i % 17 != 5,
+            state: WorkerState::Active,
             active: ((i * 7) % 11) as u64 + if i == 3 { 20 } else { 0 },
             requests_total: 1000 + i as u64 * 37,
             spilled_in_total: (i % 5) as u64,

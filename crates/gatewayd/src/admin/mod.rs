@@ -12,11 +12,15 @@
 //! nothing (no ring rebuild, no `ring` frame). Changes are serialised by a lock that is only ever
 //! held for this short, synchronous sequence, never by the data path.
 //!
-//! Workers that leave keep their counters in [`departed`] for when they come back.
+//! Workers that leave keep their counters in [`departed`] for when they come back. Draining a
+//! worker (and removing it once idle) is in [`drain`].
 
+mod actor;
 mod departed;
+mod drain;
 pub mod membership;
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -26,8 +30,8 @@ use bch_core::policy::{PolicyError, PolicyPatch, PolicySettings};
 use bch_core::router::{
     MembershipError, Router, RouterError, RoutingTable, WorkerSpec, validate_membership,
 };
-use bch_core::telemetry::{ChangeSource, WorkerRecord};
-use tokio::sync::watch;
+use bch_core::telemetry::WorkerRecord;
+use tokio::sync::{Notify, watch};
 
 use crate::config::runtime::{RuntimeSettings, SharedSettings};
 use crate::config::{
@@ -37,6 +41,7 @@ use crate::config::{
 use crate::error::GatewayError;
 use crate::telemetry::Telemetry;
 use crate::upstream::Upstreams;
+pub use actor::Actor;
 use departed::Departed;
 pub use membership::DiscoveredWorker;
 use membership::{DiscoveredSets, merge};
@@ -165,6 +170,8 @@ struct InForce {
     /// `statics` and `discovered` merged: what the router, the endpoints and the probes have.
     merged: Arc<Vec<Member>>,
     departed: Departed,
+    /// Draining workers (by name) to remove from the membership once idle.
+    remove_when_idle: HashSet<String>,
 }
 
 /// The next state one change asks for.
@@ -187,19 +194,34 @@ pub struct Admin {
     listeners: Vec<SocketAddr>,
     sources: watch::Sender<Vec<DiscoveryConfig>>,
     in_force: Mutex<InForce>,
+    /// Notified on every membership change, so the prober probes new workers at once.
+    probe_now: Arc<Notify>,
+}
+
+/// The parts the admin owner writes to or tells about a change, besides those it builds itself
+/// (settings, configuration and membership in force).
+pub struct Owned {
+    /// Membership, policy and worker states.
+    pub router: Arc<Router>,
+    /// The published worker endpoints.
+    pub upstreams: Arc<Upstreams>,
+    /// Told about policy changes.
+    pub telemetry: Telemetry,
+    /// Woken on a membership change, so new workers are probed at once.
+    pub probe_now: Arc<Notify>,
 }
 
 impl Admin {
-    /// The owner of a gateway whose router and endpoints were built from `config` (already
-    /// effective and validated) with its static workers `statics` and no discovered ones yet.
-    pub fn new(
-        router: Arc<Router>,
-        upstreams: Arc<Upstreams>,
-        telemetry: Telemetry,
-        origin: ConfigOrigin,
-        config: Config,
-        statics: Vec<Member>,
-    ) -> Self {
+    /// The owner of a gateway whose router and endpoints (in `owned`) were built from `config`
+    /// (already effective and validated) with its static workers `statics` and no discovered ones
+    /// yet.
+    pub fn new(owned: Owned, origin: ConfigOrigin, config: Config, statics: Vec<Member>) -> Self {
+        let Owned {
+            router,
+            upstreams,
+            telemetry,
+            probe_now,
+        } = owned;
         let merged = Arc::new(statics.clone());
         let (sources, _) = watch::channel(config.discovery.clone());
         let settings = Arc::new(ArcSwap::from_pointee(RuntimeSettings::from_config(&config)));
@@ -210,6 +232,7 @@ impl Admin {
             discovered: DiscoveredSets::default(),
             merged: Arc::clone(&merged),
             departed: Departed::default(),
+            remove_when_idle: HashSet::new(),
         };
         Self {
             router,
@@ -222,6 +245,7 @@ impl Admin {
             listeners: Vec::new(),
             sources,
             in_force: Mutex::new(in_force),
+            probe_now,
         }
     }
 
@@ -247,6 +271,12 @@ impl Admin {
         Arc::clone(&self.members)
     }
 
+    /// The workers added after the file's on every reload (`--worker`, the demo's), which a file
+    /// written from the configuration in force must not list again.
+    pub fn pinned_workers(&self) -> &[WorkerConfig] {
+        &self.origin.pinned_workers
+    }
+
     /// The `[[discovery]]` entries in force; changes on every reload that changes them.
     pub fn discovery_sources(&self) -> watch::Receiver<Vec<DiscoveryConfig>> {
         self.sources.subscribe()
@@ -255,30 +285,47 @@ impl Admin {
     /// Adds a static worker; answers its record. 400-class errors name the field; a clash with a
     /// registered static worker is a [`MembershipError`]. A discovered worker with the same URL
     /// becomes this static one.
-    pub fn add_worker(&self, worker: WorkerConfig) -> Result<WorkerRecord, AdminError> {
+    pub fn add_worker(
+        &self,
+        worker: WorkerConfig,
+        actor: &Actor,
+    ) -> Result<WorkerRecord, AdminError> {
         let member = worker.member()?;
         let name = member.spec.name.clone();
         let url = member.spec.url.clone();
-        self.change(ChangeSource::Http, |config, statics| {
+        self.change(actor, |config, statics| {
             config.workers.push(worker);
             statics.push(member);
             Ok(())
         })?;
-        tracing::info!(worker = %name, %url, "worker added");
+        tracing::info!(worker = %name, %url, client = actor.client_str(), "worker added");
         // A concurrent removal may have taken it out again already.
+        self.record(&name)
+    }
+
+    /// The telemetry record of the worker called `name`.
+    fn record(&self, name: &str) -> Result<WorkerRecord, AdminError> {
         self.router
             .table()
             .worker_records(crate::telemetry::wire::now_ms())
             .into_iter()
             .find(|w| w.name == name)
-            .ok_or(AdminError::UnknownWorker(name))
+            .ok_or_else(|| AdminError::UnknownWorker(name.to_owned()))
     }
 
     /// Removes the static worker called `name` and answers its spec. Requests already routed to it
     /// keep their load guards and finish; no new request reaches it once this returns. A worker
     /// that DNS discovery has (alone or as well) is refused: it would come back.
-    pub fn remove_worker(&self, name: &str) -> Result<WorkerSpec, AdminError> {
+    pub fn remove_worker(&self, name: &str, actor: &Actor) -> Result<WorkerSpec, AdminError> {
         let mut in_force = self.lock();
+        let spec = self.remove_static(&mut in_force, name, actor)?;
+        tracing::info!(worker = %spec.name, client = actor.client_str(), "worker removed");
+        Ok(spec)
+    }
+
+    /// The worker called `name` if it is a member, refused if DNS discovery has it (alone or as
+    /// well): removed, it would come back.
+    fn removable<'a>(in_force: &'a InForce, name: &str) -> Result<&'a Member, AdminError> {
         let worker = in_force
             .merged
             .iter()
@@ -291,13 +338,23 @@ impl Admin {
                 .source_of(&in_force.config, &worker.spec.url)
                 .map(|source| source.dns.clone()),
         };
-        if let Some(dns) = discovered_by {
-            return Err(AdminError::Discovered {
+        match discovered_by {
+            Some(dns) => Err(AdminError::Discovered {
                 name: name.to_owned(),
                 dns,
-            });
+            }),
+            None => Ok(worker),
         }
-        let spec = worker.spec.clone();
+    }
+
+    /// Removes the static worker called `name` under the admin lock (see [`Admin::remove_worker`]).
+    fn remove_static(
+        &self,
+        in_force: &mut InForce,
+        name: &str,
+        actor: &Actor,
+    ) -> Result<WorkerSpec, AdminError> {
+        let spec = Self::removable(in_force, name)?.spec.clone();
         let mut config = (*in_force.config).clone();
         config.workers.retain(|w| w.url != spec.url);
         let mut statics = in_force.statics.clone();
@@ -307,21 +364,21 @@ impl Admin {
             statics,
             discovered: in_force.discovered.clone(),
         };
-        self.apply(&mut in_force, next, ChangeSource::Http)?;
-        tracing::info!(worker = %spec.name, "worker removed");
+        self.apply(in_force, next, actor)?;
         Ok(spec)
     }
 
-    /// Applies a policy patch (any subset of kind, thresholds, virtual nodes, load source) and
-    /// answers the policy in force; `source` is announced to telemetry clients.
+    /// Applies a policy patch (any subset of kind, thresholds, virtual nodes, load source, spill
+    /// order) and answers the policy in force; `actor` is logged and announced to telemetry
+    /// clients.
     pub fn set_policy(
         &self,
         patch: &PolicyPatch,
-        source: ChangeSource,
+        actor: &Actor,
     ) -> Result<PolicySettings, AdminError> {
         // The answer is the policy this change put in force, not whatever a concurrent change
         // left in the table a moment later.
-        self.change(source, |config, _| {
+        self.change(actor, |config, _| {
             let policy = config.policy_settings().patched(patch)?;
             config.set_policy_settings(policy);
             Ok(policy)
@@ -343,8 +400,10 @@ impl Admin {
             statics,
             discovered,
         };
-        self.apply(&mut in_force, next, ChangeSource::Reload)?;
-        tracing::info!(path = %path.display(), "configuration reloaded");
+        let before = Arc::clone(&in_force.config);
+        self.apply(&mut in_force, next, &Actor::reload())?;
+        let diff = crate::config::diff::describe(&before, &in_force.config);
+        tracing::info!(path = %path.display(), changes = %diff, "configuration reloaded");
         Ok(())
     }
 
@@ -371,7 +430,7 @@ impl Admin {
             statics: in_force.statics.clone(),
             discovered,
         };
-        self.apply(&mut in_force, next, ChangeSource::Reload)?;
+        self.apply(&mut in_force, next, &Actor::reload())?;
         let (joined, left) = url_changes(&before, &self.router.table());
         Ok(DiscoveryChange::Changed { joined, left })
     }
@@ -389,7 +448,7 @@ impl Admin {
     /// it; answers what `edit` answered.
     fn change<T>(
         &self,
-        source: ChangeSource,
+        actor: &Actor,
         edit: impl FnOnce(&mut Config, &mut Vec<Member>) -> Result<T, AdminError>,
     ) -> Result<T, AdminError> {
         let mut in_force = self.lock();
@@ -401,19 +460,14 @@ impl Admin {
             statics,
             discovered: in_force.discovered.clone(),
         };
-        self.apply(&mut in_force, next, source)?;
+        self.apply(&mut in_force, next, actor)?;
         Ok(answer)
     }
 
     /// The one path of every change: validate, merge, publish endpoints, swap the router's table,
-    /// the probe targets, the settings and the configuration, announce a policy change. `source`
+    /// the probe targets, the settings and the configuration, announce a policy change. `actor`
     /// names who changed the policy, if it changed.
-    fn apply(
-        &self,
-        in_force: &mut InForce,
-        next: Next,
-        source: ChangeSource,
-    ) -> Result<(), AdminError> {
+    fn apply(&self, in_force: &mut InForce, next: Next, actor: &Actor) -> Result<(), AdminError> {
         let statics: Vec<WorkerSpec> = next.statics.iter().map(|m| m.spec.clone()).collect();
         validate_membership(&statics)?;
         // Workers added at run time obey the endpoint picker's `http://IP:PORT` rule too
@@ -451,6 +505,8 @@ impl Admin {
         } else {
             // Endpoints first: every table the router publishes finds its workers' endpoints.
             self.upstreams.publish(&merged.members);
+            self.router
+                .set_initial_health(!next.config.health.wait_for_first_probe);
             if let Err(error) = self.router.reconfigure(specs, policy) {
                 self.upstreams.publish(&in_force.merged);
                 return Err(error.into());
@@ -464,6 +520,7 @@ impl Admin {
             let members = Arc::new(merged.members);
             self.members.store(Arc::clone(&members));
             in_force.merged = members;
+            self.probe_now.notify_one();
         }
         if !Arc::ptr_eq(&next.config, &in_force.config) {
             self.settings
@@ -481,9 +538,14 @@ impl Admin {
         in_force.config = next.config;
         in_force.statics = next.statics;
         in_force.discovered = next.discovered;
+        let table = self.router.table();
+        in_force
+            .remove_when_idle
+            .retain(|name| table.index_of(name).is_some());
         if policy != before {
-            tracing::info!(source = source.as_str(), kind = %policy.kind, min_load_gap = policy.min_load_gap, max_load_skew = policy.max_load_skew, spill_order = %policy.spill_order, virtual_nodes = policy.virtual_nodes, load_source = policy.load_source.as_str(), "policy changed");
-            self.telemetry.policy_changed(source);
+            tracing::info!(source = actor.source.as_str(), client = actor.client_str(), kind = %policy.kind, min_load_gap = policy.min_load_gap, max_load_skew = policy.max_load_skew, spill_order = %policy.spill_order, virtual_nodes = policy.virtual_nodes, load_source = policy.load_source.as_str(), previous_kind = %before.kind, previous_min_load_gap = before.min_load_gap, previous_max_load_skew = before.max_load_skew, previous_spill_order = %before.spill_order, previous_load_source = before.load_source.as_str(), "policy changed");
+            self.telemetry
+                .policy_changed(actor.source, actor.client.clone());
         }
         Ok(())
     }

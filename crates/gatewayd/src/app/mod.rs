@@ -12,24 +12,33 @@
 //! in force, and every change of membership or policy goes through the [`Admin`] owner.
 
 mod logging;
+mod options;
+mod prepare;
 mod signals;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bch_core::router::{Router, RouterError, RoutingTable};
+use std::sync::PoisonError;
+
+use axum::extract::ConnectInfo;
+use bch_core::router::{Router, RoutingTable};
 use hyper::service::service_fn;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tower::ServiceExt;
 
 pub use logging::init_logging;
+pub use options::{StartError, StartOptions};
+pub use prepare::{Findings, check};
+use prepare::{Prepared, prepare};
 
-use crate::admin::{Admin, ConfigOrigin, ConfigOverrides};
-use crate::config::{Config, ConfigError, Member, WorkerConfig};
+use crate::admin::Admin;
+use crate::config::{Config, ConfigError};
 use crate::control::ControlPlane;
 use crate::control::guard::BrowserGuard;
 use crate::fleet::ScrapeStats;
@@ -40,112 +49,6 @@ use crate::routing::Routing;
 use crate::server::{ConnectionCap, Listening};
 use crate::telemetry::Telemetry;
 use crate::upstream::Upstreams;
-
-/// What to start a gateway from. The configuration in force is `config` with `overrides` applied
-/// and `pinned_workers` appended, and every reload rebuilds it the same way from the file, so the
-/// command line and the demo's workers are in force from the first request on, and stay.
-#[derive(Clone)]
-pub struct StartOptions {
-    config: Config,
-    origin: ConfigOrigin,
-    handle_signals: bool,
-}
-
-impl StartOptions {
-    /// Start from `config` as it is: no file to reload, no overrides, no pinned workers, no signal
-    /// handlers (an embedding program or a test keeps its own).
-    pub fn new(config: Config) -> Self {
-        Self {
-            config,
-            origin: ConfigOrigin {
-                path: None,
-                overrides: None,
-                pinned_workers: Vec::new(),
-            },
-            handle_signals: false,
-        }
-    }
-
-    /// `config` was read from `path`, which `POST /admin/reload` and SIGHUP re-read.
-    pub fn config_file(mut self, path: PathBuf) -> Self {
-        self.origin.path = Some(path);
-        self
-    }
-
-    /// Changes applied to the file's contents at start and on every reload (the command line).
-    pub fn overrides(mut self, overrides: ConfigOverrides) -> Self {
-        self.origin.overrides = Some(overrides);
-        self
-    }
-
-    /// Workers added after the file's, at start and on every reload.
-    pub fn pinned_workers(mut self, workers: Vec<WorkerConfig>) -> Self {
-        self.origin.pinned_workers = workers;
-        self
-    }
-
-    /// Appends `workers` to the pinned workers.
-    pub fn pin_more_workers(mut self, workers: impl IntoIterator<Item = WorkerConfig>) -> Self {
-        self.origin.pinned_workers.extend(workers);
-        self
-    }
-
-    /// Listens on free ports (port 0) instead of the configured ones, keeping the addresses.
-    pub fn free_ports(mut self) -> Self {
-        self.config.server.listen.set_port(0);
-        self.config.server.control_listen.set_port(0);
-        if let Some(picker) = &mut self.config.picker.listen {
-            picker.set_port(0);
-        }
-        self
-    }
-
-    /// Installs SIGTERM/SIGINT (graceful shutdown) and SIGHUP (reload) handlers: for the daemon.
-    pub fn handle_signals(mut self) -> Self {
-        self.handle_signals = true;
-        self
-    }
-}
-
-/// Why a gateway did not start. Nothing is left running.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// The configuration is invalid; names file and field.
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// `admin_token_file` cannot be read.
-    #[error("cannot read admin_token_file {path}: {cause}")]
-    TokenFile {
-        /// The token file.
-        path: PathBuf,
-        /// Why it cannot be read.
-        cause: std::io::Error,
-    },
-    /// `admin_token_file` holds nothing but whitespace.
-    #[error("admin_token_file {0} is empty")]
-    EmptyToken(PathBuf),
-    /// A control plane reachable beyond this host without a token would let anyone rewrite routing.
-    #[error(
-        "refusing to bind the control plane to {0} without a token: set server.admin_token_file or listen on loopback"
-    )]
-    UnprotectedControlPlane(SocketAddr),
-    /// A listener address cannot be bound (in use, not local, no permission).
-    #[error("cannot bind {plane} plane {address}: {cause}")]
-    Bind {
-        /// `data`, `control` or `picker`.
-        plane: &'static str,
-        /// The address asked for.
-        address: SocketAddr,
-        /// Why binding failed.
-        cause: std::io::Error,
-    },
-    /// The router refused the workers or policy (only when the configuration contradicts itself).
-    #[error(transparent)]
-    Router(#[from] RouterError),
-    /// SIGTERM/SIGINT/SIGHUP handlers cannot be installed.
-    #[error("cannot install signal handlers: {0}")]
-    Signals(std::io::Error),
-}
 
 /// A started gateway: its bound addresses, read-only views for its owner, and the way to stop it.
 pub struct RunningGateway {
@@ -221,12 +124,13 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
         shutdown.cancel();
         return Err(StartError::Signals(error));
     }
-    match picker_addr {
-        Some(picker_addr) => {
-            tracing::info!(%data_addr, %control_addr, %picker_addr, "gatewayd listening")
-        }
-        None => tracing::info!(%data_addr, %control_addr, "gatewayd listening"),
-    }
+    log_start_up(
+        &router,
+        data_addr,
+        control_addr,
+        picker_addr,
+        requires_token,
+    );
     Ok(RunningGateway {
         data_addr,
         control_addr,
@@ -240,39 +144,36 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
     })
 }
 
-/// A configuration checked for everything that needs no socket: in force, with its members and
-/// token.
-struct Prepared {
-    config: Config,
-    origin: ConfigOrigin,
-    members: Vec<Member>,
-    token: Option<String>,
-    handle_signals: bool,
-}
-
-/// Every start-up check that needs no socket: the effective configuration validates, the token
-/// file reads, and a control plane beyond loopback has a token.
-fn prepare(options: StartOptions) -> Result<Prepared, StartError> {
-    let StartOptions {
-        config,
-        origin,
-        handle_signals,
-    } = options;
-    let config = origin.effective(config)?;
-    let members = config.members()?;
-    let token = admin_token(&config)?;
-    if token.is_none() && !config.server.control_listen.ip().is_loopback() {
-        return Err(StartError::UnprotectedControlPlane(
-            config.server.control_listen,
-        ));
-    }
-    Ok(Prepared {
-        config,
-        origin,
-        members,
-        token,
-        handle_signals,
-    })
+/// The one line that says what started: version, addresses, the policy and the workers.
+fn log_start_up(
+    router: &Router,
+    data_addr: SocketAddr,
+    control_addr: SocketAddr,
+    picker_addr: Option<SocketAddr>,
+    requires_token: bool,
+) {
+    let table = router.table();
+    let policy = table.policy();
+    let workers: Vec<&str> = table
+        .workers()
+        .iter()
+        .map(|w| w.spec.name.as_str())
+        .collect();
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        data_plane = %format!("http://{data_addr}"),
+        control_plane = %format!("http://{control_addr}"),
+        telemetry = %format!("ws://{control_addr}/ws"),
+        picker = %picker_addr.map_or_else(|| "-".to_owned(), |a| format!("grpc://{a}")),
+        token_required = requires_token,
+        policy = %policy.kind,
+        min_load_gap = policy.min_load_gap,
+        max_load_skew = policy.max_load_skew,
+        virtual_nodes = policy.virtual_nodes,
+        worker_count = workers.len(),
+        workers = %workers.join(","),
+        "gatewayd started"
+    );
 }
 
 /// The listeners, bound, with the addresses they got: the data plane's (unless it is off), the
@@ -343,6 +244,8 @@ struct Parts {
     data_plane: Arc<DataPlane>,
     picker_plane: Arc<PickerPlane>,
     control_plane: Arc<ControlPlane>,
+    telemetry: Telemetry,
+    probe_now: Arc<Notify>,
 }
 
 /// Builds every part from the prepared configuration; the telemetry aggregator starts here and
@@ -358,6 +261,7 @@ fn assemble(
         origin,
         members,
         token,
+        metrics_token,
         ..
     } = prepared;
     let own = listeners.own_addresses();
@@ -370,10 +274,12 @@ fn assemble(
             }));
         }
     }
-    let router = Arc::new(Router::new(
+    let router = Arc::new(Router::with_initial_health(
         members.iter().map(|m| m.spec.clone()).collect(),
         config.policy_settings(),
+        !config.health.wait_for_first_probe,
     )?);
+    let probe_now = Arc::new(Notify::new());
     let metrics = Arc::new(Metrics::default());
     let scrapes = Arc::new(ScrapeStats::default());
     let registry = Arc::new(crate::metrics::registry(
@@ -392,17 +298,13 @@ fn assemble(
         Duration::from_millis(config.server.upstream_idle_timeout_ms),
     ));
     upstreams.publish(&members);
-    let admin = Arc::new(
-        Admin::new(
-            Arc::clone(&router),
-            Arc::clone(&upstreams),
-            telemetry.clone(),
-            origin,
-            config,
-            members,
-        )
-        .listening_on(own),
-    );
+    let owned = crate::admin::Owned {
+        router: Arc::clone(&router),
+        upstreams: Arc::clone(&upstreams),
+        telemetry: telemetry.clone(),
+        probe_now: Arc::clone(&probe_now),
+    };
+    let admin = Arc::new(Admin::new(owned, origin, config, members).listening_on(own));
     let routing = Arc::new(Routing {
         router: Arc::clone(&router),
         settings: admin.settings(),
@@ -425,10 +327,11 @@ fn assemble(
     let control_plane = Arc::new(ControlPlane {
         admin: Arc::clone(&admin),
         router: Arc::clone(&router),
-        telemetry,
+        telemetry: telemetry.clone(),
         registry: Arc::clone(&registry),
         token,
         guard,
+        metrics_token,
         shutdown: shutdown.clone(),
     });
     Ok(Parts {
@@ -441,6 +344,8 @@ fn assemble(
         data_plane,
         picker_plane,
         control_plane,
+        telemetry,
+        probe_now,
     })
 }
 
@@ -459,12 +364,16 @@ fn spawn_services(
         plane,
     };
     let discovery_metrics = Arc::clone(&parts.metrics.discovery);
-    let metrics = parts.metrics;
+    let metrics = Arc::clone(&parts.metrics);
+    let refusals = RefusalLog::default();
     let cap = ConnectionCap {
         max_connections: listeners.max_connections,
         write_stall_timeout: listeners.client_stall_timeout,
         response: crate::error::over_capacity_response(),
-        on_reject: Arc::new(move || metrics.record_rejected_connection()),
+        on_reject: Arc::new(move || {
+            metrics.record_rejected_connection();
+            refusals.refused(listeners.max_connections);
+        }),
     };
     let data_plane = parts.data_plane;
     if let Some(data) = listeners.data {
@@ -472,7 +381,7 @@ fn spawn_services(
             data,
             listening("data"),
             cap,
-            move || {
+            move |_peer| {
                 let plane = Arc::clone(&data_plane);
                 service_fn(move |request| {
                     // Boxed per request: hyper keeps one slot the size of the handler's future
@@ -494,7 +403,15 @@ fn spawn_services(
     tasks.spawn(crate::server::serve_upgradable(
         listeners.control,
         listening("control"),
-        move || TowerToHyperService::new(control_app.clone()),
+        move |peer| {
+            // Handlers name the client that changed something (`ConnectInfo`).
+            TowerToHyperService::new(control_app.clone().map_request(
+                move |mut request: http::Request<hyper::body::Incoming>| {
+                    request.extensions_mut().insert(ConnectInfo(peer));
+                    request
+                },
+            ))
+        },
     ));
     tokio::spawn(crate::fleet::run(
         Arc::clone(&parts.router),
@@ -502,10 +419,18 @@ fn spawn_services(
         parts.scrapes,
         shutdown.clone(),
     ));
-    tokio::spawn(crate::health::run(
+    tokio::spawn(crate::health::run(crate::health::Prober {
+        router: Arc::clone(&parts.router),
+        config: parts.admin.config(),
+        members: parts.admin.members(),
+        probe_now: parts.probe_now,
+        metrics: parts.metrics,
+        shutdown: shutdown.clone(),
+    }));
+    tokio::spawn(crate::drain::run(
+        Arc::clone(&parts.admin),
         parts.router,
-        parts.admin.config(),
-        parts.admin.members(),
+        parts.telemetry,
         shutdown.clone(),
     ));
     tokio::spawn(crate::discovery::run(
@@ -520,20 +445,32 @@ fn spawn_services(
     ));
 }
 
-/// The bearer token from `admin_token_file`, trimmed; `None` when no file is configured.
-fn admin_token(config: &Config) -> Result<Option<String>, StartError> {
-    let Some(path) = &config.server.admin_token_file else {
-        return Ok(None);
-    };
-    let token = std::fs::read_to_string(path).map_err(|cause| StartError::TokenFile {
-        path: path.clone(),
-        cause,
-    })?;
-    let token = token.trim();
-    if token.is_empty() {
-        return Err(StartError::EmptyToken(path.clone()));
+/// Connections refused at `max_connections`, logged at most once a second with how many there
+/// were: each refusal is a response no access log line shows, and one line per refusal would
+/// flood the log exactly when the gateway is overloaded.
+#[derive(Default)]
+struct RefusalLog {
+    /// The second (since the log was made) of the last line, and refusals since it.
+    state: std::sync::Mutex<(u64, u64)>,
+    since: std::sync::OnceLock<std::time::Instant>,
+}
+
+impl RefusalLog {
+    fn refused(&self, max_connections: usize) {
+        let since = *self.since.get_or_init(std::time::Instant::now);
+        let second = since.elapsed().as_secs() + 1;
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.1 += 1;
+        if state.0 != second {
+            tracing::warn!(
+                refused = state.1,
+                max_connections,
+                status = 503,
+                "connections refused at max_connections (503 too_many_connections)"
+            );
+            *state = (second, 0);
+        }
     }
-    Ok(Some(token.to_owned()))
 }
 
 async fn bind(plane: &'static str, address: SocketAddr) -> Result<TcpListener, StartError> {

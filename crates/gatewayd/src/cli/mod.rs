@@ -1,9 +1,11 @@
 //! The command line: clap types and dispatch. Without a subcommand gatewayd runs the proxy (or
-//! `--demo`); `check-config FILE` validates a file; `explain` is the offline what-if.
+//! `--demo`); `check-config FILE` runs every start-up check on a file; `reload` asks a running
+//! gateway to re-read its file and fails when the reload does; `explain` is the offline what-if.
 
 mod addr;
 mod envoy_config;
 mod explain;
+mod reload;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -19,6 +21,7 @@ use addr::parse_addr;
 use bch_core::fleet_load::LoadSource;
 use envoy_config::EnvoyConfigArgs;
 use explain::{ExplainArgs, parse_load_source, parse_policy};
+use reload::ReloadArgs;
 
 /// bch gateway daemon: bounded consistent hashing in front of LLM inference workers.
 #[derive(Debug, Parser)]
@@ -35,11 +38,15 @@ pub struct Cli {
 /// What gatewayd can do besides running the proxy.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Validate a configuration file and print the effective configuration; exit 1 on error.
+    /// Run every start-up check that needs no socket on a configuration file (values, workers,
+    /// token files, listeners) and report all problems; exit 1 if there is any.
     CheckConfig {
         /// The TOML file to validate.
         file: PathBuf,
     },
+    /// Ask the running gateway to re-read its configuration file (POST /admin/reload); exit 1
+    /// with the reason when the reload failed. Meant for systemd's ExecReload.
+    Reload(ReloadArgs),
     /// Offline what-if: which worker and branch would a key get? Reserves nothing.
     Explain(ExplainArgs),
     /// Print an Envoy v3 bootstrap (YAML) that proxies through Envoy with this gatewayd as its
@@ -125,6 +132,7 @@ pub struct RunArgs {
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Some(Command::CheckConfig { file }) => check_config(&file),
+        Some(Command::Reload(args)) => reload::reload(args),
         Some(Command::Explain(args)) => explain::explain(args),
         Some(Command::EnvoyConfig(args)) => envoy_config::print(&args),
         None => serve(cli.run),
@@ -132,41 +140,66 @@ pub fn run(cli: Cli) -> ExitCode {
 }
 
 fn check_config(file: &std::path::Path) -> ExitCode {
-    match Config::load(file) {
-        Ok(config) => {
-            let sources = match config.discovery.len() {
-                0 => String::new(),
-                1 => ", 1 discovery source".to_owned(),
-                n => format!(", {n} discovery sources"),
-            };
-            println!(
-                "{}: ok ({} workers{sources}, policy {}, min_load_gap {}, max_load_skew {}, spill_order {})",
-                file.display(),
-                config.workers.len(),
-                config.policy.kind,
-                config.policy.min_load_gap,
-                config.policy.max_load_skew,
-                config.policy.spill_order
-            );
-            ExitCode::SUCCESS
-        }
+    let config = match Config::read(file) {
+        Ok(config) => config,
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::FAILURE
+            return ExitCode::FAILURE;
         }
+    };
+    let findings = crate::app::check(&StartOptions::new(config).config_file(file.to_owned()));
+    for warning in &findings.warnings {
+        eprintln!("warning: {warning}");
     }
+    for error in &findings.errors {
+        eprintln!("error: {error}");
+    }
+    let Some(config) = findings.config else {
+        eprintln!(
+            "{}: {} problem(s); gatewayd would not start",
+            file.display(),
+            findings.errors.len()
+        );
+        return ExitCode::FAILURE;
+    };
+    let sources = match config.discovery.len() {
+        0 => String::new(),
+        1 => ", 1 discovery source".to_owned(),
+        n => format!(", {n} discovery sources"),
+    };
+    println!(
+        "{}: ok ({} workers{sources}, policy {}, min_load_gap {}, max_load_skew {}, spill_order {})",
+        file.display(),
+        config.workers.len(),
+        config.policy.kind,
+        config.policy.min_load_gap,
+        config.policy.max_load_skew,
+        config.policy.spill_order
+    );
+    ExitCode::SUCCESS
 }
 
-/// The file's contents (or defaults), before the flags.
+/// The file's contents (or defaults), before the flags; parsed, not yet validated (start-up
+/// reports every problem at once).
 fn base_config(args: &RunArgs) -> anyhow::Result<Config> {
     Ok(match &args.config {
-        Some(path) => Config::load(path)?,
+        Some(path) => Config::read(path)?,
         None => Config::default(),
     })
 }
 
 /// Builds the effective configuration: file (or defaults) then flags, validated.
 pub fn effective_config(args: &RunArgs) -> anyhow::Result<Config> {
+    check_flags(args)?;
+    let mut config = base_config(args)?;
+    apply_flags(args, &mut config);
+    config.validate()?;
+    Ok(config)
+}
+
+/// Refuses flags that make no sense together, naming the flag (the `[[discovery]]` error a
+/// flag would otherwise turn into names a field the operator never wrote).
+fn check_flags(args: &RunArgs) -> anyhow::Result<()> {
     if args.discover_port.is_none()
         && let Some(name) = args.discover_dns.iter().find(|n| !n.starts_with('_'))
     {
@@ -174,10 +207,7 @@ pub fn effective_config(args: &RunArgs) -> anyhow::Result<Config> {
             "--discover-dns {name} is an A/AAAA name: give the workers' port with --discover-port PORT (or use an SRV name, which begins with '_')"
         );
     }
-    let mut config = base_config(args)?;
-    apply_flags(args, &mut config);
-    config.validate()?;
-    Ok(config)
+    Ok(())
 }
 
 /// Overrides the file's values with the flags that were given. Also applied to every reload, so
@@ -263,13 +293,21 @@ fn start_options(args: &RunArgs, mut base: Config) -> StartOptions {
 }
 
 fn serve(args: RunArgs) -> ExitCode {
-    let mut config = match effective_config(&args) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            return ExitCode::FAILURE;
+    // Before the file is read only the flag can say JSON; an error then is still one JSON line.
+    let json_flag = args.log_format == Some(LogFormat::Json);
+    if let Err(e) = check_flags(&args) {
+        return fail(json_flag, &format!("{e:#}"));
+    }
+    // Parsed with the flags applied, not validated: `app::start` checks everything and reports
+    // every problem, as `check-config` does.
+    let mut config = match base_config(&args) {
+        Ok(mut c) => {
+            apply_flags(&args, &mut c);
+            c
         }
+        Err(e) => return fail(json_flag, &format!("{e:#}")),
     };
+    let json = config.log.format == LogFormat::Json;
     if args.demo && config.log.level == "info" {
         // One access-log line per request would bury the demo banner; warnings still show.
         config.log.level = "info,gatewayd::proxy=warn".to_owned();
@@ -280,54 +318,102 @@ fn serve(args: RunArgs) -> ExitCode {
         .build()
     {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return fail(json, &format!("cannot start the async runtime: {e}")),
     };
     let result = runtime.block_on(async move {
         let options = start_options(&args, base_config(&args)?);
         if args.demo {
-            return demo(&args, options).await;
+            return demo(&args, options, !json).await;
         }
         if config.workers.is_empty() && args.workers.is_empty() && config.discovery.is_empty() {
             tracing::warn!("no workers configured: every request gets 503 until one is added (POST /admin/workers, --worker URL or --discover-dns NAME)");
         }
         let running = crate::app::start(options).await?;
-        let data = match config.server.data_plane {
-            true => format!("data plane http://{}  ", running.data_addr),
-            false => String::new(),
-        };
-        let picker = match running.picker_addr {
-            Some(addr) => format!("  endpoint picker grpc://{addr}"),
-            None => String::new(),
-        };
-        eprintln!(
-            "gatewayd: {data}control plane http://{}  telemetry ws://{}/ws{picker}",
-            running.control_addr, running.control_addr
-        );
+        if !json {
+            // In JSON mode the `gatewayd started` log line carries the addresses: a shipper that
+            // parses every line as JSON gets nothing else.
+            let data = match config.server.data_plane {
+                true => format!("data plane http://{}  ", running.data_addr),
+                false => String::new(),
+            };
+            let picker = match running.picker_addr {
+                Some(addr) => format!("  endpoint picker grpc://{addr}"),
+                None => String::new(),
+            };
+            eprintln!(
+                "gatewayd: {data}control plane http://{}  telemetry ws://{}/ws{picker}",
+                running.control_addr, running.control_addr
+            );
+        }
         running.run_until_stopped().await;
         anyhow::Ok(())
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
+        Err(e) => fail(json, &format!("{e:#}")),
     }
 }
 
+/// Reports a fatal error on stderr: `error: …` for people, one JSON object in JSON log mode (also
+/// before the subscriber exists, so a shipper never meets a line it cannot parse).
+fn fail(json: bool, message: &str) -> ExitCode {
+    if json {
+        let line = serde_json::json!({
+            "timestamp": rfc3339_now(),
+            "level": "ERROR",
+            "fields": {"message": message},
+            "target": "gatewayd",
+        });
+        eprintln!("{line}");
+    } else {
+        eprintln!("error: {message}");
+    }
+    ExitCode::FAILURE
+}
+
+/// The current UTC time as RFC 3339 with microseconds (`2026-01-01T12:00:00.000000Z`), the
+/// format of the JSON log's other lines.
+fn rfc3339_now() -> String {
+    rfc3339(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default(),
+    )
+}
+
+/// `now` (since the Unix epoch) as RFC 3339 UTC with microseconds.
+fn rfc3339(now: std::time::Duration) -> String {
+    let secs = now.as_secs();
+    let (days, rest) = ((secs / 86_400) as i64, secs % 86_400);
+    // Days since 1970-01-01 to a civil date (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
+        rest / 3600,
+        (rest / 60) % 60,
+        rest % 60,
+        now.subsec_micros()
+    )
+}
+
 #[cfg(feature = "demo")]
-async fn demo(args: &RunArgs, options: StartOptions) -> anyhow::Result<()> {
+async fn demo(args: &RunArgs, options: StartOptions, banner: bool) -> anyhow::Result<()> {
     // Ports the operator chose (flag, environment or file) are kept even when busy.
     let ports_chosen =
         args.listen.is_some() || args.control_listen.is_some() || args.config.is_some();
-    crate::demo::run(options, args.demo_workers, !ports_chosen).await
+    crate::demo::run(options, args.demo_workers, !ports_chosen, banner).await
 }
 
 #[cfg(not(feature = "demo"))]
-async fn demo(_args: &RunArgs, _options: StartOptions) -> anyhow::Result<()> {
+async fn demo(_args: &RunArgs, _options: StartOptions, _banner: bool) -> anyhow::Result<()> {
     anyhow::bail!("this gatewayd was built without the demo (cargo feature \"demo\")")
 }
 
@@ -339,6 +425,20 @@ mod tests {
     #[test]
     fn cli_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn json_error_lines_carry_an_rfc3339_time() {
+        let at = std::time::Duration::from_micros(1_700_000_000_000_042);
+        assert_eq!(rfc3339(at), "2023-11-14T22:13:20.000042Z");
+        assert_eq!(
+            rfc3339(std::time::Duration::ZERO),
+            "1970-01-01T00:00:00.000000Z"
+        );
+        assert_eq!(
+            rfc3339(std::time::Duration::from_secs(951_782_400)),
+            "2000-02-29T00:00:00.000000Z"
+        );
     }
 
     #[test]

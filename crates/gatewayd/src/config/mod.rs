@@ -4,11 +4,14 @@
 //! [`worker`] holds one worker entry and its parsed URL; [`alias`] the canonical backend a URL
 //! reaches; [`load`] the `[load]` section (which load the rule reads, and how workers are
 //! scraped); [`discovery`] one DNS discovery source; [`runtime`] the per-request settings derived
-//! from a whole configuration.
+//! from a whole configuration; [`diff`] what a reload changed, for its log line; [`persist`] the
+//! configuration in force as TOML.
 
 pub mod alias;
+pub mod diff;
 pub mod discovery;
 pub mod load;
+pub mod persist;
 pub mod runtime;
 pub mod worker;
 
@@ -85,6 +88,10 @@ pub struct ServerConfig {
     pub control_listen: SocketAddr,
     /// File holding the bearer token for the control plane; empty = no auth (loopback only).
     pub admin_token_file: Option<PathBuf>,
+    /// File holding a second bearer token that opens `GET /metrics` and nothing else, for the
+    /// scraper, which then never holds the token that can rewrite routing. Needs
+    /// `admin_token_file`.
+    pub metrics_token_file: Option<PathBuf>,
     /// Largest request body accepted, bytes; larger gets 413.
     pub max_body_bytes: u64,
     /// Most concurrent data plane connections; beyond it new connections get a 503 and are closed.
@@ -132,6 +139,7 @@ impl Default for ServerConfig {
             listen: "127.0.0.1:8080".parse().expect("valid"),
             control_listen: "127.0.0.1:9090".parse().expect("valid"),
             admin_token_file: None,
+            metrics_token_file: None,
             max_body_bytes: 32 * 1024 * 1024,
             max_connections: 10_000,
             header_read_timeout_ms: 10_000,
@@ -267,6 +275,11 @@ pub struct HealthConfig {
     pub healthy_threshold: u32,
     /// Mark a worker unhealthy at once when a connection to it fails (probes bring it back).
     pub passive: bool,
+    /// New workers (start-up, `POST /admin/workers`, reload) get traffic only once their first
+    /// probe passed; with `false` they start healthy. On by default: a worker that is not up yet
+    /// (a model still loading, a typo in its address) must not answer the first requests with 502s
+    /// and worker errors, and a load balancer sees `/readiness` fail until a worker is confirmed.
+    pub wait_for_first_probe: bool,
 }
 
 impl Default for HealthConfig {
@@ -278,6 +291,7 @@ impl Default for HealthConfig {
             unhealthy_threshold: 3,
             healthy_threshold: 2,
             passive: true,
+            wait_for_first_probe: true,
         }
     }
 }
@@ -373,42 +387,54 @@ pub enum ConfigError {
 }
 
 impl Config {
-    /// Reads, parses and validates a configuration file.
-    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    /// Reads and parses a configuration file without validating it (see [`Config::problems`]).
+    pub fn read(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read {
             path: path.to_owned(),
             cause,
         })?;
-        let config: Config = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: path.to_owned(),
             message: e.to_string().trim_end().to_owned(),
-        })?;
-        config.validate().map_err(|e| match e {
-            ConfigError::Invalid { field, message, .. } => ConfigError::Invalid {
-                path: Some(path.to_owned()),
-                field,
-                message,
-            },
-            other => other,
-        })?;
-        Ok(config)
+        })
+    }
+
+    /// Reads, parses and validates a configuration file; the first problem is the error.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let config = Config::read(path)?;
+        match config.problems(Some(path)).into_iter().next() {
+            Some(problem) => Err(problem),
+            None => Ok(config),
+        }
     }
 
     /// Checks every value; the first problem is returned, naming its field.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |field: &str, message: String| ConfigError::Invalid {
-            path: None,
-            field: field.to_owned(),
-            message,
+        match self.problems(None).into_iter().next() {
+            Some(problem) => Err(problem),
+            None => Ok(()),
+        }
+    }
+
+    /// Every problem of this configuration, in field order, each naming its field (and `path`,
+    /// the file it came from, when given): an operator fixes them all in one pass.
+    pub fn problems(&self, path: Option<&Path>) -> Vec<ConfigError> {
+        let mut problems = Vec::new();
+        let mut invalid = |field: &str, message: String| {
+            problems.push(ConfigError::Invalid {
+                path: path.map(Path::to_owned),
+                field: field.to_owned(),
+                message,
+            })
         };
-        self.policy_settings().validate().map_err(|e| {
+        if let Err(e) = self.policy_settings().validate() {
             let field = if matches!(e, bch_core::policy::PolicyError::InvalidSkew(_)) {
                 "policy.max_load_skew"
             } else {
                 "policy.virtual_nodes"
             };
-            invalid(field, e.to_string())
-        })?;
+            invalid(field, e.to_string());
+        }
         for (field, name) in [
             (
                 "routing.routing_key_header",
@@ -419,11 +445,12 @@ impl Config {
                 &self.routing.target_worker_header,
             ),
         ] {
-            http::HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| invalid(field, format!("{name:?} is not a valid header name")))?;
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                invalid(field, format!("{name:?} is not a valid header name"));
+            }
         }
         if !self.health.path.starts_with('/') {
-            return Err(invalid("health.path", "must start with '/'".into()));
+            invalid("health.path", "must start with '/'".into());
         }
         for (field, value) in [
             ("health.interval_ms", self.health.interval_ms),
@@ -456,67 +483,82 @@ impl Config {
             ),
         ] {
             if value == 0 {
-                return Err(invalid(field, "must be greater than 0".into()));
+                invalid(field, "must be greater than 0".into());
             }
         }
         for (field, value) in [
             (
                 "health.unhealthy_threshold",
-                self.health.unhealthy_threshold,
+                u64::from(self.health.unhealthy_threshold),
             ),
-            ("health.healthy_threshold", self.health.healthy_threshold),
+            (
+                "health.healthy_threshold",
+                u64::from(self.health.healthy_threshold),
+            ),
+            ("telemetry.client_queue", self.telemetry.client_queue as u64),
+            ("server.max_connections", self.server.max_connections as u64),
         ] {
             if value == 0 {
-                return Err(invalid(field, "must be at least 1".into()));
+                invalid(field, "must be at least 1".into());
             }
         }
-        if self.telemetry.client_queue == 0 {
-            return Err(invalid(
-                "telemetry.client_queue",
-                "must be at least 1".into(),
-            ));
+        if let Some(clash) = self.server.listeners_clash() {
+            invalid("server.control_listen", clash);
         }
-        if self.server.max_connections == 0 {
-            return Err(invalid(
-                "server.max_connections",
-                "must be at least 1".into(),
-            ));
+        if self.server.metrics_token_file.is_some() && self.server.admin_token_file.is_none() {
+            invalid(
+                "server.metrics_token_file",
+                "needs server.admin_token_file: without it the control plane is open and a metrics token protects nothing".into(),
+            );
         }
         for (index, host) in self.server.control_allowed_hosts.iter().enumerate() {
             if host.is_empty() || host.contains(['/', ' ', '@']) {
-                return Err(invalid(
+                invalid(
                     &format!("server.control_allowed_hosts[{index}]"),
                     format!("{host:?} is not a host name (write it without scheme or path)"),
-                ));
+                );
             }
         }
         for (index, origin) in self.server.control_allowed_origins.iter().enumerate() {
             if !is_origin(origin) {
-                return Err(invalid(
+                invalid(
                     &format!("server.control_allowed_origins[{index}]"),
                     format!("{origin:?} is not an origin: write scheme://host[:port], no path"),
-                ));
+                );
             }
         }
-        self.load
-            .validate()
-            .map_err(|(field, message)| invalid(&format!("load.{field}"), message))?;
+        if let Err((field, message)) = self.load.validate() {
+            invalid(&format!("load.{field}"), message);
+        }
         if self.picker.fallbacks > MAX_PICKER_FALLBACKS {
-            return Err(invalid(
+            invalid(
                 "picker.fallbacks",
                 format!("must be at most {MAX_PICKER_FALLBACKS}"),
-            ));
+            );
         }
         if !self.server.data_plane && self.picker.listen.is_none() {
-            return Err(invalid(
+            invalid(
                 "server.data_plane",
                 "false needs [picker] listen: there would be nothing to serve".into(),
-            ));
+            );
         }
-        let members = self.members()?;
-        self.picker_workers(&members)?;
-        self.validate_discovery()?;
-        Ok(())
+        let (members, worker_problems) = self.collect_members();
+        let picker_problem = self.picker_workers(&members).err();
+        problems.extend(
+            worker_problems
+                .into_iter()
+                .chain(picker_problem)
+                .chain(self.discovery_problems())
+                .map(|e| match e {
+                    ConfigError::Invalid { field, message, .. } => ConfigError::Invalid {
+                        path: path.map(Path::to_owned),
+                        field,
+                        message,
+                    },
+                    other => other,
+                }),
+        );
+        problems
     }
 
     /// With the endpoint picker on, every worker must be an `http://IP:PORT` URL: Envoy finds the
@@ -538,28 +580,31 @@ impl Config {
         Ok(())
     }
 
-    /// Checks every `[[discovery]]` entry and that no name is discovered twice; the error names
-    /// the entry and field, e.g. `discovery[1].port`.
-    fn validate_discovery(&self) -> Result<(), ConfigError> {
+    /// Every problem of the `[[discovery]]` entries (each entry's fields, a name discovered
+    /// twice); each names the entry and field, e.g. `discovery[1].port`.
+    fn discovery_problems(&self) -> Vec<ConfigError> {
+        let mut problems = Vec::new();
         for (index, source) in self.discovery.iter().enumerate() {
             let invalid = |field: &str, message: String| ConfigError::Invalid {
                 path: None,
                 field: format!("discovery[{index}].{field}"),
                 message,
             };
-            source.validate().map_err(|e| invalid(e.field, e.message))?;
+            if let Err(e) = source.validate() {
+                problems.push(invalid(e.field, e.message));
+            }
             let name = source.canonical_name();
             if self.discovery[..index]
                 .iter()
                 .any(|earlier| earlier.canonical_name() == name)
             {
-                return Err(invalid(
+                problems.push(invalid(
                     "dns",
                     format!("{:?} is discovered twice; one entry per name", source.dns),
                 ));
             }
         }
-        Ok(())
+        problems
     }
 
     /// The path a worker is probed at: its own `health_path` when it has one, else `[health] path`.
@@ -572,39 +617,87 @@ impl Config {
     /// alias would give one backend two shares of the ring). The error names the entry and field,
     /// e.g. `workers[2].url`.
     pub fn members(&self) -> Result<Vec<Member>, ConfigError> {
-        let mut members: Vec<Member> = Vec::with_capacity(self.workers.len());
+        let (members, problems) = self.collect_members();
+        match problems.into_iter().next() {
+            Some(problem) => Err(problem),
+            None => Ok(members),
+        }
+    }
+
+    /// The valid members and every problem of the worker list. A clash over a name or ring id
+    /// the entry did not write (the defaults, derived from the URL) is reported under the entry's
+    /// `url`, which is what the operator wrote.
+    fn collect_members(&self) -> (Vec<Member>, Vec<ConfigError>) {
+        let mut members: Vec<(usize, Member)> = Vec::with_capacity(self.workers.len());
+        let mut problems = Vec::new();
+        let invalid = |field: String, message: String| ConfigError::Invalid {
+            path: None,
+            field,
+            message,
+        };
         for (index, worker) in self.workers.iter().enumerate() {
-            let member = worker.member().map_err(|e| ConfigError::Invalid {
-                path: None,
-                field: format!("workers[{index}].{}", e.field),
-                message: e.message,
-            })?;
+            let member = match worker.member() {
+                Ok(member) => member,
+                Err(e) => {
+                    problems.push(invalid(format!("workers[{index}].{}", e.field), e.message));
+                    continue;
+                }
+            };
             let spec = &member.spec;
             type Field = fn(&WorkerSpec) -> &str;
-            let fields: [(&str, &str, Field); 3] = [
-                ("name", &spec.name, |s| &s.name),
-                ("url", &spec.url, |s| &s.url),
-                ("ring_id", spec.ring_id(), WorkerSpec::ring_id),
+            let fields: [(&str, &str, Field, bool); 3] = [
+                ("name", &spec.name, |s| &s.name, worker.name.is_none()),
+                ("url", &spec.url, |s| &s.url, false),
+                (
+                    "ring_id",
+                    spec.ring_id(),
+                    WorkerSpec::ring_id,
+                    worker.ring_id.is_none(),
+                ),
             ];
-            for (field, value, of) in fields {
-                if members.iter().any(|m| of(&m.spec) == value) {
-                    return Err(ConfigError::Invalid {
-                        path: None,
-                        field: format!("workers[{index}].{field}"),
-                        message: format!("duplicate worker {field} {value:?}"),
-                    });
-                }
+            let clash = fields.into_iter().find_map(|(field, value, of, defaulted)| {
+                let (other, m) = members.iter().find(|(_, m)| of(&m.spec) == value)?;
+                Some(if defaulted {
+                    invalid(
+                        format!("workers[{index}].url"),
+                        format!(
+                            "{:?} gets the default {field} {value:?}, already the {field} of workers[{other}] ({:?}); set a distinct {field}",
+                            worker.url, m.spec.url
+                        ),
+                    )
+                } else {
+                    invalid(
+                        format!("workers[{index}].{field}"),
+                        format!("duplicate worker {field} {value:?} (also workers[{other}])"),
+                    )
+                })
+            });
+            let earlier: Vec<Member> = members.iter().map(|(_, m)| m.clone()).collect();
+            let alias = || {
+                alias_of(&member, &earlier)
+                    .map(|message| invalid(format!("workers[{index}].url"), message))
+            };
+            match clash.or_else(alias) {
+                Some(problem) => problems.push(problem),
+                None => members.push((index, member)),
             }
-            if let Some(message) = alias_of(&member, &members) {
-                return Err(ConfigError::Invalid {
-                    path: None,
-                    field: format!("workers[{index}].url"),
-                    message,
-                });
-            }
-            members.push(member);
         }
-        Ok(members)
+        (members.into_iter().map(|(_, m)| m).collect(), problems)
+    }
+}
+
+impl ServerConfig {
+    /// Why the two listeners cannot both be bound, when they cannot: the same port (other than 0,
+    /// which gets a free port each) on the same address, or on any address when one of them
+    /// listens on all of them.
+    pub fn listeners_clash(&self) -> Option<String> {
+        let (data, control) = (self.listen, self.control_listen);
+        let overlap = data.ip() == control.ip()
+            || data.ip().is_unspecified()
+            || control.ip().is_unspecified();
+        (data.port() != 0 && data.port() == control.port() && overlap).then(|| {
+            format!("{control} and server.listen {data} cannot both be bound: give the control plane its own port")
+        })
     }
 }
 
@@ -667,6 +760,37 @@ mod tests {
     }
 
     #[test]
+    fn every_problem_is_reported_and_defaulted_names_under_the_url() {
+        let config: Config = toml::from_str(
+            "[policy]\nmax_load_skew = 0.5\n[health]\ninterval_ms = 0\n\
+             [[workers]]\nurl = \"http://h:8000\"\n[[workers]]\nurl = \"http://h:8000/\"\n\
+             [[workers]]\nurl = \"ftp://x\"\n",
+        )
+        .unwrap();
+        let problems: Vec<String> = config
+            .problems(Some(Path::new("f.toml")))
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(problems.len(), 4, "{problems:#?}");
+        assert!(
+            problems[0].contains("policy.max_load_skew"),
+            "{problems:#?}"
+        );
+        assert!(problems[1].contains("health.interval_ms"), "{problems:#?}");
+        assert_eq!(
+            problems[2],
+            "invalid config f.toml: workers[1].url: \"http://h:8000/\" gets the default name \"h:8000\", already the name of workers[0] (\"http://h:8000\"); set a distinct name"
+        );
+        assert!(problems[3].contains("workers[2].url"), "{problems:#?}");
+        // Port 0 twice is two free ports, not a clash.
+        let mut zero = Config::default();
+        zero.server.listen = "127.0.0.1:0".parse().unwrap();
+        zero.server.control_listen = "127.0.0.1:0".parse().unwrap();
+        assert!(zero.problems(None).is_empty());
+    }
+
+    #[test]
     fn errors_name_the_field() {
         let cases = [
             ("[policy]\nmax_load_skew = 0.5\n", "policy.max_load_skew"),
@@ -679,7 +803,15 @@ mod tests {
             ("[[workers]]\nurl = \"https://a:1\"\n", "workers[0].url"),
             (
                 "[[workers]]\nurl = \"http://a:1\"\n[[workers]]\nurl = \"http://a:1\"\n",
-                "workers[1].name",
+                "workers[1].url",
+            ),
+            (
+                "[[workers]]\nname = \"x\"\nurl = \"http://a:1\"\n[[workers]]\nname = \"x\"\nurl = \"http://b:1\"\n",
+                "workers[1].name: duplicate worker name \"x\" (also workers[0])",
+            ),
+            (
+                "[server]\nlisten = \"127.0.0.1:9000\"\ncontrol_listen = \"0.0.0.0:9000\"\n",
+                "server.control_listen",
             ),
             (
                 "[[workers]]\nname = \"x\"\nurl = \"http://a:1\"\n[[workers]]\nname = \"y\"\nurl = \"http://a:1\"\n",

@@ -3,23 +3,42 @@
 
 use std::sync::Arc;
 
+use std::net::SocketAddr;
+
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use bch_core::policy::{PolicyPatch, PolicySettings};
+use bch_core::policy::PolicyPatch;
 use bch_core::telemetry::ChangeSource;
 
-use super::state::ControlPlane;
-use crate::admin::AdminError;
+use super::state::{ControlPlane, Peer};
+use crate::admin::{Actor, AdminError};
 use crate::config::WorkerConfig;
 use crate::error::GatewayError;
 use crate::telemetry::wire::now_ms;
 
 /// Largest control plane request body, bytes: a worker entry or a policy patch is a few hundred.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// What the answers to runtime changes say: they are not written anywhere.
+pub const RUNTIME_NOTE: &str = "runtime change: lost on the next reload or restart; GET /admin/config gives the configuration in force as TOML to persist it";
+
+/// The HTTP client as an [`Actor`]: `http` and its address (when the server recorded it).
+fn http_actor(peer: Option<SocketAddr>) -> Actor {
+    Actor::client(ChangeSource::Http, peer)
+}
+
+/// `value` (a JSON object) with `"note": RUNTIME_NOTE` added.
+fn with_note(value: impl serde::Serialize) -> serde_json::Value {
+    let mut value = serde_json::to_value(value).unwrap_or_default();
+    if let serde_json::Value::Object(map) = &mut value {
+        map.insert("note".into(), RUNTIME_NOTE.into());
+    }
+    value
+}
 
 /// `GET /metrics`: the Prometheus text of every `bch_` metric.
 pub async fn metrics(State(plane): State<Arc<ControlPlane>>) -> Response {
@@ -43,35 +62,105 @@ pub async fn list_workers(State(plane): State<Arc<ControlPlane>>) -> Response {
 /// its record.
 pub async fn add_worker(
     State(plane): State<Arc<ControlPlane>>,
+    Peer(peer): Peer,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, GatewayError> {
     let worker: WorkerConfig = parse_json(&body_bytes(body)?)?;
-    let record = plane.admin.add_worker(worker)?;
-    Ok((StatusCode::CREATED, Json(record)).into_response())
+    let record = plane.admin.add_worker(worker, &http_actor(peer))?;
+    Ok((StatusCode::CREATED, Json(with_note(record))).into_response())
 }
 
 /// `DELETE /admin/workers/{name}`: removes a worker; its in-flight requests finish.
 pub async fn remove_worker(
     State(plane): State<Arc<ControlPlane>>,
+    Peer(peer): Peer,
     Path(name): Path<String>,
 ) -> Result<Response, GatewayError> {
-    let spec = plane.admin.remove_worker(&name)?;
-    Ok(Json(serde_json::json!({"removed": {"name": spec.name, "url": spec.url}})).into_response())
+    let spec = plane.admin.remove_worker(&name, &http_actor(peer))?;
+    Ok(Json(with_note(
+        serde_json::json!({"removed": {"name": spec.name, "url": spec.url}}),
+    ))
+    .into_response())
+}
+
+/// The body of `POST /admin/workers/{name}/drain`: empty, or `{"remove": true}`.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DrainRequest {
+    /// Remove the worker from the membership once its last request ended.
+    #[serde(default)]
+    remove: bool,
+}
+
+/// `POST /admin/workers/{name}/drain`: no new requests for the worker; its in-flight ones finish.
+/// Answers its record (state `draining`) and whether it will be removed when idle.
+pub async fn drain_worker(
+    State(plane): State<Arc<ControlPlane>>,
+    Peer(peer): Peer,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, GatewayError> {
+    let body = body_bytes(body)?;
+    let request: DrainRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        DrainRequest::default()
+    } else {
+        parse_json(&body)?
+    };
+    let record = plane
+        .admin
+        .drain(&name, request.remove, &http_actor(peer))?;
+    let mut answer = with_note(record);
+    answer["remove_when_idle"] = request.remove.into();
+    Ok(Json(answer).into_response())
+}
+
+/// `POST /admin/workers/{name}/undrain`: the worker takes new requests again.
+pub async fn undrain_worker(
+    State(plane): State<Arc<ControlPlane>>,
+    Peer(peer): Peer,
+    Path(name): Path<String>,
+) -> Result<Response, GatewayError> {
+    let record = plane.admin.undrain(&name, &http_actor(peer))?;
+    Ok(Json(with_note(record)).into_response())
 }
 
 /// `GET /admin/policy`: the policy in force.
-pub async fn get_policy(State(plane): State<Arc<ControlPlane>>) -> Json<PolicySettings> {
-    Json(*plane.router.table().policy())
+pub async fn get_policy(State(plane): State<Arc<ControlPlane>>) -> Response {
+    Json(*plane.router.table().policy()).into_response()
 }
 
 /// `PUT /admin/policy`: applies any subset of `kind`, `min_load_gap`, `max_load_skew`,
-/// `spill_order`, `virtual_nodes`, `load_source`; answers the policy in force.
+/// `spill_order`, `virtual_nodes`, `load_source`; answers the policy in force, with a note that the
+/// change is not persisted.
 pub async fn put_policy(
     State(plane): State<Arc<ControlPlane>>,
+    Peer(peer): Peer,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<PolicySettings>, GatewayError> {
+) -> Result<Response, GatewayError> {
     let patch: PolicyPatch = parse_json(&body_bytes(body)?)?;
-    Ok(Json(plane.admin.set_policy(&patch, ChangeSource::Http)?))
+    let policy = plane.admin.set_policy(&patch, &http_actor(peer))?;
+    Ok(Json(with_note(policy)).into_response())
+}
+
+/// `GET /admin/config`: the configuration in force, runtime changes included, as TOML that can
+/// be saved as the configuration file (see `config::persist`).
+pub async fn get_config(State(plane): State<Arc<ControlPlane>>) -> Response {
+    match crate::config::persist::to_toml(
+        &plane.admin.config().load(),
+        plane.admin.pinned_workers(),
+    ) {
+        Ok(text) => (
+            [(header::CONTENT_TYPE, "application/toml; charset=utf-8")],
+            text,
+        )
+            .into_response(),
+        // A validated configuration always renders; say so if it ever does not.
+        Err(error) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot render the configuration: {error}"),
+        )
+            .into_response(),
+    }
 }
 
 /// `POST /admin/reload`: re-reads the configuration file; answers the policy and workers in force.

@@ -1,11 +1,12 @@
 //! The control plane: metrics, the admin API and the telemetry websocket (docs/api.md,
 //! docs/protocol.md).
 //!
-//! Every route sits behind the bearer-token check when `admin_token_file` is set, then behind the
-//! browser guard (`Host`, `Origin`, `Content-Type`: a web page cannot drive it). Errors use the
-//! same OpenAI shape as the data plane, 404, 405 and 413 included, and name the offending field.
-//! Files: `state` (the handle handlers share), `guard`, `api` (`/admin/*`, `/metrics`), `explain`,
-//! `ws` (telemetry), `reply` (errors as responses).
+//! Every route sits behind the bearer-token check when `admin_token_file` is set (the token of
+//! `metrics_token_file`, when set, opens `GET /metrics` and nothing else), then behind the browser
+//! guard (`Host`, `Origin`, `Content-Type`: a web page cannot drive it). Errors use the same OpenAI
+//! shape as the data plane, 404, 405 and 413 included, and name the offending field. Files:
+//! `state` (the handle handlers share), `guard`, `api` (`/admin/*`, `/metrics`), `explain`, `ws`
+//! (telemetry), `reply` (errors as responses).
 
 mod api;
 mod explain;
@@ -36,6 +37,9 @@ pub fn router(plane: Arc<ControlPlane>) -> Router {
             get(api::list_workers).post(api::add_worker),
         )
         .route("/admin/workers/{name}", delete(api::remove_worker))
+        .route("/admin/workers/{name}/drain", post(api::drain_worker))
+        .route("/admin/workers/{name}/undrain", post(api::undrain_worker))
+        .route("/admin/config", get(api::get_config))
         .route("/admin/policy", get(api::get_policy).put(api::put_policy))
         .route("/admin/explain", get(explain::explain))
         .route("/admin/reload", post(api::reload))
@@ -91,7 +95,12 @@ async fn require_token(
             .map(|v| v.as_bytes())
             .filter(|v| v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer "))
             .map_or(&b""[..], |v| &v[7..]);
-        if !bool::from(presented.ct_eq(token.as_bytes())) {
+        let scrape =
+            request.method() == axum::http::Method::GET && request.uri().path() == "/metrics";
+        let metrics_token = plane.metrics_token.as_deref().filter(|_| scrape);
+        let admin = bool::from(presented.ct_eq(token.as_bytes()));
+        let metrics = metrics_token.is_some_and(|t| bool::from(presented.ct_eq(t.as_bytes())));
+        if !admin && !metrics {
             return GatewayError::Unauthorized.into_response();
         }
     }

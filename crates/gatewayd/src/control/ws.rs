@@ -8,9 +8,12 @@ use axum::extract::State;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::response::Response;
 use bch_core::policy::PolicyPatch;
-use bch_core::telemetry::{Ack, ChangeSource, ClientCommand, CommandError, ServerMessage};
+use bch_core::telemetry::{
+    Ack, ChangeSource, ClientCommand, CommandError, CommandId, ServerMessage, WorkerRecord,
+};
 
-use super::state::ControlPlane;
+use super::state::{ControlPlane, Peer};
+use crate::admin::{Actor, AdminError};
 use crate::telemetry::wire::{encode_message, envelope};
 
 /// Largest websocket message a client may send, bytes. Commands are tiny; anything bigger is abuse.
@@ -19,16 +22,18 @@ const MAX_CLIENT_MESSAGE: usize = 16 * 1024;
 /// `GET /ws`: upgrades to the telemetry websocket.
 pub async fn websocket(
     State(plane): State<Arc<ControlPlane>>,
+    Peer(peer): Peer,
     upgrade: WebSocketUpgrade,
 ) -> Response {
+    let actor = Actor::client(ChangeSource::Ws, peer);
     upgrade
         .max_message_size(MAX_CLIENT_MESSAGE)
         .max_frame_size(MAX_CLIENT_MESSAGE)
-        .on_upgrade(move |socket| serve_client(plane, socket))
+        .on_upgrade(move |socket| serve_client(plane, socket, actor))
 }
 
 /// One websocket client: the only writer of its socket, so its frames carry a gap-free `seq`.
-async fn serve_client(plane: Arc<ControlPlane>, mut socket: WebSocket) {
+async fn serve_client(plane: Arc<ControlPlane>, mut socket: WebSocket, actor: Actor) {
     let (id, mut frames) = plane.telemetry.register();
     let mut seq: u64 = 0;
     let shutdown = plane.shutdown.clone();
@@ -47,7 +52,7 @@ async fn serve_client(plane: Arc<ControlPlane>, mut socket: WebSocket) {
             }
             incoming = socket.recv() => {
                 let reply = match incoming {
-                    Some(Ok(Message::Text(text))) => handle_command(&plane, id, text.as_str()),
+                    Some(Ok(Message::Text(text))) => handle_command(&plane, id, &actor, text.as_str()),
                     Some(Ok(Message::Binary(_))) => Some(command_error(None, "binary messages are not supported; send JSON text")),
                     Some(Ok(Message::Close(_))) | None => break,
                     Some(Ok(_)) => None,
@@ -75,9 +80,31 @@ fn command_error(id: Option<bch_core::telemetry::CommandId>, message: &str) -> A
     }))
 }
 
-/// Answers one client command: `resync` (no answer; a snapshot follows) or `set_policy` (an `ack`
-/// or an `error` with the same `id`).
-fn handle_command(plane: &ControlPlane, client: u64, text: &str) -> Option<Arc<str>> {
+/// The answer to a command that changed something: an `ack` with the policy in force (and the
+/// worker's record for drain commands), or the `error` that says why nothing changed.
+fn answer(
+    plane: &ControlPlane,
+    id: Option<CommandId>,
+    result: Result<Option<WorkerRecord>, AdminError>,
+) -> Arc<str> {
+    match result {
+        Ok(worker) => encode_message(&ServerMessage::Ack(Ack {
+            id,
+            policy: *plane.router.table().policy(),
+            worker,
+        })),
+        Err(error) => command_error(id, &error.to_string()),
+    }
+}
+
+/// Answers one client command: `resync` (no answer; a snapshot follows), `set_policy`, `drain`
+/// or `undrain` (an `ack` or an `error` with the same `id`).
+fn handle_command(
+    plane: &ControlPlane,
+    client: u64,
+    actor: &Actor,
+    text: &str,
+) -> Option<Arc<str>> {
     let command: ClientCommand = match serde_json::from_str(text) {
         Ok(c) => c,
         Err(e) => {
@@ -109,10 +136,22 @@ fn handle_command(plane: &ControlPlane, client: u64, text: &str) -> Option<Arc<s
                 virtual_nodes: None,
                 load_source,
             };
-            Some(match plane.admin.set_policy(&patch, ChangeSource::Ws) {
-                Ok(policy) => encode_message(&ServerMessage::Ack(Ack { id, policy })),
+            Some(match plane.admin.set_policy(&patch, actor) {
+                Ok(policy) => encode_message(&ServerMessage::Ack(Ack {
+                    id,
+                    policy,
+                    worker: None,
+                })),
                 Err(error) => command_error(id, &error.to_string()),
             })
+        }
+        ClientCommand::Drain { id, worker, remove } => {
+            let result = plane.admin.drain(&worker, remove, actor).map(Some);
+            Some(answer(plane, id, result))
+        }
+        ClientCommand::Undrain { id, worker } => {
+            let result = plane.admin.undrain(&worker, actor).map(Some);
+            Some(answer(plane, id, result))
         }
     }
 }

@@ -56,6 +56,24 @@ pub fn headers(message: &HttpHeaders) -> &HeaderMap {
     message.headers.as_ref().unwrap_or(&EMPTY)
 }
 
+/// What the request's exchange takes from Envoy's request headers: `:method`, `:path` (only when
+/// the request log is on) and the `x-request-id` Envoy or its client set.
+pub fn head(headers: &HeaderMap) -> crate::routing::exchange::Head {
+    crate::routing::exchange::Head {
+        method: headers
+            .first(":method")
+            .and_then(|m| http::Method::from_bytes(m).ok())
+            .unwrap_or_default(),
+        path: crate::routing::exchange::request_log_on()
+            .then(|| headers.first(":path"))
+            .flatten()
+            .and_then(|p| http::uri::PathAndQuery::try_from(p).ok()),
+        client_id: headers
+            .first("x-request-id")
+            .and_then(|v| http::HeaderValue::from_bytes(v).ok()),
+    }
+}
+
 /// The response's `:status`, when it is a valid status code.
 pub fn status(headers: &HeaderMap) -> Option<http::StatusCode> {
     http::StatusCode::from_bytes(headers.first(":status")?).ok()

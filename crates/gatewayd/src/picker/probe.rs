@@ -71,7 +71,8 @@ impl SessionProbe {
     /// (released before this returns); `true` when a worker was chosen.
     pub fn decide(&self, headers: &HeaderMap) -> bool {
         let routing = &self.plane.routing;
-        let mut exchange = Exchange::begin(Arc::clone(routing), std::time::Instant::now());
+        let head = crate::picker::messages::head(headers);
+        let mut exchange = Exchange::begin(Arc::clone(routing), std::time::Instant::now(), head);
         let settings = routing.settings.load();
         crate::routing::route(routing, &settings, headers, &mut exchange).is_ok()
     }

@@ -92,9 +92,10 @@ impl Session {
 
     fn on_request_headers(&mut self, message: &HttpHeaders) -> ProcessingResponse {
         let routing = &self.plane.routing;
-        let mut exchange = Exchange::begin(Arc::clone(routing), Instant::now());
-        let settings = routing.settings.load();
         let headers = messages::headers(message);
+        let head = messages::head(headers);
+        let mut exchange = Exchange::begin(Arc::clone(routing), Instant::now(), head);
+        let settings = routing.settings.load();
         let choice = match crate::routing::route(routing, &settings, headers, &mut exchange) {
             Ok(choice) => choice,
             Err(error) => return refuse(exchange, &error),
@@ -135,7 +136,7 @@ impl Session {
 }
 
 impl Held {
-    /// Records the response (status, time to first byte), follows a fallback Envoy served from,
+    /// Records the response (status, time to its headers), follows a fallback Envoy served from,
     /// and answers with `x-bch-worker` and `x-bch-branch`.
     fn on_response_headers(
         &mut self,
@@ -143,11 +144,7 @@ impl Held {
         message: &ProcessingRequest,
         headers: &HttpHeaders,
     ) -> ProcessingResponse {
-        plane
-            .routing
-            .metrics
-            .time_to_first_byte
-            .observe(self.exchange.elapsed().as_secs_f64());
+        self.exchange.headers_arrived();
         if let Some(status) = messages::status(messages::headers(headers)) {
             self.exchange.set_status(status);
         }

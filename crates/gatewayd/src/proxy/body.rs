@@ -181,7 +181,12 @@ impl StreamState {
         match polled {
             Poll::Ready(Some(Ok(frame))) => {
                 let frame = match frame.into_data() {
-                    Ok(data) => Frame::data(self.gather(data, cx)),
+                    Ok(data) => {
+                        if let Some(exchange) = &mut self.exchange {
+                            exchange.first_chunk(self.event_stream);
+                        }
+                        Frame::data(self.gather(data, cx))
+                    }
                     Err(other) => other,
                 };
                 if frame.is_trailers() || (self.inner.is_end_stream() && self.deferred.is_none()) {

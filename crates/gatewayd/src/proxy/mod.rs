@@ -36,6 +36,7 @@ pub use plane::DataPlane;
 
 use crate::config::runtime::RuntimeSettings;
 use crate::error::{GatewayError, display_chain};
+use crate::routing::exchange::{Head, REQUEST_ID_HEADER};
 use crate::routing::key::extract_key;
 use crate::routing::{Choice, Exchange};
 use crate::upstream::{ClientBodyError, SendError, UpstreamBody, UpstreamConnection, client_fault};
@@ -66,16 +67,9 @@ pub async fn handle(
     Ok(proxy(plane, request).await)
 }
 
-/// `GET /readiness`: 200 while some worker is healthy, else 503.
+/// `GET /readiness`: 200 while some worker takes requests (healthy and not draining), else 503.
 fn readiness(plane: &DataPlane) -> Response<ProxyBody> {
-    let healthy = plane
-        .routing
-        .router
-        .table()
-        .health()
-        .iter()
-        .filter(|h| **h)
-        .count();
+    let healthy = plane.routing.router.table().routable_count();
     let status = if healthy > 0 {
         StatusCode::OK
     } else {
@@ -86,7 +80,8 @@ fn readiness(plane: &DataPlane) -> Response<ProxyBody> {
 }
 
 async fn proxy(plane: Arc<DataPlane>, request: Request<Incoming>) -> Response<ProxyBody> {
-    let mut exchange = Exchange::begin(Arc::clone(&plane.routing), Instant::now());
+    let head = Head::of(&request);
+    let mut exchange = Exchange::begin(Arc::clone(&plane.routing), Instant::now(), head);
     let settings = plane.routing.settings.load();
     let forwarded = match route(&plane, &settings, request, &mut exchange) {
         Ok(routed) => send_with_retry(&plane, &settings, routed, &mut exchange).await,
@@ -147,7 +142,8 @@ fn route(
         &settings.routing_headers,
         &plane.via,
     )?;
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
+    exchange.forward_id(&mut parts.headers);
     let Choice {
         table,
         worker,
@@ -209,11 +205,7 @@ async fn send_with_retry(
         };
         match sent {
             Ok((response, connection)) => {
-                plane
-                    .routing
-                    .metrics
-                    .time_to_first_byte
-                    .observe(exchange.elapsed().as_secs_f64());
+                exchange.headers_arrived();
                 exchange.set_status(response.status());
                 let worker_header = target.worker_header.clone();
                 return Ok(Answered::new(response, connection, worker_header, branch));
@@ -340,7 +332,7 @@ impl FailedConnect<'_> {
 /// its `event: error`).
 async fn respond(
     answered: Answered,
-    exchange: Exchange,
+    mut exchange: Exchange,
     settings: &RuntimeSettings,
 ) -> Response<ProxyBody> {
     let Answered {
@@ -357,6 +349,9 @@ async fn respond(
     parts
         .headers
         .insert(BRANCH_HEADER, HeaderValue::from_static(branch.as_str()));
+    parts
+        .headers
+        .insert(REQUEST_ID_HEADER, exchange.request_id().clone());
     if body.is_end_stream() {
         // No body (204, 304, `Content-Length: 0`): hyper will not poll one, so the exchange ends
         // here and the connection can serve the next request.
@@ -390,6 +385,9 @@ async fn respond(
 fn refuse(mut exchange: Exchange, error: &GatewayError) -> Response<ProxyBody> {
     exchange.set_status(error.status());
     let mut response = json_response(error.status(), error.body());
+    response
+        .headers_mut()
+        .insert(REQUEST_ID_HEADER, exchange.request_id().clone());
     if let Some(branch) = exchange.branch() {
         response
             .headers_mut()

@@ -1,32 +1,97 @@
-//! One client request from its first byte to its last: the request's record (id, start time,
-//! status, outcome) and, once it is routed, its hold on a worker (the load guard). Dropping the
-//! exchange ends the request, and that is the one place every request — served, refused before
-//! routing (413), refused by routing (503) or failed upstream (502, 504) — is logged and observed
-//! in `bch_request_duration_seconds`, exactly once.
+//! One client request from its first byte to its last: the request's record (id, method, path,
+//! start time, status, outcome, timings) and, once it is routed, its hold on a worker (the load
+//! guard). Dropping the exchange ends the request, and that is the one place every request —
+//! served, refused before routing (413), refused by routing (503) or failed upstream (502, 504) —
+//! is logged, counted by status class and observed in `bch_request_duration_seconds`, exactly
+//! once.
+//!
+//! Every request has an id: the client's own `x-request-id` when it sent a usable one, else one
+//! made here (a per-process random prefix and a counter). It goes to the worker, back to the
+//! client and into the log line, so one request can be followed through all three.
 //!
 //! Both front ends use it: the data plane keeps the exchange in the response body, the endpoint
 //! picker in the state of the request's ext_proc stream.
 
-use std::sync::Arc;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
 
 use bch_core::decide::Decision;
-use bch_core::load::LoadGuard;
+use bch_core::load::{LoadGuard, StatusClass};
 use bch_core::policy::Branch;
 use bch_core::router::RoutingTable;
-use http::StatusCode;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::uri::PathAndQuery;
+use http::{Method, Request, StatusCode};
 
 use super::handle::Routing;
 use crate::telemetry::keys::KeyTag;
 
+/// `x-request-id`: the request's id, kept from the client or made by the gateway, forwarded to
+/// the worker and returned to the client.
+pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Longest client-sent request id kept, bytes; a longer one (or one that is not visible ASCII) is
+/// replaced by the gateway's own.
+const MAX_CLIENT_ID: usize = 128;
+
 static REQUEST_IDS: AtomicU64 = AtomicU64::new(1);
+
+/// 8 hex digits, random per process, so ids of two replicas or two runs do not collide.
+static ID_PREFIX: LazyLock<[u8; 8]> = LazyLock::new(|| {
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish() as u32;
+    let mut prefix = [0u8; 8];
+    for (i, digit) in prefix.iter_mut().enumerate() {
+        *digit = HEX[((random >> (28 - 4 * i)) & 0xf) as usize];
+    }
+    prefix
+});
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// What an exchange takes from the request's head: for its log line and its request id.
+pub struct Head {
+    /// The request's method.
+    pub method: Method,
+    /// Its path and query; `None` when the request log is off (nothing reads it then).
+    pub path: Option<PathAndQuery>,
+    /// The client's `x-request-id`, if it sent one (kept only when usable).
+    pub client_id: Option<HeaderValue>,
+}
+
+impl Head {
+    /// The head of a request the data plane received.
+    pub fn of<B>(request: &Request<B>) -> Self {
+        Head {
+            method: request.method().clone(),
+            // Only the log line reads it: not even a reference count when it is off.
+            path: request_log_on()
+                .then(|| request.uri().path_and_query().cloned())
+                .flatten(),
+            client_id: request.headers().get(REQUEST_ID_HEADER).cloned(),
+        }
+    }
+}
+
+/// Whether request log lines are written (the path is kept only then).
+pub fn request_log_on() -> bool {
+    tracing::enabled!(tracing::Level::INFO)
+}
 
 /// A request in progress. See the module documentation.
 pub struct Exchange {
     routing: Arc<Routing>,
     started: Instant,
-    request_id: u64,
+    /// The client's id, or ours once something needed it as a header value.
+    request_id: Option<HeaderValue>,
+    /// The number of the id this gateway made (0: the client's id is used). Rendered only when
+    /// the id is needed: the picker only logs it, and a log line writes it from a stack buffer.
+    our_id: u64,
+    method: Method,
+    path: Option<PathAndQuery>,
     /// HTTP status sent to the client (0 until known).
     status: u16,
     errored: bool,
@@ -35,25 +100,66 @@ pub struct Exchange {
     branch: Option<Branch>,
     /// The table the request was routed on and the worker it holds, once routed.
     routed: Option<(Arc<RoutingTable>, usize)>,
+    /// The worker a failed connect moved the request away from.
+    retried_from: Option<usize>,
     guard: Option<LoadGuard>,
     key: Option<KeyTag>,
+    /// When the worker's response head arrived.
+    headers_after: Option<Duration>,
+    /// When the first byte of the response body arrived.
+    first_byte_after: Option<Duration>,
 }
 
 impl Exchange {
-    /// A request that just arrived.
-    pub fn begin(routing: Arc<Routing>, started: Instant) -> Self {
+    /// A request that just arrived: its id, method and path are taken from `head`.
+    pub fn begin(routing: Arc<Routing>, started: Instant, head: Head) -> Self {
+        let Head {
+            method,
+            path,
+            client_id,
+        } = head;
+        let client_id = client_id.filter(usable_id);
         Self {
             routing,
             started,
-            request_id: REQUEST_IDS.fetch_add(1, Ordering::Relaxed),
+            our_id: match client_id {
+                Some(_) => 0,
+                None => REQUEST_IDS.fetch_add(1, Ordering::Relaxed),
+            },
+            request_id: client_id,
+            method,
+            path,
             status: 0,
             errored: false,
             client_fault: None,
             branch: None,
             routed: None,
+            retried_from: None,
             guard: None,
             key: None,
+            headers_after: None,
+            first_byte_after: None,
         }
+    }
+
+    /// Puts the request id on the request for the worker: the gateway's own, or the client's
+    /// (replacing one the gateway found unusable).
+    pub fn forward_id(&mut self, headers: &mut HeaderMap) {
+        if self.our_id != 0 {
+            let id = self.request_id().clone();
+            headers.insert(REQUEST_ID_HEADER, id);
+        }
+    }
+
+    /// The request id, for the response to the client.
+    pub fn request_id(&mut self) -> &HeaderValue {
+        let our_id = self.our_id;
+        self.request_id.get_or_insert_with(|| {
+            let mut buf = [0u8; ID_LEN];
+            let len = render_id(our_id, &mut buf);
+            HeaderValue::from_bytes(&buf[..len])
+                .expect("hex digits and a dash are a valid header value")
+        })
     }
 
     /// The routing decision, and the load taken on the chosen worker when there is one.
@@ -78,6 +184,7 @@ impl Exchange {
         self.release_worker();
         self.guard = Some(guard);
         if let Some((_, held)) = &mut self.routed {
+            self.retried_from = Some(*held);
             *held = worker;
         }
     }
@@ -117,9 +224,30 @@ impl Exchange {
         self.status = status.as_u16();
     }
 
-    /// Time since the request arrived.
-    pub fn elapsed(&self) -> std::time::Duration {
-        self.started.elapsed()
+    /// The worker's response head arrived: observed in `bch_response_headers_seconds`.
+    pub fn headers_arrived(&mut self) {
+        let after = self.started.elapsed();
+        self.headers_after = Some(after);
+        self.routing
+            .metrics
+            .response_headers
+            .observe(after.as_secs_f64());
+    }
+
+    /// The first chunk of the response body arrived; for an event stream that is the first
+    /// token, observed in `bch_time_to_first_token_seconds`. Later calls change nothing.
+    pub fn first_chunk(&mut self, event_stream: bool) {
+        if self.first_byte_after.is_some() {
+            return;
+        }
+        let after = self.started.elapsed();
+        self.first_byte_after = Some(after);
+        if event_stream {
+            self.routing
+                .metrics
+                .time_to_first_token
+                .observe(after.as_secs_f64());
+        }
     }
 
     /// The name of the worker the request holds, once routed.
@@ -145,27 +273,111 @@ impl Exchange {
     }
 }
 
+/// A client's id is kept when it is visible ASCII of at most [`MAX_CLIENT_ID`] bytes.
+fn usable_id(value: &HeaderValue) -> bool {
+    let bytes = value.as_bytes();
+    !bytes.is_empty() && bytes.len() <= MAX_CLIENT_ID && bytes.iter().all(|b| b.is_ascii_graphic())
+}
+
+/// `{8 random hex digits}-{counter in hex}`: unique within a process, and across processes with
+/// near certainty. Written into a stack buffer (no formatting machinery, one allocation for the
+/// header value): this runs for every request.
+/// Longest id this gateway makes: the prefix, a dash, 16 hex digits.
+const ID_LEN: usize = 8 + 1 + 16;
+
+/// Writes the id numbered `n` (`PREFIX-hex`) into `id`; answers its length.
+fn render_id(n: u64, id: &mut [u8; ID_LEN]) -> usize {
+    id[..8].copy_from_slice(&*ID_PREFIX);
+    id[8] = b'-';
+    let digits = (16 - (n.leading_zeros() / 4) as usize).max(1);
+    for i in 0..digits {
+        id[9 + i] = HEX[((n >> (4 * (digits - 1 - i))) & 0xf) as usize];
+    }
+    9 + digits
+}
+
+#[cfg(test)]
+fn new_request_id() -> HeaderValue {
+    let mut buf = [0u8; ID_LEN];
+    let len = render_id(REQUEST_IDS.fetch_add(1, Ordering::Relaxed), &mut buf);
+    HeaderValue::from_bytes(&buf[..len]).expect("a valid header value")
+}
+
+fn millis(d: Option<Duration>) -> i64 {
+    d.map_or(-1, |d| d.as_millis() as i64)
+}
+
 impl Drop for Exchange {
     fn drop(&mut self) {
         self.release_worker();
         let elapsed = self.started.elapsed();
-        self.routing
-            .metrics
-            .request_duration
-            .observe(elapsed.as_secs_f64());
-        let worker = self
-            .routed
-            .as_ref()
-            .map_or("-", |(table, worker)| &table.workers()[*worker].spec.name);
+        let seconds = elapsed.as_secs_f64();
+        self.routing.metrics.request_duration.observe(seconds);
+        let class = StatusClass::of(self.status);
+        match &self.routed {
+            Some((table, worker)) => table.workers()[*worker]
+                .stats
+                .record_response(class, seconds),
+            None => self.routing.metrics.record_unrouted_response(class),
+        }
+        let worker = self.routed.as_ref().map_or("-", |(table, worker)| {
+            table.workers()[*worker].spec.name.as_str()
+        });
+        let retried_from = match (&self.routed, self.retried_from) {
+            (Some((table, _)), Some(from)) => table.workers()[from].spec.name.as_str(),
+            _ => "-",
+        };
+        let mut buf = [0u8; ID_LEN];
+        let id_text = match &self.request_id {
+            Some(id) => id.to_str().unwrap_or("-"),
+            None => {
+                let len = render_id(self.our_id, &mut buf);
+                std::str::from_utf8(&buf[..len]).unwrap_or("-")
+            }
+        };
         tracing::info!(
-            request_id = self.request_id,
+            request_id = id_text,
+            method = %self.method,
+            path = self.path.as_ref().map_or("/", PathAndQuery::path),
             worker = %worker,
+            retried_from = %retried_from,
             branch = %self.branch.map_or("-", Branch::as_str),
             status = self.status,
+            headers_ms = millis(self.headers_after),
+            ttfb_ms = millis(self.first_byte_after.or(self.headers_after)),
             duration_ms = elapsed.as_millis() as u64,
             error = self.errored,
             client_fault = %self.client_fault.unwrap_or("-"),
             "request"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_ids_are_prefix_dash_hex_and_unique() {
+        let (a, b) = (new_request_id(), new_request_id());
+        let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+        assert_ne!(a, b);
+        let (prefix, counter) = a.split_once('-').unwrap();
+        assert_eq!(prefix.len(), 8);
+        assert!(
+            prefix
+                .bytes()
+                .chain(counter.bytes())
+                .all(|c| c.is_ascii_hexdigit())
+        );
+        assert_eq!(
+            b.split_once('-').unwrap().0,
+            prefix,
+            "one prefix per process"
+        );
+        assert_eq!(
+            u64::from_str_radix(b.split_once('-').unwrap().1, 16).unwrap(),
+            u64::from_str_radix(counter, 16).unwrap() + 1
         );
     }
 }

@@ -8,8 +8,8 @@ use std::time::Duration;
 use bch_core::decide::Decision;
 use bch_core::router::{Router, RoutingTable};
 use bch_core::telemetry::{
-    PolicyUpdate, RingOwnership, RingUpdate, ServerMessage, Snapshot, SpillEvent, Tick, Totals,
-    WorkerRecord,
+    DrainedUpdate, PolicyUpdate, RingOwnership, RingUpdate, ServerMessage, Snapshot, SpillEvent,
+    Tick, Totals, WorkerRecord,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -210,11 +210,20 @@ impl Aggregator {
                 let snapshot = self.snapshot_message();
                 self.clients.deliver_snapshots(&snapshot);
             }
-            Control::PolicyChanged(source) => {
+            Control::PolicyChanged(source, client) => {
                 let message = encode_message(&ServerMessage::Policy(PolicyUpdate {
                     ts_ms: now_ms(),
                     policy: *self.router.table().policy(),
                     changed_by: source,
+                    client,
+                }));
+                self.clients.broadcast(&message);
+            }
+            Control::Drained { worker, removed } => {
+                let message = encode_message(&ServerMessage::Drained(DrainedUpdate {
+                    ts_ms: now_ms(),
+                    worker,
+                    removed,
                 }));
                 self.clients.broadcast(&message);
             }

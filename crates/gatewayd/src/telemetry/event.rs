@@ -41,6 +41,8 @@ pub(super) enum Control {
     Unregister(u64),
     /// A websocket client asked for a fresh snapshot.
     Resync(u64),
-    /// The policy changed; announce it.
-    PolicyChanged(ChangeSource),
+    /// The policy changed; announce it, with who changed it and their address.
+    PolicyChanged(ChangeSource, Option<String>),
+    /// A draining worker became idle (and was removed, if that was asked).
+    Drained { worker: String, removed: bool },
 }

@@ -95,9 +95,14 @@ impl Telemetry {
         }
     }
 
-    /// Announces a policy change to every client, naming who made it.
-    pub fn policy_changed(&self, source: ChangeSource) {
-        let _ = self.control.send(Control::PolicyChanged(source));
+    /// Announces a policy change to every client, naming who made it (and from which address).
+    pub fn policy_changed(&self, source: ChangeSource, client: Option<String>) {
+        let _ = self.control.send(Control::PolicyChanged(source, client));
+    }
+
+    /// Announces that the draining worker `worker` is idle (and whether it was removed).
+    pub fn drained(&self, worker: String, removed: bool) {
+        let _ = self.control.send(Control::Drained { worker, removed });
     }
 
     /// Registers a websocket client: its id and the queue of its frames (message bodies, to be

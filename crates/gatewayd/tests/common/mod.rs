@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod envoy;
+pub mod ws;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -53,6 +54,8 @@ pub struct WorkerState {
     pub changed: Notify,
     /// When set, `/health` answers 503.
     pub fail_health: std::sync::atomic::AtomicBool,
+    /// Health probes it answered.
+    pub health_probes: AtomicU64,
     /// Client addresses (one per TCP connection) that sent anything but a health probe.
     pub data_connections: std::sync::Mutex<std::collections::HashSet<SocketAddr>>,
 }
@@ -117,6 +120,7 @@ pub async fn fake_worker_on(listener: TcpListener, name: &str) -> FakeWorker {
         release_all,
         changed: Notify::new(),
         fail_health: false.into(),
+        health_probes: AtomicU64::new(0),
         data_connections: Default::default(),
     });
     let app = Router::new()
@@ -157,6 +161,7 @@ async fn record_connection(
 }
 
 async fn health(State(state): State<Arc<WorkerState>>) -> StatusCode {
+    state.health_probes.fetch_add(1, Ordering::SeqCst);
     if state.fail_health.load(Ordering::SeqCst) {
         StatusCode::SERVICE_UNAVAILABLE
     } else {
@@ -335,6 +340,8 @@ pub fn test_config(workers: &[&FakeWorker]) -> Config {
     config.server.shutdown_grace_ms = 2_000;
     config.health.interval_ms = 100;
     config.health.timeout_ms = 500;
+    // Tests decide health themselves (dead workers, passive marking): workers start healthy.
+    config.health.wait_for_first_probe = false;
     config.telemetry.interval_ms = 50;
     config.workers = workers
         .iter()

@@ -1,0 +1,78 @@
+//! Draining: a worker that takes no new requests while its in-flight ones finish, listed with its
+//! in-flight count and state `draining`, and, when asked, removed from the membership once idle
+//! (the drain watcher in `crate::drain` notices that and calls [`Admin::finish_drain`]).
+
+use bch_core::telemetry::{WorkerRecord, WorkerState};
+
+use super::{Actor, Admin, AdminError};
+
+impl Admin {
+    /// Stops routing new requests to the worker called `name` (it stays a member, listed with its
+    /// in-flight count and state `draining`); with `remove_when_idle` it leaves the membership
+    /// once its last request ended. Draining a draining worker updates `remove_when_idle`. A
+    /// removal is refused up front for a worker DNS discovery has: it would come back.
+    pub fn drain(
+        &self,
+        name: &str,
+        remove_when_idle: bool,
+        actor: &Actor,
+    ) -> Result<WorkerRecord, AdminError> {
+        let mut in_force = self.lock();
+        if remove_when_idle {
+            Self::removable(&in_force, name)?;
+        }
+        let changed = self
+            .router
+            .set_state(name, WorkerState::Draining)
+            .ok_or_else(|| AdminError::UnknownWorker(name.to_owned()))?;
+        if remove_when_idle {
+            in_force.remove_when_idle.insert(name.to_owned());
+        } else {
+            in_force.remove_when_idle.remove(name);
+        }
+        drop(in_force);
+        let record = self.record(name)?;
+        if changed {
+            tracing::info!(worker = %name, active = record.active, remove_when_idle, source = actor.source.as_str(), client = actor.client_str(), "worker draining: no new requests");
+        }
+        Ok(record)
+    }
+
+    /// Routes new requests to a draining worker again and cancels a pending removal.
+    pub fn undrain(&self, name: &str, actor: &Actor) -> Result<WorkerRecord, AdminError> {
+        let mut in_force = self.lock();
+        let changed = self
+            .router
+            .set_state(name, WorkerState::Active)
+            .ok_or_else(|| AdminError::UnknownWorker(name.to_owned()))?;
+        in_force.remove_when_idle.remove(name);
+        drop(in_force);
+        if changed {
+            tracing::info!(worker = %name, source = actor.source.as_str(), client = actor.client_str(), "worker undrained: takes new requests again");
+        }
+        self.record(name)
+    }
+
+    /// Called when the draining worker `name` was seen idle: removes it if its drain asked for
+    /// that. `None` when it is no longer a draining member with nothing in flight (undrained,
+    /// removed, or busy after all); else whether it was removed.
+    pub fn finish_drain(&self, name: &str) -> Option<bool> {
+        let mut in_force = self.lock();
+        let table = self.router.table();
+        let index = table.index_of(name)?;
+        let idle = table.workers()[index].stats.active() == 0;
+        if table.states()[index] != WorkerState::Draining || !idle {
+            return None;
+        }
+        if !in_force.remove_when_idle.remove(name) {
+            return Some(false);
+        }
+        match self.remove_static(&mut in_force, name, &Actor::reload()) {
+            Ok(_) => Some(true),
+            Err(error) => {
+                tracing::warn!(worker = %name, %error, "drained worker could not be removed");
+                Some(false)
+            }
+        }
+    }
+}

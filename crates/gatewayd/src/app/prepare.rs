@@ -1,0 +1,120 @@
+//! The start-up checks that need no socket, shared by [`start`](super::start) and
+//! `gatewayd check-config`, so a configuration the check calls fine is one that starts (short of
+//! a port being taken): the effective configuration validates (every problem, not the first), the
+//! token files read and are not empty, a control plane beyond loopback has a token, and the two
+//! listeners can both be bound.
+
+use std::path::PathBuf;
+
+use super::options::{StartError, StartOptions};
+use crate::admin::ConfigOrigin;
+use crate::config::{Config, Member};
+
+/// A configuration checked for everything that needs no socket: in force, with its members and
+/// token.
+pub(super) struct Prepared {
+    pub(super) config: Config,
+    pub(super) origin: ConfigOrigin,
+    pub(super) members: Vec<Member>,
+    pub(super) token: Option<String>,
+    pub(super) metrics_token: Option<String>,
+    pub(super) handle_signals: bool,
+}
+
+/// What [`check`] found: problems that refuse a start, and warnings that do not.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Findings {
+    /// One sentence per problem, naming the field (and file) at fault.
+    pub errors: Vec<String>,
+    /// Things that start but are probably not meant (no workers and no discovery source).
+    pub warnings: Vec<String>,
+    /// The configuration that would be in force, when it has no problem.
+    pub config: Option<Config>,
+}
+
+/// Runs every start-up check that needs no socket on `options` and reports all it found.
+pub fn check(options: &StartOptions) -> Findings {
+    let mut base = options.config.clone();
+    if let Some(overrides) = &options.origin.overrides {
+        overrides(&mut base);
+    }
+    base.workers
+        .extend(options.origin.pinned_workers.iter().cloned());
+    let path = options.origin.path.as_deref();
+    let mut errors: Vec<String> = base
+        .problems(path)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    if let Err(error) = admin_token(&base) {
+        errors.push(error.to_string());
+    }
+    if let Some(Err(error)) = base.server.metrics_token_file.as_ref().map(read_token) {
+        errors.push(error.to_string());
+    }
+    let token_configured = base.server.admin_token_file.is_some();
+    if !token_configured && !base.server.control_listen.ip().is_loopback() {
+        errors.push(StartError::UnprotectedControlPlane(base.server.control_listen).to_string());
+    }
+    let mut warnings = Vec::new();
+    if base.workers.is_empty() && base.discovery.is_empty() {
+        warnings.push(
+            "no workers configured: every request gets 503 until one is added (POST /admin/workers, --worker URL or --discover-dns NAME)"
+                .to_owned(),
+        );
+    }
+    let config = errors.is_empty().then_some(base);
+    Findings {
+        errors,
+        warnings,
+        config,
+    }
+}
+
+/// Every start-up check that needs no socket (see [`check`]); all problems at once in
+/// [`StartError::Invalid`].
+pub(super) fn prepare(options: StartOptions) -> Result<Prepared, StartError> {
+    let findings = check(&options);
+    let Some(config) = findings.config else {
+        return Err(StartError::Invalid(findings.errors));
+    };
+    let members = config.members()?;
+    let token = admin_token(&config)?;
+    let metrics_token = config
+        .server
+        .metrics_token_file
+        .as_ref()
+        .map(read_token)
+        .transpose()?;
+    Ok(Prepared {
+        config,
+        origin: options.origin,
+        members,
+        token,
+        metrics_token,
+        handle_signals: options.handle_signals,
+    })
+}
+
+/// The bearer token from `admin_token_file`, trimmed; `None` when no file is configured.
+fn admin_token(config: &Config) -> Result<Option<String>, StartError> {
+    config
+        .server
+        .admin_token_file
+        .as_ref()
+        .map(read_token)
+        .transpose()
+}
+
+/// A token file's contents, trimmed; an unreadable or empty file is an error naming it.
+pub(super) fn read_token(path: &PathBuf) -> Result<String, StartError> {
+    let token = std::fs::read_to_string(path).map_err(|cause| StartError::TokenFile {
+        path: path.clone(),
+        cause,
+    })?;
+    let token = token.trim();
+    if token.is_empty() {
+        return Err(StartError::EmptyToken(path.clone()));
+    }
+    Ok(token.to_owned())
+}

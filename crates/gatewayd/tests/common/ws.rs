@@ -1,0 +1,75 @@
+//! A telemetry websocket client for tests: checks every frame's envelope (version 1, gap-free
+//! `seq`) and waits for the frame a test is after, bounded.
+
+use std::time::Duration;
+
+use bch_core::telemetry::{ServerFrame, ServerMessage};
+use futures_util::{SinkExt, StreamExt};
+use tokio_tungstenite::tungstenite::Message;
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+pub struct Client {
+    pub socket: Socket,
+    next_seq: u64,
+}
+
+impl Client {
+    pub async fn connect(gateway: &gatewayd::RunningGateway) -> Client {
+        let (socket, _) =
+            tokio_tungstenite::connect_async(format!("ws://{}/ws", gateway.control_addr))
+                .await
+                .expect("websocket upgrade");
+        Client {
+            socket,
+            next_seq: 0,
+        }
+    }
+
+    /// Next frame, checking the envelope: version 1 and a gap-free `seq`.
+    pub async fn frame(&mut self) -> ServerFrame {
+        loop {
+            let message = tokio::time::timeout(Duration::from_secs(5), self.socket.next())
+                .await
+                .expect("a frame within 5 s")
+                .expect("socket open")
+                .expect("valid frame");
+            let Message::Text(text) = message else {
+                continue;
+            };
+            let frame: ServerFrame = serde_json::from_str(&text).expect("frame parses");
+            assert_eq!(frame.v, 1);
+            assert_eq!(frame.seq, self.next_seq, "seq without gaps");
+            self.next_seq += 1;
+            return frame;
+        }
+    }
+
+    /// Reads frames until `pick` returns something.
+    pub async fn until<T>(&mut self, mut pick: impl FnMut(&ServerMessage) -> Option<T>) -> T {
+        for _ in 0..5_000 {
+            let frame = self.frame().await;
+            if let Some(found) = pick(&frame.message) {
+                return found;
+            }
+        }
+        panic!("condition not seen in 5,000 frames");
+    }
+
+    /// The next `policy` frame.
+    pub async fn next_policy(&mut self) -> bch_core::telemetry::PolicyUpdate {
+        self.until(|m| match m {
+            ServerMessage::Policy(p) => Some(p.clone()),
+            _ => None,
+        })
+        .await
+    }
+
+    pub async fn send(&mut self, json: serde_json::Value) {
+        self.socket
+            .send(Message::Text(json.to_string().into()))
+            .await
+            .unwrap();
+    }
+}
