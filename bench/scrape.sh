@@ -97,9 +97,11 @@ phases = []
 for r in range(rounds):
     for source in ["local", "worker_metrics"]:
         put(source)
-        deadline = time.time() + 10
+        # A bound, not a pace: on a loaded machine (debug builds in CI) a round of 64 scrapes can
+        # miss some workers for a while; the phase starts as soon as every worker has reported.
+        deadline = time.time() + 60
         while source == "worker_metrics" and not all_reported():
-            assert time.time() < deadline, "workers never all scraped"
+            assert time.time() < deadline, "workers not all scraped within 60 s"
             time.sleep(0.05)
         time.sleep(1.0)  # settle: the first round's connections are open
         c0, s0, t0 = cpu(), scrapes(), time.time()
