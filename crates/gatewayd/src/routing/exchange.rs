@@ -39,13 +39,17 @@ const MAX_CLIENT_ID: usize = 128;
 static REQUEST_IDS: AtomicU64 = AtomicU64::new(1);
 
 /// 8 hex digits, random per process, so ids of two replicas or two runs do not collide.
-static ID_PREFIX: LazyLock<[u8; 8]> = LazyLock::new(|| {
+/// The per-process part of the gateway's ids: `xxxxxxxx-xxxx-4xxx-`, 60 random bits in the shape
+/// of a version-4 UUID. Ids are UUID-shaped because workers may insist: llama-cpp-python's server
+/// answers 400 to any `x-request-id` that does not parse as a UUID.
+static ID_PREFIX: LazyLock<[u8; 19]> = LazyLock::new(|| {
     let random = std::collections::hash_map::RandomState::new()
         .build_hasher()
-        .finish() as u32;
-    let mut prefix = [0u8; 8];
-    for (i, digit) in prefix.iter_mut().enumerate() {
-        *digit = HEX[((random >> (28 - 4 * i)) & 0xf) as usize];
+        .finish();
+    let mut prefix = *b"00000000-0000-4000-";
+    let digits = [0..8, 9..13, 15..18].into_iter().flatten();
+    for (i, at) in digits.enumerate() {
+        prefix[at] = HEX[((random >> (4 * i)) & 0xf) as usize];
     }
     prefix
 });
@@ -282,18 +286,20 @@ fn usable_id(value: &HeaderValue) -> bool {
 /// `{8 random hex digits}-{counter in hex}`: unique within a process, and across processes with
 /// near certainty. Written into a stack buffer (no formatting machinery, one allocation for the
 /// header value): this runs for every request.
-/// Longest id this gateway makes: the prefix, a dash, 16 hex digits.
-const ID_LEN: usize = 8 + 1 + 16;
+/// Length of an id this gateway makes: a UUID's 36 characters.
+const ID_LEN: usize = 36;
 
-/// Writes the id numbered `n` (`PREFIX-hex`) into `id`; answers its length.
+/// Writes the id numbered `n` into `id`: the process's prefix, the UUID variant digit `8`, then
+/// the low 60 bits of `n` in 15 hex digits (`…-8nnn-nnnnnnnnnnnn`); answers its length.
 fn render_id(n: u64, id: &mut [u8; ID_LEN]) -> usize {
-    id[..8].copy_from_slice(&*ID_PREFIX);
-    id[8] = b'-';
-    let digits = (16 - (n.leading_zeros() / 4) as usize).max(1);
-    for i in 0..digits {
-        id[9 + i] = HEX[((n >> (4 * (digits - 1 - i))) & 0xf) as usize];
+    id[..19].copy_from_slice(&*ID_PREFIX);
+    id[19] = b'8';
+    id[23] = b'-';
+    let digits = (20..23).chain(24..36);
+    for (i, at) in digits.enumerate() {
+        id[at] = HEX[((n >> (4 * (14 - i))) & 0xf) as usize];
     }
-    9 + digits
+    ID_LEN
 }
 
 #[cfg(test)]
@@ -358,26 +364,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn generated_ids_are_prefix_dash_hex_and_unique() {
+    fn generated_ids_are_version_4_uuids_numbered_per_process() {
         let (a, b) = (new_request_id(), new_request_id());
         let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
-        assert_ne!(a, b);
-        let (prefix, counter) = a.split_once('-').unwrap();
-        assert_eq!(prefix.len(), 8);
-        assert!(
-            prefix
-                .bytes()
-                .chain(counter.bytes())
-                .all(|c| c.is_ascii_hexdigit())
-        );
+        let groups: Vec<&str> = a.split('-').collect();
         assert_eq!(
-            b.split_once('-').unwrap().0,
-            prefix,
-            "one prefix per process"
+            groups.iter().map(|g| g.len()).collect::<Vec<_>>(),
+            [8, 4, 4, 4, 12]
         );
-        assert_eq!(
-            u64::from_str_radix(b.split_once('-').unwrap().1, 16).unwrap(),
-            u64::from_str_radix(counter, 16).unwrap() + 1
-        );
+        assert!(groups.concat().bytes().all(|c| c.is_ascii_hexdigit()));
+        assert!(groups[2].starts_with('4'), "version 4: {a}");
+        assert!(groups[3].starts_with('8'), "RFC 4122 variant: {a}");
+        assert_eq!(a[..20], b[..20], "one prefix per process");
+        let counter = |id: &str| u64::from_str_radix(&id[20..].replace('-', ""), 16).unwrap();
+        assert_eq!(counter(b), counter(a) + 1);
+    }
+
+    #[test]
+    fn the_counter_fills_its_fifteen_digits() {
+        let mut buf = [0u8; ID_LEN];
+        render_id(0x0123_4567_89ab_cdef, &mut buf);
+        assert_eq!(&buf[19..], b"8123-456789abcdef");
+        render_id(1, &mut buf);
+        assert_eq!(&buf[19..], b"8000-000000000001");
     }
 }
