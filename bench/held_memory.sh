@@ -33,7 +33,7 @@ python3 bench/bodies.py "$WORK" >/dev/null
 
 LISTEN=$PORT_BASE CONTROL=$((PORT_BASE + 1)) WORKER_BASE=$((PORT_BASE + 10))
 "$TARGET/bch-drill" workers --count 4 --base-port "$WORKER_BASE" --time-scale 1 --cache-blocks 0 \
-  --max-batch 100000 --chunk-tokens 100000 --prefill-tokens-per-s inf --decode-base-ms 1000 \
+  --max-batch 100000 --chunk-tokens 100000 --prefill-tokens-per-s inf --no-prefix-wait --decode-base-ms 1000 \
   --decode-per-running-ms 0 >"$WORK/workers.log" 2>&1 &
 PIDS+=($!)
 wait_port $((WORKER_BASE + 3))

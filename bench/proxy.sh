@@ -207,7 +207,7 @@ log "starting $WORKERS instant workers on $FAST_BASE.. and $WORKERS slow workers
   --cache-blocks 0 --max-batch 100000 >"$WORK/fast-workers.log" 2>&1 &
 FAST_PID=$!; PIDS+=("$FAST_PID")
 "${LOAD_RUN[@]}" "$DRILL" workers --count "$WORKERS" --base-port "$SLOW_BASE" --time-scale 1 \
-  --cache-blocks 0 --max-batch 100000 --chunk-tokens 100000 --prefill-tokens-per-s inf \
+  --cache-blocks 0 --max-batch 100000 --chunk-tokens 100000 --prefill-tokens-per-s inf --no-prefix-wait \
   --decode-base-ms 1000 --decode-per-running-ms 0 >"$WORK/slow-workers.log" 2>&1 &
 SLOW_PID=$!; PIDS+=("$SLOW_PID")
 wait_port $((FAST_BASE + WORKERS - 1)); wait_port $((SLOW_BASE + WORKERS - 1))
