@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Checks that the graph of source files of every crate is acyclic.
+"""Checks that the graph of source files of every crate is acyclic, and so is the graph of its
+top-level modules (each folder or file under src/ taken as one node, the crate root left out):
+files can form no cycle while their modules do (a/x.rs -> b.rs -> a/y.rs).
 
 An edge A -> B means file A names an item of file B: a `crate::…`, `super::…` or `self::…` path,
 or a path through a child module that A declares (`mod x;` makes `x::…` in A an edge to x's file).
@@ -137,8 +139,15 @@ def main():
         for component in cycles(graph):
             failed = True
             print(f"file cycle in {crate}: {' <-> '.join(name(m) for m in component)}")
+        top = {}
+        for m, targets in graph.items():
+            if m:
+                top.setdefault(m[:1], set()).update(t[:1] for t in targets if t and t[:1] != m[:1])
+        for component in cycles(top):
+            failed = True
+            print(f"module cycle in {crate}: {' <-> '.join(name(m) for m in component)}")
     if not failed:
-        print("module graph: every crate's source files form an acyclic graph")
+        print("module graph: every crate's source files and top-level modules form acyclic graphs")
     return 1 if failed else 0
 
 

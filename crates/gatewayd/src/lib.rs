@@ -29,6 +29,7 @@
 mod admin;
 mod app;
 pub mod cli;
+mod clock;
 pub mod config;
 mod control;
 #[cfg(feature = "demo")]

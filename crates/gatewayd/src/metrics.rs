@@ -589,7 +589,7 @@ impl Collector for FleetLoadCollector {
                 )
             }),
         )?;
-        let records = table.worker_records(crate::telemetry::wire::now_ms());
+        let records = table.worker_records(crate::clock::now_ms());
         let label = |name: &str| vec![("worker", name.to_owned())];
         gauge(
             &mut encoder,

@@ -307,7 +307,7 @@ impl Admin {
     fn record(&self, name: &str) -> Result<WorkerRecord, AdminError> {
         self.router
             .table()
-            .worker_records(crate::telemetry::wire::now_ms())
+            .worker_records(crate::clock::now_ms())
             .into_iter()
             .find(|w| w.name == name)
             .ok_or_else(|| AdminError::UnknownWorker(name.to_owned()))

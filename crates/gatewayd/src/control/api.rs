@@ -16,9 +16,9 @@ use bch_core::telemetry::ChangeSource;
 
 use super::state::{ControlPlane, Peer};
 use crate::admin::{Actor, AdminError};
+use crate::clock::now_ms;
 use crate::config::WorkerConfig;
 use crate::error::GatewayError;
-use crate::telemetry::wire::now_ms;
 
 /// Largest control plane request body, bytes: a worker entry or a policy patch is a few hundred.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;

@@ -139,7 +139,7 @@ pub async fn explain(
 /// the load the rule read (docs/replicas.md).
 fn fleet_loads(table: &RoutingTable) -> Vec<serde_json::Value> {
     let source = table.policy().load_source;
-    let records = table.worker_records(crate::telemetry::wire::now_ms());
+    let records = table.worker_records(crate::clock::now_ms());
     table
         .workers()
         .iter()

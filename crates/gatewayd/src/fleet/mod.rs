@@ -183,8 +183,8 @@ impl Scraper {
         config: &Config,
     ) {
         if let Ok(sample) = result {
-            let wall_ms = crate::telemetry::wire::now_ms()
-                .saturating_sub(sent_at.elapsed().as_millis() as u64);
+            let wall_ms =
+                crate::clock::now_ms().saturating_sub(sent_at.elapsed().as_millis() as u64);
             worker.stats.fleet_sample().publish(sample, wall_ms);
         }
         let track = self.tracks.entry(worker.spec.url.clone()).or_default();

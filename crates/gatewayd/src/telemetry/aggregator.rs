@@ -17,7 +17,8 @@ use tokio_util::sync::CancellationToken;
 use super::clients::Clients;
 use super::event::{Control, Event};
 use super::keys::{KeyTag, KeyTracker};
-use super::wire::{encode_message, now_ms, ring_ownership};
+use super::wire::{encode_message, ring_ownership};
+use crate::clock::now_ms;
 use crate::config::TelemetryConfig;
 
 /// Rates (requests/s, spills/s) are averaged over this window rather than one tick: traffic comes in

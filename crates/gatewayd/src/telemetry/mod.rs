@@ -25,12 +25,12 @@ use bch_core::telemetry::ChangeSource;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::now_ms;
 use crate::config::TelemetryConfig;
 use crate::metrics::Metrics;
 use aggregator::Aggregator;
 use event::{Control, Event};
 use keys::KeyTag;
-use wire::now_ms;
 
 /// Capacity of the data path → aggregator queue, in events. At 100k requests/s this is a few
 /// hundred milliseconds of slack before events are dropped.

@@ -2,19 +2,10 @@
 //! `{"v":1,"seq":N,...}` envelope (docs/protocol.md), and the ring ownership record.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bch_core::ring::Ring;
 use bch_core::router::RoutingTable;
 use bch_core::telemetry::{RingOwnership, RingShare, ServerMessage};
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 /// Serialises a message body once (`{"type":...}`); each connection adds its own envelope.
 pub fn encode_message(message: &ServerMessage) -> Arc<str> {
