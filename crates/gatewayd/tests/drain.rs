@@ -34,23 +34,6 @@ async fn key_for(gateway: &RunningGateway, worker: &str) -> String {
     panic!("no key prefers {worker}");
 }
 
-async fn worker_record(gateway: &RunningGateway, name: &str) -> Option<Value> {
-    let body: Value = client()
-        .get(control(gateway, "/admin/workers"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    body["workers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|w| w["name"] == name)
-        .cloned()
-}
-
 async fn post(gateway: &RunningGateway, path: &str, body: &str) -> (u16, Value) {
     let mut request = client().post(control(gateway, path));
     if !body.is_empty() {

@@ -31,19 +31,7 @@ fn waiting_config(workers: &[&FakeWorker]) -> gatewayd::config::Config {
 }
 
 async fn healthy(gateway: &RunningGateway, name: &str) -> Option<bool> {
-    let body: Value = client()
-        .get(control(gateway, "/admin/workers"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    body["workers"]
-        .as_array()?
-        .iter()
-        .find(|w| w["name"] == name)?["healthy"]
-        .as_bool()
+    worker_record(gateway, name).await?["healthy"].as_bool()
 }
 
 async fn metric(gateway: &RunningGateway, series: &str) -> Option<f64> {

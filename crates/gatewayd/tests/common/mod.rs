@@ -388,18 +388,33 @@ pub fn client() -> reqwest::Client {
         .unwrap()
 }
 
-/// Active loads per worker name from `GET /admin/workers`.
-pub async fn active_loads(gateway: &RunningGateway) -> Vec<(String, u64)> {
-    let body: serde_json::Value =
+/// Every worker record of `GET /admin/workers`.
+pub async fn worker_records(gateway: &RunningGateway) -> Vec<serde_json::Value> {
+    let mut body: serde_json::Value =
         reqwest::get(format!("http://{}/admin/workers", gateway.control_addr))
             .await
             .unwrap()
             .json()
             .await
             .unwrap();
-    body["workers"]
-        .as_array()
-        .unwrap()
+    match body["workers"].take() {
+        serde_json::Value::Array(records) => records,
+        other => panic!("/admin/workers without a workers list: {other}"),
+    }
+}
+
+/// The record of worker `name` in `GET /admin/workers`, if it is listed.
+pub async fn worker_record(gateway: &RunningGateway, name: &str) -> Option<serde_json::Value> {
+    worker_records(gateway)
+        .await
+        .into_iter()
+        .find(|w| w["name"] == name)
+}
+
+/// Active loads per worker name from `GET /admin/workers`.
+pub async fn active_loads(gateway: &RunningGateway) -> Vec<(String, u64)> {
+    worker_records(gateway)
+        .await
         .iter()
         .map(|w| {
             (
