@@ -119,7 +119,10 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
     let (router, registry) = (Arc::clone(&parts.router), Arc::clone(&parts.registry));
     let requires_token = parts.control_plane.token.is_some();
     let admin = Arc::clone(&parts.admin);
-    spawn_services(parts, listeners, &shutdown, &tasks);
+    if let Err(error) = spawn_services(parts, listeners, &shutdown, &tasks) {
+        shutdown.cancel();
+        return Err(error);
+    }
     if handle_signals && let Err(error) = signals::install(admin, shutdown.clone()) {
         shutdown.cancel();
         return Err(StartError::Signals(error));
@@ -356,7 +359,7 @@ fn spawn_services(
     listeners: Listeners,
     shutdown: &CancellationToken,
     tasks: &TaskTracker,
-) {
+) -> Result<(), StartError> {
     let listening = |plane| Listening {
         header_read_timeout: listeners.header_read_timeout,
         shutdown: shutdown.clone(),
@@ -413,12 +416,13 @@ fn spawn_services(
             ))
         },
     ));
-    tokio::spawn(crate::fleet::run(
+    crate::fleet::spawn(
         Arc::clone(&parts.router),
         parts.admin.config(),
         parts.scrapes,
-        shutdown.clone(),
-    ));
+        shutdown,
+    )
+    .map_err(StartError::Scraper)?;
     tokio::spawn(crate::health::run(crate::health::Prober {
         router: Arc::clone(&parts.router),
         config: parts.admin.config(),
@@ -443,6 +447,7 @@ fn spawn_services(
         listeners.upstream_idle_timeout,
         shutdown.clone(),
     ));
+    Ok(())
 }
 
 /// Connections refused at `max_connections`, logged at most once a second with how many there

@@ -116,6 +116,9 @@ pub enum StartError {
     /// SIGTERM/SIGINT/SIGHUP handlers cannot be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
+    /// The load scraper's thread or its runtime cannot be created.
+    #[error("cannot start the load scraper's thread: {0}")]
+    Scraper(std::io::Error),
 }
 
 fn problems(list: &[String]) -> String {

@@ -3,8 +3,9 @@
 //! into the worker's sample cell, which the routing decision reads without a lock
 //! (docs/replicas.md).
 //!
-//! Off the request path in every way: one task, its own HTTP client, each scrape bounded by a
-//! timeout below the interval and a body cap. Routing never waits for it; a worker whose scrapes
+//! Off the request path in every way: its own thread with a single-threaded runtime (640
+//! scrapes a second never take a data-plane worker thread from a request), its own HTTP
+//! connections, each round bounded by a timeout below the interval and each body by a cap. Routing never waits for it; a worker whose scrapes
 //! fail keeps its last good sample until it is `stale_after_ms` old and then falls back to local
 //! load. Each change of a worker's scrape state is logged once, and counted in `/metrics`.
 //!
@@ -21,11 +22,8 @@ use std::time::Duration;
 
 use bch_core::fleet_load::{FleetSample, LoadSource};
 use bch_core::router::{Router, Worker};
-use futures_util::future::join_all;
-use http::Uri;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -35,8 +33,9 @@ pub use status::ScrapeStats;
 use crate::config::{Config, SharedConfig};
 use status::{Change, Track};
 
-/// The metrics URI of each worker of `config`, by URL; `None` when URL and path make no URI.
-fn targets(config: &Config) -> HashMap<String, Option<Uri>> {
+/// The metrics target of each worker of `config`, by URL; `None` when URL and path make no
+/// `http://` URI.
+fn targets(config: &Config) -> HashMap<String, Option<scrape::Target>> {
     let Ok(members) = config.members() else {
         // The configuration in force was validated when it was put in force.
         return HashMap::new();
@@ -48,11 +47,12 @@ fn targets(config: &Config) -> HashMap<String, Option<Uri>> {
                 .metrics_path
                 .as_deref()
                 .unwrap_or(&config.load.metrics_path);
-            let uri = path
+            let target = path
                 .parse()
                 .ok()
-                .and_then(|path| member.url.join(Some(&path)).ok());
-            (member.spec.url, uri)
+                .and_then(|path| member.url.join(Some(&path)).ok())
+                .and_then(|uri| scrape::Target::new(&uri));
+            (member.spec.url, target)
         })
         .collect()
 }
@@ -62,28 +62,56 @@ struct Scraper {
     router: Arc<Router>,
     config: SharedConfig,
     stats: Arc<ScrapeStats>,
-    client: scrape::ScrapeClient,
+    /// Each worker's kept-alive connection, by URL, between rounds.
+    connections: HashMap<String, scrape::Connection>,
     built_for: Option<Arc<Config>>,
-    targets: HashMap<String, Option<Uri>>,
+    targets: HashMap<String, Option<scrape::Target>>,
     tracks: HashMap<String, Track>,
     scraping: bool,
 }
 
+/// Starts the scraper on a thread of its own (`bch-load-scraper`) that runs until `shutdown` is
+/// cancelled or the calling runtime shuts down, whichever comes first.
+///
+/// # Errors
+/// The thread or its runtime could not be created (the OS refused a thread or an epoll handle).
+pub fn spawn(
+    router: Arc<Router>,
+    config: SharedConfig,
+    stats: Arc<ScrapeStats>,
+    shutdown: &CancellationToken,
+) -> std::io::Result<()> {
+    // Tied to the caller's runtime as well as to `shutdown`: a gateway whose runtime is dropped
+    // without a shutdown (a test that ends) stops its scraper too, instead of leaving a thread
+    // scraping until the process exits.
+    let stop = shutdown.child_token();
+    let on_runtime_drop = stop.clone().drop_guard();
+    tokio::spawn(async move {
+        let _stop_when_dropped = on_runtime_drop;
+        std::future::pending::<()>().await
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("bch-load-scraper".to_owned())
+        .spawn(move || runtime.block_on(run(router, config, stats, stop)))?;
+    Ok(())
+}
+
 /// Runs the scraper until `shutdown`, with the settings of the configuration in force (re-read
 /// every round, so a `load_source` switch or a reload takes effect within one interval).
-pub async fn run(
+async fn run(
     router: Arc<Router>,
     config: SharedConfig,
     stats: Arc<ScrapeStats>,
     shutdown: CancellationToken,
 ) {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
     let mut scraper = Scraper {
         router,
         config,
         stats,
-        client: Client::builder(TokioExecutor::new()).build(connector),
+        connections: HashMap::new(),
         built_for: None,
         targets: HashMap::new(),
         tracks: HashMap::new(),
@@ -150,28 +178,54 @@ impl Scraper {
         interval
     }
 
-    /// Scrapes every worker at once; each result is the reported load and this replica's
-    /// in-flight count on the worker when its scrape was sent.
+    /// Scrapes every worker at once, all within one deadline (`scrape_timeout`, below the
+    /// interval); each result is the reported load and this replica's in-flight count on the
+    /// worker when its scrape was sent. A scrape still running at the deadline is a `Timeout`,
+    /// and its connection is dropped with it.
     async fn scrape_all(
-        &self,
+        &mut self,
         workers: &[Worker],
         config: &Config,
     ) -> Vec<Result<FleetSample, Failure>> {
-        let timeout = config.load.scrape_timeout();
+        let deadline = tokio::time::sleep(config.load.scrape_timeout());
         let max_bytes = config.load.max_scrape_bytes;
         let custom = config.load.custom_gauges();
-        let scrapes = workers.iter().map(|worker| {
-            let uri = self.targets.get(&worker.spec.url).and_then(Option::as_ref);
-            async move {
-                let local_at_scrape = worker.stats.active();
-                let reading = scrape::scrape(&self.client, uri, timeout, max_bytes, custom).await?;
-                Ok(FleetSample {
-                    reported: reading.load,
-                    local_at_scrape,
-                })
+        let mut results = vec![Err(Failure::Timeout); workers.len()];
+        let mut scrapes: FuturesUnordered<_> = workers
+            .iter()
+            .enumerate()
+            .map(|(index, worker)| {
+                let target = self.targets.get(&worker.spec.url).and_then(Option::as_ref);
+                let reuse = self.connections.remove(&worker.spec.url);
+                async move {
+                    let local_at_scrape = worker.stats.active();
+                    let (reading, connection) =
+                        scrape::scrape(target, reuse, max_bytes, custom).await;
+                    let sample = reading.map(|reading| FleetSample {
+                        reported: reading.load,
+                        local_at_scrape,
+                    });
+                    (index, sample, connection)
+                }
+            })
+            .collect();
+        // One timer for the round, not one per worker.
+        let mut deadline = std::pin::pin!(deadline);
+        loop {
+            tokio::select! {
+                next = scrapes.next() => match next {
+                    Some((index, sample, connection)) => {
+                        results[index] = sample;
+                        if let Some(connection) = connection {
+                            self.connections.insert(workers[index].spec.url.clone(), connection);
+                        }
+                    }
+                    None => break,
+                },
+                _ = &mut deadline => break,
             }
-        });
-        join_all(scrapes).await
+        }
+        results
     }
 
     /// Publishes a good sample and logs a change of the worker's scrape state.

@@ -1,19 +1,114 @@
-//! One scrape of one worker: `GET {url}{metrics_path}` with a deadline below the scrape interval
-//! and a cap on the body, then the load out of the text. Every way it can go wrong is a
-//! [`Failure`], never a panic.
+//! One scrape of one worker: `GET {url}{metrics_path}` over the worker's own keep-alive
+//! connection, with a cap on the body, then the load out of the text. Every way it can go wrong is
+//! a [`Failure`], never a panic; the round's deadline is the caller's (dropping a scrape drops its
+//! connection, so a late answer can never be read as the next round's).
+//!
+//! hyper's HTTP/1 client connection, not a pooled client: a scraper has exactly one connection
+//! per worker and one request on it at a time, so a pool's checkout, its per-connection task and
+//! the channel between them were most of a scrape's user-space cost. The connection is driven by
+//! the scrape that uses it, in the scraper's own task.
 
-use std::time::Duration;
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
+use std::task::Poll;
 
 use bytes::Bytes;
-use http::{Request, Uri, header};
+use http::uri::Scheme;
+use http::{HeaderValue, Request, Uri, header};
 use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
 
 use super::gauges::{GaugeError, Reading, read_load};
 
-/// The client scrapes go through: plain HTTP, keep-alive connections pooled per worker.
-pub type ScrapeClient = Client<HttpConnector, Empty<Bytes>>;
+/// Where and what to ask: a worker's metrics URI split for an HTTP/1.1 request.
+#[derive(Debug, Clone)]
+pub struct Target {
+    host: String,
+    port: u16,
+    /// Origin form (`/metrics`), as HTTP/1.1 servers expect it.
+    request_uri: Uri,
+    authority: HeaderValue,
+}
+
+impl Target {
+    /// The target of an absolute `http://` URI; `None` for any other scheme or a URI without a
+    /// host (the scrape then fails as [`Failure::BadUri`]).
+    pub fn new(uri: &Uri) -> Option<Target> {
+        if uri.scheme() != Some(&Scheme::HTTP) {
+            return None;
+        }
+        let authority = uri.authority()?;
+        let request_uri = uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .parse()
+            .ok()?;
+        Some(Target {
+            // `[::1]` in a URI is `::1` to the resolver.
+            host: authority
+                .host()
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned(),
+            port: authority.port_u16().unwrap_or(80),
+            request_uri,
+            authority: HeaderValue::from_str(authority.as_str()).ok()?,
+        })
+    }
+}
+
+/// A kept-alive HTTP/1.1 connection to one worker.
+pub struct Connection {
+    sender: http1::SendRequest<Empty<Bytes>>,
+    driver: Driver,
+}
+
+/// The half of a connection that reads and writes the socket.
+type Driver = http1::Connection<TokioIo<TcpStream>, Empty<Bytes>>;
+
+impl Connection {
+    async fn open(target: &Target) -> Result<Connection, Failure> {
+        let stream = TcpStream::connect((target.host.as_str(), target.port))
+            .await
+            .map_err(|_| Failure::Unreachable)?;
+        // One small request per round: waiting to coalesce it would only delay the answer.
+        let _ = stream.set_nodelay(true);
+        let (sender, driver) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|_| Failure::Unreachable)?;
+        Ok(Connection { sender, driver })
+    }
+
+    /// Whether the connection can carry another request: the worker has not closed it since the
+    /// last scrape (hyper reads the close when the idle connection is polled).
+    async fn is_open(&mut self) -> bool {
+        let driver = &mut self.driver;
+        let ended = poll_fn(|cx| Poll::Ready(Pin::new(&mut *driver).poll(cx).is_ready())).await;
+        !ended && !self.sender.is_closed()
+    }
+}
+
+/// Runs `future` while driving the connection's reads and writes; `Unreachable` when the
+/// connection ends before `future` is done.
+async fn drive<F: Future>(driver: &mut Driver, future: F) -> Result<F::Output, Failure> {
+    let mut future = pin!(future);
+    poll_fn(|cx| {
+        if let Poll::Ready(output) = future.as_mut().poll(cx) {
+            return Poll::Ready(Ok(output));
+        }
+        match Pin::new(&mut *driver).poll(cx) {
+            Poll::Pending => Poll::Pending,
+            // What the connection delivered before it ended is in `future` now.
+            Poll::Ready(_) => Poll::Ready(match future.as_mut().poll(cx) {
+                Poll::Ready(output) => Ok(output),
+                Poll::Pending => Err(Failure::Unreachable),
+            }),
+        }
+    })
+    .await
+}
 
 /// Why a scrape gave no load. `reason()` is the metrics label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -79,33 +174,71 @@ impl Failure {
     }
 }
 
-/// Scrapes `uri` once: the whole answer within `timeout`, at most `max_bytes` of body, then the
-/// load of the recognised gauges (the configured pair `custom` first).
+/// Scrapes `target` once, on `reuse` when it is still open (else on a new connection): the
+/// whole answer, at most `max_bytes` of body, then the load of the recognised gauges (the
+/// configured pair `custom` first). Answers the connection when it can carry the next scrape.
 pub async fn scrape(
-    client: &ScrapeClient,
-    uri: Option<&Uri>,
-    timeout: Duration,
+    target: Option<&Target>,
+    reuse: Option<Connection>,
     max_bytes: usize,
     custom: Option<(&str, &str)>,
-) -> Result<Reading, Failure> {
-    let uri = uri.ok_or(Failure::BadUri)?;
-    let body = tokio::time::timeout(timeout, fetch(client, uri, max_bytes))
-        .await
-        .unwrap_or(Err(Failure::Timeout))?;
-    let text = std::str::from_utf8(&body).map_err(|_| Failure::NotText)?;
-    Ok(read_load(text, custom)?)
+) -> (Result<Reading, Failure>, Option<Connection>) {
+    let Some(target) = target else {
+        return (Err(Failure::BadUri), None);
+    };
+    let mut reused = match reuse {
+        Some(mut connection) => connection.is_open().await.then_some(connection),
+        None => None,
+    };
+    let (body, connection) = match reused.as_mut() {
+        Some(connection) => match fetch(connection, target, max_bytes).await {
+            // A worker may close an idle connection just as the request goes out; that is no
+            // reason to count the worker unreachable, so one more try on a fresh connection.
+            Err(Failure::Unreachable) => fetch_fresh(target, max_bytes).await,
+            done => (done, reused),
+        },
+        None => fetch_fresh(target, max_bytes).await,
+    };
+    // After a failure the connection may hold an unread answer: a new one next round.
+    let connection = connection.filter(|c| body.is_ok() && !c.sender.is_closed());
+    let reading = body.and_then(|body| {
+        let text = std::str::from_utf8(&body).map_err(|_| Failure::NotText)?;
+        Ok(read_load(text, custom)?)
+    });
+    (reading, connection)
 }
 
-async fn fetch(client: &ScrapeClient, uri: &Uri, max_bytes: usize) -> Result<Bytes, Failure> {
-    let request = Request::get(uri.clone())
+async fn fetch_fresh(
+    target: &Target,
+    max_bytes: usize,
+) -> (Result<Bytes, Failure>, Option<Connection>) {
+    match Connection::open(target).await {
+        Ok(mut connection) => {
+            let body = fetch(&mut connection, target, max_bytes).await;
+            (body, Some(connection))
+        }
+        Err(failure) => (Err(failure), None),
+    }
+}
+
+async fn fetch(
+    connection: &mut Connection,
+    target: &Target,
+    max_bytes: usize,
+) -> Result<Bytes, Failure> {
+    let request = Request::get(target.request_uri.clone())
+        .header(header::HOST, target.authority.clone())
         // The classic text format; engines that negotiate would otherwise be free to answer
         // protobuf.
         .header(header::ACCEPT, "text/plain;version=0.0.4;q=1, */*;q=0.1")
         .body(Empty::new())
         .map_err(|_| Failure::BadUri)?;
-    let response = client
-        .request(request)
-        .await
+    let Connection { sender, driver } = connection;
+    drive(driver, poll_fn(|cx| sender.poll_ready(cx)))
+        .await?
+        .map_err(|_| Failure::Unreachable)?;
+    let response = drive(driver, sender.send_request(request))
+        .await?
         .map_err(|_| Failure::Unreachable)?;
     if !response.status().is_success() {
         return Err(Failure::Status(response.status().as_u16()));
@@ -117,15 +250,13 @@ async fn fetch(client: &ScrapeClient, uri: &Uri, max_bytes: usize) -> Result<Byt
     if declared.is_some_and(|n| n > max_bytes as u64) {
         return Err(Failure::TooLarge);
     }
-    let collected = Limited::new(response.into_body(), max_bytes)
-        .collect()
-        .await
-        .map_err(|error| {
-            if error.is::<LengthLimitError>() {
-                Failure::TooLarge
-            } else {
-                Failure::Unreachable
-            }
-        })?;
+    let collect = Limited::new(response.into_body(), max_bytes).collect();
+    let collected = drive(driver, collect).await?.map_err(|error| {
+        if error.is::<LengthLimitError>() {
+            Failure::TooLarge
+        } else {
+            Failure::Unreachable
+        }
+    })?;
     Ok(collected.to_bytes())
 }

@@ -1,0 +1,230 @@
+//! The load scraper's connections to a worker's `/metrics`, against a raw TCP server that counts
+//! them: one kept-alive connection carries every scrape; a worker that closes its connections,
+//! saying so or not, costs no failed scrape; and the scraper lets go of its connections when the
+//! gateway stops, whether it was shut down or its runtime was simply dropped.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bch_core::fleet_load::LoadSource;
+use gatewayd::config::{Config, WorkerConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// What the worker does with a connection after answering a scrape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AfterAnswer {
+    /// Keeps it open for the next request.
+    KeepAlive,
+    /// Answers with `Connection: close` and closes it.
+    SayCloseAndClose,
+    /// Closes it without saying so, as a server whose keep-alive timer just fired does.
+    CloseSilently,
+}
+
+/// What the worker has seen on connections that carried a scrape (the health prober's are not
+/// counted): how many, how many of them the gateway closed, scrapes answered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Seen {
+    connections: u64,
+    closed_by_gateway: u64,
+    scrapes: u64,
+}
+
+const BODY: &str = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 2\nvllm:num_requests_waiting 1\n";
+
+/// A worker speaking just enough HTTP/1.1 for scrapes and health probes, on `127.0.0.1:0`.
+async fn counting_worker(after: AfterAnswer) -> (SocketAddr, watch::Receiver<Seen>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (seen, watch) = watch::channel(Seen::default());
+    let seen = Arc::new(seen);
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let seen = Arc::clone(&seen);
+            tokio::spawn(async move {
+                let mut scraped_here = false;
+                let mut buffer = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => {
+                                if scraped_here {
+                                    seen.send_modify(|s| s.closed_by_gateway += 1);
+                                }
+                                return;
+                            }
+                            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buffer[..end]).into_owned();
+                    buffer.drain(..end + 4);
+                    let scrape = head.starts_with("GET /metrics ");
+                    let body = if scrape { BODY } else { "ok" };
+                    let close = match after {
+                        AfterAnswer::SayCloseAndClose => "connection: close\r\n",
+                        _ => "",
+                    };
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n{close}\r\n{body}",
+                        body.len()
+                    );
+                    if stream.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    if scrape {
+                        seen.send_modify(|s| {
+                            s.scrapes += 1;
+                            s.connections += u64::from(!scraped_here);
+                        });
+                        scraped_here = true;
+                    }
+                    if after != AfterAnswer::KeepAlive {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, watch)
+}
+
+fn config(addr: SocketAddr) -> Config {
+    let mut config = Config::default();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.control_listen = "127.0.0.1:0".parse().unwrap();
+    config.load.source = LoadSource::WorkerMetrics;
+    config.load.scrape_interval_ms = 20;
+    config.load.stale_after_ms = 1_000;
+    config.workers = vec![WorkerConfig {
+        name: Some("w".into()),
+        ..WorkerConfig::from_url(&format!("http://{addr}"))
+    }];
+    config
+}
+
+/// Waits (bounded) until the worker has seen what `cond` asks for.
+async fn wait_seen(
+    seen: &mut watch::Receiver<Seen>,
+    what: &str,
+    cond: impl Fn(&Seen) -> bool,
+) -> Seen {
+    let waited = tokio::time::timeout(Duration::from_secs(20), seen.wait_for(|s| cond(s)))
+        .await
+        .map(|r| r.map(|s| *s));
+    match waited {
+        Ok(Ok(s)) => s,
+        _ => panic!("{what}: the worker saw {:?}", *seen.borrow()),
+    }
+}
+
+/// The sum of every series of `family` in `/metrics` text.
+fn total(metrics: &str, family: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{family}{{")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn one_kept_alive_connection_carries_every_scrape() {
+    let (addr, mut seen) = counting_worker(AfterAnswer::KeepAlive).await;
+    let gateway = common::start(config(addr)).await;
+    let seen_now = wait_seen(&mut seen, "twenty scrapes", |s| s.scrapes >= 20).await;
+    assert_eq!(seen_now.connections, 1, "{seen_now:?}");
+    assert_eq!(seen_now.closed_by_gateway, 0, "{seen_now:?}");
+    let metrics = gateway.metrics_text();
+    assert_eq!(
+        total(&metrics, "bch_load_scrape_failures_total"),
+        0,
+        "{metrics}"
+    );
+    gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_worker_that_closes_its_connections_costs_no_failed_scrape() {
+    for after in [AfterAnswer::SayCloseAndClose, AfterAnswer::CloseSilently] {
+        let (addr, mut seen) = counting_worker(after).await;
+        let gateway = common::start(config(addr)).await;
+        let seen_now = wait_seen(&mut seen, "twenty scrapes", |s| s.scrapes >= 20).await;
+        // Every scrape needed a connection of its own, and none was counted as a failure.
+        assert!(
+            seen_now.connections >= seen_now.scrapes,
+            "{after:?}: {seen_now:?}"
+        );
+        // The gateway counts a round once all of it is in; the worker counts each answer.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let metrics = loop {
+            let metrics = gateway.metrics_text();
+            if total(&metrics, "bch_load_scrapes_total") >= 20 {
+                break metrics;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{after:?}: {metrics}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(
+            total(&metrics, "bch_load_scrape_failures_total"),
+            0,
+            "{after:?}: {metrics}"
+        );
+        gateway.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn the_scraper_closes_its_connection_when_the_gateway_shuts_down() {
+    let (addr, mut seen) = counting_worker(AfterAnswer::KeepAlive).await;
+    let gateway = common::start(config(addr)).await;
+    wait_seen(&mut seen, "a scrape", |s| s.scrapes >= 2).await;
+    gateway.shutdown().await;
+    let seen_now = wait_seen(&mut seen, "the scraper's connection closed", |s| {
+        s.closed_by_gateway >= 1
+    })
+    .await;
+    assert_eq!(
+        seen_now.closed_by_gateway, seen_now.connections,
+        "{seen_now:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_scraper_stops_when_the_gateways_runtime_is_dropped() {
+    let (addr, mut seen) = counting_worker(AfterAnswer::KeepAlive).await;
+    let config = config(addr);
+    let mut seen_in_thread = seen.clone();
+    // A gateway on a runtime of its own that is dropped without a shutdown, as a test or an
+    // embedding program that just returns does.
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async move {
+            let gateway = gatewayd::start(gatewayd::StartOptions::new(config))
+                .await
+                .unwrap();
+            wait_seen(&mut seen_in_thread, "a scrape", |s| s.scrapes >= 2).await;
+            drop(gateway);
+        });
+    });
+    tokio::task::spawn_blocking(move || thread.join().unwrap())
+        .await
+        .unwrap();
+    let seen_now = wait_seen(&mut seen, "the scraper's connection closed", |s| {
+        s.closed_by_gateway >= 1
+    })
+    .await;
+    assert_eq!(
+        seen_now.closed_by_gateway, seen_now.connections,
+        "{seen_now:?}"
+    );
+}
