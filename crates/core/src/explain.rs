@@ -94,9 +94,10 @@ pub struct Answer {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_signal: Option<LoadSignal>,
     /// Per worker: local and fleet numbers, when the scenario uses worker metrics or gives
-    /// reported loads (omitted otherwise, so classic scenarios answer as they always did).
+    /// reported loads (omitted otherwise, so classic scenarios answer as they always did). Named
+    /// as in `/admin/explain`, whose `loads` is the map of local counts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub loads: Vec<WorkerLoad>,
+    pub fleet_loads: Vec<WorkerLoad>,
 }
 
 /// One worker's load as the rule sees it, in requests: this replica's count, the worker's report
@@ -221,7 +222,7 @@ impl Explainer {
         let url = |w: usize| scenario.workers[w].clone();
         let fleet_numbers =
             scenario.load_source == LoadSource::WorkerMetrics || !scenario.reported.is_empty();
-        let loads = if fleet_numbers {
+        let fleet_loads = if fleet_numbers {
             (0..scenario.workers.len())
                 .map(|w| {
                     WorkerLoad::new(url(w), fleet.local[w], fleet.samples[w], policy.load_source)
@@ -236,7 +237,7 @@ impl Explainer {
             preferred: decision.preferred.map(url),
             bound: decision.bound,
             load_signal: decision.load_signal.filter(|_| fleet_numbers),
-            loads,
+            fleet_loads,
         })
     }
 }
@@ -376,10 +377,10 @@ mod tests {
         assert_eq!(local.branch, Branch::ExplicitRoutingKeyHit);
         assert_eq!(local.load_signal, Some(LoadSignal::Local));
         assert_eq!(
-            local.loads[3].fleet, 3,
+            local.fleet_loads[3].fleet, 3,
             "fleet numbers are shown in local mode too"
         );
-        assert_eq!(local.loads[3].used, 1);
+        assert_eq!(local.fleet_loads[3].used, 1);
         let fleet = explainer
             .explain(&scenario(&format!(
                 r#"{{{base},"load_source":"worker_metrics"}}"#
@@ -392,11 +393,15 @@ mod tests {
             Some(LoadSignal::Mixed),
             "three workers have no report"
         );
-        assert_eq!(fleet.loads[3].signal, LoadSignal::WorkerMetrics);
-        assert_eq!(fleet.loads[0].signal, LoadSignal::Local);
+        assert_eq!(fleet.fleet_loads[3].signal, LoadSignal::WorkerMetrics);
+        assert_eq!(fleet.fleet_loads[0].signal, LoadSignal::Local);
+        // The list is named as in `/admin/explain`, where `loads` is the map of local counts.
+        let json = serde_json::to_value(&fleet).unwrap();
+        assert_eq!(json["fleet_loads"][3]["fleet"], 3, "{json}");
+        assert!(json.get("loads").is_none(), "{json}");
         // Classic scenarios keep their classic answer shape.
         let classic = scenario(r#"{"workers":["http://a"],"routing_key":"k","explicit":true}"#);
         let answer = explainer.explain(&classic).unwrap();
-        assert!(answer.loads.is_empty() && answer.load_signal.is_none());
+        assert!(answer.fleet_loads.is_empty() && answer.load_signal.is_none());
     }
 }

@@ -96,6 +96,8 @@ fn check_config_accepts_every_shipped_file() {
             String::from_utf8_lossy(&output.stderr)
         );
         assert!(stdout.contains("ok"), "{stdout}");
+        // The summary names the load signal, the setting that differs between replicas most.
+        assert!(stdout.contains(", load_source "), "{stdout}");
     }
 }
 

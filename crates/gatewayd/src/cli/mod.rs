@@ -168,13 +168,18 @@ fn check_config(file: &std::path::Path) -> ExitCode {
         n => format!(", {n} discovery sources"),
     };
     println!(
-        "{}: ok ({} workers{sources}, policy {}, min_load_gap {}, max_load_skew {}, spill_order {})",
+        "{}: ok ({} workers{sources}, policy {}, min_load_gap {}, max_load_skew {}, spill_order {}, load_source {}{})",
         file.display(),
         config.workers.len(),
         config.policy.kind,
         config.policy.min_load_gap,
         config.policy.max_load_skew,
-        config.policy.spill_order
+        config.policy.spill_order,
+        config.load.source,
+        match config.load.source {
+            LoadSource::WorkerMetrics => format!(" every {} ms", config.load.scrape_interval_ms),
+            LoadSource::Local => String::new(),
+        }
     );
     ExitCode::SUCCESS
 }
