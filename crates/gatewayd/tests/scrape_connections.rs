@@ -1,16 +1,20 @@
 //! The load scraper's connections to a worker's `/metrics`, against a raw TCP server that counts
 //! them: one kept-alive connection carries every scrape; a worker that closes its connections,
 //! saying so or not, costs no failed scrape; and the scraper lets go of its connections when the
-//! gateway stops, whether it was shut down or its runtime was simply dropped.
+//! gateway stops, whether it was shut down or its runtime was simply dropped. And its targets:
+//! workers found by DNS (a real dnsmasq) are scraped at their source's `metrics_path`.
 
 mod common;
+#[path = "common/dnsmasq.rs"]
+mod dnsmasq;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bch_core::fleet_load::LoadSource;
-use gatewayd::config::{Config, WorkerConfig};
+use dnsmasq::{Dnsmasq, Zone};
+use gatewayd::config::{Config, DiscoveryConfig, WorkerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -227,4 +231,85 @@ async fn the_scraper_stops_when_the_gateways_runtime_is_dropped() {
         seen_now.closed_by_gateway, seen_now.connections,
         "{seen_now:?}"
     );
+}
+
+/// The sum of `family`'s series of worker `name` whose labels include `label`.
+fn worker_total(metrics: &str, family: &str, name: &str, label: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{family}{{worker=\"{name}\"")) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn discovered_workers_are_scraped_at_their_sources_metrics_path() {
+    let (good, mut good_seen) = counting_worker(AfterAnswer::KeepAlive).await;
+    let (elsewhere, _) = counting_worker(AfterAnswer::KeepAlive).await;
+    let loopback = Some(std::net::IpAddr::from([127, 0, 0, 1]));
+    let zone = Zone::default()
+        .srv(
+            "_good._tcp.llm.test",
+            "good.llm.test",
+            good.port(),
+            loopback,
+        )
+        .srv(
+            "_elsewhere._tcp.llm.test",
+            "elsewhere.llm.test",
+            elsewhere.port(),
+            loopback,
+        );
+    let Some(dns) = Dnsmasq::start(&zone) else {
+        return;
+    };
+    let source = |name: &str, metrics_path: Option<&str>| DiscoveryConfig {
+        resolver: Some(dns.address()),
+        interval_ms: 200,
+        metrics_path: metrics_path.map(str::to_owned),
+        ..DiscoveryConfig::new(name)
+    };
+    let mut config = config(good);
+    config.workers.clear();
+    config.discovery = vec![
+        source("_good._tcp.llm.test", None),
+        source("_elsewhere._tcp.llm.test", Some("/engine/metrics")),
+    ];
+    let gateway = common::start(config).await;
+    // The default path: scraped, on one connection, the load read.
+    wait_seen(&mut good_seen, "scrapes of the discovered worker", |s| {
+        s.scrapes >= 5
+    })
+    .await;
+    // The source's own path: the worker answers it with its plain 200 "ok", no gauges, so each
+    // scrape there fails as no_gauges (not bad_uri: the target exists).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let metrics = loop {
+        let metrics = gateway.metrics_text();
+        let good_ok = worker_total(&metrics, "bch_load_scrapes_total", "good.llm.test", "");
+        let elsewhere_no_gauges = worker_total(
+            &metrics,
+            "bch_load_scrape_failures_total",
+            "elsewhere.llm.test",
+            "reason=\"no_gauges\"",
+        );
+        if good_ok >= 5 && elsewhere_no_gauges >= 2 {
+            break metrics;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    for name in ["good.llm.test", "elsewhere.llm.test"] {
+        assert_eq!(
+            worker_total(
+                &metrics,
+                "bch_load_scrape_failures_total",
+                name,
+                "reason=\"bad_uri\""
+            ),
+            0,
+            "{name}: {metrics}"
+        );
+    }
+    gateway.shutdown().await;
 }

@@ -160,8 +160,7 @@ fn discovered_member(
         url: url.to_owned(),
         ring_id: None,
         health_path: source.health_path.clone(),
-        // Discovered workers are scraped at `[load] metrics_path`.
-        metrics_path: None,
+        metrics_path: source.metrics_path.clone(),
     };
     let mut member = entry.member()?;
     member.spec.source = source.source();
@@ -249,6 +248,27 @@ mod tests {
         assert_eq!(
             merged.members[1].spec.source,
             WorkerSource::Dns("_a._tcp.x".into())
+        );
+    }
+
+    #[test]
+    fn discovered_workers_take_their_sources_probe_and_metrics_paths() {
+        let mut config = config(&[], &["_a._tcp.x", "_b._tcp.x"]);
+        config.discovery[0].health_path = Some("/v1/models".into());
+        config.discovery[0].metrics_path = Some("/engine/metrics".into());
+        let mut sets = DiscoveredSets::default();
+        sets.replace(&config.discovery[0], vec![at("10.0.0.1:8000", None)]);
+        sets.replace(&config.discovery[1], vec![at("10.0.0.2:8000", None)]);
+        let merged = merge(&[], &config, &sets, &[]);
+        let paths: Vec<_> = merged
+            .members
+            .iter()
+            .map(|m| (m.health_path.as_deref(), m.metrics_path.as_deref()))
+            .collect();
+        assert_eq!(
+            paths,
+            [(Some("/v1/models"), Some("/engine/metrics")), (None, None)],
+            "the second source's workers use [health] path and [load] metrics_path"
         );
     }
 

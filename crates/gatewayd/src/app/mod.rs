@@ -419,6 +419,7 @@ fn spawn_services(
     crate::fleet::spawn(
         Arc::clone(&parts.router),
         parts.admin.config(),
+        parts.admin.members(),
         parts.scrapes,
         shutdown,
     )

@@ -49,6 +49,10 @@ pub struct DiscoveryConfig {
     /// Health probe path of the workers this source finds; unset: `[health] path`.
     #[serde(default)]
     pub health_path: Option<String>,
+    /// Where the workers this source finds serve their Prometheus text; unset: `[load]
+    /// metrics_path`.
+    #[serde(default)]
+    pub metrics_path: Option<String>,
     /// How long an empty answer (NXDOMAIN or no records) must persist before this source's workers
     /// are removed, ms. A resolver *failure* never removes them.
     #[serde(default = "default_empty_after_ms")]
@@ -94,6 +98,7 @@ impl DiscoveryConfig {
             interval_ms: DEFAULT_INTERVAL_MS,
             resolver: None,
             health_path: None,
+            metrics_path: None,
             empty_after_ms: DEFAULT_EMPTY_AFTER_MS,
             timeout_ms: DEFAULT_TIMEOUT_MS,
         }
@@ -164,12 +169,13 @@ impl DiscoveryConfig {
         if self.resolver.is_some_and(|r| r.port() == 0) {
             return invalid("resolver", "the port must be 1 to 65535".into());
         }
-        if self
-            .health_path
-            .as_ref()
-            .is_some_and(|p| !p.starts_with('/'))
-        {
-            return invalid("health_path", "must start with '/'".into());
+        for (field, path) in [
+            ("health_path", &self.health_path),
+            ("metrics_path", &self.metrics_path),
+        ] {
+            if path.as_ref().is_some_and(|p| !p.starts_with('/')) {
+                return invalid(field, "must start with '/'".into());
+            }
         }
         Ok(())
     }
@@ -276,6 +282,13 @@ mod tests {
                     ..srv.clone()
                 },
                 "health_path",
+            ),
+            (
+                DiscoveryConfig {
+                    metrics_path: Some("metrics".into()),
+                    ..srv.clone()
+                },
+                "metrics_path",
             ),
         ];
         for (entry, field) in cases {

@@ -30,18 +30,14 @@ use tokio_util::sync::CancellationToken;
 pub use scrape::Failure;
 pub use status::ScrapeStats;
 
-use crate::config::{Config, SharedConfig};
+use crate::config::{Config, Member, SharedConfig, SharedMembers};
 use status::{Change, Track};
 
-/// The metrics target of each worker of `config`, by URL; `None` when URL and path make no
-/// `http://` URI.
-fn targets(config: &Config) -> HashMap<String, Option<scrape::Target>> {
-    let Ok(members) = config.members() else {
-        // The configuration in force was validated when it was put in force.
-        return HashMap::new();
-    };
+/// The metrics target of each worker of the membership in force (static and discovered), by URL;
+/// `None` when URL and path make no `http://` URI.
+fn targets(config: &Config, members: &[Member]) -> HashMap<String, Option<scrape::Target>> {
     members
-        .into_iter()
+        .iter()
         .map(|member| {
             let path = member
                 .metrics_path
@@ -52,7 +48,7 @@ fn targets(config: &Config) -> HashMap<String, Option<scrape::Target>> {
                 .ok()
                 .and_then(|path| member.url.join(Some(&path)).ok())
                 .and_then(|uri| scrape::Target::new(&uri));
-            (member.spec.url, target)
+            (member.spec.url.clone(), target)
         })
         .collect()
 }
@@ -61,10 +57,12 @@ fn targets(config: &Config) -> HashMap<String, Option<scrape::Target>> {
 struct Scraper {
     router: Arc<Router>,
     config: SharedConfig,
+    members: SharedMembers,
     stats: Arc<ScrapeStats>,
     /// Each worker's kept-alive connection, by URL, between rounds.
     connections: HashMap<String, scrape::Connection>,
-    built_for: Option<Arc<Config>>,
+    /// The configuration and membership `targets` were built for.
+    built_for: Option<(Arc<Config>, Arc<Vec<Member>>)>,
     targets: HashMap<String, Option<scrape::Target>>,
     tracks: HashMap<String, Track>,
     scraping: bool,
@@ -75,9 +73,12 @@ struct Scraper {
 ///
 /// # Errors
 /// The thread or its runtime could not be created (the OS refused a thread or an epoll handle).
+/// It scrapes the workers of `members` (static and discovered, with their metrics paths) under
+/// the settings of `config`, publishes into the router's worker samples and counts in `stats`.
 pub fn spawn(
     router: Arc<Router>,
     config: SharedConfig,
+    members: SharedMembers,
     stats: Arc<ScrapeStats>,
     shutdown: &CancellationToken,
 ) -> std::io::Result<()> {
@@ -95,7 +96,7 @@ pub fn spawn(
         .build()?;
     std::thread::Builder::new()
         .name("bch-load-scraper".to_owned())
-        .spawn(move || runtime.block_on(run(router, config, stats, stop)))?;
+        .spawn(move || runtime.block_on(run(router, config, members, stats, stop)))?;
     Ok(())
 }
 
@@ -104,12 +105,14 @@ pub fn spawn(
 async fn run(
     router: Arc<Router>,
     config: SharedConfig,
+    members: SharedMembers,
     stats: Arc<ScrapeStats>,
     shutdown: CancellationToken,
 ) {
     let mut scraper = Scraper {
         router,
         config,
+        members,
         stats,
         connections: HashMap::new(),
         built_for: None,
@@ -144,13 +147,18 @@ impl Scraper {
             );
             self.scraping = true;
         }
+        let membership = self.members.load_full();
         if !self
             .built_for
             .as_ref()
-            .is_some_and(|c| Arc::ptr_eq(c, &current))
+            .is_some_and(|(c, m)| Arc::ptr_eq(c, &current) && Arc::ptr_eq(m, &membership))
         {
-            self.targets = targets(&current);
-            self.built_for = Some(Arc::clone(&current));
+            self.targets = targets(&current, &membership);
+            // A connection is to the worker's address, whatever path is asked on it; a worker
+            // that left has its connection closed.
+            let targets = &self.targets;
+            self.connections.retain(|url, _| targets.contains_key(url));
+            self.built_for = Some((Arc::clone(&current), membership));
         }
         let table = self.router.table();
         let sent_at = Instant::now();
