@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Checks of gatewayd in front of two real llama.cpp workers, with the official `openai` client.
+"""Checks of gatewayd in front of two real llama.cpp workers, with the official `openai` client, and
+of the fleet-wide load signal from a third, llama.cpp's own server with `/metrics`.
 
 Run by tests/real/run.sh, which starts the workers and gatewayd and passes their addresses. Every
 request to gatewayd's data plane goes through a client whose response hook records `x-bch-branch`,
@@ -14,6 +15,7 @@ import concurrent.futures
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -577,6 +579,82 @@ def worker_metrics_without_gauges(fleet):
         http("PUT", f"{fleet.control}/admin/policy", body={"load_source": "local"})
 
 
+@check("llama_server_gauges_reach_the_rule")
+def llama_server_gauges_reach_the_rule(fleet, model_path):
+    """llama.cpp's own server exports `llamacpp:requests_processing` and `requests_deferred`. Added
+    to the running gateway with `load_source = worker_metrics`, its requests that did not come
+    through this gateway (sent to it directly, as another replica would) show up in the load the
+    rule reads, and go back to 0 when they end (docs/replicas.md)."""
+    port = free_port()
+    log = open(os.path.join(HERE, ".work", "llama-server.log"), "wb")
+    server = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "llama_server.py"), "--model", model_path, "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    name = "llama-server"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, f"llama_server.py exited with {server.returncode}"
+            try:
+                if http("GET", f"{url}/health", timeout=5)[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "llama-server not healthy in 120 s"
+            time.sleep(0.2)
+        status, _, raw = http("POST", f"{fleet.control}/admin/workers", body={"name": name, "url": url})
+        assert status == 201, (status, raw)
+        status, _, raw = http("PUT", f"{fleet.control}/admin/policy", body={"load_source": "worker_metrics"})
+        assert status == 200, (status, raw)
+
+        def wait_record(what, cond, deadline_s=60):
+            deadline = time.monotonic() + deadline_s
+            while True:
+                record = fleet.workers()[name]
+                if cond(record):
+                    return record
+                assert time.monotonic() < deadline, f"{what}: {record}"
+                time.sleep(0.05)
+
+        wait_record("a first good scrape", lambda r: r.get("reported_load") == 0 and not r["load_stale"])
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+        def generate():
+            client.chat.completions.create(
+                **chat_args(fleet.model, "Tell a long story.", 200, logit_bias=NO_EOS)
+            )
+
+        # Two requests on one slot: one processing, one deferred. Neither went through gatewayd.
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            running = [pool.submit(generate) for _ in range(2)]
+            busy = wait_record(
+                "both direct requests in the reported load", lambda r: r.get("reported_load", 0) >= 2
+            )
+            assert busy["active"] == 0, busy
+            for future in running:
+                future.result()
+        idle = wait_record("the reported load back to 0", lambda r: r.get("reported_load") == 0)
+        return f"reported {busy['reported_load']} with 0 local in flight, then {idle['reported_load']}"
+    finally:
+        http("PUT", f"{fleet.control}/admin/policy", body={"load_source": "local"})
+        http("DELETE", f"{fleet.control}/admin/workers/{name}")
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gateway", required=True)
@@ -584,6 +662,7 @@ def main():
     parser.add_argument("--worker", action="append", required=True)
     parser.add_argument("--readme", required=True)
     parser.add_argument("--summary", required=True)
+    parser.add_argument("--model", required=True, help="The GGUF file the workers serve.")
     args = parser.parse_args()
     started = time.monotonic()
 
@@ -609,7 +688,8 @@ def main():
     implicit_burst_never_spills(fleet)
     disconnect_releases_load(fleet)
     metrics_count_branches(fleet, baseline)
-    worker_metrics_without_gauges(fleet)  # last: it switches the load source back and forth
+    worker_metrics_without_gauges(fleet)  # it switches the load source back and forth
+    llama_server_gauges_reach_the_rule(fleet, args.model)  # adds and removes a third worker
 
     passed = sum(1 for _, ok, _ in results if ok)
     failed = len(results) - passed

