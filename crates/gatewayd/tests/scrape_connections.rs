@@ -28,6 +28,12 @@ enum AfterAnswer {
     SayCloseAndClose,
     /// Closes it without saying so, as a server whose keep-alive timer just fired does.
     CloseSilently,
+    /// Never answers a scrape (health probes still are).
+    HangScrapes,
+    /// Answers scrapes 503 with a short body, keeping the connection.
+    Unavailable,
+    /// Answers scrapes with an SSH banner: a port that does not speak HTTP.
+    NotHttp,
 }
 
 /// What the worker has seen on connections that carried a scrape (the health prober's are not
@@ -71,15 +77,27 @@ async fn counting_worker(after: AfterAnswer) -> (SocketAddr, watch::Receiver<See
                     let head = String::from_utf8_lossy(&buffer[..end]).into_owned();
                     buffer.drain(..end + 4);
                     let scrape = head.starts_with("GET /metrics ");
+                    if scrape && after == AfterAnswer::HangScrapes {
+                        // Read on, so a gateway that gives up is seen closing the connection.
+                        while matches!(stream.read(&mut chunk).await, Ok(n) if n > 0) {}
+                        return;
+                    }
                     let body = if scrape { BODY } else { "ok" };
                     let close = match after {
                         AfterAnswer::SayCloseAndClose => "connection: close\r\n",
                         _ => "",
                     };
-                    let answer = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n{close}\r\n{body}",
-                        body.len()
-                    );
+                    let status = match after {
+                        AfterAnswer::Unavailable if scrape => "503 Service Unavailable",
+                        _ => "200 OK",
+                    };
+                    let answer = match after {
+                        AfterAnswer::NotHttp if scrape => "SSH-2.0-OpenSSH_9.6\r\n".to_owned(),
+                        _ => format!(
+                            "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n{close}\r\n{body}",
+                            body.len()
+                        ),
+                    };
                     if stream.write_all(answer.as_bytes()).await.is_err() {
                         return;
                     }
@@ -90,7 +108,10 @@ async fn counting_worker(after: AfterAnswer) -> (SocketAddr, watch::Receiver<See
                         });
                         scraped_here = true;
                     }
-                    if after != AfterAnswer::KeepAlive {
+                    if matches!(
+                        after,
+                        AfterAnswer::SayCloseAndClose | AfterAnswer::CloseSilently
+                    ) {
                         return;
                     }
                 }
@@ -312,4 +333,102 @@ async fn discovered_workers_are_scraped_at_their_sources_metrics_path() {
         );
     }
     gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn switching_to_local_closes_the_scrapers_connections() {
+    let (addr, mut seen) = counting_worker(AfterAnswer::KeepAlive).await;
+    let gateway = common::start(config(addr)).await;
+    wait_seen(&mut seen, "a scrape", |s| s.scrapes >= 2).await;
+    let switched = common::client()
+        .put(format!("http://{}/admin/policy", gateway.control_addr))
+        .json(&serde_json::json!({"load_source": "local"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(switched.status().is_success());
+    // In `local` mode nobody polls an idle connection; a kept one would sit in CLOSE-WAIT
+    // once the worker closed it.
+    let seen_now = wait_seen(&mut seen, "the scraper's connection closed", |s| {
+        s.closed_by_gateway >= 1
+    })
+    .await;
+    assert_eq!(
+        seen_now.closed_by_gateway, seen_now.connections,
+        "{seen_now:?}"
+    );
+    gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_hung_worker_does_not_age_the_other_workers_samples() {
+    let (good, mut good_seen) = counting_worker(AfterAnswer::KeepAlive).await;
+    let (hung, _) = counting_worker(AfterAnswer::HangScrapes).await;
+    let mut config = config(good);
+    // Rounds of one second; the hung worker's scrape runs to the 800 ms deadline every round.
+    config.load.scrape_interval_ms = 1_000;
+    config.load.stale_after_ms = 5_000;
+    config.workers.push(WorkerConfig {
+        name: Some("hung".into()),
+        ..WorkerConfig::from_url(&format!("http://{hung}"))
+    });
+    let gateway = common::start(config).await;
+    let before = wait_seen(&mut good_seen, "a scrape", |s| s.scrapes >= 1).await;
+    // The youngest sample of the good worker seen over three rounds: published as it arrives it
+    // is a few ms old; published at the round's end it would be at least 800 ms old.
+    let mut youngest = u64::MAX;
+    while good_seen.borrow().scrapes < before.scrapes + 3 {
+        let workers: serde_json::Value = common::client()
+            .get(format!("http://{}/admin/workers", gateway.control_addr))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let record = &workers["workers"][0];
+        if let Some(age) = record["scrape_age_ms"].as_u64() {
+            youngest = youngest.min(age);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        youngest < 500,
+        "the good worker's youngest sample was {youngest} ms old"
+    );
+    gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_refusing_worker_keeps_its_connection_and_a_foreign_protocol_is_named() {
+    for (after, reason, one_connection) in [
+        (AfterAnswer::Unavailable, "http_status", true),
+        (AfterAnswer::NotHttp, "bad_response", false),
+    ] {
+        let (addr, mut seen) = counting_worker(after).await;
+        let gateway = common::start(config(addr)).await;
+        let seen_now = wait_seen(&mut seen, "ten scrapes", |s| s.scrapes >= 10).await;
+        if one_connection {
+            // A whole answer was read, so the next scrape reuses the connection: a fleet without
+            // metrics does not pay a new connection per worker per round.
+            assert_eq!(seen_now.connections, 1, "{after:?}: {seen_now:?}");
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let label = format!("reason=\"{reason}\"");
+        loop {
+            let metrics = gateway.metrics_text();
+            let counted = worker_total(&metrics, "bch_load_scrape_failures_total", "w", &label);
+            let all = total(&metrics, "bch_load_scrape_failures_total");
+            if counted >= 5 {
+                assert_eq!(counted, all, "{after:?}: only {reason} failures: {metrics}");
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{after:?}: {metrics}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        gateway.shutdown().await;
+    }
 }

@@ -44,6 +44,9 @@ impl Default for LoadConfig {
     }
 }
 
+/// One hour in ms: the longest `scrape_interval_ms`.
+const MAX_MS: u64 = 3_600_000;
+
 impl LoadConfig {
     /// Checks every value; the error names the field (without the `load.` prefix) and says what
     /// is wrong.
@@ -53,6 +56,20 @@ impl LoadConfig {
                 "scrape_interval_ms",
                 "must be at least 10 (ms); scraping every worker faster costs more than it tells"
                     .into(),
+            ));
+        }
+        // A load signal older than an hour is no load signal; the bound also keeps the timeout
+        // arithmetic far from overflow.
+        if self.scrape_interval_ms > MAX_MS {
+            return Err((
+                "scrape_interval_ms",
+                format!("must be at most {MAX_MS} (one hour)"),
+            ));
+        }
+        if self.stale_after_ms > 24 * MAX_MS {
+            return Err((
+                "stale_after_ms",
+                format!("must be at most {} (one day)", 24 * MAX_MS),
             ));
         }
         if self.stale_after_ms <= self.scrape_interval_ms {
@@ -107,7 +124,7 @@ impl LoadConfig {
     /// How long one scrape may take: 80 % of the interval, so a hung worker's timeout never runs
     /// into the next round.
     pub fn scrape_timeout(&self) -> std::time::Duration {
-        std::time::Duration::from_millis((self.scrape_interval_ms * 4 / 5).max(1))
+        std::time::Duration::from_millis((self.scrape_interval_ms / 5).saturating_mul(4).max(1))
     }
 }
 

@@ -855,6 +855,14 @@ mod tests {
             ),
             ("[load]\nmax_scrape_bytes = 0\n", "load.max_scrape_bytes"),
             (
+                "[load]\nscrape_interval_ms = 4611686018427387904\nstale_after_ms = 4611686018427387905\n",
+                "load.scrape_interval_ms",
+            ),
+            (
+                "[load]\nstale_after_ms = 100000000\n",
+                "load.stale_after_ms",
+            ),
+            (
                 "[[workers]]\nurl = \"http://a:1\"\nmetrics_path = \"m\"\n",
                 "workers[0].metrics_path",
             ),

@@ -96,8 +96,28 @@ pub fn spawn(
         .build()?;
     std::thread::Builder::new()
         .name("bch-load-scraper".to_owned())
-        .spawn(move || runtime.block_on(run(router, config, members, stats, stop)))?;
+        .spawn(move || {
+            let _on_panic = ClearSamplesOnPanic(Arc::clone(&router));
+            runtime.block_on(run(router, config, members, stats, stop));
+        })?;
     Ok(())
+}
+
+/// Only the scraper marks samples stale, so a scraper that died would leave every worker's last
+/// sample fresh for good; on a panic it clears them instead, and routing falls back to local load.
+struct ClearSamplesOnPanic(Arc<Router>);
+
+impl Drop for ClearSamplesOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for worker in self.0.table().workers() {
+                worker.stats.fleet_sample().clear();
+            }
+            tracing::error!(
+                "the load scraper stopped on a panic: every worker is routed on local load until gatewayd restarts"
+            );
+        }
+    }
 }
 
 /// Runs the scraper until `shutdown`, with the settings of the configuration in force (re-read
@@ -147,37 +167,37 @@ impl Scraper {
             );
             self.scraping = true;
         }
-        let membership = self.members.load_full();
-        if !self
-            .built_for
-            .as_ref()
-            .is_some_and(|(c, m)| Arc::ptr_eq(c, &current) && Arc::ptr_eq(m, &membership))
-        {
-            self.targets = targets(&current, &membership);
-            // A connection is to the worker's address, whatever path is asked on it; a worker
-            // that left has its connection closed.
-            let targets = &self.targets;
-            self.connections.retain(|url, _| targets.contains_key(url));
-            self.built_for = Some((Arc::clone(&current), membership));
-        }
+        self.refresh_targets(&current, false);
         let table = self.router.table();
-        let sent_at = Instant::now();
-        let results = self.scrape_all(table.workers(), &current).await;
+        if table
+            .workers()
+            .iter()
+            .any(|w| !self.targets.contains_key(&w.spec.url))
+        {
+            // The router took a new worker before the membership handle did (an add in
+            // progress): read the membership again rather than count the worker as a bad URI.
+            self.refresh_targets(&current, true);
+        }
+        // A worker still without a target is skipped this round, neither good nor failed.
+        let workers: Vec<&Worker> = table
+            .workers()
+            .iter()
+            .filter(|w| self.targets.contains_key(&w.spec.url))
+            .collect();
+        let results = self.scrape_all(&workers, &current).await;
         let stale_after = Duration::from_millis(current.load.stale_after_ms);
         let now = Instant::now();
-        for (worker, result) in table.workers().iter().zip(&results) {
-            self.observe(worker, sent_at, *result, &current);
+        for worker in &workers {
             let track = self.tracks.entry(worker.spec.url.clone()).or_default();
             if track.went_stale(now, stale_after) {
                 worker.stats.fleet_sample().mark_stale();
                 tracing::warn!(worker = %worker.spec.name, stale_after_ms = current.load.stale_after_ms, "no good load scrape for stale_after_ms: routing on local load for this worker");
             }
         }
-        let outcomes = table
-            .workers()
+        let outcomes = workers
             .iter()
             .zip(&results)
-            .map(|(w, r)| (w.spec.url.as_str(), r.map(|_| ())));
+            .map(|(w, r)| (w.spec.url.as_str(), *r));
         self.stats.record_round(outcomes, |url| {
             table.workers().iter().any(|w| w.spec.url == url)
         });
@@ -186,19 +206,41 @@ impl Scraper {
         interval
     }
 
-    /// Scrapes every worker at once, all within one deadline (`scrape_timeout`, below the
-    /// interval); each result is the reported load and this replica's in-flight count on the
-    /// worker when its scrape was sent. A scrape still running at the deadline is a `Timeout`,
-    /// and its connection is dropped with it.
+    /// Rebuilds the targets when the configuration or the membership changed since they were
+    /// built (or always, with `force`).
+    fn refresh_targets(&mut self, current: &Arc<Config>, force: bool) {
+        let membership = self.members.load_full();
+        if !force
+            && self
+                .built_for
+                .as_ref()
+                .is_some_and(|(c, m)| Arc::ptr_eq(c, current) && Arc::ptr_eq(m, &membership))
+        {
+            return;
+        }
+        self.targets = targets(current, &membership);
+        // A connection is to the worker's address, whatever path is asked on it; a worker that
+        // left has its connection closed.
+        let targets = &self.targets;
+        self.connections.retain(|url, _| targets.contains_key(url));
+        self.built_for = Some((Arc::clone(current), membership));
+    }
+
+    /// Scrapes `workers` at once, all within one deadline (`scrape_timeout`, below the
+    /// interval), and publishes each good sample as soon as it is in (the reported load and this
+    /// replica's in-flight count on the worker when its scrape was sent), so one hung worker does
+    /// not age the others' samples. A scrape still running at the deadline is a `Timeout`, and
+    /// its connection is dropped with it. Answers each worker's outcome.
     async fn scrape_all(
         &mut self,
-        workers: &[Worker],
+        workers: &[&Worker],
         config: &Config,
-    ) -> Vec<Result<FleetSample, Failure>> {
+    ) -> Vec<Result<(), Failure>> {
+        let sent_at = Instant::now();
         let deadline = tokio::time::sleep(config.load.scrape_timeout());
         let max_bytes = config.load.max_scrape_bytes;
         let custom = config.load.custom_gauges();
-        let mut results = vec![Err(Failure::Timeout); workers.len()];
+        let mut outcomes: Vec<Option<Result<(), Failure>>> = vec![None; workers.len()];
         let mut scrapes: FuturesUnordered<_> = workers
             .iter()
             .enumerate()
@@ -223,7 +265,8 @@ impl Scraper {
             tokio::select! {
                 next = scrapes.next() => match next {
                     Some((index, sample, connection)) => {
-                        results[index] = sample;
+                        observe(&mut self.tracks, workers[index], sent_at, sample, config);
+                        outcomes[index] = Some(sample.map(|_| ()));
                         if let Some(connection) = connection {
                             self.connections.insert(workers[index].spec.url.clone(), connection);
                         }
@@ -233,39 +276,18 @@ impl Scraper {
                 _ = &mut deadline => break,
             }
         }
-        results
-    }
-
-    /// Publishes a good sample and logs a change of the worker's scrape state.
-    fn observe(
-        &mut self,
-        worker: &Worker,
-        sent_at: Instant,
-        result: Result<FleetSample, Failure>,
-        config: &Config,
-    ) {
-        if let Ok(sample) = result {
-            let wall_ms =
-                crate::clock::now_ms().saturating_sub(sent_at.elapsed().as_millis() as u64);
-            worker.stats.fleet_sample().publish(sample, wall_ms);
-        }
-        let track = self.tracks.entry(worker.spec.url.clone()).or_default();
-        let never_good = track.never_good();
-        for change in track.observe(sent_at, result.map(|_| ())) {
-            let name = &worker.spec.name;
-            match change {
-                Change::Failing(failure) if never_good => {
-                    tracing::warn!(worker = %name, reason = %failure.reason(), error = %failure, "load scrape failed: routing on local load for this worker");
-                }
-                Change::Failing(failure) => {
-                    tracing::warn!(worker = %name, reason = %failure.reason(), error = %failure, stale_after_ms = config.load.stale_after_ms, "load scrape failed: keeping the last good sample until it is stale");
-                }
-                Change::Recovered => tracing::info!(worker = %name, "load scrape works again"),
-                Change::UsingSample => {
-                    tracing::debug!(worker = %name, "routing on the worker's reported load");
-                }
-            }
-        }
+        drop(scrapes);
+        let tracks = &mut self.tracks;
+        workers
+            .iter()
+            .zip(outcomes)
+            .map(|(worker, outcome)| {
+                outcome.unwrap_or_else(|| {
+                    observe(tracks, worker, sent_at, Err(Failure::Timeout), config);
+                    Err(Failure::Timeout)
+                })
+            })
+            .collect()
     }
 
     /// `local` mode: no scraping, and no sample left for the rule to read if the source comes
@@ -279,6 +301,41 @@ impl Scraper {
             worker.stats.fleet_sample().clear();
         }
         self.tracks.clear();
+        // Nobody polls an idle connection in `local` mode: one a worker closed would sit in
+        // CLOSE-WAIT until the source came back.
+        self.connections.clear();
+        self.built_for = None;
         tracing::info!("load source local: scraping stopped");
+    }
+}
+
+/// Publishes a good sample and logs a change of the worker's scrape state (kept in `tracks`).
+fn observe(
+    tracks: &mut HashMap<String, Track>,
+    worker: &Worker,
+    sent_at: Instant,
+    result: Result<FleetSample, Failure>,
+    config: &Config,
+) {
+    if let Ok(sample) = result {
+        let wall_ms = crate::clock::now_ms().saturating_sub(sent_at.elapsed().as_millis() as u64);
+        worker.stats.fleet_sample().publish(sample, wall_ms);
+    }
+    let track = tracks.entry(worker.spec.url.clone()).or_default();
+    let never_good = track.never_good();
+    for change in track.observe(sent_at, result.map(|_| ())) {
+        let name = &worker.spec.name;
+        match change {
+            Change::Failing(failure) if never_good => {
+                tracing::warn!(worker = %name, reason = %failure.reason(), error = %failure, "load scrape failed: routing on local load for this worker");
+            }
+            Change::Failing(failure) => {
+                tracing::warn!(worker = %name, reason = %failure.reason(), error = %failure, stale_after_ms = config.load.stale_after_ms, "load scrape failed: keeping the last good sample until it is stale");
+            }
+            Change::Recovered => tracing::info!(worker = %name, "load scrape works again"),
+            Change::UsingSample => {
+                tracing::debug!(worker = %name, "routing on the worker's reported load");
+            }
+        }
     }
 }

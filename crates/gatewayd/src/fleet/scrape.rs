@@ -128,6 +128,10 @@ pub enum Failure {
     /// The body exceeded `[load] max_scrape_bytes`.
     #[error("the metrics body exceeds max_scrape_bytes")]
     TooLarge,
+    /// The answer is not HTTP/1.1 (a status line or headers that do not parse: a TLS or gRPC
+    /// port, another protocol).
+    #[error("the answer is not HTTP/1.1")]
+    BadResponse,
     /// The body is not UTF-8 text.
     #[error("the metrics body is not UTF-8 text")]
     NotText,
@@ -138,11 +142,12 @@ pub enum Failure {
 
 impl Failure {
     /// Every label [`Failure::reason`] gives, for metrics pre-registration.
-    pub const REASONS: [&'static str; 9] = [
+    pub const REASONS: [&'static str; 10] = [
         "bad_uri",
         "unreachable",
         "timeout",
         "http_status",
+        "bad_response",
         "too_large",
         "not_text",
         "no_gauges",
@@ -157,6 +162,7 @@ impl Failure {
             Failure::Unreachable => "unreachable",
             Failure::Timeout => "timeout",
             Failure::Status(_) => "http_status",
+            Failure::BadResponse => "bad_response",
             Failure::TooLarge => "too_large",
             Failure::NotText => "not_text",
             Failure::Gauges(GaugeError::NoGauges) => "no_gauges",
@@ -186,21 +192,27 @@ pub async fn scrape(
     let Some(target) = target else {
         return (Err(Failure::BadUri), None);
     };
-    let mut reused = match reuse {
+    let reused = match reuse {
         Some(mut connection) => connection.is_open().await.then_some(connection),
         None => None,
     };
-    let (body, connection) = match reused.as_mut() {
-        Some(connection) => match fetch(connection, target, max_bytes).await {
+    let (outcome, connection) = match reused {
+        Some(mut connection) => match exchange(&mut connection, target, max_bytes).await {
             // A worker may close an idle connection just as the request goes out; that is no
             // reason to count the worker unreachable, so one more try on a fresh connection.
-            Err(Failure::Unreachable) => fetch_fresh(target, max_bytes).await,
-            done => (done, reused),
+            // Only then: a reused connection that breaks mid-answer is a failed scrape.
+            Exchange::NoAnswer => exchange_fresh(target, max_bytes).await,
+            outcome => (outcome, Some(connection)),
         },
-        None => fetch_fresh(target, max_bytes).await,
+        None => exchange_fresh(target, max_bytes).await,
     };
-    // After a failure the connection may hold an unread answer: a new one next round.
-    let connection = connection.filter(|c| body.is_ok() && !c.sender.is_closed());
+    let (body, reusable) = match outcome {
+        Exchange::Body(body) => (Ok(body), true),
+        Exchange::Answered(failure) => (Err(failure), true),
+        Exchange::Broken(failure) => (Err(failure), false),
+        Exchange::NoAnswer => (Err(Failure::Unreachable), false),
+    };
+    let connection = connection.filter(|c| reusable && !c.sender.is_closed());
     let reading = body.and_then(|body| {
         let text = std::str::from_utf8(&body).map_err(|_| Failure::NotText)?;
         Ok(read_load(text, custom)?)
@@ -208,55 +220,92 @@ pub async fn scrape(
     (reading, connection)
 }
 
-async fn fetch_fresh(
-    target: &Target,
-    max_bytes: usize,
-) -> (Result<Bytes, Failure>, Option<Connection>) {
+/// How one request on a connection ended.
+enum Exchange {
+    /// The whole 2xx body; the connection can carry the next scrape.
+    Body(Bytes),
+    /// A failure after a whole answer was read (a non-2xx status): the connection can carry the
+    /// next scrape, so a worker without metrics does not cost a new connection every round.
+    Answered(Failure),
+    /// A failure that leaves the connection unusable: mid-answer, over the cap, not HTTP.
+    Broken(Failure),
+    /// No answer at all: the connection ended or failed before a response head arrived.
+    NoAnswer,
+}
+
+async fn exchange_fresh(target: &Target, max_bytes: usize) -> (Exchange, Option<Connection>) {
     match Connection::open(target).await {
         Ok(mut connection) => {
-            let body = fetch(&mut connection, target, max_bytes).await;
-            (body, Some(connection))
+            let outcome = exchange(&mut connection, target, max_bytes).await;
+            (outcome, Some(connection))
         }
-        Err(failure) => (Err(failure), None),
+        Err(failure) => (Exchange::Broken(failure), None),
     }
 }
 
-async fn fetch(
-    connection: &mut Connection,
-    target: &Target,
-    max_bytes: usize,
-) -> Result<Bytes, Failure> {
-    let request = Request::get(target.request_uri.clone())
+/// What a hyper error before the response head means: not HTTP at all (a TLS or gRPC port, a
+/// status line that does not parse), or no answer.
+fn before_answer(error: &hyper::Error) -> Exchange {
+    if error.is_parse() || error.is_parse_status() || error.is_parse_too_large() {
+        Exchange::Broken(Failure::BadResponse)
+    } else {
+        Exchange::NoAnswer
+    }
+}
+
+async fn exchange(connection: &mut Connection, target: &Target, max_bytes: usize) -> Exchange {
+    let request = match Request::get(target.request_uri.clone())
         .header(header::HOST, target.authority.clone())
         // The classic text format; engines that negotiate would otherwise be free to answer
         // protobuf.
         .header(header::ACCEPT, "text/plain;version=0.0.4;q=1, */*;q=0.1")
+        .header(header::USER_AGENT, USER_AGENT)
         .body(Empty::new())
-        .map_err(|_| Failure::BadUri)?;
+    {
+        Ok(request) => request,
+        Err(_) => return Exchange::Broken(Failure::BadUri),
+    };
     let Connection { sender, driver } = connection;
-    drive(driver, poll_fn(|cx| sender.poll_ready(cx)))
-        .await?
-        .map_err(|_| Failure::Unreachable)?;
-    let response = drive(driver, sender.send_request(request))
-        .await?
-        .map_err(|_| Failure::Unreachable)?;
-    if !response.status().is_success() {
-        return Err(Failure::Status(response.status().as_u16()));
+    match drive(driver, poll_fn(|cx| sender.poll_ready(cx))).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => return before_answer(&error),
+        Err(_) => return Exchange::NoAnswer,
     }
+    let response = match drive(driver, sender.send_request(request)).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(error)) => return before_answer(&error),
+        Err(_) => return Exchange::NoAnswer,
+    };
+    let status = response.status();
     let declared = response
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|n| n > max_bytes as u64) {
-        return Err(Failure::TooLarge);
+        return Exchange::Broken(match status.is_success() {
+            true => Failure::TooLarge,
+            false => Failure::Status(status.as_u16()),
+        });
     }
     let collect = Limited::new(response.into_body(), max_bytes).collect();
-    let collected = drive(driver, collect).await?.map_err(|error| {
-        if error.is::<LengthLimitError>() {
-            Failure::TooLarge
-        } else {
-            Failure::Unreachable
+    let body = match drive(driver, collect).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(error)) if status.is_success() && error.is::<LengthLimitError>() => {
+            return Exchange::Broken(Failure::TooLarge);
         }
-    })?;
-    Ok(collected.to_bytes())
+        // The answer broke off (or a non-2xx body overran the cap): the status, if there was
+        // one to report, else unreachable.
+        Ok(Err(_)) | Err(_) if !status.is_success() => {
+            return Exchange::Broken(Failure::Status(status.as_u16()));
+        }
+        Ok(Err(_)) | Err(_) => return Exchange::Broken(Failure::Unreachable),
+    };
+    match status.is_success() {
+        true => Exchange::Body(body),
+        false => Exchange::Answered(Failure::Status(status.as_u16())),
+    }
 }
+
+/// The scraper's `User-Agent`, so a worker's access log says who asks for `/metrics` ten times a
+/// second.
+const USER_AGENT: &str = concat!("bch-gatewayd/", env!("CARGO_PKG_VERSION"), " load-scraper");
