@@ -60,8 +60,8 @@ enum Outcome {
     Unknown,
     /// The last scrape gave a load.
     Good,
-    /// The last scrape failed this way.
-    Failing(&'static str),
+    /// The last scrape failed this way (a 404 and a 503 are different ways).
+    Failing(Failure),
 }
 
 /// One worker's scrape history: what to log, and whether its sample is still fresh.
@@ -113,7 +113,7 @@ impl Track {
                 }
             }
             Err(failure) => {
-                let outcome = Outcome::Failing(failure.reason());
+                let outcome = Outcome::Failing(failure);
                 if self.outcome != outcome {
                     self.outcome = outcome;
                     changes.push(Change::Failing(failure));
@@ -166,6 +166,11 @@ mod tests {
             vec![Change::Failing(Failure::Status(404))]
         );
         assert_eq!(track.observe(t0, not_found), vec![]);
+        // Another status is another way of failing: an operator sees the 503 that followed.
+        assert_eq!(
+            track.observe(t0, Err(Failure::Status(503))),
+            vec![Change::Failing(Failure::Status(503))]
+        );
         assert!(
             !track.went_stale(t0, stale_after),
             "never used: nothing to fall back from"
