@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use bch_core::fleet_load::LoadSource;
 use dnsmasq::{Dnsmasq, Zone};
+use gatewayd::RunningGateway;
 use gatewayd::config::{Config, DiscoveryConfig, WorkerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -150,6 +151,15 @@ async fn wait_seen(
     }
 }
 
+/// Waits (bounded) until the gateway has closed every connection that carried a scrape.
+async fn wait_all_closed(seen: &mut watch::Receiver<Seen>) {
+    let closed = wait_seen(seen, "the scraper's connections closed", |s| {
+        s.closed_by_gateway >= 1
+    })
+    .await;
+    assert_eq!(closed.closed_by_gateway, closed.connections, "{closed:?}");
+}
+
 /// The sum of every series of `family` in `/metrics` text.
 fn total(metrics: &str, family: &str) -> u64 {
     metrics
@@ -157,6 +167,19 @@ fn total(metrics: &str, family: &str) -> u64 {
         .filter(|l| l.starts_with(&format!("{family}{{")))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
+}
+
+/// Polls the gateway's `/metrics` text (bounded) until `done` holds; answers that text.
+async fn wait_metrics(gateway: &RunningGateway, what: &str, done: impl Fn(&str) -> bool) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let metrics = gateway.metrics_text();
+        if done(&metrics) {
+            return metrics;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {metrics}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test]
@@ -187,18 +210,10 @@ async fn a_worker_that_closes_its_connections_costs_no_failed_scrape() {
             "{after:?}: {seen_now:?}"
         );
         // The gateway counts a round once all of it is in; the worker counts each answer.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        let metrics = loop {
-            let metrics = gateway.metrics_text();
-            if total(&metrics, "bch_load_scrapes_total") >= 20 {
-                break metrics;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{after:?}: {metrics}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
+        let metrics = wait_metrics(&gateway, &format!("{after:?}: twenty scrapes"), |m| {
+            total(m, "bch_load_scrapes_total") >= 20
+        })
+        .await;
         assert_eq!(
             total(&metrics, "bch_load_scrape_failures_total"),
             0,
@@ -214,14 +229,7 @@ async fn the_scraper_closes_its_connection_when_the_gateway_shuts_down() {
     let gateway = common::start(config(addr)).await;
     wait_seen(&mut seen, "a scrape", |s| s.scrapes >= 2).await;
     gateway.shutdown().await;
-    let seen_now = wait_seen(&mut seen, "the scraper's connection closed", |s| {
-        s.closed_by_gateway >= 1
-    })
-    .await;
-    assert_eq!(
-        seen_now.closed_by_gateway, seen_now.connections,
-        "{seen_now:?}"
-    );
+    wait_all_closed(&mut seen).await;
 }
 
 #[tokio::test]
@@ -244,14 +252,7 @@ async fn the_scraper_stops_when_the_gateways_runtime_is_dropped() {
     tokio::task::spawn_blocking(move || thread.join().unwrap())
         .await
         .unwrap();
-    let seen_now = wait_seen(&mut seen, "the scraper's connection closed", |s| {
-        s.closed_by_gateway >= 1
-    })
-    .await;
-    assert_eq!(
-        seen_now.closed_by_gateway, seen_now.connections,
-        "{seen_now:?}"
-    );
+    wait_all_closed(&mut seen).await;
 }
 
 /// The sum of `family`'s series of worker `name` whose labels include `label`.
@@ -304,22 +305,12 @@ async fn discovered_workers_are_scraped_at_their_sources_metrics_path() {
     .await;
     // The source's own path: the worker answers it with its plain 200 "ok", no gauges, so each
     // scrape there fails as no_gauges (not bad_uri: the target exists).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let metrics = loop {
-        let metrics = gateway.metrics_text();
-        let good_ok = worker_total(&metrics, "bch_load_scrapes_total", "good.llm.test", "");
-        let elsewhere_no_gauges = worker_total(
-            &metrics,
-            "bch_load_scrape_failures_total",
-            "elsewhere.llm.test",
-            "reason=\"no_gauges\"",
-        );
-        if good_ok >= 5 && elsewhere_no_gauges >= 2 {
-            break metrics;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{metrics}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let metrics = wait_metrics(&gateway, "both sources scraped", |m| {
+        let failures = "bch_load_scrape_failures_total";
+        worker_total(m, "bch_load_scrapes_total", "good.llm.test", "") >= 5
+            && worker_total(m, failures, "elsewhere.llm.test", "reason=\"no_gauges\"") >= 2
+    })
+    .await;
     for name in ["good.llm.test", "elsewhere.llm.test"] {
         assert_eq!(
             worker_total(
@@ -349,14 +340,7 @@ async fn switching_to_local_closes_the_scrapers_connections() {
     assert!(switched.status().is_success());
     // In `local` mode nobody polls an idle connection; a kept one would sit in CLOSE-WAIT
     // once the worker closed it.
-    let seen_now = wait_seen(&mut seen, "the scraper's connection closed", |s| {
-        s.closed_by_gateway >= 1
-    })
-    .await;
-    assert_eq!(
-        seen_now.closed_by_gateway, seen_now.connections,
-        "{seen_now:?}"
-    );
+    wait_all_closed(&mut seen).await;
     gateway.shutdown().await;
 }
 
@@ -378,15 +362,7 @@ async fn a_hung_worker_does_not_age_the_other_workers_samples() {
     // is a few ms old; published at the round's end it would be at least 800 ms old.
     let mut youngest = u64::MAX;
     while good_seen.borrow().scrapes < before.scrapes + 3 {
-        let workers: serde_json::Value = common::client()
-            .get(format!("http://{}/admin/workers", gateway.control_addr))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let record = &workers["workers"][0];
+        let record = common::worker_record(&gateway, "w").await.unwrap();
         if let Some(age) = record["scrape_age_ms"].as_u64() {
             youngest = youngest.min(age);
         }
@@ -413,22 +389,17 @@ async fn a_refusing_worker_keeps_its_connection_and_a_foreign_protocol_is_named(
             // metrics does not pay a new connection per worker per round.
             assert_eq!(seen_now.connections, 1, "{after:?}: {seen_now:?}");
         }
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         let label = format!("reason=\"{reason}\"");
-        loop {
-            let metrics = gateway.metrics_text();
-            let counted = worker_total(&metrics, "bch_load_scrape_failures_total", "w", &label);
-            let all = total(&metrics, "bch_load_scrape_failures_total");
-            if counted >= 5 {
-                assert_eq!(counted, all, "{after:?}: only {reason} failures: {metrics}");
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{after:?}: {metrics}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let failures = "bch_load_scrape_failures_total";
+        let metrics = wait_metrics(&gateway, &format!("{after:?}: five {reason}"), |m| {
+            worker_total(m, failures, "w", &label) >= 5
+        })
+        .await;
+        assert_eq!(
+            worker_total(&metrics, failures, "w", &label),
+            total(&metrics, failures),
+            "{after:?}: only {reason} failures: {metrics}"
+        );
         gateway.shutdown().await;
     }
 }

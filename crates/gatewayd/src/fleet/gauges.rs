@@ -76,9 +76,7 @@ pub enum GaugeError {
 /// order; the first engine with at least one of its two gauges present gives the load (so an
 /// engine exporting both SGLang spellings is not counted twice).
 pub fn read_load(text: &str, custom: Option<(&str, &str)>) -> Result<Reading, GaugeError> {
-    // Slot 0 is the custom pair, then one slot per engine: any sample seen, and the sum.
-    let mut seen = [false; ENGINES.len() + 1];
-    let mut sums = [0.0f64; ENGINES.len() + 1];
+    let mut sums = Sums::default();
     let names = GaugeNames::new(custom);
     let mut start = 0;
     // Line boundaries with the SIMD `memchr` (a vLLM body is ~400 lines of ~100 bytes): most of
@@ -88,27 +86,51 @@ pub fn read_load(text: &str, custom: Option<(&str, &str)>) -> Result<Reading, Ga
         let line = text[start..end].trim_start();
         let line = line.strip_suffix('\r').unwrap_or(line);
         start = end + 1;
-        let Some(slot) = names.slot_of_line(line.as_bytes()) else {
-            continue;
-        };
+        if let Some(slot) = names.slot_of_line(line.as_bytes()) {
+            sums.add(slot, line)?;
+        }
+    }
+    sums.reading()
+}
+
+/// Per slot (0 the configured pair, then one per engine): whether any sample was seen, and the
+/// sum of the values.
+#[derive(Default)]
+struct Sums {
+    seen: [bool; ENGINES.len() + 1],
+    sums: [f64; ENGINES.len() + 1],
+}
+
+impl Sums {
+    /// Adds the value of the sample `line` of a gauge in `slot`.
+    fn add(&mut self, slot: usize, line: &str) -> Result<(), GaugeError> {
         let value = sample_value(line)?;
         if !value.is_finite() || value < 0.0 {
             return Err(GaugeError::BadValue);
         }
-        seen[slot] = true;
-        sums[slot] += value;
+        self.seen[slot] = true;
+        self.sums[slot] += value;
+        Ok(())
     }
-    let slot = seen.iter().position(|s| *s).ok_or(GaugeError::NoGauges)?;
-    let engine = match slot {
-        0 => "custom",
-        n => ENGINES[n - 1].name,
-    };
-    // A sum of gauges is a whole number of requests up to float noise; round, and saturate far
-    // beyond any real load.
-    Ok(Reading {
-        load: sums[slot].round().min(u64::MAX as f64) as u64,
-        engine,
-    })
+
+    /// The load of the first slot with a sample.
+    fn reading(&self) -> Result<Reading, GaugeError> {
+        let slot = self
+            .seen
+            .iter()
+            .position(|s| *s)
+            .ok_or(GaugeError::NoGauges)?;
+        let engine = match slot {
+            0 => "custom",
+            n => ENGINES[n - 1].name,
+        };
+        // A sum of gauges is a whole number of requests up to float noise; round, and saturate
+        // far beyond any real load.
+        Ok(Reading {
+            load: self.sums[slot].round().min(u64::MAX as f64) as u64,
+            engine,
+        })
+    }
 }
 
 /// The recognised gauge names and their slots (0 the configured pair, then one per engine).
@@ -188,8 +210,7 @@ mod tests {
     /// The straightforward reading the fast scan must agree with: every line, its name up to the
     /// first `{` or blank, looked up among the names in precedence order.
     fn reference(text: &str, custom: Option<(&str, &str)>) -> Result<Reading, GaugeError> {
-        let mut seen = [false; ENGINES.len() + 1];
-        let mut sums = [0.0f64; ENGINES.len() + 1];
+        let mut sums = Sums::default();
         for line in text.split('\n') {
             let line = line.trim_start();
             let line = line.strip_suffix('\r').unwrap_or(line);
@@ -208,23 +229,9 @@ mod tests {
             } else {
                 continue;
             };
-            let value = sample_value(line)?;
-            if !value.is_finite() || value < 0.0 {
-                return Err(GaugeError::BadValue);
-            }
-            seen[slot] = true;
-            sums[slot] += value;
+            sums.add(slot, line)?;
         }
-        let slot = seen.iter().position(|s| *s).ok_or(GaugeError::NoGauges)?;
-        let engine = if slot == 0 {
-            "custom"
-        } else {
-            ENGINES[slot - 1].name
-        };
-        Ok(Reading {
-            load: sums[slot].round() as u64,
-            engine,
-        })
+        sums.reading()
     }
 
     /// Lines of the kinds a scrape meets: recognised gauges with and without labels, look-alike
