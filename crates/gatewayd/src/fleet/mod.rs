@@ -5,9 +5,9 @@
 //!
 //! Off the request path in every way: its own thread with a single-threaded runtime (640
 //! scrapes a second never take a data-plane worker thread from a request), its own HTTP
-//! connections, each round bounded by a timeout below the interval and each body by a cap. Routing never waits for it; a worker whose scrapes
-//! fail keeps its last good sample until it is `stale_after_ms` old and then falls back to local
-//! load. Each change of a worker's scrape state is logged once, and counted in `/metrics`.
+//! connections, each round bounded by a timeout below the interval and each body by a cap.
+//! Routing never waits for it; a worker whose scrapes fail keeps its last good sample until it is
+//! `stale_after_ms` old and then falls back to local load. Each change of a worker's scrape state is logged once, and counted in `/metrics`.
 //!
 //! Files: `gauges` (the recognised engines and the text), `scrape` (one HTTP scrape and its
 //! failures), `status` (per-worker history and counters).
@@ -69,12 +69,12 @@ struct Scraper {
 }
 
 /// Starts the scraper on a thread of its own (`bch-load-scraper`) that runs until `shutdown` is
-/// cancelled or the calling runtime shuts down, whichever comes first.
+/// cancelled or the calling runtime shuts down, whichever comes first. It scrapes the workers of
+/// `members` (static and discovered, with their metrics paths) under the settings of `config`,
+/// publishes into the router's worker samples and counts in `stats`.
 ///
 /// # Errors
 /// The thread or its runtime could not be created (the OS refused a thread or an epoll handle).
-/// It scrapes the workers of `members` (static and discovered, with their metrics paths) under
-/// the settings of `config`, publishes into the router's worker samples and counts in `stats`.
 pub fn spawn(
     router: Arc<Router>,
     config: SharedConfig,
