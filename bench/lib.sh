@@ -1,5 +1,5 @@
-# Shared plumbing of the bench/ scripts; sourced after `cd` to the repository root, with
-# BENCH_NAME set (the prefix of log lines and the name in errors).
+# Shared plumbing of the bench/ scripts and tests/sim/ab.sh; sourced with BENCH_NAME set (the
+# prefix of log lines), from the repository root where bench_target_dir is used.
 #
 #   log MSG / die MSG           timestamped progress on stderr / error and exit 1
 #   bench_target_dir            cargo's target directory (honours CARGO_TARGET_DIR and config)
@@ -11,7 +11,7 @@
 #                               traffic only once their first probe passed
 
 log() { printf '[%s %(%H:%M:%S)T] %s\n' "$BENCH_NAME" -1 "$*" >&2; }
-die() { echo "bench/$(basename "$0"): error: $*" >&2; exit 1; }
+die() { echo "$0: error: $*" >&2; exit 1; }
 
 bench_target_dir() {
   cargo metadata --format-version 1 --no-deps \

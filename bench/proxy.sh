@@ -384,20 +384,7 @@ start_envoy_bch() { # speed -> PORT, CURRENT_PID (Envoy), PICKER_PID
   wait_port "$picker" 30
   # The picker has no data plane (no /readiness): its workers take traffic once their first probe
   # passed, which the control plane's worker list shows.
-  python3 - "$control" "$WORKERS" <<'PY' || die "the picker's workers did not pass their first probe (log: $WORK/picker.log)"
-import json, sys, time, urllib.request
-port, want = sys.argv[1], int(sys.argv[2])
-deadline = time.time() + 30
-while time.time() < deadline:
-    try:
-        workers = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/workers", timeout=2))["workers"]
-        if sum(1 for w in workers if w["healthy"]) >= want:
-            sys.exit(0)
-    except Exception:  # noqa: BLE001 - any failure is "not ready yet"
-        pass
-    time.sleep(0.05)
-sys.exit(f"picker's control plane on port {port}: fewer than {want} healthy workers after 30 s")
-PY
+  wait_probed "http://127.0.0.1:$control" "$WORKERS"
   "${PROXY_RUN[@]}" "$ENVOY_BIN" -c "$WORK/envoy-bch-$1.yaml" --concurrency 1 --disable-hot-restart \
     --log-level warn >>"$WORK/envoy-bch.log" 2>&1 &
   CURRENT_PID=$!

@@ -47,17 +47,13 @@ search | search-loaded)
   ;;
 esac
 
-log() { printf '[sim %s] %s\n' "$(date +%T)" "$*"; }
+BENCH_NAME=sim
+# log, PIDS and their cleanup on exit, wait_probed.
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
+trap bench_cleanup EXIT
 (cd "$ROOT" && cargo build -q --locked --release -p gatewayd -p bch-drill)
 BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release"
-
-PIDS=()
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-}
-trap cleanup EXIT
 
 # Free ports: WORKERS consecutive ones are not guaranteed, so the workers take port 0 and print
 # where they listen.
@@ -83,20 +79,7 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 # Workers take traffic once their first probe passed; readiness needs one, the A/B needs all.
-python3 - "$CTL" "$WORKERS" <<'PY' || { echo "not every worker passed its first probe" >&2; exit 1; }
-import json, sys, time, urllib.request
-port, want = sys.argv[1], int(sys.argv[2])
-deadline = time.time() + 30
-while time.time() < deadline:
-    try:
-        workers = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/workers", timeout=2))["workers"]
-        if sum(1 for w in workers if w["healthy"]) >= want:
-            sys.exit(0)
-    except Exception:  # noqa: BLE001 - any failure is "not ready yet"
-        pass
-    time.sleep(0.05)
-sys.exit(1)
-PY
+wait_probed "http://127.0.0.1:$CTL" "$WORKERS"
 
 log "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $WORKERS workers at time scale $SCALE"
 "$BIN/bch-drill" ab --gateway "http://127.0.0.1:$GW" --control "http://127.0.0.1:$CTL" "${AB[@]}" "$@" \
