@@ -494,21 +494,32 @@ impl Admin {
         }
         let specs: Vec<WorkerSpec> = merged.members.iter().map(|m| m.spec.clone()).collect();
         validate_membership(&specs)?;
+        let members = Arc::new(merged.members);
+        let members_changed = *members != *in_force.merged;
+        if members_changed {
+            // Before the router, like the endpoints: every worker of a table the router publishes
+            // has its member (probe and metrics paths) for whoever reads the table first.
+            self.members.store(Arc::clone(&members));
+        }
         let table = self.router.table();
         let before = *table.policy();
         if same_workers(&table, &specs) {
             // Thresholds and kind reuse the ring (a new `virtual_nodes` rebuilds it): no ring
             // rebuild, no new membership generation, no `ring` frame for a policy change.
-            if policy != before {
-                self.router.set_policy(&PolicyPatch::from(policy))?;
+            if policy != before
+                && let Err(error) = self.router.set_policy(&PolicyPatch::from(policy))
+            {
+                self.members.store(Arc::clone(&in_force.merged));
+                return Err(error.into());
             }
         } else {
             // Endpoints first: every table the router publishes finds its workers' endpoints.
-            self.upstreams.publish(&merged.members);
+            self.upstreams.publish(&members);
             self.router
                 .set_initial_health(!next.config.health.wait_for_first_probe);
             if let Err(error) = self.router.reconfigure(specs, policy) {
                 self.upstreams.publish(&in_force.merged);
+                self.members.store(Arc::clone(&in_force.merged));
                 return Err(error.into());
             }
             let after = self.router.table();
@@ -516,9 +527,7 @@ impl Admin {
             self.upstreams.for_table(&after);
             in_force.departed.record(&table, &after);
         }
-        if merged.members != *in_force.merged {
-            let members = Arc::new(merged.members);
-            self.members.store(Arc::clone(&members));
+        if members_changed {
             in_force.merged = members;
             self.probe_now.notify_one();
         }

@@ -167,18 +167,11 @@ impl Scraper {
             );
             self.scraping = true;
         }
-        self.refresh_targets(&current, false);
+        // The table first: the admin owner stores the membership before the router's table, so
+        // the membership read after it has every worker of the table but one that just left.
         let table = self.router.table();
-        if table
-            .workers()
-            .iter()
-            .any(|w| !self.targets.contains_key(&w.spec.url))
-        {
-            // The router took a new worker before the membership handle did (an add in
-            // progress): read the membership again rather than count the worker as a bad URI.
-            self.refresh_targets(&current, true);
-        }
-        // A worker still without a target is skipped this round, neither good nor failed.
+        self.refresh_targets(&current);
+        // A worker that just left has no target: skipped, neither good nor failed.
         let workers: Vec<&Worker> = table
             .workers()
             .iter()
@@ -207,14 +200,13 @@ impl Scraper {
     }
 
     /// Rebuilds the targets when the configuration or the membership changed since they were
-    /// built (or always, with `force`).
-    fn refresh_targets(&mut self, current: &Arc<Config>, force: bool) {
+    /// built.
+    fn refresh_targets(&mut self, current: &Arc<Config>) {
         let membership = self.members.load_full();
-        if !force
-            && self
-                .built_for
-                .as_ref()
-                .is_some_and(|(c, m)| Arc::ptr_eq(c, current) && Arc::ptr_eq(m, &membership))
+        if self
+            .built_for
+            .as_ref()
+            .is_some_and(|(c, m)| Arc::ptr_eq(c, current) && Arc::ptr_eq(m, &membership))
         {
             return;
         }
