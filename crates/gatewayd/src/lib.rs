@@ -20,8 +20,8 @@
 //! - `telemetry`: the aggregator that owns telemetry data and publishes frames;
 //! - `upstream`: per-worker endpoints and pools of keep-alive connections;
 //! - `discovery`: workers from DNS (SRV, A/AAAA), handed to the admin owner;
-//! - `drain`: notices when a draining worker is idle (and removes it if asked);
-//! - `fleet`: the scraper of the workers' own load gauges (`[load] source = "worker_metrics"`);
+//! - `drain_watch`: notices when a draining worker is idle (and removes it if asked);
+//! - `scraper`: the scraper of the workers' own load gauges (`[load] source = "worker_metrics"`);
 //! - `health`: active probes; `server`: accept loops; `metrics`: Prometheus; `error`: the one
 //!   error type of gateway answers; `demo`: `gatewayd --demo` (cargo feature `demo`).
 #![forbid(unsafe_code)]
@@ -35,9 +35,9 @@ mod control;
 #[cfg(feature = "demo")]
 mod demo;
 mod discovery;
-mod drain;
+mod drain_watch;
 mod error;
-mod fleet;
+mod scraper;
 mod health;
 mod metrics;
 mod picker;

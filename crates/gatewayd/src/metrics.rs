@@ -26,7 +26,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::fleet::{Failure, ScrapeStats};
+use crate::scraper::{Failure, ScrapeStats};
 
 /// The `reason` labels of `bch_client_body_errors_total`: a request body that ended early (the
 /// client left), was malformed, went over `max_body_bytes`, or came too slowly.

@@ -1,6 +1,6 @@
 //! Draining: a worker that takes no new requests while its in-flight ones finish, listed with its
 //! in-flight count and state `draining`, and, when asked, removed from the membership once idle
-//! (the drain watcher in `crate::drain` notices that and calls [`Admin::finish_drain`]).
+//! (the drain watcher in `crate::drain_watch` notices that and calls [`Admin::finish_drain`]).
 
 use bch_core::telemetry::{WorkerRecord, WorkerState};
 

@@ -41,7 +41,7 @@ use crate::admin::Admin;
 use crate::config::{Config, ConfigError};
 use crate::control::ControlPlane;
 use crate::control::guard::BrowserGuard;
-use crate::fleet::ScrapeStats;
+use crate::scraper::ScrapeStats;
 use crate::metrics::Metrics;
 use crate::picker::PickerPlane;
 use crate::proxy::DataPlane;
@@ -416,7 +416,7 @@ fn spawn_services(
             ))
         },
     ));
-    crate::fleet::spawn(
+    crate::scraper::spawn(
         Arc::clone(&parts.router),
         parts.admin.config(),
         parts.admin.members(),
@@ -432,7 +432,7 @@ fn spawn_services(
         metrics: parts.metrics,
         shutdown: shutdown.clone(),
     }));
-    tokio::spawn(crate::drain::run(
+    tokio::spawn(crate::drain_watch::run(
         Arc::clone(&parts.admin),
         parts.router,
         parts.telemetry,

@@ -153,7 +153,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::fleet::gauges::GaugeError;
+    use crate::scraper::gauges::GaugeError;
 
     #[test]
     fn each_change_is_reported_once() {
