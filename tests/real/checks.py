@@ -29,7 +29,7 @@ import uuid
 import openai
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLE_ADDR = "127.0.0.1:8080"  # the gateway address the README examples use
+EXAMPLE_ADDR = "127.0.0.1:8080"  # the gateway address the examples in docs/real-workers.md use
 # SmolLM2's end-of-text and end-of-turn tokens; biased away so a request runs to max_tokens and its
 # duration is predictable.
 NO_EOS = {"0": -100, "2": -100}
@@ -213,15 +213,15 @@ def check(name):
     return decorate
 
 
-@check("readme_examples")
-def readme_examples(fleet, readme_path):
-    """The README's curl and openai examples are these files, and they work against gatewayd."""
-    readme = open(readme_path, encoding="utf-8").read()
+@check("doc_examples")
+def doc_examples(fleet, doc_path):
+    """docs/real-workers.md's curl and openai examples are these files, and work against gatewayd."""
+    doc = open(doc_path, encoding="utf-8").read()
     addr = fleet.gateway.removeprefix("http://")
     out = {}
     for file, runner in (("curl.sh", ["bash", "-c"]), ("client.py", [sys.executable, "-c"])):
         text = open(os.path.join(HERE, "examples", file), encoding="utf-8").read()
-        assert text in readme, f"README.md does not contain tests/real/examples/{file} verbatim"
+        assert text in doc, f"{doc_path} does not contain tests/real/examples/{file} verbatim"
         assert EXAMPLE_ADDR in text
         proc = subprocess.run(
             runner + [text.replace(EXAMPLE_ADDR, addr)],
@@ -245,7 +245,7 @@ def readme_examples(fleet, readme_path):
     assert lines[1].strip(), "empty non-streaming content"
     assert lines[2].split() == [worker, HIT], lines[2]
     assert lines[3].strip(), "empty streamed content"
-    return f"curl and openai examples from README.md: 200, served by {worker}"
+    return f"curl and openai examples from docs/real-workers.md: 200, served by {worker}"
 
 
 @check("stream_matches_worker")
@@ -660,7 +660,7 @@ def main():
     parser.add_argument("--gateway", required=True)
     parser.add_argument("--control", required=True)
     parser.add_argument("--worker", action="append", required=True)
-    parser.add_argument("--readme", required=True)
+    parser.add_argument("--doc", required=True, help="docs/real-workers.md: its examples are run.")
     parser.add_argument("--summary", required=True)
     parser.add_argument("--model", required=True, help="The GGUF file the workers serve.")
     args = parser.parse_args()
@@ -675,7 +675,7 @@ def main():
     print(f"workers {fleet.url_of}; model id {fleet.model!r}", flush=True)
 
     stream_matches_worker(fleet)  # first: both workers are still cold
-    readme_examples(fleet, args.readme)
+    doc_examples(fleet, args.doc)
     baseline = fleet.metrics()
     with seen_lock:
         seen_branches.clear()

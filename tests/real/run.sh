@@ -33,7 +33,7 @@ set +e
 timeout 1800 "$PY" "$HERE/checks.py" \
   --gateway "http://127.0.0.1:$GW" --control "http://127.0.0.1:$CTL" \
   --worker "http://127.0.0.1:$W0" --worker "http://127.0.0.1:$W1" \
-  --readme "$ROOT/README.md" --summary "$WORK/summary.txt" --model "$MODEL"
+  --doc "$ROOT/docs/real-workers.md" --summary "$WORK/summary.txt" --model "$MODEL"
 rc=$?
 set -e
 cleanup
