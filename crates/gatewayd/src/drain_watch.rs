@@ -16,6 +16,7 @@ use bch_core::telemetry::WorkerState;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::Admin;
+use crate::per_worker::WorkerKey;
 use crate::telemetry::Telemetry;
 
 /// How often the watcher looks at draining workers' in-flight counts.
@@ -31,7 +32,7 @@ pub async fn run(
     let mut every = tokio::time::interval(POLL);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Draining workers already announced idle: one `drained` per drain, not one per poll.
-    let mut announced: HashSet<String> = HashSet::new();
+    let mut announced: HashSet<WorkerKey> = HashSet::new();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -42,22 +43,23 @@ pub async fn run(
             .workers()
             .iter()
             .zip(table.states())
-            .filter(|(_, state)| **state == WorkerState::Draining);
-        let idle: Vec<String> = draining
+            .filter(|(_, state)| **state == WorkerState::Draining)
+            .map(|(worker, _)| (worker, WorkerKey::of_worker(worker)));
+        let idle: Vec<(WorkerKey, String)> = draining
             .clone()
-            .filter(|(w, _)| w.stats.active() == 0 && !announced.contains(&w.spec.name))
-            .map(|(w, _)| w.spec.name.clone())
+            .filter(|(w, key)| w.stats.active() == 0 && !announced.contains(key))
+            .map(|(w, key)| (key, w.spec.name.clone()))
             .collect();
-        let still: HashSet<&str> = draining.map(|(w, _)| w.spec.name.as_str()).collect();
-        announced.retain(|name| still.contains(name.as_str()));
-        for name in idle {
-            let Some(removed) = admin.finish_drain(&name) else {
+        let still: HashSet<WorkerKey> = draining.map(|(_, key)| key).collect();
+        announced.retain(|key| still.contains(key));
+        for (key, name) in idle {
+            let Some(removed) = admin.finish_drain(&key) else {
                 continue;
             };
             tracing::info!(worker = %name, removed, "worker drained: no request in flight");
             telemetry.drained(name.clone(), removed);
             if !removed {
-                announced.insert(name);
+                announced.insert(key);
             }
         }
     }

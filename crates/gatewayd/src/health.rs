@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bch_core::router::Router;
+use bch_core::router::{Router, RoutingTable};
 use bytes::Bytes;
 use futures_util::future::join_all;
 use http::{Request, Uri};
@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, HealthConfig, Member, SharedConfig, SharedMembers};
 use crate::metrics::Metrics;
+use crate::per_worker::{Check, Targets, WorkerKey};
 
 /// Why a probe failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,33 +108,23 @@ impl Streak {
     }
 }
 
-/// One worker's probe: its URL (the streak's key) and the URI probed, `None` when the worker's URL
-/// and health path make no valid URI (reported once, and probed as failing).
-struct Probe {
-    url: String,
-    uri: Option<Uri>,
-}
+/// The probe check: a worker's health path (its own, else `[health] path`) on its URL; `None` when
+/// they make no valid URI (reported once, and probed as failing).
+struct Probe;
 
-/// The probes for `members` under `config`'s probe path, by name.
-fn probes(config: &Config, members: &[Member]) -> HashMap<String, Probe> {
-    members
-        .iter()
-        .map(|member| {
-            let path = config.probe_path(member.health_path.as_deref());
-            let uri = path
-                .parse()
-                .ok()
-                .and_then(|path| member.url.join(Some(&path)).ok());
-            if uri.is_none() {
-                tracing::warn!(worker = %member.spec.name, path, "health path makes no valid URI; the worker's probes fail");
-            }
-            let probe = Probe {
-                url: member.spec.url.clone(),
-                uri,
-            };
-            (member.spec.name.clone(), probe)
-        })
-        .collect()
+impl Check for Probe {
+    type Target = Option<Uri>;
+
+    fn path<'a>(config: &'a Config, member: &'a Member) -> &'a str {
+        config.probe_path(member.health_path.as_deref())
+    }
+
+    fn target(member: &Member, path: &str, uri: Option<Uri>) -> Self::Target {
+        if uri.is_none() {
+            tracing::warn!(worker = %member.spec.name, path, "health path makes no valid URI; the worker's probes fail");
+        }
+        uri
+    }
 }
 
 /// What the prober needs besides the router: the configuration in force (re-read every round),
@@ -166,86 +157,113 @@ pub async fn run(prober: Prober) {
     } = prober;
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
-    let client: Client<HttpConnector, Empty<Bytes>> =
-        Client::builder(TokioExecutor::new()).build(connector);
-    let mut streaks: HashMap<String, Streak> = HashMap::new();
-    let mut built_for: Option<(Arc<Config>, Arc<Vec<Member>>)> = None;
-    let mut by_name = HashMap::new();
+    let mut probing = Probing {
+        client: Client::builder(TokioExecutor::new()).build(connector),
+        router,
+        metrics,
+        targets: Targets::new(members),
+        streaks: HashMap::new(),
+    };
     // A wake-up from `probe_now` probes only the workers never probed yet; the full rounds keep
     // their interval however often the membership changes (a DNS source may, every second). The
     // interval is read every loop, so one a reload changed counts from the last full round.
     let mut last_full: Option<tokio::time::Instant> = None;
     loop {
         let current = config.load_full();
-        let membership = members.load_full();
-        let fresh = built_for
-            .as_ref()
-            .is_some_and(|(c, m)| Arc::ptr_eq(c, &current) && Arc::ptr_eq(m, &membership));
-        if !fresh {
-            by_name = probes(&current, &membership);
-            built_for = Some((Arc::clone(&current), membership));
-        }
-        let timeout = Duration::from_millis(current.health.timeout_ms);
         let interval = Duration::from_millis(current.health.interval_ms);
         let full = last_full.is_none_or(|at| at.elapsed() >= interval);
         if full {
             last_full = Some(tokio::time::Instant::now());
         }
-        let table = router.table();
-        let due = table
-            .workers()
-            .iter()
-            .filter(|worker| full || !streaks.contains_key(&worker.spec.url));
-        let rounds = due.filter_map(|worker| {
-            let probe = by_name.get(&worker.spec.name)?;
-            let client = client.clone();
-            Some(async move {
-                let result = probe_once(&client, probe.uri.as_ref(), timeout).await;
-                (worker.spec.name.clone(), probe.url.clone(), result)
-            })
-        });
-        let results = join_all(rounds).await;
-        let table = router.table();
-        streaks.retain(|url, _| table.workers().iter().any(|w| &w.spec.url == url));
-        metrics.retain_probe_failures(|name| table.index_of(name).is_some());
-        for (name, url, result) in results {
-            let Some(index) = table.index_of(&name) else {
-                continue;
-            };
-            if let Err(failure) = result {
-                metrics.record_probe_failure(&name, failure.reason());
-                tracing::debug!(worker = %name, reason = %failure, "probe failed");
-            }
-            let healthy = table.health()[index];
-            let streak = streaks.entry(url).or_default();
-            let first = streak.seen_healthy.is_none();
-            let Some(to) = streak.observe(result.is_ok(), healthy, &current.health) else {
-                if first
-                    && !healthy
-                    && let Err(failure) = result
-                {
-                    tracing::warn!(worker = %name, reason = %failure, "worker failed its first probe; no traffic until a probe passes");
-                }
-                continue;
-            };
-            if router.set_health(&name, to) {
-                streak.seen_healthy = Some(to);
-                match result {
-                    Ok(()) if first => {
-                        tracing::info!(worker = %name, "worker passed its first probe; taking traffic")
-                    }
-                    Ok(()) => tracing::info!(worker = %name, "worker healthy again"),
-                    Err(failure) => {
-                        tracing::warn!(worker = %name, failures = streak.failures, reason = %failure, "worker marked unhealthy")
-                    }
-                }
-            }
-        }
+        probing.round(&current, full).await;
         let next_full = last_full.map_or_else(tokio::time::Instant::now, |at| at + interval);
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = probe_now.notified() => {}
             _ = tokio::time::sleep_until(next_full) => {}
+        }
+    }
+}
+
+/// The prober's state between rounds.
+struct Probing {
+    client: Client<HttpConnector, Empty<Bytes>>,
+    router: Arc<Router>,
+    metrics: Arc<Metrics>,
+    targets: Targets<Probe>,
+    /// Each probed worker's consecutive results; a worker without one was never probed.
+    streaks: HashMap<WorkerKey, Streak>,
+}
+
+impl Probing {
+    /// Probes every worker of the table at once (`full`), or only those never probed yet, then
+    /// applies the results to the table in force once all are in.
+    async fn round(&mut self, current: &Arc<Config>, full: bool) {
+        // The table first, then the membership (see `Targets::refresh`).
+        let table = self.router.table();
+        self.targets.refresh(current);
+        let due: Vec<WorkerKey> = self
+            .targets
+            .of_table(&table)
+            .into_iter()
+            .map(|(_, key)| key)
+            .filter(|key| full || !self.streaks.contains_key(key))
+            .collect();
+        let timeout = Duration::from_millis(current.health.timeout_ms);
+        let probes = due.iter().map(|key| {
+            let uri = self.targets.get(key).and_then(Option::as_ref);
+            probe_once(&self.client, uri, timeout)
+        });
+        let results = join_all(probes).await;
+        let table = self.router.table();
+        self.streaks.retain(|key, _| key.index_in(&table).is_some());
+        self.metrics
+            .retain_probe_failures(|key| key.index_in(&table).is_some());
+        for (key, result) in due.into_iter().zip(results) {
+            if let Some(index) = key.index_in(&table) {
+                self.observe(&table, index, key, result, &current.health);
+            }
+        }
+    }
+
+    /// Counts one probe result of the worker at `index` of `table` and flips its health when its
+    /// streak reached a threshold (the status change).
+    fn observe(
+        &mut self,
+        table: &RoutingTable,
+        index: usize,
+        key: WorkerKey,
+        result: Result<(), ProbeFailure>,
+        thresholds: &HealthConfig,
+    ) {
+        let name = &table.workers()[index].spec.name;
+        if let Err(failure) = result {
+            self.metrics.record_probe_failure(&key, failure.reason());
+            tracing::debug!(worker = %name, reason = %failure, "probe failed");
+        }
+        let healthy = table.health()[index];
+        let streak = self.streaks.entry(key).or_default();
+        let first = streak.seen_healthy.is_none();
+        let Some(to) = streak.observe(result.is_ok(), healthy, thresholds) else {
+            if first
+                && !healthy
+                && let Err(failure) = result
+            {
+                tracing::warn!(worker = %name, reason = %failure, "worker failed its first probe; no traffic until a probe passes");
+            }
+            return;
+        };
+        if self.router.set_health(name, to) {
+            streak.seen_healthy = Some(to);
+            match result {
+                Ok(()) if first => {
+                    tracing::info!(worker = %name, "worker passed its first probe; taking traffic")
+                }
+                Ok(()) => tracing::info!(worker = %name, "worker healthy again"),
+                Err(failure) => {
+                    tracing::warn!(worker = %name, failures = streak.failures, reason = %failure, "worker marked unhealthy")
+                }
+            }
         }
     }
 }

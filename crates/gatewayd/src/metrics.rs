@@ -26,6 +26,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::per_worker::WorkerKey;
 use crate::scraper::{Failure, ScrapeStats};
 
 /// The `reason` labels of `bch_client_body_errors_total`: a request body that ended early (the
@@ -45,7 +46,7 @@ pub struct Metrics {
     /// Responses of requests that never got a worker (413, 503), by status class.
     unrouted_responses: [AtomicU64; StatusClass::ALL.len()],
     /// Failed probes by `(worker, reason)`; written by the prober only.
-    probe_failures: Mutex<BTreeMap<(String, &'static str), u64>>,
+    probe_failures: Mutex<BTreeMap<(WorkerKey, &'static str), u64>>,
     /// Whole request duration, seconds (until the last body byte or the client left).
     pub request_duration: Histogram,
     /// Time until the worker's response headers arrived, seconds. Engines send headers before
@@ -167,17 +168,17 @@ impl Metrics {
     }
 
     /// Counts one failed probe of `worker` for `reason` (`refused`, `timeout`, `status`, `error`).
-    pub fn record_probe_failure(&self, worker: &str, reason: &'static str) {
+    pub fn record_probe_failure(&self, worker: &WorkerKey, reason: &'static str) {
         let mut failures = self
             .probe_failures
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        *failures.entry((worker.to_owned(), reason)).or_default() += 1;
+        *failures.entry((worker.clone(), reason)).or_default() += 1;
     }
 
     /// Forgets the probe failures of workers for which `keep` is false (they left the fleet), so
     /// churn does not grow the series forever.
-    pub fn retain_probe_failures(&self, keep: impl Fn(&str) -> bool) {
+    pub fn retain_probe_failures(&self, keep: impl Fn(&WorkerKey) -> bool) {
         self.probe_failures
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -455,16 +456,26 @@ impl Collector for GatewayCollector {
                     .encode(metric.encode_family(&label(i))?)?;
             }
         }
-        let failures = m
+        // By name, as the series are shown; a worker that left is not shown.
+        let mut failures: Vec<(String, &'static str, u64)> = m
             .probe_failures
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+            .iter()
+            .filter_map(|((key, reason), n)| {
+                Some((
+                    workers[key.index_in(&table)?].spec.name.clone(),
+                    *reason,
+                    *n,
+                ))
+            })
+            .collect();
+        failures.sort_unstable();
         counter(
             &mut encoder,
             "bch_probe_failures",
             "Failed health probes by worker and reason (refused, timeout, status, error)",
-            failures.into_iter().map(|((worker, reason), n)| {
+            failures.into_iter().map(|(worker, reason, n)| {
                 (vec![("worker", worker), ("reason", reason.to_owned())], n)
             }),
         )?;

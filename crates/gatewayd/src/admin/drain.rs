@@ -5,6 +5,7 @@
 use bch_core::telemetry::{WorkerRecord, WorkerState};
 
 use super::{Actor, Admin, AdminError};
+use crate::per_worker::WorkerKey;
 
 impl Admin {
     /// Stops routing new requests to the worker called `name` (it stays a member, listed with its
@@ -25,10 +26,11 @@ impl Admin {
             .router
             .set_state(name, WorkerState::Draining)
             .ok_or_else(|| AdminError::UnknownWorker(name.to_owned()))?;
+        let key = self.key_of(name)?;
         if remove_when_idle {
-            in_force.remove_when_idle.insert(name.to_owned());
+            in_force.remove_when_idle.insert(key);
         } else {
-            in_force.remove_when_idle.remove(name);
+            in_force.remove_when_idle.remove(&key);
         }
         drop(in_force);
         let record = self.record(name)?;
@@ -45,7 +47,7 @@ impl Admin {
             .router
             .set_state(name, WorkerState::Active)
             .ok_or_else(|| AdminError::UnknownWorker(name.to_owned()))?;
-        in_force.remove_when_idle.remove(name);
+        in_force.remove_when_idle.remove(&self.key_of(name)?);
         drop(in_force);
         if changed {
             tracing::info!(worker = %name, source = actor.source.as_str(), client = actor.client_str(), "worker undrained: takes new requests again");
@@ -53,20 +55,21 @@ impl Admin {
         self.record(name)
     }
 
-    /// Called when the draining worker `name` was seen idle: removes it if its drain asked for
-    /// that. `None` when it is no longer a draining member with nothing in flight (undrained,
-    /// removed, or busy after all); else whether it was removed.
-    pub fn finish_drain(&self, name: &str) -> Option<bool> {
+    /// Called when the draining `worker` was seen idle: removes it if its drain asked for that.
+    /// `None` when it is no longer a draining member with nothing in flight (undrained, removed,
+    /// or busy after all); else whether it was removed.
+    pub fn finish_drain(&self, worker: &WorkerKey) -> Option<bool> {
         let mut in_force = self.lock();
         let table = self.router.table();
-        let index = table.index_of(name)?;
+        let index = worker.index_in(&table)?;
         let idle = table.workers()[index].stats.active() == 0;
         if table.states()[index] != WorkerState::Draining || !idle {
             return None;
         }
-        if !in_force.remove_when_idle.remove(name) {
+        if !in_force.remove_when_idle.remove(worker) {
             return Some(false);
         }
+        let name = &table.workers()[index].spec.name;
         match self.remove_static(&mut in_force, name, &Actor::reload()) {
             Ok(_) => Some(true),
             Err(error) => {
@@ -74,5 +77,14 @@ impl Admin {
                 Some(false)
             }
         }
+    }
+
+    /// The key of the member called `name`.
+    fn key_of(&self, name: &str) -> Result<WorkerKey, AdminError> {
+        let table = self.router.table();
+        let index = table
+            .index_of(name)
+            .ok_or_else(|| AdminError::UnknownWorker(name.to_owned()))?;
+        Ok(WorkerKey::of(&table.workers()[index].spec))
     }
 }

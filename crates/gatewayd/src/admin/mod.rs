@@ -39,6 +39,7 @@ use crate::config::{
     WorkerError, alias_of, loop_of,
 };
 use crate::error::GatewayError;
+use crate::per_worker::WorkerKey;
 use crate::telemetry::Telemetry;
 use crate::upstream::Upstreams;
 pub use actor::Actor;
@@ -170,8 +171,8 @@ struct InForce {
     /// `statics` and `discovered` merged: what the router, the endpoints and the probes have.
     merged: Arc<Vec<Member>>,
     departed: Departed,
-    /// Draining workers (by name) to remove from the membership once idle.
-    remove_when_idle: HashSet<String>,
+    /// Draining workers to remove from the membership once idle.
+    remove_when_idle: HashSet<WorkerKey>,
 }
 
 /// The next state one change asks for.
@@ -550,7 +551,7 @@ impl Admin {
         let table = self.router.table();
         in_force
             .remove_when_idle
-            .retain(|name| table.index_of(name).is_some());
+            .retain(|worker| worker.index_in(&table).is_some());
         if policy != before {
             tracing::info!(source = actor.source.as_str(), client = actor.client_str(), kind = %policy.kind, min_load_gap = policy.min_load_gap, max_load_skew = policy.max_load_skew, spill_order = %policy.spill_order, virtual_nodes = policy.virtual_nodes, load_source = policy.load_source.as_str(), previous_kind = %before.kind, previous_min_load_gap = before.min_load_gap, previous_max_load_skew = before.max_load_skew, previous_spill_order = %before.spill_order, previous_load_source = before.load_source.as_str(), "policy changed");
             self.telemetry

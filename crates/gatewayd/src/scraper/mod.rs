@@ -24,6 +24,7 @@ use bch_core::fleet_load::{FleetSample, LoadSource};
 use bch_core::router::{Router, Worker};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
+use http::Uri;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -31,40 +32,37 @@ pub use scrape::Failure;
 pub use status::ScrapeStats;
 
 use crate::config::{Config, Member, SharedConfig, SharedMembers};
+use crate::per_worker::{Check, Targets, WorkerKey};
 use status::{Change, Track};
 
-/// The metrics target of each worker of the membership in force (static and discovered), by URL;
-/// `None` when URL and path make no `http://` URI.
-fn targets(config: &Config, members: &[Member]) -> HashMap<String, Option<scrape::Target>> {
-    members
-        .iter()
-        .map(|member| {
-            let path = member
-                .metrics_path
-                .as_deref()
-                .unwrap_or(&config.load.metrics_path);
-            let target = path
-                .parse()
-                .ok()
-                .and_then(|path| member.url.join(Some(&path)).ok())
-                .and_then(|uri| scrape::Target::new(&uri));
-            (member.spec.url.clone(), target)
-        })
-        .collect()
+/// The scrape check: a worker's metrics path (its own, else `[load] metrics_path`) on its URL.
+struct Scrape;
+
+impl Check for Scrape {
+    /// `None` when URL and path make no `http://` URI (the scrape fails as `bad_uri`).
+    type Target = Option<scrape::Target>;
+
+    fn path<'a>(config: &'a Config, member: &'a Member) -> &'a str {
+        member
+            .metrics_path
+            .as_deref()
+            .unwrap_or(&config.load.metrics_path)
+    }
+
+    fn target(_: &Member, _: &str, uri: Option<Uri>) -> Self::Target {
+        uri.and_then(|uri| scrape::Target::new(&uri))
+    }
 }
 
 /// The scraper's own state, kept between rounds.
 struct Scraper {
     router: Arc<Router>,
     config: SharedConfig,
-    members: SharedMembers,
     stats: Arc<ScrapeStats>,
-    /// Each worker's kept-alive connection, by URL, between rounds.
-    connections: HashMap<String, scrape::Connection>,
-    /// The configuration and membership `targets` were built for.
-    built_for: Option<(Arc<Config>, Arc<Vec<Member>>)>,
-    targets: HashMap<String, Option<scrape::Target>>,
-    tracks: HashMap<String, Track>,
+    /// Each worker's kept-alive connection, between rounds.
+    connections: HashMap<WorkerKey, scrape::Connection>,
+    targets: Targets<Scrape>,
+    tracks: HashMap<WorkerKey, Track>,
     scraping: bool,
 }
 
@@ -132,11 +130,9 @@ async fn run(
     let mut scraper = Scraper {
         router,
         config,
-        members,
         stats,
         connections: HashMap::new(),
-        built_for: None,
-        targets: HashMap::new(),
+        targets: Targets::new(members),
         tracks: HashMap::new(),
         scraping: false,
     };
@@ -170,52 +166,28 @@ impl Scraper {
         // The table first: the admin owner stores the membership before the router's table, so
         // the membership read after it has every worker of the table but one that just left.
         let table = self.router.table();
-        self.refresh_targets(&current);
-        // A worker that just left has no target: skipped, neither good nor failed.
-        let workers: Vec<&Worker> = table
-            .workers()
-            .iter()
-            .filter(|w| self.targets.contains_key(&w.spec.url))
-            .collect();
+        if self.targets.refresh(&current) {
+            // A connection is to the worker's address, whatever path is asked on it; a worker
+            // that left has its connection closed.
+            let targets = &self.targets;
+            self.connections.retain(|key, _| targets.contains(key));
+        }
+        let workers = self.targets.of_table(&table);
         let results = self.scrape_all(&workers, &current).await;
         let stale_after = Duration::from_millis(current.load.stale_after_ms);
         let now = Instant::now();
-        for worker in &workers {
-            let track = self.tracks.entry(worker.spec.url.clone()).or_default();
+        for (worker, key) in &workers {
+            let track = self.tracks.entry(key.clone()).or_default();
             if track.went_stale(now, stale_after) {
                 worker.stats.fleet_sample().mark_stale();
                 tracing::warn!(worker = %worker.spec.name, stale_after_ms = current.load.stale_after_ms, "no good load scrape for stale_after_ms: routing on local load for this worker");
             }
         }
-        let outcomes = workers
-            .iter()
-            .zip(&results)
-            .map(|(w, r)| (w.spec.url.as_str(), *r));
-        self.stats.record_round(outcomes, |url| {
-            table.workers().iter().any(|w| w.spec.url == url)
-        });
-        self.tracks
-            .retain(|url, _| table.workers().iter().any(|w| &w.spec.url == url));
+        let outcomes = workers.iter().zip(&results).map(|((_, key), r)| (key, *r));
+        self.stats
+            .record_round(outcomes, |key| key.index_in(&table).is_some());
+        self.tracks.retain(|key, _| key.index_in(&table).is_some());
         interval
-    }
-
-    /// Rebuilds the targets when the configuration or the membership changed since they were
-    /// built.
-    fn refresh_targets(&mut self, current: &Arc<Config>) {
-        let membership = self.members.load_full();
-        if self
-            .built_for
-            .as_ref()
-            .is_some_and(|(c, m)| Arc::ptr_eq(c, current) && Arc::ptr_eq(m, &membership))
-        {
-            return;
-        }
-        self.targets = targets(current, &membership);
-        // A connection is to the worker's address, whatever path is asked on it; a worker that
-        // left has its connection closed.
-        let targets = &self.targets;
-        self.connections.retain(|url, _| targets.contains_key(url));
-        self.built_for = Some((Arc::clone(current), membership));
     }
 
     /// Scrapes `workers` at once, all within one deadline (`scrape_timeout`, below the
@@ -225,7 +197,7 @@ impl Scraper {
     /// its connection is dropped with it. Answers each worker's outcome.
     async fn scrape_all(
         &mut self,
-        workers: &[&Worker],
+        workers: &[(&Worker, WorkerKey)],
         config: &Config,
     ) -> Vec<Result<(), Failure>> {
         let sent_at = Instant::now();
@@ -236,9 +208,9 @@ impl Scraper {
         let mut scrapes: FuturesUnordered<_> = workers
             .iter()
             .enumerate()
-            .map(|(index, worker)| {
-                let target = self.targets.get(&worker.spec.url).and_then(Option::as_ref);
-                let reuse = self.connections.remove(&worker.spec.url);
+            .map(|(index, (worker, key))| {
+                let target = self.targets.get(key).and_then(Option::as_ref);
+                let reuse = self.connections.remove(key);
                 async move {
                     let local_at_scrape = worker.stats.active();
                     let (reading, connection) =
@@ -257,10 +229,11 @@ impl Scraper {
             tokio::select! {
                 next = scrapes.next() => match next {
                     Some((index, sample, connection)) => {
-                        observe(&mut self.tracks, workers[index], sent_at, sample, config);
+                        let (worker, key) = &workers[index];
+                        observe(&mut self.tracks, worker, key, sent_at, sample, config);
                         outcomes[index] = Some(sample.map(|_| ()));
                         if let Some(connection) = connection {
-                            self.connections.insert(workers[index].spec.url.clone(), connection);
+                            self.connections.insert(key.clone(), connection);
                         }
                     }
                     None => break,
@@ -273,9 +246,9 @@ impl Scraper {
         workers
             .iter()
             .zip(outcomes)
-            .map(|(worker, outcome)| {
+            .map(|((worker, key), outcome)| {
                 outcome.unwrap_or_else(|| {
-                    observe(tracks, worker, sent_at, Err(Failure::Timeout), config);
+                    observe(tracks, worker, key, sent_at, Err(Failure::Timeout), config);
                     Err(Failure::Timeout)
                 })
             })
@@ -296,15 +269,16 @@ impl Scraper {
         // Nobody polls an idle connection in `local` mode: one a worker closed would sit in
         // CLOSE-WAIT until the source came back.
         self.connections.clear();
-        self.built_for = None;
+        self.targets.clear();
         tracing::info!("load source local: scraping stopped");
     }
 }
 
 /// Publishes a good sample and logs a change of the worker's scrape state (kept in `tracks`).
 fn observe(
-    tracks: &mut HashMap<String, Track>,
+    tracks: &mut HashMap<WorkerKey, Track>,
     worker: &Worker,
+    key: &WorkerKey,
     sent_at: Instant,
     result: Result<FleetSample, Failure>,
     config: &Config,
@@ -313,7 +287,7 @@ fn observe(
         let wall_ms = crate::clock::now_ms().saturating_sub(sent_at.elapsed().as_millis() as u64);
         worker.stats.fleet_sample().publish(sample, wall_ms);
     }
-    let track = tracks.entry(worker.spec.url.clone()).or_default();
+    let track = tracks.entry(key.clone()).or_default();
     let never_good = track.never_good();
     for change in track.observe(sent_at, result.map(|_| ())) {
         let name = &worker.spec.name;

@@ -8,8 +8,9 @@ use std::sync::{Mutex, PoisonError};
 use tokio::time::Instant;
 
 use super::scrape::Failure;
+use crate::per_worker::WorkerKey;
 
-/// Scrape counters of one worker, by URL, for `/metrics`.
+/// Scrape counters of one worker, for `/metrics`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ScrapeCounts {
     /// Scrapes that gave a load.
@@ -22,34 +23,37 @@ pub struct ScrapeCounts {
 /// A plain mutex: neither side is the data path, and each holds it for a copy or a few additions.
 #[derive(Debug, Default)]
 pub struct ScrapeStats {
-    by_url: Mutex<HashMap<String, ScrapeCounts>>,
+    by_worker: Mutex<HashMap<WorkerKey, ScrapeCounts>>,
 }
 
 impl ScrapeStats {
-    /// The counters of the worker at `url` (zero for one never scraped).
-    pub fn counts(&self, url: &str) -> ScrapeCounts {
-        self.lock().get(url).copied().unwrap_or_default()
+    /// The counters of the worker whose key is `key` (a [`WorkerKey`] or its URL; zero for one
+    /// never scraped).
+    pub fn counts(&self, key: &str) -> ScrapeCounts {
+        self.lock().get(key).copied().unwrap_or_default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, ScrapeCounts>> {
-        self.by_url.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<WorkerKey, ScrapeCounts>> {
+        self.by_worker
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Adds one round's outcomes and forgets workers no longer registered.
     pub(super) fn record_round<'a>(
         &self,
-        outcomes: impl IntoIterator<Item = (&'a str, Result<(), Failure>)>,
-        keep: impl Fn(&str) -> bool,
+        outcomes: impl IntoIterator<Item = (&'a WorkerKey, Result<(), Failure>)>,
+        keep: impl Fn(&WorkerKey) -> bool,
     ) {
-        let mut by_url = self.lock();
-        for (url, outcome) in outcomes {
-            let counts = by_url.entry(url.to_owned()).or_default();
+        let mut by_worker = self.lock();
+        for (key, outcome) in outcomes {
+            let counts = by_worker.entry(key.clone()).or_default();
             match outcome {
                 Ok(()) => counts.ok += 1,
                 Err(failure) => counts.failures[failure.index()] += 1,
             }
         }
-        by_url.retain(|url, _| keep(url));
+        by_worker.retain(|key, _| keep(key));
     }
 }
 

@@ -1,0 +1,53 @@
+//! [`WorkerKey`]: the one key of every per-worker map in gatewayd.
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::sync::Arc;
+
+use bch_core::router::{RoutingTable, Worker, WorkerSpec};
+
+/// A worker's identity in every per-worker map (probe streaks, scrape tracks and connections,
+/// scrape and probe counters, pending removals, announced drains): its base URL exactly as
+/// configured, which is its ring identity unless `ring_id` overrides it. The URL, not the
+/// override: a probe, a kept-alive connection and a streak belong to an address, so a worker whose
+/// URL changed under the same `ring_id` starts afresh instead of inheriting the old address's
+/// connection. Unique in a membership (the router refuses two workers with one URL). A name is
+/// for display only: look it up in the table ([`WorkerKey::index_in`]).
+///
+/// Cheap to clone (a shared string); `Borrow<str>` lets a map keyed by it be queried with a URL.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WorkerKey(Arc<str>);
+
+impl WorkerKey {
+    /// The key of the worker configured as `spec`.
+    pub fn of(spec: &WorkerSpec) -> Self {
+        WorkerKey(Arc::from(spec.url.as_str()))
+    }
+
+    /// The key of a worker of a routing table.
+    pub fn of_worker(worker: &Worker) -> Self {
+        Self::of(&worker.spec)
+    }
+
+    /// Whether this is the key of the worker configured as `spec`.
+    pub fn is(&self, spec: &WorkerSpec) -> bool {
+        *self.0 == *spec.url
+    }
+
+    /// The index of this worker in `table`, `None` when it is not (or no longer) a member.
+    pub fn index_in(&self, table: &RoutingTable) -> Option<usize> {
+        table.workers().iter().position(|w| self.is(&w.spec))
+    }
+}
+
+impl Borrow<str> for WorkerKey {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for WorkerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
