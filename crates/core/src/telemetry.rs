@@ -138,15 +138,33 @@ pub enum ChangeSource {
     Http,
     /// `POST /admin/reload` or SIGHUP re-read the configuration file.
     Reload,
+    /// A DNS discovery source's answer changed the membership. It never changes the policy, so
+    /// it names membership changes in the gateway's log, not `policy` frames.
+    Discovery,
+    /// A drained worker was removed once idle, as its drain asked. Like `Discovery`, only in the
+    /// gateway's log.
+    Drain,
 }
 
 impl ChangeSource {
-    /// The snake-case name used on the wire (`ws`, `http`, `reload`).
+    /// Every source.
+    pub const ALL: [ChangeSource; 5] = [
+        ChangeSource::Ws,
+        ChangeSource::Http,
+        ChangeSource::Reload,
+        ChangeSource::Discovery,
+        ChangeSource::Drain,
+    ];
+
+    /// The snake-case name used on the wire and in the log (`ws`, `http`, `reload`, `discovery`,
+    /// `drain`).
     pub fn as_str(self) -> &'static str {
         match self {
             ChangeSource::Ws => "ws",
             ChangeSource::Http => "http",
             ChangeSource::Reload => "reload",
+            ChangeSource::Discovery => "discovery",
+            ChangeSource::Drain => "drain",
         }
     }
 }
@@ -511,7 +529,7 @@ mod tests {
 
     #[test]
     fn change_source_names_match_the_wire() {
-        for source in [ChangeSource::Ws, ChangeSource::Http, ChangeSource::Reload] {
+        for source in ChangeSource::ALL {
             assert_eq!(serde_json::to_value(source).unwrap(), source.as_str());
         }
     }

@@ -28,7 +28,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, HealthConfig, Member, SharedConfig, SharedMembers};
-use crate::metrics::Metrics;
+use crate::metrics::{LabelValue, Metrics};
 use crate::per_worker::{Check, Targets, WorkerKey};
 
 /// Why a probe failed.
@@ -45,13 +45,13 @@ pub enum ProbeFailure {
 }
 
 impl ProbeFailure {
-    /// The `reason` label: `refused`, `timeout`, `status` or `error`.
-    pub fn reason(self) -> &'static str {
+    /// The `reason` label.
+    pub fn reason(self) -> ProbeReason {
         match self {
-            ProbeFailure::Refused => "refused",
-            ProbeFailure::Timeout => "timeout",
-            ProbeFailure::Status(_) => "status",
-            ProbeFailure::Error => "error",
+            ProbeFailure::Refused => ProbeReason::Refused,
+            ProbeFailure::Timeout => ProbeReason::Timeout,
+            ProbeFailure::Status(_) => ProbeReason::Status,
+            ProbeFailure::Error => ProbeReason::Error,
         }
     }
 }
@@ -60,7 +60,42 @@ impl std::fmt::Display for ProbeFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ProbeFailure::Status(code) => write!(f, "status {code}"),
-            other => f.write_str(other.reason()),
+            other => f.write_str(other.reason().as_str()),
+        }
+    }
+}
+
+/// The `reason` label of `bch_probe_failures_total`: a [`ProbeFailure`] without its status code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ProbeReason {
+    /// `refused`.
+    Refused,
+    /// `timeout`.
+    Timeout,
+    /// `status`.
+    Status,
+    /// `error`.
+    Error,
+}
+
+impl LabelValue for ProbeReason {
+    const ALL: &'static [Self] = &[
+        ProbeReason::Refused,
+        ProbeReason::Timeout,
+        ProbeReason::Status,
+        ProbeReason::Error,
+    ];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            ProbeReason::Refused => "refused",
+            ProbeReason::Timeout => "timeout",
+            ProbeReason::Status => "status",
+            ProbeReason::Error => "error",
         }
     }
 }
@@ -289,6 +324,17 @@ async fn probe_once(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_reason_has_its_slot_and_its_label() {
+        let labels: Vec<&str> = ProbeReason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(labels, ["refused", "timeout", "status", "error"]);
+        for (index, reason) in ProbeReason::ALL.iter().enumerate() {
+            assert_eq!(reason.index(), index);
+        }
+        assert_eq!(ProbeFailure::Status(503).to_string(), "status 503");
+        assert_eq!(ProbeFailure::Timeout.to_string(), "timeout");
+    }
 
     #[test]
     fn streak_flips_at_thresholds_and_restarts_when_health_changed_elsewhere() {

@@ -26,13 +26,73 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::health::ProbeReason;
 use crate::per_worker::WorkerKey;
-use crate::scraper::{Failure, ScrapeStats};
+use crate::scraper::{ScrapeReason, ScrapeStats};
 
 /// The `reason` labels of `bch_client_body_errors_total`: a request body that ended early (the
 /// client left), was malformed, went over `max_body_bytes`, or came too slowly.
 pub const CLIENT_BODY_ERROR_REASONS: [&str; 4] =
     ["incomplete", "malformed", "too_large", "timeout"];
+
+/// A label with a fixed set of values: `ALL[value.index()] == value`, so a family's counters are
+/// an array indexed by value. The one pattern of every labelled counter here.
+pub trait LabelValue: Copy + 'static {
+    /// Every value, in the order the series are shown.
+    const ALL: &'static [Self];
+
+    /// Position in [`LabelValue::ALL`].
+    fn index(self) -> usize;
+
+    /// The label value on `/metrics`.
+    fn as_str(self) -> &'static str;
+}
+
+impl LabelValue for Branch {
+    const ALL: &'static [Self] = &Branch::ALL;
+
+    fn index(self) -> usize {
+        Branch::ALL.iter().position(|b| *b == self).unwrap_or(0)
+    }
+
+    fn as_str(self) -> &'static str {
+        Branch::as_str(self)
+    }
+}
+
+impl LabelValue for IgnoredKey {
+    const ALL: &'static [Self] = &IgnoredKey::ALL;
+
+    fn index(self) -> usize {
+        IgnoredKey::index(self)
+    }
+
+    fn as_str(self) -> &'static str {
+        IgnoredKey::as_str(self)
+    }
+}
+
+impl LabelValue for StatusClass {
+    const ALL: &'static [Self] = &StatusClass::ALL;
+
+    fn index(self) -> usize {
+        StatusClass::index(self)
+    }
+
+    fn as_str(self) -> &'static str {
+        StatusClass::as_str(self)
+    }
+}
+
+/// One row per value of `L` (label `name`), with `count(value)`.
+pub fn by_label<L: LabelValue>(
+    name: &'static str,
+    count: impl Fn(L) -> u64,
+) -> impl Iterator<Item = (Vec<(&'static str, String)>, u64)> {
+    L::ALL
+        .iter()
+        .map(move |value| (vec![(name, value.as_str().to_owned())], count(*value)))
+}
 
 /// Data-path metrics. Cheap to update: atomics, plus one histogram observation per response.
 #[derive(Debug)]
@@ -45,8 +105,8 @@ pub struct Metrics {
     telemetry_dropped: AtomicU64,
     /// Responses of requests that never got a worker (413, 503), by status class.
     unrouted_responses: [AtomicU64; StatusClass::ALL.len()],
-    /// Failed probes by `(worker, reason)`; written by the prober only.
-    probe_failures: Mutex<BTreeMap<(WorkerKey, &'static str), u64>>,
+    /// Failed probes of each worker, indexed by [`ProbeReason`]; written by the prober only.
+    probe_failures: Mutex<BTreeMap<WorkerKey, [u64; ProbeReason::ALL.len()]>>,
     /// Whole request duration, seconds (until the last body byte or the client left).
     pub request_duration: Histogram,
     /// Time until the worker's response headers arrived, seconds. Engines send headers before
@@ -130,8 +190,7 @@ impl Default for Metrics {
 impl Metrics {
     /// Counts one routing decision.
     pub fn record_branch(&self, branch: Branch) {
-        let index = Branch::ALL.iter().position(|b| *b == branch).unwrap_or(0);
-        self.branches[index].fetch_add(1, Ordering::Relaxed);
+        self.branches[LabelValue::index(branch)].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts an explicit routing key header that was ignored.
@@ -167,13 +226,13 @@ impl Metrics {
         self.unrouted_responses[class.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts one failed probe of `worker` for `reason` (`refused`, `timeout`, `status`, `error`).
-    pub fn record_probe_failure(&self, worker: &WorkerKey, reason: &'static str) {
+    /// Counts one failed probe of `worker` for `reason`.
+    pub fn record_probe_failure(&self, worker: &WorkerKey, reason: ProbeReason) {
         let mut failures = self
             .probe_failures
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        *failures.entry((worker.clone(), reason)).or_default() += 1;
+        failures.entry(worker.clone()).or_default()[reason.index()] += 1;
     }
 
     /// Forgets the probe failures of workers for which `keep` is false (they left the fleet), so
@@ -182,7 +241,7 @@ impl Metrics {
         self.probe_failures
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .retain(|(worker, _), _| keep(worker));
+            .retain(|worker, _| keep(worker));
     }
 }
 
@@ -357,22 +416,16 @@ impl Collector for GatewayCollector {
             &mut encoder,
             "bch_branch",
             "Routing decisions by branch",
-            Branch::ALL.iter().enumerate().map(|(i, b)| {
-                (
-                    vec![("branch", b.as_str().to_owned())],
-                    m.branches[i].load(Ordering::Relaxed),
-                )
+            by_label("branch", |b: Branch| {
+                m.branches[LabelValue::index(b)].load(Ordering::Relaxed)
             }),
         )?;
         counter(
             &mut encoder,
             "bch_ignored_routing_keys",
             "Explicit routing key headers ignored as absent, by reason",
-            IgnoredKey::ALL.iter().enumerate().map(|(i, r)| {
-                (
-                    vec![("reason", r.as_str().to_owned())],
-                    m.ignored_keys[i].load(Ordering::Relaxed),
-                )
+            by_label("reason", |r: IgnoredKey| {
+                m.ignored_keys[r.index()].load(Ordering::Relaxed)
             }),
         )?;
         counter(
@@ -456,18 +509,15 @@ impl Collector for GatewayCollector {
                     .encode(metric.encode_family(&label(i))?)?;
             }
         }
-        // By name, as the series are shown; a worker that left is not shown.
-        let mut failures: Vec<(String, &'static str, u64)> = m
+        // By name, as the series are shown; a worker that left is not shown, nor a reason that
+        // never happened to a worker.
+        let mut failures: Vec<(String, [u64; ProbeReason::ALL.len()])> = m
             .probe_failures
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
-            .filter_map(|((key, reason), n)| {
-                Some((
-                    workers[key.index_in(&table)?].spec.name.clone(),
-                    *reason,
-                    *n,
-                ))
+            .filter_map(|(key, counts)| {
+                Some((workers[key.index_in(&table)?].spec.name.clone(), *counts))
             })
             .collect();
         failures.sort_unstable();
@@ -475,8 +525,13 @@ impl Collector for GatewayCollector {
             &mut encoder,
             "bch_probe_failures",
             "Failed health probes by worker and reason (refused, timeout, status, error)",
-            failures.into_iter().map(|(worker, reason, n)| {
-                (vec![("worker", worker), ("reason", reason.to_owned())], n)
+            failures.into_iter().flat_map(|(worker, counts)| {
+                by_label("reason", move |r: ProbeReason| counts[r.index()])
+                    .filter(|(_, n)| *n > 0)
+                    .map(move |(mut labels, n)| {
+                        labels.insert(0, ("worker", worker.clone()));
+                        (labels, n)
+                    })
             }),
         )?;
         gauge(
@@ -652,12 +707,12 @@ impl Collector for FleetLoadCollector {
             "bch_load_scrape_failures",
             "Load scrapes of the worker that failed, by reason",
             records.iter().zip(&counts).flat_map(|(r, c)| {
-                Failure::REASONS.iter().enumerate().map(move |(i, reason)| {
-                    (
-                        vec![("worker", r.name.clone()), ("reason", (*reason).to_owned())],
-                        c.failures[i],
-                    )
-                })
+                by_label("reason", |reason: ScrapeReason| c.failures[reason.index()]).map(
+                    move |(mut labels, n)| {
+                        labels.insert(0, ("worker", r.name.clone()));
+                        (labels, n)
+                    },
+                )
             }),
         )?;
         Ok(())

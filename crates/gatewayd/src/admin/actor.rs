@@ -2,22 +2,38 @@
 
 use bch_core::telemetry::ChangeSource;
 
-/// Who asks for a change: the channel (`ws`, `http`, `reload`) and, for the first two, the
-/// client's address, so the log and the telemetry frame can name them.
+/// Who asks for a change: the channel (`ws`, `http`, `reload`, `discovery`, `drain`) and, for the
+/// first two, the client's address, so the log and the telemetry frame can name them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Actor {
     /// The channel the change came through.
     pub source: ChangeSource,
-    /// The peer address of the client (`None` for a reload or an unknown peer).
+    /// The peer address of the client (`None` for a change the gateway makes itself or an
+    /// unknown peer).
     pub client: Option<String>,
 }
 
 impl Actor {
-    /// A change made by a configuration reload (SIGHUP or `POST /admin/reload`), or by the
-    /// gateway itself (a DNS answer, the removal of a drained worker): no client to name.
+    /// A change made by a configuration reload (SIGHUP or `POST /admin/reload`): no client to
+    /// name.
     pub fn reload() -> Self {
+        Self::gateway(ChangeSource::Reload)
+    }
+
+    /// A change made by a DNS discovery source's answer.
+    pub fn discovery() -> Self {
+        Self::gateway(ChangeSource::Discovery)
+    }
+
+    /// The removal of a drained worker once idle, as its drain asked.
+    pub fn drain() -> Self {
+        Self::gateway(ChangeSource::Drain)
+    }
+
+    /// A change the gateway makes itself, through `source`.
+    fn gateway(source: ChangeSource) -> Self {
         Actor {
-            source: ChangeSource::Reload,
+            source,
             client: None,
         }
     }

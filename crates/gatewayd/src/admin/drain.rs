@@ -70,8 +70,12 @@ impl Admin {
             return Some(false);
         }
         let name = &table.workers()[index].spec.name;
-        match self.remove_static(&mut in_force, name, &Actor::reload()) {
-            Ok(_) => Some(true),
+        let actor = Actor::drain();
+        match self.remove_static(&mut in_force, name, &actor) {
+            Ok(_) => {
+                tracing::info!(worker = %name, source = actor.source.as_str(), "worker removed");
+                Some(true)
+            }
             Err(error) => {
                 tracing::warn!(worker = %name, %error, "drained worker could not be removed");
                 Some(false)

@@ -320,7 +320,7 @@ impl Admin {
     pub fn remove_worker(&self, name: &str, actor: &Actor) -> Result<WorkerSpec, AdminError> {
         let mut in_force = self.lock();
         let spec = self.remove_static(&mut in_force, name, actor)?;
-        tracing::info!(worker = %spec.name, client = actor.client_str(), "worker removed");
+        tracing::info!(worker = %spec.name, source = actor.source.as_str(), client = actor.client_str(), "worker removed");
         Ok(spec)
     }
 
@@ -431,7 +431,7 @@ impl Admin {
             statics: in_force.statics.clone(),
             discovered,
         };
-        self.apply(&mut in_force, next, &Actor::reload())?;
+        self.apply(&mut in_force, next, &Actor::discovery())?;
         let (joined, left) = url_changes(&before, &self.router.table());
         Ok(DiscoveryChange::Changed { joined, left })
     }

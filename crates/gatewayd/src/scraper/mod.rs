@@ -28,10 +28,11 @@ use http::Uri;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-pub use scrape::Failure;
+pub use scrape::{Failure, ScrapeReason};
 pub use status::ScrapeStats;
 
 use crate::config::{Config, Member, SharedConfig, SharedMembers};
+use crate::metrics::LabelValue;
 use crate::per_worker::{Check, Targets, WorkerKey};
 use status::{Change, Track};
 
@@ -293,10 +294,10 @@ fn observe(
         let name = &worker.spec.name;
         match change {
             Change::Failing(failure) if never_good => {
-                tracing::warn!(worker = %name, reason = %failure.reason(), error = %failure, "load scrape failed: routing on local load for this worker");
+                tracing::warn!(worker = %name, reason = %failure.reason().as_str(), error = %failure, "load scrape failed: routing on local load for this worker");
             }
             Change::Failing(failure) => {
-                tracing::warn!(worker = %name, reason = %failure.reason(), error = %failure, stale_after_ms = config.load.stale_after_ms, "load scrape failed: keeping the last good sample until it is stale");
+                tracing::warn!(worker = %name, reason = %failure.reason().as_str(), error = %failure, stale_after_ms = config.load.stale_after_ms, "load scrape failed: keeping the last good sample until it is stale");
             }
             Change::Recovered => tracing::info!(worker = %name, "load scrape works again"),
             Change::UsingSample => {

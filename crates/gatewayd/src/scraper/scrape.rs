@@ -21,6 +21,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use super::gauges::{GaugeError, Reading, read_load};
+use crate::metrics::LabelValue;
 
 /// Where and what to ask: a worker's metrics URI split for an HTTP/1.1 request.
 #[derive(Debug, Clone)]
@@ -110,7 +111,7 @@ async fn drive<F: Future>(driver: &mut Driver, future: F) -> Result<F::Output, F
     .await
 }
 
-/// Why a scrape gave no load. `reason()` is the metrics label.
+/// Why a scrape gave no load. [`Failure::reason`] is the metrics label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Failure {
     /// The worker's URL and metrics path make no valid URI.
@@ -141,42 +142,79 @@ pub enum Failure {
 }
 
 impl Failure {
-    /// Every label [`Failure::reason`] gives, for metrics pre-registration.
-    pub const REASONS: [&'static str; 10] = [
-        "bad_uri",
-        "unreachable",
-        "timeout",
-        "http_status",
-        "bad_response",
-        "too_large",
-        "not_text",
-        "no_gauges",
-        "unparsable",
-        "bad_value",
-    ];
-
-    /// The failure's metrics label, one of [`Failure::REASONS`].
-    pub fn reason(&self) -> &'static str {
+    /// The failure's metrics label.
+    pub fn reason(&self) -> ScrapeReason {
         match self {
-            Failure::BadUri => "bad_uri",
-            Failure::Unreachable => "unreachable",
-            Failure::Timeout => "timeout",
-            Failure::Status(_) => "http_status",
-            Failure::BadResponse => "bad_response",
-            Failure::TooLarge => "too_large",
-            Failure::NotText => "not_text",
-            Failure::Gauges(GaugeError::NoGauges) => "no_gauges",
-            Failure::Gauges(GaugeError::Unparsable) => "unparsable",
-            Failure::Gauges(GaugeError::BadValue) => "bad_value",
+            Failure::BadUri => ScrapeReason::BadUri,
+            Failure::Unreachable => ScrapeReason::Unreachable,
+            Failure::Timeout => ScrapeReason::Timeout,
+            Failure::Status(_) => ScrapeReason::HttpStatus,
+            Failure::BadResponse => ScrapeReason::BadResponse,
+            Failure::TooLarge => ScrapeReason::TooLarge,
+            Failure::NotText => ScrapeReason::NotText,
+            Failure::Gauges(GaugeError::NoGauges) => ScrapeReason::NoGauges,
+            Failure::Gauges(GaugeError::Unparsable) => ScrapeReason::Unparsable,
+            Failure::Gauges(GaugeError::BadValue) => ScrapeReason::BadValue,
         }
     }
+}
 
-    /// Index of [`Failure::reason`] in [`Failure::REASONS`].
-    pub fn index(&self) -> usize {
-        Failure::REASONS
-            .iter()
-            .position(|r| *r == self.reason())
-            .unwrap_or(0)
+/// The `reason` label of `bch_load_scrape_failures_total`: a [`Failure`] without its details.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ScrapeReason {
+    /// `bad_uri`.
+    BadUri,
+    /// `unreachable`.
+    Unreachable,
+    /// `timeout`.
+    Timeout,
+    /// `http_status`.
+    HttpStatus,
+    /// `bad_response`.
+    BadResponse,
+    /// `too_large`.
+    TooLarge,
+    /// `not_text`.
+    NotText,
+    /// `no_gauges`.
+    NoGauges,
+    /// `unparsable`.
+    Unparsable,
+    /// `bad_value`.
+    BadValue,
+}
+
+impl LabelValue for ScrapeReason {
+    const ALL: &'static [Self] = &[
+        ScrapeReason::BadUri,
+        ScrapeReason::Unreachable,
+        ScrapeReason::Timeout,
+        ScrapeReason::HttpStatus,
+        ScrapeReason::BadResponse,
+        ScrapeReason::TooLarge,
+        ScrapeReason::NotText,
+        ScrapeReason::NoGauges,
+        ScrapeReason::Unparsable,
+        ScrapeReason::BadValue,
+    ];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            ScrapeReason::BadUri => "bad_uri",
+            ScrapeReason::Unreachable => "unreachable",
+            ScrapeReason::Timeout => "timeout",
+            ScrapeReason::HttpStatus => "http_status",
+            ScrapeReason::BadResponse => "bad_response",
+            ScrapeReason::TooLarge => "too_large",
+            ScrapeReason::NotText => "not_text",
+            ScrapeReason::NoGauges => "no_gauges",
+            ScrapeReason::Unparsable => "unparsable",
+            ScrapeReason::BadValue => "bad_value",
+        }
     }
 }
 
@@ -309,3 +347,36 @@ async fn exchange(connection: &mut Connection, target: &Target, max_bytes: usize
 /// The scraper's `User-Agent`, so a worker's access log says who asks for `/metrics` ten times a
 /// second.
 const USER_AGENT: &str = concat!("bch-gatewayd/", env!("CARGO_PKG_VERSION"), " load-scraper");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_has_its_slot_and_its_label() {
+        let labels: Vec<&str> = ScrapeReason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "bad_uri",
+                "unreachable",
+                "timeout",
+                "http_status",
+                "bad_response",
+                "too_large",
+                "not_text",
+                "no_gauges",
+                "unparsable",
+                "bad_value",
+            ]
+        );
+        for (index, reason) in ScrapeReason::ALL.iter().enumerate() {
+            assert_eq!(reason.index(), index);
+        }
+        assert_eq!(Failure::Status(503).reason(), ScrapeReason::HttpStatus);
+        assert_eq!(
+            Failure::Gauges(GaugeError::BadValue).reason(),
+            ScrapeReason::BadValue
+        );
+    }
+}

@@ -7,7 +7,8 @@ use std::sync::{Mutex, PoisonError};
 
 use tokio::time::Instant;
 
-use super::scrape::Failure;
+use super::scrape::{Failure, ScrapeReason};
+use crate::metrics::LabelValue;
 use crate::per_worker::WorkerKey;
 
 /// Scrape counters of one worker, for `/metrics`.
@@ -15,8 +16,8 @@ use crate::per_worker::WorkerKey;
 pub struct ScrapeCounts {
     /// Scrapes that gave a load.
     pub ok: u64,
-    /// Failed scrapes, indexed like [`Failure::REASONS`].
-    pub failures: [u64; Failure::REASONS.len()],
+    /// Failed scrapes, indexed by [`ScrapeReason::index`].
+    pub failures: [u64; ScrapeReason::ALL.len()],
 }
 
 /// Scrape counters of every worker, written by the scraper once per round and read by `/metrics`.
@@ -50,7 +51,7 @@ impl ScrapeStats {
             let counts = by_worker.entry(key.clone()).or_default();
             match outcome {
                 Ok(()) => counts.ok += 1,
-                Err(failure) => counts.failures[failure.index()] += 1,
+                Err(failure) => counts.failures[failure.reason().index()] += 1,
             }
         }
         by_worker.retain(|key, _| keep(key));
