@@ -10,10 +10,10 @@
 //! start unhealthy and the first success lets them in; a membership change wakes the prober so a
 //! new worker is probed right away instead of at the next round. Every failure has a reason
 //! ([`ProbeFailure`]), logged when it flips a worker and counted in
-//! `bch_probe_failures_total{worker,reason}`.
+//! `bch_probe_failures_total{worker,reason}`, a family this module registers ([`ProbeFailures`]).
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use bch_core::router::{Router, RoutingTable};
@@ -24,11 +24,14 @@ use http_body_util::Empty;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::registry::Registry;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, HealthConfig, Member, SharedConfig, SharedMembers};
-use crate::metrics::{LabelValue, Metrics};
+use crate::metrics::{LabelValue, by_worker_and_label, counter};
 use crate::per_worker::{Check, Targets, WorkerKey};
 
 /// Why a probe failed.
@@ -97,6 +100,74 @@ impl LabelValue for ProbeReason {
             ProbeReason::Status => "status",
             ProbeReason::Error => "error",
         }
+    }
+}
+
+/// Failed probes of each worker by reason (`bch_probe_failures_total`), written by the prober only
+/// under a mutex the data path never touches, and registered by the prober's module. A reason
+/// shows once it happened to the worker; a worker that left is forgotten.
+#[derive(Debug, Default)]
+pub struct ProbeFailures {
+    by_worker: Mutex<BTreeMap<WorkerKey, [u64; ProbeReason::ALL.len()]>>,
+}
+
+impl ProbeFailures {
+    /// Registers `bch_probe_failures_total` in `registry`, named by the workers of `router`'s
+    /// table.
+    pub fn register(self: &Arc<Self>, registry: &mut Registry, router: Arc<Router>) {
+        registry.register_collector(Box::new(ProbeFailureCollector {
+            failures: Arc::clone(self),
+            router,
+        }));
+    }
+
+    /// Counts one failed probe of `worker` for `reason`.
+    fn record(&self, worker: &WorkerKey, reason: ProbeReason) {
+        self.lock().entry(worker.clone()).or_default()[reason.index()] += 1;
+    }
+
+    /// Forgets the workers for which `keep` is false (they left the fleet), so churn does not
+    /// grow the series forever.
+    fn retain(&self, keep: impl Fn(&WorkerKey) -> bool) {
+        self.lock().retain(|worker, _| keep(worker));
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<WorkerKey, [u64; ProbeReason::ALL.len()]>> {
+        self.by_worker
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[derive(Debug)]
+struct ProbeFailureCollector {
+    failures: Arc<ProbeFailures>,
+    router: Arc<Router>,
+}
+
+impl Collector for ProbeFailureCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let table = self.router.table();
+        // By name, as the series are shown; a worker that left is not shown.
+        let mut by_name: Vec<(String, [u64; ProbeReason::ALL.len()])> = self
+            .failures
+            .lock()
+            .iter()
+            .filter_map(|(key, counts)| {
+                let index = key.index_in(&table)?;
+                Some((table.workers()[index].spec.name.clone(), *counts))
+            })
+            .collect();
+        by_name.sort_unstable();
+        counter(
+            &mut encoder,
+            "bch_probe_failures",
+            "Failed health probes by worker and reason (refused, timeout, status, error)",
+            by_name.iter().flat_map(|(worker, counts)| {
+                by_worker_and_label(worker, "reason", |r: ProbeReason| counts[r.index()])
+                    .filter(|(_, n)| *n > 0)
+            }),
+        )
     }
 }
 
@@ -174,7 +245,7 @@ pub struct Prober {
     /// Notified by the admin owner on a membership change: probe now.
     pub probe_now: Arc<Notify>,
     /// `bch_probe_failures_total`.
-    pub metrics: Arc<Metrics>,
+    pub failures: Arc<ProbeFailures>,
     /// Stops the prober.
     pub shutdown: CancellationToken,
 }
@@ -187,7 +258,7 @@ pub async fn run(prober: Prober) {
         config,
         members,
         probe_now,
-        metrics,
+        failures,
         shutdown,
     } = prober;
     let mut connector = HttpConnector::new();
@@ -195,7 +266,7 @@ pub async fn run(prober: Prober) {
     let mut probing = Probing {
         client: Client::builder(TokioExecutor::new()).build(connector),
         router,
-        metrics,
+        failures,
         targets: Targets::new(members),
         streaks: HashMap::new(),
     };
@@ -224,7 +295,7 @@ pub async fn run(prober: Prober) {
 struct Probing {
     client: Client<HttpConnector, Empty<Bytes>>,
     router: Arc<Router>,
-    metrics: Arc<Metrics>,
+    failures: Arc<ProbeFailures>,
     targets: Targets<Probe>,
     /// Each probed worker's consecutive results; a worker without one was never probed.
     streaks: HashMap<WorkerKey, Streak>,
@@ -252,8 +323,7 @@ impl Probing {
         let results = join_all(probes).await;
         let table = self.router.table();
         self.streaks.retain(|key, _| key.index_in(&table).is_some());
-        self.metrics
-            .retain_probe_failures(|key| key.index_in(&table).is_some());
+        self.failures.retain(|key| key.index_in(&table).is_some());
         for (key, result) in due.into_iter().zip(results) {
             if let Some(index) = key.index_in(&table) {
                 self.observe(&table, index, key, result, &current.health);
@@ -273,7 +343,7 @@ impl Probing {
     ) {
         let name = &table.workers()[index].spec.name;
         if let Err(failure) = result {
-            self.metrics.record_probe_failure(&key, failure.reason());
+            self.failures.record(&key, failure.reason());
             tracing::debug!(worker = %name, reason = %failure, "probe failed");
         }
         let healthy = table.health()[index];

@@ -41,6 +41,8 @@ use crate::admin::Admin;
 use crate::config::{Config, ConfigError};
 use crate::control::ControlPlane;
 use crate::control::guard::BrowserGuard;
+use crate::discovery::DiscoveryMetrics;
+use crate::health::ProbeFailures;
 use crate::metrics::Metrics;
 use crate::picker::PickerPlane;
 use crate::proxy::DataPlane;
@@ -240,6 +242,8 @@ impl Listeners {
 struct Parts {
     router: Arc<Router>,
     scrapes: Arc<ScrapeStats>,
+    probe_failures: Arc<ProbeFailures>,
+    discovery: Arc<DiscoveryMetrics>,
     registry: Arc<prometheus_client::registry::Registry>,
     metrics: Arc<Metrics>,
     upstreams: Arc<Upstreams>,
@@ -285,11 +289,14 @@ fn assemble(
     let probe_now = Arc::new(Notify::new());
     let metrics = Arc::new(Metrics::default());
     let scrapes = Arc::new(ScrapeStats::default());
-    let registry = Arc::new(crate::metrics::registry(
-        Arc::clone(&metrics),
-        Arc::clone(&router),
-        Arc::clone(&scrapes),
-    ));
+    let probe_failures = Arc::new(ProbeFailures::default());
+    let discovery = Arc::new(DiscoveryMetrics::default());
+    // Each component registers its own families.
+    let mut registry = crate::metrics::registry(Arc::clone(&metrics), Arc::clone(&router));
+    scrapes.register(&mut registry, Arc::clone(&router));
+    probe_failures.register(&mut registry, Arc::clone(&router));
+    discovery.register(&mut registry, Arc::clone(&router));
+    let registry = Arc::new(registry);
     let telemetry = Telemetry::start(
         Arc::clone(&router),
         &config.telemetry,
@@ -340,6 +347,8 @@ fn assemble(
     Ok(Parts {
         router,
         scrapes,
+        probe_failures,
+        discovery,
         registry,
         metrics,
         upstreams,
@@ -366,7 +375,6 @@ fn spawn_services(
         tasks: tasks.clone(),
         plane,
     };
-    let discovery_metrics = Arc::clone(&parts.metrics.discovery);
     let metrics = Arc::clone(&parts.metrics);
     let refusals = RefusalLog::default();
     let cap = ConnectionCap {
@@ -429,7 +437,7 @@ fn spawn_services(
         config: parts.admin.config(),
         members: parts.admin.members(),
         probe_now: parts.probe_now,
-        metrics: parts.metrics,
+        failures: parts.probe_failures,
         shutdown: shutdown.clone(),
     }));
     tokio::spawn(crate::drain_watch::run(
@@ -440,7 +448,7 @@ fn spawn_services(
     ));
     tokio::spawn(crate::discovery::run(
         Arc::clone(&parts.admin),
-        discovery_metrics,
+        parts.discovery,
         shutdown.clone(),
     ));
     tokio::spawn(sweep_idle_connections(

@@ -10,6 +10,7 @@
 //! Discovery never touches the data path: requests read the router's table as before, and only
 //! a set that differs from the one in force changes anything.
 
+mod counters;
 mod records;
 mod resolve;
 mod safety;
@@ -21,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::Admin;
 use crate::config::DiscoveryConfig;
-use crate::metrics::DiscoveryMetrics;
+pub use counters::DiscoveryMetrics;
 
 /// Runs the discovery sources in force until `shutdown`.
 pub async fn run(admin: Arc<Admin>, metrics: Arc<DiscoveryMetrics>, shutdown: CancellationToken) {

@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use super::counters::SourceCounters;
 use super::records::{Parsed, parse};
 use super::resolve::{Resolution, SourceResolver};
 use super::safety::{Event, Observation, Safety, next_refresh};
 use crate::admin::{Admin, DiscoveredWorker, DiscoveryChange};
 use crate::config::DiscoveryConfig;
-use crate::metrics::SourceCounters;
 
 /// URLs named in one membership-change log line; the rest are counted.
 const URLS_LOGGED: usize = 8;

@@ -10,8 +10,10 @@
 //! `stale_after_ms` old and then falls back to local load. Each change of a worker's scrape state is logged once, and counted in `/metrics`.
 //!
 //! Files: `gauges` (the recognised engines and the text), `scrape` (one HTTP scrape and its
-//! failures), `status` (per-worker history and counters).
+//! failures), `status` (per-worker history and counters), `collector` (the scraper's families on
+//! `/metrics`, registered by [`ScrapeStats::register`]).
 
+mod collector;
 mod gauges;
 mod scrape;
 mod status;
@@ -28,7 +30,7 @@ use http::Uri;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-pub use scrape::{Failure, ScrapeReason};
+pub use scrape::Failure;
 pub use status::ScrapeStats;
 
 use crate::config::{Config, Member, SharedConfig, SharedMembers};

@@ -1,0 +1,129 @@
+//! Discovery's own metrics: each source's refreshes, errors and skipped records, and the workers
+//! of the membership by source, registered by discovery itself (`bch_discovery_*`).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bch_core::router::Router;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::registry::Registry;
+
+use crate::metrics::{counter, gauge};
+
+/// Counters of one discovery source.
+#[derive(Debug, Default)]
+pub struct SourceCounters {
+    refreshes: AtomicU64,
+    errors: AtomicU64,
+    skipped_records: AtomicU64,
+}
+
+impl SourceCounters {
+    /// Counts one finished resolution, whatever its outcome.
+    pub fn record_refresh(&self) {
+        self.refreshes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one failed resolution (resolver error, timeout, SERVFAIL or another error code).
+    pub fn record_error(&self) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records how many records the last answer had that could not be used.
+    pub fn set_skipped_records(&self, count: usize) {
+        self.skipped_records.store(count as u64, Ordering::Relaxed);
+    }
+}
+
+/// Every discovery source's counters by source label (`dns:NAME`). A source's counters live as
+/// long as the process, across reloads, so its counts stay monotonic. Never touched by the data
+/// path.
+#[derive(Debug, Default)]
+pub struct DiscoveryMetrics {
+    sources: Mutex<BTreeMap<String, Arc<SourceCounters>>>,
+}
+
+impl DiscoveryMetrics {
+    /// The counters of the source labelled `label`, created on first use.
+    pub fn source(&self, label: &str) -> Arc<SourceCounters> {
+        let mut sources = self.sources.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(sources.entry(label.to_owned()).or_default())
+    }
+
+    /// Registers discovery's families in `registry`: these counters, and the workers of
+    /// `router`'s table by source.
+    pub fn register(self: &Arc<Self>, registry: &mut Registry, router: Arc<Router>) {
+        registry.register_collector(Box::new(DiscoveryCollector {
+            metrics: Arc::clone(self),
+            router,
+        }));
+    }
+
+    fn snapshot(&self) -> Vec<(String, Arc<SourceCounters>)> {
+        let sources = self.sources.lock().unwrap_or_else(PoisonError::into_inner);
+        sources
+            .iter()
+            .map(|(label, counters)| (label.clone(), Arc::clone(counters)))
+            .collect()
+    }
+}
+
+/// Workers per source (`static` and every `dns:NAME`), and each discovery source's counters.
+#[derive(Debug)]
+struct DiscoveryCollector {
+    metrics: Arc<DiscoveryMetrics>,
+    router: Arc<Router>,
+}
+
+impl Collector for DiscoveryCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let encoder = &mut encoder;
+        let sources = self.metrics.snapshot();
+        let mut per_source: BTreeMap<String, i64> = sources
+            .iter()
+            .map(|(label, _)| (label.clone(), 0))
+            .collect();
+        per_source.insert("static".to_owned(), 0);
+        for worker in self.router.table().workers() {
+            *per_source
+                .entry(worker.spec.source.label().into_owned())
+                .or_default() += 1;
+        }
+        let source = |label: &str| vec![("source", label.to_owned())];
+        gauge(
+            encoder,
+            "bch_discovery_workers",
+            "Workers in the membership by source (static, or the dns:NAME that found them)",
+            per_source.iter().map(|(label, n)| (source(label), *n)),
+        )?;
+        counter(
+            encoder,
+            "bch_discovery_refreshes",
+            "DNS resolutions of a discovery source, whatever their outcome",
+            sources
+                .iter()
+                .map(|(label, c)| (source(label), c.refreshes.load(Ordering::Relaxed))),
+        )?;
+        counter(
+            encoder,
+            "bch_discovery_errors",
+            "DNS resolutions of a discovery source that failed (error, timeout, SERVFAIL); the last good set was kept",
+            sources
+                .iter()
+                .map(|(label, c)| (source(label), c.errors.load(Ordering::Relaxed))),
+        )?;
+        gauge(
+            encoder,
+            "bch_discovery_skipped_records",
+            "Records of the last answer that were skipped (port 0, no address, duplicate address)",
+            sources.iter().map(|(label, c)| {
+                (
+                    source(label),
+                    c.skipped_records.load(Ordering::Relaxed) as i64,
+                )
+            }),
+        )
+    }
+}
