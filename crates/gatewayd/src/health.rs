@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, HealthConfig, Member, SharedConfig, SharedMembers};
 use crate::metrics::{LabelValue, by_worker_and_label, counter};
-use crate::per_worker::{Check, Targets, WorkerKey};
+use crate::per_worker::{Check, TableKeys, Targets, WorkerKey};
 
 /// Why a probe failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -322,8 +322,9 @@ impl Probing {
         });
         let results = join_all(probes).await;
         let table = self.router.table();
-        self.streaks.retain(|key, _| key.index_in(&table).is_some());
-        self.failures.retain(|key| key.index_in(&table).is_some());
+        let members = TableKeys::of(&table);
+        self.streaks.retain(|key, _| members.contains(key));
+        self.failures.retain(|key| members.contains(key));
         for (key, result) in due.into_iter().zip(results) {
             if let Some(index) = key.index_in(&table) {
                 self.observe(&table, index, key, result, &current.health);

@@ -39,7 +39,7 @@ use crate::config::{
     WorkerError, alias_of, loop_of,
 };
 use crate::error::GatewayError;
-use crate::per_worker::WorkerKey;
+use crate::per_worker::{TableKeys, WorkerKey};
 use crate::telemetry::Telemetry;
 use crate::upstream::Upstreams;
 pub use actor::Actor;
@@ -549,9 +549,10 @@ impl Admin {
         in_force.statics = next.statics;
         in_force.discovered = next.discovered;
         let table = self.router.table();
+        let members = TableKeys::of(&table);
         in_force
             .remove_when_idle
-            .retain(|worker| worker.index_in(&table).is_some());
+            .retain(|worker| members.contains(worker));
         if policy != before {
             tracing::info!(source = actor.source.as_str(), client = actor.client_str(), kind = %policy.kind, min_load_gap = policy.min_load_gap, max_load_skew = policy.max_load_skew, spill_order = %policy.spill_order, virtual_nodes = policy.virtual_nodes, load_source = policy.load_source.as_str(), previous_kind = %before.kind, previous_min_load_gap = before.min_load_gap, previous_max_load_skew = before.max_load_skew, previous_spill_order = %before.spill_order, previous_load_source = before.load_source.as_str(), "policy changed");
             self.telemetry

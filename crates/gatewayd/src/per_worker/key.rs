@@ -1,6 +1,7 @@
 //! [`WorkerKey`]: the one key of every per-worker map in gatewayd.
 
 use std::borrow::Borrow;
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 
@@ -49,5 +50,27 @@ impl Borrow<str> for WorkerKey {
 impl fmt::Display for WorkerKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+/// The keys of one routing table's workers, to forget the per-worker state of workers that left
+/// (`map.retain(|key, _| keys.contains(key))`) in one pass rather than a walk of the table per key.
+pub struct TableKeys<'t>(HashSet<&'t str>);
+
+impl<'t> TableKeys<'t> {
+    /// The keys of `table`'s workers.
+    pub fn of(table: &'t RoutingTable) -> Self {
+        TableKeys(
+            table
+                .workers()
+                .iter()
+                .map(|w| w.spec.url.as_str())
+                .collect(),
+        )
+    }
+
+    /// Whether `key` is one of a worker of the table.
+    pub fn contains(&self, key: &WorkerKey) -> bool {
+        self.0.contains(&*key.0)
     }
 }

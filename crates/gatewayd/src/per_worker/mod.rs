@@ -4,7 +4,8 @@
 //! and the key of every per-worker map ([`WorkerKey`]).
 //!
 //! Shaped like pingora's health checks: a [`Check`] says what is asked of one worker, and
-//! [`Targets`] owns the targets, their rebuild and which workers of the routing table have one.
+//! [`Targets`] owns the targets, their rebuild and which workers of the routing table have one;
+//! [`TableKeys`] forgets the state of workers that left.
 //! Each check keeps its own drive and its own notion of a status change: the prober asks every
 //! worker at once on the gateway's runtime, each probe with its timeout, and flips health at its
 //! thresholds; the scraper asks within one round deadline on its own thread, over a kept-alive
@@ -19,7 +20,7 @@ use std::sync::Arc;
 use bch_core::router::{RoutingTable, Worker};
 use http::Uri;
 
-pub use key::WorkerKey;
+pub use key::{TableKeys, WorkerKey};
 
 use crate::config::{Config, Member, SharedMembers};
 
@@ -182,7 +183,7 @@ mod tests {
     }
 
     #[test]
-    fn a_key_is_the_url_and_finds_its_worker_by_url() {
+    fn a_key_is_the_url_and_finds_its_worker_in_a_table() {
         let a = member("http://10.0.0.1:8000", None);
         let key = WorkerKey::of(&a.spec);
         assert!(key.is(&a.spec));
@@ -196,5 +197,8 @@ mod tests {
         .unwrap()
         .table();
         assert_eq!(key.index_in(&table), Some(1));
+        let members = TableKeys::of(&table);
+        assert!(members.contains(&key));
+        assert!(!members.contains(&WorkerKey::of(&member("http://10.0.0.8:8000", None).spec)));
     }
 }

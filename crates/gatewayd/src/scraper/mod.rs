@@ -35,7 +35,7 @@ pub use status::ScrapeStats;
 
 use crate::config::{Config, Member, SharedConfig, SharedMembers};
 use crate::metrics::LabelValue;
-use crate::per_worker::{Check, Targets, WorkerKey};
+use crate::per_worker::{Check, TableKeys, Targets, WorkerKey};
 use status::{Change, Track};
 
 /// The scrape check: a worker's metrics path (its own, else `[load] metrics_path`) on its URL.
@@ -187,9 +187,10 @@ impl Scraper {
             }
         }
         let outcomes = workers.iter().zip(&results).map(|((_, key), r)| (key, *r));
+        let members = TableKeys::of(&table);
         self.stats
-            .record_round(outcomes, |key| key.index_in(&table).is_some());
-        self.tracks.retain(|key, _| key.index_in(&table).is_some());
+            .record_round(outcomes, |key| members.contains(key));
+        self.tracks.retain(|key, _| members.contains(key));
         interval
     }
 
