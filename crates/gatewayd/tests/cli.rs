@@ -558,6 +558,8 @@ struct Daemon {
     stderr: std::sync::mpsc::Receiver<String>,
     /// The fields of the JSON `gatewayd started` line (JSON log mode only).
     started: Option<Value>,
+    /// Every stderr line read so far, in order.
+    seen: Vec<String>,
 }
 
 impl Daemon {
@@ -583,6 +585,7 @@ impl Daemon {
             control: String::new(),
             stderr,
             started: None,
+            seen: Vec::new(),
         };
         // The banner names the bound addresses (the test binds port 0); the demo's banner puts
         // them on lines of their own; in JSON mode the `gatewayd started` line carries them as
@@ -624,6 +627,7 @@ impl Daemon {
                         !line.contains('\x1b'),
                         "ANSI escapes in a piped log: {line:?}"
                     );
+                    self.seen.push(line.clone());
                     if line.contains(needle) {
                         return line;
                     }
@@ -655,6 +659,22 @@ impl Daemon {
             .status()
             .unwrap();
         assert!(status.success());
+    }
+
+    /// Every line the process wrote to stderr, once it has exited (after [`Daemon::wait`]).
+    fn all_stderr(mut self) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.stderr.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                // The reader thread ends at the pipe's end: everything was read.
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return std::mem::take(&mut self.seen);
+                }
+                Err(e) => panic!("gatewayd's stderr did not end: {e}"),
+            }
+        }
     }
 
     /// Waits (bounded) for the process to exit.
@@ -846,6 +866,51 @@ fn demo_workers_survive_a_sighup_and_an_http_reload() {
 
     daemon.signal("TERM");
     assert!(daemon.wait().success());
+}
+
+#[test]
+fn the_demo_keeps_its_banner_readable_and_its_warnings_visible() {
+    // A pinned worker nobody serves: its failed first probe is a warning the demo must still show.
+    let file = TempFile::new(&daemon_config(2, 1.5, &["http://127.0.0.1:9"]));
+    let mut command = gatewayd();
+    command
+        .args(["--demo", "--demo-workers", "2", "--config"])
+        .arg(file.path())
+        .args(["--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0"]);
+    let mut daemon = Daemon::spawn(command);
+    // The storm's requests are served and ended (the duration is observed as each request's
+    // access-log line is written) before the daemon stops.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let served = |daemon: &Daemon| -> f64 {
+        let metrics = daemon.get("/metrics");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("bch_request_duration_seconds_count "))
+            .map_or(0.0, |n| n.trim().parse().unwrap())
+    };
+    while served(&daemon) < 20.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the demo's storm sent no requests"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    daemon.signal("TERM");
+    assert!(daemon.wait().success());
+    let lines = daemon.all_stderr();
+    let text = lines.join("\n");
+    assert!(text.contains("bch demo: 2 simulated workers"), "{text}");
+    assert!(
+        text.contains("WARN") && text.contains("127.0.0.1:9"),
+        "the demo's warnings still show: {text}"
+    );
+    let requests: Vec<&String> = lines.iter().filter(|l| l.contains("request_id=")).collect();
+    assert!(
+        requests.is_empty(),
+        "{} access-log lines bury the banner, the first: {:?}",
+        requests.len(),
+        requests[0]
+    );
 }
 
 /// The access log's request lines (JSON log format) seen on stderr until `count` of them came.

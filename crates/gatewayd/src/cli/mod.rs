@@ -315,7 +315,7 @@ fn serve(args: RunArgs) -> ExitCode {
     let json = config.log.format == LogFormat::Json;
     if args.demo && config.log.level == "info" {
         // One access-log line per request would bury the demo banner; warnings still show.
-        config.log.level = "info,gatewayd::proxy=warn".to_owned();
+        config.log.level = format!("info,{}=warn", crate::routing::exchange::ACCESS_LOG);
     }
     init_logging(&config);
     let runtime = match tokio::runtime::Builder::new_multi_thread()

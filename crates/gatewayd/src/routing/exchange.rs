@@ -28,6 +28,10 @@ use http::{Method, Request, StatusCode};
 use super::handle::Routing;
 use crate::telemetry::keys::KeyTag;
 
+/// The `tracing` target of the access log, one `request` line per request: what a log filter
+/// names to keep or mute it (the demo keeps it at `warn`, so its banner stays readable).
+pub const ACCESS_LOG: &str = "bch::access";
+
 /// `x-request-id`: the request's id, kept from the client or made by the gateway, forwarded to
 /// the worker and returned to the client.
 pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
@@ -82,7 +86,7 @@ impl Head {
 
 /// Whether request log lines are written (the path is kept only then).
 pub fn request_log_on() -> bool {
-    tracing::enabled!(tracing::Level::INFO)
+    tracing::enabled!(target: ACCESS_LOG, tracing::Level::INFO)
 }
 
 /// A request in progress. See the module documentation.
@@ -342,6 +346,7 @@ impl Drop for Exchange {
             }
         };
         tracing::info!(
+            target: ACCESS_LOG,
             request_id = id_text,
             method = %self.method,
             path = self.path.as_ref().map_or("/", PathAndQuery::path),
