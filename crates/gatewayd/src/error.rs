@@ -7,14 +7,93 @@
 //! a server error to them. `type` says which side answered: `gateway_error` for the data plane,
 //! `control_error` for the control plane. `code` is stable and machine-readable; the message is for
 //! people and names the field, worker or limit involved.
+//!
+//! Inside the code every variant also says who caused it ([`Source`]: the client, a worker or the
+//! gateway) and where it was answered ([`Plane`]), each from one exhaustive match: a new variant
+//! does not compile until both are decided, and the `type` on the wire follows from the plane.
 
 use std::sync::LazyLock;
 
 use bytes::Bytes;
 use http::StatusCode;
 
-/// A refusal by the gateway. Each variant fixes its status and `code`; see [`GatewayError::status`]
-/// and [`GatewayError::code`].
+/// Who caused a refusal: what it is counted against, and what an operator looks at first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The client: its request, its body or its pace was wrong. Never counted against a worker.
+    Client,
+    /// A worker: unreachable, silent past a timeout, or answering with something broken.
+    Worker,
+    /// The gateway or its configuration: no worker to take the request, a limit reached, a
+    /// worker URL that leads nowhere (or back to the gateway).
+    Gateway,
+}
+
+/// The listener that answered a refusal; it fixes the OpenAI `type` of the body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plane {
+    /// The data plane (and Envoy's endpoint picker, which answers for it): `gateway_error`.
+    Data,
+    /// The control plane: `control_error`.
+    Control,
+}
+
+impl Plane {
+    /// The OpenAI `type` of this plane's error bodies.
+    pub fn error_type(self) -> &'static str {
+        match self {
+            Plane::Data => "gateway_error",
+            Plane::Control => "control_error",
+        }
+    }
+}
+
+/// What a client's request body did wrong: the `reason` label of `bch_client_body_errors_total`
+/// and the `client_fault` of the request's log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientBodyFault {
+    /// The body ended before its declared end: the client left.
+    Incomplete,
+    /// The body was malformed, such as an invalid chunked encoding.
+    Malformed,
+    /// The body went over `max_body_bytes`.
+    TooLarge,
+    /// The body did not arrive in full within `request_body_timeout_ms`.
+    Timeout,
+}
+
+impl ClientBodyFault {
+    /// Every fault, in label order.
+    pub const ALL: [ClientBodyFault; 4] = [
+        ClientBodyFault::Incomplete,
+        ClientBodyFault::Malformed,
+        ClientBodyFault::TooLarge,
+        ClientBodyFault::Timeout,
+    ];
+
+    /// Position in [`ClientBodyFault::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The metric label and log value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientBodyFault::Incomplete => "incomplete",
+            ClientBodyFault::Malformed => "malformed",
+            ClientBodyFault::TooLarge => "too_large",
+            ClientBodyFault::Timeout => "timeout",
+        }
+    }
+}
+
+/// The name of the worker a refusal concerns (its `name`, as `/admin/workers` lists it), for
+/// the message.
+pub type WorkerName = String;
+
+/// A refusal by the gateway. Each variant fixes its status, `code`, [`Source`] and [`Plane`]; see
+/// [`GatewayError::status`], [`GatewayError::code`], [`GatewayError::caused_by`] and
+/// [`GatewayError::plane`].
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum GatewayError {
     /// The request body is larger than `max_body_bytes` (413). `length` is the declared
@@ -40,41 +119,29 @@ pub enum GatewayError {
     TargetWorkerMiss,
     /// The worker chosen on an older routing table left the membership before the request could be
     /// sent to it (502).
-    #[error("worker {worker} left the membership before the request was sent")]
-    WorkerGone {
-        /// The worker's name.
-        worker: String,
-    },
+    #[error("worker {0} left the membership before the request was sent")]
+    WorkerGone(WorkerName),
     /// The worker's path prefix and the client's path make no valid URI (502).
-    #[error("cannot build the upstream URI for worker {worker}")]
-    BadUpstreamUri {
-        /// The worker's name.
-        worker: String,
-    },
+    #[error("cannot build the upstream URI for worker {0}")]
+    BadUpstreamUri(WorkerName),
     /// The connection to the worker failed, or the exchange broke before response headers (502).
-    #[error("worker {worker} could not be reached")]
-    WorkerUnreachable {
-        /// The worker's name.
-        worker: String,
-    },
+    #[error("worker {0} could not be reached")]
+    WorkerUnreachable(WorkerName),
     /// The worker answered with something that is not HTTP (a garbage status line, a header over
     /// hyper's limits, conflicting lengths) (502); `reason` is the parser's.
     #[error("worker {worker} sent an invalid response: {reason}")]
     WorkerBadResponse {
-        /// The worker's name.
-        worker: String,
+        /// The worker.
+        worker: WorkerName,
         /// What was wrong, from the HTTP parser.
         reason: String,
     },
     /// The worker's response body broke (or stayed silent past `stream_idle_timeout_ms`) before
     /// its first byte, while a status could still be sent (502).
     #[error(
-        "worker {worker} sent response headers but no body: it broke the response or fell silent before the first byte"
+        "worker {0} sent response headers but no body: it broke the response or fell silent before the first byte"
     )]
-    UpstreamBodyBroken {
-        /// The worker's name.
-        worker: String,
-    },
+    UpstreamBodyBroken(WorkerName),
     /// The client's request body ended before its declared end: the client closed the connection
     /// (400; usually nobody reads it).
     #[error("the request body ended before it was complete (the client closed the connection)")]
@@ -88,12 +155,9 @@ pub enum GatewayError {
         /// The timeout in force, ms.
         timeout_ms: u64,
     },
-    /// An HTTP/1.1 request without `Host` (400, RFC 9112 §3.2).
+    /// An HTTP/1.1 request to the data plane without `Host` (400, RFC 9112 §3.2).
     #[error("HTTP/1.1 requests must carry a Host header")]
-    MissingHost {
-        /// Which plane refused it, for the error `type`.
-        control_plane: bool,
-    },
+    MissingHost,
     /// A header that must appear at most once appeared more often (400): the gateway reads the
     /// first, a component behind it might read another.
     #[error("header {0} appears more than once; send it once")]
@@ -112,8 +176,8 @@ pub enum GatewayError {
     /// The worker sent no response headers within `first_byte_timeout_ms` (504).
     #[error("worker {worker} sent no response headers within {timeout_ms} ms")]
     FirstByteTimeout {
-        /// The worker's name.
-        worker: String,
+        /// The worker.
+        worker: WorkerName,
         /// The timeout in force, ms.
         timeout_ms: u64,
     },
@@ -127,6 +191,9 @@ pub enum GatewayError {
     /// A streamed response broke after its headers were sent; only ever sent as an SSE event.
     #[error("the worker's stream ended abnormally")]
     UpstreamStreamError,
+    /// [`GatewayError::MissingHost`] on the control plane (400, the same `code`).
+    #[error("HTTP/1.1 requests must carry a Host header")]
+    MissingControlHost,
     /// No control endpoint at this path (404).
     #[error("no such control endpoint")]
     NotFound,
@@ -201,7 +268,8 @@ impl GatewayError {
             }
             GatewayError::IncompleteRequestBody
             | GatewayError::InvalidRequestBody(_)
-            | GatewayError::MissingHost { .. }
+            | GatewayError::MissingHost
+            | GatewayError::MissingControlHost
             | GatewayError::RepeatedHeader(_) => StatusCode::BAD_REQUEST,
             GatewayError::RequestBodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             GatewayError::TunnelNotSupported | GatewayError::MethodNotAllowed => {
@@ -212,7 +280,7 @@ impl GatewayError {
                 StatusCode::FORBIDDEN
             }
             GatewayError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            GatewayError::WorkerBadResponse { .. } | GatewayError::UpstreamBodyBroken { .. } => {
+            GatewayError::WorkerBadResponse { .. } | GatewayError::UpstreamBodyBroken(_) => {
                 StatusCode::BAD_GATEWAY
             }
             GatewayError::NoHealthyWorkers
@@ -220,9 +288,9 @@ impl GatewayError {
             | GatewayError::TargetWorkerMiss
             | GatewayError::TooManyConnections
             | GatewayError::PickerUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-            GatewayError::WorkerGone { .. }
-            | GatewayError::BadUpstreamUri { .. }
-            | GatewayError::WorkerUnreachable { .. }
+            GatewayError::WorkerGone(_)
+            | GatewayError::BadUpstreamUri(_)
+            | GatewayError::WorkerUnreachable(_)
             | GatewayError::UpstreamStreamError => StatusCode::BAD_GATEWAY,
             GatewayError::FirstByteTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::NotFound | GatewayError::UnknownWorker(_) => StatusCode::NOT_FOUND,
@@ -246,11 +314,11 @@ impl GatewayError {
                 "payload_too_large"
             }
             GatewayError::WorkerBadResponse { .. } => "invalid_worker_response",
-            GatewayError::UpstreamBodyBroken { .. } => "upstream_stream_error",
+            GatewayError::UpstreamBodyBroken(_) => "upstream_stream_error",
             GatewayError::IncompleteRequestBody => "incomplete_request_body",
             GatewayError::InvalidRequestBody(_) => "invalid_request_body",
             GatewayError::RequestBodyTimeout { .. } => "request_body_timeout",
-            GatewayError::MissingHost { .. } => "missing_host",
+            GatewayError::MissingHost | GatewayError::MissingControlHost => "missing_host",
             GatewayError::RepeatedHeader(_) => "repeated_header",
             GatewayError::TunnelNotSupported | GatewayError::MethodNotAllowed => {
                 "method_not_allowed"
@@ -262,10 +330,8 @@ impl GatewayError {
             // One code for both: a client's handling is the same, the message tells them apart.
             GatewayError::NoHealthyWorkers | GatewayError::NoWorkers => "no_healthy_workers",
             GatewayError::TargetWorkerMiss => "target_worker_miss",
-            GatewayError::WorkerGone { .. } | GatewayError::BadUpstreamUri { .. } => {
-                "bad_worker_url"
-            }
-            GatewayError::WorkerUnreachable { .. } => "worker_unreachable",
+            GatewayError::WorkerGone(_) | GatewayError::BadUpstreamUri(_) => "bad_worker_url",
+            GatewayError::WorkerUnreachable(_) => "worker_unreachable",
             GatewayError::FirstByteTimeout { .. } => "first_byte_timeout",
             GatewayError::TooManyConnections => "too_many_connections",
             GatewayError::PickerUnavailable => "picker_unavailable",
@@ -288,30 +354,107 @@ impl GatewayError {
     /// The OpenAI `type`: `gateway_error` for data plane refusals, `control_error` for control
     /// plane ones.
     pub fn error_type(&self) -> &'static str {
+        self.plane().error_type()
+    }
+
+    /// The listener that answers this refusal.
+    pub fn plane(&self) -> Plane {
         match self {
             GatewayError::PayloadTooLarge { .. }
             | GatewayError::NoHealthyWorkers
             | GatewayError::NoWorkers
             | GatewayError::TargetWorkerMiss
-            | GatewayError::WorkerGone { .. }
-            | GatewayError::BadUpstreamUri { .. }
-            | GatewayError::WorkerUnreachable { .. }
-            | GatewayError::FirstByteTimeout { .. }
-            | GatewayError::TooManyConnections
-            | GatewayError::UpstreamStreamError
+            | GatewayError::WorkerGone(_)
+            | GatewayError::BadUpstreamUri(_)
+            | GatewayError::WorkerUnreachable(_)
             | GatewayError::WorkerBadResponse { .. }
-            | GatewayError::UpstreamBodyBroken { .. }
+            | GatewayError::UpstreamBodyBroken(_)
             | GatewayError::IncompleteRequestBody
             | GatewayError::InvalidRequestBody(_)
             | GatewayError::RequestBodyTimeout { .. }
-            | GatewayError::MissingHost {
-                control_plane: false,
-            }
+            | GatewayError::MissingHost
             | GatewayError::RepeatedHeader(_)
             | GatewayError::TunnelNotSupported
             | GatewayError::LoopDetected
-            | GatewayError::PickerUnavailable => "gateway_error",
-            _ => "control_error",
+            | GatewayError::FirstByteTimeout { .. }
+            | GatewayError::TooManyConnections
+            | GatewayError::PickerUnavailable
+            | GatewayError::UpstreamStreamError => Plane::Data,
+            GatewayError::MissingControlHost
+            | GatewayError::NotFound
+            | GatewayError::Unauthorized
+            | GatewayError::HostNotAllowed(_)
+            | GatewayError::OriginNotAllowed(_)
+            | GatewayError::UnsupportedMediaType
+            | GatewayError::MethodNotAllowed
+            | GatewayError::ControlBodyTooLarge { .. }
+            | GatewayError::InvalidJson(_)
+            | GatewayError::InvalidWorker(_)
+            | GatewayError::WorkerConflict(_)
+            | GatewayError::DiscoveredWorker(_)
+            | GatewayError::UnknownWorker(_)
+            | GatewayError::InvalidPolicy(_)
+            | GatewayError::InvalidQuery(_)
+            | GatewayError::InvalidRoutingKey(_)
+            | GatewayError::NoConfigFile(_)
+            | GatewayError::InvalidConfig(_) => Plane::Control,
+        }
+    }
+
+    /// Who caused this refusal. A client's refusal is never counted against a worker; a worker's
+    /// is (its error counter, passive health).
+    pub fn caused_by(&self) -> Source {
+        match self {
+            GatewayError::PayloadTooLarge { .. }
+            | GatewayError::TargetWorkerMiss
+            | GatewayError::IncompleteRequestBody
+            | GatewayError::InvalidRequestBody(_)
+            | GatewayError::RequestBodyTimeout { .. }
+            | GatewayError::MissingHost
+            | GatewayError::RepeatedHeader(_)
+            | GatewayError::TunnelNotSupported
+            | GatewayError::MissingControlHost
+            | GatewayError::NotFound
+            | GatewayError::Unauthorized
+            | GatewayError::HostNotAllowed(_)
+            | GatewayError::OriginNotAllowed(_)
+            | GatewayError::UnsupportedMediaType
+            | GatewayError::MethodNotAllowed
+            | GatewayError::ControlBodyTooLarge { .. }
+            | GatewayError::InvalidJson(_)
+            | GatewayError::InvalidWorker(_)
+            | GatewayError::WorkerConflict(_)
+            | GatewayError::DiscoveredWorker(_)
+            | GatewayError::UnknownWorker(_)
+            | GatewayError::InvalidPolicy(_)
+            | GatewayError::InvalidQuery(_)
+            | GatewayError::InvalidRoutingKey(_)
+            | GatewayError::NoConfigFile(_)
+            | GatewayError::InvalidConfig(_) => Source::Client,
+            GatewayError::NoHealthyWorkers
+            | GatewayError::WorkerUnreachable(_)
+            | GatewayError::WorkerBadResponse { .. }
+            | GatewayError::UpstreamBodyBroken(_)
+            | GatewayError::FirstByteTimeout { .. }
+            | GatewayError::UpstreamStreamError => Source::Worker,
+            GatewayError::NoWorkers
+            | GatewayError::WorkerGone(_)
+            | GatewayError::BadUpstreamUri(_)
+            | GatewayError::LoopDetected
+            | GatewayError::TooManyConnections
+            | GatewayError::PickerUnavailable => Source::Gateway,
+        }
+    }
+
+    /// The client body fault this refusal answers, when it answers one: counted in
+    /// `bch_client_body_errors_total` and logged as the request's `client_fault`.
+    pub fn client_body_fault(&self) -> Option<ClientBodyFault> {
+        match self {
+            GatewayError::PayloadTooLarge { .. } => Some(ClientBodyFault::TooLarge),
+            GatewayError::IncompleteRequestBody => Some(ClientBodyFault::Incomplete),
+            GatewayError::InvalidRequestBody(_) => Some(ClientBodyFault::Malformed),
+            GatewayError::RequestBodyTimeout { .. } => Some(ClientBodyFault::Timeout),
+            _ => None,
         }
     }
 
@@ -408,6 +551,75 @@ mod tests {
         assert_eq!(json["error"]["type"], "control_error");
         assert_eq!(json["error"]["message"], "no worker named \"w9\"");
         assert_eq!(control.status(), StatusCode::NOT_FOUND);
+    }
+
+    /// Every variant's status, OpenAI `type` and `code`, as clients see them (a change to any of
+    /// them is a change to the wire), and who caused it.
+    #[test]
+    fn every_variant_keeps_its_status_type_and_code() {
+        use GatewayError as E;
+        use Source::{Client, Gateway, Worker};
+        let w = || "w1".to_owned();
+        let s = || "text".to_owned();
+        #[rustfmt::skip]
+        let table: Vec<(GatewayError, u16, &str, &str, Source)> = vec![
+            (E::PayloadTooLarge { length: None, limit: 1 }, 413, "gateway_error", "payload_too_large", Client),
+            (E::NoHealthyWorkers, 503, "gateway_error", "no_healthy_workers", Worker),
+            (E::NoWorkers, 503, "gateway_error", "no_healthy_workers", Gateway),
+            (E::TargetWorkerMiss, 503, "gateway_error", "target_worker_miss", Client),
+            (E::WorkerGone(w()), 502, "gateway_error", "bad_worker_url", Gateway),
+            (E::BadUpstreamUri(w()), 502, "gateway_error", "bad_worker_url", Gateway),
+            (E::WorkerUnreachable(w()), 502, "gateway_error", "worker_unreachable", Worker),
+            (E::WorkerBadResponse { worker: w(), reason: s() }, 502, "gateway_error", "invalid_worker_response", Worker),
+            (E::UpstreamBodyBroken(w()), 502, "gateway_error", "upstream_stream_error", Worker),
+            (E::IncompleteRequestBody, 400, "gateway_error", "incomplete_request_body", Client),
+            (E::InvalidRequestBody(s()), 400, "gateway_error", "invalid_request_body", Client),
+            (E::RequestBodyTimeout { timeout_ms: 1 }, 408, "gateway_error", "request_body_timeout", Client),
+            (E::MissingHost, 400, "gateway_error", "missing_host", Client),
+            (E::MissingControlHost, 400, "control_error", "missing_host", Client),
+            (E::RepeatedHeader(s()), 400, "gateway_error", "repeated_header", Client),
+            (E::TunnelNotSupported, 405, "gateway_error", "method_not_allowed", Client),
+            (E::LoopDetected, 508, "gateway_error", "loop_detected", Gateway),
+            (E::FirstByteTimeout { worker: w(), timeout_ms: 1 }, 504, "gateway_error", "first_byte_timeout", Worker),
+            (E::TooManyConnections, 503, "gateway_error", "too_many_connections", Gateway),
+            (E::PickerUnavailable, 503, "gateway_error", "picker_unavailable", Gateway),
+            (E::UpstreamStreamError, 502, "gateway_error", "upstream_stream_error", Worker),
+            (E::NotFound, 404, "control_error", "not_found", Client),
+            (E::Unauthorized, 401, "control_error", "unauthorized", Client),
+            (E::HostNotAllowed(s()), 403, "control_error", "host_not_allowed", Client),
+            (E::OriginNotAllowed(s()), 403, "control_error", "origin_not_allowed", Client),
+            (E::UnsupportedMediaType, 415, "control_error", "unsupported_media_type", Client),
+            (E::MethodNotAllowed, 405, "control_error", "method_not_allowed", Client),
+            (E::ControlBodyTooLarge { limit: 1 }, 413, "control_error", "payload_too_large", Client),
+            (E::InvalidJson(s()), 400, "control_error", "invalid_json", Client),
+            (E::InvalidWorker(s()), 400, "control_error", "invalid_worker", Client),
+            (E::WorkerConflict(s()), 409, "control_error", "worker_conflict", Client),
+            (E::DiscoveredWorker(s()), 409, "control_error", "worker_discovered", Client),
+            (E::UnknownWorker(s()), 404, "control_error", "unknown_worker", Client),
+            (E::InvalidPolicy(s()), 400, "control_error", "invalid_policy", Client),
+            (E::InvalidQuery(s()), 400, "control_error", "invalid_query", Client),
+            (E::InvalidRoutingKey(s()), 400, "control_error", "invalid_routing_key", Client),
+            (E::NoConfigFile(s()), 409, "control_error", "no_config_file", Client),
+            (E::InvalidConfig(s()), 400, "control_error", "invalid_config", Client),
+        ];
+        for (error, status, error_type, code, source) in &table {
+            let seen = (error.status().as_u16(), error.error_type(), error.code());
+            assert_eq!(seen, (*status, *error_type, *code), "{error:?}");
+            assert_eq!(error.caused_by(), *source, "{error:?}");
+            let json: serde_json::Value = serde_json::from_slice(&error.body()).unwrap();
+            assert_eq!(json["error"]["type"], *error_type, "{error:?}");
+            assert_eq!(json["error"]["code"], *code, "{error:?}");
+            assert_eq!(json["error"]["message"], error.to_string(), "{error:?}");
+        }
+    }
+
+    #[test]
+    fn client_body_faults_are_the_client_s_and_label_in_order() {
+        for (i, fault) in ClientBodyFault::ALL.into_iter().enumerate() {
+            assert_eq!(fault.index(), i);
+        }
+        let labels: Vec<&str> = ClientBodyFault::ALL.map(ClientBodyFault::as_str).to_vec();
+        assert_eq!(labels, ["incomplete", "malformed", "too_large", "timeout"]);
     }
 
     #[test]

@@ -69,9 +69,7 @@ impl BrowserGuard {
     ) -> Result<(), GatewayError> {
         let host = headers.get(header::HOST).map(|h| h.to_str().unwrap_or(""));
         if host.is_none() && version >= Version::HTTP_11 {
-            return Err(GatewayError::MissingHost {
-                control_plane: true,
-            });
+            return Err(GatewayError::MissingControlHost);
         }
         let host = host.unwrap_or("");
         if let Some(allowed) = &self.hosts {

@@ -110,7 +110,7 @@ impl Session {
             &mut endpoints,
         ) else {
             let worker = choice.table.workers()[choice.worker].spec.name.clone();
-            return refuse(exchange, &GatewayError::BadUpstreamUri { worker });
+            return refuse(exchange, &GatewayError::BadUpstreamUri(worker));
         };
         let Choice {
             table,

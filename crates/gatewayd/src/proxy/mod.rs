@@ -187,9 +187,7 @@ async fn send_with_retry(
         let name = &table.workers()[worker].spec.name;
         let target = targets
             .get(worker)
-            .ok_or_else(|| GatewayError::WorkerGone {
-                worker: name.clone(),
-            })?;
+            .ok_or_else(|| GatewayError::WorkerGone(name.clone()))?;
         point_at(&mut request, client_path.as_ref(), target)?;
         let sent = tokio::time::timeout(
             settings.first_byte_timeout,
@@ -224,9 +222,7 @@ async fn send_with_retry(
                     continue;
                 }
                 tracing::warn!(worker = %name, error = %display_chain(&*error), "worker request failed");
-                return Err(GatewayError::WorkerUnreachable {
-                    worker: name.clone(),
-                });
+                return Err(GatewayError::WorkerUnreachable(name.clone()));
             }
             Err(SendError::Failed(error)) => {
                 return Err(failed_exchange(plane, settings, exchange, name, &error));
@@ -259,9 +255,7 @@ fn failed_exchange(
         };
     }
     tracing::warn!(%worker, error = %reason, "worker request failed");
-    GatewayError::WorkerUnreachable {
-        worker: worker.to_owned(),
-    }
+    GatewayError::WorkerUnreachable(worker.to_owned())
 }
 
 /// The answer to a request whose body failed on the client's side (it left mid-body, sent a
@@ -376,7 +370,7 @@ async fn respond(
     );
     if !event_stream && let Err(exchange) = body.first_frame().await {
         let worker = exchange.worker_name().unwrap_or("-").to_owned();
-        return refuse(exchange, &GatewayError::UpstreamBodyBroken { worker });
+        return refuse(exchange, &GatewayError::UpstreamBodyBroken(worker));
     }
     Response::from_parts(parts, body)
 }

@@ -39,9 +39,7 @@ pub fn refuse_early(
         return Err(GatewayError::TunnelNotSupported);
     }
     if version >= Version::HTTP_11 && !headers.contains_key(header::HOST) {
-        return Err(GatewayError::MissingHost {
-            control_plane: false,
-        });
+        return Err(GatewayError::MissingHost);
     }
     if headers.contains_key(header::VIA) {
         // The pseudonym, without the protocol another proxy might have rewritten.
@@ -108,9 +106,7 @@ pub fn point_at(
         let path_and_query = client_path.map_or("/", http::uri::PathAndQuery::as_str);
         format!("{}{path_and_query}", target.url.prefix)
             .parse::<Uri>()
-            .map_err(|_| GatewayError::BadUpstreamUri {
-                worker: target.name.clone(),
-            })?
+            .map_err(|_| GatewayError::BadUpstreamUri(target.name.clone()))?
     };
     *request.uri_mut() = uri;
     if let Some(host) = &target.host_header {
