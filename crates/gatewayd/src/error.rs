@@ -1,6 +1,6 @@
 //! The one error type of gatewayd's answers: every refusal the gateway itself produces, on the data
 //! plane (400, 405, 408, 413, 502, 503, 504, 508, the connection-limit 503, the `event: error` that
-//! ends a broken SSE stream) and on the control plane (400, 401, 403, 404, 405, 409, 413, 415),
+//! ends a broken SSE stream) and on the control plane (400, 401, 403, 404, 405, 409, 413, 415, 500),
 //! with its HTTP status and its OpenAI error body `{"error":{"message","type","code"}}`.
 //!
 //! Clients of an OpenAI-compatible server already parse that body, so a gateway refusal reads like
@@ -248,6 +248,10 @@ pub enum GatewayError {
     /// The configuration file does not load or validate (400); the message names file and field.
     #[error("{0}")]
     InvalidConfig(String),
+    /// The configuration in force could not be rendered as TOML for `GET /admin/config` (500):
+    /// a validated configuration always renders, so this is the gateway's bug.
+    #[error("cannot render the configuration: {0}")]
+    ConfigNotRendered(String),
 }
 
 fn body_too_large_message(length: Option<u64>, limit: u64) -> String {
@@ -304,6 +308,7 @@ impl GatewayError {
             GatewayError::WorkerConflict(_)
             | GatewayError::DiscoveredWorker(_)
             | GatewayError::NoConfigFile(_) => StatusCode::CONFLICT,
+            GatewayError::ConfigNotRendered(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -348,6 +353,7 @@ impl GatewayError {
             GatewayError::InvalidRoutingKey(_) => "invalid_routing_key",
             GatewayError::NoConfigFile(_) => "no_config_file",
             GatewayError::InvalidConfig(_) => "invalid_config",
+            GatewayError::ConfigNotRendered(_) => "config_not_rendered",
         }
     }
 
@@ -397,7 +403,8 @@ impl GatewayError {
             | GatewayError::InvalidQuery(_)
             | GatewayError::InvalidRoutingKey(_)
             | GatewayError::NoConfigFile(_)
-            | GatewayError::InvalidConfig(_) => Plane::Control,
+            | GatewayError::InvalidConfig(_)
+            | GatewayError::ConfigNotRendered(_) => Plane::Control,
         }
     }
 
@@ -442,7 +449,8 @@ impl GatewayError {
             | GatewayError::BadUpstreamUri(_)
             | GatewayError::LoopDetected
             | GatewayError::TooManyConnections
-            | GatewayError::PickerUnavailable => Source::Gateway,
+            | GatewayError::PickerUnavailable
+            | GatewayError::ConfigNotRendered(_) => Source::Gateway,
         }
     }
 
@@ -601,6 +609,7 @@ mod tests {
             (E::InvalidRoutingKey(s()), 400, "control_error", "invalid_routing_key", Client),
             (E::NoConfigFile(s()), 409, "control_error", "no_config_file", Client),
             (E::InvalidConfig(s()), 400, "control_error", "invalid_config", Client),
+            (E::ConfigNotRendered(s()), 500, "control_error", "config_not_rendered", Gateway),
         ];
         for (error, status, error_type, code, source) in &table {
             let seen = (error.status().as_u16(), error.error_type(), error.code());

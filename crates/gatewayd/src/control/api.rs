@@ -155,21 +155,13 @@ pub async fn get_config(State(plane): State<Arc<ControlPlane>>) -> Response {
         )
             .into_response(),
         // A validated configuration always renders; say so if it ever does not.
-        Err(error) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("cannot render the configuration: {error}"),
-        )
-            .into_response(),
+        Err(error) => GatewayError::ConfigNotRendered(error.to_string()).into_response(),
     }
 }
 
 /// `POST /admin/reload`: re-reads the configuration file; answers the policy and workers in force.
 pub async fn reload(State(plane): State<Arc<ControlPlane>>) -> Result<Response, GatewayError> {
-    plane.admin.reload().map_err(|error| match error {
-        AdminError::NoConfigFile => GatewayError::from(error),
-        // The whole chain, file and field included.
-        other => GatewayError::InvalidConfig(format!("{:#}", anyhow::Error::from(other))),
-    })?;
+    plane.admin.reload().map_err(AdminError::reload_refusal)?;
     let table = plane.router.table();
     Ok(Json(serde_json::json!({
         "reloaded": true,
