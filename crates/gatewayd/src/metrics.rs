@@ -28,10 +28,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-/// The `reason` labels of `bch_client_body_errors_total`: a request body that ended early (the
-/// client left), was malformed, went over `max_body_bytes`, or came too slowly.
-pub const CLIENT_BODY_ERROR_REASONS: [&str; 4] =
-    ["incomplete", "malformed", "too_large", "timeout"];
+use crate::error::ClientBodyFault;
 
 /// A label with a fixed set of values: `ALL[value.index()] == value`, so a family's counters are
 /// an array indexed by value. The one pattern of every labelled counter, here and in the
@@ -68,6 +65,18 @@ impl LabelValue for IgnoredKey {
 
     fn as_str(self) -> &'static str {
         IgnoredKey::as_str(self)
+    }
+}
+
+impl LabelValue for ClientBodyFault {
+    const ALL: &'static [Self] = &ClientBodyFault::ALL;
+
+    fn index(self) -> usize {
+        ClientBodyFault::index(self)
+    }
+
+    fn as_str(self) -> &'static str {
+        ClientBodyFault::as_str(self)
     }
 }
 
@@ -144,7 +153,7 @@ where
 pub struct Metrics {
     branches: [AtomicU64; Branch::ALL.len()],
     ignored_keys: [AtomicU64; IgnoredKey::ALL.len()],
-    client_body_errors: [AtomicU64; CLIENT_BODY_ERROR_REASONS.len()],
+    client_body_errors: [AtomicU64; ClientBodyFault::ALL.len()],
     retries: AtomicU64,
     rejected_connections: AtomicU64,
     telemetry_dropped: AtomicU64,
@@ -189,12 +198,9 @@ impl Metrics {
         self.ignored_keys[reason.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts a request body that failed on the client's side, by `reason` (one of
-    /// [`CLIENT_BODY_ERROR_REASONS`]; others are not counted).
-    pub fn record_client_body_error(&self, reason: &str) {
-        if let Some(index) = CLIENT_BODY_ERROR_REASONS.iter().position(|r| *r == reason) {
-            self.client_body_errors[index].fetch_add(1, Ordering::Relaxed);
-        }
+    /// Counts a request body that failed on the client's side.
+    pub fn record_client_body_error(&self, fault: ClientBodyFault) {
+        self.client_body_errors[fault.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a retry on the next worker after a failed connect.
@@ -310,11 +316,8 @@ fn data_path(encoder: &mut DescriptorEncoder, m: &Metrics) -> Result<(), std::fm
         encoder,
         "bch_client_body_errors",
         "Request bodies that failed on the client's side (never counted against a worker), by reason",
-        CLIENT_BODY_ERROR_REASONS.iter().enumerate().map(|(i, r)| {
-            (
-                vec![("reason", (*r).to_owned())],
-                m.client_body_errors[i].load(Ordering::Relaxed),
-            )
+        by_label("reason", |f: ClientBodyFault| {
+            m.client_body_errors[f.index()].load(Ordering::Relaxed)
         }),
     )?;
     for (name, help, value) in [

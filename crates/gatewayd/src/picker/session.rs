@@ -199,7 +199,7 @@ impl Held {
 
 /// The answer to a refused request; its exchange ends here (logged with the refusal's status).
 fn refuse(mut exchange: Exchange, error: &GatewayError) -> ProcessingResponse {
-    exchange.set_status(error.status());
+    exchange.fail(error);
     messages::refuse(error, exchange.branch())
 }
 

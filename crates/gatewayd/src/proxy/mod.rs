@@ -225,7 +225,7 @@ async fn send_with_retry(
                 return Err(GatewayError::WorkerUnreachable(name.clone()));
             }
             Err(SendError::Failed(error)) => {
-                return Err(failed_exchange(plane, settings, exchange, name, &error));
+                return Err(failed_exchange(settings, exchange, name, &error));
             }
         }
     }
@@ -235,14 +235,13 @@ async fn send_with_retry(
 /// fault when its body failed, else the worker's — an invalid response says so, anything else is
 /// "could not be reached".
 fn failed_exchange(
-    plane: &DataPlane,
     settings: &RuntimeSettings,
     exchange: &mut Exchange,
     worker: &str,
     error: &hyper::Error,
 ) -> GatewayError {
     if let Some(fault) = client_fault(error) {
-        return client_refusal(plane, settings, exchange, fault);
+        return client_refusal(settings, fault);
     }
     exchange.record_error();
     let reason = display_chain(error);
@@ -259,20 +258,10 @@ fn failed_exchange(
 }
 
 /// The answer to a request whose body failed on the client's side (it left mid-body, sent a
-/// malformed chunked body, went over `max_body_bytes`, or was too slow): a 4xx, counted in
-/// `bch_client_body_errors_total` and in the request's log line, never against the worker (its
-/// error counter, passive health, a warning naming it).
-fn client_refusal(
-    plane: &DataPlane,
-    settings: &RuntimeSettings,
-    exchange: &mut Exchange,
-    fault: &ClientBodyError,
-) -> GatewayError {
-    plane
-        .routing
-        .metrics
-        .record_client_body_error(fault.reason());
-    exchange.record_client_fault(fault.reason());
+/// malformed chunked body, went over `max_body_bytes`, or was too slow): a 4xx, counted by
+/// [`Exchange::fail`] in `bch_client_body_errors_total` and in the request's log line, never
+/// against the worker (its error counter, passive health, a warning naming it).
+fn client_refusal(settings: &RuntimeSettings, fault: &ClientBodyError) -> GatewayError {
     match fault {
         ClientBodyError::Incomplete => GatewayError::IncompleteRequestBody,
         ClientBodyError::Malformed(reason) => GatewayError::InvalidRequestBody(reason.clone()),
@@ -377,7 +366,7 @@ async fn respond(
 
 /// The gateway's own answer to a refused or failed request; the exchange ends (and logs) here.
 fn refuse(mut exchange: Exchange, error: &GatewayError) -> Response<ProxyBody> {
-    exchange.set_status(error.status());
+    exchange.fail(error);
     let mut response = json_response(error.status(), error.body());
     response
         .headers_mut()
@@ -415,14 +404,20 @@ mod tests {
     }
 
     #[test]
-    fn every_client_fault_has_a_metric_label() {
+    fn every_client_fault_has_its_metric_label() {
+        let settings = RuntimeSettings::from_config(&crate::config::Config::default());
         for fault in [
             ClientBodyError::Incomplete,
             ClientBodyError::Malformed("x".into()),
             ClientBodyError::TooLarge,
             ClientBodyError::Timeout,
         ] {
-            assert!(crate::metrics::CLIENT_BODY_ERROR_REASONS.contains(&fault.reason()));
+            let refusal = client_refusal(&settings, &fault);
+            assert_eq!(
+                refusal.client_body_fault(),
+                Some(fault.fault()),
+                "{refusal:?}"
+            );
         }
     }
 }

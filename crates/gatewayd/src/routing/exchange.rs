@@ -26,6 +26,7 @@ use http::uri::PathAndQuery;
 use http::{Method, Request, StatusCode};
 
 use super::handle::Routing;
+use crate::error::{ClientBodyFault, GatewayError, Source};
 use crate::telemetry::keys::KeyTag;
 
 /// The `tracing` target of the access log, one `request` line per request: what a log filter
@@ -100,11 +101,11 @@ pub struct Exchange {
     our_id: u64,
     method: Method,
     path: Option<PathAndQuery>,
-    /// HTTP status sent to the client (0 until known).
-    status: u16,
+    /// HTTP status sent to the client, once known.
+    status: Option<StatusCode>,
     errored: bool,
-    /// What the client did wrong, when the request failed by the client's fault.
-    client_fault: Option<&'static str>,
+    /// What the client's body did wrong, when the request failed by the client's fault.
+    client_fault: Option<ClientBodyFault>,
     branch: Option<Branch>,
     /// The table the request was routed on and the worker it holds, once routed.
     routed: Option<(Arc<RoutingTable>, usize)>,
@@ -137,7 +138,7 @@ impl Exchange {
             request_id: client_id,
             method,
             path,
-            status: 0,
+            status: None,
             errored: false,
             client_fault: None,
             branch: None,
@@ -216,10 +217,22 @@ impl Exchange {
         self.errored = true;
     }
 
-    /// Notes a failure that is the client's fault (`reason` as in `bch_client_body_errors_total`):
-    /// logged with the request, never counted against the worker.
-    pub fn record_client_fault(&mut self, reason: &'static str) {
-        self.client_fault = Some(reason);
+    /// The request is answered with the gateway's refusal `error`: its status, and when the
+    /// client's body was at fault, `bch_client_body_errors_total` and the log line's
+    /// `client_fault` (never the worker's error count). The one place both front ends account a
+    /// refused or failed request; a worker's failure was counted where it happened
+    /// ([`Exchange::record_error`]).
+    pub fn fail(&mut self, error: &GatewayError) {
+        self.status = Some(error.status());
+        match error.caused_by() {
+            Source::Client => {
+                if let Some(fault) = error.client_body_fault() {
+                    self.routing.metrics.record_client_body_error(fault);
+                    self.client_fault = Some(fault);
+                }
+            }
+            Source::Worker | Source::Gateway => {}
+        }
     }
 
     /// When the request arrived.
@@ -229,7 +242,7 @@ impl Exchange {
 
     /// The status the client is answered with.
     pub fn set_status(&mut self, status: StatusCode) {
-        self.status = status.as_u16();
+        self.status = Some(status);
     }
 
     /// The worker's response head arrived: observed in `bch_response_headers_seconds`.
@@ -313,8 +326,14 @@ fn new_request_id() -> HeaderValue {
     HeaderValue::from_bytes(&buf[..len]).expect("a valid header value")
 }
 
-fn millis(d: Option<Duration>) -> i64 {
-    d.map_or(-1, |d| d.as_millis() as i64)
+/// Whole milliseconds of `d`, when there is one.
+fn millis(d: Option<Duration>) -> Option<u64> {
+    d.map(|d| d.as_millis() as u64)
+}
+
+/// A time in the log line: whole milliseconds, `-1` when never (the documented log format).
+fn logged_millis(d: Option<Duration>) -> i64 {
+    millis(d).map_or(-1, |ms| ms as i64)
 }
 
 impl Drop for Exchange {
@@ -323,7 +342,9 @@ impl Drop for Exchange {
         let elapsed = self.started.elapsed();
         let seconds = elapsed.as_secs_f64();
         self.routing.metrics.request_duration.observe(seconds);
-        let class = StatusClass::of(self.status);
+        let class = self
+            .status
+            .map_or(StatusClass::None, |s| StatusClass::of(s.as_u16()));
         match &self.routed {
             Some((table, worker)) => table.workers()[*worker]
                 .stats
@@ -353,12 +374,13 @@ impl Drop for Exchange {
             worker = %worker,
             retried_from = %retried_from,
             branch = %self.branch.map_or("-", Branch::as_str),
-            status = self.status,
-            headers_ms = millis(self.headers_after),
-            ttfb_ms = millis(self.first_byte_after.or(self.headers_after)),
+            // 0: no status was sent (the client left first).
+            status = self.status.map_or(0, |s| s.as_u16()),
+            headers_ms = logged_millis(self.headers_after),
+            ttfb_ms = logged_millis(self.first_byte_after.or(self.headers_after)),
             duration_ms = elapsed.as_millis() as u64,
             error = self.errored,
-            client_fault = %self.client_fault.unwrap_or("-"),
+            client_fault = %self.client_fault.map_or("-", ClientBodyFault::as_str),
             "request"
         );
     }

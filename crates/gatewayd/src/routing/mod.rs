@@ -23,7 +23,6 @@ pub use key::HeaderLookup;
 use crate::config::runtime::RuntimeSettings;
 use crate::error::GatewayError;
 use crate::telemetry::keys::KeyTag;
-use crate::upstream::ClientBodyError;
 use key::{content_length, extract_key};
 
 /// Where a routed request went: the table it was decided on, the worker that holds its load (the
@@ -44,9 +43,9 @@ pub struct Choice {
 
 /// Checks the declared body size against `max_body_bytes` (413), extracts the routing key, decides
 /// and takes load on the chosen worker in one step, counts the branch, tells telemetry, and hands
-/// the load guard to `exchange`. A refusal (413, counted as the client's fault; no worker at all,
-/// no healthy worker, a target-worker miss) is the `GatewayError` to answer with; the exchange
-/// already knows the branch.
+/// the load guard to `exchange`. A refusal (413; no worker at all, no healthy worker, a
+/// target-worker miss) is the `GatewayError` to answer with, through [`Exchange::fail`]; the
+/// exchange already knows the branch.
 pub fn route<H: HeaderLookup + ?Sized>(
     routing: &Routing,
     settings: &RuntimeSettings,
@@ -55,9 +54,6 @@ pub fn route<H: HeaderLookup + ?Sized>(
 ) -> Result<Choice, GatewayError> {
     let limit = settings.max_body_bytes;
     if let Some(length) = content_length(headers).filter(|l| *l > limit) {
-        let reason = ClientBodyError::TooLarge.reason();
-        routing.metrics.record_client_body_error(reason);
-        exchange.record_client_fault(reason);
         return Err(GatewayError::PayloadTooLarge {
             length: Some(length),
             limit,

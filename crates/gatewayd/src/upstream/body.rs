@@ -16,6 +16,8 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
+use crate::error::ClientBodyFault;
+
 /// Boxed error type of bodies and connects.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -50,13 +52,13 @@ pub enum ClientBodyError {
 }
 
 impl ClientBodyError {
-    /// The `reason` label of `bch_client_body_errors_total`.
-    pub fn reason(&self) -> &'static str {
+    /// Its label: the `reason` of `bch_client_body_errors_total`.
+    pub fn fault(&self) -> ClientBodyFault {
         match self {
-            ClientBodyError::Incomplete => "incomplete",
-            ClientBodyError::Malformed(_) => "malformed",
-            ClientBodyError::TooLarge => "too_large",
-            ClientBodyError::Timeout => "timeout",
+            ClientBodyError::Incomplete => ClientBodyFault::Incomplete,
+            ClientBodyError::Malformed(_) => ClientBodyFault::Malformed,
+            ClientBodyError::TooLarge => ClientBodyFault::TooLarge,
+            ClientBodyError::Timeout => ClientBodyFault::Timeout,
         }
     }
 
