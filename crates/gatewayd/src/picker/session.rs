@@ -185,7 +185,7 @@ impl Held {
         }
         let moved = next.and_then(|next| Some((next, routing.router.reserve(&self.table, next)?)));
         let Some((next, guard)) = moved else {
-            self.exchange.release();
+            self.exchange.release_worker();
             return;
         };
         if given {

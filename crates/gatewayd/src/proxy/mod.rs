@@ -36,8 +36,9 @@ pub use plane::DataPlane;
 
 use crate::config::runtime::RuntimeSettings;
 use crate::error::{GatewayError, display_chain};
-use crate::routing::exchange::{Head, REQUEST_ID_HEADER};
+use crate::routing::exchange::Head;
 use crate::routing::key::extract_key;
+use crate::routing::request_id::REQUEST_ID_HEADER;
 use crate::routing::{Choice, Exchange};
 use crate::upstream::{ClientBodyError, SendError, UpstreamBody, UpstreamConnection, client_fault};
 use request::{point_at, refuse_early, strip_hop_by_hop, upstream_request};
@@ -405,19 +406,19 @@ mod tests {
 
     #[test]
     fn every_client_fault_has_its_metric_label() {
+        use crate::error::ClientBodyFault;
         let settings = RuntimeSettings::from_config(&crate::config::Config::default());
-        for fault in [
-            ClientBodyError::Incomplete,
-            ClientBodyError::Malformed("x".into()),
-            ClientBodyError::TooLarge,
-            ClientBodyError::Timeout,
+        for (fault, label) in [
+            (ClientBodyError::Incomplete, ClientBodyFault::Incomplete),
+            (
+                ClientBodyError::Malformed("x".into()),
+                ClientBodyFault::Malformed,
+            ),
+            (ClientBodyError::TooLarge, ClientBodyFault::TooLarge),
+            (ClientBodyError::Timeout, ClientBodyFault::Timeout),
         ] {
             let refusal = client_refusal(&settings, &fault);
-            assert_eq!(
-                refusal.client_body_fault(),
-                Some(fault.fault()),
-                "{refusal:?}"
-            );
+            assert_eq!(refusal.client_body_fault(), Some(label), "{refusal:?}");
         }
     }
 }

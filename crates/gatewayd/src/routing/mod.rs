@@ -3,12 +3,15 @@
 //! the branch metric and the telemetry event, in that order, from one function ([`route`]), so a
 //! request is placed and counted the same way whichever front end received it.
 //!
-//! Files: [`handle`] (the narrow handle, [`Routing`]), [`exchange`] (one request's record and load
-//! guard), [`key`] (key and size from either kind of header list).
+//! Files: [`handle`] (the narrow handle, [`Routing`]), [`exchange`] (one request's record),
+//! [`hold`] (its load on a worker), [`request_id`] (its id), [`key`] (key and size from either
+//! kind of header list).
 
 pub mod exchange;
 pub mod handle;
+pub mod hold;
 pub mod key;
+pub mod request_id;
 
 use std::sync::Arc;
 

@@ -16,8 +16,6 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
-use crate::error::ClientBodyFault;
-
 /// Boxed error type of bodies and connects.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -52,16 +50,6 @@ pub enum ClientBodyError {
 }
 
 impl ClientBodyError {
-    /// Its label: the `reason` of `bch_client_body_errors_total`.
-    pub fn fault(&self) -> ClientBodyFault {
-        match self {
-            ClientBodyError::Incomplete => ClientBodyFault::Incomplete,
-            ClientBodyError::Malformed(_) => ClientBodyFault::Malformed,
-            ClientBodyError::TooLarge => ClientBodyFault::TooLarge,
-            ClientBodyError::Timeout => ClientBodyFault::Timeout,
-        }
-    }
-
     /// What an error reading the client's body says about it. Body errors of a server-side
     /// `Incoming` are hyper's decoder complaining about what the client sent (bad framing: invalid
     /// input or data) or about the connection ending before the body did (anything else).
