@@ -31,13 +31,29 @@ fn http_actor(peer: Option<SocketAddr>) -> Actor {
     Actor::client(ChangeSource::Http, peer)
 }
 
-/// `value` (a JSON object) with `"note": RUNTIME_NOTE` added.
-fn with_note(value: impl serde::Serialize) -> serde_json::Value {
-    let mut value = serde_json::to_value(value).unwrap_or_default();
-    if let serde_json::Value::Object(map) = &mut value {
-        map.insert("note".into(), RUNTIME_NOTE.into());
+/// The answer to a runtime change: the fields of `answer` (a record, the policy) and
+/// `"note": RUNTIME_NOTE`.
+#[derive(serde::Serialize)]
+struct Noted<T> {
+    #[serde(flatten)]
+    answer: T,
+    note: &'static str,
+}
+
+/// `answer` with the note that the change is not persisted.
+fn with_note<T>(answer: T) -> Noted<T> {
+    Noted {
+        answer,
+        note: RUNTIME_NOTE,
     }
-    value
+}
+
+/// The answer to a drain: the worker's record and whether it leaves the membership once idle.
+#[derive(serde::Serialize)]
+struct Drained<T> {
+    #[serde(flatten)]
+    record: T,
+    remove_when_idle: bool,
 }
 
 /// `GET /metrics`: the Prometheus text of every `bch_` metric.
@@ -109,9 +125,11 @@ pub async fn drain_worker(
     let record = plane
         .admin
         .drain(&name, request.remove, &http_actor(peer))?;
-    let mut answer = with_note(record);
-    answer["remove_when_idle"] = request.remove.into();
-    Ok(Json(answer).into_response())
+    Ok(Json(with_note(Drained {
+        record,
+        remove_when_idle: request.remove,
+    }))
+    .into_response())
 }
 
 /// `POST /admin/workers/{name}/undrain`: the worker takes new requests again.

@@ -135,9 +135,21 @@ pub async fn explain(
     .into_response())
 }
 
+/// One worker's entry of `fleet_loads`: the rule's numbers, with the last report's age and
+/// whether it is stale.
+#[derive(serde::Serialize)]
+struct FleetLoad {
+    #[serde(flatten)]
+    numbers: WorkerLoad,
+    /// Age of the worker's last good scrape, milliseconds (`null`: never scraped).
+    scrape_age_ms: Option<u64>,
+    /// No fresh report: the rule reads this replica's local count.
+    stale: bool,
+}
+
 /// Per worker: this replica's count, the worker's last report and its age, the fleet-wide load and
 /// the load the rule read (docs/replicas.md).
-fn fleet_loads(table: &RoutingTable) -> Vec<serde_json::Value> {
+fn fleet_loads(table: &RoutingTable) -> Vec<FleetLoad> {
     let source = table.policy().load_source;
     let records = table.worker_records(crate::clock::now_ms());
     table
@@ -146,19 +158,15 @@ fn fleet_loads(table: &RoutingTable) -> Vec<serde_json::Value> {
         .zip(records)
         .map(|(worker, record)| {
             let sample = worker.stats.fleet_sample().fresh();
-            let numbers = WorkerLoad::new(worker.spec.name.clone(), record.active, sample, source);
-            let mut value = serde_json::to_value(numbers).unwrap_or_default();
-            if let serde_json::Value::Object(map) = &mut value {
-                // A stale report is still worth seeing, marked as such.
-                if map.get("reported").is_none()
-                    && let Some(reported) = record.reported_load
-                {
-                    map.insert("reported".into(), reported.into());
-                }
-                map.insert("scrape_age_ms".into(), record.scrape_age_ms.into());
-                map.insert("stale".into(), record.load_stale.into());
+            let mut numbers =
+                WorkerLoad::new(worker.spec.name.clone(), record.active, sample, source);
+            // A stale report is still worth seeing, marked as such.
+            numbers.reported = numbers.reported.or(record.reported_load);
+            FleetLoad {
+                numbers,
+                scrape_age_ms: record.scrape_age_ms,
+                stale: record.load_stale,
             }
-            value
         })
         .collect()
 }
