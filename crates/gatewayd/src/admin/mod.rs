@@ -124,27 +124,6 @@ impl From<RouterError> for AdminError {
     }
 }
 
-impl AdminError {
-    /// The answer to a failed `POST /admin/reload`: everything a reload refuses comes from the
-    /// file, so it is `invalid_config` with the whole chain (file and field) in the message; only
-    /// a gateway without a file says so.
-    pub fn reload_refusal(self) -> GatewayError {
-        match self {
-            AdminError::NoConfigFile => GatewayError::from(self),
-            AdminError::Config(_)
-            | AdminError::Worker(_)
-            | AdminError::Membership(_)
-            | AdminError::Alias(_)
-            | AdminError::Loop(_)
-            | AdminError::Policy(_)
-            | AdminError::UnknownWorker(_)
-            | AdminError::Discovered { .. } => {
-                GatewayError::InvalidConfig(crate::error::display_chain(&self))
-            }
-        }
-    }
-}
-
 /// Each admin refusal keeps its kind in the answer: a bad worker is `invalid_worker`, a clash
 /// `worker_conflict`, an unknown name `unknown_worker`, and so on.
 impl From<AdminError> for GatewayError {

@@ -179,7 +179,7 @@ pub async fn get_config(State(plane): State<Arc<ControlPlane>>) -> Response {
 
 /// `POST /admin/reload`: re-reads the configuration file; answers the policy and workers in force.
 pub async fn reload(State(plane): State<Arc<ControlPlane>>) -> Result<Response, GatewayError> {
-    plane.admin.reload().map_err(AdminError::reload_refusal)?;
+    plane.admin.reload().map_err(reload_refusal)?;
     let table = plane.router.table();
     Ok(Json(serde_json::json!({
         "reloaded": true,
@@ -187,6 +187,25 @@ pub async fn reload(State(plane): State<Arc<ControlPlane>>) -> Result<Response, 
         "workers": table.worker_records(now_ms()),
     }))
     .into_response())
+}
+
+/// The answer to a failed `POST /admin/reload`: everything a reload refuses comes from the file,
+/// so it is `invalid_config` with the whole chain (file and field) in the message; only a gateway
+/// without a file says so.
+fn reload_refusal(error: AdminError) -> GatewayError {
+    match error {
+        AdminError::NoConfigFile => GatewayError::from(error),
+        AdminError::Config(_)
+        | AdminError::Worker(_)
+        | AdminError::Membership(_)
+        | AdminError::Alias(_)
+        | AdminError::Loop(_)
+        | AdminError::Policy(_)
+        | AdminError::UnknownWorker(_)
+        | AdminError::Discovered { .. } => {
+            GatewayError::InvalidConfig(crate::error::display_chain(&error))
+        }
+    }
 }
 
 /// The request body, or the OpenAI-shaped refusal of one axum could not read (over
