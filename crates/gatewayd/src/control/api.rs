@@ -253,3 +253,31 @@ fn failing_field<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<String> 
         })
         .cloned()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigError;
+
+    #[test]
+    fn a_refused_reload_names_file_and_field_and_a_missing_file_says_so() {
+        let invalid = || {
+            AdminError::Config(ConfigError::Invalid {
+                path: Some("/etc/bch/gatewayd.toml".into()),
+                field: "policy.max_load_skew".into(),
+                message: "must be at least 1.0".into(),
+            })
+        };
+        // The answer it always gave: anyhow's `{:#}` of the whole chain.
+        let chain = format!("{:#}", anyhow::Error::from(invalid()));
+        assert_eq!(
+            reload_refusal(invalid()),
+            GatewayError::InvalidConfig(chain)
+        );
+        let missing = reload_refusal(AdminError::NoConfigFile);
+        assert_eq!(
+            (missing.status().as_u16(), missing.code()),
+            (409, "no_config_file")
+        );
+    }
+}
