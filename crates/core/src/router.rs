@@ -107,9 +107,38 @@ impl RoutingTable {
         &self.policy
     }
 
-    /// Health of each worker, configuration order.
-    pub fn health(&self) -> &[bool] {
+    /// Whether each worker's health checks pass, configuration order: health only, whatever the
+    /// worker's state. Whether a worker takes requests is [`RoutingTable::routable`].
+    pub fn healthy_flags(&self) -> &[bool] {
         &self.healthy
+    }
+
+    /// Whether `worker` takes new requests: healthy and active (not draining). The one meaning of
+    /// "ready" for first picks, retries and the endpoint picker's fallbacks. `false` for an index
+    /// that is no worker of the table.
+    pub fn routable(&self, worker: usize) -> bool {
+        self.routable.get(worker).copied().unwrap_or(false)
+    }
+
+    /// The routable workers clockwise from `position`, each once, in ring order, leaving out those
+    /// `skip` names (the worker that failed, the workers already listed): where a keyed request's
+    /// retry and fallbacks go. Allocation-free; see [`Ring::workers_clockwise`].
+    pub fn routable_from<'a>(
+        &'a self,
+        position: u64,
+        skip: impl Fn(usize) -> bool + 'a,
+    ) -> impl Iterator<Item = usize> + 'a {
+        self.ring
+            .workers_clockwise(position, move |w| self.routable[w] && !skip(w))
+    }
+
+    /// The routable worker with the fewest requests in flight, leaving out those `skip` names:
+    /// where a keyless request's retry and fallbacks go. Ties go to the lower index. `None` when
+    /// every routable worker is skipped.
+    pub fn least_loaded_routable(&self, skip: impl Fn(usize) -> bool) -> Option<usize> {
+        (0..self.workers.len())
+            .filter(|&w| self.routable[w] && !skip(w))
+            .min_by_key(|&w| self.workers[w].stats.active())
     }
 
     /// Each worker's operator state (`active` or `draining`), configuration order.
@@ -314,9 +343,10 @@ impl Router {
         }
     }
 
-    /// The retry pick after a connection to `failed` could not be made: the next healthy worker
-    /// clockwise from the key (skipping `failed`), or for keyless requests any other healthy worker.
-    /// Takes load like [`Router::route`]. `None` when no other healthy worker exists.
+    /// The retry pick after a connection to `failed` could not be made: the next routable worker
+    /// clockwise from the key (skipping `failed`), or for keyless requests the least loaded other
+    /// routable worker. Takes load like [`Router::route`]. `None` when no other routable worker
+    /// exists.
     pub fn route_retry(
         &self,
         table: &Arc<RoutingTable>,
@@ -325,13 +355,8 @@ impl Router {
     ) -> Option<(usize, LoadGuard)> {
         let _selection = self.select.lock().unwrap_or_else(PoisonError::into_inner);
         let next = match key.position() {
-            Some(position) => table
-                .ring
-                .points_from(position)
-                .find(|&w| w != failed && table.routable[w]),
-            None => (0..table.workers.len())
-                .filter(|&w| w != failed && table.routable[w])
-                .min_by_key(|&w| table.workers[w].stats.active()),
+            Some(position) => table.routable_from(position, |w| w == failed).next(),
+            None => table.least_loaded_routable(|w| w == failed),
         }?;
         Some((next, table.workers[next].stats.acquire()))
     }
@@ -656,7 +681,7 @@ mod tests {
         let after = router.table();
         assert!(Arc::ptr_eq(&before, after.ring()));
         assert_eq!(after.policy().min_load_gap, 7);
-        assert_eq!(after.health(), &[false, true]);
+        assert_eq!(after.healthy_flags(), &[false, true]);
         router
             .set_policy(&PolicyPatch {
                 virtual_nodes: Some(10),
@@ -665,7 +690,7 @@ mod tests {
             .unwrap();
         assert_eq!(router.table().ring().len(), 20);
         assert_eq!(
-            router.table().health(),
+            router.table().healthy_flags(),
             &[false, true],
             "health survives a rebuild"
         );
@@ -780,7 +805,7 @@ mod tests {
             .map(|w| w.spec.name.as_str())
             .collect();
         assert_eq!(names, ["w2", "w3"]);
-        assert_eq!(after.health(), &[false, true], "w2 keeps its health");
+        assert_eq!(after.healthy_flags(), &[false, true], "w2 keeps its health");
         assert_eq!(
             after.membership_generation(),
             before.membership_generation() + 1
@@ -798,7 +823,7 @@ mod tests {
         assert_eq!(router.set_state(&name, WorkerState::Draining), Some(false));
         assert_eq!(router.set_state("nope", WorkerState::Draining), None);
         let table = router.table();
-        assert_eq!(table.health(), &[true, true], "health untouched");
+        assert_eq!(table.healthy_flags(), &[true, true], "health untouched");
         assert_eq!(table.routable_count(), 1);
         let routed = router.route(&RoutingKey::Explicit(key));
         assert_eq!(
@@ -830,7 +855,7 @@ mod tests {
     fn new_workers_can_start_unhealthy_and_health_flips_are_counted() {
         let router =
             Router::with_initial_health(vec![spec(1)], PolicySettings::default(), false).unwrap();
-        assert_eq!(router.table().health(), &[false]);
+        assert_eq!(router.table().healthy_flags(), &[false]);
         assert_eq!(
             router.route(&RoutingKey::None).decision.branch,
             Branch::NoHealthyWorkers
@@ -838,16 +863,106 @@ mod tests {
         assert!(router.set_health("w1", true));
         router.add_worker(spec(2)).unwrap();
         assert_eq!(
-            router.table().health(),
+            router.table().healthy_flags(),
             &[true, false],
             "only the new one waits"
         );
         router.set_initial_health(true);
         router.add_worker(spec(3)).unwrap();
-        assert_eq!(router.table().health(), &[true, false, true]);
+        assert_eq!(router.table().healthy_flags(), &[true, false, true]);
         router.set_health("w1", false);
         router.set_health("w1", false);
         assert_eq!(router.table().workers()[0].stats.health_changes_total(), 2);
+    }
+
+    #[test]
+    fn the_walk_yields_routable_workers_once_in_ring_order_without_the_skipped() {
+        let router = Router::new((1..=5).map(spec).collect(), PolicySettings::default()).unwrap();
+        router.set_health("w2", false);
+        router.set_state("w4", WorkerState::Draining);
+        let table = router.table();
+        assert_eq!(table.healthy_flags(), &[true, false, true, true, true]);
+        assert!(table.routable(0) && !table.routable(1) && !table.routable(3));
+        assert!(!table.routable(5), "no such worker");
+        let position = crate::ring::hash_position(b"key");
+        let expected: Vec<usize> = table
+            .ring()
+            .workers_from(position)
+            .into_iter()
+            .filter(|&w| ![1, 3, 4].contains(&w))
+            .collect();
+        let walk: Vec<usize> = table.routable_from(position, |w| w == 4).collect();
+        assert_eq!(walk, expected);
+        assert_eq!(expected.len(), 2);
+        assert_eq!(
+            router
+                .route_retry(
+                    &table,
+                    &RoutingKey::Explicit(ExplicitKey::parse(b"key").unwrap()),
+                    4
+                )
+                .map(|(w, _)| w),
+            expected.first().copied(),
+            "a retry takes the walk's first"
+        );
+    }
+
+    #[test]
+    fn keyless_fallbacks_go_to_the_least_loaded_routable_worker() {
+        let router = Router::new((1..=4).map(spec).collect(), PolicySettings::default()).unwrap();
+        router.set_state("w1", WorkerState::Draining);
+        let table = router.table();
+        let _held = [
+            router.reserve(&table, 1),
+            router.reserve(&table, 1),
+            router.reserve(&table, 2),
+        ];
+        assert_eq!(table.least_loaded_routable(|_| false), Some(3));
+        assert_eq!(table.least_loaded_routable(|w| w == 3), Some(2));
+        assert_eq!(table.least_loaded_routable(|w| w != 0), None, "w1 drains");
+        assert_eq!(
+            router
+                .route_retry(&table, &RoutingKey::None, 3)
+                .map(|(w, _)| w),
+            Some(2)
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_walk_yields_only_routable_workers_each_once_in_ring_order(
+            workers in 1u16..12,
+            virtual_nodes in 1u32..40,
+            flags in proptest::collection::vec((proptest::bool::ANY, proptest::bool::ANY), 12),
+            skipped in proptest::collection::vec(proptest::bool::ANY, 12),
+            position in proptest::num::u64::ANY,
+        ) {
+            let policy = PolicySettings { virtual_nodes, ..PolicySettings::default() };
+            let router = Router::new((0..workers).map(spec).collect(), policy).unwrap();
+            for (w, (healthy, draining)) in flags.iter().take(usize::from(workers)).enumerate() {
+                let name = format!("w{w}");
+                router.set_health(&name, *healthy);
+                if *draining {
+                    router.set_state(&name, WorkerState::Draining);
+                }
+            }
+            let table = router.table();
+            let walk: Vec<usize> = table.routable_from(position, |w| skipped[w]).collect();
+            for &w in &walk {
+                proptest::prop_assert!(table.healthy_flags()[w]);
+                proptest::prop_assert_eq!(table.states()[w], WorkerState::Active);
+                proptest::prop_assert!(!skipped[w]);
+            }
+            // Ring order, each once: the walk is the first-point order of the turn, filtered.
+            let mut seen = vec![false; usize::from(workers)];
+            let reference: Vec<usize> = table
+                .ring()
+                .points_from(position)
+                .filter(|&w| !std::mem::replace(&mut seen[w], true))
+                .filter(|&w| table.routable(w) && !skipped[w])
+                .collect();
+            proptest::prop_assert_eq!(walk, reference);
+        }
     }
 
     #[test]

@@ -93,12 +93,13 @@ impl AddressBook {
 }
 
 /// Writes the answer's endpoint list into `out`: the chosen worker's `IP:PORT`, then up to
-/// `fallbacks` other healthy workers, comma-separated. Keyed requests fall back in ring order
-/// from the key (the workers the data plane's retry would walk to); keyless ones to the least
-/// loaded others; target-worker requests never move. Returns the workers listed (so the response
-/// can tell a fallback Envoy was given from an endpoint it picked itself), or `None` when the
-/// chosen worker has no address. Allocates nothing but `out`'s growth: the walk keeps the listed
-/// workers in a fixed array.
+/// `fallbacks` other routable workers (healthy and not draining), comma-separated. The fallbacks
+/// are the workers the data plane's retry would go to, from core's one walk: keyed requests in
+/// ring order from the key ([`RoutingTable::routable_from`]), keyless ones the least loaded
+/// others ([`RoutingTable::least_loaded_routable`]); target-worker requests never move. Returns
+/// the workers listed (so the response can tell a fallback Envoy was given from an endpoint it
+/// picked itself), or `None` when the chosen worker has no address. Allocates nothing but
+/// `out`'s growth: the listed workers are kept in a fixed array.
 pub fn endpoint_list(
     table: &RoutingTable,
     addresses: &Addresses,
@@ -108,34 +109,26 @@ pub fn endpoint_list(
 ) -> Option<Listed> {
     let chosen = addresses.get(choice.worker)?;
     out.push_str(&chosen.text);
-    let healthy_others = table
-        .health()
-        .iter()
-        .enumerate()
-        .filter(|(w, healthy)| **healthy && *w != choice.worker && addresses.get(*w).is_some())
-        .count();
-    let wanted = fallbacks.min(MAX_PICKER_FALLBACKS).min(healthy_others);
     let mut listed = Listed::new(choice.worker);
+    let listable = |w: usize| w != choice.worker && addresses.get(w).is_some();
+    // Capped by the workers there are, so a walk for more fallbacks than exist ends early instead
+    // of turning the whole ring.
+    let others = (0..table.workers().len())
+        .filter(|&w| table.routable(w) && listable(w))
+        .count();
+    let wanted = fallbacks.min(MAX_PICKER_FALLBACKS).min(others);
     if wanted == 0 || choice.branch == Branch::TargetWorkerHit {
         return Some(listed);
     }
-    let health = table.health();
     match choice.position {
         Some(position) => {
-            for worker in table.ring().points_from(position) {
-                if health[worker] {
-                    listed.add(worker, addresses, out);
-                    if listed.fallbacks() == wanted {
-                        break;
-                    }
-                }
+            for worker in table.routable_from(position, |w| !listable(w)).take(wanted) {
+                listed.add(worker, addresses, out);
             }
         }
         None => {
             while listed.fallbacks() < wanted {
-                let next = (0..table.workers().len())
-                    .filter(|w| health[*w] && !listed.contains(*w) && addresses.get(*w).is_some())
-                    .min_by_key(|w| table.workers()[*w].stats.active());
+                let next = table.least_loaded_routable(|w| !listable(w) || listed.contains(w));
                 match next {
                     Some(worker) => listed.add(worker, addresses, out),
                     None => break,
@@ -181,6 +174,68 @@ impl Listed {
             self.workers[self.count] = worker;
             self.count += 1;
             let _ = write!(out, ",{}", address.text);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bch_core::policy::PolicySettings;
+    use bch_core::ring::hash_position;
+    use bch_core::router::{Router, WorkerSource, WorkerSpec};
+    use bch_core::telemetry::WorkerState;
+
+    use super::*;
+
+    fn router(workers: u16) -> Router {
+        let specs = (1..=workers)
+            .map(|n| WorkerSpec {
+                name: format!("w{n}"),
+                url: format!("http://127.0.0.1:{}", 9000 + n),
+                ring_id: None,
+                source: WorkerSource::Static,
+            })
+            .collect();
+        Router::new(specs, PolicySettings::default()).unwrap()
+    }
+
+    /// Envoy retries a failed connect on the listed fallbacks: a draining worker must never be one,
+    /// as it is never a pick (docs/envoy.md), for keyed and keyless requests alike.
+    #[test]
+    fn a_draining_worker_is_never_listed_as_a_fallback() {
+        for drained in 0..3 {
+            for key in ["a", "b", "c", "session-7", "user-42", ""] {
+                let router = router(3);
+                let name = format!("w{}", drained + 1);
+                router.set_state(&name, WorkerState::Draining).unwrap();
+                let table = router.table();
+                let position = (!key.is_empty()).then(|| hash_position(key.as_bytes()));
+                let chosen = (0..3).find(|&w| w != drained).unwrap();
+                let choice = Choice {
+                    table: Arc::clone(&table),
+                    worker: chosen,
+                    branch: if position.is_some() {
+                        Branch::ExplicitRoutingKeyHit
+                    } else {
+                        Branch::Keyless
+                    },
+                    position,
+                };
+                let addresses = Addresses::of(&table);
+                let mut out = String::new();
+                let listed = endpoint_list(&table, &addresses, &choice, 2, &mut out).unwrap();
+                let drained_address = &addresses.get(drained).unwrap().text;
+                assert!(
+                    !listed.contains(drained) && !out.contains(drained_address.as_str()),
+                    "chosen w{} drained {name} endpoints {out}",
+                    chosen + 1
+                );
+                assert_eq!(
+                    listed.fallbacks(),
+                    1,
+                    "the one other routable worker: {out}"
+                );
+            }
         }
     }
 }
