@@ -1,17 +1,17 @@
 //! Workers as Envoy knows them: by address. The `IP:PORT` of every worker of a membership
-//! generation, parsed once when the generation is first seen (never per request), and the answer's
-//! endpoint list: the chosen worker, then its fallbacks.
+//! generation, taken from each member's parsed URL once when the generation is first seen (never
+//! per request), and the answer's endpoint list: the chosen worker, then its fallbacks.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use arc_swap::ArcSwapOption;
+use bch_core::generation_cache::{GenerationCache, PerGeneration};
 use bch_core::policy::Branch;
 use bch_core::router::RoutingTable;
 
-use crate::config::MAX_PICKER_FALLBACKS;
-use crate::config::WorkerUrl;
+use crate::config::{MAX_PICKER_FALLBACKS, Member, SharedMembers, WorkerUrl};
 use crate::routing::Choice;
 
 /// One worker's address and the header value naming it.
@@ -32,16 +32,30 @@ pub struct Addresses {
     workers: Vec<Option<WorkerAddress>>,
 }
 
+impl PerGeneration for Addresses {
+    fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
 impl Addresses {
-    fn of(table: &RoutingTable) -> Self {
+    /// The addresses of `table`'s workers, from each worker's parsed URL in `members` (the admin
+    /// owner stores the membership before the router's table, so every worker of a table has its
+    /// member); a worker that left the membership since is parsed from its spec.
+    fn of(table: &RoutingTable, members: &[Member]) -> Self {
+        let by_url: HashMap<&str, &WorkerUrl> = members
+            .iter()
+            .map(|member| (member.spec.url.as_str(), &member.url))
+            .collect();
         let workers = table
             .workers()
             .iter()
             .map(|worker| {
-                let addr = WorkerUrl::parse(&worker.spec.url)
-                    .ok()?
-                    .picker_endpoint()
-                    .ok()?;
+                let addr = match by_url.get(worker.spec.url.as_str()) {
+                    Some(url) => url.picker_endpoint(),
+                    None => WorkerUrl::parse(&worker.spec.url).ok()?.picker_endpoint(),
+                }
+                .ok()?;
                 Some(WorkerAddress {
                     addr,
                     text: addr.to_string(),
@@ -67,28 +81,27 @@ impl Addresses {
     }
 }
 
-/// The addresses of the latest membership generation seen, rebuilt when the generation changes.
-#[derive(Default)]
+/// The workers' addresses of the latest membership generation seen, rebuilt when the generation
+/// changes, from the membership in force.
 pub struct AddressBook {
-    current: ArcSwapOption<Addresses>,
+    members: SharedMembers,
+    cache: GenerationCache<Addresses>,
 }
 
 impl AddressBook {
+    /// An empty book over the membership in force `members`.
+    pub fn new(members: SharedMembers) -> Self {
+        Self {
+            members,
+            cache: GenerationCache::default(),
+        }
+    }
+
     /// The addresses of `table`'s workers: a lock-free load, and a rebuild once per membership
     /// generation. A table older than the cached one gets its own (uncached) addresses.
     pub fn for_table(&self, table: &RoutingTable) -> Arc<Addresses> {
-        let generation = table.membership_generation();
-        if let Some(current) = self.current.load_full() {
-            if current.generation == generation {
-                return current;
-            }
-            if current.generation > generation {
-                return Arc::new(Addresses::of(table));
-            }
-        }
-        let fresh = Arc::new(Addresses::of(table));
-        self.current.store(Some(Arc::clone(&fresh)));
-        fresh
+        self.cache
+            .for_table(table, |table| Addresses::of(table, &self.members.load()))
     }
 }
 
@@ -221,7 +234,7 @@ mod tests {
                     },
                     position,
                 };
-                let addresses = Addresses::of(&table);
+                let addresses = Addresses::of(&table, &[]);
                 let mut out = String::new();
                 let listed = endpoint_list(&table, &addresses, &choice, 2, &mut out).unwrap();
                 let drained_address = &addresses.get(drained).unwrap().text;
