@@ -35,6 +35,7 @@
 pub mod decide;
 pub mod explain;
 pub mod fleet_load;
+pub mod generation_cache;
 pub mod load;
 pub mod policy;
 pub mod ring;

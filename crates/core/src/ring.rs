@@ -203,7 +203,6 @@ impl Ring {
         if walk == n {
             return None;
         }
-        let per_worker = self.virtual_nodes as usize;
         let mut nearest: Option<(usize, usize)> = None;
         let mut rest = workers;
         while rest != 0 {
@@ -212,12 +211,7 @@ impl Ring {
             if worker >= self.worker_count {
                 break;
             }
-            let points = &self.by_worker[worker * per_worker..(worker + 1) * per_worker];
-            // The worker's first point at or after `start`, else (wrapping) its first point.
-            let next = points
-                .get(points.partition_point(|&p| (p as usize) < start))
-                .unwrap_or(&points[0]);
-            let next = *next as usize;
+            let next = self.next_point_of(worker, start);
             let distance = if next >= start {
                 next - start
             } else {
@@ -228,6 +222,35 @@ impl Ring {
             }
         }
         nearest.map(|(_, worker)| worker)
+    }
+
+    /// Index of `worker`'s first point at or after point index `start`, else (wrapping) of its
+    /// first point: one binary search over the worker's own points. The ring must not be empty.
+    fn next_point_of(&self, worker: usize, start: usize) -> usize {
+        let per_worker = self.virtual_nodes as usize;
+        let points = &self.by_worker[worker * per_worker..(worker + 1) * per_worker];
+        let next = points
+            .get(points.partition_point(|&p| (p as usize) < start))
+            .unwrap_or(&points[0]);
+        *next as usize
+    }
+
+    /// The distinct workers clockwise from `position` for which `accept` is true, each once, in
+    /// ring order (pingora's `select_with`): a worker is yielded at its first point of the turn.
+    /// `accept` is asked point by point, so it must answer the same for every point of a worker.
+    /// Allocation-free: whether a point is its owner's first of the turn is one binary search over
+    /// that worker's points, done only for accepted points. Stops after one full turn.
+    pub fn workers_clockwise<'a>(
+        &'a self,
+        position: u64,
+        mut accept: impl FnMut(usize) -> bool + 'a,
+    ) -> impl Iterator<Item = usize> + 'a {
+        let n = self.owners.len();
+        let start = self.first_point(position).unwrap_or(0);
+        (start..n).chain(0..start).filter_map(move |point| {
+            let worker = self.owners[point] as usize;
+            (accept(worker) && self.next_point_of(worker, start) == point).then_some(worker)
+        })
     }
 
     /// Rank of `worker` in the hash-seeded spill order of a key at `position`: the worker with the
@@ -279,29 +302,20 @@ impl Ring {
         best.map(|(_, worker)| worker)
     }
 
-    /// Every worker in the hash-seeded order of `position`, first-ranked first. Allocates; meant for
-    /// explain and tests, not the routing hot path.
+    /// Every worker in the hash-seeded order of `position`, first-ranked first. Allocates: the
+    /// order tests compare routing against (routing itself uses [`Ring::first_seeded`]).
     pub fn seeded_order(&self, position: u64) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.worker_count).collect();
         order.sort_by_key(|&w| std::cmp::Reverse((self.seeded_score(position, w), self.seeds[w])));
         order
     }
 
-    /// The distinct workers clockwise from `position`, each once, in ring order. Allocates a small
-    /// visited set; meant for explain, retries and telemetry, not the routing hot path.
+    /// Every worker clockwise from `position`, each once, in ring order, as a list: the order
+    /// tests and benchmarks compare routing against (routing walks [`Ring::workers_clockwise`]).
     pub fn workers_from(&self, position: u64) -> Vec<usize> {
-        let mut seen = vec![false; self.worker_count];
-        let mut order = Vec::with_capacity(self.worker_count);
-        for owner in self.points_from(position) {
-            if !seen[owner] {
-                seen[owner] = true;
-                order.push(owner);
-                if order.len() == self.worker_count {
-                    break;
-                }
-            }
-        }
-        order
+        self.workers_clockwise(position, |_| true)
+            .take(self.worker_count)
+            .collect()
     }
 
     /// The owner of `position` ignoring health: the first point at or after it.

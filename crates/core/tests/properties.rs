@@ -204,7 +204,7 @@ proptest! {
         // Every key the newcomer owns moved (it owned none before).
         let owned = after_add.iter().filter(|p| p.as_deref() == Some(newcomer.url.as_str())).count();
         prop_assert_eq!(moved, owned);
-        prop_assert_eq!(grown_table.health().iter().filter(|h| !**h).count(),
+        prop_assert_eq!(grown_table.healthy_flags().iter().filter(|h| !**h).count(),
             healthy.iter().filter(|h| !**h).count(), "health survives the rebuild");
 
         router.remove_worker(&newcomer.name).unwrap();
@@ -239,7 +239,7 @@ proptest! {
         let down = router.table();
         prop_assert!(Arc::ptr_eq(table.ring(), down.ring()), "no rebuild on a health flip");
         prop_assert_eq!(down.membership_generation(), table.membership_generation());
-        prop_assert_eq!(down.health(), &healthy[..]);
+        prop_assert_eq!(down.healthy_flags(), &healthy[..]);
         let during = placements(&down, &keys);
         let ring = down.ring();
         for (k, text) in keys.iter().enumerate() {
@@ -716,7 +716,7 @@ proptest! {
                     }
                     prop_assert_eq!(routed.decision.worker.is_some(), routed.guard.is_some());
                     if let (Some(w), Some(guard)) = (routed.decision.worker, &routed.guard) {
-                        prop_assert!(table.health()[w], "routed to an unhealthy worker");
+                        prop_assert!(table.healthy_flags()[w], "routed to an unhealthy worker");
                         prop_assert!(Arc::ptr_eq(guard.stats(), &table.workers()[w].stats));
                         seen.push(Arc::downgrade(guard.stats()));
                         held.push(routed);
@@ -731,7 +731,7 @@ proptest! {
                     let table = router.table();
                     let name = &pool[usize::from(w)].name;
                     let changed = match table.index_of(name) {
-                        Some(i) => router.set_health(name, !table.health()[i]),
+                        Some(i) => router.set_health(name, !table.healthy_flags()[i]),
                         None => router.set_health(name, false),
                     };
                     prop_assert_eq!(changed, table.index_of(name).is_some());

@@ -95,7 +95,7 @@ fn concurrent_routing_with_health_and_threshold_churn_balances_to_zero() {
                         assert_eq!(routed.decision.worker.is_some(), routed.guard.is_some());
                         if let (Some(w), Some(guard)) = (routed.decision.worker, &routed.guard) {
                             // The decision is consistent with the snapshot it was made on.
-                            assert!(routed.table.health()[w], "unhealthy worker chosen");
+                            assert!(routed.table.healthy_flags()[w], "unhealthy worker chosen");
                             assert!(Arc::ptr_eq(guard.stats(), &routed.table.workers()[w].stats));
                             chosen += 1;
                             if routed.decision.branch == Branch::ExplicitRoutingKeySpillover {
@@ -144,7 +144,7 @@ fn concurrent_routing_with_health_and_threshold_churn_balances_to_zero() {
                 let name = format!("w{}", rng.below(WORKERS as u64));
                 let table = router.table();
                 let index = table.index_of(&name).unwrap();
-                if router.set_health(&name, !table.health()[index]) {
+                if router.set_health(&name, !table.healthy_flags()[index]) {
                     flips += 1;
                 }
                 router

@@ -347,7 +347,7 @@ impl Probing {
             self.failures.record(&key, failure.reason());
             tracing::debug!(worker = %name, reason = %failure, "probe failed");
         }
-        let healthy = table.health()[index];
+        let healthy = table.healthy_flags()[index];
         let streak = self.streaks.entry(key).or_default();
         let first = streak.seen_healthy.is_none();
         let Some(to) = streak.observe(result.is_ok(), healthy, thresholds) else {

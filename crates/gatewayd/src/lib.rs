@@ -54,6 +54,6 @@ pub use app::{Findings, RunningGateway, StartError, StartOptions, check, start};
 /// Internals that the fuzz and allocation tests drive directly. Not a stable API.
 #[doc(hidden)]
 pub mod testing {
-    pub use crate::picker::probe::SessionProbe;
+    pub use crate::app::picker_harness::SessionProbe;
     pub use crate::proxy::request::strip_hop_by_hop;
 }

@@ -441,7 +441,7 @@ fn worker_states(
         "In-flight requests of this gateway on the worker",
         labels.iter().cloned().zip(active),
     )?;
-    let healthy = table.health().iter().map(|h| i64::from(*h));
+    let healthy = table.healthy_flags().iter().map(|h| i64::from(*h));
     gauge(
         encoder,
         "bch_worker_healthy",

@@ -140,7 +140,7 @@ fn worker_record(gateway: &RunningGateway, name: &str) -> (u64, bool) {
         .unwrap();
     (
         table.workers()[index].stats.errors_total(),
-        table.health()[index],
+        table.healthy_flags()[index],
     )
 }
 

@@ -374,7 +374,7 @@ async fn progress(done: &AtomicUsize, n: usize, storm_over: &CancellationToken) 
 }
 
 fn worker_healthy(gateway: &RunningGateway, index: usize) -> bool {
-    gateway.routing_table().health()[index]
+    gateway.routing_table().healthy_flags()[index]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -430,7 +430,7 @@ async fn fault_storm() {
             let mut transitions: Vec<(usize, bool)> = Vec::new();
             let mut last = [true; 4];
             loop {
-                let health = gateway.routing_table().health().to_vec();
+                let health = gateway.routing_table().healthy_flags().to_vec();
                 for (i, h) in health.iter().enumerate() {
                     if *h != last[i] {
                         transitions.push((i, *h));

@@ -180,7 +180,7 @@ async fn a_served_fallback_moves_the_load_counts_the_failed_connect_and_names_th
     let chosen_index = table.index_of(&chosen).unwrap();
     assert_eq!(table.workers()[chosen_index].stats.errors_total(), 1);
     assert!(
-        !table.health()[chosen_index],
+        !table.healthy_flags()[chosen_index],
         "passive health marks the worker whose connect failed"
     );
     assert!(gateway.metrics_text().contains("bch_retries_total 1"));
@@ -228,7 +228,7 @@ async fn an_endpoint_envoy_was_not_given_moves_the_load_without_blaming_the_chos
     let chosen_index = table.index_of(&chosen).unwrap();
     assert_eq!(table.workers()[chosen_index].stats.errors_total(), 0);
     assert!(
-        table.health()[chosen_index],
+        table.healthy_flags()[chosen_index],
         "nothing said the chosen worker failed"
     );
     assert!(gateway.metrics_text().contains("bch_retries_total 0"));

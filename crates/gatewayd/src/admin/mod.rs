@@ -12,10 +12,12 @@
 //! nothing (no ring rebuild, no `ring` frame). Changes are serialised by a lock that is only ever
 //! held for this short, synchronous sequence, never by the data path.
 //!
-//! Workers that leave keep their counters in [`departed`] for when they come back. Draining a
-//! worker (and removing it once idle) is in [`drain`].
+//! The apply step is in [`apply`]: prepare (every check, the merge, the router's prepared table)
+//! then commit (cannot fail). Workers that leave keep their counters in [`departed`] for when they
+//! come back. Draining a worker (and removing it once idle) is in [`drain`].
 
 mod actor;
+mod apply;
 mod departed;
 mod drain;
 pub mod membership;
@@ -27,25 +29,23 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
 use bch_core::policy::{PolicyError, PolicyPatch, PolicySettings};
-use bch_core::router::{
-    MembershipError, Router, RouterError, RoutingTable, WorkerSpec, validate_membership,
-};
+use bch_core::router::{MembershipError, Router, RouterError, RoutingTable, WorkerSpec};
 use bch_core::telemetry::WorkerRecord;
 use tokio::sync::{Notify, watch};
 
 use crate::config::runtime::{RuntimeSettings, SharedSettings};
 use crate::config::{
     Config, ConfigError, DiscoveryConfig, Member, SharedConfig, SharedMembers, WorkerConfig,
-    WorkerError, alias_of, loop_of,
+    WorkerError,
 };
 use crate::error::GatewayError;
-use crate::per_worker::{TableKeys, WorkerKey};
+use crate::per_worker::WorkerKey;
 use crate::telemetry::Telemetry;
 use crate::upstream::Upstreams;
 pub use actor::Actor;
 use departed::Departed;
+use membership::DiscoveredSets;
 pub use membership::DiscoveredWorker;
-use membership::{DiscoveredSets, merge};
 
 /// Changes applied to the configuration file's contents before it is put in force (the command
 /// line's flags), at start-up and on every reload.
@@ -466,108 +466,6 @@ impl Admin {
         self.apply(&mut in_force, next, actor)?;
         Ok(answer)
     }
-
-    /// The one path of every change: validate, merge, publish endpoints, swap the router's table,
-    /// the probe targets, the settings and the configuration, announce a policy change. `actor`
-    /// names who changed the policy, if it changed.
-    fn apply(&self, in_force: &mut InForce, next: Next, actor: &Actor) -> Result<(), AdminError> {
-        let statics: Vec<WorkerSpec> = next.statics.iter().map(|m| m.spec.clone()).collect();
-        validate_membership(&statics)?;
-        // Workers added at run time obey the endpoint picker's `http://IP:PORT` rule too
-        // (discovered workers are IP:PORT by construction).
-        next.config.picker_workers(&next.statics)?;
-        for (index, member) in next.statics.iter().enumerate() {
-            if let Some(message) = alias_of(member, &next.statics[..index]) {
-                return Err(AdminError::Alias(message));
-            }
-            if let Some(message) = loop_of(member, &self.listeners) {
-                return Err(AdminError::Loop(message));
-            }
-        }
-        let policy = next.config.policy_settings();
-        policy.validate()?;
-        let merged = merge(
-            &next.statics,
-            &next.config,
-            &next.discovered,
-            &self.listeners,
-        );
-        for reason in &merged.skipped {
-            tracing::warn!("{reason}");
-        }
-        let specs: Vec<WorkerSpec> = merged.members.iter().map(|m| m.spec.clone()).collect();
-        validate_membership(&specs)?;
-        let members = Arc::new(merged.members);
-        let members_changed = *members != *in_force.merged;
-        if members_changed {
-            // Before the router, like the endpoints: every worker of a table the router publishes
-            // has its member (probe and metrics paths) for whoever reads the table first.
-            self.members.store(Arc::clone(&members));
-        }
-        let table = self.router.table();
-        let before = *table.policy();
-        if same_workers(&table, &specs) {
-            // Thresholds and kind reuse the ring (a new `virtual_nodes` rebuilds it): no ring
-            // rebuild, no new membership generation, no `ring` frame for a policy change.
-            if policy != before
-                && let Err(error) = self.router.set_policy(&PolicyPatch::from(policy))
-            {
-                self.members.store(Arc::clone(&in_force.merged));
-                return Err(error.into());
-            }
-        } else {
-            // Endpoints first: every table the router publishes finds its workers' endpoints.
-            self.upstreams.publish(&members);
-            self.router
-                .set_initial_health(!next.config.health.wait_for_first_probe);
-            if let Err(error) = self.router.reconfigure(specs, policy) {
-                self.upstreams.publish(&in_force.merged);
-                self.members.store(Arc::clone(&in_force.merged));
-                return Err(error.into());
-            }
-            let after = self.router.table();
-            // The first request of a new generation would otherwise build its targets.
-            self.upstreams.for_table(&after);
-            in_force.departed.record(&table, &after);
-        }
-        if members_changed {
-            in_force.merged = members;
-            self.probe_now.notify_one();
-        }
-        if !Arc::ptr_eq(&next.config, &in_force.config) {
-            self.settings
-                .store(Arc::new(RuntimeSettings::from_config(&next.config)));
-            self.config.store(Arc::clone(&next.config));
-            let sources = &next.config.discovery;
-            self.sources.send_if_modified(|current| {
-                let changed = current != sources;
-                if changed {
-                    current.clone_from(sources);
-                }
-                changed
-            });
-        }
-        in_force.config = next.config;
-        in_force.statics = next.statics;
-        in_force.discovered = next.discovered;
-        let table = self.router.table();
-        let members = TableKeys::of(&table);
-        in_force
-            .remove_when_idle
-            .retain(|worker| members.contains(worker));
-        if policy != before {
-            tracing::info!(source = actor.source.as_str(), client = actor.client_str(), kind = %policy.kind, min_load_gap = policy.min_load_gap, max_load_skew = policy.max_load_skew, spill_order = %policy.spill_order, virtual_nodes = policy.virtual_nodes, load_source = policy.load_source.as_str(), previous_kind = %before.kind, previous_min_load_gap = before.min_load_gap, previous_max_load_skew = before.max_load_skew, previous_spill_order = %before.spill_order, previous_load_source = before.load_source.as_str(), "policy changed");
-            self.telemetry
-                .policy_changed(actor.source, actor.client.clone());
-        }
-        Ok(())
-    }
-}
-
-/// Whether `table` already has exactly `specs`, in this order.
-fn same_workers(table: &RoutingTable, specs: &[WorkerSpec]) -> bool {
-    table.workers().len() == specs.len()
-        && table.workers().iter().zip(specs).all(|(w, s)| w.spec == *s)
 }
 
 /// URLs that joined and left between two tables.

@@ -13,7 +13,10 @@
 
 mod logging;
 mod options;
+#[doc(hidden)]
+pub mod picker_harness;
 mod prepare;
+mod routing_parts;
 mod signals;
 
 use std::net::SocketAddr;
@@ -36,6 +39,7 @@ pub use logging::init_logging;
 pub use options::{StartError, StartOptions};
 pub use prepare::{Findings, check};
 use prepare::{Prepared, prepare};
+use routing_parts::assemble_routing;
 
 use crate::admin::Admin;
 use crate::config::{Config, ConfigError};
@@ -46,7 +50,6 @@ use crate::health::ProbeFailures;
 use crate::metrics::Metrics;
 use crate::picker::PickerPlane;
 use crate::proxy::DataPlane;
-use crate::routing::Routing;
 use crate::scraper::ScrapeStats;
 use crate::server::{ConnectionCap, Listening};
 use crate::telemetry::Telemetry;
@@ -281,13 +284,16 @@ fn assemble(
             }));
         }
     }
-    let router = Arc::new(Router::with_initial_health(
-        members.iter().map(|m| m.spec.clone()).collect(),
-        config.policy_settings(),
+    let parts = assemble_routing(
+        &config,
+        &members,
         !config.health.wait_for_first_probe,
-    )?);
+        shutdown,
+    )?;
+    let router = Arc::clone(&parts.router);
+    let metrics = Arc::clone(&parts.metrics);
+    let telemetry = parts.telemetry.clone();
     let probe_now = Arc::new(Notify::new());
-    let metrics = Arc::new(Metrics::default());
     let scrapes = Arc::new(ScrapeStats::default());
     let probe_failures = Arc::new(ProbeFailures::default());
     let discovery = Arc::new(DiscoveryMetrics::default());
@@ -297,12 +303,6 @@ fn assemble(
     probe_failures.register(&mut registry, Arc::clone(&router));
     discovery.register(&mut registry, Arc::clone(&router));
     let registry = Arc::new(registry);
-    let telemetry = Telemetry::start(
-        Arc::clone(&router),
-        &config.telemetry,
-        Arc::clone(&metrics),
-        shutdown.clone(),
-    );
     let upstreams = Arc::new(Upstreams::new(
         Duration::from_millis(config.server.connect_timeout_ms),
         Duration::from_millis(config.server.upstream_idle_timeout_ms),
@@ -315,18 +315,13 @@ fn assemble(
         probe_now: Arc::clone(&probe_now),
     };
     let admin = Arc::new(Admin::new(owned, origin, config, members).listening_on(own));
-    let routing = Arc::new(Routing {
-        router: Arc::clone(&router),
-        settings: admin.settings(),
-        metrics: Arc::clone(&metrics),
-        telemetry: telemetry.clone(),
-    });
+    let routing = parts.routing(admin.settings());
     let data_plane = Arc::new(DataPlane {
         routing: Arc::clone(&routing),
         upstreams: Arc::clone(&upstreams),
         via: crate::proxy::request::own_via(),
     });
-    let picker_plane = Arc::new(PickerPlane::new(routing));
+    let picker_plane = Arc::new(PickerPlane::new(routing, admin.members()));
     let in_force = admin.config().load_full();
     let guard = BrowserGuard::new(
         listeners.control_addr,

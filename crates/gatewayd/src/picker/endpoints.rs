@@ -1,17 +1,17 @@
 //! Workers as Envoy knows them: by address. The `IP:PORT` of every worker of a membership
-//! generation, parsed once when the generation is first seen (never per request), and the answer's
-//! endpoint list: the chosen worker, then its fallbacks.
+//! generation, taken from each member's parsed URL once when the generation is first seen (never
+//! per request), and the answer's endpoint list: the chosen worker, then its fallbacks.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use arc_swap::ArcSwapOption;
+use bch_core::generation_cache::{GenerationCache, PerGeneration};
 use bch_core::policy::Branch;
 use bch_core::router::RoutingTable;
 
-use crate::config::MAX_PICKER_FALLBACKS;
-use crate::config::WorkerUrl;
+use crate::config::{MAX_PICKER_FALLBACKS, Member, SharedMembers, WorkerUrl};
 use crate::routing::Choice;
 
 /// One worker's address and the header value naming it.
@@ -32,16 +32,30 @@ pub struct Addresses {
     workers: Vec<Option<WorkerAddress>>,
 }
 
+impl PerGeneration for Addresses {
+    fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
 impl Addresses {
-    fn of(table: &RoutingTable) -> Self {
+    /// The addresses of `table`'s workers, from each worker's parsed URL in `members` (the admin
+    /// owner stores the membership before the router's table, so every worker of a table has its
+    /// member); a worker that left the membership since is parsed from its spec.
+    fn of(table: &RoutingTable, members: &[Member]) -> Self {
+        let by_url: HashMap<&str, &WorkerUrl> = members
+            .iter()
+            .map(|member| (member.spec.url.as_str(), &member.url))
+            .collect();
         let workers = table
             .workers()
             .iter()
             .map(|worker| {
-                let addr = WorkerUrl::parse(&worker.spec.url)
-                    .ok()?
-                    .picker_endpoint()
-                    .ok()?;
+                let addr = match by_url.get(worker.spec.url.as_str()) {
+                    Some(url) => url.picker_endpoint(),
+                    None => WorkerUrl::parse(&worker.spec.url).ok()?.picker_endpoint(),
+                }
+                .ok()?;
                 Some(WorkerAddress {
                     addr,
                     text: addr.to_string(),
@@ -67,38 +81,38 @@ impl Addresses {
     }
 }
 
-/// The addresses of the latest membership generation seen, rebuilt when the generation changes.
-#[derive(Default)]
+/// The workers' addresses of the latest membership generation seen, rebuilt when the generation
+/// changes, from the membership in force.
 pub struct AddressBook {
-    current: ArcSwapOption<Addresses>,
+    members: SharedMembers,
+    cache: GenerationCache<Addresses>,
 }
 
 impl AddressBook {
+    /// An empty book over the membership in force `members`.
+    pub fn new(members: SharedMembers) -> Self {
+        Self {
+            members,
+            cache: GenerationCache::default(),
+        }
+    }
+
     /// The addresses of `table`'s workers: a lock-free load, and a rebuild once per membership
     /// generation. A table older than the cached one gets its own (uncached) addresses.
     pub fn for_table(&self, table: &RoutingTable) -> Arc<Addresses> {
-        let generation = table.membership_generation();
-        if let Some(current) = self.current.load_full() {
-            if current.generation == generation {
-                return current;
-            }
-            if current.generation > generation {
-                return Arc::new(Addresses::of(table));
-            }
-        }
-        let fresh = Arc::new(Addresses::of(table));
-        self.current.store(Some(Arc::clone(&fresh)));
-        fresh
+        self.cache
+            .for_table(table, |table| Addresses::of(table, &self.members.load()))
     }
 }
 
 /// Writes the answer's endpoint list into `out`: the chosen worker's `IP:PORT`, then up to
-/// `fallbacks` other healthy workers, comma-separated. Keyed requests fall back in ring order
-/// from the key (the workers the data plane's retry would walk to); keyless ones to the least
-/// loaded others; target-worker requests never move. Returns the workers listed (so the response
-/// can tell a fallback Envoy was given from an endpoint it picked itself), or `None` when the
-/// chosen worker has no address. Allocates nothing but `out`'s growth: the walk keeps the listed
-/// workers in a fixed array.
+/// `fallbacks` other routable workers (healthy and not draining), comma-separated. The fallbacks
+/// are the workers the data plane's retry would go to, from core's one walk: keyed requests in
+/// ring order from the key ([`RoutingTable::routable_from`]), keyless ones the least loaded
+/// others ([`RoutingTable::least_loaded_routable`]); target-worker requests never move. Returns
+/// the workers listed (so the response can tell a fallback Envoy was given from an endpoint it
+/// picked itself), or `None` when the chosen worker has no address. Allocates nothing but
+/// `out`'s growth: the listed workers are kept in a fixed array.
 pub fn endpoint_list(
     table: &RoutingTable,
     addresses: &Addresses,
@@ -108,34 +122,26 @@ pub fn endpoint_list(
 ) -> Option<Listed> {
     let chosen = addresses.get(choice.worker)?;
     out.push_str(&chosen.text);
-    let healthy_others = table
-        .health()
-        .iter()
-        .enumerate()
-        .filter(|(w, healthy)| **healthy && *w != choice.worker && addresses.get(*w).is_some())
-        .count();
-    let wanted = fallbacks.min(MAX_PICKER_FALLBACKS).min(healthy_others);
     let mut listed = Listed::new(choice.worker);
+    let listable = |w: usize| w != choice.worker && addresses.get(w).is_some();
+    // Capped by the workers there are, so a walk for more fallbacks than exist ends early instead
+    // of turning the whole ring.
+    let others = (0..table.workers().len())
+        .filter(|&w| table.routable(w) && listable(w))
+        .count();
+    let wanted = fallbacks.min(MAX_PICKER_FALLBACKS).min(others);
     if wanted == 0 || choice.branch == Branch::TargetWorkerHit {
         return Some(listed);
     }
-    let health = table.health();
     match choice.position {
         Some(position) => {
-            for worker in table.ring().points_from(position) {
-                if health[worker] {
-                    listed.add(worker, addresses, out);
-                    if listed.fallbacks() == wanted {
-                        break;
-                    }
-                }
+            for worker in table.routable_from(position, |w| !listable(w)).take(wanted) {
+                listed.add(worker, addresses, out);
             }
         }
         None => {
             while listed.fallbacks() < wanted {
-                let next = (0..table.workers().len())
-                    .filter(|w| health[*w] && !listed.contains(*w) && addresses.get(*w).is_some())
-                    .min_by_key(|w| table.workers()[*w].stats.active());
+                let next = table.least_loaded_routable(|w| !listable(w) || listed.contains(w));
                 match next {
                     Some(worker) => listed.add(worker, addresses, out),
                     None => break,
@@ -181,6 +187,68 @@ impl Listed {
             self.workers[self.count] = worker;
             self.count += 1;
             let _ = write!(out, ",{}", address.text);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bch_core::policy::PolicySettings;
+    use bch_core::ring::hash_position;
+    use bch_core::router::{Router, WorkerSource, WorkerSpec};
+    use bch_core::telemetry::WorkerState;
+
+    use super::*;
+
+    fn router(workers: u16) -> Router {
+        let specs = (1..=workers)
+            .map(|n| WorkerSpec {
+                name: format!("w{n}"),
+                url: format!("http://127.0.0.1:{}", 9000 + n),
+                ring_id: None,
+                source: WorkerSource::Static,
+            })
+            .collect();
+        Router::new(specs, PolicySettings::default()).unwrap()
+    }
+
+    /// Envoy retries a failed connect on the listed fallbacks: a draining worker must never be one,
+    /// as it is never a pick (docs/envoy.md), for keyed and keyless requests alike.
+    #[test]
+    fn a_draining_worker_is_never_listed_as_a_fallback() {
+        for drained in 0..3 {
+            for key in ["a", "b", "c", "session-7", "user-42", ""] {
+                let router = router(3);
+                let name = format!("w{}", drained + 1);
+                router.set_state(&name, WorkerState::Draining).unwrap();
+                let table = router.table();
+                let position = (!key.is_empty()).then(|| hash_position(key.as_bytes()));
+                let chosen = (0..3).find(|&w| w != drained).unwrap();
+                let choice = Choice {
+                    table: Arc::clone(&table),
+                    worker: chosen,
+                    branch: if position.is_some() {
+                        Branch::ExplicitRoutingKeyHit
+                    } else {
+                        Branch::Keyless
+                    },
+                    position,
+                };
+                let addresses = Addresses::of(&table, &[]);
+                let mut out = String::new();
+                let listed = endpoint_list(&table, &addresses, &choice, 2, &mut out).unwrap();
+                let drained_address = &addresses.get(drained).unwrap().text;
+                assert!(
+                    !listed.contains(drained) && !out.contains(drained_address.as_str()),
+                    "chosen w{} drained {name} endpoints {out}",
+                    chosen + 1
+                );
+                assert_eq!(
+                    listed.fallbacks(),
+                    1,
+                    "the one other routable worker: {out}"
+                );
+            }
         }
     }
 }

@@ -5,14 +5,12 @@
 //!
 //! Files: `plane` (the narrow handle), `service` (the gRPC service and a stream's answers),
 //! `session` (one request's state machine), `messages` (the protocol's messages), `endpoints`
-//! (workers' addresses and the answer's endpoint list), `probe` (a session without a server, for
-//! the allocation test).
+//! (workers' addresses and the answer's endpoint list). A session without a server, for the
+//! allocation test, is `app::picker_harness`.
 
 mod endpoints;
 pub mod messages;
 pub mod plane;
-#[doc(hidden)]
-pub mod probe;
 mod service;
 mod session;
 
@@ -25,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 
 pub use plane::PickerPlane;
+pub(crate) use session::Session;
 
 /// Serves the picker on `listener` (plaintext HTTP/2 gRPC) until `shutdown`; then stops
 /// accepting and waits for open streams to end (the caller bounds that wait).

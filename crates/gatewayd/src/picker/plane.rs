@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use super::endpoints::AddressBook;
+use crate::config::SharedMembers;
 use crate::routing::Routing;
 
 /// What the picker reads and updates per ext_proc stream: the routing step it shares with the
@@ -17,11 +18,12 @@ pub struct PickerPlane {
 }
 
 impl PickerPlane {
-    /// A picker over `routing`.
-    pub fn new(routing: Arc<Routing>) -> Self {
+    /// A picker over `routing`, finding the workers' addresses in the membership in force
+    /// `members`.
+    pub fn new(routing: Arc<Routing>, members: SharedMembers) -> Self {
         Self {
             routing,
-            addresses: AddressBook::default(),
+            addresses: AddressBook::new(members),
         }
     }
 }

@@ -109,8 +109,9 @@ impl Session {
             settings.picker_fallbacks,
             &mut endpoints,
         ) else {
+            // The same situation as the data plane's worker without an endpoint, the same answer.
             let worker = choice.table.workers()[choice.worker].spec.name.clone();
-            return refuse(exchange, &GatewayError::BadUpstreamUri(worker));
+            return refuse(exchange, &GatewayError::WorkerGone(worker));
         };
         let Choice {
             table,

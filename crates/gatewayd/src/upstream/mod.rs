@@ -32,7 +32,8 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::{ArcSwap, ArcSwapOption};
+use arc_swap::ArcSwap;
+use bch_core::generation_cache::{GenerationCache, PerGeneration};
 use bch_core::router::{RoutingTable, WorkerSpec};
 use http::header::HeaderValue;
 use http::{Request, Response, Uri};
@@ -103,6 +104,12 @@ pub struct UpstreamTargets {
     targets: Vec<Option<Arc<Endpoint>>>,
 }
 
+impl PerGeneration for UpstreamTargets {
+    fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
 impl UpstreamTargets {
     /// The endpoint of worker `worker`; `None` only for a worker that left the membership, with an
     /// unparseable URL, before its first request could be sent.
@@ -115,7 +122,7 @@ impl UpstreamTargets {
 /// (read without a lock, through `ArcSwap`s) and how to open new connections.
 pub struct Upstreams {
     endpoints: ArcSwap<HashMap<String, Arc<Endpoint>>>,
-    current: ArcSwapOption<UpstreamTargets>,
+    current: GenerationCache<UpstreamTargets>,
     connector: HttpConnector,
     http1: http1::Builder,
     idle_timeout: Duration,
@@ -130,7 +137,7 @@ impl Upstreams {
         connector.set_connect_timeout(Some(connect_timeout));
         Self {
             endpoints: ArcSwap::from_pointee(HashMap::new()),
-            current: ArcSwapOption::empty(),
+            current: GenerationCache::default(),
             connector,
             http1: http1::Builder::new(),
             idle_timeout,
@@ -169,19 +176,7 @@ impl Upstreams {
     /// The targets for `table`'s membership generation. A request that sees a newer generation
     /// than the cached one builds and stores it; one holding an older table gets a private copy.
     pub fn for_table(&self, table: &RoutingTable) -> Arc<UpstreamTargets> {
-        let generation = table.membership_generation();
-        let cached = self.current.load_full();
-        if let Some(cached) = &cached {
-            if cached.generation == generation {
-                return Arc::clone(cached);
-            }
-            if cached.generation > generation {
-                return Arc::new(self.build(table));
-            }
-        }
-        let built = Arc::new(self.build(table));
-        self.current.store(Some(Arc::clone(&built)));
-        built
+        self.current.for_table(table, |table| self.build(table))
     }
 
     fn build(&self, table: &RoutingTable) -> UpstreamTargets {
@@ -204,7 +199,7 @@ impl Upstreams {
     /// Closes idle connections past the idle timeout in every current worker's pool; called
     /// periodically so a worker that gets no traffic does not keep sockets open forever.
     pub fn sweep(&self) {
-        if let Some(current) = self.current.load_full() {
+        if let Some(current) = self.current.current() {
             for target in current.targets.iter().flatten() {
                 target.pool.sweep();
             }

@@ -1,22 +1,20 @@
 //! A picker session without a gRPC server around it, so a test can measure the state machine
 //! itself: what deciding and answering allocate per request, apart from tonic's and prost's
-//! decoding of Envoy's message. Not part of gatewayd's API (`gatewayd::testing`).
+//! decoding of Envoy's message. Built by the same routing assembly as start-up. Not part of
+//! gatewayd's API (`gatewayd::testing`).
 
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use bch_core::router::Router;
 use envoy_types::pb::envoy::config::core::v3::HeaderMap;
 use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
 use tokio_util::sync::CancellationToken;
 
-use super::plane::PickerPlane;
-use super::session::Session;
+use super::routing_parts::assemble_routing;
 use crate::config::Config;
 use crate::config::runtime::RuntimeSettings;
-use crate::metrics::Metrics;
-use crate::routing::{Exchange, Routing};
-use crate::telemetry::Telemetry;
+use crate::picker::{PickerPlane, Session};
+use crate::routing::Exchange;
 
 /// One picker over `config`'s workers and policy, and the current ext_proc session on it. Needs a
 /// tokio runtime (telemetry's aggregator runs as a task until the probe is dropped).
@@ -27,29 +25,19 @@ pub struct SessionProbe {
 }
 
 impl SessionProbe {
-    /// A picker as `config` describes it (validated first; the error names the field).
+    /// A picker as `config` describes it (validated first; the error names the field), built by
+    /// the start-up's own routing assembly, with every worker healthy (no prober runs here).
     pub fn new(config: &Config) -> anyhow::Result<Self> {
         config.validate()?;
         let members = config.members()?;
-        let router = Arc::new(Router::new(
-            members.iter().map(|m| m.spec.clone()).collect(),
-            config.policy_settings(),
-        )?);
-        let metrics = Arc::new(Metrics::default());
         let shutdown = CancellationToken::new();
-        let telemetry = Telemetry::start(
-            Arc::clone(&router),
-            &config.telemetry,
-            Arc::clone(&metrics),
-            shutdown.clone(),
-        );
-        let routing = Arc::new(Routing {
-            router,
-            settings: Arc::new(ArcSwap::from_pointee(RuntimeSettings::from_config(config))),
-            metrics,
-            telemetry,
-        });
-        let plane = Arc::new(PickerPlane::new(routing));
+        let parts = assemble_routing(config, &members, true, &shutdown)?;
+        let settings = Arc::new(ArcSwap::from_pointee(RuntimeSettings::from_config(config)));
+        let routing = parts.routing(settings);
+        let plane = Arc::new(PickerPlane::new(
+            routing,
+            Arc::new(ArcSwap::from_pointee(members)),
+        ));
         Ok(Self {
             session: Session::new(Arc::clone(&plane)),
             plane,
