@@ -7,7 +7,7 @@
 //! `BCH_LONG_DRILLS=1` multiplies them by 20. Failing inputs are shrunk and saved by proptest under
 //! `proptest-regressions/`.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
