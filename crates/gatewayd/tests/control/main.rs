@@ -35,15 +35,12 @@ mod reload;
 mod telemetry;
 mod workers;
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use common::*;
 use gatewayd::RunningGateway;
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const ROUTING_KEY: &str = "x-smg-routing-key";
 const TARGET: &str = "x-smg-target-worker";
@@ -133,28 +130,6 @@ fn error_message(body: &Value) -> String {
     assert!(error["type"].is_string(), "{body}");
     assert!(error["code"].is_string(), "{body}");
     error["message"].as_str().unwrap().to_owned()
-}
-
-/// Sends `request` verbatim (no client-side path normalisation) and returns status and body.
-async fn raw(addr: SocketAddr, request: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response))
-        .await
-        .expect("response in time")
-        .unwrap();
-    let response = String::from_utf8_lossy(&response).into_owned();
-    let status = response
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
 }
 
 /// The value of the first sample of `name` whose labels contain `labels`.

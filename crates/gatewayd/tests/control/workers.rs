@@ -232,7 +232,9 @@ async fn path_tricks_on_the_admin_api_change_nothing() {
             "{method} {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
             body.len()
         );
-        let (status, response) = raw(gateway.control_addr, &request).await;
+        let (status, response) = raw::exchange(gateway.control_addr, request.as_bytes())
+            .await
+            .complete();
         assert!(
             (400..500).contains(&status),
             "{attempt}: {status} {response}"

@@ -148,8 +148,13 @@ fn json_log_mode_prints_only_json_and_the_lines_say_who_what_and_how_long() {
     );
     assert_eq!(status, 200);
     // Without an id of its own, the client gets the gateway's.
-    let raw = raw_exchange(&daemon.data, "GET /v1/models HTTP/1.1\r\n", "");
+    let raw = raw::exchange_blocking(
+        &daemon.data,
+        raw::closing_request("GET /v1/models HTTP/1.1\r\n", "").as_bytes(),
+    );
+    raw.complete();
     let id = raw
+        .text
         .lines()
         .find_map(|l| l.strip_prefix("x-request-id: "))
         .expect("a request id on the answer")
@@ -263,22 +268,4 @@ fn the_start_up_line_summarises_what_runs() {
     assert_eq!(started["version"], env!("CARGO_PKG_VERSION"));
     daemon.signal("TERM");
     assert!(daemon.wait().success());
-}
-
-/// One HTTP/1.1 exchange, answered as the raw response text (head and body).
-fn raw_exchange(address: &str, head: &str, body: &str) -> String {
-    use std::io::Read;
-    let mut stream = std::net::TcpStream::connect(address).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    write!(
-        stream,
-        "{head}host: localhost\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response
 }

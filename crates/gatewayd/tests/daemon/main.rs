@@ -22,6 +22,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::raw;
 use serde_json::Value;
 
 fn gatewayd() -> Command {
@@ -227,32 +228,10 @@ impl Drop for Daemon {
     }
 }
 
-/// One HTTP/1.1 exchange on a fresh connection: `head` is the request line plus any header lines
-/// (each ending in CRLF); `Host`, `Connection: close` and the body's length are added. Answers
-/// the status and the body.
+/// One request on a fresh connection (`head` plus the framing headers, then `body`); the
+/// status and body of the complete answer.
 fn exchange(address: &str, head: &str, body: &str) -> (u16, String) {
-    use std::io::Read;
-    let mut stream = std::net::TcpStream::connect(address).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    write!(
-        stream,
-        "{head}host: localhost\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status line: {response:?}"));
-    (
-        status,
-        response.split_once("\r\n\r\n").unwrap().1.to_owned(),
-    )
+    raw::exchange_blocking(address, raw::closing_request(head, body).as_bytes()).complete()
 }
 
 fn daemon_config(gap: u64, skew: f64, workers: &[&str]) -> String {

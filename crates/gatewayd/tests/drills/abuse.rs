@@ -1,7 +1,6 @@
 //! Abuse: slow-loris, connection floods, huge and non-UTF-8 headers, malformed websocket frames,
 //! bad tokens and path tricks.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
@@ -13,83 +12,6 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 
 use super::*;
-
-/// What a raw exchange got back.
-#[derive(Debug)]
-struct RawReply {
-    /// Status of the first response, if one arrived.
-    status: Option<u16>,
-    /// Everything read (lossy text).
-    text: String,
-    /// The server closed the connection (EOF or reset) within the time limit.
-    closed: bool,
-}
-
-impl RawReply {
-    fn body(&self) -> &str {
-        self.text.split_once("\r\n\r\n").map_or("", |(_, b)| b)
-    }
-}
-
-/// Reads whatever the server sends until it closes (or `limit`); tolerant of a reset after data.
-async fn read_reply(stream: &mut TcpStream, limit: Duration) -> RawReply {
-    let mut seen = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    let closed = tokio::time::timeout(limit, async {
-        loop {
-            match stream.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => seen.extend_from_slice(&buf[..n]),
-            }
-        }
-    })
-    .await
-    .is_ok();
-    let text = String::from_utf8_lossy(&seen).into_owned();
-    let status = text
-        .strip_prefix("HTTP/1.1 ")
-        .and_then(|rest| rest.get(..3))
-        .and_then(|code| code.parse().ok());
-    RawReply {
-        status,
-        text,
-        closed,
-    }
-}
-
-/// Sends `request` verbatim (writing errors ignored: the server may close early) and reads the reply.
-async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> RawReply {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    let (mut reader, mut writer) = stream.split();
-    let write = async {
-        let _ = writer.write_all(request).await;
-    };
-    let mut seen = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    let read = async {
-        tokio::time::timeout(Duration::from_secs(5), async {
-            loop {
-                match reader.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => seen.extend_from_slice(&buf[..n]),
-                }
-            }
-        })
-        .await
-        .is_ok()
-    };
-    let ((), closed) = tokio::join!(write, read);
-    let text = String::from_utf8_lossy(&seen).into_owned();
-    let status = text
-        .strip_prefix("HTTP/1.1 ")
-        .and_then(|rest| rest.get(..3))
-        .and_then(|code| code.parse().ok());
-    RawReply {
-        status,
-        text,
-        closed,
-    }
-}
 
 fn rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -221,7 +143,7 @@ async fn abuse_connection_flood() {
         let n = batch.min(flood - i);
         let replies = futures_util::future::join_all((0..n).map(|_| async move {
             let mut stream = TcpStream::connect(addr).await.unwrap();
-            read_reply(&mut stream, Duration::from_secs(5)).await
+            raw::read_reply(&mut stream, Duration::from_secs(5)).await
         }))
         .await;
         for reply in replies {
@@ -237,7 +159,7 @@ async fn abuse_connection_flood() {
     let rss_after = rss_kib();
     // A real client that sends its request at once also gets the 503 (or, at worst, a reset: never
     // a hang).
-    let with_request = raw_exchange(
+    let with_request = raw::exchange(
         addr,
         b"GET /v1/models HTTP/1.1\r\nhost: x\r\nx-smg-routing-key: k\r\n\r\n",
     )
@@ -248,7 +170,7 @@ async fn abuse_connection_flood() {
     drop(held);
     let start = Instant::now();
     loop {
-        let reply = raw_exchange(
+        let reply = raw::exchange(
             addr,
             b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
         )
@@ -309,7 +231,7 @@ async fn abuse_huge_and_invalid_headers() {
             let request = format!(
                 "GET /admin/policy HTTP/1.1\r\nhost: x\r\n{name}: {huge}\r\nconnection: close\r\n\r\n"
             );
-            let reply = raw_exchange(addr, request.as_bytes()).await;
+            let reply = raw::exchange(addr, request.as_bytes()).await;
             assert!(reply.closed, "{plane} {name}: connection left open");
             assert!(
                 matches!(reply.status, Some(400 | 431)) || reply.text.is_empty(),
@@ -346,7 +268,7 @@ async fn abuse_huge_and_invalid_headers() {
         request.extend_from_slice(format!("{name}: ").as_bytes());
         request.extend_from_slice(bad);
         request.extend_from_slice(b"\r\n\r\n{}");
-        let reply = raw_exchange(data, &request).await;
+        let reply = raw::exchange(data, &request).await;
         let status = reply.status.unwrap_or_else(|| panic!("{name}: no answer"));
         assert!(
             expected.contains(&status),
@@ -369,7 +291,7 @@ async fn abuse_huge_and_invalid_headers() {
         (b"GET /ws HTTP/1.1\r\nhost: x\r\nauthorization: Bearer drill-token\r\nconnection: upgrade\r\nupgrade: websocket\r\nsec-websocket-version: 13\r\nsec-websocket-key: \xff\xfe\xfd\r\n\r\n", 101),
     ];
     for (request, expected) in control_cases {
-        let reply = raw_exchange(control, request).await;
+        let reply = raw::exchange(control, request).await;
         let first_line = reply.text.lines().next().unwrap_or_default().to_owned();
         assert!(
             reply
@@ -408,7 +330,7 @@ async fn ws_raw_abuse(gateway: &RunningGateway, bytes: &[u8]) -> bool {
         panic!("plain TCP expected");
     };
     let _ = stream.write_all(bytes).await;
-    read_reply(stream, Duration::from_secs(5)).await.closed
+    raw::read_reply(stream, Duration::from_secs(5)).await.closed
 }
 
 /// A masked client frame header (mask key zero, so the payload is sent as is).
@@ -580,7 +502,7 @@ async fn abuse_tokens_and_path_traversal() {
                 "content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
                 body.len()
             ));
-            let reply = raw_exchange(control, request.as_bytes()).await;
+            let reply = raw::exchange(control, request.as_bytes()).await;
             assert_eq!(
                 reply.status,
                 Some(401),
@@ -626,7 +548,7 @@ async fn abuse_tokens_and_path_traversal() {
             "{method} {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
             body.len()
         );
-        let reply = raw_exchange(control, request.as_bytes()).await;
+        let reply = raw::exchange(control, request.as_bytes()).await;
         let status = reply.status.unwrap_or_else(|| panic!("{trick}: no answer"));
         assert!((400..500).contains(&status), "{trick}: {}", reply.text);
         assert!(!reply.text.contains("root:"), "{trick}");
