@@ -20,7 +20,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::conn::{ConnEvent, ConnStatus};
 use crate::input::{Action, map_key};
-use crate::state::{Effect, State};
+use crate::state::{Effect, ReplicaId, State};
 use crate::view;
 
 /// Minimum time between two redraws (25 fps).
@@ -36,12 +36,8 @@ pub struct App {
 }
 
 impl App {
-    /// An app whose commands go to `commands` (the network task's inbox).
-    pub fn new(state: State, commands: mpsc::UnboundedSender<ClientCommand>) -> Self {
-        Self::with_replicas(state, vec![commands])
-    }
-
-    /// An app watching several replicas: `commands[i]` is replica `i`'s network task's inbox. A
+    /// An app watching the replicas of `state`: `commands[i]` is the inbox of the network task of
+    /// `ReplicaId(i)`. A
     /// threshold change goes to every replica; a `resync` only to the one that missed frames.
     pub fn with_replicas(
         state: State,
@@ -68,8 +64,9 @@ impl App {
         match self.state.apply_action(action) {
             Effect::None => false,
             Effect::Send(cmd) => {
-                for replica in 0..self.commands.len() {
-                    self.send(replica, cmd.clone());
+                for commands in &self.commands {
+                    // A network task only goes away with the app; see `send`.
+                    let _ = commands.send(cmd.clone());
                 }
                 false
             }
@@ -77,14 +74,9 @@ impl App {
         }
     }
 
-    /// Applies an event from the (first) network task, answering a seq gap with `resync`.
-    pub fn handle_conn(&mut self, event: ConnEvent) {
-        self.handle_replica_conn(0, event);
-    }
-
     /// Applies an event from replica `replica`'s network task, answering a seq gap with `resync`
     /// to that replica.
-    pub fn handle_replica_conn(&mut self, replica: usize, event: ConnEvent) {
+    pub fn handle_replica_conn(&mut self, replica: ReplicaId, event: ConnEvent) {
         if matches!(event, ConnEvent::Frame(_)) {
             self.state.frame_received_on(replica, Instant::now());
         }
@@ -93,38 +85,29 @@ impl App {
         }
     }
 
-    fn send(&mut self, replica: usize, cmd: ClientCommand) {
+    fn send(&mut self, replica: ReplicaId, cmd: ClientCommand) {
         // The network task only goes away when the app does; if it did, the command simply
         // stays pending and the header shows that nothing came back.
-        if let Some(commands) = self.commands.get(replica) {
+        if let Some(commands) = self.commands.get(replica.0) {
             let _ = commands.send(cmd);
         }
     }
 }
 
-/// Where the loop gets connection events from: one network task, or several replicas' events
-/// tagged with the replica's index.
+/// Where the loop gets connection events from: every replica's network task, each event tagged
+/// with its [`ReplicaId`].
 pub trait ConnEvents {
     /// The next event and its replica, `None` once every sender is gone.
-    fn recv(&mut self) -> impl std::future::Future<Output = Option<(usize, ConnEvent)>>;
+    fn recv(&mut self) -> impl std::future::Future<Output = Option<(ReplicaId, ConnEvent)>>;
     /// An event already queued, without waiting.
-    fn try_recv(&mut self) -> Option<(usize, ConnEvent)>;
+    fn try_recv(&mut self) -> Option<(ReplicaId, ConnEvent)>;
 }
 
-impl ConnEvents for mpsc::UnboundedReceiver<ConnEvent> {
-    async fn recv(&mut self) -> Option<(usize, ConnEvent)> {
-        mpsc::UnboundedReceiver::recv(self).await.map(|e| (0, e))
-    }
-    fn try_recv(&mut self) -> Option<(usize, ConnEvent)> {
-        mpsc::UnboundedReceiver::try_recv(self).ok().map(|e| (0, e))
-    }
-}
-
-impl ConnEvents for mpsc::UnboundedReceiver<(usize, ConnEvent)> {
-    async fn recv(&mut self) -> Option<(usize, ConnEvent)> {
+impl ConnEvents for mpsc::UnboundedReceiver<(ReplicaId, ConnEvent)> {
+    async fn recv(&mut self) -> Option<(ReplicaId, ConnEvent)> {
         mpsc::UnboundedReceiver::recv(self).await
     }
-    fn try_recv(&mut self) -> Option<(usize, ConnEvent)> {
+    fn try_recv(&mut self) -> Option<(ReplicaId, ConnEvent)> {
         mpsc::UnboundedReceiver::try_recv(self).ok()
     }
 }

@@ -28,8 +28,9 @@ pub use cli::Cli;
 pub use conn::{ConnConfig, ConnEvent, ConnHandle, ConnStatus};
 pub use input::Action;
 pub use state::{
-    Baseline, COMMAND_TIMEOUT, Change, CommandEntry, CommandState, Effect, Fleet, FleetBound,
-    Panel, Replica, SPILL_LOG_CAP, Sample, Settings, SortColumn, State, Ui, WorkerOrder,
+    Baseline, COMMAND_TIMEOUT, Change, CommandEntry, CommandState, Effect, FleetBound,
+    FleetPicture, Panel, Replica, ReplicaId, SPILL_LOG_CAP, Sample, Settings, SortColumn, State,
+    Ui, WorkerOrder,
 };
 pub use term::TerminalGuard;
 pub use view::{draw, viewports};

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use bch_tui::{App, Cli, ConnConfig, ConnHandle, State, TerminalGuard};
+use bch_tui::{App, Cli, ConnConfig, ConnHandle, ReplicaId, State, TerminalGuard};
 use clap::Parser;
 use crossterm::event::EventStream;
 
@@ -27,7 +27,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     cli.validate()?;
     let token = cli.token()?;
 
-    // One network task per replica; their events reach the loop tagged with the replica's index.
+    // One network task per replica; their events reach the loop tagged with the replica's id.
     let (events_tx, events) = tokio::sync::mpsc::unbounded_channel();
     let mut commands = Vec::new();
     let mut tasks = Vec::new();
@@ -40,7 +40,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         tasks.push(handle.task);
         tasks.push(tokio::spawn(async move {
             while let Some(event) = handle.events.recv().await {
-                if forward.send((index, event)).is_err() {
+                if forward.send((ReplicaId(index), event)).is_err() {
                     return;
                 }
             }

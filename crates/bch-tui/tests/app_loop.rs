@@ -6,7 +6,7 @@ mod common;
 use std::pin::Pin;
 use std::time::Duration;
 
-use bch_tui::{App, ConnEvent, ConnStatus, State};
+use bch_tui::{App, ConnEvent, ConnStatus, ReplicaId, State};
 use common::{buffer_text, frame};
 use crossterm::event::{Event, KeyCode, KeyEvent, KeyModifiers};
 use futures_util::Stream;
@@ -33,7 +33,7 @@ fn press(c: char) -> Event {
 
 struct Harness {
     keys: mpsc::UnboundedSender<Event>,
-    conn: mpsc::UnboundedSender<ConnEvent>,
+    conn: mpsc::UnboundedSender<(ReplicaId, ConnEvent)>,
     commands: mpsc::UnboundedReceiver<bch_core::telemetry::ClientCommand>,
     task: tokio::task::JoinHandle<(anyhow::Result<()>, Terminal<TestBackend>, App)>,
 }
@@ -44,7 +44,10 @@ fn start() -> Harness {
     let (cmd_tx, commands) = mpsc::unbounded_channel();
     let task = tokio::spawn(async move {
         let mut terminal = Terminal::new(TestBackend::new(80, 24)).unwrap();
-        let mut app = App::new(State::new("ws://127.0.0.1:9090/ws"), cmd_tx);
+        let mut app = App::with_replicas(
+            State::for_replicas(vec!["ws://127.0.0.1:9090/ws".into()]),
+            vec![cmd_tx],
+        );
         let result = bch_tui::run(&mut terminal, input, &mut app, conn_rx).await;
         (result, terminal, app)
     });
@@ -63,11 +66,14 @@ async fn countdown_ticks_without_events_and_keys_do_not_restart_it() {
     let h = start();
     let t0 = Instant::now();
     h.conn
-        .send(ConnEvent::Status(ConnStatus::Reconnecting {
-            retry_at: t0 + Duration::from_secs(5),
-            attempt: 3,
-            reason: "Connection refused (os error 111)".into(),
-        }))
+        .send((
+            ReplicaId(0),
+            ConnEvent::Status(ConnStatus::Reconnecting {
+                retry_at: t0 + Duration::from_secs(5),
+                attempt: 3,
+                reason: "Connection refused (os error 111)".into(),
+            }),
+        ))
         .unwrap();
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     h.keys.send(press('?')).unwrap();
@@ -91,14 +97,16 @@ async fn countdown_ticks_without_events_and_keys_do_not_restart_it() {
 async fn a_seq_gap_sends_resync_and_ctrl_c_quits_while_typing_a_filter() {
     let mut h = start();
     h.conn
-        .send(ConnEvent::Status(ConnStatus::Connected))
+        .send((ReplicaId(0), ConnEvent::Status(ConnStatus::Connected)))
         .unwrap();
     h.conn
-        .send(ConnEvent::Frame(Box::new(frame("snapshot"))))
+        .send((ReplicaId(0), ConnEvent::Frame(Box::new(frame("snapshot")))))
         .unwrap();
     let mut gap = frame("tick_spill");
     gap.seq = 5;
-    h.conn.send(ConnEvent::Frame(Box::new(gap))).unwrap();
+    h.conn
+        .send((ReplicaId(0), ConnEvent::Frame(Box::new(gap))))
+        .unwrap();
     let cmd = tokio::time::timeout(Duration::from_secs(60), h.commands.recv())
         .await
         .unwrap()

@@ -10,7 +10,9 @@ mod common;
 use std::time::Duration;
 
 use bch_core::telemetry::{Ack, ClientCommand, ServerFrame, ServerMessage};
-use bch_tui::{Action, App, CommandState, ConnConfig, ConnEvent, ConnHandle, ConnStatus, State};
+use bch_tui::{
+    Action, App, CommandState, ConnConfig, ConnEvent, ConnHandle, ConnStatus, ReplicaId, State,
+};
 use common::{frame, render};
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpListener;
@@ -40,7 +42,7 @@ async fn pump_until(
                 )
             })
             .expect("network task ended");
-        app.handle_conn(event);
+        app.handle_replica_conn(ReplicaId(0), event);
     }
 }
 
@@ -116,7 +118,7 @@ async fn connect_command_ack_and_reconnect() {
     config.token = Some("s3cret".into());
     let handle = ConnHandle::spawn(config);
     let mut events = handle.events;
-    let mut app = App::new(State::new(url), handle.commands);
+    let mut app = App::with_replicas(State::for_replicas(vec![url]), vec![handle.commands]);
 
     pump_until(&mut app, &mut events, "connected with a snapshot", |s| {
         *s.conn() == ConnStatus::Connected && s.live().policy.is_some()
@@ -220,7 +222,7 @@ async fn a_refused_token_is_reported_and_retried() {
     });
     let handle = ConnHandle::spawn(ConnConfig::new(url.clone()));
     let mut events = handle.events;
-    let mut app = App::new(State::new(url), handle.commands);
+    let mut app = App::with_replicas(State::for_replicas(vec![url]), vec![handle.commands]);
     pump_until(&mut app, &mut events, "reconnecting after 401", |s| {
         matches!(s.conn(), ConnStatus::Reconnecting { .. })
     })

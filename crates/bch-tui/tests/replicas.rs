@@ -10,7 +10,7 @@ use bch_core::fleet_load::LoadSource;
 use bch_core::telemetry::{
     Ack, ClientCommand, CommandId, ServerFrame, ServerMessage, Snapshot, WorkerState,
 };
-use bch_tui::{Action, CommandState, ConnEvent, ConnStatus, Effect, State};
+use bch_tui::{Action, CommandState, ConnEvent, ConnStatus, Effect, ReplicaId, State};
 use common::{frame, render, snapshot_with};
 use insta::assert_snapshot;
 use tokio::time::{Duration, Instant};
@@ -26,12 +26,12 @@ const URLS: [&str; 3] = [
 fn three(edit: impl Fn(usize, &mut Snapshot)) -> State {
     let mut s = State::for_replicas(URLS.iter().map(|u| (*u).to_owned()).collect());
     for i in 0..3 {
-        s.apply_replica_event(i, ConnEvent::Status(ConnStatus::Connected));
+        s.apply_replica_event(ReplicaId(i), ConnEvent::Status(ConnStatus::Connected));
         let snapshot = snapshot_with(|snap| {
             snap.policy.load_source = LoadSource::WorkerMetrics;
             edit(i, snap);
         });
-        assert_eq!(s.apply_replica_frame(i, snapshot), None);
+        assert_eq!(s.apply_replica_frame(ReplicaId(i), snapshot), None);
     }
     s
 }
@@ -115,7 +115,7 @@ fn a_threshold_key_goes_to_every_replica_and_each_answer_is_shown() {
         panic!("a set_policy for every replica")
     };
     assert_eq!((id, min_load_gap), (Some(CommandId::Number(1)), Some(3)));
-    s.apply_replica_frame(0, ack(1, 1, 3));
+    s.apply_replica_frame(ReplicaId(0), ack(1, 1, 3));
     let entry = s.last_command().unwrap();
     assert_eq!(
         entry.state,
@@ -125,14 +125,14 @@ fn a_threshold_key_goes_to_every_replica_and_each_answer_is_shown() {
     assert_eq!(entry.replies[0], CommandState::Applied);
     // Replica 1 drops before answering; replica 2 acknowledges.
     s.apply_replica_event(
-        1,
+        ReplicaId(1),
         ConnEvent::Status(ConnStatus::Reconnecting {
             retry_at: Instant::now() + Duration::from_secs(1),
             attempt: 1,
             reason: "connection reset".into(),
         }),
     );
-    s.apply_replica_frame(2, ack(1, 1, 3));
+    s.apply_replica_frame(ReplicaId(2), ack(1, 1, 3));
     let entry = s.last_command().unwrap();
     assert!(matches!(&entry.replies[1], CommandState::Failed(m) if m.contains("connection lost")));
     assert!(matches!(&entry.state, CommandState::Failed(m) if m.starts_with("replica 2:")));
@@ -145,8 +145,8 @@ fn a_threshold_key_goes_to_every_replica_and_each_answer_is_shown() {
 fn three_replicas_160x48() {
     let mut s = fleet_of_three();
     s.apply_action(Action::GapUp);
-    s.apply_replica_frame(0, ack(1, 1, 3));
-    s.apply_replica_frame(2, ack(1, 1, 3));
+    s.apply_replica_frame(ReplicaId(0), ack(1, 1, 3));
+    s.apply_replica_frame(ReplicaId(2), ack(1, 1, 3));
     let screen = render(&s, 160, 48, Instant::now());
     assert!(screen.contains("3 replicas, merged"), "{screen}");
     assert!(screen.contains("▒"), "the stale worker is marked: {screen}");
@@ -189,24 +189,33 @@ fn one_silent_replica_marks_the_view_stale_and_an_unanswered_change_times_out_on
     let mut s = fleet_of_three();
     let start = Instant::now();
     for i in 0..3 {
-        s.frame_received_on(i, start);
+        s.frame_received_on(ReplicaId(i), start);
     }
     assert!(!s.stale(start + Duration::from_millis(200)));
     // Replicas 0 and 1 keep talking; replica 2 goes silent.
     let later = start + Duration::from_secs(5);
-    s.frame_received_on(0, later);
-    s.frame_received_on(1, later);
+    s.frame_received_on(ReplicaId(0), later);
+    s.frame_received_on(ReplicaId(1), later);
     assert!(s.stale(later), "replica 2 sent nothing for 5 s");
     assert_eq!(s.frame_age(later), Some(Duration::from_secs(5)));
 
     let Effect::Send(_) = s.apply_action(Action::GapUp) else {
         panic!("a set_policy for every replica")
     };
-    s.apply_replica_frame(0, ack(1, 1, 3));
+    s.apply_replica_frame(ReplicaId(0), ack(1, 1, 3));
     assert!(!s.expire_commands(later));
     assert!(s.expire_commands(later + bch_tui::COMMAND_TIMEOUT));
     let entry = s.last_command().unwrap();
     assert_eq!(entry.replies[0], CommandState::Applied, "answered in time");
     assert!(matches!(&entry.replies[1], CommandState::Failed(m) if m.contains("no answer")));
     assert!(matches!(&entry.state, CommandState::Failed(m) if m.starts_with("replica 2:")));
+}
+
+/// A frame tagged with a replica the console does not watch is a bug in the caller: it must not
+/// land on another replica (the last one, as a clamped index would put it) under a wrong name.
+#[test]
+#[should_panic(expected = "replica 4 is not watched")]
+fn a_frame_from_an_unwatched_replica_is_refused() {
+    let mut s = three(|_, _| {});
+    s.apply_replica_frame(ReplicaId(3), snapshot_with(|_| {}));
 }

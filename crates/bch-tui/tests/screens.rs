@@ -6,28 +6,28 @@ mod big_fleet;
 mod common;
 
 use bch_core::telemetry::{ServerMessage, WorkerSource};
-use bch_tui::{Action, ConnEvent, ConnStatus, State};
+use bch_tui::{Action, ConnEvent, ConnStatus, ReplicaId, State};
 use big_fleet::big;
 use common::{connected_with, frame, frame_at, refusal, render};
 use insta::assert_snapshot;
 use tokio::time::{Duration, Instant};
 
 fn connected() -> State {
-    let mut s = State::new("ws://127.0.0.1:9090/ws");
-    s.apply_conn_event(ConnEvent::Status(ConnStatus::Connected));
-    s.apply_frame(frame("snapshot"));
+    let mut s = State::for_replicas(vec!["ws://127.0.0.1:9090/ws".into()]);
+    s.apply_replica_event(ReplicaId(0), ConnEvent::Status(ConnStatus::Connected));
+    s.apply_replica_frame(ReplicaId(0), frame("snapshot"));
     s
 }
 
 fn spilling() -> State {
     let mut s = connected();
-    s.apply_frame(frame("tick_spill"));
+    s.apply_replica_frame(ReplicaId(0), frame("tick_spill"));
     s
 }
 
 fn unhealthy() -> State {
     let mut s = spilling();
-    s.apply_frame(frame("tick_unhealthy"));
+    s.apply_replica_frame(ReplicaId(0), frame("tick_unhealthy"));
     s
 }
 
@@ -43,7 +43,7 @@ fn connected_160x48() {
 
 #[test]
 fn waiting_for_first_connection_80x24() {
-    let s = State::new("ws://127.0.0.1:9090/ws");
+    let s = State::for_replicas(vec!["ws://127.0.0.1:9090/ws".into()]);
     assert_snapshot!(render(&s, 80, 24, Instant::now()));
 }
 
@@ -70,8 +70,8 @@ fn spill_happening_160x48() {
 /// worker's source.
 #[test]
 fn discovered_workers_160x48() {
-    let mut s = State::new("ws://127.0.0.1:9090/ws");
-    s.apply_conn_event(ConnEvent::Status(ConnStatus::Connected));
+    let mut s = State::for_replicas(vec!["ws://127.0.0.1:9090/ws".into()]);
+    s.apply_replica_event(ReplicaId(0), ConnEvent::Status(ConnStatus::Connected));
     let mut snapshot = frame("snapshot");
     let ServerMessage::Snapshot(ref mut body) = snapshot.message else {
         panic!("the snapshot fixture is a snapshot");
@@ -79,7 +79,7 @@ fn discovered_workers_160x48() {
     for worker in body.workers.iter_mut().skip(1) {
         worker.source = WorkerSource::Dns("_http._tcp.llm.default.svc.cluster.local".into());
     }
-    s.apply_frame(snapshot);
+    s.apply_replica_frame(ReplicaId(0), snapshot);
     let screen = render(&s, 160, 48, Instant::now());
     assert!(screen.contains("discovered, 1 static"), "{screen}");
     // At 160 columns every counter comes first; the source is cut to what the bar leaves.
@@ -101,11 +101,14 @@ fn unhealthy_worker_160x48() {
 fn reconnecting_counts_down_80x24() {
     let mut s = unhealthy();
     let now = Instant::now();
-    s.apply_conn_event(ConnEvent::Status(ConnStatus::Reconnecting {
-        retry_at: now + Duration::from_millis(4_000),
-        attempt: 5,
-        reason: "Connection refused (os error 111)".into(),
-    }));
+    s.apply_replica_event(
+        ReplicaId(0),
+        ConnEvent::Status(ConnStatus::Reconnecting {
+            retry_at: now + Duration::from_millis(4_000),
+            attempt: 5,
+            reason: "Connection refused (os error 111)".into(),
+        }),
+    );
     let screen = render(&s, 80, 24, now);
     assert!(screen.contains("RECONNECTING IN 4s"), "{screen}");
     let later = render(&s, 80, 24, now + Duration::from_millis(2_500));
@@ -117,11 +120,14 @@ fn reconnecting_counts_down_80x24() {
 fn reconnecting_160x48() {
     let mut s = unhealthy();
     let now = Instant::now();
-    s.apply_conn_event(ConnEvent::Status(ConnStatus::Reconnecting {
-        retry_at: now + Duration::from_millis(1_500),
-        attempt: 2,
-        reason: "gateway closed the connection".into(),
-    }));
+    s.apply_replica_event(
+        ReplicaId(0),
+        ConnEvent::Status(ConnStatus::Reconnecting {
+            retry_at: now + Duration::from_millis(1_500),
+            attempt: 2,
+            reason: "gateway closed the connection".into(),
+        }),
+    );
     assert_snapshot!(render(&s, 160, 48, now));
 }
 
@@ -165,7 +171,7 @@ fn threshold_change_pending_80x24() {
 fn threshold_change_applied_80x24() {
     let mut s = connected();
     s.apply_action(Action::GapUp);
-    s.apply_frame(frame_at("ack", 1));
+    s.apply_replica_frame(ReplicaId(0), frame_at("ack", 1));
     let screen = render(&s, 80, 24, Instant::now());
     assert!(screen.contains("gap 3"), "{screen}");
     assert_snapshot!(screen);
@@ -176,9 +182,9 @@ fn threshold_change_refused_80x24() {
     let mut s = connected_with(|snap| snap.policy.max_load_skew = 1.0);
     // Refused twice: the status line shows the newest, #2.
     s.apply_action(Action::SkewDown);
-    s.apply_frame(refusal(1, 1));
+    s.apply_replica_frame(ReplicaId(0), refusal(1, 1));
     s.apply_action(Action::SkewDown);
-    s.apply_frame(refusal(2, 2));
+    s.apply_replica_frame(ReplicaId(0), refusal(2, 2));
     assert_snapshot!(render(&s, 80, 24, Instant::now()));
 }
 
@@ -187,7 +193,7 @@ fn paused_with_resync_pending_160x48() {
     let mut s = spilling();
     s.apply_action(Action::TogglePause);
     // seq 2 lost: the live state resyncs underneath while the view stays frozen.
-    s.apply_frame(frame_at("tick_unhealthy", 3));
+    s.apply_replica_frame(ReplicaId(0), frame_at("tick_unhealthy", 3));
     s.apply_action(Action::FocusNext);
     s.apply_action(Action::FocusNext);
     s.apply_action(Action::FocusNext);
@@ -237,9 +243,9 @@ fn url_named_workers_stay_distinguishable_80x24() {
             share.name = format!("node.cluster.internal:1810{i}");
         }
     }
-    let mut s = State::new("ws://127.0.0.1:9090/ws");
-    s.apply_conn_event(ConnEvent::Status(ConnStatus::Connected));
-    s.apply_frame(f);
+    let mut s = State::for_replicas(vec!["ws://127.0.0.1:9090/ws".into()]);
+    s.apply_replica_event(ReplicaId(0), ConnEvent::Status(ConnStatus::Connected));
+    s.apply_replica_frame(ReplicaId(0), f);
     let screen = render(&s, 80, 24, Instant::now());
     let workers_panel: String = screen
         .lines()
@@ -255,7 +261,7 @@ fn url_named_workers_stay_distinguishable_80x24() {
 #[test]
 fn a_policy_change_names_who_made_it() {
     let mut s = connected();
-    s.apply_frame(frame_at("policy", 1));
+    s.apply_replica_frame(ReplicaId(0), frame_at("policy", 1));
     let screen = render(&s, 160, 48, Instant::now());
     let policy_line = screen.lines().nth(1).unwrap();
     assert!(policy_line.contains("gap 3"), "{screen}");

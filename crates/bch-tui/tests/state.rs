@@ -5,20 +5,20 @@ mod common;
 use bch_core::policy::{BoundCheck, PolicyKind};
 use bch_core::telemetry::{ChangeSource, ClientCommand, CommandId, ServerMessage, SpillEvent};
 use bch_tui::{
-    Action, CommandState, ConnEvent, ConnStatus, Effect, Fleet, Panel, SPILL_LOG_CAP, SortColumn,
-    State,
+    Action, CommandState, ConnEvent, ConnStatus, Effect, FleetPicture, Panel, ReplicaId,
+    SPILL_LOG_CAP, SortColumn, State,
 };
 use common::{connected_with, frame, frame_at, refusal};
 use tokio::time::{Duration, Instant};
 
 fn connected() -> State {
-    let mut s = State::new("ws://127.0.0.1:9090/ws");
-    s.apply_conn_event(ConnEvent::Status(ConnStatus::Connected));
-    assert_eq!(s.apply_frame(frame("snapshot")), None);
+    let mut s = State::for_replicas(vec!["ws://127.0.0.1:9090/ws".into()]);
+    s.apply_replica_event(ReplicaId(0), ConnEvent::Status(ConnStatus::Connected));
+    assert_eq!(s.apply_replica_frame(ReplicaId(0), frame("snapshot")), None);
     s
 }
 
-fn worker<'a>(f: &'a Fleet, name: &str) -> &'a bch_core::telemetry::WorkerRecord {
+fn worker<'a>(f: &'a FleetPicture, name: &str) -> &'a bch_core::telemetry::WorkerRecord {
     f.workers.iter().find(|w| w.name == name).unwrap()
 }
 
@@ -41,13 +41,13 @@ fn snapshot_replaces_everything() {
     }
 
     // A second snapshot (e.g. after a resync) drops what the first one had.
-    s.apply_frame(frame_at("tick_spill", 1));
+    s.apply_replica_frame(ReplicaId(0), frame_at("tick_spill", 1));
     let mut snap = frame_at("snapshot", 2);
     if let ServerMessage::Snapshot(ref mut body) = snap.message {
         body.keys.truncate(1);
         body.spills.clear();
     }
-    s.apply_frame(snap);
+    s.apply_replica_frame(ReplicaId(0), snap);
     assert_eq!(s.live().keys.len(), 1);
     assert!(s.live().spills.is_empty());
     assert_eq!(worker(s.live(), "w0").active, 2);
@@ -61,7 +61,10 @@ fn snapshot_replaces_everything() {
 #[test]
 fn tick_upserts_removes_and_appends() {
     let mut s = connected();
-    assert_eq!(s.apply_frame(frame("tick_spill")), None);
+    assert_eq!(
+        s.apply_replica_frame(ReplicaId(0), frame("tick_spill")),
+        None
+    );
     let f = s.live();
     assert_eq!(worker(f, "w0").active, 9);
     assert_eq!(
@@ -76,7 +79,7 @@ fn tick_upserts_removes_and_appends() {
     assert_eq!(f.totals.requests_per_s, 112.5);
     assert_eq!(f.history.len(), 1);
 
-    s.apply_frame(frame("tick_unhealthy"));
+    s.apply_replica_frame(ReplicaId(0), frame("tick_unhealthy"));
     let f = s.live();
     assert!(!worker(f, "w2").healthy);
     assert!(!f.keys.contains_key("summarize-long-context-tenant-42"));
@@ -88,7 +91,7 @@ fn tick_upserts_removes_and_appends() {
 #[test]
 fn bound_uses_healthy_workers_only() {
     let mut s = connected();
-    s.apply_frame(frame("tick_spill"));
+    s.apply_replica_frame(ReplicaId(0), frame("tick_spill"));
     let b = s.live().bound().unwrap();
     // Loads [9, 3, 1, 1]: min 1, mean 3.5; gap 2 → 3; skew 1.5 → 5.25.
     assert_eq!(
@@ -101,7 +104,7 @@ fn bound_uses_healthy_workers_only() {
         !b.check(5).should_spill(),
         "above min+gap but not above mean×skew"
     );
-    s.apply_frame(frame("tick_unhealthy"));
+    s.apply_replica_frame(ReplicaId(0), frame("tick_unhealthy"));
     let b = s.live().bound().unwrap();
     // w2 is down: loads [9, 3, 1].
     assert_eq!((b.load().min_load, b.load().healthy), (1, 3));
@@ -152,7 +155,7 @@ fn bound_agrees_with_the_spill_rule_on_the_fleet_loads() {
 #[test]
 fn ring_and_policy_frames_replace_their_part() {
     let mut s = connected();
-    s.apply_frame(frame_at("ring", 1));
+    s.apply_replica_frame(ReplicaId(0), frame_at("ring", 1));
     assert_eq!(s.live().workers.len(), 5);
     assert_eq!(s.live().ring.as_ref().unwrap().workers.len(), 5);
     assert!(
@@ -165,7 +168,7 @@ fn ring_and_policy_frames_replace_their_part() {
         "a ring change keeps the tracked keys"
     );
 
-    s.apply_frame(frame_at("policy", 2));
+    s.apply_replica_frame(ReplicaId(0), frame_at("policy", 2));
     assert_eq!(s.live().policy.unwrap().min_load_gap, 3);
     assert_eq!(s.live().policy_changed_by, Some(ChangeSource::Http));
     assert!(!s.resyncing());
@@ -174,19 +177,31 @@ fn ring_and_policy_frames_replace_their_part() {
 #[test]
 fn seq_gap_sends_one_resync_until_the_next_snapshot() {
     let mut s = connected();
-    assert_eq!(s.apply_frame(frame_at("tick_spill", 1)), None);
+    assert_eq!(
+        s.apply_replica_frame(ReplicaId(0), frame_at("tick_spill", 1)),
+        None
+    );
     // seq 2 was lost.
     assert_eq!(
-        s.apply_frame(frame_at("tick_unhealthy", 3)),
+        s.apply_replica_frame(ReplicaId(0), frame_at("tick_unhealthy", 3)),
         Some(ClientCommand::Resync { id: None })
     );
     assert!(s.resyncing());
     // The gap is already being repaired: no second resync for the next jump.
-    assert_eq!(s.apply_frame(frame_at("tick_spill", 9)), None);
+    assert_eq!(
+        s.apply_replica_frame(ReplicaId(0), frame_at("tick_spill", 9)),
+        None
+    );
     assert!(s.resyncing());
-    assert_eq!(s.apply_frame(frame_at("snapshot", 10)), None);
+    assert_eq!(
+        s.apply_replica_frame(ReplicaId(0), frame_at("snapshot", 10)),
+        None
+    );
     assert!(!s.resyncing());
-    assert_eq!(s.apply_frame(frame_at("tick_spill", 11)), None);
+    assert_eq!(
+        s.apply_replica_frame(ReplicaId(0), frame_at("tick_spill", 11)),
+        None
+    );
     assert!(!s.resyncing());
 }
 
@@ -194,22 +209,34 @@ fn seq_gap_sends_one_resync_until_the_next_snapshot() {
 fn a_snapshot_after_a_gap_needs_no_resync() {
     // The gateway follows a queue overflow with a fresh snapshot on its own.
     let mut s = connected();
-    assert_eq!(s.apply_frame(frame_at("snapshot", 5)), None);
+    assert_eq!(
+        s.apply_replica_frame(ReplicaId(0), frame_at("snapshot", 5)),
+        None
+    );
     assert!(!s.resyncing());
 }
 
 #[test]
 fn a_new_connection_restarts_seq() {
     let mut s = connected();
-    s.apply_frame(frame_at("tick_spill", 1));
-    s.apply_conn_event(ConnEvent::Status(ConnStatus::Reconnecting {
-        retry_at: Instant::now() + Duration::from_millis(250),
-        attempt: 1,
-        reason: "connection closed".into(),
-    }));
-    s.apply_conn_event(ConnEvent::Status(ConnStatus::Connected));
-    assert_eq!(s.apply_frame(frame_at("snapshot", 0)), None);
-    assert_eq!(s.apply_frame(frame_at("tick_spill", 1)), None);
+    s.apply_replica_frame(ReplicaId(0), frame_at("tick_spill", 1));
+    s.apply_replica_event(
+        ReplicaId(0),
+        ConnEvent::Status(ConnStatus::Reconnecting {
+            retry_at: Instant::now() + Duration::from_millis(250),
+            attempt: 1,
+            reason: "connection closed".into(),
+        }),
+    );
+    s.apply_replica_event(ReplicaId(0), ConnEvent::Status(ConnStatus::Connected));
+    assert_eq!(
+        s.apply_replica_frame(ReplicaId(0), frame_at("snapshot", 0)),
+        None
+    );
+    assert_eq!(
+        s.apply_replica_frame(ReplicaId(0), frame_at("tick_spill", 1)),
+        None
+    );
     assert!(!s.resyncing());
 }
 
@@ -235,7 +262,7 @@ fn gap_change_goes_pending_then_applied() {
         "nothing changes before the ack"
     );
 
-    s.apply_frame(frame_at("ack", 1));
+    s.apply_replica_frame(ReplicaId(0), frame_at("ack", 1));
     assert_eq!(s.last_command().unwrap().state, CommandState::Applied);
     assert_eq!(s.live().policy.unwrap().min_load_gap, 3);
 }
@@ -248,7 +275,7 @@ fn skew_below_one_is_sent_and_the_gateway_error_shown() {
         json,
         serde_json::json!({"type":"set_policy","id":1,"max_load_skew":0.95})
     );
-    s.apply_frame(refusal(1, 1));
+    s.apply_replica_frame(ReplicaId(0), refusal(1, 1));
     assert_eq!(
         s.last_command().unwrap().state,
         CommandState::Failed("max_load_skew must be a finite number >= 1.0, got 0.95".into())
@@ -260,7 +287,7 @@ fn skew_below_one_is_sent_and_the_gateway_error_shown() {
         json,
         serde_json::json!({"type":"set_policy","id":2,"max_load_skew":0.95})
     );
-    s.apply_frame(frame_at("error_skew", 2));
+    s.apply_replica_frame(ReplicaId(0), frame_at("error_skew", 2));
     assert_eq!(
         s.last_command().unwrap().state,
         CommandState::Failed("max_load_skew must be a finite number >= 1.0, got 0.95".into())
@@ -289,7 +316,7 @@ fn gap_cannot_go_below_zero() {
 
 #[test]
 fn no_threshold_change_before_the_policy_is_known() {
-    let mut s = State::new("ws://x/ws");
+    let mut s = State::for_replicas(vec!["ws://x/ws".into()]);
     assert_eq!(s.apply_action(Action::GapUp), Effect::None);
     assert!(s.notice().is_some());
 }
@@ -300,17 +327,20 @@ fn pending_changes_fail_when_the_connection_drops_or_was_down() {
     let Effect::Send(cmd) = s.apply_action(Action::GapUp) else {
         panic!()
     };
-    s.apply_conn_event(ConnEvent::Status(ConnStatus::Reconnecting {
-        retry_at: Instant::now(),
-        attempt: 1,
-        reason: "closed".into(),
-    }));
+    s.apply_replica_event(
+        ReplicaId(0),
+        ConnEvent::Status(ConnStatus::Reconnecting {
+            retry_at: Instant::now(),
+            attempt: 1,
+            reason: "closed".into(),
+        }),
+    );
     assert!(
         matches!(s.last_command().unwrap().state, CommandState::Failed(ref m) if m.contains("connection lost"))
     );
 
     // An ack for it arriving later (cannot happen on a new connection, but must not resurrect it).
-    s.apply_conn_event(ConnEvent::NotSent(cmd));
+    s.apply_replica_event(ReplicaId(0), ConnEvent::NotSent(cmd));
     assert!(matches!(
         s.last_command().unwrap().state,
         CommandState::Failed(_)
@@ -319,7 +349,7 @@ fn pending_changes_fail_when_the_connection_drops_or_was_down() {
     let Effect::Send(cmd) = s.apply_action(Action::SkewUp) else {
         panic!()
     };
-    s.apply_conn_event(ConnEvent::NotSent(cmd));
+    s.apply_replica_event(ReplicaId(0), ConnEvent::NotSent(cmd));
     assert_eq!(
         s.last_command().unwrap().state,
         CommandState::Failed("not sent: not connected".into())
@@ -333,7 +363,7 @@ fn an_error_without_our_id_becomes_a_notice() {
     if let ServerMessage::Error(ref mut e) = f.message {
         e.id = Some(CommandId::Number(99));
     }
-    s.apply_frame(f);
+    s.apply_replica_frame(ReplicaId(0), f);
     assert!(s.notice().unwrap().contains("max_load_skew"));
 }
 
@@ -342,7 +372,7 @@ fn pause_freezes_the_view_while_frames_keep_applying() {
     let mut s = connected();
     s.apply_action(Action::TogglePause);
     assert!(s.paused());
-    s.apply_frame(frame_at("tick_spill", 1));
+    s.apply_replica_frame(ReplicaId(0), frame_at("tick_spill", 1));
     assert_eq!(worker(s.live(), "w0").active, 9);
     assert_eq!(worker(s.visible(), "w0").active, 2);
     s.apply_action(Action::TogglePause);
@@ -363,7 +393,7 @@ fn spill_log_is_bounded_and_keeps_the_newest() {
                 })
                 .collect();
         }
-        s.apply_frame(f);
+        s.apply_replica_frame(ReplicaId(0), f);
     }
     assert_eq!(s.live().spills.len(), SPILL_LOG_CAP);
     assert_eq!(s.live().spills.back().unwrap().ts_ms, 3009);

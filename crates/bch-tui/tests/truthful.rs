@@ -10,7 +10,9 @@ use bch_core::telemetry::{
     ChangeSource, DrainedUpdate, PolicyUpdate, ServerFrame, ServerMessage, SpillEvent, Tick,
     WorkerState,
 };
-use bch_tui::{Action, COMMAND_TIMEOUT, CommandState, ConnEvent, ConnStatus, Effect, Panel, State};
+use bch_tui::{
+    Action, COMMAND_TIMEOUT, CommandState, ConnEvent, ConnStatus, Effect, Panel, ReplicaId, State,
+};
 use common::{connected_with, frame, frame_at, render};
 use tokio::time::{Duration, Instant};
 
@@ -71,8 +73,11 @@ fn a_gateway_that_stops_sending_is_shown_stale() {
     let t0 = Instant::now();
     // Ticks 100 ms apart set the expected interval.
     for (i, seq) in (1..=3u64).enumerate() {
-        s.apply_frame(empty_tick(seq, 1_767_268_800_000 + i as u64 * 100));
-        s.frame_received(t0);
+        s.apply_replica_frame(
+            ReplicaId(0),
+            empty_tick(seq, 1_767_268_800_000 + i as u64 * 100),
+        );
+        s.frame_received_on(ReplicaId(0), t0);
     }
     let fresh = render(&s, 80, 24, t0 + Duration::from_millis(200));
     assert!(
@@ -117,15 +122,18 @@ fn quick_presses_show_every_queued_change_and_time_out() {
 fn a_new_connection_forgets_the_previous_processs_answers() {
     let mut s = connected();
     sent(s.apply_action(Action::GapUp));
-    s.apply_frame(frame_at("ack", 1));
+    s.apply_replica_frame(ReplicaId(0), frame_at("ack", 1));
     assert_eq!(s.last_command().unwrap().state, CommandState::Applied);
-    s.apply_conn_event(ConnEvent::Status(ConnStatus::Reconnecting {
-        retry_at: Instant::now(),
-        attempt: 1,
-        reason: "gone".into(),
-    }));
-    s.apply_conn_event(ConnEvent::Status(ConnStatus::Connected));
-    s.apply_frame(frame("snapshot"));
+    s.apply_replica_event(
+        ReplicaId(0),
+        ConnEvent::Status(ConnStatus::Reconnecting {
+            retry_at: Instant::now(),
+            attempt: 1,
+            reason: "gone".into(),
+        }),
+    );
+    s.apply_replica_event(ReplicaId(0), ConnEvent::Status(ConnStatus::Connected));
+    s.apply_replica_frame(ReplicaId(0), frame("snapshot"));
     assert!(
         s.last_command().is_none(),
         "no ✓ applied from the old process"
@@ -157,7 +165,7 @@ fn drain_keys_act_on_the_selected_worker_and_the_answer_shows() {
             worker: Some(record),
         }),
     );
-    s.apply_frame(ack);
+    s.apply_replica_frame(ReplicaId(0), ack);
     assert_eq!(s.last_command().unwrap().state, CommandState::Applied);
     let screen = render(&s, 120, 40, Instant::now());
     assert!(screen.contains("1 draining"), "{screen}");
@@ -166,14 +174,17 @@ fn drain_keys_act_on_the_selected_worker_and_the_answer_shows() {
         "{screen}"
     );
     assert!(screen.contains("#1 drain w2 ✓ applied"), "{screen}");
-    s.apply_frame(ServerFrame::new(
-        2,
-        ServerMessage::Drained(DrainedUpdate {
-            ts_ms: 1,
-            worker: "w2".into(),
-            removed: false,
-        }),
-    ));
+    s.apply_replica_frame(
+        ReplicaId(0),
+        ServerFrame::new(
+            2,
+            ServerMessage::Drained(DrainedUpdate {
+                ts_ms: 1,
+                worker: "w2".into(),
+                removed: false,
+            }),
+        ),
+    );
     assert_eq!(s.notice(), Some("w2 drained: no request in flight"));
     assert_eq!(
         sent(s.apply_action(Action::Undrain)),
@@ -221,7 +232,7 @@ fn numbers_are_never_cut_and_errors_show_at_every_width() {
     // The key table's in-flight column keeps whole `worker:n` pairs.
     let spilling = {
         let mut s = connected();
-        s.apply_frame(frame_at("tick_spill", 1));
+        s.apply_replica_frame(ReplicaId(0), frame_at("tick_spill", 1));
         s
     };
     for width in [80u16, 120] {
@@ -233,7 +244,7 @@ fn numbers_are_never_cut_and_errors_show_at_every_width() {
 #[test]
 fn key_counts_start_again_at_a_policy_change_and_home_share_says_where_requests_went() {
     let mut s = connected();
-    s.apply_frame(frame_at("tick_spill", 1));
+    s.apply_replica_frame(ReplicaId(0), frame_at("tick_spill", 1));
     let key = s.live().keys["chat-session-0001"].clone();
     assert_eq!((key.requests_total, key.spills_total), (51, 2));
     let screen = render(&s, 80, 24, Instant::now());
@@ -245,15 +256,18 @@ fn key_counts_start_again_at_a_policy_change_and_home_share_says_where_requests_
         row.trim_end_matches('│').ends_with("51      2  96%"),
         "{row}"
     );
-    s.apply_frame(ServerFrame::new(
-        2,
-        ServerMessage::Policy(PolicyUpdate {
-            ts_ms: 1_767_268_800_000,
-            policy: s.live().policy.unwrap(),
-            changed_by: ChangeSource::Ws,
-            client: Some("10.0.0.3:5123".into()),
-        }),
-    ));
+    s.apply_replica_frame(
+        ReplicaId(0),
+        ServerFrame::new(
+            2,
+            ServerMessage::Policy(PolicyUpdate {
+                ts_ms: 1_767_268_800_000,
+                policy: s.live().policy.unwrap(),
+                changed_by: ChangeSource::Ws,
+                client: Some("10.0.0.3:5123".into()),
+            }),
+        ),
+    );
     let mut tick = frame_at("tick_spill", 3);
     if let ServerMessage::Tick(ref mut t) = tick.message {
         t.spills.clear();
@@ -264,7 +278,7 @@ fn key_counts_start_again_at_a_policy_change_and_home_share_says_where_requests_
             }
         }
     }
-    s.apply_frame(tick);
+    s.apply_replica_frame(ReplicaId(0), tick);
     let screen = render(&s, 160, 48, Instant::now());
     let row = screen
         .lines()
@@ -302,7 +316,7 @@ fn a_spill_log_that_turns_over_in_seconds_is_grouped_by_key_and_pair() {
             })
             .collect();
     }
-    s.apply_frame(f);
+    s.apply_replica_frame(ReplicaId(0), f);
     let screen = render(&s, 160, 48, Instant::now());
     assert!(
         screen.contains("the last 200 in 2.0s by key and pair"),

@@ -1,6 +1,9 @@
 //! `bch-drill`: simulated workers, storms and A/B runs against a bch gateway. The command line only:
-//! every subcommand is a thin shell over the library (docs/drill.md).
+//! every subcommand is a thin shell over the library (docs/drill.md). The flags are defined here;
+//! `commands/` runs each subcommand.
 #![forbid(unsafe_code)]
+
+mod commands;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -8,10 +11,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use bch_core::routing_key::DEFAULT_ROUTING_KEY_HEADER;
-use bch_drill::ab::{AbConfig, parse_cells, run_ab, write_plot};
 use bch_drill::sim::{DEFAULT_MODEL, SimConfig};
-use bch_drill::storm::{PrefixScope, StormConfig, run_storm};
-use bch_drill::worker::spawn_worker;
+use bch_drill::storm::{PrefixScope, StormConfig};
 use clap::{Args, Parser, Subcommand};
 use reqwest::Url;
 use tokio_util::sync::CancellationToken;
@@ -295,122 +296,6 @@ fn write_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Result<()> 
     std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
 }
 
-async fn workers(args: WorkersArgs) -> anyhow::Result<()> {
-    let config = args.sim.config()?;
-    let mut handles = Vec::with_capacity(args.count);
-    for i in 0..args.count {
-        let port = if args.base_port == 0 {
-            0
-        } else {
-            u16::try_from(usize::from(args.base_port) + i).context("port out of range")?
-        };
-        let handle =
-            spawn_worker((args.host, port).into(), format!("sim-{i}"), config.clone()).await?;
-        println!("{} {}", handle.name(), handle.url());
-        handles.push(handle);
-    }
-    eprintln!(
-        "{} simulated worker(s) running (time scale {}); Ctrl-C or SIGTERM stops them",
-        handles.len(),
-        config.time_scale
-    );
-    // SIGTERM too: scripts and `kill %1` stop background workers that way, and they should wind
-    // down as gracefully as after Ctrl-C.
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing the SIGTERM handler")?;
-    tokio::select! {
-        result = tokio::signal::ctrl_c() => result.context("waiting for Ctrl-C")?,
-        _ = terminate.recv() => {}
-    }
-    eprintln!("stopping: letting in-flight responses finish");
-    for handle in handles {
-        handle.shutdown().await?;
-    }
-    Ok(())
-}
-
-async fn storm(args: StormArgs) -> anyhow::Result<()> {
-    args.storm.control_token()?;
-    let seed = args.storm.seed();
-    let mut config = args.storm.config(args.control.first().cloned(), seed);
-    config.replica_controls = args.control.iter().skip(1).cloned().collect();
-    let report = run_storm(&config).await?;
-    print!("{report}");
-    if let Some(path) = &args.out {
-        write_json(path, &report)?;
-    }
-    Ok(())
-}
-
-/// Fires `cancel` on Ctrl-C or SIGTERM, so a run in progress can put the gateway's policy back
-/// before the process ends.
-fn cancel_on_signal(cancel: CancellationToken) -> anyhow::Result<()> {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing the SIGTERM handler")?;
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = terminate.recv() => {}
-        }
-        eprintln!("bch-drill: interrupted: restoring the gateway's policy");
-        cancel.cancel();
-    });
-    Ok(())
-}
-
-async fn ab(args: AbArgs, cancel: CancellationToken) -> anyhow::Result<()> {
-    let cells = parse_cells(&args.cells).context("--cells")?;
-    let seed = args.storm.seed();
-    let config = AbConfig {
-        storm: StormConfig {
-            progress: false,
-            ..args.storm.config(None, seed)
-        },
-        seed_given: args.storm.seed.is_some(),
-        control: args.control[0].clone(),
-        replica_controls: args.control[1..].to_vec(),
-        control_token: args.storm.control_token()?,
-        cells,
-        reps: args.reps,
-    };
-    let total = config.cells.len() * config.reps;
-    eprintln!(
-        "bch-drill ab: {total} runs, prompt seed {seed} ({})",
-        if config.seed_given {
-            "given"
-        } else {
-            "random; pass --seed to repeat it"
-        }
-    );
-    cancel_on_signal(cancel.clone())?;
-    let report = run_ab(&config, &cancel, |run| {
-        let cached = if run.report.cached_reported > 0 {
-            format!("{:>5.1}%", run.report.cached_token_fraction * 100.0)
-        } else {
-            "  n/a".to_owned()
-        };
-        eprintln!(
-            "[{}/{total}] rep {} {:<16} {:>8.1} req/s  TTFT mean {:>7.1} ms  spill {:>5.1}%  cached {cached}  seed {}",
-            run.order,
-            run.rep,
-            run.cell,
-            run.report.throughput_rps,
-            run.report.ttft.mean_ms,
-            run.report.spill_fraction * 100.0,
-            run.report.shape.seed,
-        );
-    })
-    .await?;
-    print!("{report}");
-    if let Some(path) = &args.out {
-        write_json(path, &report)?;
-    }
-    if let Some(path) = &args.plot {
-        write_plot(&report, path)?;
-    }
-    Ok(())
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -422,9 +307,9 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let cancel = CancellationToken::new();
     let result = match cli.command {
-        Command::Workers(args) => workers(args).await,
-        Command::Storm(args) => storm(args).await,
-        Command::Ab(args) => ab(args, cancel.clone()).await,
+        Command::Workers(args) => commands::workers::run(args).await,
+        Command::Storm(args) => commands::storm::run(args).await,
+        Command::Ab(args) => commands::ab::run(args, cancel.clone()).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -444,6 +329,7 @@ async fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bch_drill::ab::parse_cells;
     use clap::CommandFactory as _;
 
     #[test]

@@ -14,12 +14,12 @@ use std::collections::BTreeMap;
 
 use bch_core::telemetry::{KeyRecord, WorkerRecord, WorkerState};
 
-use super::fleet::{Baseline, Fleet, SPILL_LOG_CAP, Sample};
+use super::picture::{Baseline, FleetPicture, SPILL_LOG_CAP, Sample};
 
 /// The merged fleet of `fleets` (at least one). The policy and ring are the first replica's that
 /// has one (the replica rows show where they differ).
-pub(super) fn merge(fleets: &[&Fleet]) -> Fleet {
-    let mut merged = Fleet::default();
+pub(super) fn merge(fleets: &[&FleetPicture]) -> FleetPicture {
+    let mut merged = FleetPicture::default();
     merged.ts_ms = fleets.iter().map(|f| f.ts_ms).max().unwrap_or(0);
     merged.policy = fleets.iter().find_map(|f| f.policy);
     merged.policy_changed_by = fleets.iter().find_map(|f| f.policy_changed_by);
@@ -49,7 +49,7 @@ pub(super) fn merge(fleets: &[&Fleet]) -> Fleet {
     merged
 }
 
-fn merge_workers(fleets: &[&Fleet]) -> Vec<WorkerRecord> {
+fn merge_workers(fleets: &[&FleetPicture]) -> Vec<WorkerRecord> {
     let mut merged: Vec<WorkerRecord> = Vec::new();
     for record in fleets.iter().flat_map(|f| &f.workers) {
         let Some(slot) = merged.iter_mut().find(|w| w.name == record.name) else {
@@ -78,7 +78,7 @@ fn merge_workers(fleets: &[&Fleet]) -> Vec<WorkerRecord> {
     merged
 }
 
-fn merge_keys(fleets: &[&Fleet]) -> BTreeMap<String, KeyRecord> {
+fn merge_keys(fleets: &[&FleetPicture]) -> BTreeMap<String, KeyRecord> {
     let mut merged: BTreeMap<String, KeyRecord> = BTreeMap::new();
     for key in fleets.iter().flat_map(|f| f.keys.values()) {
         let Some(slot) = merged.get_mut(&key.key) else {
@@ -101,7 +101,7 @@ fn merge_keys(fleets: &[&Fleet]) -> BTreeMap<String, KeyRecord> {
 
 /// The key counters at the last policy change, summed over the replicas that saw one (a console's
 /// change reaches every replica), so the summed key counters count from there; the latest time.
-fn merge_baselines(fleets: &[&Fleet]) -> Option<Baseline> {
+fn merge_baselines(fleets: &[&FleetPicture]) -> Option<Baseline> {
     let mut merged: Option<Baseline> = None;
     for baseline in fleets.iter().filter_map(|f| f.baseline.as_ref()) {
         let slot = merged.get_or_insert_with(Baseline::default);
@@ -116,7 +116,7 @@ fn merge_baselines(fleets: &[&Fleet]) -> Option<Baseline> {
 }
 
 /// Rates summed sample by sample, newest aligned with newest.
-fn merge_history(fleets: &[&Fleet]) -> std::collections::VecDeque<Sample> {
+fn merge_history(fleets: &[&FleetPicture]) -> std::collections::VecDeque<Sample> {
     let longest = fleets.iter().map(|f| f.history.len()).max().unwrap_or(0);
     (0..longest)
         .map(|i| {

@@ -3,15 +3,16 @@
 //! transition is a plain unit test.
 //!
 //! [`State`] owns the parts: one [`Replica`] per gateway the console watches (`replica.rs`: its
-//! connection, seq, last frame time and [`Fleet`]), the fleet merged across them (`merge.rs`), the frozen copy, the
-//! threshold changes and their fate (`commands.rs`) and the view-only [`Ui`] (`ui.rs`). Its fields
+//! connection, seq, last frame time and [`FleetPicture`]), the picture merged across them
+//! (`merge.rs`), the frozen copy, the threshold changes and their fate (`commands.rs`) and the
+//! view-only [`Ui`] (`ui.rs`). Its fields
 //! are private: the app and the tests change it only through `apply_*` and
-//! [`State::set_viewports`], and read it through accessors. With one replica everything is that
-//! replica's; the `apply_*` methods without a replica index address the first.
+//! [`State::set_viewports`], and read it through accessors. Events and frames name their replica
+//! with a [`ReplicaId`]; one that the state does not watch is a bug in the caller, and panics.
 
 mod commands;
-mod fleet;
 mod merge;
+mod picture;
 mod replica;
 mod ui;
 
@@ -20,10 +21,10 @@ use tokio::time::{Duration, Instant};
 
 pub use self::commands::{COMMAND_TIMEOUT, Change, CommandEntry, CommandState};
 use self::commands::{CommandLog, Threshold};
-pub(crate) use self::fleet::routable;
-pub use self::fleet::{Baseline, Fleet, FleetBound, SPILL_LOG_CAP, Sample};
+pub(crate) use self::picture::routable;
+pub use self::picture::{Baseline, FleetBound, FleetPicture, SPILL_LOG_CAP, Sample};
 use self::replica::{Answer, differing};
-pub use self::replica::{Replica, Settings};
+pub use self::replica::{Replica, ReplicaId, Settings};
 pub use self::ui::{Panel, SortColumn, Ui, WorkerOrder};
 use crate::conn::{ConnEvent, ConnStatus};
 use crate::input::{Action, Mode};
@@ -48,20 +49,15 @@ pub struct State {
     replicas: Vec<Replica>,
     /// The fleet across every replica; only kept when there are several (with one, the replica's
     /// own fleet is the picture).
-    merged: Fleet,
+    merged: FleetPicture,
     /// While paused, the copy the panels show.
-    frozen: Option<Fleet>,
+    frozen: Option<FleetPicture>,
     commands: CommandLog,
     notice: Option<String>,
     ui: Ui,
 }
 
 impl State {
-    /// A fresh state for a console pointed at `url`: connecting, nothing known yet.
-    pub fn new(url: impl Into<String>) -> Self {
-        Self::for_replicas(vec![url.into()])
-    }
-
     /// A fresh state for a console watching every gateway replica in `urls` (at least one; an
     /// empty list watches none and shows nothing).
     pub fn for_replicas(urls: Vec<String>) -> Self {
@@ -71,7 +67,7 @@ impl State {
         }
         Self {
             replicas,
-            merged: Fleet::default(),
+            merged: FleetPicture::default(),
             frozen: None,
             commands: CommandLog::default(),
             notice: None,
@@ -79,16 +75,23 @@ impl State {
         }
     }
 
-    /// Records that a frame of the first replica arrived at `now`.
-    pub fn frame_received(&mut self, now: Instant) {
-        self.frame_received_on(0, now);
-    }
-
     /// Records that a frame of replica `replica` arrived at `now` (the app calls it for every
     /// frame it applies).
-    pub fn frame_received_on(&mut self, replica: usize, now: Instant) {
-        let index = replica.min(self.replicas.len() - 1);
+    pub fn frame_received_on(&mut self, replica: ReplicaId, now: Instant) {
+        let index = self.index(replica);
         self.replicas[index].frame_received(now);
+    }
+
+    /// `replica`'s position in `replicas`. Panics for a replica this state does not watch: the
+    /// app only tags events with the ids it made from the `--url` list, so that is a bug, and
+    /// applying the event to another replica would show that replica's data under a wrong name.
+    fn index(&self, replica: ReplicaId) -> usize {
+        assert!(
+            replica.0 < self.replicas.len(),
+            "{replica} is not watched: the console watches {} replica(s)",
+            self.replicas.len()
+        );
+        replica.0
     }
 
     /// How long ago the last frame arrived, at `now`, on the replica that has been silent
@@ -169,7 +172,7 @@ impl State {
 
     /// The live fleet: every frame applies here, paused or not. The header reads it, so rates and
     /// the policy stay current while the panels are frozen. With several replicas, the merge.
-    pub fn live(&self) -> &Fleet {
+    pub fn live(&self) -> &FleetPicture {
         match self.replicas.as_slice() {
             [one] => one.fleet(),
             _ => &self.merged,
@@ -177,7 +180,7 @@ impl State {
     }
 
     /// What the panels show: the frozen copy while paused, else the live fleet.
-    pub fn visible(&self) -> &Fleet {
+    pub fn visible(&self) -> &FleetPicture {
         self.frozen.as_ref().unwrap_or_else(|| self.live())
     }
 
@@ -236,19 +239,14 @@ impl State {
         self.ui.set_viewports(rows);
     }
 
-    /// Applies an event from the first replica's network task.
-    pub fn apply_conn_event(&mut self, event: ConnEvent) -> Option<ClientCommand> {
-        self.apply_replica_event(0, event)
-    }
-
     /// Applies an event from replica `replica`'s network task; returns a command to send to that
     /// replica (a `resync`) if needed.
     pub fn apply_replica_event(
         &mut self,
-        replica: usize,
+        replica: ReplicaId,
         event: ConnEvent,
     ) -> Option<ClientCommand> {
-        let index = replica.min(self.replicas.len() - 1);
+        let index = self.index(replica);
         match event {
             ConnEvent::Status(status) => {
                 if status == ConnStatus::Connected {
@@ -262,7 +260,7 @@ impl State {
                 }
                 None
             }
-            ConnEvent::Frame(frame) => self.apply_replica_frame(index, *frame),
+            ConnEvent::Frame(frame) => self.apply_replica_frame(replica, *frame),
             ConnEvent::BadFrame(err) => {
                 self.notice = Some(format!("unreadable frame ignored: {err}"));
                 None
@@ -281,19 +279,14 @@ impl State {
         }
     }
 
-    /// Applies one telemetry frame of the first replica.
-    pub fn apply_frame(&mut self, frame: ServerFrame) -> Option<ClientCommand> {
-        self.apply_replica_frame(0, frame)
-    }
-
     /// Applies one telemetry frame of replica `replica`. Returns `resync` when the frame's seq
     /// shows frames were missed.
     pub fn apply_replica_frame(
         &mut self,
-        replica: usize,
+        replica: ReplicaId,
         frame: ServerFrame,
     ) -> Option<ClientCommand> {
-        let index = replica.min(self.replicas.len() - 1);
+        let index = self.index(replica);
         let (resync, answer) = self.replicas[index].apply_frame(frame);
         match answer {
             Some(Answer::Ack(Some(CommandId::Number(id)))) => self.commands.applied(id, index),
@@ -309,7 +302,7 @@ impl State {
             Some(Answer::Ack(_)) | None => {}
         }
         if self.replicas.len() > 1 {
-            let fleets: Vec<&Fleet> = self.replicas.iter().map(Replica::fleet).collect();
+            let fleets: Vec<&FleetPicture> = self.replicas.iter().map(Replica::fleet).collect();
             self.merged = merge::merge(&fleets);
         }
         resync

@@ -7,15 +7,26 @@ use bch_core::policy::PolicySettings;
 use bch_core::telemetry::{ClientCommand, ServerFrame, ServerMessage};
 use tokio::time::{Duration, Instant};
 
-use super::fleet::Fleet;
+use super::picture::FleetPicture;
 use crate::conn::ConnStatus;
+
+/// Which replica an event or a frame came from: its position in the console's `--url` list
+/// (`ReplicaId(0)` is the first). The app tags each network task's events with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ReplicaId(pub usize);
+
+impl std::fmt::Display for ReplicaId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "replica {}", self.0 + 1)
+    }
+}
 
 /// One replica: where it is, how the connection stands and what it last said.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Replica {
     url: String,
     conn: ConnStatus,
-    fleet: Fleet,
+    fleet: FleetPicture,
     /// Seq of the last frame on this connection, to spot frames the gateway dropped.
     last_seq: Option<u64>,
     /// A `resync` was sent after a seq gap and no snapshot has arrived since.
@@ -71,7 +82,7 @@ impl Replica {
         Self {
             url,
             conn: ConnStatus::Connecting,
-            fleet: Fleet::default(),
+            fleet: FleetPicture::default(),
             last_seq: None,
             resyncing: false,
             last_frame_at: None,
@@ -110,7 +121,7 @@ impl Replica {
     }
 
     /// The fleet as this replica last described it.
-    pub fn fleet(&self) -> &Fleet {
+    pub fn fleet(&self) -> &FleetPicture {
         &self.fleet
     }
 

@@ -15,7 +15,7 @@ use super::text::clock;
 use bch_core::telemetry::ChangeSource;
 
 use crate::conn::ConnStatus;
-use crate::state::{Change, CommandEntry, CommandState, Fleet, Sample, State};
+use crate::state::{Change, CommandEntry, CommandState, FleetPicture, Sample, State};
 
 /// The key hints shown when there is nothing more pressing to say; the full list is in the help
 /// overlay.
@@ -86,7 +86,7 @@ fn status_line(state: &State, now: Instant, styles: &Styles) -> Line<'static> {
 /// The policy kind, both thresholds and the spill order, the fleet's rates, and who last changed
 /// the policy. On a terminal too narrow for the line, the bounded kind is shortened to `bounded`
 /// first, so the rates stay visible.
-fn policy_line(fleet: &Fleet, styles: &Styles, width: u16) -> Line<'static> {
+fn policy_line(fleet: &FleetPicture, styles: &Styles, width: u16) -> Line<'static> {
     let dim = styles.dim();
     let Some(p) = &fleet.policy else {
         return Line::from(Span::styled(" waiting for the gateway's snapshot…", dim));
@@ -133,7 +133,7 @@ fn policy_line(fleet: &Fleet, styles: &Styles, width: u16) -> Line<'static> {
 }
 
 /// Request and spill rates side by side, newest sample at the right edge.
-fn sparklines(frame: &mut Frame, area: Rect, fleet: &Fleet, styles: &Styles) {
+fn sparklines(frame: &mut Frame, area: Rect, fleet: &FleetPicture, styles: &Styles) {
     let [left, right] =
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(area);
     type Get = fn(&Sample) -> f64;

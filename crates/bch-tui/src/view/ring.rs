@@ -11,7 +11,7 @@ use ratatui::widgets::Paragraph;
 use super::panel::{panel_block, scroll_window};
 use super::styles::Styles;
 use super::text::truncate_left;
-use crate::state::{Fleet, Panel, State};
+use crate::state::{FleetPicture, Panel, State};
 
 /// Draws the ring panel at `area`: the strip, then one row per worker from the scroll offset on.
 pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles) {
@@ -52,7 +52,7 @@ fn worker_glyph(i: usize) -> char {
 }
 
 /// ` Ring 150 vnodes `.
-fn title(fleet: &Fleet, styles: &Styles) -> Line<'static> {
+fn title(fleet: &FleetPicture, styles: &Styles) -> Line<'static> {
     let vnodes = fleet
         .ring
         .as_ref()
@@ -66,7 +66,7 @@ fn title(fleet: &Fleet, styles: &Styles) -> Line<'static> {
 
 /// The ring unrolled over `width` cells: each cell shows the owner of the ring position at its
 /// middle.
-fn ring_strip(fleet: &Fleet, width: usize, styles: &Styles) -> Line<'static> {
+fn ring_strip(fleet: &FleetPicture, width: usize, styles: &Styles) -> Line<'static> {
     let cells: Vec<Span> = (0..width)
         .map(|i| {
             let x = (i as f64 + 0.5) / width as f64;
@@ -81,7 +81,7 @@ fn ring_strip(fleet: &Fleet, width: usize, styles: &Styles) -> Line<'static> {
 
 /// Whether the worker named `name` is healthy; a ring entry without a worker record counts as
 /// healthy, since there is nothing to say it is not.
-fn is_healthy(fleet: &Fleet, name: &str) -> bool {
+fn is_healthy(fleet: &FleetPicture, name: &str) -> bool {
     fleet
         .workers
         .iter()

@@ -14,7 +14,7 @@ use ratatui::widgets::Paragraph;
 use super::panel::{panel_block, scroll_window};
 use super::styles::{Styles, Tone};
 use super::text::{clock, truncate_middle};
-use crate::state::{Fleet, Panel, SPILL_LOG_CAP, State};
+use crate::state::{FleetPicture, Panel, SPILL_LOG_CAP, State};
 
 /// A full log spanning less than this (ms) is shown grouped per key and worker pair.
 pub(super) const GROUP_BELOW_MS: u64 = 10_000;
@@ -27,7 +27,7 @@ struct Group<'a> {
 }
 
 /// The kept log grouped per (key, from, to, branch), newest group first.
-fn groups(fleet: &Fleet) -> Vec<Group<'_>> {
+fn groups(fleet: &FleetPicture) -> Vec<Group<'_>> {
     let mut groups: Vec<Group> = Vec::new();
     for event in fleet.spills.iter().rev() {
         let same = |g: &&mut Group| {
@@ -49,7 +49,7 @@ fn groups(fleet: &Fleet) -> Vec<Group<'_>> {
 }
 
 /// Whether the kept log turns over too fast to read event by event.
-fn grouped(fleet: &Fleet) -> bool {
+fn grouped(fleet: &FleetPicture) -> bool {
     let (Some(oldest), Some(newest)) = (fleet.spills.front(), fleet.spills.back()) else {
         return false;
     };
@@ -122,7 +122,7 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
 }
 
 /// What an empty log means: no spill yet, or no data yet to tell.
-fn empty_log(fleet: &Fleet) -> &'static str {
+fn empty_log(fleet: &FleetPicture) -> &'static str {
     if fleet.policy.is_some() {
         "no spills: every explicit key stayed on its preferred worker"
     } else {

@@ -21,7 +21,7 @@ use bch_core::telemetry::WorkerState;
 use super::panel::{panel_block, scroll_window};
 use super::styles::{Styles, Tone};
 use super::text::{truncate_left, truncate_middle};
-use crate::state::{Fleet, FleetBound, Panel, State, WorkerOrder, routable};
+use crate::state::{FleetBound, FleetPicture, Panel, State, WorkerOrder, routable};
 
 /// Marker drawn in a load bar at `min + min_load_gap`.
 pub(super) const GAP_MARKER: char = '│';
@@ -73,7 +73,7 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
 
 /// ` Workers 3/4 healthy 2 OVER 1 draining by load `, plus `fleet load` when the rule reads the
 /// workers' own gauges, and ` 3 discovered, 1 static ` when discovery found some of them.
-fn title(fleet: &Fleet, order: WorkerOrder, styles: &Styles) -> Line<'static> {
+fn title(fleet: &FleetPicture, order: WorkerOrder, styles: &Styles) -> Line<'static> {
     let healthy = fleet.workers.iter().filter(|w| w.healthy).count();
     let mut spans = vec![
         Span::raw(" Workers "),
@@ -126,7 +126,12 @@ fn title(fleet: &Fleet, order: WorkerOrder, styles: &Styles) -> Line<'static> {
 
 /// The first row: what the two markers stand for, in requests, and the min and mean they come
 /// from when the row has room.
-fn legend(fleet: &Fleet, bound: Option<FleetBound>, width: u16, styles: &Styles) -> Line<'static> {
+fn legend(
+    fleet: &FleetPicture,
+    bound: Option<FleetBound>,
+    width: u16,
+    styles: &Styles,
+) -> Line<'static> {
     let Some(b) = bound else {
         return match fleet.policy {
             Some(policy) if !fleet.bound_in_force() => Line::from(Span::styled(
@@ -224,7 +229,7 @@ struct Geometry {
 }
 
 impl Geometry {
-    fn new(fleet: &Fleet, bound: Option<FleetBound>, width: u16) -> Self {
+    fn new(fleet: &FleetPicture, bound: Option<FleetBound>, width: u16) -> Self {
         let name_w = fleet
             .workers
             .iter()
@@ -283,7 +288,7 @@ impl Geometry {
 /// Columns of the source label that rows end with (two spaces before it): the least urgent
 /// column, so only when some worker was discovered, all `shown` counters fit and `left` cells
 /// leave the bar its room; cut in the middle to what is left, but never below [`MIN_SOURCE`].
-fn source_width(fleet: &Fleet, shown: usize, left: usize) -> usize {
+fn source_width(fleet: &FleetPicture, shown: usize, left: usize) -> usize {
     if shown < Counter::BY_PRIORITY.len() || !fleet.workers.iter().any(|w| w.source.is_discovered())
     {
         return 0;

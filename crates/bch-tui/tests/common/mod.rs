@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use bch_core::telemetry::{CommandId, ServerFrame, ServerMessage, Snapshot};
-use bch_tui::{ConnEvent, ConnStatus, State};
+use bch_tui::{ConnEvent, ConnStatus, ReplicaId, State};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 use ratatui::buffer::Buffer;
@@ -51,9 +51,12 @@ pub fn snapshot_with(edit: impl FnOnce(&mut Snapshot)) -> ServerFrame {
 
 /// A connected console that has applied `snapshot_with(edit)`.
 pub fn connected_with(edit: impl FnOnce(&mut Snapshot)) -> State {
-    let mut s = State::new("ws://127.0.0.1:9090/ws");
-    s.apply_conn_event(ConnEvent::Status(ConnStatus::Connected));
-    assert_eq!(s.apply_frame(snapshot_with(edit)), None);
+    let mut s = State::for_replicas(vec!["ws://127.0.0.1:9090/ws".into()]);
+    s.apply_replica_event(ReplicaId(0), ConnEvent::Status(ConnStatus::Connected));
+    assert_eq!(
+        s.apply_replica_frame(ReplicaId(0), snapshot_with(edit)),
+        None
+    );
     s
 }
 

@@ -8,7 +8,7 @@ use bch_core::telemetry::{
     KeyKind, KeyRecord, RingOwnership, RingShare, ServerFrame, ServerMessage, Snapshot, SpillEvent,
     Tick, Totals, WorkerRecord, WorkerState,
 };
-use bch_tui::{ConnEvent, ConnStatus, State};
+use bch_tui::{ConnEvent, ConnStatus, ReplicaId, State};
 
 /// A synthetic fleet at the scale the console must handle: 64 workers and 256 tracked keys.
 fn big_fleet() -> ServerFrame {
@@ -105,9 +105,9 @@ fn big_fleet() -> ServerFrame {
 }
 
 pub fn big() -> State {
-    let mut s = State::new("ws://127.0.0.1:9090/ws");
-    s.apply_conn_event(ConnEvent::Status(ConnStatus::Connected));
-    s.apply_frame(big_fleet());
+    let mut s = State::for_replicas(vec!["ws://127.0.0.1:9090/ws".into()]);
+    s.apply_replica_event(ReplicaId(0), ConnEvent::Status(ConnStatus::Connected));
+    s.apply_replica_frame(ReplicaId(0), big_fleet());
     for seq in 1..=160u64 {
         let tick = Tick {
             ts_ms: 1_767_268_800_000 + seq * 100,
@@ -124,7 +124,10 @@ pub fn big() -> State {
             dropped_events: 0,
         };
         assert_eq!(
-            s.apply_frame(ServerFrame::new(seq, ServerMessage::Tick(tick))),
+            s.apply_replica_frame(
+                ReplicaId(0),
+                ServerFrame::new(seq, ServerMessage::Tick(tick))
+            ),
             None
         );
     }

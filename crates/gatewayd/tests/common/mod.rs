@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod envoy;
+pub mod raw;
 pub mod ws;
 
 use std::net::SocketAddr;

@@ -5,7 +5,7 @@
 //! control plane's 405 and 413. "Foreign" hosts are names that resolve nowhere or other 127.0.0.x
 //! addresses: nothing leaves loopback.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -7,10 +7,10 @@
 //! `BCH_LONG_DRILLS=1` multiplies them by 20. Failing inputs are shrunk and saved by proptest under
 //! `proptest-regressions/`.
 
-mod common;
+use crate::common;
+use crate::common::raw;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -430,19 +430,6 @@ fn live() -> &'static Live {
     })
 }
 
-/// Sends raw bytes and returns the status of the answer (blocking std I/O, bounded).
-fn exchange(addr: SocketAddr, request: &[u8]) -> Option<u16> {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let _ = stream.write_all(request);
-    let mut seen = Vec::new();
-    let _ = stream.read_to_end(&mut seen);
-    let text = String::from_utf8_lossy(&seen);
-    text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()
-}
-
 fn assert_idle(live: &Live) {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
@@ -473,7 +460,7 @@ proptest! {
             request.extend_from_slice(b"\r\n");
         }
         request.extend_from_slice(b"\r\n{}");
-        let status = exchange(live.data, &request);
+        let status = raw::exchange_blocking(live.data, &request).status;
         let status = status.expect("an HTTP answer");
         prop_assert!(
             status == 200 || status == 400 || status == 431 || status == 503,
@@ -492,10 +479,10 @@ proptest! {
             live.control,
             body.len()
         );
-        let status = exchange(live.control, request.as_bytes()).expect("an answer");
+        let status = raw::exchange_blocking(live.control, request.as_bytes()).status.expect("an answer");
         prop_assert!(status == 200 || status == 400 || status == 422, "PUT status {}", status);
         let request = format!("GET /admin/explain?{query} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n\r\n", live.control);
-        let status = exchange(live.control, request.as_bytes()).expect("an answer");
+        let status = raw::exchange_blocking(live.control, request.as_bytes()).status.expect("an answer");
         prop_assert!(status == 200 || status == 400, "explain status {}", status);
         let policy = *live.gateway.routing_table().policy();
         prop_assert!(policy.max_load_skew.is_finite() && policy.max_load_skew >= 1.0);

@@ -3,11 +3,10 @@
 //! SRV and A/AAAA names, members joining and leaving, a member leaving while it holds streams,
 //! empty answers, a thousand records, two replicas building one ring, the 409 for deleting a
 //! discovered worker, refreshes that change nothing, reloads. Outages and bad records, which are
-//! about what gatewayd logs, are in `discovery_daemon.rs`.
+//! about what gatewayd logs, are in `daemon/discovery.rs`.
 
-mod common;
-#[path = "common/dnsmasq.rs"]
-mod dnsmasq;
+use crate::common;
+use crate::dnsmasq;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};

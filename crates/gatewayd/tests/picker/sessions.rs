@@ -3,7 +3,7 @@
 //! stream ends releases it exactly once. (tests/envoy/run.sh runs the same picker behind a real
 //! Envoy.)
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,8 +1,9 @@
-//! The telemetry-derived picture of the fleet ([`Fleet`]): workers, ring, tracked keys, the spill log
-//! and the rate history, kept as the gateway last described them, plus the spill bound
+//! The telemetry-derived picture of the fleet ([`FleetPicture`]): workers, ring, tracked keys, the
+//! spill log and the rate history, kept as the gateway last described them, plus the spill bound
 //! ([`FleetBound`]) worked out from them with bch-core's rule.
 //!
-//! Only the state module changes a fleet (the `apply_*` methods); everyone else gets `&Fleet`.
+//! Only the state module changes a picture (the `apply_*` methods); everyone else gets
+//! `&FleetPicture`.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -22,10 +23,10 @@ const HISTORY_CAP: usize = 240;
 /// The fleet as the gateway last described it. Cloned whole when the view is paused, so the
 /// panels can show a frozen copy while frames keep applying to the live one.
 ///
-/// The fields mirror the telemetry records; they are public to read, and only `&Fleet` ever leaves
-/// the state.
+/// The fields mirror the telemetry records; they are public to read, and only `&FleetPicture` ever
+/// leaves the state.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Fleet {
+pub struct FleetPicture {
     /// Gateway time of the last applied snapshot or tick, ms since the Unix epoch.
     pub ts_ms: u64,
     /// The policy and thresholds in force; `None` until the first snapshot.
@@ -49,7 +50,7 @@ pub struct Fleet {
     pub keys: BTreeMap<String, KeyRecord>,
     /// Recent spill events, oldest first, at most [`SPILL_LOG_CAP`].
     pub spills: VecDeque<SpillEvent>,
-    /// Fleet-wide rates (per second) and totals from the last snapshot or tick.
+    /// FleetPicture-wide rates (per second) and totals from the last snapshot or tick.
     pub totals: Totals,
     /// Frames the gateway dropped for this connection because the console read too slowly
     /// (cumulative, as the gateway counts them).
@@ -130,7 +131,7 @@ impl FleetBound {
     }
 }
 
-impl Fleet {
+impl FleetPicture {
     /// Whether the spill bound is in force: only `bounded_consistent_hashing` spills; under the
     /// other policies the thresholds change nothing. `false` before the policy is known.
     pub fn bound_in_force(&self) -> bool {
@@ -178,7 +179,7 @@ impl Fleet {
     /// with the snapshot's picture.
     pub(super) fn apply_snapshot(&mut self, snap: Snapshot) {
         let history = std::mem::take(&mut self.history);
-        *self = Fleet {
+        *self = FleetPicture {
             ts_ms: snap.ts_ms,
             policy: Some(snap.policy),
             workers: snap.workers,
@@ -187,7 +188,7 @@ impl Fleet {
             history,
             tick_interval_ms: self.tick_interval_ms,
             baseline: self.baseline.take(),
-            ..Fleet::default()
+            ..FleetPicture::default()
         };
         self.set_ring(snap.ring);
         self.push_spills(snap.spills);

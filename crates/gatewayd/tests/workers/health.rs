@@ -2,7 +2,7 @@
 //! on by default), a membership change is probed at once, and probe failures are counted by
 //! reason.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

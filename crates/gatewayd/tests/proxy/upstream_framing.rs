@@ -2,7 +2,7 @@
 //! so each test controls exactly what the gateway's pooled connection sees, and can tell whether
 //! the gateway put a second request on a connection that could not carry it.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};

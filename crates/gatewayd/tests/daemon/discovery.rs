@@ -4,9 +4,8 @@
 //! restarted resolver's changed set is applied; bad records are skipped with a warning naming each,
 //! once. And `check-config` refusing bad `[[discovery]]` entries.
 
-mod common;
-#[path = "common/dnsmasq.rs"]
-mod dnsmasq;
+use crate::common;
+use crate::dnsmasq;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};

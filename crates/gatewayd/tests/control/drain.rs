@@ -3,7 +3,7 @@
 //! unhealthy worker's would), stays listed with its in-flight count and state, is announced idle
 //! once (a `drained` frame and a log line), and leaves the membership then if the drain asked.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! load, counts the failure in `/metrics` by reason, keeps routing (which never waits for a scrape)
 //! and recovers when the worker answers well again. The real binary logs each change once.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

@@ -2,7 +2,7 @@
 //! a running gateway really exports: a renamed metric fails here, not silently on a dashboard.
 //! (`promtool check rules` and `promtool test rules` run in CI, see `.ci/run`.)
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;

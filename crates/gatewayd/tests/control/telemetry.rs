@@ -1,6 +1,6 @@
 //! Telemetry websocket tests: a real tokio-tungstenite client against a real gateway on loopback.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

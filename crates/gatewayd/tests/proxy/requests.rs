@@ -1,6 +1,6 @@
 //! Data plane integration tests: real fake workers and a real gateway on loopback.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -19,8 +19,10 @@ fn bounded(config: &mut gatewayd::config::Config, gap: u64) {
 
 #[tokio::test]
 async fn keyed_requests_follow_the_golden_ring() {
-    let parity: serde_json::Value =
-        serde_json::from_str(include_str!("../../core/tests/fixtures/ring_parity.json")).unwrap();
+    let parity: serde_json::Value = serde_json::from_str(include_str!(
+        "../../../core/tests/fixtures/ring_parity.json"
+    ))
+    .unwrap();
     let golden_urls: Vec<String> = parity["all_healthy"]["workers"]
         .as_array()
         .unwrap()

@@ -4,9 +4,8 @@
 //! gateway stops, whether it was shut down or its runtime was simply dropped. And its targets:
 //! workers found by DNS (a real dnsmasq) are scraped at their source's `metrics_path`.
 
-mod common;
-#[path = "common/dnsmasq.rs"]
-mod dnsmasq;
+use crate::common;
+use crate::dnsmasq;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! same configuration and workers (a tonic client playing Envoy), and `/metrics`, the telemetry
 //! snapshot (workers, keys, spill log, totals) and `GET /admin/explain` must come out equal.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,0 +1,173 @@
+//! The policy endpoint: reading and changing the thresholds, and a ring rebuilt for new virtual nodes.
+
+use crate::common::*;
+use serde_json::{Value, json};
+
+use super::*;
+
+#[tokio::test]
+async fn policy_get_and_put() {
+    let (a, b) = (fake_worker("a").await, fake_worker("b").await);
+    let gateway = start(test_config(&[&a, &b])).await;
+    let client = client();
+    let initial = policy(&gateway).await;
+    assert_eq!(
+        initial,
+        json!({"kind": "consistent_hashing", "min_load_gap": 2, "max_load_skew": 1.5,
+            "spill_order": "ring", "virtual_nodes": 150, "load_source": "local"})
+    );
+
+    // A subset applies and the answer is the whole result.
+    let put = |body: &str| {
+        client
+            .put(control(&gateway, "/admin/policy"))
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+    };
+    let response = put(r#"{"min_load_gap": 4}"#).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut answer: Value = response.json().await.unwrap();
+    // The answer says the change is not persisted, and how to persist it.
+    let note = answer["note"].take();
+    assert!(
+        note.as_str().unwrap().contains("lost on the next reload")
+            && note.as_str().unwrap().contains("GET /admin/config"),
+        "{note}"
+    );
+    answer.as_object_mut().unwrap().remove("note");
+    assert_eq!(
+        answer,
+        json!({"kind": "consistent_hashing", "min_load_gap": 4, "max_load_skew": 1.5,
+            "spill_order": "ring", "virtual_nodes": 150, "load_source": "local"})
+    );
+    let response = put(
+        r#"{"kind": "bounded_consistent_hashing", "max_load_skew": 2.25, "spill_order": "hash_seeded"}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 200);
+    let good = json!({"kind": "bounded_consistent_hashing", "min_load_gap": 4, "max_load_skew": 2.25,
+        "spill_order": "hash_seeded", "virtual_nodes": 150, "load_source": "local"});
+    let mut answer = response.json::<Value>().await.unwrap();
+    answer.as_object_mut().unwrap().remove("note");
+    assert_eq!(answer, good);
+    assert_eq!(policy(&gateway).await, good);
+
+    // Bad input: 400 naming the field, and nothing changes (also not the valid half of a patch).
+    let bad = [
+        ("{", "invalid"),
+        ("", "invalid"),
+        ("[1]", "invalid"),
+        (r#"{"min_load_gaps": 1}"#, "min_load_gaps"),
+        (r#"{"max_load_skew": 0.99}"#, "max_load_skew"),
+        (r#"{"load_source": "prometheus"}"#, "load_source"),
+        (
+            r#"{"max_load_skew": 0.5, "min_load_gap": 9}"#,
+            "max_load_skew",
+        ),
+        (
+            r#"{"min_load_gap": 9, "max_load_skew": 0.5}"#,
+            "max_load_skew",
+        ),
+        (r#"{"max_load_skew": "NaN"}"#, "max_load_skew"),
+        (r#"{"max_load_skew": "inf"}"#, "max_load_skew"),
+        (r#"{"max_load_skew": 1e999}"#, "invalid"),
+        (r#"{"min_load_gap": -1}"#, "min_load_gap"),
+        (r#"{"min_load_gap": 1.5}"#, "min_load_gap"),
+        (r#"{"min_load_gap": "3"}"#, "min_load_gap"),
+        (r#"{"kind": "strict"}"#, "kind"),
+        (r#"{"spill_order": "next"}"#, "spill_order"),
+        (
+            r#"{"spill_order": "ring", "max_load_skew": 0.5}"#,
+            "max_load_skew",
+        ),
+        (r#"{"virtual_nodes": 0}"#, "virtual_nodes"),
+        (r#"{"virtual_nodes": 1000000}"#, "virtual_nodes"),
+    ];
+    for (body, field) in bad {
+        let response = put(body).await.unwrap();
+        assert_eq!(response.status(), 400, "{body}");
+        let message = error_message(&response.json().await.unwrap());
+        assert!(
+            message.contains(field),
+            "{body}: {message:?} does not name {field}"
+        );
+        assert_eq!(policy(&gateway).await, good, "{body} changed the policy");
+    }
+
+    // Round robin ignores the key: the same key visits both workers.
+    let response = put(r#"{"kind": "round_robin"}"#).await.unwrap();
+    assert_eq!(
+        response.json::<Value>().await.unwrap()["kind"],
+        "round_robin"
+    );
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..4 {
+        let response = client
+            .get(data(&gateway, "/v1/models"))
+            .header(ROUTING_KEY, "one-key")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        seen.insert(
+            response.headers()["x-bch-worker"]
+                .to_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn changing_virtual_nodes_rebuilds_the_ring() {
+    let (a, b, c) = (
+        fake_worker("a").await,
+        fake_worker("b").await,
+        fake_worker("c").await,
+    );
+    let gateway = start(test_config(&[&a, &b, &c])).await;
+    let keys: Vec<String> = (0..60).map(|i| format!("key-{i}")).collect();
+    let mut before = Vec::new();
+    for key in &keys {
+        before.push(preferred_worker(&gateway, key).await);
+    }
+    let response = client()
+        .put(control(&gateway, "/admin/policy"))
+        .json(&json!({"virtual_nodes": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(policy(&gateway).await["virtual_nodes"], 1);
+    let mut after = Vec::new();
+    for key in &keys {
+        after.push(preferred_worker(&gateway, key).await);
+    }
+    let moved = before.iter().zip(&after).filter(|(x, y)| x != y).count();
+    assert!(moved > 0, "no key moved with 1 virtual node instead of 150");
+    // Requests follow the new ring.
+    let response = client()
+        .get(data(&gateway, "/v1/models"))
+        .header(ROUTING_KEY, keys[0].as_str())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["x-bch-worker"], after[0].as_str());
+    // The ring is a pure function of members and virtual nodes: going back restores placement.
+    client()
+        .put(control(&gateway, "/admin/policy"))
+        .json(&json!({"virtual_nodes": 150}))
+        .send()
+        .await
+        .unwrap();
+    let mut restored = Vec::new();
+    for key in &keys {
+        restored.push(preferred_worker(&gateway, key).await);
+    }
+    assert_eq!(restored, before);
+    gateway.shutdown().await;
+}

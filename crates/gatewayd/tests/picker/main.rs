@@ -1,0 +1,9 @@
+//! The endpoint picker (Envoy's ext_proc): its state machine, what it allocates per request, and
+//! parity with gatewayd's own data plane.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod allocations;
+mod parity;
+mod sessions;

@@ -1,0 +1,12 @@
+//! How the gateway learns about its workers: DNS discovery, health probes before the first
+//! request, and the load scraper (its failures and its connections).
+
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../common/dnsmasq.rs"]
+mod dnsmasq;
+
+mod discovery;
+mod health;
+mod load_scrape;
+mod scrape_connections;
