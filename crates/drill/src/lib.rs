@@ -32,9 +32,9 @@
 #![forbid(unsafe_code)]
 
 // Dependencies point one way, so each module can be read (and feature-gated) without those above
-// it: `ab` uses `storm`, `control` and `stats`; `storm` uses `sim`, and with the harness `control`
-// and `stats`; `worker` uses `cache` and `sim`; `cache` uses `sim`; `sim`, `control` and `stats`
-// use nothing of the crate.
+// it: `ab` uses `storm`, `worker` (the simulator's config path), `control`, `stats` and `sim`;
+// `storm` uses `sim`, and with the harness `control` and `stats`; `worker` uses `cache` and `sim`;
+// `cache` uses `sim`; `sim`, `control` and `stats` use nothing of the crate.
 
 #[cfg(feature = "harness")]
 pub mod ab;
