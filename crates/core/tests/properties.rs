@@ -496,8 +496,8 @@ fn check_spill_rule(
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
-    /// `Ring::first_in_set` (the spill search's shortcut) finds exactly the worker a point-by-point
-    /// walk finds, for sparse and dense sets, at and between points, on rings of up to 70 workers
+    /// `Ring::first_in_set` (the first pick's shortcut) finds exactly the worker a point-by-point
+    /// walk and the first step of `Ring::workers_clockwise` (the retries' and fallbacks' walk) find, for sparse and dense sets, at and between points, on rings of up to 70 workers
     /// (indices from 64 up cannot be named and are never returned).
     #[test]
     fn first_in_set_equals_the_walk(
@@ -529,6 +529,11 @@ proptest! {
                     .points_from(position)
                     .find(|&w| w < 64 && (set >> w) & 1 == 1);
                 prop_assert_eq!(ring.first_in_set(position, set), walked, "set {:#x}", set);
+                // ... and the first worker of the one walk retries and fallbacks take.
+                let first_of_walk = ring
+                    .workers_clockwise(position, |w| w < 64 && (set >> w) & 1 == 1)
+                    .next();
+                prop_assert_eq!(walked, first_of_walk, "set {:#x}", set);
             }
         }
     }
