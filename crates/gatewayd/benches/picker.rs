@@ -94,13 +94,13 @@ fn bench(c: &mut Criterion) {
         .unwrap();
     let (gateway, channel) = runtime.block_on(async {
         let mut config = Config::default();
-        config.server.data_plane = false;
-        config.server.control_listen = "127.0.0.1:0".parse().unwrap();
+        config.server.listeners.data_plane = false;
+        config.server.listeners.control_listen = "127.0.0.1:0".parse().unwrap();
         config.picker.listen = Some("127.0.0.1:0".parse().unwrap());
         config.policy.kind = bch_core::policy::PolicyKind::BoundedConsistentHashing;
         config.log.level = "warn".into();
         // Never probed during the run: workers stay healthy and are never contacted.
-        config.health.interval_ms = 3_600_000;
+        config.health.interval = std::time::Duration::from_millis(3_600_000);
         config.workers = (0..4)
             .map(|i| WorkerConfig::from_url(&format!("http://127.0.0.1:{}", 39000 + i)))
             .collect();

@@ -276,7 +276,7 @@ pub async fn run(prober: Prober) {
     let mut last_full: Option<tokio::time::Instant> = None;
     loop {
         let current = config.load_full();
-        let interval = Duration::from_millis(current.health.interval_ms);
+        let interval = current.health.interval;
         let full = last_full.is_none_or(|at| at.elapsed() >= interval);
         if full {
             last_full = Some(tokio::time::Instant::now());
@@ -315,7 +315,7 @@ impl Probing {
             .map(|(_, key)| key)
             .filter(|key| full || !self.streaks.contains_key(key))
             .collect();
-        let timeout = Duration::from_millis(current.health.timeout_ms);
+        let timeout = current.health.timeout;
         let probes = due.iter().map(|key| {
             let uri = self.targets.get(key).and_then(Option::as_ref);
             probe_once(&self.client, uri, timeout)

@@ -57,7 +57,7 @@ fn logs() -> String {
 async fn gateway(workers: &[&FakeWorker], tune: impl FnOnce(&mut Config)) -> RunningGateway {
     logs();
     let mut config = test_config(workers);
-    config.health.interval_ms = 3_600_000;
+    config.health.interval = Duration::from_millis(3_600_000);
     assert!(config.health.passive);
     tune(&mut config);
     start(config).await
@@ -159,8 +159,8 @@ fn warnings_naming(worker: &str) -> Vec<String> {
 async fn client_body_faults_are_not_worker_faults() {
     let worker = fake_worker("victim").await;
     let gateway = gateway(&[&worker], |config| {
-        config.server.max_body_bytes = 1024;
-        config.server.request_body_timeout_ms = 400;
+        config.server.limits.max_body_bytes = 1024;
+        config.server.timeouts.request_body = Duration::from_millis(400);
     })
     .await;
     let data = gateway.data_addr;
@@ -264,8 +264,8 @@ async fn client_body_faults_are_not_worker_faults() {
 async fn an_upload_slower_than_the_first_byte_timeout_is_the_clients_fault() {
     let worker = fake_worker("patient").await;
     let gateway = gateway(&[&worker], |config| {
-        config.server.first_byte_timeout_ms = 300;
-        config.server.request_body_timeout_ms = 60_000;
+        config.server.timeouts.first_byte = Duration::from_millis(300);
+        config.server.timeouts.request_body = Duration::from_millis(60_000);
     })
     .await;
     let data = gateway.data_addr;
@@ -545,7 +545,7 @@ async fn firehose() -> (String, Arc<std::sync::atomic::AtomicBool>) {
 async fn a_client_that_stops_reading_is_cut_off() {
     let (url, worker_closed) = firehose().await;
     let gateway = gateway(&[], |config| {
-        config.server.client_stall_timeout_ms = 300;
+        config.server.timeouts.client_stall = Duration::from_millis(300);
         config.workers = vec![gatewayd::config::WorkerConfig {
             name: Some("firehose".into()),
             ..gatewayd::config::WorkerConfig::from_url(&url)

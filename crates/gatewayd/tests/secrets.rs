@@ -109,11 +109,11 @@ async fn credentials_never_leak() {
     let token_file = std::env::temp_dir().join(format!("bch-secrets-{}", std::process::id()));
     std::fs::write(&token_file, format!("{ADMIN_SECRET}\n")).unwrap();
     let mut config = test_config(&[&a, &b]);
-    config.server.admin_token_file = Some(token_file.clone());
-    config.server.first_byte_timeout_ms = 300;
-    config.server.max_body_bytes = 1024;
+    config.server.control_access.admin_token_file = Some(token_file.clone());
+    config.server.timeouts.first_byte = Duration::from_millis(300);
+    config.server.limits.max_body_bytes = 1024;
     // Only passive marking may take the dead worker down, so the first request to it is a 502.
-    config.health.interval_ms = 3_600_000;
+    config.health.interval = Duration::from_millis(3_600_000);
     // A worker nobody listens on: 502, then (marked down) 503.
     // The port stays bound but never listens, so connects are refused and no other listener (such
     // as this gateway's own) can take it.

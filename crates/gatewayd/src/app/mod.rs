@@ -116,7 +116,7 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
     let listeners = Listeners::bind(&prepared.config).await?;
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
-    let grace = Duration::from_millis(prepared.config.server.shutdown_grace_ms);
+    let grace = prepared.config.server.timeouts.shutdown_grace;
     let handle_signals = prepared.handle_signals;
     let (data_addr, control_addr) = (listeners.data_addr, listeners.control_addr);
     let picker_addr = listeners.picker.as_ref().map(|(_, addr)| *addr);
@@ -200,14 +200,14 @@ struct Listeners {
 
 impl Listeners {
     async fn bind(config: &Config) -> Result<Self, StartError> {
-        let (data, data_addr) = if config.server.data_plane {
-            let data = bind("data", config.server.listen).await?;
-            let addr = local_addr("data", &data, config.server.listen)?;
+        let (data, data_addr) = if config.server.listeners.data_plane {
+            let data = bind("data", config.server.listeners.listen).await?;
+            let addr = local_addr("data", &data, config.server.listeners.listen)?;
             (Some(data), addr)
         } else {
             (None, SocketAddr::from(([0, 0, 0, 0], 0)))
         };
-        let control = bind("control", config.server.control_listen).await?;
+        let control = bind("control", config.server.listeners.control_listen).await?;
         let picker = match config.picker.listen {
             Some(address) => {
                 let picker = bind("picker", address).await?;
@@ -217,15 +217,15 @@ impl Listeners {
             None => None,
         };
         Ok(Self {
-            control_addr: local_addr("control", &control, config.server.control_listen)?,
+            control_addr: local_addr("control", &control, config.server.listeners.control_listen)?,
             data,
             control,
             picker,
             data_addr,
-            header_read_timeout: Duration::from_millis(config.server.header_read_timeout_ms),
-            max_connections: config.server.max_connections,
-            client_stall_timeout: Duration::from_millis(config.server.client_stall_timeout_ms),
-            upstream_idle_timeout: Duration::from_millis(config.server.upstream_idle_timeout_ms),
+            header_read_timeout: config.server.timeouts.header_read,
+            max_connections: config.server.limits.max_connections,
+            client_stall_timeout: config.server.timeouts.client_stall,
+            upstream_idle_timeout: config.server.timeouts.upstream_idle,
         })
     }
 
@@ -304,8 +304,8 @@ fn assemble(
     discovery.register(&mut registry, Arc::clone(&router));
     let registry = Arc::new(registry);
     let upstreams = Arc::new(Upstreams::new(
-        Duration::from_millis(config.server.connect_timeout_ms),
-        Duration::from_millis(config.server.upstream_idle_timeout_ms),
+        config.server.timeouts.connect,
+        config.server.timeouts.upstream_idle,
     ));
     upstreams.publish(&members);
     let owned = crate::admin::Owned {
@@ -326,8 +326,8 @@ fn assemble(
     let guard = BrowserGuard::new(
         listeners.control_addr,
         token.is_none(),
-        &in_force.server.control_allowed_hosts,
-        &in_force.server.control_allowed_origins,
+        &in_force.server.control_access.allowed_hosts,
+        &in_force.server.control_access.allowed_origins,
     );
     let control_plane = Arc::new(ControlPlane {
         admin: Arc::clone(&admin),

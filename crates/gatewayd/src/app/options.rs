@@ -60,8 +60,8 @@ impl StartOptions {
 
     /// Listens on free ports (port 0) instead of the configured ones, keeping the addresses.
     pub fn free_ports(mut self) -> Self {
-        self.config.server.listen.set_port(0);
-        self.config.server.control_listen.set_port(0);
+        self.config.server.listeners.listen.set_port(0);
+        self.config.server.listeners.control_listen.set_port(0);
         if let Some(picker) = &mut self.config.picker.listen {
             picker.set_port(0);
         }

@@ -49,12 +49,20 @@ pub fn check(options: &StartOptions) -> Findings {
     if let Err(error) = admin_token(&base) {
         errors.push(error.to_string());
     }
-    if let Some(Err(error)) = base.server.metrics_token_file.as_ref().map(read_token) {
+    if let Some(Err(error)) = base
+        .server
+        .control_access
+        .metrics_token_file
+        .as_ref()
+        .map(read_token)
+    {
         errors.push(error.to_string());
     }
-    let token_configured = base.server.admin_token_file.is_some();
-    if !token_configured && !base.server.control_listen.ip().is_loopback() {
-        errors.push(StartError::UnprotectedControlPlane(base.server.control_listen).to_string());
+    let token_configured = base.server.control_access.admin_token_file.is_some();
+    if !token_configured && !base.server.listeners.control_listen.ip().is_loopback() {
+        errors.push(
+            StartError::UnprotectedControlPlane(base.server.listeners.control_listen).to_string(),
+        );
     }
     let mut warnings = Vec::new();
     if base.workers.is_empty() && base.discovery.is_empty() {
@@ -82,6 +90,7 @@ pub(super) fn prepare(options: StartOptions) -> Result<Prepared, StartError> {
     let token = admin_token(&config)?;
     let metrics_token = config
         .server
+        .control_access
         .metrics_token_file
         .as_ref()
         .map(read_token)
@@ -100,6 +109,7 @@ pub(super) fn prepare(options: StartOptions) -> Result<Prepared, StartError> {
 fn admin_token(config: &Config) -> Result<Option<String>, StartError> {
     config
         .server
+        .control_access
         .admin_token_file
         .as_ref()
         .map(read_token)

@@ -3,6 +3,8 @@
 //! every part). The workers, timeouts and fallback count come from gatewayd's own configuration,
 //! so the two cannot disagree about them.
 
+use std::time::Duration;
+
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -51,10 +53,10 @@ pub struct EnvoyPlan {
     pub workers: Vec<SocketAddr>,
     /// Fallback endpoints per answer, and so Envoy's retries.
     pub fallbacks: usize,
-    /// Connect timeout to a worker, ms.
-    pub connect_timeout_ms: u64,
-    /// Longest silence on a request's stream, ms.
-    pub stream_idle_timeout_ms: u64,
+    /// Connect timeout to a worker.
+    pub connect_timeout: Duration,
+    /// Longest silence on a request's stream.
+    pub stream_idle_timeout: Duration,
     /// The request and response headers the picker reads (lower case): Envoy sends it only these.
     pub forwarded_headers: Vec<String>,
     /// The `[[discovery]]` names: workers found there are picked too, but are not in the
@@ -87,8 +89,8 @@ impl EnvoyPlan {
             admin: args.admin,
             workers,
             fallbacks: config.picker.fallbacks,
-            connect_timeout_ms: config.server.connect_timeout_ms,
-            stream_idle_timeout_ms: config.server.stream_idle_timeout_ms,
+            connect_timeout: config.server.timeouts.connect,
+            stream_idle_timeout: config.server.timeouts.stream_idle,
             forwarded_headers: forwarded_headers(&config),
             discovery: config.discovery.iter().map(|d| d.dns.clone()).collect(),
         })
@@ -169,7 +171,7 @@ pub fn bootstrap(plan: &EnvoyPlan) -> String {
 }
 
 fn listener(yaml: &mut String, plan: &EnvoyPlan) {
-    let idle = seconds(plan.stream_idle_timeout_ms);
+    let idle = seconds(plan.stream_idle_timeout);
     let _ = write!(
         yaml,
         r#"  - name: bch
@@ -302,7 +304,7 @@ fn workers_cluster(yaml: &mut String, plan: &EnvoyPlan) {
       endpoints:
       - lb_endpoints:
 "#,
-        connect = seconds(plan.connect_timeout_ms),
+        connect = seconds(plan.connect_timeout),
         lb = LB_NAMESPACE,
         destination = DESTINATION_KEY,
         served = SERVED_KEY,
@@ -367,7 +369,8 @@ fn yaml_single_quoted(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).replace('\'', "''")
 }
 
-fn seconds(ms: u64) -> String {
+fn seconds(duration: Duration) -> String {
+    let ms = crate::config::millis::as_millis(duration);
     if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
@@ -386,8 +389,8 @@ mod tests {
             admin: None,
             workers: workers.iter().map(|w| w.parse().unwrap()).collect(),
             fallbacks: 2,
-            connect_timeout_ms: 2000,
-            stream_idle_timeout_ms: 300_500,
+            connect_timeout: Duration::from_millis(2000),
+            stream_idle_timeout: Duration::from_millis(300_500),
             forwarded_headers: forwarded_headers(&Config::default()),
             discovery: Vec::new(),
         }

@@ -177,7 +177,10 @@ fn check_config(file: &std::path::Path) -> ExitCode {
         config.policy.spill_order,
         config.load.source,
         match config.load.source {
-            LoadSource::WorkerMetrics => format!(" every {} ms", config.load.scrape_interval_ms),
+            LoadSource::WorkerMetrics => format!(
+                " every {} ms",
+                crate::config::millis::as_millis(config.load.scrape_interval)
+            ),
             LoadSource::Local => String::new(),
         }
     );
@@ -219,16 +222,16 @@ fn check_flags(args: &RunArgs) -> anyhow::Result<()> {
 /// a flag keeps winning over the file after SIGHUP or `POST /admin/reload`.
 pub fn apply_flags(args: &RunArgs, config: &mut Config) {
     if let Some(listen) = args.listen {
-        config.server.listen = listen;
+        config.server.listeners.listen = listen;
     }
     if let Some(control) = args.control_listen {
-        config.server.control_listen = control;
+        config.server.listeners.control_listen = control;
     }
     if let Some(picker) = args.picker_listen {
         config.picker.listen = Some(picker);
     }
     if args.no_data_plane {
-        config.server.data_plane = false;
+        config.server.listeners.data_plane = false;
     }
     if let Some(kind) = args.policy {
         config.policy.kind = kind;
@@ -246,7 +249,7 @@ pub fn apply_flags(args: &RunArgs, config: &mut Config) {
         config.load.source = source;
     }
     if let Some(file) = &args.admin_token_file {
-        config.server.admin_token_file = Some(file.clone());
+        config.server.control_access.admin_token_file = Some(file.clone());
     }
     if let Some(path) = &args.health_path {
         config.health.path = path.clone();
@@ -269,7 +272,7 @@ fn discovery_source(args: &RunArgs, name: &str) -> DiscoveryConfig {
     }
     source.resolver = args.dns_resolver;
     if let Some(interval) = args.discovery_interval_ms {
-        source.interval_ms = interval;
+        source.interval = std::time::Duration::from_millis(interval);
     }
     source
 }
@@ -337,7 +340,7 @@ fn serve(args: RunArgs) -> ExitCode {
         if !json {
             // In JSON mode the `gatewayd started` log line carries the addresses: a shipper that
             // parses every line as JSON gets nothing else.
-            let data = match config.server.data_plane {
+            let data = match config.server.listeners.data_plane {
                 true => format!("data plane http://{}  ", running.data_addr),
                 false => String::new(),
             };
@@ -473,7 +476,7 @@ mod tests {
         let config = effective_config(&cli.run).unwrap();
         assert_eq!(config.policy.kind, PolicyKind::BoundedConsistentHashing);
         assert_eq!(config.policy.min_load_gap, 5);
-        assert_eq!(config.server.listen.port(), 0);
+        assert_eq!(config.server.listeners.listen.port(), 0);
         let bad = Cli::parse_from(["gatewayd", "--max-load-skew", "0.5"]);
         assert!(
             effective_config(&bad.run)

@@ -64,7 +64,7 @@ fn base_url(addr: SocketAddr) -> String {
 pub fn reload(args: ReloadArgs) -> ExitCode {
     let (listen, file_token) = args.config.as_ref().map(from_file).unwrap_or_default();
     let control = args.control.clone().unwrap_or_else(|| {
-        base_url(listen.unwrap_or_else(|| crate::config::ServerConfig::default().control_listen))
+        base_url(listen.unwrap_or_else(|| crate::config::Listeners::default().control_listen))
     });
     let token = match args.token_file.clone().or(file_token) {
         Some(path) => match std::fs::read_to_string(&path) {

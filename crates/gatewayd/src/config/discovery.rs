@@ -2,19 +2,20 @@
 //! how often and where to ask. What happens with the answers is in docs/discovery.md.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use bch_core::router::WorkerSource;
 use serde::{Deserialize, Serialize};
 
-/// Default time between two resolutions of one name, ms.
-pub const DEFAULT_INTERVAL_MS: u64 = 5_000;
+/// Default time between two resolutions of one name.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(5_000);
 /// Default time an empty answer (NXDOMAIN, or no records) must persist before the source's
-/// workers are removed, ms.
-pub const DEFAULT_EMPTY_AFTER_MS: u64 = 30_000;
-/// Default time one resolution may take before it counts as a resolver failure, ms.
-pub const DEFAULT_TIMEOUT_MS: u64 = 2_000;
-/// Shortest `interval_ms` accepted: a fleet does not change faster, and a resolver shared by many
-/// gateway replicas should not be asked more often.
+/// workers are removed.
+pub const DEFAULT_EMPTY_AFTER: Duration = Duration::from_millis(30_000);
+/// Default time one resolution may take before it counts as a resolver failure.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(2_000);
+/// Shortest `interval_ms` accepted, ms: a fleet does not change faster, and a resolver shared by
+/// many gateway replicas should not be asked more often.
 pub const MIN_INTERVAL_MS: u64 = 100;
 
 /// Which records a name is resolved for.
@@ -39,10 +40,14 @@ pub struct DiscoveryConfig {
     /// Scheme of the discovered workers' URLs, `http`.
     #[serde(default = "default_scheme")]
     pub scheme: String,
-    /// Longest time between two resolutions, ms; an answer whose TTL runs out sooner is asked again
-    /// sooner (but not more often than once a second).
-    #[serde(default = "default_interval_ms")]
-    pub interval_ms: u64,
+    /// `interval_ms`: longest time between two resolutions; an answer whose TTL runs out sooner
+    /// is asked again sooner (but not more often than once a second).
+    #[serde(
+        rename = "interval_ms",
+        with = "super::millis",
+        default = "default_interval"
+    )]
+    pub interval: Duration,
     /// The DNS server to ask, `IP:PORT`; unset: the system's (`/etc/resolv.conf`).
     #[serde(default)]
     pub resolver: Option<SocketAddr>,
@@ -53,29 +58,37 @@ pub struct DiscoveryConfig {
     /// metrics_path`.
     #[serde(default)]
     pub metrics_path: Option<String>,
-    /// How long an empty answer (NXDOMAIN or no records) must persist before this source's workers
-    /// are removed, ms. A resolver *failure* never removes them.
-    #[serde(default = "default_empty_after_ms")]
-    pub empty_after_ms: u64,
-    /// How long one resolution may take before it counts as a resolver failure, ms.
-    #[serde(default = "default_timeout_ms")]
-    pub timeout_ms: u64,
+    /// `empty_after_ms`: how long an empty answer (NXDOMAIN or no records) must persist before
+    /// this source's workers are removed. A resolver *failure* never removes them.
+    #[serde(
+        rename = "empty_after_ms",
+        with = "super::millis",
+        default = "default_empty_after"
+    )]
+    pub empty_after: Duration,
+    /// `timeout_ms`: how long one resolution may take before it counts as a resolver failure.
+    #[serde(
+        rename = "timeout_ms",
+        with = "super::millis",
+        default = "default_timeout"
+    )]
+    pub timeout: Duration,
 }
 
 fn default_scheme() -> String {
     "http".to_owned()
 }
 
-fn default_interval_ms() -> u64 {
-    DEFAULT_INTERVAL_MS
+fn default_interval() -> Duration {
+    DEFAULT_INTERVAL
 }
 
-fn default_empty_after_ms() -> u64 {
-    DEFAULT_EMPTY_AFTER_MS
+fn default_empty_after() -> Duration {
+    DEFAULT_EMPTY_AFTER
 }
 
-fn default_timeout_ms() -> u64 {
-    DEFAULT_TIMEOUT_MS
+fn default_timeout() -> Duration {
+    DEFAULT_TIMEOUT
 }
 
 /// What is wrong with one discovery entry: the field and why.
@@ -95,12 +108,12 @@ impl DiscoveryConfig {
             dns: dns.to_owned(),
             port: None,
             scheme: default_scheme(),
-            interval_ms: DEFAULT_INTERVAL_MS,
+            interval: DEFAULT_INTERVAL,
             resolver: None,
             health_path: None,
             metrics_path: None,
-            empty_after_ms: DEFAULT_EMPTY_AFTER_MS,
-            timeout_ms: DEFAULT_TIMEOUT_MS,
+            empty_after: DEFAULT_EMPTY_AFTER,
+            timeout: DEFAULT_TIMEOUT,
         }
     }
 
@@ -160,10 +173,10 @@ impl DiscoveryConfig {
                 ),
             );
         }
-        if self.interval_ms < MIN_INTERVAL_MS {
+        if self.interval < Duration::from_millis(MIN_INTERVAL_MS) {
             return invalid("interval_ms", format!("must be at least {MIN_INTERVAL_MS}"));
         }
-        if self.timeout_ms == 0 {
+        if self.timeout.is_zero() {
             return invalid("timeout_ms", "must be greater than 0".into());
         }
         if self.resolver.is_some_and(|r| r.port() == 0) {
@@ -257,14 +270,14 @@ mod tests {
             ),
             (
                 DiscoveryConfig {
-                    interval_ms: 10,
+                    interval: Duration::from_millis(10),
                     ..srv.clone()
                 },
                 "interval_ms",
             ),
             (
                 DiscoveryConfig {
-                    timeout_ms: 0,
+                    timeout: Duration::ZERO,
                     ..srv.clone()
                 },
                 "timeout_ms",

@@ -1,8 +1,12 @@
 //! `[load]`: which per-worker load the bounded rule reads, and how the workers' own gauges are
 //! scraped for the fleet-wide load (docs/replicas.md).
 
+use std::time::Duration;
+
 use bch_core::fleet_load::LoadSource;
 use serde::{Deserialize, Serialize};
+
+use super::millis;
 
 /// `[load]`. `source` is switchable at run time (`PUT /admin/policy`, the websocket `set_policy`,
 /// a reload); the scrape settings take effect at the next scrape round.
@@ -12,13 +16,15 @@ pub struct LoadConfig {
     /// `local`: this process's in-flight requests (the default, one gateway). `worker_metrics`:
     /// the workers' reported load, so several replicas decide as one.
     pub source: LoadSource,
-    /// Time between two scrapes of every worker, ms. Each scrape times out after 80 % of it, so a
-    /// hung worker never delays the next round. Scraping runs only while `source` is
-    /// `worker_metrics`.
-    pub scrape_interval_ms: u64,
-    /// A worker whose last good scrape is older than this (ms) falls back to local load. Must
-    /// exceed `scrape_interval_ms`.
-    pub stale_after_ms: u64,
+    /// `scrape_interval_ms`: time between two scrapes of every worker. Each scrape times out
+    /// after 80 % of it, so a hung worker never delays the next round. Scraping runs only while
+    /// `source` is `worker_metrics`.
+    #[serde(rename = "scrape_interval_ms", with = "millis")]
+    pub scrape_interval: Duration,
+    /// `stale_after_ms`: a worker whose last good scrape is older than this falls back to local
+    /// load. Must exceed `scrape_interval_ms`.
+    #[serde(rename = "stale_after_ms", with = "millis")]
+    pub stale_after: Duration,
     /// Path of the Prometheus text on every worker without its own `metrics_path`.
     pub metrics_path: String,
     /// Largest metrics body read, bytes; a larger answer counts as a failed scrape.
@@ -34,8 +40,8 @@ impl Default for LoadConfig {
     fn default() -> Self {
         Self {
             source: LoadSource::Local,
-            scrape_interval_ms: 100,
-            stale_after_ms: 500,
+            scrape_interval: Duration::from_millis(100),
+            stale_after: Duration::from_millis(500),
             metrics_path: "/metrics".to_owned(),
             max_scrape_bytes: 1024 * 1024,
             running_gauge: None,
@@ -47,11 +53,15 @@ impl Default for LoadConfig {
 /// One hour in ms: the longest `scrape_interval_ms`.
 const MAX_MS: u64 = 3_600_000;
 
+/// The shortest `scrape_interval_ms`: scraping every worker faster costs more than it tells.
+const MIN_SCRAPE_INTERVAL: Duration = Duration::from_millis(10);
+
 impl LoadConfig {
     /// Checks every value; the error names the field (without the `load.` prefix) and says what
     /// is wrong.
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
-        if self.scrape_interval_ms < 10 {
+        let scrape_interval_ms = millis::as_millis(self.scrape_interval);
+        if self.scrape_interval < MIN_SCRAPE_INTERVAL {
             return Err((
                 "scrape_interval_ms",
                 "must be at least 10 (ms); scraping every worker faster costs more than it tells"
@@ -60,24 +70,23 @@ impl LoadConfig {
         }
         // A load signal older than an hour is no load signal; the bound also keeps the timeout
         // arithmetic far from overflow.
-        if self.scrape_interval_ms > MAX_MS {
+        if scrape_interval_ms > MAX_MS {
             return Err((
                 "scrape_interval_ms",
                 format!("must be at most {MAX_MS} (one hour)"),
             ));
         }
-        if self.stale_after_ms > 24 * MAX_MS {
+        if millis::as_millis(self.stale_after) > 24 * MAX_MS {
             return Err((
                 "stale_after_ms",
                 format!("must be at most {} (one day)", 24 * MAX_MS),
             ));
         }
-        if self.stale_after_ms <= self.scrape_interval_ms {
+        if self.stale_after <= self.scrape_interval {
             return Err((
                 "stale_after_ms",
                 format!(
-                    "must exceed scrape_interval_ms ({}), or every sample would go stale between two scrapes",
-                    self.scrape_interval_ms
+                    "must exceed scrape_interval_ms ({scrape_interval_ms}), or every sample would go stale between two scrapes",
                 ),
             ));
         }
@@ -123,8 +132,12 @@ impl LoadConfig {
 
     /// How long one scrape may take: 80 % of the interval, so a hung worker's timeout never runs
     /// into the next round.
-    pub fn scrape_timeout(&self) -> std::time::Duration {
-        std::time::Duration::from_millis((self.scrape_interval_ms / 5).saturating_mul(4).max(1))
+    pub fn scrape_timeout(&self) -> Duration {
+        Duration::from_millis(
+            (millis::as_millis(self.scrape_interval) / 5)
+                .saturating_mul(4)
+                .max(1),
+        )
     }
 }
 

@@ -11,13 +11,16 @@ pub mod alias;
 pub mod diff;
 pub mod discovery;
 pub mod load;
+pub mod millis;
 pub mod persist;
 pub mod runtime;
+pub mod server;
 pub mod worker;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
@@ -31,18 +34,13 @@ use serde::{Deserialize, Serialize};
 
 pub use discovery::{DiscoveryConfig, DiscoveryError, DnsKind};
 pub use load::LoadConfig;
+pub use server::{ControlAccess, Limits, Listeners, ServerConfig, Timeouts};
 pub use worker::{Member, WorkerConfig, WorkerError, WorkerUrl, WorkerUrlError};
 
 /// The policy a gateway runs when its configuration names none: strict `consistent_hashing`. The
 /// bounded policy is opt-in because a spill gives up KV-cache locality (docs/policy.md). bch-core's
 /// own `PolicySettings::default()` is the bounded policy, the one `explain` and the drills study.
 pub const DEFAULT_POLICY_KIND: PolicyKind = PolicyKind::ConsistentHashing;
-
-/// Default `[server] upstream_idle_timeout_ms`: below the 5 s after which uvicorn-based engines
-/// (vLLM, SGLang) close idle keep-alive connections. A request sent on a connection the worker is
-/// closing at that very moment fails after it was written, when it can no longer be proven unsent
-/// and so cannot be retried; retiring connections first keeps that race from happening.
-pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT_MS: u64 = 4_000;
 
 /// The configuration in force, shared by its one writer (the admin owner) and its readers (health
 /// probes, the control plane): a lock-free load.
@@ -56,7 +54,7 @@ pub type SharedMembers = Arc<ArcSwap<Vec<Member>>>;
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
-    /// Listeners, limits and timeouts.
+    /// Listeners, control access, limits and timeouts.
     pub server: ServerConfig,
     /// Routing header names.
     pub routing: RoutingConfig,
@@ -76,85 +74,6 @@ pub struct Config {
     pub workers: Vec<WorkerConfig>,
     /// DNS names whose records are more workers, after the static ones (docs/discovery.md).
     pub discovery: Vec<DiscoveryConfig>,
-}
-
-/// `[server]`: listeners, limits and timeouts.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ServerConfig {
-    /// Data plane listen address.
-    pub listen: SocketAddr,
-    /// Control plane listen address (metrics, admin API, websocket).
-    pub control_listen: SocketAddr,
-    /// File holding the bearer token for the control plane; empty = no auth (loopback only).
-    pub admin_token_file: Option<PathBuf>,
-    /// File holding a second bearer token that opens `GET /metrics` and nothing else, for the
-    /// scraper, which then never holds the token that can rewrite routing. Needs
-    /// `admin_token_file`.
-    pub metrics_token_file: Option<PathBuf>,
-    /// Largest request body accepted, bytes; larger gets 413.
-    pub max_body_bytes: u64,
-    /// Most concurrent data plane connections; beyond it new connections get a 503 and are closed.
-    pub max_connections: usize,
-    /// Time a client has to send its request headers, ms (slow-loris protection).
-    pub header_read_timeout_ms: u64,
-    /// Time to connect to a worker, ms; a failed connect is retried once on the next worker.
-    pub connect_timeout_ms: u64,
-    /// Time the worker has to send response headers, ms; then 504. LLM prefill of a long prompt on a
-    /// busy worker can take a while, so the default is generous.
-    pub first_byte_timeout_ms: u64,
-    /// Longest silence between two chunks of a streamed response body, ms; then the stream is ended
-    /// (with an SSE error event for event streams).
-    pub stream_idle_timeout_ms: u64,
-    /// On SIGTERM/SIGINT, how long in-flight streams may run before the process exits, ms.
-    pub shutdown_grace_ms: u64,
-    /// Time a client has to send its whole request body, ms, counted from its request head; then
-    /// 408. Without it a 1 byte/s upload would hold a worker's in-flight load (and steer the
-    /// bounded policy's spills) until `first_byte_timeout_ms`.
-    pub request_body_timeout_ms: u64,
-    /// Longest time a client may leave the gateway's writes to it blocked (it does not read its
-    /// response), ms; then its connection is closed and the worker's request cancelled. A stream
-    /// held by a client that stopped reading is not idle, so `stream_idle_timeout_ms` never ends it.
-    pub client_stall_timeout_ms: u64,
-    /// How long a keep-alive connection to a worker may sit unused before it is closed instead of
-    /// reused, ms. Must be below the workers' own idle timeout (uvicorn-based engines close after
-    /// 5 s), or a request can meet a connection the worker is closing at that very moment.
-    pub upstream_idle_timeout_ms: u64,
-    /// Names (without port) a tokenless control plane answers to in `Host`, besides its listen
-    /// address and `localhost`: a browser page whose name resolves to loopback (DNS rebinding) is
-    /// refused. Ignored when `admin_token_file` is set.
-    pub control_allowed_hosts: Vec<String>,
-    /// Browser origins (`http://host:port`) whose pages may use the control plane (a websocket
-    /// console, say). Requests from any other page are refused; clients that are not browsers
-    /// send no `Origin` and are not affected.
-    pub control_allowed_origins: Vec<String>,
-    /// Serve the data plane on `listen`. `false` runs gatewayd as Envoy's endpoint picker only
-    /// (needs `[picker] listen`); the control plane runs either way.
-    pub data_plane: bool,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        Self {
-            listen: "127.0.0.1:8080".parse().expect("valid"),
-            control_listen: "127.0.0.1:9090".parse().expect("valid"),
-            admin_token_file: None,
-            metrics_token_file: None,
-            max_body_bytes: 32 * 1024 * 1024,
-            max_connections: 10_000,
-            header_read_timeout_ms: 10_000,
-            connect_timeout_ms: 2_000,
-            first_byte_timeout_ms: 300_000,
-            stream_idle_timeout_ms: 300_000,
-            shutdown_grace_ms: 30_000,
-            request_body_timeout_ms: 60_000,
-            client_stall_timeout_ms: 60_000,
-            upstream_idle_timeout_ms: DEFAULT_UPSTREAM_IDLE_TIMEOUT_MS,
-            control_allowed_hosts: Vec::new(),
-            control_allowed_origins: Vec::new(),
-            data_plane: true,
-        }
-    }
 }
 
 /// `[routing]`: which headers carry routing keys.
@@ -265,10 +184,12 @@ impl Default for PickerConfig {
 pub struct HealthConfig {
     /// Probe path appended to each worker URL (a worker may override it).
     pub path: String,
-    /// Time between probes of one worker, ms.
-    pub interval_ms: u64,
-    /// Time a probe may take before it counts as a failure, ms.
-    pub timeout_ms: u64,
+    /// `interval_ms`: time between probes of one worker.
+    #[serde(rename = "interval_ms", with = "millis")]
+    pub interval: Duration,
+    /// `timeout_ms`: time a probe may take before it counts as a failure.
+    #[serde(rename = "timeout_ms", with = "millis")]
+    pub timeout: Duration,
     /// Consecutive failures before a worker is marked unhealthy.
     pub unhealthy_threshold: u32,
     /// Consecutive successes before an unhealthy worker is marked healthy again.
@@ -286,8 +207,8 @@ impl Default for HealthConfig {
     fn default() -> Self {
         Self {
             path: "/health".to_owned(),
-            interval_ms: 2_000,
-            timeout_ms: 1_000,
+            interval: Duration::from_millis(2_000),
+            timeout: Duration::from_millis(1_000),
             unhealthy_threshold: 3,
             healthy_threshold: 2,
             passive: true,
@@ -300,8 +221,9 @@ impl Default for HealthConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
-    /// Time between two `tick` frames to websocket clients, ms.
-    pub interval_ms: u64,
+    /// `interval_ms`: time between two `tick` frames to websocket clients.
+    #[serde(rename = "interval_ms", with = "millis")]
+    pub interval: Duration,
     /// Most recently active routing keys tracked.
     pub max_keys: usize,
     /// Show explicit keys as `key:` + 8 hex digits instead of their (truncated) text.
@@ -315,7 +237,7 @@ pub struct TelemetryConfig {
 impl Default for TelemetryConfig {
     fn default() -> Self {
         Self {
-            interval_ms: 100,
+            interval: Duration::from_millis(100),
             max_keys: 256,
             redact_keys: false,
             max_spill_events: 200,
@@ -452,38 +374,21 @@ impl Config {
         if !self.health.path.starts_with('/') {
             invalid("health.path", "must start with '/'".into());
         }
+        let server_timeouts = self
+            .server
+            .timeouts
+            .required()
+            .map(|(key, value)| (format!("server.{key}"), value));
         for (field, value) in [
-            ("health.interval_ms", self.health.interval_ms),
-            ("health.timeout_ms", self.health.timeout_ms),
-            ("telemetry.interval_ms", self.telemetry.interval_ms),
-            (
-                "server.header_read_timeout_ms",
-                self.server.header_read_timeout_ms,
-            ),
-            ("server.connect_timeout_ms", self.server.connect_timeout_ms),
-            (
-                "server.first_byte_timeout_ms",
-                self.server.first_byte_timeout_ms,
-            ),
-            (
-                "server.stream_idle_timeout_ms",
-                self.server.stream_idle_timeout_ms,
-            ),
-            (
-                "server.request_body_timeout_ms",
-                self.server.request_body_timeout_ms,
-            ),
-            (
-                "server.client_stall_timeout_ms",
-                self.server.client_stall_timeout_ms,
-            ),
-            (
-                "server.upstream_idle_timeout_ms",
-                self.server.upstream_idle_timeout_ms,
-            ),
-        ] {
-            if value == 0 {
-                invalid(field, "must be greater than 0".into());
+            ("health.interval_ms".to_owned(), self.health.interval),
+            ("health.timeout_ms".to_owned(), self.health.timeout),
+            ("telemetry.interval_ms".to_owned(), self.telemetry.interval),
+        ]
+        .into_iter()
+        .chain(server_timeouts)
+        {
+            if value.is_zero() {
+                invalid(&field, "must be greater than 0".into());
             }
         }
         for (field, value) in [
@@ -496,7 +401,10 @@ impl Config {
                 u64::from(self.health.healthy_threshold),
             ),
             ("telemetry.client_queue", self.telemetry.client_queue as u64),
-            ("server.max_connections", self.server.max_connections as u64),
+            (
+                "server.max_connections",
+                self.server.limits.max_connections as u64,
+            ),
         ] {
             if value == 0 {
                 invalid(field, "must be at least 1".into());
@@ -505,13 +413,14 @@ impl Config {
         if let Some(clash) = self.server.listeners_clash() {
             invalid("server.control_listen", clash);
         }
-        if self.server.metrics_token_file.is_some() && self.server.admin_token_file.is_none() {
+        let access = &self.server.control_access;
+        if access.metrics_token_file.is_some() && access.admin_token_file.is_none() {
             invalid(
                 "server.metrics_token_file",
                 "needs server.admin_token_file: without it the control plane is open and a metrics token protects nothing".into(),
             );
         }
-        for (index, host) in self.server.control_allowed_hosts.iter().enumerate() {
+        for (index, host) in access.allowed_hosts.iter().enumerate() {
             if host.is_empty() || host.contains(['/', ' ', '@']) {
                 invalid(
                     &format!("server.control_allowed_hosts[{index}]"),
@@ -519,7 +428,7 @@ impl Config {
                 );
             }
         }
-        for (index, origin) in self.server.control_allowed_origins.iter().enumerate() {
+        for (index, origin) in access.allowed_origins.iter().enumerate() {
             if !is_origin(origin) {
                 invalid(
                     &format!("server.control_allowed_origins[{index}]"),
@@ -536,7 +445,7 @@ impl Config {
                 format!("must be at most {MAX_PICKER_FALLBACKS}"),
             );
         }
-        if !self.server.data_plane && self.picker.listen.is_none() {
+        if !self.server.listeners.data_plane && self.picker.listen.is_none() {
             invalid(
                 "server.data_plane",
                 "false needs [picker] listen: there would be nothing to serve".into(),
@@ -686,21 +595,6 @@ impl Config {
     }
 }
 
-impl ServerConfig {
-    /// Why the two listeners cannot both be bound, when they cannot: the same port (other than 0,
-    /// which gets a free port each) on the same address, or on any address when one of them
-    /// listens on all of them.
-    pub fn listeners_clash(&self) -> Option<String> {
-        let (data, control) = (self.listen, self.control_listen);
-        let overlap = data.ip() == control.ip()
-            || data.ip().is_unspecified()
-            || control.ip().is_unspecified();
-        (data.port() != 0 && data.port() == control.port() && overlap).then(|| {
-            format!("{control} and server.listen {data} cannot both be bound: give the control plane its own port")
-        })
-    }
-}
-
 /// `scheme://host[:port]` as a browser sends it in `Origin`.
 fn is_origin(origin: &str) -> bool {
     let Some((scheme, rest)) = origin.split_once("://") else {
@@ -785,8 +679,8 @@ mod tests {
         assert!(problems[3].contains("workers[2].url"), "{problems:#?}");
         // Port 0 twice is two free ports, not a clash.
         let mut zero = Config::default();
-        zero.server.listen = "127.0.0.1:0".parse().unwrap();
-        zero.server.control_listen = "127.0.0.1:0".parse().unwrap();
+        zero.server.listeners.listen = "127.0.0.1:0".parse().unwrap();
+        zero.server.listeners.control_listen = "127.0.0.1:0".parse().unwrap();
         assert!(zero.problems(None).is_empty());
     }
 

@@ -35,20 +35,16 @@ pub struct RuntimeSettings {
 impl RuntimeSettings {
     /// The settings `config` puts in force.
     pub fn from_config(config: &Config) -> Self {
+        let timeouts = &config.server.timeouts;
         Self {
             routing_headers: RoutingHeaders {
                 routing_key: config.routing.routing_key_header.to_ascii_lowercase(),
                 target_worker: config.routing.target_worker_header.to_ascii_lowercase(),
             },
-            max_body_bytes: config.server.max_body_bytes,
-            first_byte_timeout: Duration::from_millis(config.server.first_byte_timeout_ms),
-            request_body_timeout: Duration::from_millis(
-                config
-                    .server
-                    .request_body_timeout_ms
-                    .min(config.server.first_byte_timeout_ms),
-            ),
-            stream_idle_timeout: Duration::from_millis(config.server.stream_idle_timeout_ms),
+            max_body_bytes: config.server.limits.max_body_bytes,
+            first_byte_timeout: timeouts.first_byte,
+            request_body_timeout: timeouts.request_body.min(timeouts.first_byte),
+            stream_idle_timeout: timeouts.stream_idle,
             passive_health: config.health.passive,
             redact_keys: config.telemetry.redact_keys,
             picker_fallbacks: config.picker.fallbacks,

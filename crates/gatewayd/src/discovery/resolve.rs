@@ -74,7 +74,7 @@ impl SourceResolver {
         options.cache_size = 0;
         // Two tries per query fit in the source's timeout; the whole resolution is bounded too.
         options.attempts = 1;
-        options.timeout = Duration::from_millis((source.timeout_ms / 2).max(1));
+        options.timeout = (source.timeout / 2).max(Duration::from_millis(1));
         let resolver = builder
             .build()
             .map_err(|e| format!("cannot build a resolver: {e}"))?;
@@ -86,7 +86,7 @@ impl SourceResolver {
 
     /// Resolves the source's name once, within its `timeout_ms`.
     pub async fn resolve(&self) -> Resolution {
-        let timeout = Duration::from_millis(self.source.timeout_ms);
+        let timeout = self.source.timeout;
         let resolution = async {
             match self.source.kind() {
                 DnsKind::Srv => self.resolve_srv().await,
@@ -99,7 +99,7 @@ impl SourceResolver {
             Ok(Err(Missing::Failed(why))) => Resolution::Failed(why),
             Err(_) => Resolution::Failed(format!(
                 "no answer within timeout_ms {}",
-                self.source.timeout_ms
+                crate::config::millis::as_millis(timeout)
             )),
         }
     }

@@ -28,16 +28,16 @@ pub async fn run(
     counters: Arc<SourceCounters>,
     stop: CancellationToken,
 ) {
-    let interval = Duration::from_millis(source.interval_ms);
+    let interval = source.interval;
     let label = source.source().label().into_owned();
     let mut resolver = None;
     let kept = admin.discovered_count(&source);
-    let mut safety = Safety::new(Duration::from_millis(source.empty_after_ms), kept);
+    let mut safety = Safety::new(source.empty_after, kept);
     let mut skipped: Vec<String> = Vec::new();
     let server = source
         .resolver
         .map_or_else(|| "system".to_owned(), |r| r.to_string());
-    tracing::info!(source = %label, interval_ms = source.interval_ms, resolver = %server, "discovery started");
+    tracing::info!(source = %label, interval_ms = crate::config::millis::as_millis(interval), resolver = %server, "discovery started");
     loop {
         let (observation, ttl) = resolve_once(&source, &mut resolver, &mut skipped).await;
         counters.record_refresh();

@@ -154,14 +154,14 @@ impl Scraper {
     /// until the next.
     async fn round(&mut self) -> Duration {
         let current = self.config.load_full();
-        let interval = Duration::from_millis(current.load.scrape_interval_ms);
+        let interval = current.load.scrape_interval;
         if current.load.source != LoadSource::WorkerMetrics {
             self.stop();
             return interval;
         }
         if !self.scraping {
             tracing::info!(
-                interval_ms = current.load.scrape_interval_ms,
+                interval_ms = crate::config::millis::as_millis(interval),
                 "load source worker_metrics: scraping every worker's metrics"
             );
             self.scraping = true;
@@ -177,13 +177,13 @@ impl Scraper {
         }
         let workers = self.targets.of_table(&table);
         let results = self.scrape_all(&workers, &current).await;
-        let stale_after = Duration::from_millis(current.load.stale_after_ms);
+        let stale_after = current.load.stale_after;
         let now = Instant::now();
         for (worker, key) in &workers {
             let track = self.tracks.entry(key.clone()).or_default();
             if track.went_stale(now, stale_after) {
                 worker.stats.fleet_sample().mark_stale();
-                tracing::warn!(worker = %worker.spec.name, stale_after_ms = current.load.stale_after_ms, "no good load scrape for stale_after_ms: routing on local load for this worker");
+                tracing::warn!(worker = %worker.spec.name, stale_after_ms = crate::config::millis::as_millis(stale_after), "no good load scrape for stale_after_ms: routing on local load for this worker");
             }
         }
         let outcomes = workers.iter().zip(&results).map(|((_, key), r)| (key, *r));
@@ -300,7 +300,7 @@ fn observe(
                 tracing::warn!(worker = %name, reason = %failure.reason().as_str(), error = %failure, "load scrape failed: routing on local load for this worker");
             }
             Change::Failing(failure) => {
-                tracing::warn!(worker = %name, reason = %failure.reason().as_str(), error = %failure, stale_after_ms = config.load.stale_after_ms, "load scrape failed: keeping the last good sample until it is stale");
+                tracing::warn!(worker = %name, reason = %failure.reason().as_str(), error = %failure, stale_after_ms = crate::config::millis::as_millis(config.load.stale_after), "load scrape failed: keeping the last good sample until it is stale");
             }
             Change::Recovered => tracing::info!(worker = %name, "load scrape works again"),
             Change::UsingSample => {

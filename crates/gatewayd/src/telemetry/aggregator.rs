@@ -130,7 +130,7 @@ impl Aggregator {
             ring_generation: table.membership_generation(),
             ring,
             router,
-            interval: Duration::from_millis(config.interval_ms.max(1)),
+            interval: config.interval.max(Duration::from_millis(1)),
             clients: Clients::default(),
             keys: KeyTracker::new(config.max_keys),
             spills: SpillLog {

@@ -147,7 +147,7 @@ mod tests {
         };
         let router = Arc::new(Router::new(vec![worker], Default::default()).unwrap());
         let config = TelemetryConfig {
-            interval_ms: 5,
+            interval: Duration::from_millis(5),
             client_queue: 2,
             ..TelemetryConfig::default()
         };

@@ -14,7 +14,7 @@
 //! A connection goes back to its worker's pool only when its response ended cleanly and hyper
 //! says it can take another request; anything else closes it. Idle connections are checked
 //! when taken (a closed one is dropped), retired after `upstream_idle_timeout_ms` (default
-//! [`crate::config::DEFAULT_UPSTREAM_IDLE_TIMEOUT_MS`], below the workers' own idle timeout) and
+//! [`crate::config::server::DEFAULT_UPSTREAM_IDLE_TIMEOUT`], below the workers' own idle timeout) and
 //! are capped at
 //! [`pool::MAX_IDLE_PER_WORKER`] per worker.
 //!

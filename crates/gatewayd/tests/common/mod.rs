@@ -336,14 +336,14 @@ fn tokio_stream_from(
 /// A config for tests: both listeners on 127.0.0.1:0, quick health probes.
 pub fn test_config(workers: &[&FakeWorker]) -> Config {
     let mut config = Config::default();
-    config.server.listen = "127.0.0.1:0".parse().unwrap();
-    config.server.control_listen = "127.0.0.1:0".parse().unwrap();
-    config.server.shutdown_grace_ms = 2_000;
-    config.health.interval_ms = 100;
-    config.health.timeout_ms = 500;
+    config.server.listeners.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.listeners.control_listen = "127.0.0.1:0".parse().unwrap();
+    config.server.timeouts.shutdown_grace = Duration::from_millis(2_000);
+    config.health.interval = Duration::from_millis(100);
+    config.health.timeout = Duration::from_millis(500);
     // Tests decide health themselves (dead workers, passive marking): workers start healthy.
     config.health.wait_for_first_probe = false;
-    config.telemetry.interval_ms = 50;
+    config.telemetry.interval = Duration::from_millis(50);
     config.workers = workers
         .iter()
         .map(|w| WorkerConfig {

@@ -10,7 +10,7 @@ async fn every_control_endpoint_needs_the_token_when_one_is_set() {
     let (a, b) = (fake_worker("a").await, fake_worker("b").await);
     let token = TempFile::new("token", &format!("  {TOKEN}\n"));
     let mut config = test_config(&[&a, &b]);
-    config.server.admin_token_file = Some(token.path().to_owned());
+    config.server.control_access.admin_token_file = Some(token.path().to_owned());
     let gateway = start(config).await;
     let client = client();
     let extra = fake_worker("c").await;
@@ -148,7 +148,7 @@ async fn every_control_endpoint_needs_the_token_when_one_is_set() {
 async fn non_loopback_control_plane_needs_a_token() {
     let a = fake_worker("a").await;
     let mut config = test_config(&[&a]);
-    config.server.control_listen = "0.0.0.0:0".parse().unwrap();
+    config.server.listeners.control_listen = "0.0.0.0:0".parse().unwrap();
     let error = match gatewayd::start(gatewayd::StartOptions::new(config.clone())).await {
         Ok(_) => panic!("a non-loopback control plane without a token must be refused"),
         Err(e) => format!("{e:#}"),
@@ -159,7 +159,7 @@ async fn non_loopback_control_plane_needs_a_token() {
     );
 
     let empty = TempFile::new("empty-token", " \n");
-    config.server.admin_token_file = Some(empty.path().to_owned());
+    config.server.control_access.admin_token_file = Some(empty.path().to_owned());
     let error = match gatewayd::start(gatewayd::StartOptions::new(config.clone())).await {
         Ok(_) => panic!("an empty token must be refused"),
         Err(e) => format!("{e:#}"),
@@ -167,7 +167,7 @@ async fn non_loopback_control_plane_needs_a_token() {
     assert!(error.contains("empty"), "{error}");
 
     let token = TempFile::new("token", TOKEN);
-    config.server.admin_token_file = Some(token.path().to_owned());
+    config.server.control_access.admin_token_file = Some(token.path().to_owned());
     let gateway = start(config).await;
     // Only ever talked to over loopback, and only for a moment.
     let url = format!(
@@ -190,8 +190,8 @@ async fn the_metrics_token_opens_metrics_and_nothing_else() {
     let admin = TempFile::new("admin-token", TOKEN);
     let scraper = TempFile::new("metrics-token", "scrape-only-token\n");
     let mut config = test_config(&[&a]);
-    config.server.admin_token_file = Some(admin.path().to_owned());
-    config.server.metrics_token_file = Some(scraper.path().to_owned());
+    config.server.control_access.admin_token_file = Some(admin.path().to_owned());
+    config.server.control_access.metrics_token_file = Some(scraper.path().to_owned());
     let gateway = start(config).await;
     let client = client();
     let with = |path: &str, token: &str| {
@@ -231,7 +231,7 @@ async fn the_metrics_token_opens_metrics_and_nothing_else() {
 
     // Without an admin token a metrics token protects nothing: refused at start-up.
     let mut config = test_config(&[&a]);
-    config.server.metrics_token_file = Some(scraper.path().to_owned());
+    config.server.control_access.metrics_token_file = Some(scraper.path().to_owned());
     let error = match gatewayd::start(gatewayd::StartOptions::new(config)).await {
         Ok(_) => panic!("a metrics token without an admin token must be refused"),
         Err(e) => e.to_string(),

@@ -247,8 +247,8 @@ fn gateway_default_gap() -> u64 {
 async fn a_rebound_name_reads_and_writes_nothing() {
     let a = fake_worker("a").await;
     let mut config = test_config(&[&a]);
-    config.server.control_allowed_hosts = vec!["Console.BCH.invalid".into()];
-    config.server.control_allowed_origins = vec!["http://console.bch.invalid:3000/".into()];
+    config.server.control_access.allowed_hosts = vec!["Console.BCH.invalid".into()];
+    config.server.control_access.allowed_origins = vec!["http://console.bch.invalid:3000/".into()];
     let gateway = start(config).await;
     let addr = gateway.control_addr;
     let port = addr.port();
@@ -325,7 +325,7 @@ async fn the_token_instance_keeps_refusing_what_it_refused() {
     let token_file = std::env::temp_dir().join(format!("bch-guard-token-{}", std::process::id()));
     std::fs::write(&token_file, "guard-token\n").unwrap();
     let mut config = test_config(&[&a]);
-    config.server.admin_token_file = Some(token_file.clone());
+    config.server.control_access.admin_token_file = Some(token_file.clone());
     let gateway = start(config).await;
     let addr = gateway.control_addr;
     let bearer = "authorization: Bearer guard-token\r\n";

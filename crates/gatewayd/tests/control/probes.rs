@@ -67,7 +67,7 @@ async fn health_probes_flip_a_worker_without_moving_other_keys() {
     let sick = probe_counter().await;
     let mut config = test_config(&[&a, &b]);
     // Only answered probes may count as failures here, so a slow machine must not time one out.
-    config.health.timeout_ms = 5_000;
+    config.health.timeout = std::time::Duration::from_millis(5_000);
     config.workers.push(WorkerConfig {
         name: Some("sick".into()),
         url: format!("http://{}", sick.addr),

@@ -276,7 +276,7 @@ async fn resync_sends_a_fresh_snapshot_and_ring_changes_are_announced() {
 async fn a_client_that_never_reads_does_not_slow_routing() {
     let a = fake_worker("a").await;
     let mut config = bounded_config(&[&a]);
-    config.telemetry.interval_ms = 5;
+    config.telemetry.interval = Duration::from_millis(5);
     config.telemetry.client_queue = 4;
     let gateway = start(config).await;
     // Connect and never read: the socket buffers fill, then the per-client queue.
@@ -331,7 +331,7 @@ async fn upgrade_needs_the_token_when_one_is_configured() {
     let mut config = bounded_config(&[&a]);
     let token_file = std::env::temp_dir().join(format!("bch-ws-token-{}", std::process::id()));
     std::fs::write(&token_file, "s3cret-token\n").unwrap();
-    config.server.admin_token_file = Some(token_file.clone());
+    config.server.control_access.admin_token_file = Some(token_file.clone());
     let gateway = start(config).await;
     let url = format!("ws://{}/ws", gateway.control_addr);
     let refused = tokio_tungstenite::connect_async(&url).await;

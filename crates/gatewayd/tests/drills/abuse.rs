@@ -44,7 +44,7 @@ async fn abuse_slow_loris() {
     let log_from = log_len();
     let worker = fake_worker("w").await;
     let mut config = test_config(&[&worker]);
-    config.server.header_read_timeout_ms = 300;
+    config.server.timeouts.header_read = Duration::from_millis(300);
     let gateway = start(config).await;
     let addr = gateway.data_addr;
     let slow = scaled(16, 200);
@@ -123,8 +123,8 @@ async fn abuse_connection_flood() {
     let log_from = log_len();
     let worker = fake_worker("w").await;
     let mut config = test_config(&[&worker]);
-    config.server.max_connections = 16;
-    config.server.header_read_timeout_ms = 60_000;
+    config.server.limits.max_connections = 16;
+    config.server.timeouts.header_read = Duration::from_millis(60_000);
     let gateway = start(config).await;
     let addr = gateway.data_addr;
     // Fill every slot with an idle connection.
@@ -213,7 +213,7 @@ async fn abuse_huge_and_invalid_headers() {
     let token_file = std::env::temp_dir().join(format!("bch-drill-token-{}", std::process::id()));
     std::fs::write(&token_file, "drill-token\n").unwrap();
     let mut config = test_config(&[&worker]);
-    config.server.admin_token_file = Some(token_file.clone());
+    config.server.control_access.admin_token_file = Some(token_file.clone());
     let gateway = start(config).await;
     let (data, control) = (gateway.data_addr, gateway.control_addr);
     let mut figures = Vec::new();
@@ -461,7 +461,7 @@ async fn abuse_tokens_and_path_traversal() {
     let token_file = std::env::temp_dir().join(format!("bch-drill-token2-{}", std::process::id()));
     std::fs::write(&token_file, format!("{token}\n")).unwrap();
     let mut config = test_config(&[&a, &b]);
-    config.server.admin_token_file = Some(token_file.clone());
+    config.server.control_access.admin_token_file = Some(token_file.clone());
     let gateway = start(config).await;
     let control = gateway.control_addr;
     let policy_before = gateway.routing_table().policy().to_owned();

@@ -72,7 +72,7 @@ async fn membership_churn_under_load() {
         .collect();
     let mut config = config_for(&all[..4]);
     // Health is not under test here: keep probes out of the way so placement is the ring's alone.
-    config.health.interval_ms = 3_600_000;
+    config.health.interval = Duration::from_millis(3_600_000);
     let gateway = Arc::new(start(config).await);
     let keys: Vec<String> = (0..120).map(|i| format!("churn-key-{i}")).collect();
 

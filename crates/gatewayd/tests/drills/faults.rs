@@ -210,8 +210,8 @@ async fn fault_storm() {
         .collect();
     let mut config = config_for(&urls);
     config.policy.kind = PolicyKind::BoundedConsistentHashing;
-    config.server.first_byte_timeout_ms = 10_000;
-    config.server.stream_idle_timeout_ms = 10_000;
+    config.server.timeouts.first_byte = Duration::from_millis(10_000);
+    config.server.timeouts.stream_idle = Duration::from_millis(10_000);
     let gateway = Arc::new(start(config).await);
 
     let done = Arc::new(AtomicUsize::new(0));

@@ -165,15 +165,15 @@ async fn assert_all_idle(gateway: &RunningGateway) -> Vec<(String, u64)> {
 
 fn config_for(workers: &[(String, String)]) -> Config {
     let mut config = Config::default();
-    config.server.listen = "127.0.0.1:0".parse().unwrap();
-    config.server.control_listen = "127.0.0.1:0".parse().unwrap();
-    config.server.shutdown_grace_ms = 2_000;
-    config.health.interval_ms = 100;
-    config.health.timeout_ms = 500;
+    config.server.listeners.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.listeners.control_listen = "127.0.0.1:0".parse().unwrap();
+    config.server.timeouts.shutdown_grace = Duration::from_millis(2_000);
+    config.health.interval = Duration::from_millis(100);
+    config.health.timeout = Duration::from_millis(500);
     // The drills decide health themselves (stopped workers, passive marking); a worker added
     // mid-drill takes its keys at once, as the placement model expects.
     config.health.wait_for_first_probe = false;
-    config.telemetry.interval_ms = 50;
+    config.telemetry.interval = Duration::from_millis(50);
     config.workers = workers
         .iter()
         .map(|(name, url)| WorkerConfig {

@@ -50,7 +50,7 @@ fn config(workers: &[&FakeWorker]) -> Config {
     let mut config = test_config(workers);
     config.policy.kind = PolicyKind::BoundedConsistentHashing;
     config.policy.min_load_gap = 2;
-    config.health.interval_ms = 60_000;
+    config.health.interval = Duration::from_millis(60_000);
     config
 }
 
@@ -213,7 +213,7 @@ async fn metrics_telemetry_and_explain_are_the_same_through_the_picker_and_the_d
     let picker = start({
         let mut config = config(&[&a, &b]);
         config.picker.listen = Some("127.0.0.1:0".parse().unwrap());
-        config.server.data_plane = false;
+        config.server.listeners.data_plane = false;
         config
     })
     .await;

@@ -252,7 +252,7 @@ async fn an_endpoint_envoy_was_not_given_moves_the_load_without_blaming_the_chos
 #[tokio::test]
 async fn refusals_are_immediate_openai_shaped_responses_that_hold_nothing() {
     let a = fake_worker("a").await;
-    let gateway = picker_gateway(&[&a], |config| config.server.max_body_bytes = 10).await;
+    let gateway = picker_gateway(&[&a], |config| config.server.limits.max_body_bytes = 10).await;
     let picker = gateway.picker_addr.unwrap();
     for (headers, status, code, branch) in [
         (
@@ -460,7 +460,7 @@ async fn every_message_gets_exactly_one_answer_and_protocol_config_alone_gets_no
 #[tokio::test]
 async fn the_picker_runs_without_the_data_plane_and_refuses_workers_envoy_cannot_address() {
     let a = fake_worker("a").await;
-    let gateway = picker_gateway(&[&a], |config| config.server.data_plane = false).await;
+    let gateway = picker_gateway(&[&a], |config| config.server.listeners.data_plane = false).await;
     assert_eq!(gateway.data_addr.port(), 0, "no data plane bound");
     let mut envoy = FakeEnvoy::open(gateway.picker_addr.unwrap()).await;
     let (list, _) = picked(

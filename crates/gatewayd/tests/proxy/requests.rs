@@ -351,7 +351,7 @@ async fn removing_a_worker_stops_traffic_and_re_adding_keeps_counters() {
 async fn gateway_errors_and_bad_input() {
     let a = fake_worker("a").await;
     let mut config = test_config(&[&a]);
-    config.server.max_body_bytes = 1024;
+    config.server.limits.max_body_bytes = 1024;
     let gateway = start(config).await;
     let client = client();
     let data = format!("http://{}", gateway.data_addr);

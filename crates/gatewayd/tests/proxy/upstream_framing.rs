@@ -380,7 +380,7 @@ fn config_for(urls: &[(&str, String)]) -> Config {
         })
         .collect();
     // A request put on a connection that can never answer shows up as a 504, quickly.
-    config.server.first_byte_timeout_ms = 3_000;
+    config.server.timeouts.first_byte = Duration::from_millis(3_000);
     config
 }
 
@@ -890,7 +890,7 @@ async fn pooled_connections_are_retired_before_the_workers_idle_timeout() {
     })
     .await;
     let mut config = config_for(&[("w", worker.url())]);
-    config.server.upstream_idle_timeout_ms = 200;
+    config.server.timeouts.upstream_idle = Duration::from_millis(200);
     let gateway = start(config).await;
     for round in 1..=5 {
         assert_eq!(
@@ -919,5 +919,5 @@ async fn pooled_connections_are_retired_before_the_workers_idle_timeout() {
 }
 
 fn config_default_idle() -> Duration {
-    Duration::from_millis(Config::default().server.upstream_idle_timeout_ms)
+    Config::default().server.timeouts.upstream_idle
 }

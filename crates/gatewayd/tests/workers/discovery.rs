@@ -31,7 +31,7 @@ fn ip(text: &str) -> IpAddr {
 fn source(dns: &Dnsmasq, name: &str) -> DiscoveryConfig {
     DiscoveryConfig {
         resolver: Some(dns.address()),
-        interval_ms: 200,
+        interval: Duration::from_millis(200),
         ..DiscoveryConfig::new(name)
     }
 }
@@ -269,7 +269,7 @@ async fn a_new_member_serves_within_one_interval_and_a_leaving_one_finishes_its_
     };
     let config = config_with(vec![DiscoveryConfig {
         port: Some(port),
-        interval_ms: 300,
+        interval: Duration::from_millis(300),
         ..source(&dns, name)
     }]);
     let gateway = common::start(config).await;
@@ -396,7 +396,7 @@ async fn an_empty_answer_keeps_the_fleet_until_empty_after_ms_then_the_503_says_
     };
     let empty_after = Duration::from_millis(3_000);
     let gateway = common::start(config_with(vec![DiscoveryConfig {
-        empty_after_ms: empty_after.as_millis() as u64,
+        empty_after,
         ..source(&dns, SRV)
     }]))
     .await;
@@ -472,7 +472,7 @@ async fn a_thousand_records_in_one_answer_work_for_a_and_srv() {
         source(&dns, "_big._tcp.llm.test"),
     ]);
     // Nothing listens there: one probe round, not ten a second.
-    config.health.interval_ms = 60_000;
+    config.health.interval = Duration::from_millis(60_000);
     let gateway = common::start(config).await;
     let listed = wait_workers(&gateway, "two thousand workers", |w| w.len() == 2000).await;
     let names = field(&listed, "name");
@@ -506,7 +506,7 @@ async fn two_replicas_discovering_one_name_build_identical_rings() {
         port: Some(8000),
         ..source(&dns, name)
     }]);
-    config.health.interval_ms = 60_000;
+    config.health.interval = Duration::from_millis(60_000);
     let (a, b) = (
         common::start(config.clone()).await,
         common::start(config).await,

@@ -26,7 +26,7 @@ fn waiting_config(workers: &[&FakeWorker]) -> gatewayd::config::Config {
     let mut config = test_config(workers);
     config.health.wait_for_first_probe =
         gatewayd::config::HealthConfig::default().wait_for_first_probe;
-    config.health.interval_ms = 60_000;
+    config.health.interval = Duration::from_millis(60_000);
     config
 }
 

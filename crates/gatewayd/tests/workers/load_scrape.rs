@@ -130,12 +130,12 @@ async fn misbehaving_worker(mode: Mode) -> (SocketAddr, Arc<Reporting>) {
 
 fn config(addr: SocketAddr) -> Config {
     let mut config = Config::default();
-    config.server.listen = "127.0.0.1:0".parse().unwrap();
-    config.server.control_listen = "127.0.0.1:0".parse().unwrap();
+    config.server.listeners.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.listeners.control_listen = "127.0.0.1:0".parse().unwrap();
     config.policy.kind = bch_core::policy::PolicyKind::BoundedConsistentHashing;
     config.load.source = LoadSource::WorkerMetrics;
-    config.load.scrape_interval_ms = 50;
-    config.load.stale_after_ms = 300;
+    config.load.scrape_interval = Duration::from_millis(50);
+    config.load.stale_after = Duration::from_millis(300);
     config.workers = vec![WorkerConfig {
         name: Some("w".into()),
         ..WorkerConfig::from_url(&format!("http://{addr}"))
@@ -246,8 +246,8 @@ async fn routing_never_waits_for_a_hung_scrape() {
     reporting.load.store(2, Ordering::SeqCst);
     let mut config = config(addr);
     // A long interval and timeout, so a hung scrape is in progress for a long time.
-    config.load.scrape_interval_ms = 5_000;
-    config.load.stale_after_ms = 60_000;
+    config.load.scrape_interval = Duration::from_millis(5_000);
+    config.load.stale_after = Duration::from_millis(60_000);
     let gateway = gatewayd::start(gatewayd::StartOptions::new(config))
         .await
         .unwrap();

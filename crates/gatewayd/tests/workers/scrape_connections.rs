@@ -123,11 +123,11 @@ async fn counting_worker(after: AfterAnswer) -> (SocketAddr, watch::Receiver<See
 
 fn config(addr: SocketAddr) -> Config {
     let mut config = Config::default();
-    config.server.listen = "127.0.0.1:0".parse().unwrap();
-    config.server.control_listen = "127.0.0.1:0".parse().unwrap();
+    config.server.listeners.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.listeners.control_listen = "127.0.0.1:0".parse().unwrap();
     config.load.source = LoadSource::WorkerMetrics;
-    config.load.scrape_interval_ms = 20;
-    config.load.stale_after_ms = 1_000;
+    config.load.scrape_interval = Duration::from_millis(20);
+    config.load.stale_after = Duration::from_millis(1_000);
     config.workers = vec![WorkerConfig {
         name: Some("w".into()),
         ..WorkerConfig::from_url(&format!("http://{addr}"))
@@ -286,7 +286,7 @@ async fn discovered_workers_are_scraped_at_their_sources_metrics_path() {
     };
     let source = |name: &str, metrics_path: Option<&str>| DiscoveryConfig {
         resolver: Some(dns.address()),
-        interval_ms: 200,
+        interval: Duration::from_millis(200),
         metrics_path: metrics_path.map(str::to_owned),
         ..DiscoveryConfig::new(name)
     };
@@ -349,8 +349,8 @@ async fn a_hung_worker_does_not_age_the_other_workers_samples() {
     let (hung, _) = counting_worker(AfterAnswer::HangScrapes).await;
     let mut config = config(good);
     // Rounds of one second; the hung worker's scrape runs to the 800 ms deadline every round.
-    config.load.scrape_interval_ms = 1_000;
-    config.load.stale_after_ms = 5_000;
+    config.load.scrape_interval = Duration::from_millis(1_000);
+    config.load.stale_after = Duration::from_millis(5_000);
     config.workers.push(WorkerConfig {
         name: Some("hung".into()),
         ..WorkerConfig::from_url(&format!("http://{hung}"))
