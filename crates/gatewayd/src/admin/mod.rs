@@ -66,13 +66,21 @@ pub struct ConfigOrigin {
 impl ConfigOrigin {
     /// The configuration `base` (the file's contents, or defaults) gives once the overrides and
     /// pinned workers are applied, validated.
-    pub fn effective(&self, mut base: Config) -> Result<Config, ConfigError> {
+    pub fn effective(&self, base: Config) -> Result<Config, ConfigError> {
+        let config = self.effective_unvalidated(base);
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The configuration `base` gives once the overrides and pinned workers are applied, not yet
+    /// validated: the start-up checks report every problem of it, not the first. The one place
+    /// the file, the command line and the pinned workers are put together.
+    pub fn effective_unvalidated(&self, mut base: Config) -> Config {
         if let Some(overrides) = &self.overrides {
             overrides(&mut base);
         }
         base.workers.extend(self.pinned_workers.iter().cloned());
-        base.validate()?;
-        Ok(base)
+        base
     }
 }
 

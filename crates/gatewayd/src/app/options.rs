@@ -68,6 +68,12 @@ impl StartOptions {
         self
     }
 
+    /// The configuration these options put in force (overrides applied, pinned workers appended),
+    /// not yet validated: [`check`](super::check) reports every problem of it.
+    pub fn effective_unvalidated(&self) -> Config {
+        self.origin.effective_unvalidated(self.config.clone())
+    }
+
     /// Installs SIGTERM/SIGINT (graceful shutdown) and SIGHUP (reload) handlers: for the daemon.
     pub fn handle_signals(mut self) -> Self {
         self.handle_signals = true;

@@ -34,12 +34,7 @@ pub struct Findings {
 
 /// Runs every start-up check that needs no socket on `options` and reports all it found.
 pub fn check(options: &StartOptions) -> Findings {
-    let mut base = options.config.clone();
-    if let Some(overrides) = &options.origin.overrides {
-        overrides(&mut base);
-    }
-    base.workers
-        .extend(options.origin.pinned_workers.iter().cloned());
+    let base = options.effective_unvalidated();
     let path = options.origin.path.as_deref();
     let mut errors: Vec<String> = base
         .problems(path)

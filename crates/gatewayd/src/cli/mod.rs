@@ -6,22 +6,22 @@ mod addr;
 mod envoy_config;
 mod explain;
 mod reload;
+mod run_flags;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use bch_core::policy::{PolicyKind, SpillOrder};
-use clap::{Args, Parser, Subcommand};
+use bch_core::fleet_load::LoadSource;
+use bch_core::policy::PolicyKind;
+use clap::{Parser, Subcommand};
 
 use crate::app::{StartOptions, init_logging};
-use crate::config::{Config, DiscoveryConfig, DnsKind, LogFormat, WorkerConfig};
-use addr::parse_addr;
-use bch_core::fleet_load::LoadSource;
+use crate::config::{Config, LogFormat};
 use envoy_config::EnvoyConfigArgs;
-use explain::{ExplainArgs, parse_load_source, parse_policy};
+use explain::ExplainArgs;
 use reload::ReloadArgs;
+pub use run_flags::{PolicyFlags, RunArgs, ServerFlags, WorkerFlags};
 
 /// bch gateway daemon: bounded consistent hashing in front of LLM inference workers.
 #[derive(Debug, Parser)]
@@ -52,80 +52,6 @@ pub enum Command {
     /// Print an Envoy v3 bootstrap (YAML) that proxies through Envoy with this gatewayd as its
     /// endpoint picker; see docs/envoy.md.
     EnvoyConfig(EnvoyConfigArgs),
-}
-
-/// Options of the proxy. Flags override the configuration file, at start and on every reload.
-#[derive(Debug, Clone, Args)]
-pub struct RunArgs {
-    /// Configuration file (TOML; see config/gatewayd.toml).
-    #[arg(long, short = 'c', env = "GATEWAYD_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// Data plane listen address [default: 127.0.0.1:8080].
-    #[arg(long, env = "GATEWAYD_LISTEN", value_name = "IP:PORT", value_parser = parse_addr)]
-    pub listen: Option<SocketAddr>,
-    /// Control plane listen address (metrics, admin API, /ws) [default: 127.0.0.1:9090].
-    #[arg(long, env = "GATEWAYD_CONTROL_LISTEN", value_name = "IP:PORT", value_parser = parse_addr)]
-    pub control_listen: Option<SocketAddr>,
-    /// Serve Envoy's endpoint picker (ext_proc over plaintext gRPC) on this address; workers must
-    /// then be http://IP:PORT URLs.
-    #[arg(long, env = "GATEWAYD_PICKER_LISTEN", value_name = "IP:PORT", value_parser = parse_addr)]
-    pub picker_listen: Option<SocketAddr>,
-    /// Serve no data plane: run only as Envoy's endpoint picker (needs --picker-listen).
-    #[arg(long)]
-    pub no_data_plane: bool,
-    /// Worker base URL; repeat for more workers (added after the file's workers, kept on reload).
-    #[arg(long = "worker", value_name = "URL")]
-    pub workers: Vec<String>,
-    /// DNS name whose records are workers: SRV when it begins with '_', else A/AAAA; repeat for
-    /// more names (added after the file's [[discovery]] entries, kept on reload).
-    #[arg(long = "discover-dns", value_name = "NAME")]
-    pub discover_dns: Vec<String>,
-    /// The workers' port for the A/AAAA names of --discover-dns (SRV records carry their own).
-    #[arg(long, value_name = "PORT", requires = "discover_dns")]
-    pub discover_port: Option<u16>,
-    /// The DNS server the --discover-dns names are resolved with, as IP:PORT [default: the
-    /// system's resolver configuration].
-    #[arg(long, value_name = "IP:PORT", value_parser = parse_addr, requires = "discover_dns")]
-    pub dns_resolver: Option<SocketAddr>,
-    /// Longest time between two resolutions of a --discover-dns name, in milliseconds; an answer
-    /// whose TTL runs out sooner is asked again sooner [default: 5000].
-    #[arg(long, value_name = "MS", requires = "discover_dns")]
-    pub discovery_interval_ms: Option<u64>,
-    /// Routing policy: consistent_hashing (default), bounded_consistent_hashing, round_robin or
-    /// random.
-    #[arg(long, value_parser = parse_policy)]
-    pub policy: Option<PolicyKind>,
-    /// Bounded policy: in-flight requests the preferred worker may exceed the fleet minimum by
-    /// before a key can spill.
-    #[arg(long)]
-    pub min_load_gap: Option<u64>,
-    /// Bounded policy: factor over the fleet mean load the preferred worker must exceed before a
-    /// key can spill (finite, at least 1.0).
-    #[arg(long)]
-    pub max_load_skew: Option<f64>,
-    /// Bounded policy: where a spilled request goes among the workers under the bound: ring (the
-    /// next one clockwise, the default) or hash_seeded (a per-key pseudo-random order).
-    #[arg(long, value_parser = explain::parse_spill_order)]
-    pub spill_order: Option<SpillOrder>,
-    /// Which load the bounded rule reads: local (this process's in-flight requests) or
-    /// worker_metrics (the workers' own gauges, so several replicas decide as one).
-    #[arg(long, value_parser = parse_load_source)]
-    pub load_source: Option<LoadSource>,
-    /// File holding the control plane's bearer token.
-    #[arg(long, env = "GATEWAYD_ADMIN_TOKEN_FILE")]
-    pub admin_token_file: Option<PathBuf>,
-    /// Health probe path for every worker without its own (e.g. /v1/models for llama.cpp).
-    #[arg(long)]
-    pub health_path: Option<String>,
-    /// Log format: text for people, json for log shippers.
-    #[arg(long, value_enum)]
-    pub log_format: Option<LogFormat>,
-    /// Run the demo: embedded simulated workers, a gentle background storm, bounded policy.
-    #[arg(long)]
-    pub demo: bool,
-    /// How many simulated workers the demo starts (1 to 64).
-    #[arg(long, default_value_t = 4, requires = "demo")]
-    pub demo_workers: usize,
 }
 
 /// Runs the parsed command line.
@@ -196,125 +122,36 @@ fn base_config(args: &RunArgs) -> anyhow::Result<Config> {
     })
 }
 
-/// Builds the effective configuration: file (or defaults) then flags, validated.
-pub fn effective_config(args: &RunArgs) -> anyhow::Result<Config> {
-    check_flags(args)?;
-    let mut config = base_config(args)?;
-    apply_flags(args, &mut config);
-    config.validate()?;
-    Ok(config)
-}
-
-/// Refuses flags that make no sense together, naming the flag (the `[[discovery]]` error a
-/// flag would otherwise turn into names a field the operator never wrote).
-fn check_flags(args: &RunArgs) -> anyhow::Result<()> {
-    if args.discover_port.is_none()
-        && let Some(name) = args.discover_dns.iter().find(|n| !n.starts_with('_'))
-    {
-        anyhow::bail!(
-            "--discover-dns {name} is an A/AAAA name: give the workers' port with --discover-port PORT (or use an SRV name, which begins with '_')"
-        );
-    }
-    Ok(())
-}
-
-/// Overrides the file's values with the flags that were given. Also applied to every reload, so
-/// a flag keeps winning over the file after SIGHUP or `POST /admin/reload`.
-pub fn apply_flags(args: &RunArgs, config: &mut Config) {
-    if let Some(listen) = args.listen {
-        config.server.listeners.listen = listen;
-    }
-    if let Some(control) = args.control_listen {
-        config.server.listeners.control_listen = control;
-    }
-    if let Some(picker) = args.picker_listen {
-        config.picker.listen = Some(picker);
-    }
-    if args.no_data_plane {
-        config.server.listeners.data_plane = false;
-    }
-    if let Some(kind) = args.policy {
-        config.policy.kind = kind;
-    }
-    if let Some(gap) = args.min_load_gap {
-        config.policy.min_load_gap = gap;
-    }
-    if let Some(skew) = args.max_load_skew {
-        config.policy.max_load_skew = skew;
-    }
-    if let Some(order) = args.spill_order {
-        config.policy.spill_order = order;
-    }
-    if let Some(source) = args.load_source {
-        config.load.source = source;
-    }
-    if let Some(file) = &args.admin_token_file {
-        config.server.control_access.admin_token_file = Some(file.clone());
-    }
-    if let Some(path) = &args.health_path {
-        config.health.path = path.clone();
-    }
-    if let Some(format) = args.log_format {
-        config.log.format = format;
-    }
-    config.discovery.extend(
-        args.discover_dns
-            .iter()
-            .map(|name| discovery_source(args, name)),
-    );
-}
-
-/// The `[[discovery]]` entry of one `--discover-dns NAME`.
-fn discovery_source(args: &RunArgs, name: &str) -> DiscoveryConfig {
-    let mut source = DiscoveryConfig::new(name);
-    if source.kind() == DnsKind::Address {
-        source.port = args.discover_port;
-    }
-    source.resolver = args.dns_resolver;
-    if let Some(interval) = args.discovery_interval_ms {
-        source.interval = std::time::Duration::from_millis(interval);
-    }
-    source
-}
-
-/// The start options the flags describe: the file, the flags as overrides, `--worker`s pinned,
-/// signal handlers on.
-fn start_options(args: &RunArgs, mut base: Config) -> StartOptions {
-    if args.demo && args.policy.is_none() && args.config.is_none() {
+/// The start options the command line describes: the file read once, the flags as overrides
+/// (at start and on every reload), `--worker`s pinned, signal handlers on.
+fn start_options(args: &RunArgs) -> anyhow::Result<StartOptions> {
+    args.check()?;
+    let mut base = base_config(args)?;
+    if args.demo && args.policy.policy.is_none() && args.config.is_none() {
         // The demo exists to show spills: bounded unless the operator chose otherwise.
         base.policy.kind = PolicyKind::BoundedConsistentHashing;
     }
     let flags = args.clone();
     let mut options = StartOptions::new(base)
-        .overrides(Arc::new(move |config| apply_flags(&flags, config)))
-        .pinned_workers(
-            args.workers
-                .iter()
-                .map(|u| WorkerConfig::from_url(u))
-                .collect(),
-        )
+        .overrides(Arc::new(move |config| flags.apply(config)))
+        .pinned_workers(args.workers.pinned())
         .handle_signals();
     if let Some(path) = &args.config {
         options = options.config_file(path.clone());
     }
-    options
+    Ok(options)
 }
 
 fn serve(args: RunArgs) -> ExitCode {
     // Before the file is read only the flag can say JSON; an error then is still one JSON line.
     let json_flag = args.log_format == Some(LogFormat::Json);
-    if let Err(e) = check_flags(&args) {
-        return fail(json_flag, &format!("{e:#}"));
-    }
-    // Parsed with the flags applied, not validated: `app::start` checks everything and reports
-    // every problem, as `check-config` does.
-    let mut config = match base_config(&args) {
-        Ok(mut c) => {
-            apply_flags(&args, &mut c);
-            c
-        }
+    let options = match start_options(&args) {
+        Ok(options) => options,
         Err(e) => return fail(json_flag, &format!("{e:#}")),
     };
+    // The configuration that will be in force, not validated: `app::start` checks everything and
+    // reports every problem, as `check-config` does. Here it gives the log settings and banner.
+    let mut config = options.effective_unvalidated();
     let json = config.log.format == LogFormat::Json;
     if args.demo && config.log.level == "info" {
         // One access-log line per request would bury the demo banner; warnings still show.
@@ -329,11 +166,10 @@ fn serve(args: RunArgs) -> ExitCode {
         Err(e) => return fail(json, &format!("cannot start the async runtime: {e}")),
     };
     let result = runtime.block_on(async move {
-        let options = start_options(&args, base_config(&args)?);
         if args.demo {
             return demo(&args, options, !json).await;
         }
-        if config.workers.is_empty() && args.workers.is_empty() && config.discovery.is_empty() {
+        if config.workers.is_empty() && config.discovery.is_empty() {
             tracing::warn!("no workers configured: every request gets 503 until one is added (POST /admin/workers, --worker URL or --discover-dns NAME)");
         }
         let running = crate::app::start(options).await?;
@@ -415,8 +251,9 @@ fn rfc3339(now: std::time::Duration) -> String {
 #[cfg(feature = "demo")]
 async fn demo(args: &RunArgs, options: StartOptions, banner: bool) -> anyhow::Result<()> {
     // Ports the operator chose (flag, environment or file) are kept even when busy.
-    let ports_chosen =
-        args.listen.is_some() || args.control_listen.is_some() || args.config.is_some();
+    let ports_chosen = args.server.listen.is_some()
+        || args.server.control_listen.is_some()
+        || args.config.is_some();
     crate::demo::run(options, args.demo_workers, !ports_chosen, banner).await
 }
 
@@ -429,6 +266,13 @@ async fn demo(_args: &RunArgs, _options: StartOptions, _banner: bool) -> anyhow:
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    /// The configuration the command line puts in force, validated.
+    fn effective_config(args: &RunArgs) -> anyhow::Result<Config> {
+        let config = start_options(args)?.effective_unvalidated();
+        config.validate()?;
+        Ok(config)
+    }
 
     #[test]
     fn cli_is_well_formed() {
