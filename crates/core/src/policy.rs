@@ -232,6 +232,18 @@ pub enum PolicyError {
     UnknownSpillOrder(String),
 }
 
+impl PolicyError {
+    /// The field at fault, as `[policy]` (and the admin API's policy body) spells it.
+    pub fn field(&self) -> &'static str {
+        match self {
+            PolicyError::InvalidSkew(_) => "max_load_skew",
+            PolicyError::InvalidVirtualNodes(_) => "virtual_nodes",
+            PolicyError::UnknownKind(_) => "kind",
+            PolicyError::UnknownSpillOrder(_) => "spill_order",
+        }
+    }
+}
+
 impl PolicySettings {
     /// Checks every field; `Ok` means the settings can be put in force.
     pub fn validate(&self) -> Result<(), PolicyError> {

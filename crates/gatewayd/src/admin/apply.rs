@@ -10,7 +10,7 @@ use bch_core::router::{PreparedTable, WorkerSpec, validate_membership};
 use super::membership::merge;
 use super::{Actor, Admin, AdminError, InForce, Next};
 use crate::config::runtime::RuntimeSettings;
-use crate::config::{Member, alias_of, loop_of};
+use crate::config::{ConfigError, Member, alias_of, loop_of};
 use crate::per_worker::TableKeys;
 
 impl Admin {
@@ -35,7 +35,9 @@ impl Admin {
         validate_membership(&statics)?;
         // Workers added at run time obey the endpoint picker's `http://IP:PORT` rule too
         // (discovered workers are IP:PORT by construction).
-        next.config.picker_workers(&next.statics)?;
+        next.config
+            .picker_workers(&next.statics)
+            .map_err(|error| ConfigError::Invalid { path: None, error })?;
         for (index, member) in next.statics.iter().enumerate() {
             if let Some(message) = alias_of(member, &next.statics[..index]) {
                 return Err(AdminError::Alias(message));

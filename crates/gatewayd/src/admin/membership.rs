@@ -154,7 +154,7 @@ fn discovered_member(
     source: &DiscoveryConfig,
     name: &str,
     url: &str,
-) -> Result<Member, crate::config::WorkerError> {
+) -> Result<Member, crate::config::FieldError> {
     let entry = WorkerConfig {
         name: Some(name.to_owned()),
         url: url.to_owned(),

@@ -35,8 +35,8 @@ use tokio::sync::{Notify, watch};
 
 use crate::config::runtime::{RuntimeSettings, SharedSettings};
 use crate::config::{
-    Config, ConfigError, DiscoveryConfig, Member, SharedConfig, SharedMembers, WorkerConfig,
-    WorkerError,
+    Config, ConfigError, DiscoveryConfig, FieldError, Member, SharedConfig, SharedMembers,
+    WorkerConfig,
 };
 use crate::error::GatewayError;
 use crate::per_worker::WorkerKey;
@@ -92,7 +92,7 @@ pub enum AdminError {
     Config(#[from] ConfigError),
     /// A worker entry is invalid; names the field.
     #[error(transparent)]
-    Worker(#[from] WorkerError),
+    Worker(#[from] FieldError),
     /// The membership would break a uniqueness rule.
     #[error(transparent)]
     Membership(#[from] MembershipError),

@@ -42,7 +42,7 @@ use prepare::{Prepared, prepare};
 use routing_parts::assemble_routing;
 
 use crate::admin::Admin;
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, FieldError};
 use crate::control::ControlPlane;
 use crate::control::guard::BrowserGuard;
 use crate::discovery::DiscoveryMetrics;
@@ -279,8 +279,7 @@ fn assemble(
         if let Some(message) = crate::config::loop_of(member, &own) {
             return Err(StartError::Config(ConfigError::Invalid {
                 path: origin.path.clone(),
-                field: format!("workers[{index}].url"),
-                message,
+                error: FieldError::new("url", message).within(&format!("workers[{index}]")),
             }));
         }
     }

@@ -7,6 +7,8 @@ use std::time::Duration;
 use bch_core::router::WorkerSource;
 use serde::{Deserialize, Serialize};
 
+use super::FieldError;
+
 /// Default time between two resolutions of one name.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(5_000);
 /// Default time an empty answer (NXDOMAIN, or no records) must persist before the source's
@@ -91,16 +93,6 @@ fn default_timeout() -> Duration {
     DEFAULT_TIMEOUT
 }
 
-/// What is wrong with one discovery entry: the field and why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct DiscoveryError {
-    /// The offending field of the entry.
-    pub field: &'static str,
-    /// What is wrong.
-    pub message: String,
-}
-
 impl DiscoveryConfig {
     /// An entry for `dns` with every other field at its default.
     pub fn new(dns: &str) -> DiscoveryConfig {
@@ -137,8 +129,8 @@ impl DiscoveryConfig {
     }
 
     /// Checks the entry; the error names the field.
-    pub fn validate(&self) -> Result<(), DiscoveryError> {
-        let invalid = |field, message: String| Err(DiscoveryError { field, message });
+    pub fn validate(&self) -> Result<(), FieldError> {
+        let invalid = |field: &str, message: String| Err(FieldError::new(field, message));
         if let Err(message) = check_dns_name(&self.dns) {
             return invalid("dns", message);
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use bch_core::fleet_load::LoadSource;
 use serde::{Deserialize, Serialize};
 
-use super::millis;
+use super::{FieldError, millis};
 
 /// `[load]`. `source` is switchable at run time (`PUT /admin/policy`, the websocket `set_policy`,
 /// a reload); the scrape settings take effect at the next scrape round.
@@ -57,9 +57,13 @@ const MAX_MS: u64 = 3_600_000;
 const MIN_SCRAPE_INTERVAL: Duration = Duration::from_millis(10);
 
 impl LoadConfig {
-    /// Checks every value; the error names the field (without the `load.` prefix) and says what
-    /// is wrong.
-    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+    /// Checks every value; the first problem is the error, naming the field within `[load]`.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        self.check()
+            .map_err(|(field, message)| FieldError::new(field, message))
+    }
+
+    fn check(&self) -> Result<(), (&'static str, String)> {
         let scrape_interval_ms = millis::as_millis(self.scrape_interval);
         if self.scrape_interval < MIN_SCRAPE_INTERVAL {
             return Err((

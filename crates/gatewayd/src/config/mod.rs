@@ -10,37 +10,34 @@
 pub mod alias;
 pub mod diff;
 pub mod discovery;
+pub mod field_error;
 pub mod load;
 pub mod millis;
 pub mod persist;
 pub mod runtime;
+pub mod sections;
 pub mod server;
 pub mod worker;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use bch_core::policy::{
-    DEFAULT_MAX_LOAD_SKEW, DEFAULT_MIN_LOAD_GAP, DEFAULT_VIRTUAL_NODES, PolicyKind, PolicySettings,
-    SpillOrder,
-};
+use bch_core::policy::PolicySettings;
 use bch_core::router::WorkerSpec;
-use bch_core::routing_key::{DEFAULT_ROUTING_KEY_HEADER, DEFAULT_TARGET_WORKER_HEADER};
 use serde::{Deserialize, Serialize};
 
-pub use discovery::{DiscoveryConfig, DiscoveryError, DnsKind};
+pub use discovery::{DiscoveryConfig, DnsKind};
+pub use field_error::FieldError;
 pub use load::LoadConfig;
+pub use sections::{
+    DEFAULT_POLICY_KIND, HealthConfig, LogConfig, LogFormat, MAX_PICKER_FALLBACKS, PickerConfig,
+    PolicyConfig, RoutingConfig, TelemetryConfig,
+};
 pub use server::{ControlAccess, Limits, Listeners, ServerConfig, Timeouts};
-pub use worker::{Member, WorkerConfig, WorkerError, WorkerUrl, WorkerUrlError};
-
-/// The policy a gateway runs when its configuration names none: strict `consistent_hashing`. The
-/// bounded policy is opt-in because a spill gives up KV-cache locality (docs/policy.md). bch-core's
-/// own `PolicySettings::default()` is the bounded policy, the one `explain` and the drills study.
-pub const DEFAULT_POLICY_KIND: PolicyKind = PolicyKind::ConsistentHashing;
+pub use worker::{Member, WorkerConfig, WorkerUrl, WorkerUrlError};
 
 /// The configuration in force, shared by its one writer (the admin owner) and its readers (health
 /// probes, the control plane): a lock-free load.
@@ -76,58 +73,6 @@ pub struct Config {
     pub discovery: Vec<DiscoveryConfig>,
 }
 
-/// `[routing]`: which headers carry routing keys.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RoutingConfig {
-    /// Header carrying the explicit routing key (case-insensitive; default `x-smg-routing-key`).
-    pub routing_key_header: String,
-    /// Header pinning a request to one worker by name, URL or index (case-insensitive; default
-    /// `x-smg-target-worker`).
-    pub target_worker_header: String,
-}
-
-impl Default for RoutingConfig {
-    fn default() -> Self {
-        Self {
-            routing_key_header: DEFAULT_ROUTING_KEY_HEADER.to_owned(),
-            target_worker_header: DEFAULT_TARGET_WORKER_HEADER.to_owned(),
-        }
-    }
-}
-
-/// `[policy]`: the routing policy and the bounded policy's thresholds.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PolicyConfig {
-    /// Policy kind; default [`DEFAULT_POLICY_KIND`].
-    pub kind: PolicyKind,
-    /// Bounded policy: how many in-flight requests the preferred worker may exceed the fleet
-    /// minimum by before it can spill (integer ≥ 0).
-    pub min_load_gap: u64,
-    /// Bounded policy: the factor over the fleet mean load the preferred worker must exceed before
-    /// it can spill (finite, ≥ 1.0).
-    pub max_load_skew: f64,
-    /// Bounded policy: where a spilled request goes among the workers under the bound: `ring`
-    /// (the next one clockwise, SGLang Model Gateway's order; the default) or `hash_seeded` (a
-    /// per-key pseudo-random order of the workers). docs/policy.md, "Spill order".
-    pub spill_order: SpillOrder,
-    /// Points per worker on the ring; 150 gives placement parity with SGLang Model Gateway.
-    pub virtual_nodes: u32,
-}
-
-impl Default for PolicyConfig {
-    fn default() -> Self {
-        Self {
-            kind: DEFAULT_POLICY_KIND,
-            min_load_gap: DEFAULT_MIN_LOAD_GAP,
-            max_load_skew: DEFAULT_MAX_LOAD_SKEW,
-            spill_order: SpillOrder::default(),
-            virtual_nodes: DEFAULT_VIRTUAL_NODES,
-        }
-    }
-}
-
 impl Config {
     /// The router's policy settings: `[policy]` plus `[load] source`.
     pub fn policy_settings(&self) -> PolicySettings {
@@ -152,130 +97,6 @@ impl Config {
     }
 }
 
-/// Most fallback endpoints the picker may list after the chosen one.
-pub const MAX_PICKER_FALLBACKS: usize = 8;
-
-/// `[picker]`: gatewayd as Envoy's endpoint picker, the Gateway API Inference Extension's
-/// ext_proc protocol (docs/envoy.md).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PickerConfig {
-    /// Where to serve `envoy.service.ext_proc.v3.ExternalProcessor` (plaintext gRPC); `None` (the
-    /// default) serves no picker. Every worker must then be an `http://IP:PORT` URL.
-    pub listen: Option<SocketAddr>,
-    /// How many fallback endpoints, in ring order from the key, follow the chosen one in the
-    /// answer (0..=8); Envoy retries a failed connect on them in turn. `gatewayd envoy-config`
-    /// sets Envoy's retry count to this.
-    pub fallbacks: usize,
-}
-
-impl Default for PickerConfig {
-    fn default() -> Self {
-        Self {
-            listen: None,
-            fallbacks: 2,
-        }
-    }
-}
-
-/// `[health]`: active probes of every worker, and passive marking on connect failures.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HealthConfig {
-    /// Probe path appended to each worker URL (a worker may override it).
-    pub path: String,
-    /// `interval_ms`: time between probes of one worker.
-    #[serde(rename = "interval_ms", with = "millis")]
-    pub interval: Duration,
-    /// `timeout_ms`: time a probe may take before it counts as a failure.
-    #[serde(rename = "timeout_ms", with = "millis")]
-    pub timeout: Duration,
-    /// Consecutive failures before a worker is marked unhealthy.
-    pub unhealthy_threshold: u32,
-    /// Consecutive successes before an unhealthy worker is marked healthy again.
-    pub healthy_threshold: u32,
-    /// Mark a worker unhealthy at once when a connection to it fails (probes bring it back).
-    pub passive: bool,
-    /// New workers (start-up, `POST /admin/workers`, reload) get traffic only once their first
-    /// probe passed; with `false` they start healthy. On by default: a worker that is not up yet
-    /// (a model still loading, a typo in its address) must not answer the first requests with 502s
-    /// and worker errors, and a load balancer sees `/readiness` fail until a worker is confirmed.
-    pub wait_for_first_probe: bool,
-}
-
-impl Default for HealthConfig {
-    fn default() -> Self {
-        Self {
-            path: "/health".to_owned(),
-            interval: Duration::from_millis(2_000),
-            timeout: Duration::from_millis(1_000),
-            unhealthy_threshold: 3,
-            healthy_threshold: 2,
-            passive: true,
-            wait_for_first_probe: true,
-        }
-    }
-}
-
-/// `[telemetry]`: what the websocket telemetry tracks and how often it ticks.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TelemetryConfig {
-    /// `interval_ms`: time between two `tick` frames to websocket clients.
-    #[serde(rename = "interval_ms", with = "millis")]
-    pub interval: Duration,
-    /// Most recently active routing keys tracked.
-    pub max_keys: usize,
-    /// Show explicit keys as `key:` + 8 hex digits instead of their (truncated) text.
-    pub redact_keys: bool,
-    /// Spill events kept for snapshots.
-    pub max_spill_events: usize,
-    /// Frames queued per websocket client before it is considered slow and resynced.
-    pub client_queue: usize,
-}
-
-impl Default for TelemetryConfig {
-    fn default() -> Self {
-        Self {
-            interval: Duration::from_millis(100),
-            max_keys: 256,
-            redact_keys: false,
-            max_spill_events: 200,
-            client_queue: 64,
-        }
-    }
-}
-
-/// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum LogFormat {
-    /// Human-readable lines.
-    #[default]
-    Text,
-    /// One JSON object per line.
-    Json,
-}
-
-/// `[log]`: format and filter of gatewayd's log on stderr.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LogConfig {
-    /// Text for people, JSON for log shippers.
-    pub format: LogFormat,
-    /// `tracing` filter, e.g. `info` or `gatewayd=debug`. `RUST_LOG` overrides it.
-    pub level: String,
-}
-
-impl Default for LogConfig {
-    fn default() -> Self {
-        Self {
-            format: LogFormat::Text,
-            level: "info".to_owned(),
-        }
-    }
-}
-
 /// A configuration error, naming the file and the field.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -297,14 +118,13 @@ pub enum ConfigError {
         message: String,
     },
     /// A value out of range or inconsistent.
-    #[error("invalid config{}: {field}: {message}", .path.as_ref().map(|p| format!(" {}", p.display())).unwrap_or_default())]
+    #[error("invalid config{}: {error}", .path.as_ref().map(|p| format!(" {}", p.display())).unwrap_or_default())]
     Invalid {
         /// File, when loaded from one.
         path: Option<PathBuf>,
-        /// Dotted field path, e.g. `policy.max_load_skew` or `workers[2].url`.
-        field: String,
-        /// What is wrong.
-        message: String,
+        /// The field, its dotted path from the top (`policy.max_load_skew`, `workers[2].url`), and
+        /// what is wrong.
+        error: FieldError,
     },
 }
 
@@ -338,179 +158,83 @@ impl Config {
         }
     }
 
-    /// Every problem of this configuration, in field order, each naming its field (and `path`,
-    /// the file it came from, when given): an operator fixes them all in one pass.
+    /// Every problem of this configuration, section by section, each naming its field (and
+    /// `path`, the file it came from, when given): an operator fixes them all in one pass.
     pub fn problems(&self, path: Option<&Path>) -> Vec<ConfigError> {
-        let mut problems = Vec::new();
-        let mut invalid = |field: &str, message: String| {
-            problems.push(ConfigError::Invalid {
-                path: path.map(Path::to_owned),
-                field: field.to_owned(),
-                message,
-            })
+        let mut problems: Vec<FieldError> = Vec::new();
+        let mut section = |name: &str, found: Vec<FieldError>| {
+            problems.extend(found.into_iter().map(|e| e.within(name)));
         };
-        if let Err(e) = self.policy_settings().validate() {
-            let field = if matches!(e, bch_core::policy::PolicyError::InvalidSkew(_)) {
-                "policy.max_load_skew"
-            } else {
-                "policy.virtual_nodes"
-            };
-            invalid(field, e.to_string());
-        }
-        for (field, name) in [
-            (
-                "routing.routing_key_header",
-                &self.routing.routing_key_header,
-            ),
-            (
-                "routing.target_worker_header",
-                &self.routing.target_worker_header,
-            ),
-        ] {
-            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                invalid(field, format!("{name:?} is not a valid header name"));
-            }
-        }
-        if !self.health.path.starts_with('/') {
-            invalid("health.path", "must start with '/'".into());
-        }
-        let server_timeouts = self
-            .server
-            .timeouts
-            .required()
-            .map(|(key, value)| (format!("server.{key}"), value));
-        for (field, value) in [
-            ("health.interval_ms".to_owned(), self.health.interval),
-            ("health.timeout_ms".to_owned(), self.health.timeout),
-            ("telemetry.interval_ms".to_owned(), self.telemetry.interval),
-        ]
-        .into_iter()
-        .chain(server_timeouts)
-        {
-            if value.is_zero() {
-                invalid(&field, "must be greater than 0".into());
-            }
-        }
-        for (field, value) in [
-            (
-                "health.unhealthy_threshold",
-                u64::from(self.health.unhealthy_threshold),
-            ),
-            (
-                "health.healthy_threshold",
-                u64::from(self.health.healthy_threshold),
-            ),
-            ("telemetry.client_queue", self.telemetry.client_queue as u64),
-            (
-                "server.max_connections",
-                self.server.limits.max_connections as u64,
-            ),
-        ] {
-            if value == 0 {
-                invalid(field, "must be at least 1".into());
-            }
-        }
-        if let Some(clash) = self.server.listeners_clash() {
-            invalid("server.control_listen", clash);
-        }
-        let access = &self.server.control_access;
-        if access.metrics_token_file.is_some() && access.admin_token_file.is_none() {
-            invalid(
-                "server.metrics_token_file",
-                "needs server.admin_token_file: without it the control plane is open and a metrics token protects nothing".into(),
-            );
-        }
-        for (index, host) in access.allowed_hosts.iter().enumerate() {
-            if host.is_empty() || host.contains(['/', ' ', '@']) {
-                invalid(
-                    &format!("server.control_allowed_hosts[{index}]"),
-                    format!("{host:?} is not a host name (write it without scheme or path)"),
-                );
-            }
-        }
-        for (index, origin) in access.allowed_origins.iter().enumerate() {
-            if !is_origin(origin) {
-                invalid(
-                    &format!("server.control_allowed_origins[{index}]"),
-                    format!("{origin:?} is not an origin: write scheme://host[:port], no path"),
-                );
-            }
-        }
-        if let Err((field, message)) = self.load.validate() {
-            invalid(&format!("load.{field}"), message);
-        }
-        if self.picker.fallbacks > MAX_PICKER_FALLBACKS {
-            invalid(
-                "picker.fallbacks",
-                format!("must be at most {MAX_PICKER_FALLBACKS}"),
-            );
-        }
+        section(
+            "policy",
+            self.policy_settings()
+                .validate()
+                .err()
+                .map(FieldError::from)
+                .into_iter()
+                .collect(),
+        );
+        section("routing", self.routing.problems());
+        section("health", self.health.problems());
+        section("telemetry", self.telemetry.problems());
+        section("server", self.server.problems());
+        section("load", self.load.validate().err().into_iter().collect());
+        section("picker", self.picker.problems());
         if !self.server.listeners.data_plane && self.picker.listen.is_none() {
-            invalid(
+            problems.push(FieldError::new(
                 "server.data_plane",
-                "false needs [picker] listen: there would be nothing to serve".into(),
-            );
+                "false needs [picker] listen: there would be nothing to serve",
+            ));
         }
         let (members, worker_problems) = self.collect_members();
-        let picker_problem = self.picker_workers(&members).err();
-        problems.extend(
-            worker_problems
-                .into_iter()
-                .chain(picker_problem)
-                .chain(self.discovery_problems())
-                .map(|e| match e {
-                    ConfigError::Invalid { field, message, .. } => ConfigError::Invalid {
-                        path: path.map(Path::to_owned),
-                        field,
-                        message,
-                    },
-                    other => other,
-                }),
-        );
+        problems.extend(worker_problems);
+        problems.extend(self.picker_workers(&members).err());
+        problems.extend(self.discovery_problems());
         problems
+            .into_iter()
+            .map(|error| ConfigError::Invalid {
+                path: path.map(Path::to_owned),
+                error,
+            })
+            .collect()
     }
 
     /// With the endpoint picker on, every worker must be an `http://IP:PORT` URL: Envoy finds the
     /// picked endpoint among its cluster's hosts by address. The error names `workers[N].url`.
-    pub fn picker_workers(&self, members: &[Member]) -> Result<(), ConfigError> {
+    pub fn picker_workers(&self, members: &[Member]) -> Result<(), FieldError> {
         if self.picker.listen.is_none() {
             return Ok(());
         }
         for (index, member) in members.iter().enumerate() {
-            member
-                .url
-                .picker_endpoint()
-                .map_err(|message| ConfigError::Invalid {
-                    path: None,
-                    field: format!("workers[{index}].url"),
-                    message: format!("worker {}: {message}", member.spec.name),
-                })?;
+            member.url.picker_endpoint().map_err(|message| {
+                FieldError::new("url", format!("worker {}: {message}", member.spec.name))
+                    .within(&format!("workers[{index}]"))
+            })?;
         }
         Ok(())
     }
 
     /// Every problem of the `[[discovery]]` entries (each entry's fields, a name discovered
     /// twice); each names the entry and field, e.g. `discovery[1].port`.
-    fn discovery_problems(&self) -> Vec<ConfigError> {
+    fn discovery_problems(&self) -> Vec<FieldError> {
         let mut problems = Vec::new();
         for (index, source) in self.discovery.iter().enumerate() {
-            let invalid = |field: &str, message: String| ConfigError::Invalid {
-                path: None,
-                field: format!("discovery[{index}].{field}"),
-                message,
-            };
+            let entry = format!("discovery[{index}]");
             if let Err(e) = source.validate() {
-                problems.push(invalid(e.field, e.message));
+                problems.push(e.within(&entry));
             }
             let name = source.canonical_name();
             if self.discovery[..index]
                 .iter()
                 .any(|earlier| earlier.canonical_name() == name)
             {
-                problems.push(invalid(
-                    "dns",
-                    format!("{:?} is discovered twice; one entry per name", source.dns),
-                ));
+                problems.push(
+                    FieldError::new(
+                        "dns",
+                        format!("{:?} is discovered twice; one entry per name", source.dns),
+                    )
+                    .within(&entry),
+                );
             }
         }
         problems
@@ -528,7 +252,7 @@ impl Config {
     pub fn members(&self) -> Result<Vec<Member>, ConfigError> {
         let (members, problems) = self.collect_members();
         match problems.into_iter().next() {
-            Some(problem) => Err(problem),
+            Some(error) => Err(ConfigError::Invalid { path: None, error }),
             None => Ok(members),
         }
     }
@@ -536,19 +260,17 @@ impl Config {
     /// The valid members and every problem of the worker list. A clash over a name or ring id
     /// the entry did not write (the defaults, derived from the URL) is reported under the entry's
     /// `url`, which is what the operator wrote.
-    fn collect_members(&self) -> (Vec<Member>, Vec<ConfigError>) {
+    fn collect_members(&self) -> (Vec<Member>, Vec<FieldError>) {
         let mut members: Vec<(usize, Member)> = Vec::with_capacity(self.workers.len());
         let mut problems = Vec::new();
-        let invalid = |field: String, message: String| ConfigError::Invalid {
-            path: None,
-            field,
-            message,
-        };
         for (index, worker) in self.workers.iter().enumerate() {
+            let entry = format!("workers[{index}]");
+            let invalid =
+                |field: &str, message: String| FieldError::new(field, message).within(&entry);
             let member = match worker.member() {
                 Ok(member) => member,
                 Err(e) => {
-                    problems.push(invalid(format!("workers[{index}].{}", e.field), e.message));
+                    problems.push(e.within(&entry));
                     continue;
                 }
             };
@@ -568,7 +290,7 @@ impl Config {
                 let (other, m) = members.iter().find(|(_, m)| of(&m.spec) == value)?;
                 Some(if defaulted {
                     invalid(
-                        format!("workers[{index}].url"),
+                        "url",
                         format!(
                             "{:?} gets the default {field} {value:?}, already the {field} of workers[{other}] ({:?}); set a distinct {field}",
                             worker.url, m.spec.url
@@ -576,16 +298,13 @@ impl Config {
                     )
                 } else {
                     invalid(
-                        format!("workers[{index}].{field}"),
+                        field,
                         format!("duplicate worker {field} {value:?} (also workers[{other}])"),
                     )
                 })
             });
             let earlier: Vec<Member> = members.iter().map(|(_, m)| m.clone()).collect();
-            let alias = || {
-                alias_of(&member, &earlier)
-                    .map(|message| invalid(format!("workers[{index}].url"), message))
-            };
+            let alias = || alias_of(&member, &earlier).map(|message| invalid("url", message));
             match clash.or_else(alias) {
                 Some(problem) => problems.push(problem),
                 None => members.push((index, member)),
@@ -593,18 +312,6 @@ impl Config {
         }
         (members.into_iter().map(|(_, m)| m).collect(), problems)
     }
-}
-
-/// `scheme://host[:port]` as a browser sends it in `Origin`.
-fn is_origin(origin: &str) -> bool {
-    let Some((scheme, rest)) = origin.split_once("://") else {
-        return false;
-    };
-    matches!(scheme, "http" | "https")
-        && !rest.trim_end_matches('/').is_empty()
-        && !rest
-            .trim_end_matches('/')
-            .contains(['/', '?', '#', '@', ' '])
 }
 
 /// Why `member` may not join `members`, when its URL reaches the backend of one of them.
@@ -633,6 +340,7 @@ pub fn loop_of(member: &Member, listeners: &[SocketAddr]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bch_core::policy::{PolicyKind, SpillOrder};
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {

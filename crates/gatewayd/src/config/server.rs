@@ -13,6 +13,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::FieldError;
+use super::sections::{zero_counts, zero_durations};
+
 /// Default `[server] upstream_idle_timeout_ms`: below the 5 s after which uvicorn-based engines
 /// (vLLM, SGLang) close idle keep-alive connections. A request sent on a connection the worker is
 /// closing at that very moment fails after it was written, when it can no longer be proven unsent
@@ -141,7 +144,7 @@ impl Default for Timeouts {
 impl Timeouts {
     /// The timeouts that must be greater than zero, with their keys: all but `shutdown_grace`
     /// (0 = exit at once).
-    pub fn required(&self) -> [(&'static str, Duration); 7] {
+    fn required(&self) -> [(&'static str, Duration); 7] {
         [
             ("header_read_timeout_ms", self.header_read),
             ("connect_timeout_ms", self.connect),
@@ -167,6 +170,58 @@ impl ServerConfig {
             format!("{control} and server.listen {data} cannot both be bound: give the control plane its own port")
         })
     }
+}
+
+impl ServerConfig {
+    /// Every problem of `[server]`, each naming its key: a zero timeout or connection limit,
+    /// listeners that cannot both be bound, a metrics token without an admin token, an allowed
+    /// host or origin that is not one.
+    pub fn problems(&self) -> Vec<FieldError> {
+        let mut problems = zero_durations(self.timeouts.required());
+        problems.extend(zero_counts([(
+            "max_connections",
+            self.limits.max_connections as u64,
+        )]));
+        if let Some(clash) = self.listeners_clash() {
+            problems.push(FieldError::new("control_listen", clash));
+        }
+        let access = &self.control_access;
+        if access.metrics_token_file.is_some() && access.admin_token_file.is_none() {
+            problems.push(FieldError::new(
+                "metrics_token_file",
+                "needs server.admin_token_file: without it the control plane is open and a metrics token protects nothing",
+            ));
+        }
+        for (index, host) in access.allowed_hosts.iter().enumerate() {
+            if host.is_empty() || host.contains(['/', ' ', '@']) {
+                problems.push(FieldError::new(
+                    format!("control_allowed_hosts[{index}]"),
+                    format!("{host:?} is not a host name (write it without scheme or path)"),
+                ));
+            }
+        }
+        for (index, origin) in access.allowed_origins.iter().enumerate() {
+            if !is_origin(origin) {
+                problems.push(FieldError::new(
+                    format!("control_allowed_origins[{index}]"),
+                    format!("{origin:?} is not an origin: write scheme://host[:port], no path"),
+                ));
+            }
+        }
+        problems
+    }
+}
+
+/// `scheme://host[:port]` as a browser sends it in `Origin`.
+fn is_origin(origin: &str) -> bool {
+    let Some((scheme, rest)) = origin.split_once("://") else {
+        return false;
+    };
+    matches!(scheme, "http" | "https")
+        && !rest.trim_end_matches('/').is_empty()
+        && !rest
+            .trim_end_matches('/')
+            .contains(['/', '?', '#', '@', ' '])
 }
 
 /// The `[server]` table as written in the file, one field per documented key

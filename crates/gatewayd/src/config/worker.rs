@@ -11,6 +11,7 @@ use bch_core::router::{WorkerSource, WorkerSpec};
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 use serde::{Deserialize, Serialize};
 
+use super::FieldError;
 use super::alias::Backend;
 
 /// One `[[workers]]` entry.
@@ -221,17 +222,6 @@ pub struct Member {
     pub metrics_path: Option<String>,
 }
 
-/// Why one worker entry is invalid: the field (`url`, `name`, `health_path`, `metrics_path`,
-/// `ring_id`) and what is wrong with it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct WorkerError {
-    /// The offending field of the entry.
-    pub field: &'static str,
-    /// What is wrong.
-    pub message: String,
-}
-
 impl WorkerConfig {
     /// A worker entry for a bare URL (the `--worker` flag and the admin API's minimal body).
     pub fn from_url(url: &str) -> WorkerConfig {
@@ -244,9 +234,10 @@ impl WorkerConfig {
         }
     }
 
-    /// Validates the entry; the error names the field.
-    pub fn member(&self) -> Result<Member, WorkerError> {
-        let invalid = |field, message: String| WorkerError { field, message };
+    /// Validates the entry; the error names the field within the entry (`url`, `name`,
+    /// `health_path`, `metrics_path`, `ring_id`).
+    pub fn member(&self) -> Result<Member, FieldError> {
+        let invalid = |field: &str, message: String| FieldError::new(field, message);
         let url = WorkerUrl::parse(&self.url).map_err(|e| invalid("url", e.to_string()))?;
         let name = match &self.name {
             Some(name) if name.trim().is_empty() => {

@@ -257,15 +257,14 @@ fn failing_field<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<String> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ConfigError;
+    use crate::config::{ConfigError, FieldError};
 
     #[test]
     fn a_refused_reload_names_file_and_field_and_a_missing_file_says_so() {
         let invalid = || {
             AdminError::Config(ConfigError::Invalid {
                 path: Some("/etc/bch/gatewayd.toml".into()),
-                field: "policy.max_load_skew".into(),
-                message: "must be at least 1.0".into(),
+                error: FieldError::new("policy.max_load_skew", "must be at least 1.0"),
             })
         };
         // The answer it always gave: anyhow's `{:#}` of the whole chain.

@@ -1,0 +1,270 @@
+//! The small sections: `[routing]`, `[policy]`, `[picker]`, `[health]`, `[telemetry]`, `[log]`.
+//! Each checks its own fields ([`FieldError`]s relative to the section); [`Config`](super::Config)
+//! puts the section's name in front.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bch_core::policy::{
+    DEFAULT_MAX_LOAD_SKEW, DEFAULT_MIN_LOAD_GAP, DEFAULT_VIRTUAL_NODES, PolicyKind, SpillOrder,
+};
+use bch_core::routing_key::{DEFAULT_ROUTING_KEY_HEADER, DEFAULT_TARGET_WORKER_HEADER};
+use serde::{Deserialize, Serialize};
+
+use super::FieldError;
+use super::millis;
+
+/// The policy a gateway runs when its configuration names none: strict `consistent_hashing`. The
+/// bounded policy is opt-in because a spill gives up KV-cache locality (docs/policy.md). bch-core's
+/// own `PolicySettings::default()` is the bounded policy, the one `explain` and the drills study.
+pub const DEFAULT_POLICY_KIND: PolicyKind = PolicyKind::ConsistentHashing;
+
+/// `[routing]`: which headers carry routing keys.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoutingConfig {
+    /// Header carrying the explicit routing key (case-insensitive; default `x-smg-routing-key`).
+    pub routing_key_header: String,
+    /// Header pinning a request to one worker by name, URL or index (case-insensitive; default
+    /// `x-smg-target-worker`).
+    pub target_worker_header: String,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        Self {
+            routing_key_header: DEFAULT_ROUTING_KEY_HEADER.to_owned(),
+            target_worker_header: DEFAULT_TARGET_WORKER_HEADER.to_owned(),
+        }
+    }
+}
+
+/// `[policy]`: the routing policy and the bounded policy's thresholds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// Policy kind; default [`DEFAULT_POLICY_KIND`].
+    pub kind: PolicyKind,
+    /// Bounded policy: how many in-flight requests the preferred worker may exceed the fleet
+    /// minimum by before it can spill (integer ≥ 0).
+    pub min_load_gap: u64,
+    /// Bounded policy: the factor over the fleet mean load the preferred worker must exceed before
+    /// it can spill (finite, ≥ 1.0).
+    pub max_load_skew: f64,
+    /// Bounded policy: where a spilled request goes among the workers under the bound: `ring`
+    /// (the next one clockwise, SGLang Model Gateway's order; the default) or `hash_seeded` (a
+    /// per-key pseudo-random order of the workers). docs/policy.md, "Spill order".
+    pub spill_order: SpillOrder,
+    /// Points per worker on the ring; 150 gives placement parity with SGLang Model Gateway.
+    pub virtual_nodes: u32,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            kind: DEFAULT_POLICY_KIND,
+            min_load_gap: DEFAULT_MIN_LOAD_GAP,
+            max_load_skew: DEFAULT_MAX_LOAD_SKEW,
+            spill_order: SpillOrder::default(),
+            virtual_nodes: DEFAULT_VIRTUAL_NODES,
+        }
+    }
+}
+
+impl RoutingConfig {
+    /// Every header name that is not a valid HTTP header name.
+    pub fn problems(&self) -> Vec<FieldError> {
+        [
+            ("routing_key_header", &self.routing_key_header),
+            ("target_worker_header", &self.target_worker_header),
+        ]
+        .into_iter()
+        .filter(|(_, name)| http::HeaderName::from_bytes(name.as_bytes()).is_err())
+        .map(|(field, name)| FieldError::new(field, format!("{name:?} is not a valid header name")))
+        .collect()
+    }
+}
+
+/// Most fallback endpoints the picker may list after the chosen one.
+pub const MAX_PICKER_FALLBACKS: usize = 8;
+
+/// `[picker]`: gatewayd as Envoy's endpoint picker, the Gateway API Inference Extension's
+/// ext_proc protocol (docs/envoy.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PickerConfig {
+    /// Where to serve `envoy.service.ext_proc.v3.ExternalProcessor` (plaintext gRPC); `None` (the
+    /// default) serves no picker. Every worker must then be an `http://IP:PORT` URL.
+    pub listen: Option<SocketAddr>,
+    /// How many fallback endpoints, in ring order from the key, follow the chosen one in the
+    /// answer (0..=8); Envoy retries a failed connect on them in turn. `gatewayd envoy-config`
+    /// sets Envoy's retry count to this.
+    pub fallbacks: usize,
+}
+
+impl Default for PickerConfig {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            fallbacks: 2,
+        }
+    }
+}
+
+/// `[health]`: active probes of every worker, and passive marking on connect failures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    /// Probe path appended to each worker URL (a worker may override it).
+    pub path: String,
+    /// `interval_ms`: time between probes of one worker.
+    #[serde(rename = "interval_ms", with = "millis")]
+    pub interval: Duration,
+    /// `timeout_ms`: time a probe may take before it counts as a failure.
+    #[serde(rename = "timeout_ms", with = "millis")]
+    pub timeout: Duration,
+    /// Consecutive failures before a worker is marked unhealthy.
+    pub unhealthy_threshold: u32,
+    /// Consecutive successes before an unhealthy worker is marked healthy again.
+    pub healthy_threshold: u32,
+    /// Mark a worker unhealthy at once when a connection to it fails (probes bring it back).
+    pub passive: bool,
+    /// New workers (start-up, `POST /admin/workers`, reload) get traffic only once their first
+    /// probe passed; with `false` they start healthy. On by default: a worker that is not up yet
+    /// (a model still loading, a typo in its address) must not answer the first requests with 502s
+    /// and worker errors, and a load balancer sees `/readiness` fail until a worker is confirmed.
+    pub wait_for_first_probe: bool,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            path: "/health".to_owned(),
+            interval: Duration::from_millis(2_000),
+            timeout: Duration::from_millis(1_000),
+            unhealthy_threshold: 3,
+            healthy_threshold: 2,
+            passive: true,
+            wait_for_first_probe: true,
+        }
+    }
+}
+
+/// `[telemetry]`: what the websocket telemetry tracks and how often it ticks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// `interval_ms`: time between two `tick` frames to websocket clients.
+    #[serde(rename = "interval_ms", with = "millis")]
+    pub interval: Duration,
+    /// Most recently active routing keys tracked.
+    pub max_keys: usize,
+    /// Show explicit keys as `key:` + 8 hex digits instead of their (truncated) text.
+    pub redact_keys: bool,
+    /// Spill events kept for snapshots.
+    pub max_spill_events: usize,
+    /// Frames queued per websocket client before it is considered slow and resynced.
+    pub client_queue: usize,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_millis(100),
+            max_keys: 256,
+            redact_keys: false,
+            max_spill_events: 200,
+            client_queue: 64,
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[log]`: format and filter of gatewayd's log on stderr.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// Text for people, JSON for log shippers.
+    pub format: LogFormat,
+    /// `tracing` filter, e.g. `info` or `gatewayd=debug`. `RUST_LOG` overrides it.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".to_owned(),
+        }
+    }
+}
+
+impl PickerConfig {
+    /// A fallback count above [`MAX_PICKER_FALLBACKS`].
+    pub fn problems(&self) -> Vec<FieldError> {
+        let mut problems = Vec::new();
+        if self.fallbacks > MAX_PICKER_FALLBACKS {
+            problems.push(FieldError::new(
+                "fallbacks",
+                format!("must be at most {MAX_PICKER_FALLBACKS}"),
+            ));
+        }
+        problems
+    }
+}
+
+impl HealthConfig {
+    /// A path without its leading `/`, a zero interval or timeout, a zero threshold.
+    pub fn problems(&self) -> Vec<FieldError> {
+        let mut problems = Vec::new();
+        if !self.path.starts_with('/') {
+            problems.push(FieldError::new("path", "must start with '/'"));
+        }
+        problems.extend(zero_durations([
+            ("interval_ms", self.interval),
+            ("timeout_ms", self.timeout),
+        ]));
+        problems.extend(zero_counts([
+            ("unhealthy_threshold", u64::from(self.unhealthy_threshold)),
+            ("healthy_threshold", u64::from(self.healthy_threshold)),
+        ]));
+        problems
+    }
+}
+
+impl TelemetryConfig {
+    /// A zero tick interval or client queue.
+    pub fn problems(&self) -> Vec<FieldError> {
+        let mut problems = zero_durations([("interval_ms", self.interval)]);
+        problems.extend(zero_counts([("client_queue", self.client_queue as u64)]));
+        problems
+    }
+}
+
+/// `must be greater than 0` for each of `durations` that is zero.
+pub fn zero_durations<const N: usize>(durations: [(&str, Duration); N]) -> Vec<FieldError> {
+    durations
+        .into_iter()
+        .filter(|(_, value)| value.is_zero())
+        .map(|(field, _)| FieldError::new(field, "must be greater than 0"))
+        .collect()
+}
+
+/// `must be at least 1` for each of `counts` that is zero.
+pub fn zero_counts<const N: usize>(counts: [(&str, u64); N]) -> Vec<FieldError> {
+    counts
+        .into_iter()
+        .filter(|(_, value)| *value == 0)
+        .map(|(field, _)| FieldError::new(field, "must be at least 1"))
+        .collect()
+}
