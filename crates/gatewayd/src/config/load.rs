@@ -59,66 +59,62 @@ const MIN_SCRAPE_INTERVAL: Duration = Duration::from_millis(10);
 impl LoadConfig {
     /// Checks every value; the first problem is the error, naming the field within `[load]`.
     pub fn validate(&self) -> Result<(), FieldError> {
-        self.check()
-            .map_err(|(field, message)| FieldError::new(field, message))
-    }
-
-    fn check(&self) -> Result<(), (&'static str, String)> {
+        let invalid = |field: &str, message: String| Err(FieldError::new(field, message));
         let scrape_interval_ms = millis::as_millis(self.scrape_interval);
         if self.scrape_interval < MIN_SCRAPE_INTERVAL {
-            return Err((
+            return invalid(
                 "scrape_interval_ms",
                 "must be at least 10 (ms); scraping every worker faster costs more than it tells"
                     .into(),
-            ));
+            );
         }
         // A load signal older than an hour is no load signal; the bound also keeps the timeout
         // arithmetic far from overflow.
         if scrape_interval_ms > MAX_MS {
-            return Err((
+            return invalid(
                 "scrape_interval_ms",
                 format!("must be at most {MAX_MS} (one hour)"),
-            ));
+            );
         }
         if millis::as_millis(self.stale_after) > 24 * MAX_MS {
-            return Err((
+            return invalid(
                 "stale_after_ms",
                 format!("must be at most {} (one day)", 24 * MAX_MS),
-            ));
+            );
         }
         if self.stale_after <= self.scrape_interval {
-            return Err((
+            return invalid(
                 "stale_after_ms",
                 format!(
                     "must exceed scrape_interval_ms ({scrape_interval_ms}), or every sample would go stale between two scrapes",
                 ),
-            ));
+            );
         }
         if !self.metrics_path.starts_with('/') {
-            return Err(("metrics_path", "must start with '/'".into()));
+            return invalid("metrics_path", "must start with '/'".into());
         }
         if self.max_scrape_bytes == 0 {
-            return Err(("max_scrape_bytes", "must be at least 1".into()));
+            return invalid("max_scrape_bytes", "must be at least 1".into());
         }
         match (&self.running_gauge, &self.waiting_gauge) {
             (None, None) => Ok(()),
-            (Some(_), None) => Err((
+            (Some(_), None) => invalid(
                 "waiting_gauge",
                 "must be set together with running_gauge".into(),
-            )),
-            (None, Some(_)) => Err((
+            ),
+            (None, Some(_)) => invalid(
                 "running_gauge",
                 "must be set together with waiting_gauge".into(),
-            )),
+            ),
             (Some(running), Some(waiting)) => {
                 for (field, name) in [("running_gauge", running), ("waiting_gauge", waiting)] {
                     if !is_metric_name(name) {
-                        return Err((
+                        return invalid(
                             field,
                             format!(
                                 "{name:?} is not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)"
                             ),
-                        ));
+                        );
                     }
                 }
                 Ok(())
