@@ -125,16 +125,14 @@ impl Cli {
     }
 }
 
-/// Reads a bearer token: the file's contents without surrounding whitespace (files usually end in
-/// a newline, which is not part of the token).
+/// bch-tui's one token-file reader: the file read here, its contents parsed by
+/// [`bch_core::token::bearer_token`] (surrounding whitespace is not part of the token); errors
+/// name the flag and the file.
 fn read_token(path: &Path) -> anyhow::Result<String> {
     let raw = std::fs::read_to_string(path)
         .with_context(|| format!("--token-file {}", path.display()))?;
-    let token = raw.trim();
-    if token.is_empty() {
-        bail!("--token-file {}: the file is empty", path.display());
-    }
-    Ok(token.to_owned())
+    bch_core::token::bearer_token(&raw)
+        .map_err(|error| anyhow!("--token-file {}: {error}", path.display()))
 }
 
 #[cfg(test)]

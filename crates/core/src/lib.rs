@@ -3,8 +3,8 @@
 //! The pure heart of bch: the consistent-hash [`ring`], [`routing_key`] extraction, the routing
 //! [`policy`] with its bounded spill rule, the [`decide`] function, [`load`] accounting, the
 //! fleet-wide load formula of [`fleet_load`], the atomically swapped routing snapshot in
-//! [`router`], the offline [`explain`] what-if, and the [`telemetry`] wire types shared by gatewayd
-//! and bch-tui.
+//! [`router`], the offline [`explain`] what-if, the [`telemetry`] wire types shared by gatewayd
+//! and bch-tui, and the [`token`] file format every binary reads.
 //!
 //! No I/O and no async runtime: everything here is deterministic given its inputs and is tested with
 //! unit, property and golden-vector tests (`tests/fixtures/*.json`, computed by an independent
@@ -42,3 +42,4 @@ pub mod ring;
 pub mod router;
 pub mod routing_key;
 pub mod telemetry;
+pub mod token;

@@ -211,15 +211,15 @@ impl StormOpts {
         let Some(path) = &self.control_token_file else {
             return Ok(self.control_token.clone());
         };
+        // bch-drill's one token-file reader; the parsing is bch-core's, shared by every binary.
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("--control-token-file {}", path.display()))?;
-        let token = text.trim();
-        anyhow::ensure!(
-            !token.is_empty(),
-            "--control-token-file {} is empty",
-            path.display()
-        );
-        Ok(Some(token.to_owned()))
+        let token = bch_core::token::bearer_token(&text).map_err(
+            |bch_core::token::TokenError::Empty| {
+                anyhow::anyhow!("--control-token-file {} is empty", path.display())
+            },
+        )?;
+        Ok(Some(token))
     }
 
     /// The seed given, or a fresh one for this invocation (32 bits: short enough to type back).

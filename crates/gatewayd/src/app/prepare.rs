@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use super::options::{StartError, StartOptions};
 use crate::admin::ConfigOrigin;
+use crate::config::token_file::{TokenFileError, read_token_file};
 use crate::config::{Config, Member};
 
 /// A configuration checked for everything that needs no socket: in force, with its members and
@@ -113,13 +114,11 @@ fn admin_token(config: &Config) -> Result<Option<String>, StartError> {
 
 /// A token file's contents, trimmed; an unreadable or empty file is an error naming it.
 pub(super) fn read_token(path: &PathBuf) -> Result<String, StartError> {
-    let token = std::fs::read_to_string(path).map_err(|cause| StartError::TokenFile {
-        path: path.clone(),
-        cause,
-    })?;
-    let token = token.trim();
-    if token.is_empty() {
-        return Err(StartError::EmptyToken(path.clone()));
-    }
-    Ok(token.to_owned())
+    read_token_file(path).map_err(|error| match error {
+        TokenFileError::Unreadable(cause) => StartError::TokenFile {
+            path: path.clone(),
+            cause,
+        },
+        TokenFileError::Empty => StartError::EmptyToken(path.clone()),
+    })
 }

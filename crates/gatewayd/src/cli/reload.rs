@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::config::token_file::{TokenFileError, read_token_file};
+
 /// Where the gateway's control plane is and how to authenticate.
 #[derive(Debug, Clone, Args)]
 pub struct ReloadArgs {
@@ -67,10 +69,14 @@ pub fn reload(args: ReloadArgs) -> ExitCode {
         base_url(listen.unwrap_or_else(|| crate::config::Listeners::default().control_listen))
     });
     let token = match args.token_file.clone().or(file_token) {
-        Some(path) => match std::fs::read_to_string(&path) {
-            Ok(text) if !text.trim().is_empty() => Some(text.trim().to_owned()),
-            Ok(_) => return fail(&format!("token file {} is empty", path.display())),
-            Err(e) => return fail(&format!("cannot read token file {}: {e}", path.display())),
+        Some(path) => match read_token_file(&path) {
+            Ok(token) => Some(token),
+            Err(TokenFileError::Empty) => {
+                return fail(&format!("token file {} is empty", path.display()));
+            }
+            Err(TokenFileError::Unreadable(e)) => {
+                return fail(&format!("cannot read token file {}: {e}", path.display()));
+            }
         },
         None => None,
     };

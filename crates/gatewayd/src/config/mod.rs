@@ -5,7 +5,7 @@
 //! reaches; [`load`] the `[load]` section (which load the rule reads, and how workers are
 //! scraped); [`discovery`] one DNS discovery source; [`runtime`] the per-request settings derived
 //! from a whole configuration; [`diff`] what a reload changed, for its log line; [`persist`] the
-//! configuration in force as TOML.
+//! configuration in force as TOML; [`token_file`] the one reader of token files.
 
 pub mod alias;
 pub mod diff;
@@ -17,6 +17,7 @@ pub mod persist;
 pub mod runtime;
 pub mod sections;
 pub mod server;
+pub mod token_file;
 pub mod worker;
 
 use std::net::SocketAddr;
