@@ -218,34 +218,12 @@ fn fail(json: bool, message: &str) -> ExitCode {
 /// The current UTC time as RFC 3339 with microseconds (`2026-01-01T12:00:00.000000Z`), the
 /// format of the JSON log's other lines.
 fn rfc3339_now() -> String {
-    rfc3339(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default(),
-    )
+    rfc3339(std::time::SystemTime::now())
 }
 
-/// `now` (since the Unix epoch) as RFC 3339 UTC with microseconds.
-fn rfc3339(now: std::time::Duration) -> String {
-    let secs = now.as_secs();
-    let (days, rest) = ((secs / 86_400) as i64, secs % 86_400);
-    // Days since 1970-01-01 to a civil date (H. Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
-        rest / 3600,
-        (rest / 60) % 60,
-        rest % 60,
-        now.subsec_micros()
-    )
+/// `at` as RFC 3339 UTC with microseconds.
+fn rfc3339(at: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_micros(at).to_string()
 }
 
 #[cfg(feature = "demo")]
@@ -281,14 +259,12 @@ mod tests {
 
     #[test]
     fn json_error_lines_carry_an_rfc3339_time() {
-        let at = std::time::Duration::from_micros(1_700_000_000_000_042);
+        let epoch = std::time::UNIX_EPOCH;
+        let at = epoch + std::time::Duration::from_micros(1_700_000_000_000_042);
         assert_eq!(rfc3339(at), "2023-11-14T22:13:20.000042Z");
+        assert_eq!(rfc3339(epoch), "1970-01-01T00:00:00.000000Z");
         assert_eq!(
-            rfc3339(std::time::Duration::ZERO),
-            "1970-01-01T00:00:00.000000Z"
-        );
-        assert_eq!(
-            rfc3339(std::time::Duration::from_secs(951_782_400)),
+            rfc3339(epoch + std::time::Duration::from_secs(951_782_400)),
             "2000-02-29T00:00:00.000000Z"
         );
     }
