@@ -7,7 +7,7 @@ use std::time::Duration;
 use bch_core::router::WorkerSource;
 use serde::{Deserialize, Serialize};
 
-use super::FieldError;
+use super::field_error::FieldError;
 
 /// Default time between two resolutions of one name.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(5_000);

@@ -6,7 +6,8 @@ use std::time::Duration;
 use bch_core::fleet_load::LoadSource;
 use serde::{Deserialize, Serialize};
 
-use super::{FieldError, millis};
+use super::field_error::FieldError;
+use super::millis;
 
 /// `[load]`. `source` is switchable at run time (`PUT /admin/policy`, the websocket `set_policy`,
 /// a reload); the scrape settings take effect at the next scrape round.

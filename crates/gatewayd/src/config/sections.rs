@@ -11,7 +11,7 @@ use bch_core::policy::{
 use bch_core::routing_key::{DEFAULT_ROUTING_KEY_HEADER, DEFAULT_TARGET_WORKER_HEADER};
 use serde::{Deserialize, Serialize};
 
-use super::FieldError;
+use super::field_error::FieldError;
 use super::millis;
 
 /// The policy a gateway runs when its configuration names none: strict `consistent_hashing`. The

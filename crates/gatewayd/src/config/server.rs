@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::FieldError;
+use super::field_error::FieldError;
 use super::sections::{zero_counts, zero_durations};
 
 /// Default `[server] upstream_idle_timeout_ms`: below the 5 s after which uvicorn-based engines
@@ -328,37 +328,28 @@ impl From<ServerConfig> for ServerKeys {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
 
     #[test]
     fn the_flat_table_keeps_every_key_and_toml_names_the_bad_one() {
-        let text = "[server]\nlisten = \"127.0.0.1:1\"\nfirst_byte_timeout_ms = 250\nshutdown_grace_ms = 0\n\
+        let text = "listen = \"127.0.0.1:1\"\nfirst_byte_timeout_ms = 250\nshutdown_grace_ms = 0\n\
                     control_allowed_hosts = [\"gw\"]\nmax_connections = 7\n";
-        let config: Config = toml::from_str(text).unwrap();
-        assert_eq!(config.server.listeners.listen.port(), 1);
-        assert_eq!(
-            config.server.timeouts.first_byte,
-            Duration::from_millis(250)
-        );
-        assert_eq!(config.server.timeouts.shutdown_grace, Duration::ZERO);
-        assert_eq!(config.server.control_access.allowed_hosts, ["gw"]);
-        assert_eq!(config.server.limits.max_connections, 7);
-        let written = toml::to_string(&config).unwrap();
-        assert!(
-            written.contains("first_byte_timeout_ms = 250\n"),
-            "{written}"
-        );
-        assert_eq!(toml::from_str::<Config>(&written).unwrap(), config);
+        let server: ServerConfig = toml::from_str(text).unwrap();
+        assert_eq!(server.listeners.listen.port(), 1);
+        assert_eq!(server.timeouts.first_byte, Duration::from_millis(250));
+        assert_eq!(server.timeouts.shutdown_grace, Duration::ZERO);
+        assert_eq!(server.control_access.allowed_hosts, ["gw"]);
+        assert_eq!(server.limits.max_connections, 7);
+        let written = toml::to_string(&server).unwrap();
+        assert!(written.contains("first_byte_timeout_ms = 250\n"), "{written}");
+        assert_eq!(toml::from_str::<ServerConfig>(&written).unwrap(), server);
         for (text, key) in [
-            ("[server]\nlisten_on = 1\n", "listen_on"),
-            ("[server]\nconnect_timeout_ms = -1\n", "connect_timeout_ms"),
-            ("[server]\nmax_connections = \"many\"\n", "max_connections"),
+            ("listen_on = 1\n", "listen_on"),
+            ("connect_timeout_ms = -1\n", "connect_timeout_ms"),
+            ("max_connections = \"many\"\n", "max_connections"),
         ] {
-            let err = toml::from_str::<Config>(text).unwrap_err().to_string();
-            assert!(
-                err.contains(key) && err.contains("line 2"),
-                "{text:?}: {err}"
-            );
+            let text = format!("data_plane = true\n{text}");
+            let err = toml::from_str::<ServerConfig>(&text).unwrap_err().to_string();
+            assert!(err.contains(key) && err.contains("line 2"), "{text:?}: {err}");
         }
     }
 }

@@ -11,7 +11,7 @@ use bch_core::router::{WorkerSource, WorkerSpec};
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 use serde::{Deserialize, Serialize};
 
-use super::FieldError;
+use super::field_error::FieldError;
 use super::alias::Backend;
 
 /// One `[[workers]]` entry.
