@@ -1,17 +1,25 @@
 //! gatewayd configuration: TOML with `deny_unknown_fields`, every field defaulted, validated as a
 //! whole before anything is put in force. The annotated reference is `config/gatewayd.toml`.
 //!
-//! [`worker`] holds one worker entry and its parsed URL; [`alias`] the canonical backend a URL
-//! reaches; [`load`] the `[load]` section (which load the rule reads, and how workers are
-//! scraped); [`discovery`] one DNS discovery source; [`runtime`] the per-request settings derived
-//! from a whole configuration; [`diff`] what a reload changed, for its log line; [`persist`] the
-//! configuration in force as TOML; [`token_file`] the one reader of token files.
+//! Each section checks its own fields and reports [`FieldError`]s relative to itself;
+//! [`Config::problems`] puts the section's name in front. [`server`] is `[server]` grouped by
+//! role; [`sections`] the small sections (`[routing]`, `[policy]`, `[picker]`, `[health]`,
+//! `[telemetry]`, `[log]`); [`load_section`] `[load]` (which load the rule reads, and how workers
+//! are scraped); [`worker`] one worker entry and its parsed URL; [`alias`] the canonical backend a
+//! URL reaches; [`discovery`] one DNS discovery source; [`millis`] the `_ms` keys as
+//! `Duration`s; [`field_error`] the one shape of a field's problem; [`runtime`] the per-request
+//! settings derived from a whole configuration; [`diff`] what a reload changed, for its log line;
+//! [`persist`] the configuration in force as TOML; [`token_file`] the one reader of token files.
+//!
+//! Adding a setting: its field (with its doc and default) in its section, its check in the
+//! section's `problems`, its line in docs/configuration.md and config/gatewayd.toml, its test.
+//! A `[server]` key also gets its line in the flat `ServerKeys` table and its two conversions.
 
 pub mod alias;
 pub mod diff;
 pub mod discovery;
 pub mod field_error;
-pub mod load;
+pub mod load_section;
 pub mod millis;
 pub mod persist;
 pub mod runtime;
@@ -32,7 +40,7 @@ use serde::{Deserialize, Serialize};
 
 pub use discovery::{DiscoveryConfig, DnsKind};
 pub use field_error::FieldError;
-pub use load::LoadConfig;
+pub use load_section::LoadConfig;
 pub use sections::{
     DEFAULT_POLICY_KIND, HealthConfig, LogConfig, LogFormat, MAX_PICKER_FALLBACKS, PickerConfig,
     PolicyConfig, RoutingConfig, TelemetryConfig,
