@@ -4,7 +4,7 @@
 //! token files read and are not empty, a control plane beyond loopback has a token, and the two
 //! listeners can both be bound.
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use super::options::{StartError, StartOptions};
 use crate::admin::ConfigOrigin;
@@ -49,7 +49,7 @@ pub fn check(options: &StartOptions) -> Findings {
         .server
         .control_access
         .metrics_token_file
-        .as_ref()
+        .as_deref()
         .map(read_token)
     {
         errors.push(error.to_string());
@@ -88,7 +88,7 @@ pub(super) fn prepare(options: StartOptions) -> Result<Prepared, StartError> {
         .server
         .control_access
         .metrics_token_file
-        .as_ref()
+        .as_deref()
         .map(read_token)
         .transpose()?;
     Ok(Prepared {
@@ -107,18 +107,18 @@ fn admin_token(config: &Config) -> Result<Option<String>, StartError> {
         .server
         .control_access
         .admin_token_file
-        .as_ref()
+        .as_deref()
         .map(read_token)
         .transpose()
 }
 
 /// A token file's contents, trimmed; an unreadable or empty file is an error naming it.
-pub(super) fn read_token(path: &PathBuf) -> Result<String, StartError> {
+pub(super) fn read_token(path: &Path) -> Result<String, StartError> {
     read_token_file(path).map_err(|error| match error {
         TokenFileError::Unreadable(cause) => StartError::TokenFile {
-            path: path.clone(),
+            path: path.to_owned(),
             cause,
         },
-        TokenFileError::Empty => StartError::EmptyToken(path.clone()),
+        TokenFileError::Empty => StartError::EmptyToken(path.to_owned()),
     })
 }

@@ -340,7 +340,10 @@ mod tests {
         assert_eq!(server.control_access.allowed_hosts, ["gw"]);
         assert_eq!(server.limits.max_connections, 7);
         let written = toml::to_string(&server).unwrap();
-        assert!(written.contains("first_byte_timeout_ms = 250\n"), "{written}");
+        assert!(
+            written.contains("first_byte_timeout_ms = 250\n"),
+            "{written}"
+        );
         assert_eq!(toml::from_str::<ServerConfig>(&written).unwrap(), server);
         for (text, key) in [
             ("listen_on = 1\n", "listen_on"),
@@ -348,8 +351,13 @@ mod tests {
             ("max_connections = \"many\"\n", "max_connections"),
         ] {
             let text = format!("data_plane = true\n{text}");
-            let err = toml::from_str::<ServerConfig>(&text).unwrap_err().to_string();
-            assert!(err.contains(key) && err.contains("line 2"), "{text:?}: {err}");
+            let err = toml::from_str::<ServerConfig>(&text)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(key) && err.contains("line 2"),
+                "{text:?}: {err}"
+            );
         }
     }
 }

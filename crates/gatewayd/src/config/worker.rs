@@ -11,8 +11,8 @@ use bch_core::router::{WorkerSource, WorkerSpec};
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 use serde::{Deserialize, Serialize};
 
-use super::field_error::FieldError;
 use super::alias::Backend;
+use super::field_error::FieldError;
 
 /// One `[[workers]]` entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
