@@ -241,8 +241,8 @@ fn nth_routable<F: FleetView>(fleet: &F, n: usize) -> Option<usize> {
         .nth(n)
 }
 
-/// Keyless requests: the less loaded of two distinct random routable workers (ties to the first), the
-/// classic "power of two choices" that avoids herding onto one idle worker.
+/// Keyless requests: the less loaded of two distinct random routable workers (ties to the first),
+/// the classic "power of two choices" that avoids herding onto one idle worker.
 fn power_of_two_choices<F: FleetView>(
     fleet: &F,
     routable_count: usize,
