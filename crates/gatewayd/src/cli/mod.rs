@@ -2,10 +2,10 @@
 //! `--demo`); `check-config FILE` runs every start-up check on a file; `reload` asks a running
 //! gateway to re-read its file and fails when the reload does; `explain` is the offline what-if.
 
-mod addr;
 mod envoy_config;
 mod explain;
 mod reload;
+mod value_parsers;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,11 +17,11 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::app::{StartOptions, init_logging};
 use crate::config::{Config, DiscoveryConfig, DnsKind, LogFormat, WorkerConfig};
-use addr::parse_addr;
 use bch_core::fleet_load::LoadSource;
 use envoy_config::EnvoyConfigArgs;
-use explain::{ExplainArgs, parse_load_source, parse_policy};
+use explain::ExplainArgs;
 use reload::ReloadArgs;
+use value_parsers::{parse_addr, parse_load_source, parse_policy, parse_spill_order};
 
 /// bch gateway daemon: bounded consistent hashing in front of LLM inference workers.
 #[derive(Debug, Parser)]
@@ -105,7 +105,7 @@ pub struct RunArgs {
     pub max_load_skew: Option<f64>,
     /// Bounded policy: where a spilled request goes among the workers under the bound: ring (the
     /// next one clockwise, the default) or hash_seeded (a per-key pseudo-random order).
-    #[arg(long, value_parser = explain::parse_spill_order)]
+    #[arg(long, value_parser = parse_spill_order)]
     pub spill_order: Option<SpillOrder>,
     /// Which load the bounded rule reads: local (this process's in-flight requests) or
     /// worker_metrics (the workers' own gauges, so several replicas decide as one).
