@@ -12,10 +12,11 @@ use crate::routing_key::RoutingKey;
 pub trait FleetView {
     /// Number of registered workers.
     fn worker_count(&self) -> usize;
-    /// Whether worker `worker` may receive requests.
-    fn healthy(&self, worker: usize) -> bool;
-    /// Number of healthy workers.
-    fn healthy_count(&self) -> usize;
+    /// Whether worker `worker` may receive new requests: routable, that is healthy and active (a
+    /// draining worker is not), the one meaning of "ready" for every pick.
+    fn routable(&self, worker: usize) -> bool;
+    /// Number of routable workers.
+    fn routable_count(&self) -> usize;
     /// In-flight requests on `worker`, before the request being decided: the load the rule reads
     /// under the policy's load source.
     fn load(&self, worker: usize) -> u64;
@@ -34,7 +35,7 @@ pub trait FleetView {
 pub struct Decision {
     /// The worker that gets the request; `None` means the gateway answers 503.
     pub worker: Option<usize>,
-    /// The ring's preferred worker (first healthy clockwise), for keyed requests.
+    /// The ring's preferred worker (first routable clockwise), for keyed requests.
     pub preferred: Option<usize>,
     /// Which path the decision took.
     pub branch: Branch,
@@ -62,7 +63,7 @@ impl Decision {
 /// `random` policy); `turn` is a counter incremented per request (used by `round_robin`). Passing
 /// them in keeps this function pure and reproducible in tests.
 ///
-/// Never allocates. Finding the preferred worker walks the ring from the key past unhealthy
+/// Never allocates. Finding the preferred worker walks the ring from the key past unroutable
 /// workers. A spill on a fleet of up to 64 workers costs two passes over the workers plus, under
 /// [`SpillOrder::Ring`], [`Ring::first_in_set`] (a short walk, then a binary search per eligible
 /// worker), or under [`SpillOrder::HashSeeded`] one score per eligible worker; on larger fleets
@@ -78,23 +79,23 @@ pub fn decide<F: FleetView>(
 ) -> Decision {
     if let RoutingKey::Target(raw) = key {
         return match fleet.resolve_target(raw) {
-            Some(worker) if fleet.healthy(worker) => {
+            Some(worker) if fleet.routable(worker) => {
                 Decision::simple(Some(worker), Branch::TargetWorkerHit)
             }
             _ => Decision::simple(None, Branch::TargetWorkerMiss),
         };
     }
-    let healthy_count = fleet.healthy_count();
-    if healthy_count == 0 {
+    let routable_count = fleet.routable_count();
+    if routable_count == 0 {
         return Decision::simple(None, Branch::NoHealthyWorkers);
     }
     match policy.kind {
         PolicyKind::RoundRobin => {
-            let pick = nth_healthy(fleet, (turn % healthy_count as u64) as usize);
+            let pick = nth_routable(fleet, (turn % routable_count as u64) as usize);
             return Decision::simple(pick, Branch::Keyless);
         }
         PolicyKind::Random => {
-            let pick = nth_healthy(fleet, (entropy % healthy_count as u64) as usize);
+            let pick = nth_routable(fleet, (entropy % routable_count as u64) as usize);
             return Decision::simple(pick, Branch::Keyless);
         }
         PolicyKind::ConsistentHashing | PolicyKind::BoundedConsistentHashing => {}
@@ -102,16 +103,16 @@ pub fn decide<F: FleetView>(
     match key {
         RoutingKey::Target(_) => unreachable!("handled above"),
         RoutingKey::None => Decision::simple(
-            power_of_two_choices(fleet, healthy_count, entropy),
+            power_of_two_choices(fleet, routable_count, entropy),
             Branch::Keyless,
         ),
         RoutingKey::Implicit(implicit) => {
-            let preferred = first_healthy(ring, fleet, implicit.position());
+            let preferred = first_routable(ring, fleet, implicit.position());
             Decision::simple(preferred, Branch::ImplicitRoutingKeyHit)
         }
         RoutingKey::Explicit(explicit) => {
             let position = explicit.position();
-            let Some(preferred) = first_healthy(ring, fleet, position) else {
+            let Some(preferred) = first_routable(ring, fleet, position) else {
                 // Unreachable while the ring holds every registered worker, but a view whose ring
                 // and worker list disagree must not panic the data plane.
                 return Decision::simple(None, Branch::NoHealthyWorkers);
@@ -141,7 +142,7 @@ pub fn decide<F: FleetView>(
     }
 }
 
-/// Where a spilled request goes: the first worker under the bound (healthy, not the preferred one)
+/// Where a spilled request goes: the first worker under the bound (routable, not the preferred one)
 /// in `order`, the ring walk from the key or its hash-seeded order. `None` when no worker qualifies.
 fn spill_target<F: FleetView>(
     ring: &Ring,
@@ -151,7 +152,7 @@ fn spill_target<F: FleetView>(
     bound: &BoundCheck,
     position: u64,
 ) -> Option<usize> {
-    let eligible = |w: usize| w != preferred && fleet.healthy(w) && bound.eligible(fleet.load(w));
+    let eligible = |w: usize| w != preferred && fleet.routable(w) && bound.eligible(fleet.load(w));
     match (order, eligible_mask(fleet, preferred, bound)) {
         (SpillOrder::Ring, Some(mask)) => ring.first_in_set(position, mask),
         (SpillOrder::Ring, None) => ring.points_from(position).find(|&w| eligible(w)),
@@ -160,12 +161,12 @@ fn spill_target<F: FleetView>(
     }
 }
 
-/// The first healthy worker clockwise from `position`.
-pub fn first_healthy<F: FleetView>(ring: &Ring, fleet: &F, position: u64) -> Option<usize> {
-    ring.points_from(position).find(|&w| fleet.healthy(w))
+/// The first routable worker clockwise from `position`.
+pub fn first_routable<F: FleetView>(ring: &Ring, fleet: &F, position: u64) -> Option<usize> {
+    ring.points_from(position).find(|&w| fleet.routable(w))
 }
 
-/// The bound for `preferred` over the healthy workers' loads, and which signal those loads came
+/// The bound for `preferred` over the routable workers' loads, and which signal those loads came
 /// from (always local in `local` mode, without asking the view).
 fn bound_check<F: FleetView>(
     fleet: &F,
@@ -174,8 +175,8 @@ fn bound_check<F: FleetView>(
 ) -> (BoundCheck, LoadSignal) {
     let per_worker = policy.load_source == LoadSource::WorkerMetrics;
     let mut signal: Option<LoadSignal> = None;
-    let healthy_loads = (0..fleet.worker_count())
-        .filter(|&worker| fleet.healthy(worker))
+    let routable_loads = (0..fleet.worker_count())
+        .filter(|&worker| fleet.routable(worker))
         .map(|worker| {
             if !per_worker {
                 return fleet.load(worker);
@@ -184,9 +185,9 @@ fn bound_check<F: FleetView>(
             signal = Some(signal.map_or(from, |s| s.and(from)));
             load
         });
-    // The caller found the preferred worker healthy, so the summary exists; an empty one (a view
+    // The caller found the preferred worker routable, so the summary exists; an empty one (a view
     // that contradicts itself) must not panic the data plane.
-    let fleet_load = FleetLoad::of(healthy_loads).unwrap_or(FleetLoad {
+    let fleet_load = FleetLoad::of(routable_loads).unwrap_or(FleetLoad {
         min_load: 0,
         mean_load: 0.0,
         healthy: 0,
@@ -199,7 +200,7 @@ fn bound_check<F: FleetView>(
 const SMALL_FLEET: usize = 64;
 
 /// For fleets of at most [`SMALL_FLEET`] workers: bit `w` is set iff worker `w` may take a spilled
-/// request (not the preferred worker, healthy, [`BoundCheck::eligible`]). With it
+/// request (not the preferred worker, routable, [`BoundCheck::eligible`]). With it
 /// [`Ring::first_in_set`] finds the target without visiting up to every ring point (the walk it
 /// replaces visits hundreds of points when only one worker on a 64-worker ring is under the bound).
 /// `None` for larger fleets, which test each point's worker while walking.
@@ -216,13 +217,13 @@ fn eligible_mask<F: FleetView>(fleet: &F, preferred: usize, bound: &BoundCheck) 
         // either way). An integer compare per worker instead of an unsigned-to-float conversion.
         let threshold = limit as u64;
         for worker in 0..count {
-            if fleet.healthy(worker) && fleet.load(worker) <= threshold {
+            if fleet.routable(worker) && fleet.load(worker) <= threshold {
                 mask |= 1 << worker;
             }
         }
     } else {
         for worker in 0..count {
-            if fleet.healthy(worker) && bound.eligible(fleet.load(worker)) {
+            if fleet.routable(worker) && bound.eligible(fleet.load(worker)) {
                 mask |= 1 << worker;
             }
         }
@@ -233,28 +234,28 @@ fn eligible_mask<F: FleetView>(fleet: &F, preferred: usize, bound: &BoundCheck) 
 /// Integers up to this convert to `f64` exactly.
 const EXACT_IN_F64: f64 = (1u64 << 53) as f64;
 
-/// The `n`-th healthy worker in configuration order (0-based).
-fn nth_healthy<F: FleetView>(fleet: &F, n: usize) -> Option<usize> {
+/// The `n`-th routable worker in configuration order (0-based).
+fn nth_routable<F: FleetView>(fleet: &F, n: usize) -> Option<usize> {
     (0..fleet.worker_count())
-        .filter(|&w| fleet.healthy(w))
+        .filter(|&w| fleet.routable(w))
         .nth(n)
 }
 
-/// Keyless requests: the less loaded of two distinct random healthy workers (ties to the first), the
-/// classic "power of two choices" that avoids herding onto one idle worker.
+/// Keyless requests: the less loaded of two distinct random routable workers (ties to the first),
+/// the classic "power of two choices" that avoids herding onto one idle worker.
 fn power_of_two_choices<F: FleetView>(
     fleet: &F,
-    healthy_count: usize,
+    routable_count: usize,
     entropy: u64,
 ) -> Option<usize> {
-    let n = healthy_count as u64;
+    let n = routable_count as u64;
     let first = entropy % n;
     let mut second = (entropy >> 32) % n;
     if second == first && n > 1 {
         second = (second + 1) % n;
     }
-    let a = nth_healthy(fleet, first as usize)?;
-    let b = nth_healthy(fleet, second as usize)?;
+    let a = nth_routable(fleet, first as usize)?;
+    let b = nth_routable(fleet, second as usize)?;
     Some(if fleet.load(b) < fleet.load(a) { b } else { a })
 }
 
@@ -265,7 +266,7 @@ mod tests {
 
     struct Fleet {
         names: Vec<&'static str>,
-        healthy: Vec<bool>,
+        routable: Vec<bool>,
         loads: Vec<u64>,
     }
 
@@ -273,11 +274,11 @@ mod tests {
         fn worker_count(&self) -> usize {
             self.names.len()
         }
-        fn healthy(&self, w: usize) -> bool {
-            self.healthy[w]
+        fn routable(&self, w: usize) -> bool {
+            self.routable[w]
         }
-        fn healthy_count(&self) -> usize {
-            self.healthy.iter().filter(|h| **h).count()
+        fn routable_count(&self) -> usize {
+            self.routable.iter().filter(|r| **r).count()
         }
         fn load(&self, w: usize) -> u64 {
             self.loads[w]
@@ -290,7 +291,7 @@ mod tests {
     fn fleet(loads: &[u64]) -> Fleet {
         Fleet {
             names: ["w0", "w1", "w2", "w3"][..loads.len()].to_vec(),
-            healthy: vec![true; loads.len()],
+            routable: vec![true; loads.len()],
             loads: loads.to_vec(),
         }
     }
@@ -302,7 +303,7 @@ mod tests {
         let mut f = fleet(&[100, 0]);
         let d = decide(&ring, &policy, &RoutingKey::Target(b"w0"), &f, 0, 0);
         assert_eq!((d.worker, d.branch), (Some(0), Branch::TargetWorkerHit));
-        f.healthy[0] = false;
+        f.routable[0] = false;
         let d = decide(&ring, &policy, &RoutingKey::Target(b"w0"), &f, 0, 0);
         assert_eq!((d.worker, d.branch), (None, Branch::TargetWorkerMiss));
         let d = decide(&ring, &policy, &RoutingKey::Target(b"nope"), &f, 0, 0);
@@ -377,14 +378,14 @@ mod tests {
     }
 
     #[test]
-    fn baselines_cycle_and_skip_unhealthy() {
+    fn baselines_cycle_and_skip_unroutable() {
         let ring = Ring::build(&["w0", "w1", "w2"], 150);
         let policy = PolicySettings {
             kind: PolicyKind::RoundRobin,
             ..Default::default()
         };
         let mut f = fleet(&[0, 0, 0]);
-        f.healthy[1] = false;
+        f.routable[1] = false;
         let picks: Vec<_> = (0..4)
             .map(|turn| decide(&ring, &policy, &RoutingKey::None, &f, 0, turn).worker)
             .collect();

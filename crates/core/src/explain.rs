@@ -261,7 +261,8 @@ fn scenario_key(scenario: &Scenario) -> RoutingKey<'_> {
 }
 
 struct ScenarioFleet {
-    healthy: Vec<bool>,
+    /// A scenario names no drained worker, so its healthy workers are its routable ones.
+    routable: Vec<bool>,
     local: Vec<u64>,
     samples: Vec<Option<FleetSample>>,
     source: LoadSource,
@@ -287,7 +288,7 @@ impl ScenarioFleet {
             })
             .collect();
         Self {
-            healthy: scenario
+            routable: scenario
                 .workers
                 .iter()
                 .map(|u| scenario.healthy.get(u).copied().unwrap_or(true))
@@ -304,11 +305,11 @@ impl FleetView for ScenarioFleet {
     fn worker_count(&self) -> usize {
         self.urls.len()
     }
-    fn healthy(&self, worker: usize) -> bool {
-        self.healthy[worker]
+    fn routable(&self, worker: usize) -> bool {
+        self.routable[worker]
     }
-    fn healthy_count(&self) -> usize {
-        self.healthy.iter().filter(|h| **h).count()
+    fn routable_count(&self) -> usize {
+        self.routable.iter().filter(|r| **r).count()
     }
     fn load(&self, worker: usize) -> u64 {
         self.load_with_signal(worker).0

@@ -211,12 +211,6 @@ impl Router {
         Ok(policy)
     }
 
-    /// Whether workers that join from now on start healthy (see [`Router::with_initial_health`]).
-    pub fn set_initial_health(&self, healthy: bool) {
-        let mut registry = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        registry.new_workers_unhealthy = !healthy;
-    }
-
     /// Adds a worker (active, and healthy unless new workers start unhealthy). Rebuilds the ring.
     pub fn add_worker(&self, spec: WorkerSpec) -> Result<(), MembershipError> {
         self.change_membership(|specs| {

@@ -64,10 +64,11 @@ impl FleetView for Fleet {
     fn worker_count(&self) -> usize {
         self.loads.len()
     }
-    fn healthy(&self, worker: usize) -> bool {
+    // No worker drains here, so the healthy ones are the routable ones.
+    fn routable(&self, worker: usize) -> bool {
         self.healthy[worker]
     }
-    fn healthy_count(&self) -> usize {
+    fn routable_count(&self) -> usize {
         self.healthy.iter().filter(|h| **h).count()
     }
     fn load(&self, worker: usize) -> u64 {

@@ -192,11 +192,12 @@ impl FleetView for RoutingTable {
     }
 
     /// Healthy and not draining: a draining worker's keys go where an unhealthy worker's would.
-    fn healthy(&self, worker: usize) -> bool {
+    /// The field, not [`RoutingTable::routable`]: the decision only asks about its own workers.
+    fn routable(&self, worker: usize) -> bool {
         self.routable[worker]
     }
 
-    fn healthy_count(&self) -> usize {
+    fn routable_count(&self) -> usize {
         self.routable_count
     }
 

@@ -211,8 +211,15 @@ fn new_workers_can_start_unhealthy_and_health_flips_are_counted() {
         &[true, false],
         "only the new one waits"
     );
-    router.set_initial_health(true);
-    router.add_worker(spec(3)).unwrap();
+    // A change that joins w3 and starts joining workers healthy from now on.
+    let joins_healthy = router
+        .prepare(
+            vec![spec(1), spec(2), spec(3)],
+            PolicySettings::default(),
+            true,
+        )
+        .unwrap();
+    router.commit(joins_healthy);
     assert_eq!(router.table().healthy_flags(), &[true, false, true]);
     router.set_health("w1", false);
     router.set_health("w1", false);

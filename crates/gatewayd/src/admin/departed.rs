@@ -8,20 +8,22 @@
 //! [`DEPARTED_CAP`] departed workers are remembered, the longest gone forgotten first (a fleet
 //! whose pods get new addresses on every rollout would otherwise grow it forever).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use bch_core::load::WorkerStats;
 use bch_core::router::RoutingTable;
 
+use crate::per_worker::{TableKeys, WorkerKey};
+
 /// Most departed workers whose counters are kept (about 100 bytes each).
 pub const DEPARTED_CAP: usize = 10_000;
 
-/// The counters of departed workers, by URL, with the order they left in.
+/// The counters of departed workers, by worker, with the order they left in.
 #[derive(Debug)]
 pub struct Departed {
-    by_url: HashMap<String, (u64, Arc<WorkerStats>)>,
-    by_age: BTreeMap<u64, String>,
+    by_worker: HashMap<WorkerKey, (u64, Arc<WorkerStats>)>,
+    by_age: BTreeMap<u64, WorkerKey>,
     next: u64,
     cap: usize,
 }
@@ -36,7 +38,7 @@ impl Departed {
     /// Remembers at most `cap` departed workers.
     pub fn with_cap(cap: usize) -> Self {
         Self {
-            by_url: HashMap::new(),
+            by_worker: HashMap::new(),
             by_age: BTreeMap::new(),
             next: 0,
             cap,
@@ -46,18 +48,15 @@ impl Departed {
     /// After the router went from `before` to `after`: remembers the counters of the workers that
     /// left, and lets go of those of the workers that are back (the new table holds them now).
     pub fn record(&mut self, before: &RoutingTable, after: &RoutingTable) {
-        let now: HashSet<&str> = after
-            .workers()
-            .iter()
-            .map(|w| w.spec.url.as_str())
-            .collect();
+        let now = TableKeys::of(after);
         for worker in before.workers() {
-            if !now.contains(worker.spec.url.as_str()) {
-                self.remember(&worker.spec.url, Arc::clone(&worker.stats));
+            let key = WorkerKey::of_worker(worker);
+            if !now.contains(&key) {
+                self.remember(key, Arc::clone(&worker.stats));
             }
         }
-        for url in now {
-            if let Some((age, _)) = self.by_url.remove(url) {
+        for worker in after.workers() {
+            if let Some((age, _)) = self.by_worker.remove(worker.spec.url.as_str()) {
                 self.by_age.remove(&age);
             }
         }
@@ -66,27 +65,27 @@ impl Departed {
     /// Workers remembered now.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.by_url.len()
+        self.by_worker.len()
     }
 
     /// Whether no departed worker is remembered.
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
-        self.by_url.is_empty()
+        self.by_worker.is_empty()
     }
 
-    fn remember(&mut self, url: &str, stats: Arc<WorkerStats>) {
+    fn remember(&mut self, worker: WorkerKey, stats: Arc<WorkerStats>) {
         let age = self.next;
         self.next += 1;
-        if let Some((old, _)) = self.by_url.insert(url.to_owned(), (age, stats)) {
+        if let Some((old, _)) = self.by_worker.insert(worker.clone(), (age, stats)) {
             self.by_age.remove(&old);
         }
-        self.by_age.insert(age, url.to_owned());
-        while self.by_url.len() > self.cap {
+        self.by_age.insert(age, worker);
+        while self.by_worker.len() > self.cap {
             let Some((_, oldest)) = self.by_age.pop_first() else {
                 break;
             };
-            self.by_url.remove(&oldest);
+            self.by_worker.remove(&oldest);
         }
     }
 }

@@ -392,7 +392,7 @@ fn spawn_services(
                     // Boxed per request: hyper keeps one slot the size of the handler's future
                     // for the connection's whole life, and the proxy's future is ~3.5 KiB. A box
                     // that is freed once the response head is out costs a held stream nothing.
-                    Box::pin(crate::proxy::handle(Arc::clone(&plane), request))
+                    Box::pin(crate::proxy::serve(Arc::clone(&plane), request))
                 })
             },
         ));

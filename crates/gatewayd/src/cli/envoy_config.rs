@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use bch_core::routing_key::IMPLICIT_KEY_HEADERS;
 use clap::Args;
 
-use super::addr::parse_addr;
+use super::value_parsers::parse_addr;
 use crate::config::{Config, WorkerConfig};
 use crate::error::GatewayError;
 use crate::picker::messages::{DESTINATION_KEY, LB_NAMESPACE, SERVED_KEY};

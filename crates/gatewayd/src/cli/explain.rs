@@ -9,6 +9,8 @@ use bch_core::fleet_load::LoadSource;
 use bch_core::policy::{PolicyKind, SpillOrder};
 use clap::Args;
 
+use super::value_parsers::{parse_load, parse_load_source, parse_policy, parse_spill_order};
+
 /// `gatewayd explain` options.
 #[derive(Debug, Args)]
 pub struct ExplainArgs {
@@ -58,35 +60,6 @@ pub struct ExplainArgs {
     /// repeat. Defaults to the worker's --load value (nothing changed since the scrape).
     #[arg(long = "local-at-scrape", value_name = "URL=N", value_parser = parse_load)]
     pub local_at_scrape: Vec<(String, u64)>,
-}
-
-/// A load source for clap: `local` or `worker_metrics`.
-pub fn parse_load_source(s: &str) -> Result<LoadSource, String> {
-    s.parse()
-        .map_err(|e: bch_core::fleet_load::UnknownLoadSource| e.to_string())
-}
-
-/// A policy name for clap: `consistent_hashing`, `bounded_consistent_hashing`, `round_robin`,
-/// `random`.
-pub fn parse_policy(s: &str) -> Result<PolicyKind, String> {
-    s.parse()
-        .map_err(|e: bch_core::policy::PolicyError| e.to_string())
-}
-
-/// A spill order name for clap: `ring` or `hash_seeded`.
-pub fn parse_spill_order(s: &str) -> Result<SpillOrder, String> {
-    s.parse()
-        .map_err(|e: bch_core::policy::PolicyError| e.to_string())
-}
-
-fn parse_load(s: &str) -> Result<(String, u64), String> {
-    let (url, n) = s
-        .rsplit_once('=')
-        .ok_or_else(|| format!("expected URL=N, got {s:?}"))?;
-    let n = n
-        .parse()
-        .map_err(|_| format!("load in {s:?} must be a non-negative integer"))?;
-    Ok((url.to_owned(), n))
 }
 
 /// Runs `gatewayd explain`: one scenario from the flags, or `--batch` scenarios from stdin.

@@ -2,11 +2,11 @@
 //! `--demo`); `check-config FILE` runs every start-up check on a file; `reload` asks a running
 //! gateway to re-read its file and fails when the reload does; `explain` is the offline what-if.
 
-mod addr;
 mod envoy_config;
 mod explain;
 mod reload;
 mod run_flags;
+mod value_parsers;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -10,8 +10,7 @@ use bch_core::fleet_load::LoadSource;
 use bch_core::policy::{PolicyKind, SpillOrder};
 use clap::Args;
 
-use super::addr::parse_addr;
-use super::explain::{parse_load_source, parse_policy, parse_spill_order};
+use super::value_parsers::{parse_addr, parse_load_source, parse_policy, parse_spill_order};
 use crate::config::{Config, DiscoveryConfig, DnsKind, LogFormat, WorkerConfig};
 
 /// Options of the proxy. Flags override the configuration file, at start and on every reload.

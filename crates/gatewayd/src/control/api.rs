@@ -14,7 +14,8 @@ use axum::response::{IntoResponse, Response};
 use bch_core::policy::PolicyPatch;
 use bch_core::telemetry::ChangeSource;
 
-use super::state::{ControlPlane, Peer};
+use super::handle::ControlPlane;
+use super::peer::Peer;
 use crate::admin::{Actor, AdminError};
 use crate::clock::now_ms;
 use crate::config::WorkerConfig;

@@ -12,7 +12,7 @@ use bch_core::explain::WorkerLoad;
 use bch_core::router::RoutingTable;
 use bch_core::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource, RoutingKey};
 
-use super::state::ControlPlane;
+use super::handle::ControlPlane;
 use crate::error::GatewayError;
 
 /// `GET /admin/explain` query: `routing_key=K[&explicit=true|false]` or `target_worker=NAME`.

@@ -5,14 +5,15 @@
 //! `metrics_token_file`, when set, opens `GET /metrics` and nothing else), then behind the browser
 //! guard (`Host`, `Origin`, `Content-Type`: a web page cannot drive it). Errors use the same OpenAI
 //! shape as the data plane, 404, 405 and 413 included, and name the offending field. Files:
-//! `state` (the handle handlers share), `guard`, `api` (`/admin/*`, `/metrics`), `explain`, `ws`
-//! (telemetry), `reply` (errors as responses).
+//! `handle` (the handle handlers share), `peer` (who sent a change), `guard`, `api` (`/admin/*`,
+//! `/metrics`), `explain`, `ws` (telemetry), `reply` (errors as responses).
 
 mod api;
 mod explain;
 pub mod guard;
+pub mod handle;
+mod peer;
 mod reply;
-pub mod state;
 mod ws;
 
 use std::sync::Arc;
@@ -26,7 +27,7 @@ use axum::routing::{delete, get, post};
 use subtle::ConstantTimeEq;
 
 use crate::error::GatewayError;
-pub use state::ControlPlane;
+pub use handle::ControlPlane;
 
 /// The control plane's routes over `plane`.
 pub fn router(plane: Arc<ControlPlane>) -> Router {

@@ -12,7 +12,8 @@ use bch_core::telemetry::{
     Ack, ChangeSource, ClientCommand, CommandError, CommandId, ServerMessage, WorkerRecord,
 };
 
-use super::state::{ControlPlane, Peer};
+use super::handle::ControlPlane;
+use super::peer::Peer;
 use crate::admin::{Actor, AdminError};
 use crate::telemetry::wire::{encode_message, envelope};
 

@@ -12,6 +12,7 @@ use bch_core::policy::Branch;
 use bch_core::router::RoutingTable;
 
 use crate::config::{MAX_PICKER_FALLBACKS, Member, SharedMembers, WorkerUrl};
+use crate::per_worker::WorkerKey;
 use crate::routing::Choice;
 
 /// One worker's address and the header value naming it.
@@ -43,15 +44,15 @@ impl Addresses {
     /// owner stores the membership before the router's table, so every worker of a table has its
     /// member); a worker that left the membership since is parsed from its spec.
     fn of(table: &RoutingTable, members: &[Member]) -> Self {
-        let by_url: HashMap<&str, &WorkerUrl> = members
+        let by_worker: HashMap<WorkerKey, &WorkerUrl> = members
             .iter()
-            .map(|member| (member.spec.url.as_str(), &member.url))
+            .map(|member| (WorkerKey::of(&member.spec), &member.url))
             .collect();
         let workers = table
             .workers()
             .iter()
             .map(|worker| {
-                let addr = match by_url.get(worker.spec.url.as_str()) {
+                let addr = match by_worker.get(worker.spec.url.as_str()) {
                     Some(url) => url.picker_endpoint(),
                     None => WorkerUrl::parse(&worker.spec.url).ok()?.picker_endpoint(),
                 }

@@ -3,14 +3,14 @@
 //! bch decides, with the same ring, rule, load accounting, metrics and telemetry as its own data
 //! plane, because both go through [`crate::routing`]. docs/envoy.md shows the Envoy side.
 //!
-//! Files: `plane` (the narrow handle), `service` (the gRPC service and a stream's answers),
+//! Files: `handle` (the narrow handle), `service` (the gRPC service and a stream's answers),
 //! `session` (one request's state machine), `messages` (the protocol's messages), `endpoints`
 //! (workers' addresses and the answer's endpoint list). A session without a server, for the
 //! allocation test, is `app::picker_harness`.
 
 mod endpoints;
+pub mod handle;
 pub mod messages;
-pub mod plane;
 mod service;
 mod session;
 
@@ -22,7 +22,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 
-pub use plane::PickerPlane;
+pub use handle::PickerPlane;
 pub(crate) use session::Session;
 
 /// Serves the picker on `listener` (plaintext HTTP/2 gRPC) until `shutdown`; then stops

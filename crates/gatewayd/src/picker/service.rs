@@ -13,7 +13,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, Processin
 use futures_util::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::plane::PickerPlane;
+use super::handle::PickerPlane;
 use super::session::Session;
 
 /// `envoy.service.ext_proc.v3.ExternalProcessor`, answered by bch's routing.

@@ -28,10 +28,10 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 
 use super::endpoints::{Addresses, Listed, endpoint_list};
+use super::handle::PickerPlane;
 use super::messages;
-use super::plane::PickerPlane;
 use crate::error::GatewayError;
-use crate::routing::{Choice, Exchange};
+use crate::routing::{Choice, Exchange, connect_failed, retry_on};
 
 /// The state of one ext_proc stream. Dropping it ends the request (see the module docs).
 pub struct Session {
@@ -174,7 +174,8 @@ impl Held {
         let given = next.is_some_and(|next| self.listed.contains(next));
         if given {
             let settings = routing.settings.load();
-            routing.connect_failed(
+            connect_failed(
+                routing,
                 &settings,
                 &self.table,
                 self.worker,
@@ -190,7 +191,7 @@ impl Held {
             return;
         };
         if given {
-            routing.moved(&mut self.exchange, guard, next);
+            retry_on(routing, &mut self.exchange, guard, next);
         } else {
             self.exchange.move_to(guard, next);
         }

@@ -14,7 +14,7 @@
 //! request (closing that upstream connection).
 
 pub mod body;
-pub mod plane;
+pub mod handle;
 pub mod request;
 
 use std::convert::Infallible;
@@ -32,14 +32,14 @@ use http_body::Body;
 use hyper::body::Incoming;
 
 pub use body::ProxyBody;
-pub use plane::DataPlane;
+pub use handle::DataPlane;
 
 use crate::config::runtime::RuntimeSettings;
 use crate::error::{GatewayError, display_chain};
 use crate::routing::exchange::Head;
 use crate::routing::key::extract_key;
 use crate::routing::request_id::REQUEST_ID_HEADER;
-use crate::routing::{Choice, Exchange};
+use crate::routing::{Choice, Exchange, connect_failed, retry_on};
 use crate::upstream::{ClientBodyError, SendError, UpstreamBody, UpstreamConnection, client_fault};
 use request::{point_at, refuse_early, strip_hop_by_hop, upstream_request};
 
@@ -48,8 +48,8 @@ pub const WORKER_HEADER: HeaderName = HeaderName::from_static(routing_key::WORKE
 /// `x-bch-branch`: the routing branch taken.
 pub const BRANCH_HEADER: HeaderName = HeaderName::from_static(routing_key::BRANCH_HEADER);
 
-/// Handles one data plane request. Never fails: gateway errors are OpenAI-shaped JSON responses.
-pub async fn handle(
+/// Serves one data plane request. Never fails: gateway errors are OpenAI-shaped JSON responses.
+pub async fn serve(
     plane: Arc<DataPlane>,
     request: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
@@ -297,7 +297,7 @@ impl FailedConnect<'_> {
     ) -> Option<usize> {
         let routing = &plane.routing;
         let cause = display_chain(error);
-        routing.connect_failed(settings, self.table, self.worker, exchange, &cause);
+        connect_failed(routing, settings, self.table, self.worker, exchange, &cause);
         if !self.may_retry {
             return None;
         }
@@ -305,7 +305,7 @@ impl FailedConnect<'_> {
         let (next, guard) = routing.router.route_retry(self.table, &key, self.worker)?;
         let workers = self.table.workers();
         tracing::debug!(from = %workers[self.worker].spec.name, to = %workers[next].spec.name, "retrying after connect failure");
-        routing.moved(exchange, guard, next);
+        retry_on(routing, exchange, guard, next);
         Some(next)
     }
 }

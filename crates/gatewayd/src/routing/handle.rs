@@ -13,6 +13,8 @@ use crate::telemetry::Telemetry;
 /// settings, metrics and telemetry. Built once by the composition root and shared by the data
 /// plane and the picker, so both count into the same counters, histograms and telemetry; the
 /// admin owner is the only writer of the router's membership and policy and of the settings.
+/// The steps that use it are the functions of [`crate::routing`] ([`crate::routing::route`] and
+/// the failed-connect accounting).
 pub struct Routing {
     /// Routing decisions and load accounting.
     pub router: Arc<Router>,

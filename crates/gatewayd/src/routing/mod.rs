@@ -3,9 +3,14 @@
 //! the branch metric and the telemetry event, in that order, from one function ([`route`]), so a
 //! request is placed and counted the same way whichever front end received it.
 //!
+//! A failed connect is accounted here too, the same way for both front ends: [`connect_failed`]
+//! and [`retry_on`].
+//!
 //! Files: [`handle`] (the narrow handle, [`Routing`]), [`exchange`] (one request's record),
 //! [`hold`] (its load on a worker), [`request_id`] (its id), [`key`] (key and size from either
-//! kind of header list).
+//! kind of header list). The steps are functions here rather than methods of [`Routing`]: a
+//! method lives next to its type, in `handle.rs`, and these take an [`Exchange`], whose file
+//! already uses `handle.rs` (the file graph must stay acyclic).
 
 pub mod exchange;
 pub mod handle;
@@ -89,29 +94,27 @@ pub fn route<H: HeaderLookup + ?Sized>(
     })
 }
 
-impl Routing {
-    /// A connection to `worker` failed before anything of the request reached it: the error
-    /// counts against the worker the exchange holds, and with passive health on the worker is
-    /// marked unhealthy until probes bring it back. `cause` is for the log line.
-    pub fn connect_failed(
-        &self,
-        settings: &RuntimeSettings,
-        table: &RoutingTable,
-        worker: usize,
-        exchange: &mut Exchange,
-        cause: &str,
-    ) {
-        exchange.record_error();
-        let name = &table.workers()[worker].spec.name;
-        if settings.passive_health && self.router.set_health(name, false) {
-            tracing::warn!(worker = %name, error = %cause, "connect failed; marked unhealthy until probes succeed");
-        }
+/// A connection to `worker` failed before anything of the request reached it: the error counts
+/// against the worker the exchange holds, and with passive health on the worker is marked
+/// unhealthy until probes bring it back. `cause` is for the log line.
+pub fn connect_failed(
+    routing: &Routing,
+    settings: &RuntimeSettings,
+    table: &RoutingTable,
+    worker: usize,
+    exchange: &mut Exchange,
+    cause: &str,
+) {
+    exchange.record_error();
+    let name = &table.workers()[worker].spec.name;
+    if settings.passive_health && routing.router.set_health(name, false) {
+        tracing::warn!(worker = %name, error = %cause, "connect failed; marked unhealthy until probes succeed");
     }
+}
 
-    /// The request moved to `worker` after a failed connect, with `guard` its load there: the
-    /// first worker's load and telemetry end now, and the retry is counted.
-    pub fn moved(&self, exchange: &mut Exchange, guard: LoadGuard, worker: usize) {
-        self.metrics.record_retry();
-        exchange.move_to(guard, worker);
-    }
+/// The request moves to `worker` after a failed connect, with `guard` its load there: the first
+/// worker's load and telemetry end now, and the retry is counted.
+pub fn retry_on(routing: &Routing, exchange: &mut Exchange, guard: LoadGuard, worker: usize) {
+    routing.metrics.record_retry();
+    exchange.move_to(guard, worker);
 }

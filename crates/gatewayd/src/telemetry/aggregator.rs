@@ -20,6 +20,7 @@ use super::keys::{KeyTag, KeyTracker};
 use super::wire::{encode_message, ring_ownership};
 use crate::clock::now_ms;
 use crate::config::TelemetryConfig;
+use crate::per_worker::{TableKeys, WorkerKey};
 
 /// Rates (requests/s, spills/s) are averaged over this window rather than one tick: traffic comes in
 /// bursts (a group of sibling requests), and a per-100 ms rate would flicker between 0 and a peak.
@@ -113,7 +114,7 @@ pub(super) struct Aggregator {
     clients: Clients,
     keys: KeyTracker,
     spills: SpillLog,
-    last_workers: HashMap<String, WorkerRecord>,
+    last_workers: HashMap<WorkerKey, WorkerRecord>,
     ring_generation: u64,
     ring: RingOwnership,
     requests_total: u64,
@@ -296,15 +297,16 @@ impl Aggregator {
 
     /// The worker records that differ from the last tick's, remembered for the next one.
     fn changed_workers(&mut self, table: &RoutingTable) -> Vec<WorkerRecord> {
-        let changed: Vec<WorkerRecord> = table
-            .worker_records(now_ms())
-            .into_iter()
-            .filter(|w| self.last_workers.get(&w.name) != Some(w))
-            .collect();
-        self.last_workers
-            .retain(|name, _| table.index_of(name).is_some());
-        for w in &changed {
-            self.last_workers.insert(w.name.clone(), w.clone());
+        let members = TableKeys::of(table);
+        self.last_workers.retain(|key, _| members.contains(key));
+        let mut changed = Vec::new();
+        // `worker_records` lists the table's workers in their order.
+        for (worker, record) in table.workers().iter().zip(table.worker_records(now_ms())) {
+            if self.last_workers.get(worker.spec.url.as_str()) != Some(&record) {
+                self.last_workers
+                    .insert(WorkerKey::of_worker(worker), record.clone());
+                changed.push(record);
+            }
         }
         changed
     }

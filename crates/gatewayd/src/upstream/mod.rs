@@ -46,6 +46,7 @@ pub use body::{BoxError, ClientBodyError, UpstreamBody, client_fault};
 pub use pool::{UpstreamConnection, WorkerPool};
 
 use crate::config::{Member, WorkerUrl};
+use crate::per_worker::WorkerKey;
 
 /// Why a request could not be sent to a worker.
 pub enum SendError {
@@ -118,10 +119,10 @@ impl UpstreamTargets {
     }
 }
 
-/// The way to workers: the published endpoints by URL, the per-generation targets built from them
-/// (read without a lock, through `ArcSwap`s) and how to open new connections.
+/// The way to workers: the published endpoints by worker, the per-generation targets built from
+/// them (read without a lock, through `ArcSwap`s) and how to open new connections.
 pub struct Upstreams {
-    endpoints: ArcSwap<HashMap<String, Arc<Endpoint>>>,
+    endpoints: ArcSwap<HashMap<WorkerKey, Arc<Endpoint>>>,
     current: GenerationCache<UpstreamTargets>,
     connector: HttpConnector,
     http1: http1::Builder,
@@ -154,7 +155,8 @@ impl Upstreams {
             .iter()
             .map(|member| {
                 let spec = &member.spec;
-                let endpoint = match previous.get(&spec.url) {
+                let key = WorkerKey::of(spec);
+                let endpoint = match previous.get(&key) {
                     Some(old) if old.name == spec.name && old.url == member.url => Arc::clone(old),
                     Some(old) => Arc::new(Endpoint::new(
                         &spec.name,
@@ -167,7 +169,7 @@ impl Upstreams {
                         Arc::new(WorkerPool::new(self.idle_timeout)),
                     )),
                 };
-                (spec.url.clone(), endpoint)
+                (key, endpoint)
             })
             .collect();
         self.endpoints.store(Arc::new(endpoints));
@@ -187,8 +189,9 @@ impl Upstreams {
                 .workers()
                 .iter()
                 .map(|w| {
+                    // Queried by the URL a `WorkerKey` is made of: no key built per worker.
                     endpoints
-                        .get(&w.spec.url)
+                        .get(w.spec.url.as_str())
                         .map(Arc::clone)
                         .or_else(|| departed_endpoint(&w.spec, self.idle_timeout))
                 })
