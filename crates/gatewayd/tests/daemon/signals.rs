@@ -92,13 +92,7 @@ fn a_sighup_right_after_start_up_reloads_instead_of_killing() {
 
 #[test]
 fn demo_workers_survive_a_sighup_and_an_http_reload() {
-    let file = TempFile::new(&daemon_config(2, 1.5, &["http://127.0.0.1:9"]));
-    let mut command = gatewayd();
-    command
-        .args(["--demo", "--demo-workers", "2", "--config"])
-        .arg(file.path())
-        .args(["--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0"]);
-    let mut daemon = Daemon::spawn(command);
+    let (_file, mut daemon) = demo_daemon();
     let names = |daemon: &Daemon| -> Vec<String> {
         daemon.get_json("/admin/workers")["workers"]
             .as_array()
@@ -136,14 +130,8 @@ fn demo_workers_survive_a_sighup_and_an_http_reload() {
 
 #[test]
 fn the_demo_keeps_its_banner_readable_and_its_warnings_visible() {
-    // A pinned worker nobody serves: its failed first probe is a warning the demo must still show.
-    let file = TempFile::new(&daemon_config(2, 1.5, &["http://127.0.0.1:9"]));
-    let mut command = gatewayd();
-    command
-        .args(["--demo", "--demo-workers", "2", "--config"])
-        .arg(file.path())
-        .args(["--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0"]);
-    let mut daemon = Daemon::spawn(command);
+    // The pinned worker nobody serves: its failed first probe is a warning the demo must still show.
+    let (_file, mut daemon) = demo_daemon();
     // The storm's requests are served and ended (the duration is observed as each request's
     // access-log line is written) before the daemon stops.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -177,4 +165,16 @@ fn the_demo_keeps_its_banner_readable_and_its_warnings_visible() {
         requests.len(),
         requests[0]
     );
+}
+
+/// `gatewayd --demo` with two simulated workers, on ports the system picks, and a file that pins
+/// one worker nobody serves (`127.0.0.1:9`). The file lives as long as the returned `TempFile`.
+fn demo_daemon() -> (TempFile, Daemon) {
+    let file = TempFile::new(&daemon_config(2, 1.5, &["http://127.0.0.1:9"]));
+    let mut command = gatewayd();
+    command
+        .args(["--demo", "--demo-workers", "2", "--config"])
+        .arg(file.path())
+        .args(["--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0"]);
+    (file, Daemon::spawn(command))
 }
