@@ -221,9 +221,10 @@ fn rfc3339_now() -> String {
     rfc3339(std::time::SystemTime::now())
 }
 
-/// `at` as RFC 3339 UTC with microseconds.
+/// `at` as RFC 3339 UTC with microseconds; a clock set before 1970 reads as the epoch (humantime
+/// would panic on it, and a log line is no reason to stop).
 fn rfc3339(at: std::time::SystemTime) -> String {
-    humantime::format_rfc3339_micros(at).to_string()
+    humantime::format_rfc3339_micros(at.max(std::time::UNIX_EPOCH)).to_string()
 }
 
 #[cfg(feature = "demo")]

@@ -97,7 +97,8 @@ impl Default for Limits {
     }
 }
 
-/// How long gatewayd waits; each is the `_ms` key of the same name without the suffix.
+/// How long gatewayd waits. Each field is one `[server]` key: its name, then `_timeout_ms`
+/// (`header_read` is `header_read_timeout_ms`), except `shutdown_grace` (`shutdown_grace_ms`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Timeouts {
     /// Time a client has to send its request headers (slow-loris protection).
