@@ -109,6 +109,8 @@ struct Daemon {
     started: Option<Value>,
     /// Every stderr line read so far, in order.
     seen: Vec<String>,
+    /// The thread that reads stderr; it ends, closing the pipe, at the first line it cannot pass on.
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Daemon {
@@ -121,7 +123,7 @@ impl Daemon {
             .expect("gatewayd runs");
         let (tx, stderr) = std::sync::mpsc::channel();
         let pipe = BufReader::new(child.stderr.take().unwrap());
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in pipe.lines().map_while(Result::ok) {
                 if tx.send(line).is_err() {
                     break;
@@ -135,6 +137,7 @@ impl Daemon {
             stderr,
             started: None,
             seen: Vec::new(),
+            reader: Some(reader),
         };
         // The banner names the bound addresses (the test binds port 0); the demo's banner puts
         // them on lines of their own; in JSON mode the `gatewayd started` line carries them as
@@ -224,6 +227,13 @@ impl Daemon {
                 Err(e) => panic!("gatewayd's stderr did not end: {e}"),
             }
         }
+    }
+
+    /// Stops listening to stderr, as a log sink that goes away does: the reading end of the pipe
+    /// closes when the returned reader thread ends, at the next line the process writes.
+    fn close_stderr(&mut self) -> std::thread::JoinHandle<()> {
+        self.stderr = std::sync::mpsc::channel().1;
+        self.reader.take().expect("stderr is still read")
     }
 
     /// Waits (bounded) for the process to exit.

@@ -1,5 +1,6 @@
 //! The daemon's flags over the file, SIGHUP reload (also right after start-up, and with demo
-//! workers), SIGTERM shutdown, and a demo quiet enough to keep its banner on screen.
+//! workers), SIGTERM shutdown (also after the log's reader went away), and a demo quiet enough
+//! to keep its banner on screen.
 
 use super::*;
 
@@ -164,6 +165,50 @@ fn the_demo_keeps_its_banner_readable_and_its_warnings_visible() {
         "{} access-log lines bury the banner, the first: {:?}",
         requests.len(),
         requests[0]
+    );
+}
+
+#[test]
+fn a_log_sink_that_goes_away_stops_no_request_and_no_shutdown() {
+    // As with `gatewayd 2>&1 | tee log` after a Ctrl-C in the pipeline, or a log shipper that
+    // restarts: the reading end of stderr closes while the gateway runs. No worker: each request
+    // is a refusal that writes its access-log line.
+    let file = TempFile::new(&daemon_config(2, 1.5, &[]));
+    let mut command = gatewayd();
+    command.arg("--config").arg(file.path()).args([
+        "--listen",
+        "127.0.0.1:0",
+        "--control-listen",
+        "127.0.0.1:0",
+    ]);
+    let mut daemon = Daemon::spawn(command);
+    let request = |daemon: &Daemon| {
+        let (status, body) = exchange(
+            &daemon.data,
+            "POST /v1/chat/completions HTTP/1.1\r\ncontent-type: application/json\r\nX-SMG-Routing-Key: k\r\n",
+            "{}",
+        );
+        assert_eq!(
+            status, 503,
+            "a whole answer, not a reset connection: {body}"
+        );
+    };
+    let reader = daemon.close_stderr();
+    // Each request writes a line; the reader ends (and the pipe closes) at the first one.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !reader.is_finished() {
+        assert!(Instant::now() < deadline, "gatewayd wrote no line");
+        request(&daemon);
+    }
+    reader.join().unwrap();
+    // Every line from now on meets a broken pipe.
+    for _ in 0..5 {
+        request(&daemon);
+    }
+    daemon.signal("TERM");
+    assert!(
+        daemon.wait().success(),
+        "SIGTERM still stops the gateway, which exits cleanly"
     );
 }
 
