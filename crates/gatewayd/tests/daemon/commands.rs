@@ -35,14 +35,7 @@ fn gatewayd_reload_fails_when_the_reload_fails() {
         )
     };
     let file = TempFile::new(&with_token(2, 1.5));
-    let mut command = gatewayd();
-    command.arg("--config").arg(file.path()).args([
-        "--listen",
-        "127.0.0.1:0",
-        "--control-listen",
-        "127.0.0.1:0",
-    ]);
-    let mut daemon = Daemon::spawn(command);
+    let mut daemon = Daemon::with_config(file.path());
     let control = format!("http://{}", daemon.control);
 
     // A good file: exit 0. The token comes from the file's admin_token_file.
@@ -92,14 +85,7 @@ fn connections_refused_at_the_cap_are_logged_without_flooding() {
         "{}\nmax_connections = 1\n",
         daemon_config(2, 1.5, &[]).trim_end()
     ));
-    let mut command = gatewayd();
-    command.arg("--config").arg(file.path()).args([
-        "--listen",
-        "127.0.0.1:0",
-        "--control-listen",
-        "127.0.0.1:0",
-    ]);
-    let mut daemon = Daemon::spawn(command);
+    let mut daemon = Daemon::with_config(file.path());
     // One connection holds the only slot (it sends nothing); the next ones are refused with a
     // raw 503 that no request line records.
     let _held = std::net::TcpStream::connect(&daemon.data).unwrap();

@@ -114,6 +114,18 @@ struct Daemon {
 }
 
 impl Daemon {
+    /// `gatewayd --config FILE` on ports the system picks.
+    fn with_config(file: &Path) -> Daemon {
+        let mut command = gatewayd();
+        command.arg("--config").arg(file).args([
+            "--listen",
+            "127.0.0.1:0",
+            "--control-listen",
+            "127.0.0.1:0",
+        ]);
+        Daemon::spawn(command)
+    }
+
     fn spawn(mut command: Command) -> Daemon {
         let mut child = command
             .stdin(Stdio::null())

@@ -75,14 +75,7 @@ fn a_sighup_right_after_start_up_reloads_instead_of_killing() {
     // ExecReload can do that) must find the handler installed, not SIGHUP's default: terminate.
     for _ in 0..5 {
         let file = TempFile::new(&daemon_config(2, 1.5, &[]));
-        let mut command = gatewayd();
-        command.arg("--config").arg(file.path()).args([
-            "--listen",
-            "127.0.0.1:0",
-            "--control-listen",
-            "127.0.0.1:0",
-        ]);
-        let mut daemon = Daemon::spawn(command);
+        let mut daemon = Daemon::with_config(file.path());
         daemon.signal("HUP");
         daemon.wait_for_stderr("configuration reloaded");
         assert_eq!(daemon.get_json("/admin/policy")["min_load_gap"], 2);
@@ -174,14 +167,7 @@ fn a_log_sink_that_goes_away_stops_no_request_and_no_shutdown() {
     // restarts: the reading end of stderr closes while the gateway runs. No worker: each request
     // is a refusal that writes its access-log line.
     let file = TempFile::new(&daemon_config(2, 1.5, &[]));
-    let mut command = gatewayd();
-    command.arg("--config").arg(file.path()).args([
-        "--listen",
-        "127.0.0.1:0",
-        "--control-listen",
-        "127.0.0.1:0",
-    ]);
-    let mut daemon = Daemon::spawn(command);
+    let mut daemon = Daemon::with_config(file.path());
     let request = |daemon: &Daemon| {
         let (status, body) = exchange(
             &daemon.data,
