@@ -1,0 +1,676 @@
+"""The Kubernetes manifests and the Dockerfile, checked without a cluster or a container engine.
+
+run.sh calls this with the virtualenv's Python (PyYAML, kubernetes-validate, hadolint). Each check
+prints `PASS name` or `FAIL name: why`; the last line is `kubernetes: N passed, M failed`.
+
+- render: `kubectl kustomize` of deploy/kubernetes, overlays/picker, and the base with
+  components/podmonitor;
+- validate: every built-in resource against the Kubernetes JSON schemas of the oldest and the
+  newest version the manifests support, strictly (an unknown field fails); custom resources
+  (NOT_VALIDATED) are not validated against a schema, only checked for what they reference;
+- references: Services, the PodDisruptionBudget and the PodMonitor select the gateway's pods and name
+  its ports; volumes name the generated ConfigMap and Secret; the pods run as the Dockerfile's user
+  and expose its ports; the grace period covers the preStop pause and shutdown_grace_ms; the
+  discovery name is the workers Service's SRV name;
+- hadolint on the Dockerfile;
+- `gatewayd check-config` on the ConfigMap's gatewayd.toml;
+- the pod, for the base and the picker overlay: the container's command line (the Dockerfile's
+  ENTRYPOINT and the manifest's args) and environment run as the manifest's runAsUser against
+  simulated workers behind the discovery name, served by dnsmasq. Only what a pod gets from the
+  cluster is substituted: mounts become directories (the ConfigMap's file, test tokens), the
+  container ports' wildcard listen addresses become free loopback ports, and each [[discovery]]
+  entry gets dnsmasq's address as its resolver (the pod's resolv.conf names the cluster's DNS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import traceback
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import kubernetes_validate
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy" / "kubernetes"
+DOCKERFILE = ROOT / "Dockerfile"
+# The oldest Kubernetes the manifests are for (the preStop sleep action is on by default from
+# 1.30) and the newest the validator ships.
+KUBERNETES_VERSIONS = ["1.30.0", "1.37.0"]
+# Custom resources: their CRDs are not part of Kubernetes and no schema of theirs is vendored here,
+# so they are checked for what they reference only.
+NOT_VALIDATED = {
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("inference.networking.k8s.io/v1", "InferencePool"),
+}
+# A test worker's reply that gatewayd did not make: bch-drill's simulated completion.
+COMPLETION_OBJECT = "chat.completion"
+
+RESULTS: list[tuple[str, str | None]] = []
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def expect(condition: bool, why: str) -> None:
+    if not condition:
+        raise CheckFailed(why)
+
+
+def check(name: str):
+    """Runs the decorated function as one named check, recording PASS or FAIL."""
+
+    def wrap(function):
+        def run(*args, **kwargs):
+            try:
+                function(*args, **kwargs)
+            except CheckFailed as failure:
+                RESULTS.append((name, str(failure)))
+                print(f"FAIL {name}: {failure}", flush=True)
+                return
+            except Exception:  # noqa: BLE001 - a crash is this check's failure, not the run's
+                RESULTS.append((name, traceback.format_exc()))
+                print(f"FAIL {name}:\n{traceback.format_exc()}", flush=True)
+                return
+            RESULTS.append((name, None))
+            print(f"PASS {name}", flush=True)
+
+        return run
+
+    return wrap
+
+
+# ------------------------------------------------------------------------------------ rendering
+
+
+def render(kubectl: str, directory: Path) -> list[dict]:
+    done = subprocess.run(
+        [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60
+    )
+    expect(done.returncode == 0, f"kubectl kustomize {directory} failed: {done.stderr.strip()}")
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def podmonitor_overlay(work: Path) -> Path:
+    """A throwaway overlay of the base plus components/podmonitor, as an operator's would be."""
+    directory = work / "podmonitor-overlay"
+    directory.mkdir(parents=True, exist_ok=True)
+    base = os.path.relpath(DEPLOY / "base", directory)
+    component = os.path.relpath(DEPLOY / "components" / "podmonitor", directory)
+    (directory / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n  - {base}\ncomponents:\n  - {component}\n"
+    )
+    return directory
+
+
+def find(docs: list[dict], kind: str, name: str | None = None) -> dict:
+    found = [
+        d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+    ]
+    expect(len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}")
+    return found[0]
+
+
+def generated(docs: list[dict], kind: str, prefix: str) -> dict:
+    """The ConfigMap or Secret kustomize generated from `prefix` (its name carries a hash)."""
+    found = [
+        d
+        for d in docs
+        if d["kind"] == kind and re.fullmatch(rf"{prefix}-[a-z0-9]{{10}}", d["metadata"]["name"])
+    ]
+    expect(len(found) == 1, f"expected one generated {kind} {prefix}-HASH, found {len(found)}")
+    return found[0]
+
+
+# ----------------------------------------------------------------------------------- validation
+
+
+def validate(docs: list[dict]) -> list[str]:
+    """Validates every built-in resource; answers the custom resources left unvalidated."""
+    skipped = []
+    for doc in docs:
+        what = f"{doc['kind']}/{doc['metadata']['name']}"
+        if (doc["apiVersion"], doc["kind"]) in NOT_VALIDATED:
+            skipped.append(what)
+            continue
+        for version in KUBERNETES_VERSIONS:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as error:
+                path = ".".join(str(p) for p in error.path)
+                raise CheckFailed(f"{what} against Kubernetes {version}: {path}: {error.message}")
+            except kubernetes_validate.SchemaNotFoundError:
+                raise CheckFailed(
+                    f"{what}: no Kubernetes {version} schema for {doc['apiVersion']} "
+                    f"{doc['kind']} (a custom resource must be listed in NOT_VALIDATED)"
+                )
+    return skipped
+
+
+# ----------------------------------------------------------------------------------- references
+
+
+def pod_labels(deployment: dict) -> dict:
+    return deployment["spec"]["template"]["metadata"]["labels"]
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def container(deployment: dict) -> dict:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    expect(len(containers) == 1, f"expected one container, found {len(containers)}")
+    return containers[0]
+
+
+def port_names(deployment: dict) -> dict[str, int]:
+    return {p["name"]: p["containerPort"] for p in container(deployment)["ports"]}
+
+
+def dockerfile_user_and_ports() -> tuple[int, set[int], list[str]]:
+    """The runtime stage's numeric USER, its EXPOSEd ports and its ENTRYPOINT (exec form)."""
+    user, ports, entrypoint = None, set(), None
+    for line in DOCKERFILE.read_text().splitlines():
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "FROM":
+            user, ports, entrypoint = None, set(), None
+        elif words[0] == "USER":
+            user = int(words[1].split(":")[0])
+        elif words[0] == "EXPOSE":
+            ports |= {int(w.split("/")[0]) for w in words[1:]}
+        elif words[0] == "ENTRYPOINT":
+            entrypoint = json.loads(line.split(None, 1)[1])
+    expect(user is not None, "the Dockerfile's last stage sets no numeric USER")
+    expect(entrypoint is not None, "the Dockerfile's last stage has no exec-form ENTRYPOINT")
+    return user, ports, entrypoint
+
+
+def check_references(docs: list[dict], mode: str) -> None:
+    deployment = find(docs, "Deployment", "gatewayd")
+    labels = pod_labels(deployment)
+    spec = deployment["spec"]
+    pod = spec["template"]["spec"]
+    ports = port_names(deployment)
+    expect(selects(spec["selector"]["matchLabels"], labels), "the Deployment's selector")
+    for service in (d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] != "llm-workers"):
+        name = service["metadata"]["name"]
+        expect(selects(service["spec"]["selector"], labels), f"Service {name} selects no gateway pod")
+        for port in service["spec"]["ports"]:
+            expect(
+                port["targetPort"] in ports,
+                f"Service {name} targets port {port['targetPort']!r}, the pod has {sorted(ports)}",
+            )
+    pdb = find(docs, "PodDisruptionBudget")
+    expect(selects(pdb["spec"]["selector"]["matchLabels"], labels), "the PodDisruptionBudget")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    config_map = generated(docs, "ConfigMap", "gatewayd-config")
+    tokens = generated(docs, "Secret", "gatewayd-tokens")
+    expect(volumes["config"]["configMap"]["name"] == config_map["metadata"]["name"], "config volume")
+    expect(volumes["tokens"]["secret"]["secretName"] == tokens["metadata"]["name"], "token volume")
+    # The image's user is the pod's, and a non-root one.
+    user, exposed, _ = dockerfile_user_and_ports()
+    security = pod["securityContext"]
+    expect(security.get("runAsNonRoot") is True, "runAsNonRoot is not set")
+    expect(security.get("runAsUser") == user, f"runAsUser is not the Dockerfile's USER {user}")
+    expect(
+        container(deployment)["securityContext"].get("readOnlyRootFilesystem") is True,
+        "readOnlyRootFilesystem is not set",
+    )
+    expect(
+        set(ports.values()) <= exposed,
+        f"container ports {sorted(ports.values())} not all EXPOSEd by the Dockerfile {sorted(exposed)}",
+    )
+    # The kubelet's SIGKILL comes after the preStop pause and the whole of shutdown_grace_ms.
+    config = tomllib.loads(config_map["data"]["gatewayd.toml"])
+    grace_s = config["server"]["shutdown_grace_ms"] / 1000
+    pre_stop = container(deployment)["lifecycle"]["preStop"]["sleep"]["seconds"]
+    expect(
+        pod["terminationGracePeriodSeconds"] > pre_stop + grace_s,
+        f"terminationGracePeriodSeconds {pod['terminationGracePeriodSeconds']} <= preStop "
+        f"{pre_stop} s + shutdown_grace_ms {grace_s:.0f} s",
+    )
+    # The discovery name is the example workers Service's SRV name.
+    workers = find(docs, "Service", "llm-workers")
+    expect(workers["spec"].get("clusterIP") == "None", "the workers Service is not headless")
+    namespace = workers["metadata"]["namespace"]
+    srv_names = {
+        f"_{p['name']}._{p.get('protocol', 'TCP').lower()}.llm-workers.{namespace}.svc.cluster.local."
+        for p in workers["spec"]["ports"]
+    }
+    dns = [d["dns"] for d in config["discovery"]]
+    expect(dns and set(dns) <= srv_names, f"[[discovery]] {dns} is not among {sorted(srv_names)}")
+    expect(config["load"]["source"] == "worker_metrics", "replicas must read worker_metrics load")
+    if mode == "picker":
+        expect(spec["replicas"] == 1, "the picker overlay runs one replica")
+        expect(not any(d["kind"] == "Service" and d["metadata"]["name"] == "gatewayd" for d in docs),
+               "the picker overlay keeps the data plane's Service")
+        pool = find(docs, "InferencePool")
+        expect(pool["spec"]["selector"]["matchLabels"] == workers["spec"]["selector"],
+               "the InferencePool's pods are not the discovered workers Service's")
+        expect([p["number"] for p in pool["spec"]["targetPorts"]]
+               == [p["targetPort"] for p in workers["spec"]["ports"]], "InferencePool targetPorts")
+        ref = pool["spec"]["endpointPickerRef"]
+        picker = find(docs, "Service", ref["name"])
+        expect(ref["port"]["number"] in [p["port"] for p in picker["spec"]["ports"]],
+               "the InferencePool's picker port is not its Service's")
+    else:
+        expect(spec["replicas"] >= 2, "the base runs several replicas")
+    for monitor in (d for d in docs if d["kind"] == "PodMonitor"):
+        expect(selects(monitor["spec"]["selector"]["matchLabels"], labels), "PodMonitor selector")
+        for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+            expect(endpoint["port"] in ports, f"PodMonitor port {endpoint['port']}")
+            credentials = endpoint["authorization"]["credentials"]
+            expect(credentials["name"] == tokens["metadata"]["name"],
+                   f"PodMonitor credentials name {credentials['name']}, not the generated Secret")
+            expect(credentials["key"] in tokens["data"], f"no key {credentials['key']} in the Secret")
+            expect(config["server"]["metrics_token_file"].endswith("/" + credentials["key"]),
+                   "the PodMonitor's key is not gatewayd's metrics token file")
+
+
+# --------------------------------------------------------------------------------- the pod
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(what: str, predicate, timeout: float = 30.0, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise CheckFailed(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def http(method: str, url: str, headers: dict | None = None, body: bytes | None = None):
+    """(status, headers, body) of one request; a refused connection answers (None, {}, b'')."""
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read()
+    except (urllib.error.URLError, ConnectionError, socket.timeout):
+        return None, {}, b""
+
+
+def tcp_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+class Processes:
+    """Every process a check starts, stopped (and reaped) at its end."""
+
+    def __init__(self):
+        self.children: list[subprocess.Popen] = []
+
+    def start(self, argv, **kwargs) -> subprocess.Popen:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, **kwargs)
+        self.children.append(child)
+        return child
+
+    def stop(self):
+        for child in reversed(self.children):
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+
+
+def start_dnsmasq(procs: Processes, dnsmasq: str, work: Path, srv: str, workers) -> int:
+    """dnsmasq on a free loopback port: `srv` -> one target per worker (name, address, port)."""
+    zone = srv.rstrip(".").split(".", 2)[2]  # llm-workers.NAMESPACE.svc.cluster.local
+    for _ in range(20):
+        port = free_udp_port()
+        lines = [
+            f"port={port}",
+            "listen-address=127.0.0.1",
+            "bind-interfaces",
+            "no-resolv",
+            "no-hosts",
+            "local=/cluster.local/",
+            "local-ttl=1",
+            "log-facility=-",
+            "pid-file=",
+        ]
+        if os.geteuid() == 0:
+            lines.append("user=root")
+        for name, address, worker_port in workers:
+            lines.append(f"srv-host={srv.rstrip('.')},{name}.{zone},{worker_port},0,10")
+            lines.append(f"host-record={name}.{zone},{address}")
+        conf = work / "dnsmasq.conf"
+        conf.write_text("\n".join(lines) + "\n")
+        log = open(work / "dnsmasq.log", "w")
+        child = procs.start([dnsmasq, "-k", f"--conf-file={conf}"], stdout=log, stderr=log)
+        started = wait_until(
+            "dnsmasq to start",
+            lambda: child.poll() is not None or "started, version" in (work / "dnsmasq.log").read_text(),
+            timeout=10,
+        )
+        if started and child.poll() is None:
+            return port
+    raise CheckFailed(f"dnsmasq did not start: {(work / 'dnsmasq.log').read_text()}")
+
+
+def start_workers(procs: Processes, drill: str, work: Path, port: int) -> list[tuple[str, str, int]]:
+    """Three simulated workers, as three pods would be: 127.0.0.2-4, all on the Service's port."""
+    workers = []
+    for index in range(3):
+        address = f"127.0.0.{index + 2}"
+        log = open(work / f"worker-{index}.log", "w")
+        procs.start(
+            [drill, "workers", "--count", "1", "--host", address, "--base-port", str(port),
+             "--time-scale", "0"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        workers.append((address.replace(".", "-"), address, port))
+    for _, address, worker_port in workers:
+        wait_until(
+            f"worker {address}:{worker_port}",
+            lambda: http("GET", f"http://{address}:{worker_port}/health")[0] == 200,
+        )
+    return workers
+
+
+class Pod:
+    """The gateway container of a rendered Deployment, run on this machine."""
+
+    def __init__(self, docs: list[dict], work: Path, gatewayd: str, resolver: int):
+        self.docs = docs
+        self.work = work
+        deployment = find(docs, "Deployment", "gatewayd")
+        self.pod_spec = deployment["spec"]["template"]["spec"]
+        self.container = container(deployment)
+        self.user = self.pod_spec["securityContext"]["runAsUser"]
+        self.group = self.pod_spec["securityContext"].get("runAsGroup", self.user)
+        # Each container port's wildcard listen address becomes a free loopback port.
+        self.ports = {p["containerPort"]: free_port() for p in self.container["ports"]}
+        self.named = {p["name"]: self.ports[p["containerPort"]] for p in self.container["ports"]}
+        self.admin_token = secrets.token_urlsafe(24)
+        self.metrics_token = secrets.token_urlsafe(24)
+        self.mounts = self.materialise_volumes(resolver)
+        _, _, entrypoint = dockerfile_user_and_ports()
+        # The image's binary is the one cargo built; copied where the pod's user may run it.
+        binary = work / "bin" / Path(entrypoint[0]).name
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(gatewayd, binary)
+        expect("command" not in self.container, "the container overrides the image's ENTRYPOINT")
+        self.argv = [str(binary)] + entrypoint[1:] + [
+            self.substitute(a) for a in self.container.get("args", [])
+        ]
+        self.env = {"PATH": "/usr/bin:/bin"}
+        for variable in self.container.get("env", []):
+            expect("value" in variable, f"env {variable['name']} is not a plain value")
+            self.env[variable["name"]] = self.substitute(variable["value"])
+        self.process: subprocess.Popen | None = None
+
+    def substitute(self, text: str) -> str:
+        for mount_path, directory in self.mounts.items():
+            text = text.replace(mount_path, str(directory))
+        for container_port, port in self.ports.items():
+            text = re.sub(rf"(0\.0\.0\.0|\[::\]):{container_port}\b", f"127.0.0.1:{port}", text)
+        return text
+
+    def materialise_volumes(self, resolver: int) -> dict[str, Path]:
+        """Each mount as a directory: ConfigMap keys as files (the TOML substituted), the tokens
+        Secret with test tokens, owned by root and readable by the pod's group as defaultMode and
+        fsGroup make them."""
+        volumes = {v["name"]: v for v in self.pod_spec["volumes"]}
+        mounts = {}
+        for mount in self.container["volumeMounts"]:
+            directory = self.work / "mounts" / mount["name"]
+            directory.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.work, 0o755)
+            os.chmod(directory.parent, 0o755)
+            os.chmod(directory, 0o755)
+            mounts[mount["mountPath"]] = directory
+        for mount in self.container["volumeMounts"]:
+            directory = mounts[mount["mountPath"]]
+            volume = volumes[mount["name"]]
+            if "configMap" in volume:
+                data = find(self.docs, "ConfigMap", volume["configMap"]["name"])["data"]
+                for key, text in data.items():
+                    if key.endswith(".toml"):
+                        text = self.substitute_config(text, mounts, resolver)
+                    (directory / key).write_text(text)
+                    os.chmod(directory / key, 0o644)
+            elif "secret" in volume:
+                secret = find(self.docs, "Secret", volume["secret"]["secretName"])
+                values = {"admin.token": self.admin_token, "metrics.token": self.metrics_token}
+                for key in secret["data"]:
+                    expect(key in values, f"the test has no value for the Secret's key {key}")
+                    path = directory / key
+                    path.write_text(values[key] + "\n")
+                    mode = volume["secret"].get("defaultMode", 0o644)
+                    os.chmod(path, mode)
+                    if os.geteuid() == 0:
+                        os.chown(path, 0, self.pod_spec["securityContext"].get("fsGroup", 0))
+            else:
+                raise CheckFailed(f"volume {mount['name']} is of a kind the test cannot mount")
+        return mounts
+
+    def substitute_config(self, text: str, mounts: dict[str, Path], resolver: int) -> str:
+        for mount_path, directory in mounts.items():
+            text = text.replace(f'"{mount_path}/', f'"{directory}/')
+        for container_port, port in self.ports.items():
+            text = re.sub(rf'"(0\.0\.0\.0|\[::\]):{container_port}"', f'"127.0.0.1:{port}"', text)
+        # The cluster's DNS is dnsmasq here.
+        text = re.sub(r'(?m)^(dns = .*)$', rf'\1\nresolver = "127.0.0.1:{resolver}"', text)
+        return text
+
+    def config_file(self) -> Path:
+        return next(Path(a) for a in self.argv if a.endswith(".toml"))
+
+    def as_user(self, argv: list[str]) -> list[str]:
+        if os.geteuid() != 0:
+            expect(os.environ.get("CI") != "true", "CI runs as root and must drop to runAsUser")
+            print(f"  note: not root, so gatewayd runs as uid {os.geteuid()}, not {self.user}")
+            return argv
+        return ["setpriv", f"--reuid={self.user}", f"--regid={self.group}",
+                f"--groups={self.pod_spec['securityContext'].get('fsGroup', self.group)}", "--"] + argv
+
+    def start(self, procs: Processes):
+        self.log = self.work / "gatewayd.log"
+        self.process = procs.start(
+            self.as_user(self.argv), env=self.env, stdout=open(self.log, "w"), stderr=subprocess.STDOUT
+        )
+
+    def probe(self, probe: dict) -> bool:
+        expect(self.process.poll() is None, f"gatewayd exited: {self.log.read_text()[-2000:]}")
+        if "httpGet" in probe:
+            port = self.port_of(probe["httpGet"]["port"])
+            return http("GET", f"http://127.0.0.1:{port}{probe['httpGet']['path']}")[0] == 200
+        if "tcpSocket" in probe:
+            return tcp_open(self.port_of(probe["tcpSocket"]["port"]))
+        raise CheckFailed(f"a probe the test cannot run: {probe}")
+
+    def port_of(self, port) -> int:
+        return self.named[port] if isinstance(port, str) else self.ports[port]
+
+    def control(self, path: str, token: str):
+        port = self.named["control"]
+        return http("GET", f"http://127.0.0.1:{port}{path}", {"Authorization": f"Bearer {token}"})
+
+
+def run_pod(docs, args, work: Path, mode: str) -> None:
+    procs = Processes()
+    try:
+        workers_service = find(docs, "Service", "llm-workers")
+        worker_port = workers_service["spec"]["ports"][0]["targetPort"]
+        config_map = generated(docs, "ConfigMap", "gatewayd-config")
+        srv = tomllib.loads(config_map["data"]["gatewayd.toml"])["discovery"][0]["dns"]
+        workers = start_workers(procs, args.drill, work, worker_port)
+        resolver = start_dnsmasq(procs, args.dnsmasq, work, srv, workers)
+        pod = Pod(docs, work, args.gatewayd, resolver)
+        pod.start(procs)
+        # The kubelet's view: ready once a worker passed its first probe.
+        wait_until("the readiness probe to pass", lambda: pod.probe(pod.container["readinessProbe"]))
+        expect(pod.probe(pod.container["livenessProbe"]), "the liveness probe fails")
+        status = Path(f"/proc/{gatewayd_pid(pod.process)}/status").read_text()
+        uid = re.search(r"^Uid:\s+(\d+)", status, re.M).group(1)
+        if os.geteuid() == 0:
+            expect(int(uid) == pod.user, f"gatewayd runs as uid {uid}, not {pod.user}")
+        # Every worker DNS names is a member, found through the discovery name.
+        names = {f"{name}.{srv.rstrip('.').split('.', 2)[2]}" for name, _, _ in workers}
+
+        def members():
+            code, _, body = pod.control("/admin/workers", pod.admin_token)
+            expect(code == 200, f"GET /admin/workers answered {code}")
+            listed = json.loads(body)["workers"]
+            healthy = {w["name"] for w in listed if w.get("healthy")}
+            return healthy == names and listed
+
+        listed = wait_until("every discovered worker to be healthy", members)
+        sources = {w["source"] for w in listed}
+        expect(sources == {f"dns:{srv}"}, f"worker sources {sources}")
+        # The metrics token opens /metrics and nothing else; the admin token everything.
+        expect(pod.control("/metrics", pod.metrics_token)[0] == 200, "/metrics with the metrics token")
+        expect(pod.control("/admin/workers", pod.metrics_token)[0] == 401,
+               "the metrics token opens the admin API")
+        if mode == "base":
+            body = json.dumps({"model": "sim", "max_tokens": 4,
+                               "messages": [{"role": "user", "content": "hello"}]}).encode()
+            code, headers, answer = http(
+                "POST", f"http://127.0.0.1:{pod.named['data']}/v1/chat/completions",
+                {"content-type": "application/json", "x-smg-routing-key": "session-42"}, body)
+            expect(code == 200, f"the request answered {code}: {answer[:300]!r}")
+            worker = {k.lower(): v for k, v in headers.items()}.get("x-bch-worker")
+            expect(worker in names, f"x-bch-worker {worker!r} is not a discovered worker {sorted(names)}")
+            expect(json.loads(answer).get("object") == COMPLETION_OBJECT,
+                   f"the answer is not a worker's completion: {answer[:300]!r}")
+        # The kubelet's SIGTERM (after preStop): gatewayd stops on its own, well within the grace.
+        os.kill(gatewayd_pid(pod.process), signal.SIGTERM)
+        try:
+            code = pod.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            raise CheckFailed("gatewayd did not stop within 30 s of SIGTERM")
+        expect(code == 0, f"gatewayd exited {code} on SIGTERM: {pod.log.read_text()[-2000:]}")
+    finally:
+        procs.stop()
+
+
+def gatewayd_pid(process: subprocess.Popen) -> int:
+    """gatewayd's pid: setpriv execs it, so it is the child's own."""
+    return process.pid
+
+
+# ------------------------------------------------------------------------------------------ main
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kubectl", required=True)
+    parser.add_argument("--gatewayd", required=True)
+    parser.add_argument("--drill", required=True)
+    parser.add_argument("--dnsmasq", required=True)
+    parser.add_argument("--hadolint", required=True)
+    parser.add_argument("--work", required=True, type=Path)
+    parser.add_argument("--summary", required=True, type=Path)
+    args = parser.parse_args()
+    work: Path = args.work
+    rendered: dict[str, list[dict]] = {}
+
+    @check("render: kubectl kustomize deploy/kubernetes, overlays/picker, components/podmonitor")
+    def render_all():
+        rendered["base"] = render(args.kubectl, DEPLOY)
+        rendered["picker"] = render(args.kubectl, DEPLOY / "overlays" / "picker")
+        rendered["podmonitor"] = render(args.kubectl, podmonitor_overlay(work))
+        expect(render(args.kubectl, DEPLOY / "base") == rendered["base"],
+               "deploy/kubernetes is not base/ as it is")
+
+    render_all()
+    if len(rendered) < 3:
+        return summary(args.summary)
+
+    for name, docs in rendered.items():
+
+        @check(f"validate ({name}): Kubernetes {' and '.join(KUBERNETES_VERSIONS)} schemas, strict")
+        def validate_one():
+            skipped = validate(docs)
+            if skipped:
+                print(f"  not validated against a schema (custom resources): {', '.join(skipped)}")
+
+        validate_one()
+
+        @check(f"references ({name}): selectors, ports, volumes, user, grace period, discovery name")
+        def references_one():
+            check_references(docs, "picker" if name == "picker" else "base")
+
+        references_one()
+
+    @check("hadolint Dockerfile")
+    def lint():
+        done = subprocess.run([args.hadolint, str(DOCKERFILE)], capture_output=True, text=True)
+        expect(done.returncode == 0, f"hadolint: {done.stdout}{done.stderr}")
+
+    lint()
+
+    @check("gatewayd check-config on the ConfigMap's gatewayd.toml")
+    def check_config():
+        directory = work / "check-config"
+        directory.mkdir(parents=True, exist_ok=True)
+        pod = Pod(rendered["base"], directory, args.gatewayd, resolver=53)
+        done = subprocess.run([args.gatewayd, "check-config", str(pod.config_file())],
+                              capture_output=True, text=True)
+        expect(done.returncode == 0 and not done.stderr.strip(),
+               f"exit {done.returncode}: {done.stdout}{done.stderr}")
+
+    check_config()
+
+    for mode in ("base", "picker"):
+
+        @check(f"pod ({mode}): the manifest's command line as runAsUser against workers behind dnsmasq")
+        def pod_one():
+            directory = work / f"pod-{mode}"
+            directory.mkdir(parents=True, exist_ok=True)
+            run_pod(rendered[mode], args, directory, mode)
+
+        pod_one()
+
+    return summary(args.summary)
+
+
+def summary(path: Path) -> int:
+    failed = sum(1 for _, why in RESULTS if why is not None)
+    line = f"kubernetes: {len(RESULTS) - failed} passed, {failed} failed"
+    path.write_text(line + "\n")
+    print(line)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
