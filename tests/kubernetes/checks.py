@@ -3,8 +3,8 @@
 run.sh calls this with the virtualenv's Python (PyYAML, kubernetes-validate, hadolint). Each check
 prints `PASS name` or `FAIL name: why`; the last line is `kubernetes: N passed, M failed`.
 
-- render: `kubectl kustomize` of deploy/kubernetes, overlays/picker, and the base with
-  components/podmonitor;
+- render: `kubectl kustomize` of deploy/kubernetes, overlays/picker, and the overlay
+  docs/kubernetes.md has an operator write (image, tokens) with components/podmonitor;
 - validate: every built-in resource against the Kubernetes JSON schemas of the oldest and the
   newest version the manifests support, strictly (an unknown field fails); custom resources
   (NOT_VALIDATED) are not validated against a schema, only checked for what they reference;
@@ -34,7 +34,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import tomllib
 import traceback
@@ -72,27 +71,21 @@ def expect(condition: bool, why: str) -> None:
         raise CheckFailed(why)
 
 
-def check(name: str):
-    """Runs the decorated function as one named check, recording PASS or FAIL."""
-
-    def wrap(function):
-        def run(*args, **kwargs):
-            try:
-                function(*args, **kwargs)
-            except CheckFailed as failure:
-                RESULTS.append((name, str(failure)))
-                print(f"FAIL {name}: {failure}", flush=True)
-                return
-            except Exception:  # noqa: BLE001 - a crash is this check's failure, not the run's
-                RESULTS.append((name, traceback.format_exc()))
-                print(f"FAIL {name}:\n{traceback.format_exc()}", flush=True)
-                return
-            RESULTS.append((name, None))
-            print(f"PASS {name}", flush=True)
-
-        return run
-
-    return wrap
+def run_check(name: str, function, *args) -> bool:
+    """Runs one named check, printing and recording PASS or FAIL; answers whether it passed."""
+    try:
+        function(*args)
+    except CheckFailed as failure:
+        RESULTS.append((name, str(failure)))
+        print(f"FAIL {name}: {failure}", flush=True)
+        return False
+    except Exception:  # noqa: BLE001 - a crash is this check's failure, not the run's
+        RESULTS.append((name, traceback.format_exc()))
+        print(f"FAIL {name}:\n{traceback.format_exc()}", flush=True)
+        return False
+    RESULTS.append((name, None))
+    print(f"PASS {name}", flush=True)
+    return True
 
 
 # ------------------------------------------------------------------------------------ rendering
@@ -100,21 +93,44 @@ def check(name: str):
 
 def render(kubectl: str, directory: Path) -> list[dict]:
     done = subprocess.run(
-        [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60
+        [kubectl, "kustomize", str(directory)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     expect(done.returncode == 0, f"kubectl kustomize {directory} failed: {done.stderr.strip()}")
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
-def podmonitor_overlay(work: Path) -> Path:
-    """A throwaway overlay of the base plus components/podmonitor, as an operator's would be."""
-    directory = work / "podmonitor-overlay"
+def operator_overlay(work: Path) -> Path:
+    """The overlay docs/kubernetes.md tells an operator to write (image, tokens), with
+    components/podmonitor added."""
+    directory = work / "operator-overlay"
     directory.mkdir(parents=True, exist_ok=True)
     base = os.path.relpath(DEPLOY / "base", directory)
     component = os.path.relpath(DEPLOY / "components" / "podmonitor", directory)
+    for token in ("admin.token", "metrics.token"):
+        (directory / token).write_text(secrets.token_urlsafe(24) + "\n")
     (directory / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"resources:\n  - {base}\ncomponents:\n  - {component}\n"
+        f"""apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: bch
+resources:
+  - {base}
+components:
+  - {component}
+images:
+  - name: registry.example/bch/gatewayd
+    newName: registry.test/bch/gatewayd
+    newTag: test
+secretGenerator:
+  - name: gatewayd-tokens
+    behavior: replace
+    files:
+      - admin.token
+      - metrics.token
+"""
     )
     return directory
 
@@ -211,9 +227,13 @@ def check_references(docs: list[dict], mode: str) -> None:
     pod = spec["template"]["spec"]
     ports = port_names(deployment)
     expect(selects(spec["selector"]["matchLabels"], labels), "the Deployment's selector")
-    for service in (d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] != "llm-workers"):
+    for service in (
+        d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] != "llm-workers"
+    ):
         name = service["metadata"]["name"]
-        expect(selects(service["spec"]["selector"], labels), f"Service {name} selects no gateway pod")
+        expect(
+            selects(service["spec"]["selector"], labels), f"Service {name} selects no gateway pod"
+        )
         for port in service["spec"]["ports"]:
             expect(
                 port["targetPort"] in ports,
@@ -224,7 +244,9 @@ def check_references(docs: list[dict], mode: str) -> None:
     volumes = {v["name"]: v for v in pod["volumes"]}
     config_map = generated(docs, "ConfigMap", "gatewayd-config")
     tokens = generated(docs, "Secret", "gatewayd-tokens")
-    expect(volumes["config"]["configMap"]["name"] == config_map["metadata"]["name"], "config volume")
+    expect(
+        volumes["config"]["configMap"]["name"] == config_map["metadata"]["name"], "config volume"
+    )
     expect(volumes["tokens"]["secret"]["secretName"] == tokens["metadata"]["name"], "token volume")
     # The image's user is the pod's, and a non-root one.
     user, exposed, _ = dockerfile_user_and_ports()
@@ -261,17 +283,26 @@ def check_references(docs: list[dict], mode: str) -> None:
     expect(config["load"]["source"] == "worker_metrics", "replicas must read worker_metrics load")
     if mode == "picker":
         expect(spec["replicas"] == 1, "the picker overlay runs one replica")
-        expect(not any(d["kind"] == "Service" and d["metadata"]["name"] == "gatewayd" for d in docs),
-               "the picker overlay keeps the data plane's Service")
+        expect(
+            not any(d["kind"] == "Service" and d["metadata"]["name"] == "gatewayd" for d in docs),
+            "the picker overlay keeps the data plane's Service",
+        )
         pool = find(docs, "InferencePool")
-        expect(pool["spec"]["selector"]["matchLabels"] == workers["spec"]["selector"],
-               "the InferencePool's pods are not the discovered workers Service's")
-        expect([p["number"] for p in pool["spec"]["targetPorts"]]
-               == [p["targetPort"] for p in workers["spec"]["ports"]], "InferencePool targetPorts")
+        expect(
+            pool["spec"]["selector"]["matchLabels"] == workers["spec"]["selector"],
+            "the InferencePool's pods are not the discovered workers Service's",
+        )
+        expect(
+            [p["number"] for p in pool["spec"]["targetPorts"]]
+            == [p["targetPort"] for p in workers["spec"]["ports"]],
+            "InferencePool targetPorts",
+        )
         ref = pool["spec"]["endpointPickerRef"]
         picker = find(docs, "Service", ref["name"])
-        expect(ref["port"]["number"] in [p["port"] for p in picker["spec"]["ports"]],
-               "the InferencePool's picker port is not its Service's")
+        expect(
+            ref["port"]["number"] in [p["port"] for p in picker["spec"]["ports"]],
+            "the InferencePool's picker port is not its Service's",
+        )
     else:
         expect(spec["replicas"] >= 2, "the base runs several replicas")
     for monitor in (d for d in docs if d["kind"] == "PodMonitor"):
@@ -279,11 +310,17 @@ def check_references(docs: list[dict], mode: str) -> None:
         for endpoint in monitor["spec"]["podMetricsEndpoints"]:
             expect(endpoint["port"] in ports, f"PodMonitor port {endpoint['port']}")
             credentials = endpoint["authorization"]["credentials"]
-            expect(credentials["name"] == tokens["metadata"]["name"],
-                   f"PodMonitor credentials name {credentials['name']}, not the generated Secret")
-            expect(credentials["key"] in tokens["data"], f"no key {credentials['key']} in the Secret")
-            expect(config["server"]["metrics_token_file"].endswith("/" + credentials["key"]),
-                   "the PodMonitor's key is not gatewayd's metrics token file")
+            expect(
+                credentials["name"] == tokens["metadata"]["name"],
+                f"PodMonitor credentials name {credentials['name']}, not the generated Secret",
+            )
+            expect(
+                credentials["key"] in tokens["data"], f"no key {credentials['key']} in the Secret"
+            )
+            expect(
+                config["server"]["metrics_token_file"].endswith("/" + credentials["key"]),
+                "the PodMonitor's key is not gatewayd's metrics token file",
+            )
 
 
 # --------------------------------------------------------------------------------- the pod
@@ -320,7 +357,7 @@ def http(method: str, url: str, headers: dict | None = None, body: bytes | None 
             return response.status, dict(response.headers), response.read()
     except urllib.error.HTTPError as error:
         return error.code, dict(error.headers), error.read()
-    except (urllib.error.URLError, ConnectionError, socket.timeout):
+    except (TimeoutError, urllib.error.URLError, ConnectionError):
         return None, {}, b""
 
 
@@ -337,9 +374,15 @@ class Processes:
 
     def __init__(self):
         self.children: list[subprocess.Popen] = []
+        self.logs = []
 
-    def start(self, argv, **kwargs) -> subprocess.Popen:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, **kwargs)
+    def start(self, argv: list[str], log: Path, **kwargs) -> subprocess.Popen:
+        """Starts `argv` with its stdout and stderr in the file `log`."""
+        output = log.open("w")
+        self.logs.append(output)
+        child = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, **kwargs
+        )
         self.children.append(child)
         return child
 
@@ -348,6 +391,8 @@ class Processes:
             if child.poll() is None:
                 child.kill()
             child.wait()
+        for output in self.logs:
+            output.close()
 
 
 def start_dnsmasq(procs: Processes, dnsmasq: str, work: Path, srv: str, workers) -> int:
@@ -373,11 +418,13 @@ def start_dnsmasq(procs: Processes, dnsmasq: str, work: Path, srv: str, workers)
             lines.append(f"host-record={name}.{zone},{address}")
         conf = work / "dnsmasq.conf"
         conf.write_text("\n".join(lines) + "\n")
-        log = open(work / "dnsmasq.log", "w")
-        child = procs.start([dnsmasq, "-k", f"--conf-file={conf}"], stdout=log, stderr=log)
+        log = work / "dnsmasq.log"
+        child = procs.start([dnsmasq, "-k", f"--conf-file={conf}"], log)
         started = wait_until(
             "dnsmasq to start",
-            lambda: child.poll() is not None or "started, version" in (work / "dnsmasq.log").read_text(),
+            lambda child=child, log=log: (
+                child.poll() is not None or "started, version" in log.read_text()
+            ),
             timeout=10,
         )
         if started and child.poll() is None:
@@ -385,23 +432,33 @@ def start_dnsmasq(procs: Processes, dnsmasq: str, work: Path, srv: str, workers)
     raise CheckFailed(f"dnsmasq did not start: {(work / 'dnsmasq.log').read_text()}")
 
 
-def start_workers(procs: Processes, drill: str, work: Path, port: int) -> list[tuple[str, str, int]]:
+def start_workers(
+    procs: Processes, drill: str, work: Path, port: int
+) -> list[tuple[str, str, int]]:
     """Three simulated workers, as three pods would be: 127.0.0.2-4, all on the Service's port."""
     workers = []
     for index in range(3):
         address = f"127.0.0.{index + 2}"
-        log = open(work / f"worker-{index}.log", "w")
         procs.start(
-            [drill, "workers", "--count", "1", "--host", address, "--base-port", str(port),
-             "--time-scale", "0"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
+            [
+                drill,
+                "workers",
+                "--count",
+                "1",
+                "--host",
+                address,
+                "--base-port",
+                str(port),
+                "--time-scale",
+                "0",
+            ],
+            work / f"worker-{index}.log",
         )
         workers.append((address.replace(".", "-"), address, port))
     for _, address, worker_port in workers:
         wait_until(
             f"worker {address}:{worker_port}",
-            lambda: http("GET", f"http://{address}:{worker_port}/health")[0] == 200,
+            lambda url=f"http://{address}:{worker_port}/health": http("GET", url)[0] == 200,
         )
     return workers
 
@@ -429,9 +486,11 @@ class Pod:
         binary.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(gatewayd, binary)
         expect("command" not in self.container, "the container overrides the image's ENTRYPOINT")
-        self.argv = [str(binary)] + entrypoint[1:] + [
-            self.substitute(a) for a in self.container.get("args", [])
-        ]
+        self.argv = (
+            [str(binary)]
+            + entrypoint[1:]
+            + [self.substitute(a) for a in self.container.get("args", [])]
+        )
         self.env = {"PATH": "/usr/bin:/bin"}
         for variable in self.container.get("env", []):
             expect("value" in variable, f"env {variable['name']} is not a plain value")
@@ -489,7 +548,7 @@ class Pod:
         for container_port, port in self.ports.items():
             text = re.sub(rf'"(0\.0\.0\.0|\[::\]):{container_port}"', f'"127.0.0.1:{port}"', text)
         # The cluster's DNS is dnsmasq here.
-        text = re.sub(r'(?m)^(dns = .*)$', rf'\1\nresolver = "127.0.0.1:{resolver}"', text)
+        text = re.sub(r"(?m)^(dns = .*)$", rf'\1\nresolver = "127.0.0.1:{resolver}"', text)
         return text
 
     def config_file(self) -> Path:
@@ -500,14 +559,17 @@ class Pod:
             expect(os.environ.get("CI") != "true", "CI runs as root and must drop to runAsUser")
             print(f"  note: not root, so gatewayd runs as uid {os.geteuid()}, not {self.user}")
             return argv
-        return ["setpriv", f"--reuid={self.user}", f"--regid={self.group}",
-                f"--groups={self.pod_spec['securityContext'].get('fsGroup', self.group)}", "--"] + argv
+        return [
+            "setpriv",
+            f"--reuid={self.user}",
+            f"--regid={self.group}",
+            f"--groups={self.pod_spec['securityContext'].get('fsGroup', self.group)}",
+            "--",
+        ] + argv
 
     def start(self, procs: Processes):
         self.log = self.work / "gatewayd.log"
-        self.process = procs.start(
-            self.as_user(self.argv), env=self.env, stdout=open(self.log, "w"), stderr=subprocess.STDOUT
-        )
+        self.process = procs.start(self.as_user(self.argv), self.log, env=self.env)
 
     def probe(self, probe: dict) -> bool:
         expect(self.process.poll() is None, f"gatewayd exited: {self.log.read_text()[-2000:]}")
@@ -538,10 +600,12 @@ def run_pod(docs, args, work: Path, mode: str) -> None:
         pod = Pod(docs, work, args.gatewayd, resolver)
         pod.start(procs)
         # The kubelet's view: ready once a worker passed its first probe.
-        wait_until("the readiness probe to pass", lambda: pod.probe(pod.container["readinessProbe"]))
+        wait_until(
+            "the readiness probe to pass", lambda: pod.probe(pod.container["readinessProbe"])
+        )
         expect(pod.probe(pod.container["livenessProbe"]), "the liveness probe fails")
         status = Path(f"/proc/{gatewayd_pid(pod.process)}/status").read_text()
-        uid = re.search(r"^Uid:\s+(\d+)", status, re.M).group(1)
+        uid = re.search(r"^Uid:\s+(\d+)", status, re.MULTILINE).group(1)
         if os.geteuid() == 0:
             expect(int(uid) == pod.user, f"gatewayd runs as uid {uid}, not {pod.user}")
         # Every worker DNS names is a member, found through the discovery name.
@@ -558,20 +622,37 @@ def run_pod(docs, args, work: Path, mode: str) -> None:
         sources = {w["source"] for w in listed}
         expect(sources == {f"dns:{srv}"}, f"worker sources {sources}")
         # The metrics token opens /metrics and nothing else; the admin token everything.
-        expect(pod.control("/metrics", pod.metrics_token)[0] == 200, "/metrics with the metrics token")
-        expect(pod.control("/admin/workers", pod.metrics_token)[0] == 401,
-               "the metrics token opens the admin API")
+        expect(
+            pod.control("/metrics", pod.metrics_token)[0] == 200, "/metrics with the metrics token"
+        )
+        expect(
+            pod.control("/admin/workers", pod.metrics_token)[0] == 401,
+            "the metrics token opens the admin API",
+        )
         if mode == "base":
-            body = json.dumps({"model": "sim", "max_tokens": 4,
-                               "messages": [{"role": "user", "content": "hello"}]}).encode()
+            body = json.dumps(
+                {
+                    "model": "sim",
+                    "max_tokens": 4,
+                    "messages": [{"role": "user", "content": "hello"}],
+                }
+            ).encode()
             code, headers, answer = http(
-                "POST", f"http://127.0.0.1:{pod.named['data']}/v1/chat/completions",
-                {"content-type": "application/json", "x-smg-routing-key": "session-42"}, body)
+                "POST",
+                f"http://127.0.0.1:{pod.named['data']}/v1/chat/completions",
+                {"content-type": "application/json", "x-smg-routing-key": "session-42"},
+                body,
+            )
             expect(code == 200, f"the request answered {code}: {answer[:300]!r}")
             worker = {k.lower(): v for k, v in headers.items()}.get("x-bch-worker")
-            expect(worker in names, f"x-bch-worker {worker!r} is not a discovered worker {sorted(names)}")
-            expect(json.loads(answer).get("object") == COMPLETION_OBJECT,
-                   f"the answer is not a worker's completion: {answer[:300]!r}")
+            expect(
+                worker in names,
+                f"x-bch-worker {worker!r} is not a discovered worker {sorted(names)}",
+            )
+            expect(
+                json.loads(answer).get("object") == COMPLETION_OBJECT,
+                f"the answer is not a worker's completion: {answer[:300]!r}",
+            )
         # The kubelet's SIGTERM (after preStop): gatewayd stops on its own, well within the grace.
         os.kill(gatewayd_pid(pod.process), signal.SIGTERM)
         try:
@@ -591,6 +672,48 @@ def gatewayd_pid(process: subprocess.Popen) -> int:
 # ------------------------------------------------------------------------------------------ main
 
 
+def render_all(args, rendered: dict[str, list[dict]]) -> None:
+    rendered["base"] = render(args.kubectl, DEPLOY)
+    expect(
+        render(args.kubectl, DEPLOY / "base") == rendered["base"],
+        "deploy/kubernetes is not base/ as it is",
+    )
+    rendered["picker"] = render(args.kubectl, DEPLOY / "overlays" / "picker")
+    rendered["operator"] = render(args.kubectl, operator_overlay(args.work))
+    image = container(find(rendered["operator"], "Deployment", "gatewayd"))["image"]
+    expect(image == "registry.test/bch/gatewayd:test", f"the overlay's image is not used: {image}")
+    tokens = generated(rendered["operator"], "Secret", "gatewayd-tokens")["data"]
+    expect(all(tokens.values()), "the overlay's tokens do not replace the empty placeholders")
+    find(rendered["operator"], "PodMonitor", "gatewayd")
+
+
+def validate_rendered(docs: list[dict]) -> None:
+    skipped = validate(docs)
+    if skipped:
+        print(f"  not validated against a schema (custom resources): {', '.join(skipped)}")
+
+
+def lint_dockerfile(hadolint: str) -> None:
+    done = subprocess.run([hadolint, str(DOCKERFILE)], check=False, capture_output=True, text=True)
+    expect(done.returncode == 0, f"hadolint: {done.stdout}{done.stderr}")
+
+
+def check_config(args, docs: list[dict]) -> None:
+    directory = args.work / "check-config"
+    directory.mkdir(parents=True, exist_ok=True)
+    pod = Pod(docs, directory, args.gatewayd, resolver=53)
+    done = subprocess.run(
+        [args.gatewayd, "check-config", str(pod.config_file())],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    expect(
+        done.returncode == 0 and not done.stderr.strip(),
+        f"exit {done.returncode}: {done.stdout}{done.stderr}",
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--kubectl", required=True)
@@ -601,66 +724,46 @@ def main() -> int:
     parser.add_argument("--work", required=True, type=Path)
     parser.add_argument("--summary", required=True, type=Path)
     args = parser.parse_args()
-    work: Path = args.work
     rendered: dict[str, list[dict]] = {}
-
-    @check("render: kubectl kustomize deploy/kubernetes, overlays/picker, components/podmonitor")
-    def render_all():
-        rendered["base"] = render(args.kubectl, DEPLOY)
-        rendered["picker"] = render(args.kubectl, DEPLOY / "overlays" / "picker")
-        rendered["podmonitor"] = render(args.kubectl, podmonitor_overlay(work))
-        expect(render(args.kubectl, DEPLOY / "base") == rendered["base"],
-               "deploy/kubernetes is not base/ as it is")
-
-    render_all()
-    if len(rendered) < 3:
-        return summary(args.summary)
-
+    run_check(
+        "render: kubectl kustomize deploy/kubernetes, overlays/picker, and an operator's overlay "
+        "with components/podmonitor",
+        render_all,
+        args,
+        rendered,
+    )
+    versions = " and ".join(KUBERNETES_VERSIONS)
     for name, docs in rendered.items():
-
-        @check(f"validate ({name}): Kubernetes {' and '.join(KUBERNETES_VERSIONS)} schemas, strict")
-        def validate_one():
-            skipped = validate(docs)
-            if skipped:
-                print(f"  not validated against a schema (custom resources): {', '.join(skipped)}")
-
-        validate_one()
-
-        @check(f"references ({name}): selectors, ports, volumes, user, grace period, discovery name")
-        def references_one():
-            check_references(docs, "picker" if name == "picker" else "base")
-
-        references_one()
-
-    @check("hadolint Dockerfile")
-    def lint():
-        done = subprocess.run([args.hadolint, str(DOCKERFILE)], capture_output=True, text=True)
-        expect(done.returncode == 0, f"hadolint: {done.stdout}{done.stderr}")
-
-    lint()
-
-    @check("gatewayd check-config on the ConfigMap's gatewayd.toml")
-    def check_config():
-        directory = work / "check-config"
-        directory.mkdir(parents=True, exist_ok=True)
-        pod = Pod(rendered["base"], directory, args.gatewayd, resolver=53)
-        done = subprocess.run([args.gatewayd, "check-config", str(pod.config_file())],
-                              capture_output=True, text=True)
-        expect(done.returncode == 0 and not done.stderr.strip(),
-               f"exit {done.returncode}: {done.stdout}{done.stderr}")
-
-    check_config()
-
+        run_check(
+            f"validate ({name}): Kubernetes {versions} schemas, strict", validate_rendered, docs
+        )
+        run_check(
+            f"references ({name}): selectors, ports, volumes, user, grace period, discovery name",
+            check_references,
+            docs,
+            "picker" if name == "picker" else "base",
+        )
+    run_check("hadolint Dockerfile", lint_dockerfile, args.hadolint)
+    if "base" in rendered:
+        run_check(
+            "gatewayd check-config on the ConfigMap's gatewayd.toml",
+            check_config,
+            args,
+            rendered["base"],
+        )
     for mode in ("base", "picker"):
-
-        @check(f"pod ({mode}): the manifest's command line as runAsUser against workers behind dnsmasq")
-        def pod_one():
-            directory = work / f"pod-{mode}"
-            directory.mkdir(parents=True, exist_ok=True)
-            run_pod(rendered[mode], args, directory, mode)
-
-        pod_one()
-
+        if mode not in rendered:
+            continue
+        directory = args.work / f"pod-{mode}"
+        directory.mkdir(parents=True, exist_ok=True)
+        run_check(
+            f"pod ({mode}): the manifest's command line as runAsUser against workers behind dnsmasq",
+            run_pod,
+            rendered[mode],
+            args,
+            directory,
+            mode,
+        )
     return summary(args.summary)
 
 
