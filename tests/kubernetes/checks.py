@@ -34,6 +34,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 import traceback
@@ -469,6 +470,10 @@ class Pod:
     def __init__(self, docs: list[dict], work: Path, gatewayd: str, resolver: int):
         self.docs = docs
         self.work = work
+        # What the pod's user reads (the binary, the mounts) lives outside the checkout, whose
+        # parent directories that user may not be allowed to enter (a clone under /root).
+        self.root = Path(tempfile.mkdtemp(prefix="bch-kubernetes-pod-"))
+        os.chmod(self.root, 0o755)
         deployment = find(docs, "Deployment", "gatewayd")
         self.pod_spec = deployment["spec"]["template"]["spec"]
         self.container = container(deployment)
@@ -482,7 +487,7 @@ class Pod:
         self.mounts = self.materialise_volumes(resolver)
         _, _, entrypoint = dockerfile_user_and_ports()
         # The image's binary is the one cargo built; copied where the pod's user may run it.
-        binary = work / "bin" / Path(entrypoint[0]).name
+        binary = self.root / "bin" / Path(entrypoint[0]).name
         binary.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(gatewayd, binary)
         expect("command" not in self.container, "the container overrides the image's ENTRYPOINT")
@@ -511,9 +516,8 @@ class Pod:
         volumes = {v["name"]: v for v in self.pod_spec["volumes"]}
         mounts = {}
         for mount in self.container["volumeMounts"]:
-            directory = self.work / "mounts" / mount["name"]
+            directory = self.root / "mounts" / mount["name"]
             directory.mkdir(parents=True, exist_ok=True)
-            os.chmod(self.work, 0o755)
             os.chmod(directory.parent, 0o755)
             os.chmod(directory, 0o755)
             mounts[mount["mountPath"]] = directory
@@ -583,6 +587,10 @@ class Pod:
     def port_of(self, port) -> int:
         return self.named[port] if isinstance(port, str) else self.ports[port]
 
+    def remove_files(self):
+        """Removes the binary and the mounts (the log stays in the work directory)."""
+        shutil.rmtree(self.root, ignore_errors=True)
+
     def control(self, path: str, token: str):
         port = self.named["control"]
         return http("GET", f"http://127.0.0.1:{port}{path}", {"Authorization": f"Bearer {token}"})
@@ -590,6 +598,7 @@ class Pod:
 
 def run_pod(docs, args, work: Path, mode: str) -> None:
     procs = Processes()
+    pod = None
     try:
         workers_service = find(docs, "Service", "llm-workers")
         worker_port = workers_service["spec"]["ports"][0]["targetPort"]
@@ -662,6 +671,8 @@ def run_pod(docs, args, work: Path, mode: str) -> None:
         expect(code == 0, f"gatewayd exited {code} on SIGTERM: {pod.log.read_text()[-2000:]}")
     finally:
         procs.stop()
+        if pod is not None:
+            pod.remove_files()
 
 
 def gatewayd_pid(process: subprocess.Popen) -> int:
@@ -702,12 +713,16 @@ def check_config(args, docs: list[dict]) -> None:
     directory = args.work / "check-config"
     directory.mkdir(parents=True, exist_ok=True)
     pod = Pod(docs, directory, args.gatewayd, resolver=53)
-    done = subprocess.run(
-        [args.gatewayd, "check-config", str(pod.config_file())],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
+    # As the pod's user: the token files must be readable by it.
+    try:
+        done = subprocess.run(
+            pod.as_user([pod.argv[0], "check-config", str(pod.config_file())]),
+            check=False,
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        pod.remove_files()
     expect(
         done.returncode == 0 and not done.stderr.strip(),
         f"exit {done.returncode}: {done.stdout}{done.stderr}",
