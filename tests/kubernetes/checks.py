@@ -12,7 +12,7 @@ prints `PASS name` or `FAIL name: why`; the last line is `kubernetes: N passed, 
   its ports; volumes name the generated ConfigMap and Secret; the pods run as the Dockerfile's user
   and expose its ports; the grace period covers the preStop pause and shutdown_grace_ms; the
   discovery name is the workers Service's SRV name;
-- hadolint on the Dockerfile;
+- the Dockerfile: hadolint, and a build stage that names the workspace's packages and binaries;
 - `gatewayd check-config` on the ConfigMap's gatewayd.toml;
 - the pod, for the base and the picker overlay: the container's command line (the Dockerfile's
   ENTRYPOINT and the manifest's args) and environment run as the manifest's runAsUser against
@@ -20,6 +20,8 @@ prints `PASS name` or `FAIL name: why`; the last line is `kubernetes: N passed, 
   cluster is substituted: mounts become directories (the ConfigMap's file, test tokens), the
   container ports' wildcard listen addresses become free loopback ports, and each [[discovery]]
   entry gets dnsmasq's address as its resolver (the pod's resolv.conf names the cluster's DNS).
+  The probes pass, a request is served by a discovered worker, and a SIGTERM in the middle of a
+  stream lets it finish before gatewayd exits.
 """
 
 from __future__ import annotations
@@ -35,11 +37,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 import traceback
 import urllib.error
 import urllib.request
+from http.client import HTTPConnection
 from pathlib import Path
 
 import kubernetes_validate
@@ -59,6 +63,8 @@ NOT_VALIDATED = {
 }
 # A test worker's reply that gatewayd did not make: bch-drill's simulated completion.
 COMPLETION_OBJECT = "chat.completion"
+# Tokens of the stream a SIGTERM interrupts: with the workers' --time-scale 5, a few seconds.
+STREAM_TOKENS = 40
 
 RESULTS: list[tuple[str, str | None]] = []
 
@@ -451,7 +457,7 @@ def start_workers(
                 "--base-port",
                 str(port),
                 "--time-scale",
-                "0",
+                "5",
             ],
             work / f"worker-{index}.log",
         )
@@ -639,40 +645,104 @@ def run_pod(docs, args, work: Path, mode: str) -> None:
             "the metrics token opens the admin API",
         )
         if mode == "base":
-            body = json.dumps(
-                {
-                    "model": "sim",
-                    "max_tokens": 4,
-                    "messages": [{"role": "user", "content": "hello"}],
-                }
-            ).encode()
-            code, headers, answer = http(
-                "POST",
-                f"http://127.0.0.1:{pod.named['data']}/v1/chat/completions",
-                {"content-type": "application/json", "x-smg-routing-key": "session-42"},
-                body,
-            )
-            expect(code == 200, f"the request answered {code}: {answer[:300]!r}")
-            worker = {k.lower(): v for k, v in headers.items()}.get("x-bch-worker")
-            expect(
-                worker in names,
-                f"x-bch-worker {worker!r} is not a discovered worker {sorted(names)}",
-            )
-            expect(
-                json.loads(answer).get("object") == COMPLETION_OBJECT,
-                f"the answer is not a worker's completion: {answer[:300]!r}",
-            )
-        # The kubelet's SIGTERM (after preStop): gatewayd stops on its own, well within the grace.
-        os.kill(gatewayd_pid(pod.process), signal.SIGTERM)
-        try:
-            code = pod.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            raise CheckFailed("gatewayd did not stop within 30 s of SIGTERM")
-        expect(code == 0, f"gatewayd exited {code} on SIGTERM: {pod.log.read_text()[-2000:]}")
+            served_by_a_worker(pod, names)
+            stop_during_a_stream(pod)
+        else:
+            # The kubelet's SIGTERM (after preStop): gatewayd stops on its own.
+            os.kill(gatewayd_pid(pod.process), signal.SIGTERM)
+            stopped(pod)
     finally:
         procs.stop()
         if pod is not None:
             pod.remove_files()
+
+
+def chat_request(max_tokens: int, stream: bool) -> bytes:
+    return json.dumps(
+        {
+            "model": "sim",
+            "max_tokens": max_tokens,
+            "stream": stream,
+            "messages": [{"role": "user", "content": "hello"}],
+        }
+    ).encode()
+
+
+def served_by_a_worker(pod: Pod, names: set[str]) -> None:
+    """A keyed request through the data plane is answered by one of the discovered workers."""
+    code, headers, answer = http(
+        "POST",
+        f"http://127.0.0.1:{pod.named['data']}/v1/chat/completions",
+        {"content-type": "application/json", "x-smg-routing-key": "session-42"},
+        chat_request(4, stream=False),
+    )
+    expect(code == 200, f"the request answered {code}: {answer[:300]!r}")
+    worker = {k.lower(): v for k, v in headers.items()}.get("x-bch-worker")
+    expect(worker in names, f"x-bch-worker {worker!r} is not a discovered worker {sorted(names)}")
+    expect(
+        json.loads(answer).get("object") == COMPLETION_OBJECT,
+        f"the answer is not a worker's completion: {answer[:300]!r}",
+    )
+
+
+def stop_during_a_stream(pod: Pod) -> None:
+    """The kubelet's SIGTERM (after the preStop pause) in the middle of a streamed generation: the
+    listener closes at once, the stream runs to its end under the manifest's shutdown_grace_ms,
+    and only then does gatewayd exit, with 0. This is what a rollout does to every replica."""
+    first_event = threading.Event()
+    result: dict = {}
+
+    def stream():
+        connection = HTTPConnection("127.0.0.1", pod.named["data"], timeout=30)
+        try:
+            connection.request(
+                "POST",
+                "/v1/chat/completions",
+                chat_request(STREAM_TOKENS, stream=True),
+                {"content-type": "application/json", "x-smg-routing-key": "session-43"},
+            )
+            response = connection.getresponse()
+            result["status"] = response.status
+            body = response.readline()
+            first_event.set()
+            body += response.read()
+            result["body"] = body
+            result["ended"] = time.monotonic()
+        except Exception as error:  # noqa: BLE001 - reported by the check below
+            result["error"] = repr(error)
+        finally:
+            first_event.set()
+            connection.close()
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    expect(first_event.wait(20), "no first event of the stream")
+    expect("error" not in result, f"the stream failed before SIGTERM: {result.get('error')}")
+    sent = time.monotonic()
+    os.kill(gatewayd_pid(pod.process), signal.SIGTERM)
+    wait_until(
+        "the data plane to stop accepting connections",
+        lambda: not tcp_open(pod.named["data"]),
+        timeout=10,
+    )
+    expect(pod.process.poll() is None, "gatewayd exited with a stream in flight")
+    reader.join(30)
+    expect("error" not in result, f"the stream broke after SIGTERM: {result.get('error')}")
+    expect(result.get("status") == 200, f"the stream answered {result.get('status')}")
+    expect(
+        result.get("body", b"").rstrip().endswith(b"data: [DONE]"),
+        f"the stream did not run to its end: {result.get('body', b'')[-300:]!r}",
+    )
+    expect(result["ended"] > sent, "the stream ended before SIGTERM: the check proves nothing")
+    stopped(pod)
+
+
+def stopped(pod: Pod) -> None:
+    try:
+        code = pod.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        raise CheckFailed("gatewayd did not stop within 30 s of SIGTERM") from None
+    expect(code == 0, f"gatewayd exited {code} on SIGTERM: {pod.log.read_text()[-2000:]}")
 
 
 def gatewayd_pid(process: subprocess.Popen) -> int:
@@ -707,6 +777,42 @@ def validate_rendered(docs: list[dict]) -> None:
 def lint_dockerfile(hadolint: str) -> None:
     done = subprocess.run([hadolint, str(DOCKERFILE)], check=False, capture_output=True, text=True)
     expect(done.returncode == 0, f"hadolint: {done.stdout}{done.stderr}")
+
+
+def dockerfile_builds_the_workspace() -> None:
+    """The build stage names packages and binaries the workspace has, with a toolchain no older
+    than the workspace's rust-version (the image itself cannot be built here)."""
+    text = DOCKERFILE.read_text()
+    toolchain = re.search(r"^ARG RUST_VERSION=(\d+)\.(\d+)", text, re.MULTILINE)
+    expect(toolchain is not None, "no ARG RUST_VERSION=MAJOR.MINOR")
+    workspace = tomllib.loads((ROOT / "Cargo.toml").read_text())["workspace"]["package"]
+    floor = tuple(int(n) for n in workspace["rust-version"].split(".")[:2])
+    expect(
+        tuple(int(n) for n in toolchain.groups()) >= floor,
+        f"RUST_VERSION {'.'.join(toolchain.groups())} is older than rust-version {floor}",
+    )
+    done = subprocess.run(
+        ["cargo", "metadata", "--no-deps", "--format-version", "1", "--locked"],
+        cwd=ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    expect(done.returncode == 0, f"cargo metadata: {done.stderr}")
+    packages = json.loads(done.stdout)["packages"]
+    binaries = {
+        target["name"]
+        for package in packages
+        for target in package["targets"]
+        if "bin" in target["kind"]
+    }
+    built = set(re.findall(r"-p ([\w-]+)", text))
+    expect(built, "the build stage builds no package (-p NAME)")
+    unknown = built - {package["name"] for package in packages}
+    expect(not unknown, f"the build stage names packages the workspace lacks: {unknown}")
+    copied = set(re.findall(r"target/release/([\w-]+)", text))
+    expect({"gatewayd", "bch-tui"} <= copied, f"the image gets {copied}, not gatewayd and bch-tui")
+    expect(copied <= binaries, f"the image copies binaries no package builds: {copied - binaries}")
 
 
 def check_config(args, docs: list[dict]) -> None:
@@ -759,6 +865,10 @@ def main() -> int:
             "picker" if name == "picker" else "base",
         )
     run_check("hadolint Dockerfile", lint_dockerfile, args.hadolint)
+    run_check(
+        "Dockerfile: the build stage's packages, binaries and toolchain are the workspace's",
+        dockerfile_builds_the_workspace,
+    )
     if "base" in rendered:
         run_check(
             "gatewayd check-config on the ConfigMap's gatewayd.toml",
