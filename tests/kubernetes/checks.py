@@ -648,6 +648,7 @@ def run_pod(docs, args, work: Path, mode: str) -> None:
             served_by_a_worker(pod, names)
             stop_during_a_stream(pod)
         else:
+            speaks_http2(pod.named["picker"])
             # The kubelet's SIGTERM (after preStop): gatewayd stops on its own.
             os.kill(gatewayd_pid(pod.process), signal.SIGTERM)
             stopped(pod)
@@ -655,6 +656,20 @@ def run_pod(docs, args, work: Path, mode: str) -> None:
         procs.stop()
         if pod is not None:
             pod.remove_files()
+
+
+def speaks_http2(port: int) -> None:
+    """The picker's port answers an HTTP/2 connection preface with a SETTINGS frame, as the
+    Service's appProtocol http2 says (Envoy's ext_proc is gRPC over plaintext HTTP/2)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as connection:
+        empty_settings = bytes([0, 0, 0, 0x4, 0, 0, 0, 0, 0])
+        connection.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + empty_settings)
+        header = b""
+        while len(header) < 9:
+            chunk = connection.recv(9 - len(header))
+            expect(chunk, "the picker closed the connection instead of answering HTTP/2")
+            header += chunk
+    expect(header[3] == 0x4, f"the picker's first frame is of type {header[3]}, not SETTINGS")
 
 
 def chat_request(max_tokens: int, stream: bool) -> bytes:
