@@ -623,7 +623,7 @@ def run_pod(docs, args, work: Path, mode: str) -> None:
         uid = re.search(r"^Uid:\s+(\d+)", status, re.MULTILINE).group(1)
         if os.geteuid() == 0:
             expect(int(uid) == pod.user, f"gatewayd runs as uid {uid}, not {pod.user}")
-        # Every worker DNS names is a member, found through the discovery name.
+        # Every worker DNS publishes under the discovery name is a healthy member.
         names = {f"{name}.{srv.rstrip('.').split('.', 2)[2]}" for name, _, _ in workers}
 
         def members():
