@@ -407,3 +407,57 @@ async fn the_original_ab_shape_reproduces_on_the_simulator() {
     assert_eq!(spills, [0.25, 0.25, 0.25]);
     gateway.shutdown().await;
 }
+
+/// A URL on 127.0.0.1 where nobody listens: a port the system handed out, then released.
+fn dead_url() -> reqwest::Url {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    url.parse().unwrap()
+}
+
+fn replica_storm(gateways: &[&gatewayd::RunningGateway], groups: usize) -> StormConfig {
+    let url = |g: &&gatewayd::RunningGateway| -> reqwest::Url {
+        format!("http://{}", g.data_addr).parse().unwrap()
+    };
+    StormConfig {
+        gateway: url(&gateways[0]),
+        replicas: gateways[1..].iter().map(url).collect(),
+        groups,
+        siblings: 4,
+        keys: 4,
+        concurrency: 2,
+        prefix_tokens: 64,
+        max_tokens: 4,
+        progress: false,
+        ..StormConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_replica_in_the_drain_check_is_a_finding_in_the_report() {
+    let workers = sim_workers(2, 0.0).await;
+    let config = config_for(&workers, PolicyKind::BoundedConsistentHashing, 2);
+    let (a, b) = (common::start(config.clone()).await, common::start(config).await);
+    let dead = dead_url();
+    let control = |g: &gatewayd::RunningGateway| -> reqwest::Url {
+        format!("http://{}", g.control_addr).parse().unwrap()
+    };
+    let storm = StormConfig {
+        control: Some(control(&a)),
+        replica_controls: vec![control(&b), dead.clone()],
+        ..replica_storm(&[&a, &b], 4)
+    };
+    let report = run_storm(&storm)
+        .await
+        .expect("a report, whatever one replica's control plane says");
+    let text = report.to_string();
+    assert_eq!(report.ok, 16, "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains(dead.as_str()))
+        .unwrap_or_else(|| panic!("the dead replica is named in\n{text}"));
+    assert!(line.contains("unreachable"), "{line}");
+    a.shutdown().await;
+    b.shutdown().await;
+}

@@ -15,14 +15,16 @@
 //! Only the background storm is built without the `harness` feature.
 //!
 //! The pieces, each depending only on those listed before it: `prompts` (the prompt text), `shooter`
-//! (sending a request and reading its answer), `config` (the measured storm's shape), `report` (what
-//! it measured), `run` (firing it), and `background` (the endless demo storm, built on `prompts` and
+//! (sending a request and reading its answer), `config` (the measured storm's shape), `outcomes` (how
+//! each request ended, overall and per replica), `report` (what it measured), `run` (firing it), and `background` (the endless demo storm, built on `prompts` and
 //! `shooter` only).
 
 mod background;
 #[cfg(feature = "harness")]
 mod config;
 mod prompts;
+#[cfg(feature = "harness")]
+mod outcomes;
 #[cfg(feature = "harness")]
 mod report;
 #[cfg(feature = "harness")]
@@ -34,9 +36,11 @@ pub use background::{BackgroundStormConfig, BackgroundSummary, background_storm}
 pub use config::StormConfig;
 pub use prompts::PrefixScope;
 #[cfg(feature = "harness")]
+pub use outcomes::{OutcomeCounts, ReplicaOutcomes};
+#[cfg(feature = "harness")]
 pub use report::{StormReport, StormShape, TtftBasis, TtftSummary};
 #[cfg(feature = "harness")]
 pub use run::run_storm;
 
 #[cfg(feature = "harness")]
-pub use crate::control::DrainCheck;
+pub use crate::control::{DrainCheck, ReplicaDrain};
