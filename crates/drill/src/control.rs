@@ -145,7 +145,10 @@ impl ControlClient {
     /// answered and all are, `active` summed per worker name over those that answered, the
     /// longest wait. One control plane that cannot be asked is named in the check (a finding of
     /// a drill that kills a replica), never an error that loses the others' answers.
-    pub(crate) async fn wait_all_drained(clients: &[ControlClient], within: Duration) -> DrainCheck {
+    pub(crate) async fn wait_all_drained(
+        clients: &[ControlClient],
+        within: Duration,
+    ) -> DrainCheck {
         let replicas =
             futures_util::future::join_all(clients.iter().map(|c| c.wait_drained(within))).await;
         let mut merged = DrainCheck {

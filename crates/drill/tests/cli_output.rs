@@ -23,8 +23,24 @@ async fn worker() -> WorkerHandle {
 async fn storm(gateway: String, out: std::path::PathBuf, close_stdout: bool) -> Output {
     tokio::task::spawn_blocking(move || {
         let mut child = Command::new(env!("CARGO_BIN_EXE_bch-drill"))
-            .args(["storm", "--gateway", &gateway, "--groups", "2", "--siblings", "2"])
-            .args(["--prefix-tokens", "16", "--max-tokens", "2", "--seed", "1", "--out"])
+            .args([
+                "storm",
+                "--gateway",
+                &gateway,
+                "--groups",
+                "2",
+                "--siblings",
+                "2",
+            ])
+            .args([
+                "--prefix-tokens",
+                "16",
+                "--max-tokens",
+                "2",
+                "--seed",
+                "1",
+                "--out",
+            ])
             .arg(&out)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -231,7 +231,11 @@ fn mixed_gateway() -> Router {
                             tokio::time::sleep(Duration::from_secs(30)).await;
                             (axum::http::StatusCode::OK, sse, "")
                         }
-                        _ => (axum::http::StatusCode::OK, sse, "data: {}\n\ndata: [DONE]\n\n"),
+                        _ => (
+                            axum::http::StatusCode::OK,
+                            sse,
+                            "data: {}\n\ndata: [DONE]\n\n",
+                        ),
                     }
                 }
             }),

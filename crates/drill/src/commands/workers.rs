@@ -22,7 +22,10 @@ pub(crate) async fn run(args: WorkersArgs) -> anyhow::Result<()> {
         // The list is for whoever started the workers; one that can no longer be written (stdout a
         // pipe whose reader is gone) must not stop workers that others are sending requests to.
         if let Err(e) = writeln!(std::io::stdout(), "{} {}", handle.name(), handle.url()) {
-            note!("bch-drill: could not write {} to standard output: {e}", handle.name());
+            note!(
+                "bch-drill: could not write {} to standard output: {e}",
+                handle.name()
+            );
         }
         handles.push(handle);
     }

@@ -22,9 +22,9 @@
 mod background;
 #[cfg(feature = "harness")]
 mod config;
-mod prompts;
 #[cfg(feature = "harness")]
 mod outcomes;
+mod prompts;
 #[cfg(feature = "harness")]
 mod report;
 #[cfg(feature = "harness")]
@@ -34,9 +34,9 @@ mod shooter;
 pub use background::{BackgroundStormConfig, BackgroundSummary, background_storm};
 #[cfg(feature = "harness")]
 pub use config::StormConfig;
-pub use prompts::PrefixScope;
 #[cfg(feature = "harness")]
 pub use outcomes::{OutcomeCounts, ReplicaOutcomes};
+pub use prompts::PrefixScope;
 #[cfg(feature = "harness")]
 pub use report::{StormReport, StormShape, TtftBasis, TtftSummary};
 #[cfg(feature = "harness")]

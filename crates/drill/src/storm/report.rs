@@ -230,10 +230,11 @@ impl Tally {
         if let Some(status) = o.status {
             self.add_response(key, status, o);
         }
-        if let Some(e) = &o.error {
-            if self.error_samples.len() < ERROR_SAMPLES && !self.error_samples.contains(e) {
-                self.error_samples.push(e.clone());
-            }
+        if let Some(e) = &o.error
+            && self.error_samples.len() < ERROR_SAMPLES
+            && !self.error_samples.contains(e)
+        {
+            self.error_samples.push(e.clone());
         }
         if o.ok() {
             self.ttfts_ms

@@ -76,7 +76,12 @@ pub async fn run_storm(config: &StormConfig) -> anyhow::Result<StormReport> {
         duration,
         drain,
     };
-    Ok(summarise(StormShape::of(config), &keys, &outcomes, observed))
+    Ok(summarise(
+        StormShape::of(config),
+        &keys,
+        &outcomes,
+        observed,
+    ))
 }
 
 /// Checks that the gateway answers at all, so an unreachable URL is one clear error rather than

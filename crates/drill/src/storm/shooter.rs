@@ -175,7 +175,8 @@ impl Shooter {
         };
         loop {
             let Some(replica) = self.next_replica() else {
-                outcome.error = Some("not sent: every replica refused connections and was ejected".to_owned());
+                outcome.error =
+                    Some("not sent: every replica refused connections and was ejected".to_owned());
                 outcome.no_response = Some(NoResponse::NotSent);
                 return outcome;
             };
