@@ -1,12 +1,12 @@
 //! `bch-drill ab`: the policy switched between cells on the gateway, a storm per cell and
 //! repetition, and the comparison.
 
+use std::io::Write as _;
+
 use anyhow::Context as _;
 use bch_drill::ab::{AbConfig, parse_cells, run_ab, write_plot};
 use bch_drill::storm::StormConfig;
 use tokio_util::sync::CancellationToken;
-
-use std::io::Write as _;
 
 use crate::{AbArgs, all_written, note, print_report, write_json};
 

@@ -15,9 +15,9 @@
 //! Only the background storm is built without the `harness` feature.
 //!
 //! The pieces, each depending only on those listed before it: `prompts` (the prompt text), `shooter`
-//! (sending a request and reading its answer), `config` (the measured storm's shape), `outcomes` (how
-//! each request ended, overall and per replica), `report` (what it measured), `run` (firing it), and `background` (the endless demo storm, built on `prompts` and
-//! `shooter` only).
+//! (sending a request and reading its answer), `config` (the measured storm's shape), `outcomes`
+//! (how each request ended, overall and per replica), `report` (what it measured), `run` (firing
+//! it), and `background` (the endless demo storm, built on `prompts` and `shooter` only).
 
 mod background;
 #[cfg(feature = "harness")]

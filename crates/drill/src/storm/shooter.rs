@@ -173,6 +173,8 @@ impl Shooter {
                 return outcome;
             }
         };
+        // From the first attempt: a resent request's client waited through the refusal too.
+        let start = Instant::now();
         loop {
             let Some(replica) = self.next_replica() else {
                 outcome.error =
@@ -181,7 +183,6 @@ impl Shooter {
                 return outcome;
             };
             outcome.replica = Some(replica);
-            let start = Instant::now();
             let sent = self
                 .http
                 .post(&self.endpoints[replica])
