@@ -1,6 +1,6 @@
-//! The `bch-drill` binary when its output cannot be written: stdout a pipe whose reader is gone
-//! (`bch-drill storm ... | head -1`), or a report file in a folder that does not exist. Each is a
-//! clear error and exit status 1, never a panic, and one failed output never costs the other.
+//! The `bch-drill` binary when its output cannot be written: stdout or stderr a pipe whose reader
+//! is gone (`bch-drill storm ... | head -1`), or a report file in a folder that does not exist. Each
+//! is a clear error and exit status 1, never a panic, and one failed output never costs the other.
 
 use std::net::SocketAddr;
 use std::process::{Command, Output, Stdio};
@@ -90,4 +90,28 @@ async fn a_report_file_that_cannot_be_written_is_an_error_and_the_report_is_stil
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.starts_with("storm: 4 requests"), "{stdout}");
+}
+
+#[tokio::test]
+async fn an_error_with_a_closed_stderr_is_still_exit_status_1() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let output = tokio::task::spawn_blocking(move || {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_bch-drill"))
+            .args(["storm", "--gateway", &dead])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env_remove("BCH_CONTROL")
+            .spawn()
+            .unwrap();
+        // The only reader of stderr: the error line cannot be written.
+        drop(child.stderr.take());
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    // 101 would be a panic: `eprintln!` on the broken stderr.
+    assert_eq!(output.status.code(), Some(1));
 }

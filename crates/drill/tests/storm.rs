@@ -299,3 +299,42 @@ async fn every_request_lands_in_exactly_one_line_of_the_report() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn a_replica_that_refuses_the_preflight_is_ejected_only_when_asked() {
+    let live = serve(fake_gateway()).await;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+    drop(listener);
+    let config = StormConfig {
+        replicas: vec![dead.clone()],
+        ..small(live, false)
+    };
+    let error = format!("{:#}", run_storm(&config).await.unwrap_err());
+    assert!(
+        error.contains(&format!("gateway {dead} is unreachable")),
+        "{error}"
+    );
+
+    let ejecting = StormConfig {
+        eject_refused_replicas: true,
+        ..config.clone()
+    };
+    let report = run_storm(&ejecting).await.unwrap();
+    assert_eq!((report.ok, report.outcomes.total()), (24, 24), "{report}");
+    assert_eq!(report.per_replica[0].outcomes.ok, 24);
+    let ejected = &report.per_replica[1];
+    assert_eq!(ejected.gateway, dead.as_str());
+    assert_eq!(ejected.outcomes.total(), 0);
+    assert!(ejected.ejected_after_s.is_some_and(|s| s < 1.0), "{report}");
+
+    let nobody = StormConfig {
+        gateway: dead.clone(),
+        ..ejecting
+    };
+    let error = format!("{:#}", run_storm(&nobody).await.unwrap_err());
+    assert!(
+        error.contains("every gateway refuses connections"),
+        "{error}"
+    );
+}
