@@ -19,20 +19,51 @@ struct WorkersBody {
 
 use bch_core::policy::PolicyPatch;
 
-/// Whether every worker's in-flight load returned to zero after a drill.
+/// Whether every worker's in-flight load returned to zero after a drill, by every control plane
+/// asked.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DrainCheck {
-    /// True when every worker reported `active == 0`.
+    /// True when every control plane answered and each reported `active == 0` for every worker.
     pub all_zero: bool,
-    /// Time from the first poll until all were zero (or the wait gave up), in milliseconds.
+    /// The longest time from the first poll until all were zero (or the wait gave up), in
+    /// milliseconds.
     pub waited_ms: f64,
-    /// `active` per worker at the last poll.
+    /// `active` per worker at the last poll, summed over the control planes that answered.
     pub active: BTreeMap<String, u64>,
+    /// What each control plane said, in the order given.
+    pub replicas: Vec<ReplicaDrain>,
+}
+
+impl DrainCheck {
+    /// The control planes that could not be asked.
+    pub fn unanswered(&self) -> impl Iterator<Item = &ReplicaDrain> {
+        self.replicas.iter().filter(|r| r.error.is_some())
+    }
+}
+
+/// What one control plane said in a drain check.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReplicaDrain {
+    /// The control plane's URL.
+    pub control: String,
+    /// True when it answered and every worker's `active` was 0.
+    pub all_zero: bool,
+    /// Time from the first poll until all were zero, the wait gave up or the asking failed, in
+    /// milliseconds.
+    pub waited_ms: f64,
+    /// `active` per worker at its last answer (empty when it never answered).
+    pub active: BTreeMap<String, u64>,
+    /// Why it could not be asked (unreachable, an error status, an unexpected body); `None` when
+    /// it answered to the end.
+    pub error: Option<String>,
 }
 
 /// HTTP client of one gateway's control plane.
 #[derive(Clone, Debug)]
 pub(crate) struct ControlClient {
+    /// The URL as given, for reports.
+    url: String,
+    /// The URL without a trailing `/`, for joining paths.
     base: String,
     token: Option<String>,
     http: reqwest::Client,
@@ -47,6 +78,7 @@ impl ControlClient {
             .build()
             .expect("a client without TLS or proxies always builds");
         Self {
+            url: base.as_str().to_owned(),
             base: base.as_str().trim_end_matches('/').to_owned(),
             token,
             http,
@@ -110,46 +142,64 @@ impl ControlClient {
     }
 
     /// [`ControlClient::wait_drained`] on every replica's control plane at once: drained when all
-    /// are, `active` summed per worker name over the replicas, the longest wait.
+    /// answered and all are, `active` summed per worker name over those that answered, the
+    /// longest wait. One control plane that cannot be asked is named in the check (a finding of
+    /// a drill that kills a replica), never an error that loses the others' answers.
     pub(crate) async fn wait_all_drained(
         clients: &[ControlClient],
         within: Duration,
-    ) -> anyhow::Result<DrainCheck> {
-        let checks =
-            futures_util::future::try_join_all(clients.iter().map(|c| c.wait_drained(within)))
-                .await?;
+    ) -> DrainCheck {
+        let replicas =
+            futures_util::future::join_all(clients.iter().map(|c| c.wait_drained(within))).await;
         let mut merged = DrainCheck {
             all_zero: true,
             waited_ms: 0.0,
             active: BTreeMap::new(),
+            replicas: Vec::with_capacity(replicas.len()),
         };
-        for check in checks {
-            merged.all_zero &= check.all_zero;
-            merged.waited_ms = merged.waited_ms.max(check.waited_ms);
-            for (worker, active) in check.active {
-                *merged.active.entry(worker).or_default() += active;
+        for replica in replicas {
+            merged.all_zero &= replica.all_zero;
+            merged.waited_ms = merged.waited_ms.max(replica.waited_ms);
+            for (worker, active) in &replica.active {
+                *merged.active.entry(worker.clone()).or_default() += active;
             }
+            merged.replicas.push(replica);
         }
-        Ok(merged)
+        merged
     }
 
-    /// Polls `GET /admin/workers` until every worker's `active` is 0, for at most `within`.
+    /// Polls `GET /admin/workers` until every worker's `active` is 0, for at most `within`; a
+    /// failed poll ends the wait with the failure in [`ReplicaDrain::error`].
     ///
     /// Polling, not a single read: the gateway drops a request's load guard just after the last byte
     /// reaches the client, so a read right after the storm may still see the last few requests.
-    pub(crate) async fn wait_drained(&self, within: Duration) -> anyhow::Result<DrainCheck> {
+    pub(crate) async fn wait_drained(&self, within: Duration) -> ReplicaDrain {
         let start = Instant::now();
         let mut poll = tokio::time::interval(Duration::from_millis(20));
+        let mut drain = ReplicaDrain {
+            control: self.url.clone(),
+            all_zero: false,
+            waited_ms: 0.0,
+            active: BTreeMap::new(),
+            error: None,
+        };
         loop {
             poll.tick().await;
-            let workers = self.workers().await?;
-            let all_zero = workers.iter().all(|w| w.active == 0);
-            if all_zero || start.elapsed() >= within {
-                return Ok(DrainCheck {
-                    all_zero,
-                    waited_ms: start.elapsed().as_secs_f64() * 1000.0,
-                    active: workers.into_iter().map(|w| (w.name, w.active)).collect(),
-                });
+            let workers = self.workers().await;
+            drain.waited_ms = start.elapsed().as_secs_f64() * 1000.0;
+            match workers {
+                Ok(workers) => {
+                    drain.all_zero = workers.iter().all(|w| w.active == 0);
+                    drain.active = workers.into_iter().map(|w| (w.name, w.active)).collect();
+                    if drain.all_zero || start.elapsed() >= within {
+                        return drain;
+                    }
+                }
+                Err(e) => {
+                    drain.all_zero = false;
+                    drain.error = Some(format!("{e:#}"));
+                    return drain;
+                }
             }
         }
     }

@@ -5,6 +5,7 @@
 
 mod commands;
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -259,10 +260,17 @@ struct StormArgs {
     #[command(flatten)]
     storm: StormOpts,
     /// Control-plane URL; when given, the report checks that every worker's active load returns to
-    /// 0. With several replicas, every replica's control plane: `A,B,C`.
+    /// 0. With several replicas, every replica's control plane: `A,B,C`. One that cannot be asked
+    /// is named in the report.
     #[arg(long, env = "BCH_CONTROL", value_delimiter = ',')]
     control: Vec<Url>,
-    /// Also write the report as JSON to this file.
+    /// With several replicas: stop sending to a replica once a connection to it is refused, and
+    /// send the refused request to the next replica, as an L4 balancer would. The replica stays
+    /// out until the storm ends.
+    #[arg(long)]
+    eject_refused_replicas: bool,
+    /// Also write the report as JSON to this file (written before the report is printed, so a
+    /// closed stdout never costs the file).
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
 }
@@ -296,6 +304,42 @@ fn write_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Result<()> 
     std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
 }
 
+/// Prints a report on stdout. A failed write (a pipe whose reader is gone, `| head -1`) is an error
+/// to report, where `print!` would panic.
+fn print_report(report: &impl std::fmt::Display) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    write!(stdout, "{report}")
+        .and_then(|()| stdout.flush())
+        .context("writing the report to standard output")
+}
+
+/// One error out of the results of a command's outputs (report file, chart, stdout), each tried
+/// whatever became of the others: the first error, with the others' messages after it.
+fn all_written(results: impl IntoIterator<Item = anyhow::Result<()>>) -> anyhow::Result<()> {
+    let errors: Vec<anyhow::Error> = results.into_iter().filter_map(Result::err).collect();
+    let mut errors = errors.into_iter();
+    match errors.next() {
+        None => Ok(()),
+        Some(first) => {
+            let rest: Vec<String> = errors.map(|e| format!("{e:#}")).collect();
+            if rest.is_empty() {
+                Err(first)
+            } else {
+                Err(anyhow::anyhow!("{first:#}; {}", rest.join("; ")))
+            }
+        }
+    }
+}
+
+/// A line on stderr for a person watching (progress, notes, the final error). It is lost, nothing
+/// more, when stderr cannot be written: `eprintln!` would panic.
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+pub(crate) use note;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -303,6 +347,9 @@ async fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        // A log line that cannot be written is lost, nothing more; by default the subscriber
+        // reports the failure with `eprintln!`, which panics on the same broken stderr.
+        .log_internal_errors(false)
         .init();
     let cli = Cli::parse();
     let cancel = CancellationToken::new();
@@ -315,7 +362,7 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One line: the context chain joined by ": ".
-            eprintln!("bch-drill: error: {e:#}");
+            note!("bch-drill: error: {e:#}");
             if cancel.is_cancelled() {
                 // 128 + SIGINT, as shells report an interrupted command.
                 ExitCode::from(130)

@@ -211,3 +211,130 @@ async fn an_unreachable_gateway_is_one_clear_error() {
     );
     assert!(!text.contains('\n'));
 }
+
+/// A fake gateway whose answers cycle through the ways a request can end: a 503, a 200 whose stream
+/// never reaches `data: [DONE]`, no answer before the storm's timeout, and a complete stream.
+fn mixed_gateway() -> Router {
+    let counter = Arc::new(AtomicU64::new(0));
+    Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/v1/chat/completions",
+            post(move || {
+                let n = counter.fetch_add(1, Ordering::Relaxed);
+                async move {
+                    let sse = [("content-type", "text/event-stream")];
+                    match n % 4 {
+                        0 => (axum::http::StatusCode::SERVICE_UNAVAILABLE, sse, "busy\n"),
+                        1 => (axum::http::StatusCode::OK, sse, "data: {}\n\n"),
+                        2 => {
+                            tokio::time::sleep(Duration::from_secs(30)).await;
+                            (axum::http::StatusCode::OK, sse, "")
+                        }
+                        _ => (
+                            axum::http::StatusCode::OK,
+                            sse,
+                            "data: {}\n\ndata: [DONE]\n\n",
+                        ),
+                    }
+                }
+            }),
+        )
+}
+
+/// Every `NAME: N` count on the report's lines before `duration`, apart from the first line (the
+/// storm's shape) and the error samples.
+fn outcome_counts(text: &str) -> Vec<(String, u64)> {
+    let mut counts = Vec::new();
+    for line in text.lines().skip(1) {
+        let line = line.trim();
+        if line.starts_with("duration") {
+            break;
+        }
+        if line.starts_with("error:") {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(colon) = rest.find(": ") {
+            let name = rest[..colon].rsplit(&[',', ' '][..]).next().unwrap_or("");
+            let after = &rest[colon + 2..];
+            let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+            if let Ok(n) = digits.parse() {
+                counts.push((name.to_owned(), n));
+            }
+            rest = after;
+        }
+    }
+    counts
+}
+
+#[tokio::test]
+async fn every_request_lands_in_exactly_one_line_of_the_report() {
+    let gateway = serve(mixed_gateway()).await;
+    let config = StormConfig {
+        groups: 4,
+        siblings: 4,
+        concurrency: 4,
+        request_timeout: Duration::from_millis(500),
+        ..small(gateway, true)
+    };
+    let report = run_storm(&config).await.unwrap();
+    let text = report.to_string();
+    let counts = outcome_counts(&text);
+    let total: u64 = counts.iter().map(|(_, n)| n).sum();
+    assert_eq!(total, report.requests, "{counts:?} in\n{text}");
+    assert_eq!(report.requests, 16);
+    assert_eq!(report.ok, 4, "{text}");
+    let o = &report.outcomes;
+    assert_eq!(
+        (o.ok, o.http_status.get(&503), o.broken, o.timed_out),
+        (4, Some(&4), 4, 4),
+        "{text}"
+    );
+    assert_eq!((o.total(), report.errors), (16, 8));
+    // Status counts stay what they were: every response by its status, broken ones included.
+    assert_eq!(report.status_counts.get(&200), Some(&8));
+    assert!(
+        text.contains("outcomes      ok: 4, HTTP 503: 4, 2xx then broken: 4, timed out: 4"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_replica_that_refuses_the_preflight_is_ejected_only_when_asked() {
+    let live = serve(fake_gateway()).await;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+    drop(listener);
+    let config = StormConfig {
+        replicas: vec![dead.clone()],
+        ..small(live, false)
+    };
+    let error = format!("{:#}", run_storm(&config).await.unwrap_err());
+    assert!(
+        error.contains(&format!("gateway {dead} is unreachable")),
+        "{error}"
+    );
+
+    let ejecting = StormConfig {
+        eject_refused_replicas: true,
+        ..config.clone()
+    };
+    let report = run_storm(&ejecting).await.unwrap();
+    assert_eq!((report.ok, report.outcomes.total()), (24, 24), "{report}");
+    assert_eq!(report.per_replica[0].outcomes.ok, 24);
+    let ejected = &report.per_replica[1];
+    assert_eq!(ejected.gateway, dead.as_str());
+    assert_eq!(ejected.outcomes.total(), 0);
+    assert!(ejected.ejected_after_s.is_some_and(|s| s < 1.0), "{report}");
+
+    let nobody = StormConfig {
+        gateway: dead.clone(),
+        ..ejecting
+    };
+    let error = format!("{:#}", run_storm(&nobody).await.unwrap_err());
+    assert!(
+        error.contains("every gateway refuses connections"),
+        "{error}"
+    );
+}

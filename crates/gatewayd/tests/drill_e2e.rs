@@ -407,3 +407,160 @@ async fn the_original_ab_shape_reproduces_on_the_simulator() {
     assert_eq!(spills, [0.25, 0.25, 0.25]);
     gateway.shutdown().await;
 }
+
+/// A URL on 127.0.0.1 where nobody listens: a port the system handed out, then released.
+fn dead_url() -> reqwest::Url {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    url.parse().unwrap()
+}
+
+fn replica_storm(gateways: &[&gatewayd::RunningGateway], groups: usize) -> StormConfig {
+    let url = |g: &&gatewayd::RunningGateway| -> reqwest::Url {
+        format!("http://{}", g.data_addr).parse().unwrap()
+    };
+    StormConfig {
+        gateway: url(&gateways[0]),
+        replicas: gateways[1..].iter().map(url).collect(),
+        groups,
+        siblings: 4,
+        keys: 4,
+        concurrency: 2,
+        prefix_tokens: 64,
+        max_tokens: 4,
+        progress: false,
+        ..StormConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_replica_in_the_drain_check_is_a_finding_in_the_report() {
+    let workers = sim_workers(2, 0.0).await;
+    let config = config_for(&workers, PolicyKind::BoundedConsistentHashing, 2);
+    let (a, b) = (
+        common::start(config.clone()).await,
+        common::start(config).await,
+    );
+    let dead = dead_url();
+    let control = |g: &gatewayd::RunningGateway| -> reqwest::Url {
+        format!("http://{}", g.control_addr).parse().unwrap()
+    };
+    let storm = StormConfig {
+        control: Some(control(&a)),
+        replica_controls: vec![control(&b), dead.clone()],
+        ..replica_storm(&[&a, &b], 4)
+    };
+    let report = run_storm(&storm)
+        .await
+        .expect("a report, whatever one replica's control plane says");
+    let text = report.to_string();
+    assert_eq!(report.ok, 16, "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains(dead.as_str()))
+        .unwrap_or_else(|| panic!("the dead replica is named in\n{text}"));
+    assert!(line.contains("unreachable"), "{line}");
+    let drain = report.drain.as_ref().expect("drain checked");
+    assert!(!drain.all_zero, "not verified on every replica");
+    let controls: Vec<&str> = drain.replicas.iter().map(|r| r.control.as_str()).collect();
+    assert_eq!(controls[2], dead.as_str());
+    assert_eq!(
+        drain
+            .replicas
+            .iter()
+            .map(|r| r.error.is_some())
+            .collect::<Vec<_>>(),
+        [false, false, true]
+    );
+    assert!(drain.replicas[..2].iter().all(|r| r.all_zero), "{text}");
+    assert_eq!(report.per_replica.len(), 2);
+    assert!(
+        report.per_replica.iter().all(|r| r.outcomes.ok == 8),
+        "{text}"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// Requests the gateway has routed so far, over all its workers.
+fn routed(gateway: &gatewayd::RunningGateway) -> u64 {
+    let table = gateway.routing_table();
+    table
+        .workers()
+        .iter()
+        .map(|w| w.stats.requests_total())
+        .sum()
+}
+
+/// The replica-failure drill: two replicas in front of one fleet, the second stopped once it has
+/// routed a few requests of a long storm. Without ejection its later requests are refused and
+/// counted as such; with `eject_refused_replicas` the first refusal takes it out of the rotation
+/// and every refused request is sent to the other replica. Either way the report comes back, adds
+/// up, and names the replica whose control plane could not be asked.
+#[tokio::test]
+async fn a_replica_killed_mid_storm_is_counted_or_ejected_and_the_report_adds_up() {
+    for eject in [false, true] {
+        let workers = sim_workers(2, 0.1).await;
+        let config = config_for(&workers, PolicyKind::BoundedConsistentHashing, 2);
+        let (a, b) = (
+            common::start(config.clone()).await,
+            common::start(config).await,
+        );
+        let control = |g: &gatewayd::RunningGateway| -> reqwest::Url {
+            format!("http://{}", g.control_addr).parse().unwrap()
+        };
+        let b_control = control(&b);
+        let storm = StormConfig {
+            eject_refused_replicas: eject,
+            control: Some(control(&a)),
+            replica_controls: vec![b_control.clone()],
+            concurrency: 4,
+            ..replica_storm(&[&a, &b], 200)
+        };
+        let running = tokio::spawn(async move { run_storm(&storm).await });
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while routed(&b) < 8 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("the second replica routes requests");
+        b.shutdown().await;
+        let report = running.await.unwrap().expect("a report");
+        let text = report.to_string();
+        let o = &report.outcomes;
+        assert_eq!(report.requests, 800);
+        assert_eq!(o.total(), 800, "{text}");
+        assert_eq!(report.per_replica.len(), 2);
+        let [first, second] = [&report.per_replica[0], &report.per_replica[1]];
+        assert_eq!(
+            first.outcomes.total() + second.outcomes.total() + o.not_sent,
+            800
+        );
+        assert!(second.outcomes.ok >= 8, "{text}");
+        assert_eq!(first.ejected_after_s, None, "{text}");
+        if eject {
+            assert!(second.ejected_after_s.is_some(), "{text}");
+            assert_eq!((o.refused, o.not_sent), (0, 0), "{text}");
+            assert!(second.refused_and_resent >= 1, "{text}");
+            assert_eq!(report.refused_and_resent, second.refused_and_resent);
+            assert!(text.contains("EJECTED after"), "{text}");
+        } else {
+            assert_eq!(second.ejected_after_s, None, "{text}");
+            assert!(o.refused > 0, "{text}");
+            assert_eq!(o.refused, second.outcomes.refused, "{text}");
+            assert_eq!(report.refused_and_resent, 0);
+        }
+        let drain = report.drain.as_ref().expect("drain checked");
+        assert!(!drain.all_zero, "one control plane could not be asked");
+        assert_eq!(drain.replicas[0].error, None, "{text}");
+        assert!(drain.replicas[1].error.is_some(), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.contains(b_control.as_str()) && l.contains("NOT CHECKED")),
+            "{text}"
+        );
+        a.shutdown().await;
+    }
+}

@@ -1,12 +1,14 @@
 //! `bch-drill ab`: the policy switched between cells on the gateway, a storm per cell and
 //! repetition, and the comparison.
 
+use std::io::Write as _;
+
 use anyhow::Context as _;
 use bch_drill::ab::{AbConfig, parse_cells, run_ab, write_plot};
 use bch_drill::storm::StormConfig;
 use tokio_util::sync::CancellationToken;
 
-use crate::{AbArgs, write_json};
+use crate::{AbArgs, all_written, note, print_report, write_json};
 
 /// Runs every cell `reps` times, printing each run as it ends, then the report; writes the JSON
 /// and the plot if asked. `cancel` fires on Ctrl-C or SIGTERM, and the run puts the policy back.
@@ -26,7 +28,7 @@ pub(crate) async fn run(args: AbArgs, cancel: CancellationToken) -> anyhow::Resu
         reps: args.reps,
     };
     let total = config.cells.len() * config.reps;
-    eprintln!(
+    note!(
         "bch-drill ab: {total} runs, prompt seed {seed} ({})",
         if config.seed_given {
             "given"
@@ -41,7 +43,7 @@ pub(crate) async fn run(args: AbArgs, cancel: CancellationToken) -> anyhow::Resu
         } else {
             "  n/a".to_owned()
         };
-        eprintln!(
+        note!(
             "[{}/{total}] rep {} {:<16} {:>8.1} req/s  TTFT mean {:>7.1} ms  spill {:>5.1}%  cached {cached}  seed {}",
             run.order,
             run.rep,
@@ -53,14 +55,12 @@ pub(crate) async fn run(args: AbArgs, cancel: CancellationToken) -> anyhow::Resu
         );
     })
     .await?;
-    print!("{report}");
-    if let Some(path) = &args.out {
-        write_json(path, &report)?;
-    }
-    if let Some(path) = &args.plot {
-        write_plot(&report, path)?;
-    }
-    Ok(())
+    // Files first, each output tried whatever became of the others: a closed stdout never costs
+    // the report file or the chart.
+    let written = args.out.as_deref().map(|path| write_json(path, &report));
+    let plotted = args.plot.as_deref().map(|path| write_plot(&report, path));
+    let printed = print_report(&report);
+    all_written(written.into_iter().chain(plotted).chain([printed]))
 }
 
 /// Fires `cancel` on Ctrl-C or SIGTERM, so a run in progress can put the gateway's policy back
@@ -73,7 +73,7 @@ fn cancel_on_signal(cancel: CancellationToken) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => {}
             _ = terminate.recv() => {}
         }
-        eprintln!("bch-drill: interrupted: restoring the gateway's policy");
+        note!("bch-drill: interrupted: restoring the gateway's policy");
         cancel.cancel();
     });
     Ok(())

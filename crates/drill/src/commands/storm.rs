@@ -2,18 +2,19 @@
 
 use bch_drill::storm::run_storm;
 
-use crate::{StormArgs, write_json};
+use crate::{StormArgs, all_written, print_report, write_json};
 
-/// Fires one storm, prints the report and writes it as JSON if asked.
+/// Fires one storm, writes the report as JSON if asked, and prints it. The file comes first and
+/// each output is tried whatever became of the other, so a closed stdout never costs the file
+/// and a file that cannot be written never costs the printed report.
 pub(crate) async fn run(args: StormArgs) -> anyhow::Result<()> {
     args.storm.control_token()?;
     let seed = args.storm.seed();
     let mut config = args.storm.config(args.control.first().cloned(), seed);
     config.replica_controls = args.control.iter().skip(1).cloned().collect();
+    config.eject_refused_replicas = args.eject_refused_replicas;
     let report = run_storm(&config).await?;
-    print!("{report}");
-    if let Some(path) = &args.out {
-        write_json(path, &report)?;
-    }
-    Ok(())
+    let written = args.out.as_deref().map(|path| write_json(path, &report));
+    let printed = print_report(&report);
+    all_written(written.into_iter().chain([printed]))
 }

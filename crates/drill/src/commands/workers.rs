@@ -1,9 +1,11 @@
 //! `bch-drill workers`: simulated workers on consecutive ports until Ctrl-C or SIGTERM.
 
+use std::io::Write as _;
+
 use anyhow::Context as _;
 use bch_drill::worker::spawn_worker;
 
-use crate::WorkersArgs;
+use crate::{WorkersArgs, note};
 
 /// Starts the simulated workers and runs them until Ctrl-C or SIGTERM.
 pub(crate) async fn run(args: WorkersArgs) -> anyhow::Result<()> {
@@ -17,10 +19,17 @@ pub(crate) async fn run(args: WorkersArgs) -> anyhow::Result<()> {
         };
         let handle =
             spawn_worker((args.host, port).into(), format!("sim-{i}"), config.clone()).await?;
-        println!("{} {}", handle.name(), handle.url());
+        // The list is for whoever started the workers; one that can no longer be written (stdout a
+        // pipe whose reader is gone) must not stop workers that others are sending requests to.
+        if let Err(e) = writeln!(std::io::stdout(), "{} {}", handle.name(), handle.url()) {
+            note!(
+                "bch-drill: could not write {} to standard output: {e}",
+                handle.name()
+            );
+        }
         handles.push(handle);
     }
-    eprintln!(
+    note!(
         "{} simulated worker(s) running (time scale {}); Ctrl-C or SIGTERM stops them",
         handles.len(),
         config.time_scale
@@ -33,7 +42,7 @@ pub(crate) async fn run(args: WorkersArgs) -> anyhow::Result<()> {
         result = tokio::signal::ctrl_c() => result.context("waiting for Ctrl-C")?,
         _ = terminate.recv() => {}
     }
-    eprintln!("stopping: letting in-flight responses finish");
+    note!("stopping: letting in-flight responses finish");
     for handle in handles {
         handle.shutdown().await?;
     }

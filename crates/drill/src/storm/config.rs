@@ -19,6 +19,12 @@ pub struct StormConfig {
     /// round-robin over `gateway` and these, one request each in turn, as an L4 balancer spreads
     /// them. Default none.
     pub replicas: Vec<Url>,
+    /// Stop sending to a replica whose connection is refused, and send the refused request to the
+    /// next replica instead, as an L4 balancer does (nothing reached the refusing replica, so
+    /// nothing is sent twice). An ejected replica stays out until the storm ends; a replica that
+    /// refuses the preflight is ejected before the first request. Default false: every replica
+    /// keeps its turn, and each refused request is counted as refused.
+    pub eject_refused_replicas: bool,
     /// Groups to fire. Default 400.
     pub groups: usize,
     /// Concurrent sibling requests per group. Default 8.
@@ -69,6 +75,7 @@ impl Default for StormConfig {
         Self {
             gateway: Url::parse("http://127.0.0.1:8080").expect("static URL"),
             replicas: Vec::new(),
+            eject_refused_replicas: false,
             groups: 400,
             siblings: 8,
             keys: 8,

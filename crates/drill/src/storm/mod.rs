@@ -15,13 +15,15 @@
 //! Only the background storm is built without the `harness` feature.
 //!
 //! The pieces, each depending only on those listed before it: `prompts` (the prompt text), `shooter`
-//! (sending a request and reading its answer), `config` (the measured storm's shape), `report` (what
-//! it measured), `run` (firing it), and `background` (the endless demo storm, built on `prompts` and
-//! `shooter` only).
+//! (sending a request and reading its answer), `config` (the measured storm's shape), `outcomes`
+//! (how each request ended, overall and per replica), `report` (what it measured), `run` (firing
+//! it), and `background` (the endless demo storm, built on `prompts` and `shooter` only).
 
 mod background;
 #[cfg(feature = "harness")]
 mod config;
+#[cfg(feature = "harness")]
+mod outcomes;
 mod prompts;
 #[cfg(feature = "harness")]
 mod report;
@@ -32,6 +34,8 @@ mod shooter;
 pub use background::{BackgroundStormConfig, BackgroundSummary, background_storm};
 #[cfg(feature = "harness")]
 pub use config::StormConfig;
+#[cfg(feature = "harness")]
+pub use outcomes::{OutcomeCounts, ReplicaOutcomes};
 pub use prompts::PrefixScope;
 #[cfg(feature = "harness")]
 pub use report::{StormReport, StormShape, TtftBasis, TtftSummary};
@@ -39,4 +43,4 @@ pub use report::{StormReport, StormShape, TtftBasis, TtftSummary};
 pub use run::run_storm;
 
 #[cfg(feature = "harness")]
-pub use crate::control::DrainCheck;
+pub use crate::control::{DrainCheck, ReplicaDrain};

@@ -11,9 +11,10 @@ use reqwest::Url;
 use serde::Serialize;
 
 use super::config::StormConfig;
+use super::outcomes::{OutcomeCounts, ReplicaOutcomes, per_replica};
 use super::prompts::PrefixScope;
 use super::shooter::Outcome;
-use crate::control::DrainCheck;
+use crate::control::{DrainCheck, ReplicaDrain};
 use crate::stats::{mean, percentile};
 
 /// Placement and branch name used when a response lacks the gateway's header (a storm aimed straight
@@ -154,9 +155,18 @@ pub struct StormReport {
     pub requests: u64,
     /// Requests answered 2xx and read to completion (streams up to `data: [DONE]`).
     pub ok: u64,
-    /// Responses per HTTP status.
+    /// How every request ended, each in exactly one class: these add up to `requests`.
+    pub outcomes: OutcomeCounts,
+    /// Per gateway replica, in the order given: how its requests ended, and whether it was
+    /// ejected for refusing connections.
+    pub per_replica: Vec<ReplicaOutcomes>,
+    /// Requests whose connection a replica refused and that were sent to another replica (only
+    /// with `eject_refused_replicas`); each counts once, in `outcomes`, by how it finally ended.
+    pub refused_and_resent: u64,
+    /// Responses per HTTP status, a 2xx whose answer then broke included.
     pub status_counts: BTreeMap<u16, u64>,
-    /// Requests that failed without a complete answer: transport errors, timeouts, broken streams.
+    /// Requests without a complete answer other than a non-2xx status: broken answers, refused
+    /// connections, timeouts, other transport errors, and requests never sent.
     pub errors: u64,
     /// Up to five distinct error messages.
     pub error_samples: Vec<String>,
@@ -203,8 +213,7 @@ struct Tally {
     per_worker: BTreeMap<String, u64>,
     branches: BTreeMap<String, u64>,
     error_samples: Vec<String>,
-    ok: u64,
-    errors: u64,
+    outcomes: OutcomeCounts,
     /// Outcomes with a status: the denominator of the placement and spill shares.
     responses: u64,
     spilled: u64,
@@ -217,17 +226,17 @@ struct Tally {
 
 impl Tally {
     fn add(&mut self, key: &str, o: &Outcome) {
+        self.outcomes.add(o);
         if let Some(status) = o.status {
             self.add_response(key, status, o);
         }
-        if let Some(e) = &o.error {
-            self.errors += 1;
-            if self.error_samples.len() < ERROR_SAMPLES && !self.error_samples.contains(e) {
-                self.error_samples.push(e.clone());
-            }
+        if let Some(e) = &o.error
+            && self.error_samples.len() < ERROR_SAMPLES
+            && !self.error_samples.contains(e)
+        {
+            self.error_samples.push(e.clone());
         }
         if o.ok() {
-            self.ok += 1;
             self.ttfts_ms
                 .extend(o.ttft.map(|t| t.as_secs_f64() * 1000.0));
             self.prompt_tokens += o.prompt_tokens;
@@ -262,6 +271,7 @@ impl Tally {
         requests: usize,
         duration: Duration,
         drain: Option<DrainCheck>,
+        per_replica: Vec<ReplicaOutcomes>,
     ) -> StormReport {
         let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
         let seconds = duration.as_secs_f64();
@@ -271,13 +281,15 @@ impl Tally {
         let second = served.get(1).copied().unwrap_or(0);
         StormReport {
             requests: requests as u64,
-            ok: self.ok,
+            ok: self.outcomes.ok,
+            errors: self.outcomes.errors(),
+            refused_and_resent: per_replica.iter().map(|r| r.refused_and_resent).sum(),
+            per_replica,
             status_counts: self.status_counts,
-            errors: self.errors,
             error_samples: self.error_samples,
             duration_s: seconds,
             throughput_rps: if seconds > 0.0 {
-                self.ok as f64 / seconds
+                self.outcomes.ok as f64 / seconds
             } else {
                 0.0
             },
@@ -293,6 +305,7 @@ impl Tally {
             completion_tokens: self.completion_tokens,
             cached_token_fraction: ratio(self.cached_tokens, self.prompt_tokens),
             cached_reported: self.cached_reported,
+            outcomes: self.outcomes,
             drain,
             shape,
         }
@@ -314,19 +327,41 @@ fn ttft_summary(stream: bool, mut ttfts_ms: Vec<f64>) -> TtftSummary {
     }
 }
 
+/// What a storm observed besides its outcomes, for [`summarise`].
+pub(super) struct Observed {
+    /// Data-plane URL of each replica, in the order given.
+    pub(super) gateways: Vec<String>,
+    /// Per replica: when it was ejected, in seconds from the start; `None` if never.
+    pub(super) ejections: Vec<Option<f64>>,
+    /// Wall time of the storm.
+    pub(super) duration: Duration,
+    /// The drain check, when a control plane was given.
+    pub(super) drain: Option<DrainCheck>,
+}
+
 /// Folds a storm's outcomes, each with the index of its routing key in `keys`, into its report.
 pub(super) fn summarise(
     shape: StormShape,
     keys: &[String],
     outcomes: &[(usize, Outcome)],
-    duration: Duration,
-    drain: Option<DrainCheck>,
+    observed: Observed,
 ) -> StormReport {
     let mut tally = Tally::default();
     for (key, o) in outcomes {
         tally.add(&keys[*key], o);
     }
-    tally.into_report(shape, outcomes.len(), duration, drain)
+    let replicas = per_replica(
+        &observed.gateways,
+        outcomes.iter().map(|(_, o)| o),
+        &observed.ejections,
+    );
+    tally.into_report(
+        shape,
+        outcomes.len(),
+        observed.duration,
+        observed.drain,
+        replicas,
+    )
 }
 
 impl fmt::Display for StormReport {
@@ -334,6 +369,7 @@ impl fmt::Display for StormReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.fmt_shape(f)?;
         self.fmt_totals(f)?;
+        self.fmt_replicas(f)?;
         self.fmt_placement(f)?;
         self.fmt_drain(f)
     }
@@ -354,19 +390,17 @@ impl StormReport {
         )
     }
 
-    /// Status, errors, duration, TTFT, cache and spill lines.
+    /// Outcome, duration, TTFT, cache and spill lines. The outcome line names every class of
+    /// [`OutcomeCounts`] that has requests, so its counts add up to the requests sent.
     fn fmt_totals(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let statuses: Vec<String> = self
-            .status_counts
-            .iter()
-            .map(|(k, v)| format!("{k}: {v}"))
-            .collect();
-        writeln!(
-            f,
-            "  status        {}   errors: {}",
-            statuses.join(", "),
-            self.errors
-        )?;
+        writeln!(f, "  outcomes      {}", self.outcomes)?;
+        if self.refused_and_resent > 0 {
+            writeln!(
+                f,
+                "    ({} refused connections resent to another replica, counted where they ended)",
+                self.refused_and_resent
+            )?;
+        }
         for e in &self.error_samples {
             writeln!(f, "    error: {e}")?;
         }
@@ -411,6 +445,26 @@ impl StormReport {
         )
     }
 
+    /// With several replicas: one line each, its outcomes and its ejection.
+    fn fmt_replicas(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.per_replica.len() < 2 {
+            return Ok(());
+        }
+        writeln!(f, "  per replica")?;
+        for r in &self.per_replica {
+            write!(f, "    {}  {}", r.gateway, r.outcomes)?;
+            if let Some(at) = r.ejected_after_s {
+                write!(
+                    f,
+                    "   EJECTED after {at:.2} s (refused a connection; {} requests resent elsewhere)",
+                    r.refused_and_resent
+                )?;
+            }
+            writeln!(f)?;
+        }
+        Ok(())
+    }
+
     fn fmt_placement(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let total: u64 = self.per_worker.values().sum();
         let workers: Vec<String> = self
@@ -427,28 +481,63 @@ impl StormReport {
         Ok(())
     }
 
+    /// One line with one control plane; with several, a summary line and one line each, so a
+    /// replica that could not be asked is named.
     fn fmt_drain(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.drain {
-            None => writeln!(f, "  drain         not checked (no --control)"),
-            Some(d) if d.all_zero => writeln!(
-                f,
-                "  drain         every worker back to 0 active (after {:.0} ms)",
-                d.waited_ms
-            ),
-            Some(d) => {
-                let busy: Vec<String> = d
-                    .active
-                    .iter()
-                    .filter(|(_, a)| **a > 0)
-                    .map(|(w, a)| format!("{w}={a}"))
-                    .collect();
-                writeln!(
-                    f,
-                    "  drain         NOT DRAINED after {:.0} ms: {}",
-                    d.waited_ms,
-                    busy.join(" ")
-                )
-            }
+        let Some(d) = &self.drain else {
+            return writeln!(f, "  drain         not checked (no --control)");
+        };
+        if let [one] = d.replicas.as_slice() {
+            write!(f, "  drain         ")?;
+            return fmt_replica_drain(f, one);
         }
+        let unanswered = d.unanswered().count();
+        if unanswered > 0 {
+            writeln!(
+                f,
+                "  drain         NOT VERIFIED: {unanswered} of {} control planes could not be asked",
+                d.replicas.len()
+            )?;
+        } else if d.all_zero {
+            writeln!(
+                f,
+                "  drain         every worker back to 0 active on all {} replicas (after {:.0} ms)",
+                d.replicas.len(),
+                d.waited_ms
+            )?;
+        } else {
+            writeln!(f, "  drain         NOT DRAINED after {:.0} ms", d.waited_ms)?;
+        }
+        for replica in &d.replicas {
+            write!(f, "    {}  ", replica.control)?;
+            fmt_replica_drain(f, replica)?;
+        }
+        Ok(())
     }
+}
+
+/// What one control plane said in the drain check, as the rest of a line.
+fn fmt_replica_drain(f: &mut fmt::Formatter<'_>, d: &ReplicaDrain) -> fmt::Result {
+    if let Some(error) = &d.error {
+        return writeln!(f, "NOT CHECKED: {error}");
+    }
+    if d.all_zero {
+        return writeln!(
+            f,
+            "every worker back to 0 active (after {:.0} ms)",
+            d.waited_ms
+        );
+    }
+    let busy: Vec<String> = d
+        .active
+        .iter()
+        .filter(|(_, a)| **a > 0)
+        .map(|(w, a)| format!("{w}={a}"))
+        .collect();
+    writeln!(
+        f,
+        "NOT DRAINED after {:.0} ms: {}",
+        d.waited_ms,
+        busy.join(" ")
+    )
 }

@@ -1,5 +1,8 @@
 //! Firing a measured storm: a preflight check of the gateway, `concurrency` groups in flight with a
 //! progress bar, then the drain check and the report.
+//!
+//! Nothing that happens after the preflight stops the storm or loses its report: failed requests
+//! are counted, and a control plane that cannot be asked for the drain check is named in it.
 
 use std::time::Duration;
 
@@ -11,22 +14,36 @@ use tokio::time::Instant;
 
 use super::config::{StormConfig, routing_key};
 use super::prompts::Prompts;
-use super::report::{StormReport, StormShape, summarise};
-use super::shooter::{Outcome, Shooter};
+use super::report::{Observed, StormReport, StormShape, summarise};
+use super::shooter::{Outcome, Shooter, refused};
 use crate::control::{ControlClient, DrainCheck};
 
 /// Fires the storm described by `config` and measures it.
 ///
 /// # Errors
 ///
-/// When the shape fires nothing (zero groups, siblings, keys or concurrency), the gateway does not
-/// answer `GET /health` at all, the routing key header is not a header name, or the control plane
-/// cannot be asked for the drain check. Failed requests are not errors: the report counts them.
+/// When the shape fires nothing (zero groups, siblings, keys or concurrency), a gateway does not
+/// answer `GET /health` at all (with `eject_refused_replicas`, only a gateway that fails otherwise
+/// than by refusing the connection, or every one), or the routing key header is not a header name.
+/// Failed requests are not errors: the report counts them. Nor is a control plane that cannot be
+/// asked for the drain check: the report names it.
 pub async fn run_storm(config: &StormConfig) -> anyhow::Result<StormReport> {
     config.check()?;
-    for gateway in config.gateways() {
-        preflight(gateway).await?;
+    let mut refused_at_start = Vec::new();
+    for (replica, gateway) in config.gateways().enumerate() {
+        match preflight(gateway).await {
+            Ok(()) => {}
+            Err(e) if config.eject_refused_replicas && refused(&e) => {
+                tracing::warn!(%gateway, "the replica refuses connections: ejected before the storm");
+                refused_at_start.push(replica);
+            }
+            Err(e) => return Err(e).with_context(|| format!("gateway {gateway} is unreachable")),
+        }
     }
+    anyhow::ensure!(
+        refused_at_start.len() < config.gateways().count(),
+        "every gateway refuses connections"
+    );
     let shooter = Shooter::new(
         config.gateways(),
         &config.routing_key_header,
@@ -34,7 +51,11 @@ pub async fn run_storm(config: &StormConfig) -> anyhow::Result<StormReport> {
         config.max_tokens,
         &config.model,
         config.request_timeout,
-    )?;
+    )?
+    .ejecting_refused(config.eject_refused_replicas);
+    for replica in refused_at_start {
+        shooter.eject(replica);
+    }
     let prompts = Prompts::new(
         config.seed,
         config.keys,
@@ -48,28 +69,29 @@ pub async fn run_storm(config: &StormConfig) -> anyhow::Result<StormReport> {
     let outcomes = fire_groups(config, &shooter, &prompts, &keys, &progress).await;
     let duration = start.elapsed();
     progress.finish_and_clear();
-    let drain = check_drain(config).await?;
+    let drain = check_drain(config).await;
+    let observed = Observed {
+        gateways: config.gateways().map(|g| g.as_str().to_owned()).collect(),
+        ejections: shooter.ejections(),
+        duration,
+        drain,
+    };
     Ok(summarise(
         StormShape::of(config),
         &keys,
         &outcomes,
-        duration,
-        drain,
+        observed,
     ))
 }
 
 /// Checks that the gateway answers at all, so an unreachable URL is one clear error rather than
 /// thousands of failed requests.
-async fn preflight(gateway: &Url) -> anyhow::Result<()> {
+async fn preflight(gateway: &Url) -> Result<(), reqwest::Error> {
     let url = format!("{}/health", gateway.as_str().trim_end_matches('/'));
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
         .build()?;
-    client
-        .get(&url)
-        .send()
-        .await
-        .with_context(|| format!("gateway {gateway} is unreachable"))?;
+    client.get(&url).send().await?;
     Ok(())
 }
 
@@ -113,16 +135,15 @@ async fn fire_groups(
     outcomes
 }
 
-async fn check_drain(config: &StormConfig) -> anyhow::Result<Option<DrainCheck>> {
+/// Asks every control plane whether its workers' load returned to 0; `None` without one. A control
+/// plane that cannot be asked is a finding in the check, not an error.
+async fn check_drain(config: &StormConfig) -> Option<DrainCheck> {
     let clients: Vec<ControlClient> = config
         .controls()
         .map(|control| ControlClient::new(control, config.control_token.clone()))
         .collect();
     if clients.is_empty() {
-        return Ok(None);
+        return None;
     }
-    let drain = ControlClient::wait_all_drained(&clients, config.drain_timeout)
-        .await
-        .context("checking that every worker's active load returned to 0")?;
-    Ok(Some(drain))
+    Some(ControlClient::wait_all_drained(&clients, config.drain_timeout).await)
 }

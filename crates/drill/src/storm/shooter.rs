@@ -1,7 +1,13 @@
 //! Sending storm requests and reading their answers, shared by the measured storm and the background
 //! storm: one chat completion per request, the routing key in a header, and an [`Outcome`] noting
-//! status, placement, branch, time to first token and token usage.
+//! status, placement, branch, time to first token and token usage, or why no answer came.
+//!
+//! With several replicas the requests go round-robin; a shooter that ejects refused replicas stops
+//! sending to a replica once a connection to it is refused, and sends the refused request to the
+//! next replica instead, as an L4 balancer does (nothing was sent, so nothing is repeated).
 
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -12,6 +18,19 @@ use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
+/// Why a request got no response at all (no status line).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum NoResponse {
+    /// The connection was refused: nothing was sent.
+    Refused,
+    /// No response within the request timeout.
+    TimedOut,
+    /// Any other failure before a response: reset, closed, unreachable host.
+    Transport,
+    /// Never sent: the request could not be built, or every replica was ejected.
+    NotSent,
+}
+
 /// One request's result.
 #[derive(Debug, Default)]
 pub(super) struct Outcome {
@@ -19,6 +38,14 @@ pub(super) struct Outcome {
     pub(super) status: Option<u16>,
     /// Why the request has no complete answer: transport error, timeout, broken stream.
     pub(super) error: Option<String>,
+    /// Without a status: why no response came.
+    pub(super) no_response: Option<NoResponse>,
+    /// Index of the gateway (in the order given) that had the request last; `None` when it was
+    /// never sent.
+    pub(super) replica: Option<usize>,
+    /// Replicas that refused this request's connection before it was sent to another one (only
+    /// when refused replicas are ejected), in order.
+    pub(super) refused_by: Vec<usize>,
     /// The `x-bch-worker` response header.
     pub(super) worker: Option<String>,
     /// The `x-bch-branch` response header.
@@ -44,7 +71,12 @@ impl Outcome {
 pub(super) struct Shooter {
     http: reqwest::Client,
     endpoints: Vec<String>,
-    next: std::sync::atomic::AtomicUsize,
+    next: AtomicUsize,
+    /// Stop sending to a replica that refused a connection, and resend the request elsewhere.
+    eject_refused: bool,
+    /// Per replica: when it was ejected, in seconds since the shooter was built.
+    ejected: Vec<OnceLock<f64>>,
+    start: Instant,
     key_header: HeaderName,
     stream: bool,
     max_tokens: u32,
@@ -79,8 +111,11 @@ impl Shooter {
         anyhow::ensure!(!endpoints.is_empty(), "no gateway to send requests to");
         Ok(Self {
             http,
+            ejected: endpoints.iter().map(|_| OnceLock::new()).collect(),
             endpoints,
-            next: std::sync::atomic::AtomicUsize::new(0),
+            next: AtomicUsize::new(0),
+            eject_refused: false,
+            start: Instant::now(),
             key_header,
             stream,
             max_tokens,
@@ -97,13 +132,36 @@ impl Shooter {
         futures_util::future::join_all(requests).await
     }
 
-    /// The next gateway in turn.
-    fn endpoint(&self) -> &str {
-        let turn = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        &self.endpoints[turn % self.endpoints.len()]
+    /// Stop sending to a replica whose connections are refused, and send a refused request to
+    /// the next replica instead.
+    pub(super) fn ejecting_refused(mut self, eject: bool) -> Self {
+        self.eject_refused = eject;
+        self
     }
 
-    /// Sends one request and reads its answer.
+    /// Takes replica `replica` out of the rotation (the first call counts; later ones change
+    /// nothing).
+    pub(super) fn eject(&self, replica: usize) {
+        let _ = self.ejected[replica].set(self.start.elapsed().as_secs_f64());
+    }
+
+    /// Per replica, in the order given: when it was ejected, in seconds since the shooter was
+    /// built; `None` for a replica still in the rotation.
+    pub(super) fn ejections(&self) -> Vec<Option<f64>> {
+        self.ejected.iter().map(|e| e.get().copied()).collect()
+    }
+
+    /// The next replica in turn that is not ejected; `None` once every one is.
+    fn next_replica(&self) -> Option<usize> {
+        let turn = self.next.fetch_add(1, Ordering::Relaxed);
+        let n = self.endpoints.len();
+        (0..n)
+            .map(|step| (turn + step) % n)
+            .find(|&replica| self.ejected[replica].get().is_none())
+    }
+
+    /// Sends one request and reads its answer. A refused connection, when refused replicas are
+    /// ejected, ejects the replica and sends the request to the next one.
     async fn fire(&self, key: &str, prompt: &str) -> Outcome {
         let mut outcome = Outcome::default();
         let body = self.body(prompt);
@@ -111,22 +169,52 @@ impl Shooter {
             Ok(key) => key,
             Err(e) => {
                 outcome.error = Some(format!("routing key {key:?} is not a header value: {e}"));
+                outcome.no_response = Some(NoResponse::NotSent);
                 return outcome;
             }
         };
+        // From the first attempt: a resent request's client waited through the refusal too.
         let start = Instant::now();
-        let sent = self
-            .http
-            .post(self.endpoint())
-            .header(&self.key_header, key)
-            .json(&body)
-            .send()
-            .await;
-        match sent {
-            Ok(response) => self.read_answer(response, start, &mut outcome).await,
-            Err(e) => outcome.error = Some(describe(e)),
+        loop {
+            let Some(replica) = self.next_replica() else {
+                outcome.error =
+                    Some("not sent: every replica refused connections and was ejected".to_owned());
+                outcome.no_response = Some(NoResponse::NotSent);
+                return outcome;
+            };
+            outcome.replica = Some(replica);
+            let sent = self
+                .http
+                .post(&self.endpoints[replica])
+                .header(&self.key_header, key.clone())
+                .json(&body)
+                .send()
+                .await;
+            match sent {
+                Ok(response) => {
+                    self.read_answer(response, start, &mut outcome).await;
+                    return outcome;
+                }
+                Err(e) => {
+                    let kind = no_response(&e);
+                    if kind == NoResponse::Refused && self.eject_refused {
+                        self.eject(replica);
+                        if self.next_replica_exists() {
+                            outcome.refused_by.push(replica);
+                            continue;
+                        }
+                    }
+                    outcome.error = Some(describe(e));
+                    outcome.no_response = Some(kind);
+                    return outcome;
+                }
+            }
         }
-        outcome
+    }
+
+    /// Whether any replica is still in the rotation.
+    fn next_replica_exists(&self) -> bool {
+        self.ejected.iter().any(|e| e.get().is_none())
     }
 
     fn body(&self, prompt: &str) -> Value {
@@ -170,6 +258,32 @@ impl Shooter {
             read_whole(response, start, outcome).await;
         }
     }
+}
+
+/// Why a request that failed before its response got none: a refused connection (an I/O error
+/// of kind `ConnectionRefused` anywhere in the cause chain), a timeout, or anything else.
+pub(super) fn no_response(error: &reqwest::Error) -> NoResponse {
+    if refused(error) {
+        NoResponse::Refused
+    } else if error.is_timeout() {
+        NoResponse::TimedOut
+    } else {
+        NoResponse::Transport
+    }
+}
+
+/// Whether `error` is a refused connection: nothing reached the server.
+pub(super) fn refused(error: &reqwest::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = cause {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// An HTTP error with its whole cause chain on one line ("error sending request: ...: connection

@@ -1,0 +1,117 @@
+//! The `bch-drill` binary when its output cannot be written: stdout or stderr a pipe whose reader
+//! is gone (`bch-drill storm ... | head -1`), or a report file in a folder that does not exist. Each
+//! is a clear error and exit status 1, never a panic, and one failed output never costs the other.
+
+use std::net::SocketAddr;
+use std::process::{Command, Output, Stdio};
+
+use bch_drill::sim::SimConfig;
+use bch_drill::worker::{WorkerHandle, spawn_worker};
+
+async fn worker() -> WorkerHandle {
+    spawn_worker(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        "w",
+        SimConfig::default().with_time_scale(0.0),
+    )
+    .await
+    .unwrap()
+}
+
+/// Runs a small storm at `gateway` with `--out out`; with `close_stdout` the pipe's reader is
+/// dropped before the binary writes anything.
+async fn storm(gateway: String, out: std::path::PathBuf, close_stdout: bool) -> Output {
+    tokio::task::spawn_blocking(move || {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_bch-drill"))
+            .args([
+                "storm",
+                "--gateway",
+                &gateway,
+                "--groups",
+                "2",
+                "--siblings",
+                "2",
+            ])
+            .args([
+                "--prefix-tokens",
+                "16",
+                "--max-tokens",
+                "2",
+                "--seed",
+                "1",
+                "--out",
+            ])
+            .arg(&out)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env_remove("BCH_CONTROL")
+            .spawn()
+            .unwrap();
+        if close_stdout {
+            // The only reader of the pipe: from here on every write to stdout fails with EPIPE.
+            drop(child.stdout.take());
+        }
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_closed_stdout_is_an_error_and_the_report_file_is_still_written() {
+    let w = worker().await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("storm.json");
+    let output = storm(w.url(), out.clone(), true).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.contains("bch-drill: error: writing the report to standard output"),
+        "{stderr}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).expect("the report file")).unwrap();
+    assert_eq!(report["requests"], 4);
+}
+
+#[tokio::test]
+async fn a_report_file_that_cannot_be_written_is_an_error_and_the_report_is_still_printed() {
+    let w = worker().await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("missing").join("storm.json");
+    let output = storm(w.url(), out.clone(), false).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("bch-drill: error: writing {}", out.display())),
+        "{stderr}"
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.starts_with("storm: 4 requests"), "{stdout}");
+}
+
+#[tokio::test]
+async fn an_error_with_a_closed_stderr_is_still_exit_status_1() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let output = tokio::task::spawn_blocking(move || {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_bch-drill"))
+            .args(["storm", "--gateway", &dead])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env_remove("BCH_CONTROL")
+            .spawn()
+            .unwrap();
+        // The only reader of stderr: the error line cannot be written.
+        drop(child.stderr.take());
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    // 101 would be a panic: `eprintln!` on the broken stderr.
+    assert_eq!(output.status.code(), Some(1));
+}
