@@ -44,6 +44,7 @@ use crate::telemetry::Telemetry;
 use crate::upstream::Upstreams;
 pub use actor::Actor;
 use departed::Departed;
+pub use drain::DRAIN_NOTE;
 use membership::DiscoveredSets;
 pub use membership::DiscoveredWorker;
 

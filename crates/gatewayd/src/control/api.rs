@@ -16,7 +16,7 @@ use bch_core::telemetry::ChangeSource;
 
 use super::handle::ControlPlane;
 use super::peer::Peer;
-use crate::admin::{Actor, AdminError};
+use crate::admin::{Actor, AdminError, DRAIN_NOTE};
 use crate::clock::now_ms;
 use crate::config::WorkerConfig;
 use crate::error::GatewayError;
@@ -46,6 +46,14 @@ fn with_note<T>(answer: T) -> Noted<T> {
     Noted {
         answer,
         note: RUNTIME_NOTE,
+    }
+}
+
+/// `answer` with the note that a drain state survives a reload but not a restart.
+fn with_drain_note<T>(answer: T) -> Noted<T> {
+    Noted {
+        answer,
+        note: DRAIN_NOTE,
     }
 }
 
@@ -126,7 +134,7 @@ pub async fn drain_worker(
     let record = plane
         .admin
         .drain(&name, request.remove, &http_actor(peer))?;
-    Ok(Json(with_note(Drained {
+    Ok(Json(with_drain_note(Drained {
         record,
         remove_when_idle: request.remove,
     }))
@@ -140,7 +148,7 @@ pub async fn undrain_worker(
     Path(name): Path<String>,
 ) -> Result<Response, GatewayError> {
     let record = plane.admin.undrain(&name, &http_actor(peer))?;
-    Ok(Json(with_note(record)).into_response())
+    Ok(Json(with_drain_note(record)).into_response())
 }
 
 /// `GET /admin/policy`: the policy in force.
