@@ -7,12 +7,6 @@ use bch_core::telemetry::{WorkerRecord, WorkerState};
 use super::{Actor, Admin, AdminError};
 use crate::per_worker::WorkerKey;
 
-/// What the answers to a drain and an undrain say about how long the change lasts. Unlike the
-/// other runtime changes, a worker's drain state is kept across reloads while the file still lists
-/// the worker (the router carries worker states over a membership change, like health) and across
-/// DNS refreshes while DNS still has it; only a restart starts every worker active again.
-pub const DRAIN_NOTE: &str = "drain state: kept across reloads while the configuration lists the worker, and across DNS refreshes while DNS has it; a restart starts every worker active";
-
 impl Admin {
     /// Stops routing new requests to the worker called `name` (it stays a member, listed with its
     /// in-flight count and state `draining`); with `remove_when_idle` it leaves the membership

@@ -44,7 +44,6 @@ use crate::telemetry::Telemetry;
 use crate::upstream::Upstreams;
 pub use actor::Actor;
 use departed::Departed;
-pub use drain::DRAIN_NOTE;
 use membership::DiscoveredSets;
 pub use membership::DiscoveredWorker;
 

@@ -16,7 +16,7 @@ use bch_core::telemetry::ChangeSource;
 
 use super::handle::ControlPlane;
 use super::peer::Peer;
-use crate::admin::{Actor, AdminError, DRAIN_NOTE};
+use crate::admin::{Actor, AdminError};
 use crate::clock::now_ms;
 use crate::config::WorkerConfig;
 use crate::error::GatewayError;
@@ -26,6 +26,12 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// What the answers to runtime changes say: they are not written anywhere.
 pub const RUNTIME_NOTE: &str = "runtime change: lost on the next reload or restart; GET /admin/config gives the configuration in force as TOML to persist it";
+
+/// What the answers to a drain and an undrain say about how long the change lasts. Unlike the
+/// other runtime changes, a worker's drain state is kept across reloads while the file still lists
+/// the worker (the router carries worker states over a membership change, like health) and across
+/// DNS refreshes while DNS still has it; only a restart starts every worker active again.
+pub const DRAIN_NOTE: &str = "drain state: kept across reloads while the configuration lists the worker, and across DNS refreshes while DNS has it; a restart starts every worker active";
 
 /// The HTTP client as an [`Actor`]: `http` and its address (when the server recorded it).
 fn http_actor(peer: Option<SocketAddr>) -> Actor {
