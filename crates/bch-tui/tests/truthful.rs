@@ -400,3 +400,28 @@ fn spills_from_before_a_policy_change_are_not_counted_since_it() {
     let (_, spills) = s.live().baseline.as_ref().unwrap().since(&key);
     assert_eq!(spills, 1, "only the spill after the change");
 }
+
+/// A drain survives a reload (the gateway keeps worker states over one), unlike a threshold
+/// change: its applied line must not say it ends there.
+#[test]
+fn an_applied_drain_does_not_claim_to_end_at_a_reload() {
+    let mut s = connected();
+    sent(s.apply_action(Action::Drain));
+    let mut worker = s.live().workers[0].clone();
+    worker.state = WorkerState::Draining;
+    s.apply_replica_frame(
+        ReplicaId(0),
+        ServerFrame::new(
+            1,
+            ServerMessage::Ack(bch_core::telemetry::Ack {
+                id: Some(bch_core::telemetry::CommandId::Number(1)),
+                policy: s.live().policy.unwrap(),
+                worker: Some(worker),
+            }),
+        ),
+    );
+    let screen = render(&s, 80, 24, Instant::now());
+    let status = screen.lines().nth(3).unwrap();
+    assert!(status.contains("drain w0 ✓ applied"), "{status}");
+    assert!(!screen.contains("reload"), "{screen}");
+}
