@@ -1,6 +1,7 @@
 //! `bch-tui`: the bch operator console. See `docs/tui.md`.
 #![forbid(unsafe_code)]
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -13,19 +14,30 @@ use crossterm::event::EventStream;
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     match run(Cli::parse()).await {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(None) => ExitCode::SUCCESS,
+        Ok(Some(signal)) => {
+            // Shells report a death by signal N as 128 + N; a clean exit on the signal says the
+            // same. Written, not `eprintln!`: after a hangup stderr is the dead terminal, and
+            // `eprintln!` panics when its write fails.
+            let _ = writeln!(std::io::stderr(), "bch-tui: stopped by {}", signal.name());
+            ExitCode::from(128 + signal.number())
+        }
         Err(e) => {
             // `error: …` with its causes on one line, like gatewayd; no backtrace even with
-            // RUST_BACKTRACE=1 (these are operator mistakes, not bugs).
-            eprintln!("error: {e:#}");
+            // RUST_BACKTRACE=1 (these are operator mistakes, not bugs). A failed write is lost:
+            // the terminal may be what failed.
+            let _ = writeln!(std::io::stderr(), "error: {e:#}");
             ExitCode::FAILURE
         }
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+/// Runs the console; `Some(signal)` when a signal ended it.
+async fn run(cli: Cli) -> anyhow::Result<Option<StopSignal>> {
     cli.validate()?;
     let token = cli.token()?;
+    // Before the terminal is set up, so no moment of raw mode is without them.
+    let mut stop = StopSignals::install().context("cannot handle signals")?;
 
     // One network task per replica; their events reach the loop tagged with the replica's id.
     let (events_tx, events) = tokio::sync::mpsc::unbounded_channel();
@@ -51,11 +63,75 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 
     let mut guard = TerminalGuard::enter()
         .context("cannot set up the terminal (bch-tui needs an interactive terminal)")?;
-    let result = bch_tui::run(guard.terminal(), EventStream::new(), &mut app, events).await;
-    // Restore before printing any error, so it lands on the normal screen.
+    let result = tokio::select! {
+        result = bch_tui::run(guard.terminal(), EventStream::new(), &mut app, events) => {
+            result.map(|()| None)
+        }
+        signal = stop.recv() => Ok(Some(signal)),
+    };
+    // Restore before printing any error, so it lands on the normal screen. On a terminal that
+    // hung up the restoring writes fail, and are ignored.
     drop(guard);
     for task in tasks {
         task.abort();
     }
     result
+}
+
+/// A signal that ends the console.
+#[derive(Debug, Clone, Copy)]
+enum StopSignal {
+    /// The terminal hung up: its window closed, the SSH session dropped, the pane was killed.
+    Hangup,
+    /// A polite stop (`kill`, a service manager).
+    Terminate,
+    /// `kill -INT` (in raw mode Ctrl-C is a key press, not a signal).
+    Interrupt,
+}
+
+impl StopSignal {
+    fn name(self) -> &'static str {
+        match self {
+            StopSignal::Hangup => "SIGHUP",
+            StopSignal::Terminate => "SIGTERM",
+            StopSignal::Interrupt => "SIGINT",
+        }
+    }
+
+    fn number(self) -> u8 {
+        match self {
+            StopSignal::Hangup => 1,
+            StopSignal::Interrupt => 2,
+            StopSignal::Terminate => 15,
+        }
+    }
+}
+
+/// The handlers for [`StopSignal`]s. Without them the default action kills the process on the
+/// spot: the terminal is left in raw mode on the alternate screen (after `kill`), and with SIGHUP
+/// ignored (`nohup`) crossterm's reader spins on the hung-up terminal's failing reads.
+struct StopSignals {
+    hangup: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn install() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            hangup: signal(SignalKind::hangup())?,
+            terminate: signal(SignalKind::terminate())?,
+            interrupt: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// The next stop signal.
+    async fn recv(&mut self) -> StopSignal {
+        tokio::select! {
+            _ = self.hangup.recv() => StopSignal::Hangup,
+            _ = self.terminate.recv() => StopSignal::Terminate,
+            _ = self.interrupt.recv() => StopSignal::Interrupt,
+        }
+    }
 }

@@ -1,5 +1,6 @@
 //! The terminal guard: raw mode and the alternate screen on the way in, and a restored terminal on
-//! every way out — normal quit, error return and panic.
+//! every way out — normal quit, error return, panic and a stop signal (the binary handles those);
+//! on a terminal that hung up, restoring fails quietly instead of panicking.
 
 use std::io::{self, Stdout};
 use std::sync::Once;
@@ -17,7 +18,8 @@ type Tui = Terminal<CrosstermBackend<Stdout>>;
 
 /// Owns the terminal while the console runs; dropping it restores the terminal.
 pub struct TerminalGuard {
-    terminal: Tui,
+    /// Always `Some` until the guard drops.
+    terminal: Option<Tui>,
 }
 
 /// The restoring panic hook goes in once per process, however often a guard is entered, so hooks
@@ -47,7 +49,9 @@ impl TerminalGuard {
             Ok(terminal)
         })();
         match setup {
-            Ok(terminal) => Ok(Self { terminal }),
+            Ok(terminal) => Ok(Self {
+                terminal: Some(terminal),
+            }),
             Err(e) => {
                 restore();
                 Err(e)
@@ -57,12 +61,23 @@ impl TerminalGuard {
 
     /// The terminal to draw on; raw mode and the alternate screen last as long as the guard.
     pub fn terminal(&mut self) -> &mut Tui {
-        &mut self.terminal
+        self.terminal
+            .as_mut()
+            .expect("the terminal is only taken when the guard drops")
     }
 }
 
 impl Drop for TerminalGuard {
     fn drop(&mut self) {
+        if let Some(mut terminal) = self.terminal.take() {
+            // ratatui's own drop shows a hidden cursor and reports a failure with `eprintln!`,
+            // which panics when stderr is the same terminal and it hung up. So show it here, and
+            // when that fails the terminal is gone: skip ratatui's drop (it holds nothing but the
+            // stdout handle and buffers, and the process is ending).
+            if terminal.show_cursor().is_err() {
+                std::mem::forget(terminal);
+            }
+        }
         restore();
     }
 }

@@ -1,15 +1,18 @@
 //! The changes the operator made and what became of them: the threshold step one key press asks
 //! for ([`Change::step`]), drains, and the log of sent changes with their fate ([`CommandLog`]),
 //! which is what the status line shows and what `ack`/`error` frames are matched against. A change
-//! that gets no answer within [`COMMAND_TIMEOUT`] fails, and a new connection starts a new log: an
-//! answer can only come on the connection that carried the command.
+//! that gets no answer within [`COMMAND_TIMEOUT`] is unconfirmed until a late answer or a frame
+//! showing it in force settles it, and a new connection starts a new log: an answer can only come
+//! on the connection that carried the command.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use bch_core::policy::PolicySettings;
-use bch_core::telemetry::{ClientCommand, CommandId};
+use bch_core::telemetry::{ClientCommand, CommandId, WorkerState};
 use tokio::time::Instant;
+
+use super::picture::FleetPicture;
 
 /// How long a sent change may wait for the gateway's answer before it is shown as failed.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
@@ -129,6 +132,10 @@ pub enum CommandState {
     Pending,
     /// The gateway acknowledged it and the policy now holds the new value.
     Applied,
+    /// No answer within [`COMMAND_TIMEOUT`]: the gateway may still apply it (a busy gateway, a
+    /// slow link), so it is not called failed; a late `ack`, `error`, or a frame showing the
+    /// change in force settles it.
+    Unconfirmed,
     /// The gateway refused it (its message), or it never reached the gateway (why not).
     Failed(String),
 }
@@ -167,9 +174,30 @@ impl CommandEntry {
             } else {
                 CommandState::Failed(message.clone())
             }
+        } else if self.replies.contains(&CommandState::Unconfirmed) {
+            CommandState::Unconfirmed
         } else {
             CommandState::Applied
         };
+    }
+
+    /// Whether `fleet`, as one replica describes it, has this change in force: the threshold at
+    /// the asked value, the worker draining or active again.
+    fn in_force(&self, fleet: &FleetPicture) -> bool {
+        let state_of = |name: &str| {
+            fleet
+                .workers
+                .iter()
+                .find(|w| w.name == name)
+                .map(|w| w.state)
+        };
+        match (&self.change, fleet.policy) {
+            (Change::Gap(_, to), Some(p)) => p.min_load_gap == *to,
+            (Change::Skew(_, to), Some(p)) => (p.max_load_skew - to).abs() < 1e-9,
+            (Change::Drain(name), _) => state_of(name) == Some(WorkerState::Draining),
+            (Change::Undrain(name), _) => state_of(name) == Some(WorkerState::Active),
+            _ => false,
+        }
     }
 }
 
@@ -220,8 +248,8 @@ impl CommandLog {
             .find(|c| c.threshold() == Some(threshold))
     }
 
-    /// Starts the clock of every pending change not yet timed, and fails the ones that waited
-    /// longer than [`COMMAND_TIMEOUT`] at `now`. Returns whether anything failed.
+    /// Starts the clock of every pending change not yet timed, and marks the ones that waited
+    /// longer than [`COMMAND_TIMEOUT`] at `now` unconfirmed. Returns whether any was.
     pub(crate) fn expire(&mut self, now: Instant) -> bool {
         let mut expired = false;
         for entry in &mut self.entries {
@@ -230,10 +258,9 @@ impl CommandLog {
             }
             let since = *entry.since.get_or_insert(now);
             if now.saturating_duration_since(since) >= COMMAND_TIMEOUT {
-                let message = format!("no answer within {} s", COMMAND_TIMEOUT.as_secs());
                 for reply in &mut entry.replies {
                     if *reply == CommandState::Pending {
-                        *reply = CommandState::Failed(message.clone());
+                        *reply = CommandState::Unconfirmed;
                     }
                 }
                 entry.settle();
@@ -259,8 +286,8 @@ impl CommandLog {
         self.answer(id, replica, CommandState::Applied, true);
     }
 
-    /// Marks change `id` failed on `replica` with `message`, unless it already has an answer there:
-    /// a late failure must not overwrite what the gateway said.
+    /// Marks change `id` failed on `replica` with `message`, unless it already has an answer there
+    /// (unconfirmed is none): a late failure must not overwrite what the gateway said.
     pub(crate) fn failed(&mut self, id: u64, replica: usize, message: String) {
         self.answer(id, replica, CommandState::Failed(message), false);
     }
@@ -270,7 +297,7 @@ impl CommandLog {
             return;
         };
         if let Some(reply) = entry.replies.get_mut(replica)
-            && (overwrite || *reply == CommandState::Pending)
+            && (overwrite || matches!(reply, CommandState::Pending | CommandState::Unconfirmed))
         {
             *reply = state;
         }
@@ -287,6 +314,19 @@ impl CommandLog {
                 *reply = CommandState::Failed(message.to_owned());
             }
             entry.settle();
+        }
+    }
+
+    /// Marks applied on `replica` every change unconfirmed there that `fleet` (that replica's
+    /// picture after a frame) shows in force: the gateway applied it after the console stopped
+    /// waiting, and its `policy` frame or a worker's record says so.
+    pub(crate) fn confirm_from(&mut self, replica: usize, fleet: &FleetPicture) {
+        for entry in &mut self.entries {
+            let unconfirmed = entry.replies.get(replica) == Some(&CommandState::Unconfirmed);
+            if unconfirmed && entry.in_force(fleet) {
+                entry.replies[replica] = CommandState::Applied;
+                entry.settle();
+            }
         }
     }
 

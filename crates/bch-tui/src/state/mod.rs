@@ -107,8 +107,8 @@ impl State {
         self.replicas.iter().any(|r| r.stale(now))
     }
 
-    /// Fails the changes that waited longer than [`COMMAND_TIMEOUT`] for an answer at `now`;
-    /// `true` when one did (the screen must say so).
+    /// Marks unconfirmed the changes that waited longer than [`COMMAND_TIMEOUT`] for an answer at
+    /// `now`; `true` when one did (the screen must say so).
     pub fn expire_commands(&mut self, now: Instant) -> bool {
         self.commands.expire(now)
     }
@@ -258,6 +258,9 @@ impl State {
                     self.commands
                         .fail_pending(index, "connection lost before the gateway answered");
                 }
+                // A replica that went away takes its loads and rates out of the merge now, not
+                // at its next frame (which never comes while it is down).
+                self.remerge();
                 None
             }
             ConnEvent::Frame(frame) => self.apply_replica_frame(replica, *frame),
@@ -301,11 +304,33 @@ impl State {
             Some(Answer::Notice(message)) => self.notice = Some(message),
             Some(Answer::Ack(_)) | None => {}
         }
-        if self.replicas.len() > 1 {
-            let fleets: Vec<&FleetPicture> = self.replicas.iter().map(Replica::fleet).collect();
-            self.merged = merge::merge(&fleets);
-        }
+        self.commands
+            .confirm_from(index, self.replicas[index].fleet());
+        self.remerge();
         resync
+    }
+
+    /// Recomputes the merged fleet (several replicas only) from the replicas that are connected:
+    /// a replica that is down describes the fleet as it was when it went away, and its in-flight
+    /// counts, OVER workers and rates would otherwise stay in the merge as phantoms while the live
+    /// replicas report the present. With none connected, the merge keeps every replica's last
+    /// data, as one gateway's console does while it reconnects (the header says so).
+    fn remerge(&mut self) {
+        if self.replicas.len() < 2 {
+            return;
+        }
+        let connected: Vec<&FleetPicture> = self
+            .replicas
+            .iter()
+            .filter(|r| *r.conn() == ConnStatus::Connected)
+            .map(Replica::fleet)
+            .collect();
+        self.merged = if connected.is_empty() {
+            let all: Vec<&FleetPicture> = self.replicas.iter().map(Replica::fleet).collect();
+            merge::merge(&all)
+        } else {
+            merge::merge(&connected)
+        };
     }
 
     /// Carries out an operator action; the effect tells the app what to send, or to quit.

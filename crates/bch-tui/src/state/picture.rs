@@ -86,6 +86,25 @@ impl Baseline {
     }
 }
 
+impl Baseline {
+    /// Moves into the baseline the spills of a tick that were decided before the change: the
+    /// gateway sends a policy change at once, but the counters of requests routed just before it
+    /// arrive with the next tick, and without this they would count as spills since the change.
+    /// A spill's own time says which side it is on; one in the same millisecond as the change is
+    /// before it when it was decided under other thresholds than `policy`, the ones in force now.
+    fn count_earlier_spills(&mut self, spills: &[SpillEvent], policy: &PolicySettings) {
+        for spill in spills {
+            let before = spill.ts_ms < self.ts_ms
+                || (spill.ts_ms == self.ts_ms
+                    && (spill.min_load_gap != policy.min_load_gap
+                        || spill.max_load_skew != policy.max_load_skew));
+            if before {
+                self.keys.entry(spill.key.clone()).or_default().1 += 1;
+            }
+        }
+    }
+}
+
 /// One point of the sparklines: the fleet-wide rates of one tick.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Sample {
@@ -216,6 +235,9 @@ impl FleetPicture {
         }
         for gone in &tick.removed_keys {
             self.keys.remove(gone);
+        }
+        if let (Some(baseline), Some(policy)) = (&mut self.baseline, self.policy) {
+            baseline.count_earlier_spills(&tick.spills, &policy);
         }
         self.push_spills(tick.spills);
         self.totals = tick.totals;

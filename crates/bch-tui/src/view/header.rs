@@ -15,7 +15,9 @@ use super::text::clock;
 use bch_core::telemetry::ChangeSource;
 
 use crate::conn::ConnStatus;
-use crate::state::{Change, CommandEntry, CommandState, FleetPicture, Sample, State};
+use crate::state::{
+    COMMAND_TIMEOUT, Change, CommandEntry, CommandState, FleetPicture, Sample, State,
+};
 
 /// The key hints shown when there is nothing more pressing to say; the full list is in the help
 /// overlay.
@@ -39,7 +41,20 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, now: Instant, s
 /// (a frozen process keeps its socket) shows `◌ STALE` with the silence.
 fn status_line(state: &State, now: Instant, styles: &Styles) -> Line<'static> {
     let age = state.frame_age(now);
+    let replicas = state.replicas().len();
+    let connected = state
+        .replicas()
+        .iter()
+        .filter(|r| *r.conn() == ConnStatus::Connected)
+        .count();
+    let partly = replicas > 1 && connected > 0 && connected < replicas;
     let (dot, tone, label) = match state.conn() {
+        // Some replicas up, some not: the merge covers only the connected ones.
+        _ if partly => (
+            "◐",
+            Tone::Warning,
+            format!("{connected}/{replicas} CONNECTED"),
+        ),
         ConnStatus::Connected if state.stale(now) => (
             "◌",
             Tone::Alert,
@@ -65,9 +80,11 @@ fn status_line(state: &State, now: Instant, styles: &Styles) -> Line<'static> {
     }
     spans.extend([
         Span::raw("  "),
-        Span::raw(match state.replicas().len() {
+        Span::raw(match replicas {
             1 => state.url().to_owned(),
-            n => format!("{n} replicas, merged"),
+            n if connected == n => format!("{n} replicas, merged"),
+            n if connected == 0 => format!("{n} replicas, last data"),
+            n => format!("{n} replicas, {connected} merged"),
         }),
         Span::raw(format!("  dropped {}", state.live().dropped_events)),
     ]);
@@ -170,6 +187,9 @@ fn sparklines(frame: &mut Frame, area: Rect, fleet: &FleetPicture, styles: &Styl
 /// One line for the most pressing thing to say: a local notice, then why the connection is down,
 /// then the fate of the last threshold change, else the key hints.
 fn message_line(state: &State, styles: &Styles) -> Line<'static> {
+    if let (None, Some(line)) = (state.notice(), replica_down_line(state)) {
+        return Line::from(Span::styled(line, styles.tone(Tone::Alert)));
+    }
     match (state.notice(), state.conn(), state.last_command()) {
         (Some(notice), _, _) => Line::from(Span::styled(
             format!(" ! {notice}"),
@@ -188,6 +208,34 @@ fn message_line(state: &State, styles: &Styles) -> Line<'static> {
         (None, _, Some(cmd)) => command_line(cmd, state, styles),
         (None, _, None) => Line::from(Span::styled(KEY_HINTS, styles.dim())),
     }
+}
+
+/// With several replicas, which one is down and why: ` ✗ replica 3 (+1 more) not merged: attempt
+/// 2: Connection refused`; `None` with one replica (the plain ` ✗ attempt …` line says it) or when
+/// every replica is up or still connecting for the first time.
+fn replica_down_line(state: &State) -> Option<String> {
+    if state.replicas().len() < 2 {
+        return None;
+    }
+    let mut down = state
+        .replicas()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| match r.conn() {
+            ConnStatus::Reconnecting {
+                attempt, reason, ..
+            } => Some((i, *attempt, reason)),
+            _ => None,
+        });
+    let (index, attempt, reason) = down.next()?;
+    let more = match down.count() {
+        0 => String::new(),
+        n => format!(" (+{n} more)"),
+    };
+    Some(format!(
+        " ✗ replica {}{more} not merged: attempt {attempt}: {reason}",
+        index + 1
+    ))
 }
 
 /// What a change asks for, in the status line's words.
@@ -229,6 +277,13 @@ fn command_line(cmd: &CommandEntry, state: &State, styles: &Styles) -> Line<'sta
             ("✓ applied, until reload".to_owned(), Tone::Good)
         }
         CommandState::Applied => ("✓ applied".to_owned(), Tone::Good),
+        CommandState::Unconfirmed => (
+            format!(
+                "? unconfirmed: no answer within {} s (a late one still counts)",
+                COMMAND_TIMEOUT.as_secs()
+            ),
+            Tone::Warning,
+        ),
         CommandState::Failed(msg) => (format!("✗ {msg}"), Tone::Alert),
     };
     Line::from(vec![

@@ -3,7 +3,8 @@
 //! the share of its requests served at home (on the preferred worker); counted since the last
 //! policy change once one was seen, so the effect of a threshold change reads directly. Filtered
 //! and sorted as the state says, with the filter prompt on the bottom border while it is typed.
-//! The numbers get their full width first; the key column takes what is left.
+//! The numbers get their full width first, then worker names (cut from the left, keeping the
+//! port), then whole in-flight pairs; the key column takes what is left, cut in the middle.
 
 use bch_core::telemetry::KeyRecord;
 use ratatui::Frame;
@@ -16,12 +17,24 @@ use super::styles::{Styles, Tone};
 use super::text::{clock, truncate_left, truncate_middle};
 use crate::state::{Baseline, Panel, State};
 
-/// Fixed widths of the `req` and `spills` columns.
+/// Width of the `req` column: six digits.
 const COUNT_W: u16 = 6;
+/// Width of the `spills` column (its heading).
+const SPILLS_W: u16 = 6;
 /// Width of the `home` column: `100%`.
 const HOME_W: u16 = 4;
-/// The key column never gets less than this.
+/// The key column keeps this much (or the whole key, when shorter) before names give way.
 const MIN_KEY_W: u16 = 8;
+/// The key column never gets less than this.
+const LEAST_KEY_W: u16 = 6;
+/// Worker names are never cut below this: `…1.17:8000` keeps the end of the address and the port.
+const MIN_NAME_W: u16 = 10;
+/// Widest worker name shown; longer ones are cut from the left.
+const MAX_NAME_W: u16 = 24;
+/// The in-flight column never gets less than this: room for `11 on 3`.
+const MIN_ACTIVE_W: u16 = 7;
+/// Spaces between columns, five of them.
+const SPACING: u16 = 5;
 
 /// Draws the key table at `area`: a heading row, then the filtered rows from the scroll offset on.
 pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles) {
@@ -63,47 +76,72 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
     frame.render_widget(table, inner);
 }
 
-/// Column widths, the same for every row.
+/// Column widths, the same for every row, worked out so that their sum fits the panel: the
+/// table never has to squeeze a column and cut its text mid-item.
 #[derive(Debug, Clone, Copy)]
 struct Columns {
-    /// Worker names in the placement column are cut to this.
+    /// Worker names, in the placement and in-flight columns, are cut from the left to this.
     name_w: u16,
     /// `preferred → current`.
     placement_w: u16,
-    /// In-flight requests per worker, as wide as the widest shown row needs (within reason).
+    /// In-flight requests per worker: whole `worker:n` pairs, then `+N` for the rest.
     active_w: u16,
-    /// Keys are cut to this.
+    /// `req`.
+    requests_w: u16,
+    /// Keys are cut in the middle to this.
     key_w: u16,
 }
 
 impl Columns {
+    /// The numbers first, at full width; then worker names, kept whole when there is room and
+    /// never cut below [`MIN_NAME_W`] (the port stays); the in-flight column gets room for at
+    /// least its first whole pair while names can still give way, and what it needs when there
+    /// is more; the key takes the rest.
     fn new(state: &State, shown: &[&KeyRecord], width: u16) -> Self {
-        let name_w = state
+        let longest_name = state
             .visible()
             .workers
             .iter()
             .map(|w| w.name.chars().count())
             .max()
             .unwrap_or(4)
-            .clamp(2, 12) as u16;
-        let placement_w = (name_w * 2 + 3).max(19);
-        let numbers = COUNT_W * 2 + HOME_W + 5;
-        let longest =
-            |f: &dyn Fn(&KeyRecord) -> usize| shown.iter().map(|k| f(k)).max().unwrap_or(0);
-        let wanted_active = longest(&|k| active_text(k).chars().count()).clamp(6, 40) as u16;
-        let wanted_key = longest(&|k| k.key.chars().count()).max(3) as u16;
-        // Numbers first: placement and counts are fixed; in-flight gets what it needs while the
-        // key keeps its minimum; the key takes the rest, up to its longest label.
-        let room = width.saturating_sub(placement_w + numbers);
-        let active_w = wanted_active.min(room.saturating_sub(MIN_KEY_W)).max(6);
-        let key_w = room
-            .saturating_sub(active_w)
-            .min(wanted_key)
-            .max(MIN_KEY_W.min(room));
+            .clamp(2, usize::from(MAX_NAME_W)) as u16;
+        let longest = |f: &dyn Fn(&KeyRecord) -> usize| -> u16 {
+            shown.iter().map(|k| f(k)).max().unwrap_or(0) as u16
+        };
+        let requests_w = COUNT_W;
+        let count_digits = longest(&|k| {
+            k.active
+                .values()
+                .map(|n| n.to_string().len())
+                .max()
+                .unwrap_or(0)
+        });
+        let wanted_key = longest(&|k| k.key.chars().count()).max(3);
+        let key_min = wanted_key.min(MIN_KEY_W);
+        let avail = width.saturating_sub(requests_w + SPILLS_W + HOME_W + SPACING);
+        let placement = |name_w: u16| (name_w * 2 + 3).max(19);
+        // One whole pair and a `+N` after it.
+        let first_pair = |name_w: u16| (name_w + 1 + count_digits + 3).max(MIN_ACTIVE_W);
+        let mut name_w = longest_name;
+        while name_w > MIN_NAME_W.min(longest_name)
+            && placement(name_w) + key_min + first_pair(name_w) > avail
+        {
+            name_w -= 1;
+        }
+        let placement_w = placement(name_w);
+        let wanted_active = longest(&|k| active_text(k, name_w).chars().count()).max(6);
+        let rest = avail.saturating_sub(placement_w);
+        let active_w = wanted_active
+            .min(rest.saturating_sub(key_min))
+            .max(MIN_ACTIVE_W.min(wanted_active))
+            .min(rest.saturating_sub(LEAST_KEY_W));
+        let key_w = rest.saturating_sub(active_w).min(wanted_key.max(MIN_KEY_W));
         Self {
             name_w,
             placement_w,
             active_w,
+            requests_w,
             key_w,
         }
     }
@@ -113,20 +151,63 @@ impl Columns {
             Constraint::Length(self.key_w),
             Constraint::Length(self.placement_w),
             Constraint::Min(self.active_w),
-            Constraint::Length(COUNT_W),
-            Constraint::Length(COUNT_W),
+            Constraint::Length(self.requests_w),
+            Constraint::Length(SPILLS_W),
             Constraint::Length(HOME_W),
         ]
     }
 }
 
-/// `w0:8 w1:2`: the key's in-flight requests per worker.
-fn active_text(k: &KeyRecord) -> String {
+/// `w0:8 w1:2`: the key's in-flight requests per worker, names cut to `name_w`.
+fn active_text(k: &KeyRecord, name_w: u16) -> String {
     k.active
         .iter()
-        .map(|(w, n)| format!("{w}:{n}"))
+        .map(|(w, n)| format!("{}:{n}", truncate_left(w, usize::from(name_w))))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// The in-flight column within `width`: whole `worker:n` pairs while they fit, then `+N`, the
+/// requests in flight on the workers not listed; `11 on 3` (requests on workers) when not even
+/// one pair fits. Never a pair cut in two.
+fn active_cell(k: &KeyRecord, name_w: u16, width: u16) -> String {
+    let width = usize::from(width);
+    let total: u64 = k.active.values().sum();
+    let mut shown = String::new();
+    let mut shown_sum = 0;
+    let mut shown_pairs = 0;
+    for (i, (worker, n)) in k.active.iter().enumerate() {
+        let pair = format!("{}:{n}", truncate_left(worker, usize::from(name_w)));
+        let candidate = if shown.is_empty() {
+            pair
+        } else {
+            format!("{shown} {pair}")
+        };
+        let rest = total - shown_sum - n;
+        let suffix = if i + 1 < k.active.len() {
+            format!(" +{rest}")
+        } else {
+            String::new()
+        };
+        if candidate.chars().count() + suffix.chars().count() > width {
+            break;
+        }
+        shown = candidate;
+        shown_sum += n;
+        shown_pairs += 1;
+    }
+    if shown_pairs == k.active.len() {
+        return shown;
+    }
+    if !shown.is_empty() {
+        return format!("{shown} +{}", total - shown_sum);
+    }
+    let summary = format!("{total} on {}", k.active.len());
+    if summary.chars().count() <= width {
+        summary
+    } else {
+        total.to_string()
+    }
 }
 
 /// The panel's block: ` Keys 7/8 sort recent ` with the kept filter in the title, or the prompt on
@@ -176,6 +257,7 @@ fn key_row(
     styles: &Styles,
 ) -> Row<'static> {
     let name_w = usize::from(columns.name_w);
+    let requests_w = usize::from(columns.requests_w);
     let spilled = k.preferred != k.current;
     let placement = format!(
         "{:<name_w$} {} {}",
@@ -195,8 +277,8 @@ fn key_row(
     Row::new([
         Cell::from(truncate_middle(&k.key, usize::from(columns.key_w))),
         Cell::from(placement),
-        Cell::from(active_text(k)),
-        Cell::from(format!("{requests:>6}")),
+        Cell::from(active_cell(k, columns.name_w, columns.active_w)),
+        Cell::from(format!("{requests:>requests_w$}")),
         Cell::from(format!("{spills:>6}")),
         Cell::from(format!("{home:>4}")),
     ])

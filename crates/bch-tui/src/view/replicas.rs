@@ -112,6 +112,7 @@ fn row(
         let (text, tone) = match state {
             CommandState::Pending => (format!("  #{id} …"), Tone::Warning),
             CommandState::Applied => (format!("  #{id} ✓"), Tone::Good),
+            CommandState::Unconfirmed => (format!("  #{id} ? unconfirmed"), Tone::Warning),
             CommandState::Failed(message) => (format!("  #{id} ✗ {message}"), Tone::Alert),
         };
         spans.push(Span::styled(text, styles.status(tone)));

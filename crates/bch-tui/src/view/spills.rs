@@ -13,9 +13,13 @@ use ratatui::widgets::Paragraph;
 
 use super::panel::{panel_block, scroll_window};
 use super::styles::{Styles, Tone};
-use super::text::{clock, truncate_middle};
+use super::text::{clock, truncate_left, truncate_middle};
 use crate::state::{FleetPicture, Panel, SPILL_LOG_CAP, State};
 
+/// The compact line never cuts a key shorter than this.
+const MIN_KEY: usize = 6;
+/// ...nor a worker name: `…7:8000` still shows the port.
+const MIN_NAME: usize = 8;
 /// A full log spanning less than this (ms) is shown grouped per key and worker pair.
 pub(super) const GROUP_BELOW_MS: u64 = 10_000;
 
@@ -143,11 +147,6 @@ fn spill_line(s: &SpillEvent, width: usize, styles: &Styles) -> Line<'static> {
     if full.width() <= width {
         return full;
     }
-    let (target, target_style) = if stayed(s) {
-        (format!("{}✗", s.from), styles.tone(Tone::Alert))
-    } else {
-        (format!("{}→{}", s.from, s.to), styles.tone(Tone::Warning))
-    };
     let time = clock(s.ts_ms);
     let time = time.split('.').next().unwrap_or_default().to_owned();
     let rule = format!(
@@ -158,8 +157,26 @@ fn spill_line(s: &SpillEvent, width: usize, styles: &Styles) -> Line<'static> {
         mean = s.mean_load,
         skew = s.max_load_skew,
     );
+    // Worker names are cut from the left (the port and the end of the address stay) only when
+    // the line would not fit with the key at its shortest.
+    let names = s.from.chars().count() + s.to.chars().count();
+    let without_names = time.chars().count() + rule.chars().count() + 4 + MIN_KEY;
+    let name_w = if without_names + names <= width {
+        usize::MAX
+    } else {
+        (width.saturating_sub(without_names) / 2).max(MIN_NAME)
+    };
+    let cut = |name: &str| truncate_left(name, name_w);
+    let (target, target_style) = if stayed(s) {
+        (format!("{}✗", cut(&s.from)), styles.tone(Tone::Alert))
+    } else {
+        (
+            format!("{}→{}", cut(&s.from), cut(&s.to)),
+            styles.tone(Tone::Warning),
+        )
+    };
     let fixed = time.chars().count() + target.chars().count() + rule.chars().count() + 3;
-    let key = truncate_middle(&s.key, width.saturating_sub(fixed).max(6));
+    let key = truncate_middle(&s.key, width.saturating_sub(fixed).max(MIN_KEY));
     Line::from(vec![
         Span::styled(format!("{time} "), styles.dim()),
         Span::raw(format!("{key} ")),

@@ -82,3 +82,36 @@ pub fn buffer_text(buffer: &Buffer) -> String {
     }
     out
 }
+
+/// The fixtures' short names and what a real fleet calls them: gatewayd names a worker without a
+/// configured name after its address (`10.244.1.17:8000`, pods of one Deployment share the port),
+/// and multi-tenant clients prefix their keys, so labels share a long prefix and differ at the end.
+const REALISTIC: [(&str, &str); 8] = [
+    ("\"w0\"", "\"10.244.1.17:8000\""),
+    ("\"w1\"", "\"10.244.2.5:8000\""),
+    ("\"w2\"", "\"10.244.3.121:8000\""),
+    ("\"w3\"", "\"10.244.0.9:8000\""),
+    (
+        "\"chat-session-0001\"",
+        "\"tenant-acme/chat-session-7f3a9c21-0001\"",
+    ),
+    (
+        "\"chat-session-0002\"",
+        "\"tenant-acme/chat-session-7f3a9c21-0002\"",
+    ),
+    ("\"agent-7/plan\"", "\"tenant-globex/agent-7/plan\""),
+    ("\"rag-docs-v2\"", "\"tenant-acme/rag-docs-v2\""),
+];
+
+/// The recorded frame `name` at `seq`, with the realistic worker names and keys of [`REALISTIC`]
+/// in place of the short ones (in every record, map key and spill event).
+pub fn realistic_frame(name: &str, seq: u64) -> ServerFrame {
+    let path = format!("{}/tests/fixtures/{name}.json", env!("CARGO_MANIFEST_DIR"));
+    let mut text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    for (short, real) in REALISTIC {
+        text = text.replace(short, real);
+    }
+    let mut f: ServerFrame = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
+    f.seq = seq;
+    f
+}

@@ -27,6 +27,12 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// What the answers to runtime changes say: they are not written anywhere.
 pub const RUNTIME_NOTE: &str = "runtime change: lost on the next reload or restart; GET /admin/config gives the configuration in force as TOML to persist it";
 
+/// What the answers to a drain and an undrain say about how long the change lasts. Unlike the
+/// other runtime changes, a worker's drain state is kept across reloads while the file still lists
+/// the worker (the router carries worker states over a membership change, like health) and across
+/// DNS refreshes while DNS still has it; only a restart starts every worker active again.
+pub const DRAIN_NOTE: &str = "drain state: kept across reloads while the configuration lists the worker, and across DNS refreshes while DNS has it; a restart starts every worker active";
+
 /// The HTTP client as an [`Actor`]: `http` and its address (when the server recorded it).
 fn http_actor(peer: Option<SocketAddr>) -> Actor {
     Actor::client(ChangeSource::Http, peer)
@@ -46,6 +52,14 @@ fn with_note<T>(answer: T) -> Noted<T> {
     Noted {
         answer,
         note: RUNTIME_NOTE,
+    }
+}
+
+/// `answer` with the note that a drain state survives a reload but not a restart.
+fn with_drain_note<T>(answer: T) -> Noted<T> {
+    Noted {
+        answer,
+        note: DRAIN_NOTE,
     }
 }
 
@@ -126,7 +140,7 @@ pub async fn drain_worker(
     let record = plane
         .admin
         .drain(&name, request.remove, &http_actor(peer))?;
-    Ok(Json(with_note(Drained {
+    Ok(Json(with_drain_note(Drained {
         record,
         remove_when_idle: request.remove,
     }))
@@ -140,7 +154,7 @@ pub async fn undrain_worker(
     Path(name): Path<String>,
 ) -> Result<Response, GatewayError> {
     let record = plane.admin.undrain(&name, &http_actor(peer))?;
-    Ok(Json(with_note(record)).into_response())
+    Ok(Json(with_drain_note(record)).into_response())
 }
 
 /// `GET /admin/policy`: the policy in force.

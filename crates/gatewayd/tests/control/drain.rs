@@ -95,7 +95,13 @@ async fn a_drained_worker_finishes_its_stream_takes_nothing_new_and_is_announced
     assert_eq!(record["state"], "draining");
     assert_eq!(record["active"], 1);
     assert_eq!(record["remove_when_idle"], false);
-    assert!(record["note"].as_str().unwrap().contains("reload"));
+    // A drain survives a reload (the router keeps worker states over it): the note must not
+    // say it is lost there, or an operator drains again after every reload.
+    let note = record["note"].as_str().unwrap();
+    assert!(
+        note.contains("kept across reloads") && !note.contains("lost on the next reload"),
+        "{note}"
+    );
     let listed = worker_record(&gateway, "a").await.expect("still listed");
     assert_eq!(
         (listed["state"].clone(), listed["active"].clone()),
