@@ -268,6 +268,18 @@ def check_references(docs: list[dict], mode: str) -> None:
         set(ports.values()) <= exposed,
         f"container ports {sorted(ports.values())} not all EXPOSEd by the Dockerfile {sorted(exposed)}",
     )
+    # Liveness never on the data plane: at server.max_connections it answers every new
+    # connection 503, the kubelet's probe included, and a replica that is merely saturated would
+    # be restarted with every stream it carries.
+    liveness = container(deployment)["livenessProbe"]
+    liveness_port = next(
+        (liveness[kind]["port"] for kind in ("httpGet", "tcpSocket", "grpc") if kind in liveness),
+        None,
+    )
+    expect(
+        liveness_port not in ("data", ports.get("data")),
+        "the liveness probe uses the data plane, which answers 503 at max_connections",
+    )
     # The kubelet's SIGKILL comes after the preStop pause and the whole of shutdown_grace_ms.
     config = tomllib.loads(config_map["data"]["gatewayd.toml"])
     grace_s = config["server"]["shutdown_grace_ms"] / 1000
