@@ -248,6 +248,41 @@ def check_references(docs: list[dict], mode: str) -> None:
             )
     pdb = find(docs, "PodDisruptionBudget")
     expect(selects(pdb["spec"]["selector"]["matchLabels"], labels), "the PodDisruptionBudget")
+    # A node drain must be able to evict a replica (a budget of none blocks it forever), also
+    # when a fleet outage left every replica unready (readiness follows the workers).
+    budget = pdb["spec"]
+    if "maxUnavailable" in budget:
+        expect(
+            isinstance(budget["maxUnavailable"], int) and budget["maxUnavailable"] >= 1,
+            f"the PodDisruptionBudget allows no eviction: maxUnavailable {budget['maxUnavailable']}",
+        )
+    else:
+        expect(
+            isinstance(budget.get("minAvailable"), int)
+            and budget["minAvailable"] < spec["replicas"],
+            f"the PodDisruptionBudget allows no eviction of {spec['replicas']} replicas",
+        )
+    expect(
+        budget.get("unhealthyPodEvictionPolicy") == "AlwaysAllow",
+        "the PodDisruptionBudget keeps unready replicas: a fleet outage blocks node drains",
+    )
+    # A rollout keeps every old replica until a new one is ready.
+    rolling = spec["strategy"]["rollingUpdate"]
+    expect(
+        spec["strategy"]["type"] == "RollingUpdate" and rolling.get("maxUnavailable") == 0,
+        f"a rollout may stop an old replica before a new one is ready: {spec['strategy']}",
+    )
+    # The control plane's headless Service: every replica's address, the unready ones too.
+    control = find(docs, "Service", "gatewayd-control")["spec"]
+    expect(control.get("clusterIP") == "None", "gatewayd-control is not headless")
+    expect(
+        control.get("publishNotReadyAddresses") is True,
+        "gatewayd-control hides unready replicas, whose control plane is needed most",
+    )
+    expect(
+        [p["targetPort"] for p in control["ports"]] == ["control"],
+        f"gatewayd-control targets {[p['targetPort'] for p in control['ports']]}, not control",
+    )
     volumes = {v["name"]: v for v in pod["volumes"]}
     config_map = generated(docs, "ConfigMap", "gatewayd-config")
     tokens = generated(docs, "Secret", "gatewayd-tokens")
