@@ -9,9 +9,10 @@ prints `PASS name` or `FAIL name: why`; the last line is `kubernetes: N passed, 
   newest version the manifests support, strictly (an unknown field fails); custom resources
   (NOT_VALIDATED) are not validated against a schema, only checked for what they reference;
 - references: Services, the PodDisruptionBudget and the PodMonitor select the gateway's pods and name
-  its ports; volumes name the generated ConfigMap and Secret; the pods run as the Dockerfile's user
-  and expose its ports; the grace period covers the preStop pause and shutdown_grace_ms; the
-  discovery name is the workers Service's SRV name;
+  its ports; volumes name the generated ConfigMap and Secret; the pods run as the Dockerfile's user,
+  meet Pod Security "restricted" and expose its ports; liveness is not on the data plane; the grace
+  period covers the preStop pause and shutdown_grace_ms; rollout, disruption budget and the control
+  Service keep replicas reachable; the discovery name is the workers Service's SRV name;
 - the Dockerfile: hadolint, and a build stage that names the workspace's packages and binaries;
 - `gatewayd check-config` on the ConfigMap's gatewayd.toml;
 - the pod, for the base and the picker overlay: the container's command line (the Dockerfile's
@@ -295,9 +296,29 @@ def check_references(docs: list[dict], mode: str) -> None:
     security = pod["securityContext"]
     expect(security.get("runAsNonRoot") is True, "runAsNonRoot is not set")
     expect(security.get("runAsUser") == user, f"runAsUser is not the Dockerfile's USER {user}")
+    # The Pod Security Standard "restricted" (a namespace enforcing it admits the pods), and no
+    # service account token: gatewayd never calls the Kubernetes API.
+    hardening = container(deployment)["securityContext"]
+    expect(hardening.get("readOnlyRootFilesystem") is True, "readOnlyRootFilesystem is not set")
     expect(
-        container(deployment)["securityContext"].get("readOnlyRootFilesystem") is True,
-        "readOnlyRootFilesystem is not set",
+        hardening.get("allowPrivilegeEscalation") is False, "allowPrivilegeEscalation is not false"
+    )
+    expect(
+        hardening.get("capabilities", {}).get("drop") == ["ALL"]
+        and not hardening["capabilities"].get("add"),
+        f"capabilities are not drop [ALL]: {hardening.get('capabilities')}",
+    )
+    seccomp = hardening.get("seccompProfile") or security.get("seccompProfile") or {}
+    expect(seccomp.get("type") == "RuntimeDefault", f"seccompProfile {seccomp}")
+    expect(
+        pod.get("automountServiceAccountToken") is False, "the pods mount a service account token"
+    )
+    # Prometheus by annotation scrapes the control plane's /metrics.
+    annotations = spec["template"]["metadata"].get("annotations", {})
+    expect(
+        annotations.get("prometheus.io/port") == str(ports["control"])
+        and annotations.get("prometheus.io/path") == "/metrics",
+        f"the scrape annotations do not name the control plane's /metrics: {annotations}",
     )
     expect(
         set(ports.values()) <= exposed,
@@ -362,7 +383,8 @@ def check_references(docs: list[dict], mode: str) -> None:
     for monitor in (d for d in docs if d["kind"] == "PodMonitor"):
         expect(selects(monitor["spec"]["selector"]["matchLabels"], labels), "PodMonitor selector")
         for endpoint in monitor["spec"]["podMetricsEndpoints"]:
-            expect(endpoint["port"] in ports, f"PodMonitor port {endpoint['port']}")
+            expect(endpoint["port"] == "control", f"PodMonitor port {endpoint['port']}")
+            expect(endpoint.get("path") == "/metrics", f"PodMonitor path {endpoint.get('path')}")
             credentials = endpoint["authorization"]["credentials"]
             expect(
                 credentials["name"] == tokens["metadata"]["name"],
