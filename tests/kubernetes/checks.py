@@ -4,7 +4,8 @@ run.sh calls this with the virtualenv's Python (PyYAML, kubernetes-validate, had
 prints `PASS name` or `FAIL name: why`; the last line is `kubernetes: N passed, M failed`.
 
 - render: `kubectl kustomize` of deploy/kubernetes, overlays/picker, and the overlay
-  docs/kubernetes.md has an operator write (image, tokens) with components/podmonitor;
+  docs/kubernetes.md has an operator write (image, tokens; taken from the page) with
+  components/podmonitor;
 - validate: every built-in resource against the Kubernetes JSON schemas of the oldest and the
   newest version the manifests support, strictly (an unknown field fails); custom resources
   (NOT_VALIDATED) are not validated against a schema, only checked for what they reference;
@@ -112,34 +113,26 @@ def render(kubectl: str, directory: Path) -> list[dict]:
 
 
 def operator_overlay(work: Path) -> Path:
-    """The overlay docs/kubernetes.md tells an operator to write (image, tokens), with
-    components/podmonitor added."""
-    directory = work / "operator-overlay"
+    """The overlay docs/kubernetes.md has an operator write (image, tokens), as the page's own
+    `cat > my-fleet/kustomization.yaml` block says it, with components/podmonitor added as its
+    Monitoring section says. The overlay lives in a scratch directory, so the base's path in it
+    is rewritten from the checkout's root to there."""
+    page = (ROOT / "docs" / "kubernetes.md").read_text()
+    block = re.search(
+        r"^cat > my-fleet/kustomization\.yaml <<'EOF'\n(.*?)^EOF$", page, re.MULTILINE | re.DOTALL
+    )
+    expect(block is not None, "docs/kubernetes.md has no `cat > my-fleet/kustomization.yaml`")
+    directory = work / "my-fleet"
     directory.mkdir(parents=True, exist_ok=True)
     base = os.path.relpath(DEPLOY / "base", directory)
     component = os.path.relpath(DEPLOY / "components" / "podmonitor", directory)
+    text = block.group(1)
+    expect("  - ../deploy/kubernetes/base " in text, "the page's overlay names no base")
+    text = text.replace("  - ../deploy/kubernetes/base ", f"  - {base} ", 1)
+    text += f"components:\n  - {component}\n"
     for token in ("admin.token", "metrics.token"):
         (directory / token).write_text(secrets.token_urlsafe(24) + "\n")
-    (directory / "kustomization.yaml").write_text(
-        f"""apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-namespace: bch
-resources:
-  - {base}
-components:
-  - {component}
-images:
-  - name: registry.example/bch/gatewayd
-    newName: registry.test/bch/gatewayd
-    newTag: test
-secretGenerator:
-  - name: gatewayd-tokens
-    behavior: replace
-    files:
-      - admin.token
-      - metrics.token
-"""
-    )
+    (directory / "kustomization.yaml").write_text(text)
     return directory
 
 
@@ -255,7 +248,8 @@ def check_references(docs: list[dict], mode: str) -> None:
     if "maxUnavailable" in budget:
         expect(
             isinstance(budget["maxUnavailable"], int) and budget["maxUnavailable"] >= 1,
-            f"the PodDisruptionBudget allows no eviction: maxUnavailable {budget['maxUnavailable']}",
+            f"the PodDisruptionBudget allows no eviction: maxUnavailable "
+            f"{budget['maxUnavailable']}",
         )
     else:
         expect(
@@ -846,7 +840,10 @@ def render_all(args, rendered: dict[str, list[dict]]) -> None:
     rendered["picker"] = render(args.kubectl, DEPLOY / "overlays" / "picker")
     rendered["operator"] = render(args.kubectl, operator_overlay(args.work))
     image = container(find(rendered["operator"], "Deployment", "gatewayd"))["image"]
-    expect(image == "registry.test/bch/gatewayd:test", f"the overlay's image is not used: {image}")
+    expect(
+        image == "registry.internal.example/ml/gatewayd:0.1.0",
+        f"the overlay's image is not used: {image}",
+    )
     tokens = generated(rendered["operator"], "Secret", "gatewayd-tokens")["data"]
     expect(all(tokens.values()), "the overlay's tokens do not replace the empty placeholders")
     find(rendered["operator"], "PodMonitor", "gatewayd")
