@@ -307,6 +307,12 @@ def check_references(docs: list[dict], mode: str) -> None:
     expect(
         pod.get("automountServiceAccountToken") is False, "the pods mount a service account token"
     )
+    # The environment is the manifest's (the pod check runs with exactly that): no GATEWAYD_*
+    # variables for the Services gatewayd and gatewayd-picker next to the GATEWAYD_* settings.
+    expect(
+        pod.get("enableServiceLinks") is False,
+        "Services' link variables (GATEWAYD_PORT, …) would land in gatewayd's GATEWAYD_* settings",
+    )
     # Prometheus by annotation scrapes the control plane's /metrics.
     annotations = spec["template"]["metadata"].get("annotations", {})
     expect(
