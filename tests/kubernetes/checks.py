@@ -22,7 +22,8 @@ prints `PASS name` or `FAIL name: why`; the last line is `kubernetes: N passed, 
   cluster is substituted: mounts become directories (the ConfigMap's file, test tokens), the
   container ports' wildcard listen addresses become free loopback ports, and each [[discovery]]
   entry gets dnsmasq's address as its resolver (the pod's resolv.conf names the cluster's DNS).
-  The probes pass, a request is served by a discovered worker, and a SIGTERM in the middle of a
+  Before the workers start, liveness passes and (with a data plane) readiness fails; then the
+  probes pass, a request is served by a discovered worker, and a SIGTERM in the middle of a
   stream lets it finish before gatewayd exits.
 """
 
@@ -508,13 +509,16 @@ def start_dnsmasq(procs: Processes, dnsmasq: str, work: Path, srv: str, workers)
     raise CheckFailed(f"dnsmasq did not start: {(work / 'dnsmasq.log').read_text()}")
 
 
-def start_workers(
-    procs: Processes, drill: str, work: Path, port: int
-) -> list[tuple[str, str, int]]:
-    """Three simulated workers, as three pods would be: 127.0.0.2-4, all on the Service's port."""
-    workers = []
-    for index in range(3):
-        address = f"127.0.0.{index + 2}"
+def worker_pods(port: int) -> list[tuple[str, str, int]]:
+    """Three simulated worker pods, (name, address, port): 127.0.0.2-4, all on the Service's port,
+    named as CoreDNS names a Deployment's pods in a headless Service's SRV targets."""
+    addresses = [f"127.0.0.{index + 2}" for index in range(3)]
+    return [(address.replace(".", "-"), address, port) for address in addresses]
+
+
+def start_workers(procs: Processes, drill: str, work: Path, workers) -> None:
+    """Starts the simulated workers of `worker_pods` and waits until each answers /health."""
+    for index, (_, address, port) in enumerate(workers):
         procs.start(
             [
                 drill,
@@ -530,13 +534,11 @@ def start_workers(
             ],
             work / f"worker-{index}.log",
         )
-        workers.append((address.replace(".", "-"), address, port))
     for _, address, worker_port in workers:
         wait_until(
             f"worker {address}:{worker_port}",
             lambda url=f"http://{address}:{worker_port}/health": http("GET", url)[0] == 200,
         )
-    return workers
 
 
 class Pod:
@@ -679,10 +681,24 @@ def run_pod(docs, args, work: Path, mode: str) -> None:
         worker_port = workers_service["spec"]["ports"][0]["targetPort"]
         config_map = generated(docs, "ConfigMap", "gatewayd-config")
         srv = tomllib.loads(config_map["data"]["gatewayd.toml"])["discovery"][0]["dns"]
-        workers = start_workers(procs, args.drill, work, worker_port)
+        workers = worker_pods(worker_port)
+        names = {f"{name}.{srv.rstrip('.').split('.', 2)[2]}" for name, _, _ in workers}
         resolver = start_dnsmasq(procs, args.dnsmasq, work, srv, workers)
         pod = Pod(docs, work, args.gatewayd, resolver)
         pod.start(procs)
+        # A fleet outage first: every worker published, none running. The replica stays alive
+        # (the liveness probe passes) and, with a data plane, unready: the Service sends it
+        # nothing it could only answer 503.
+        wait_until("every published worker to be discovered", lambda: listed_workers(pod) == names)
+        expect(
+            pod.probe(pod.container["livenessProbe"]), "the liveness probe fails without workers"
+        )
+        if mode == "base":
+            expect(
+                not pod.probe(pod.container["readinessProbe"]),
+                "the readiness probe passes while no worker is up",
+            )
+        start_workers(procs, args.drill, work, workers)
         # The kubelet's view: ready once a worker passed its first probe.
         wait_until(
             "the readiness probe to pass", lambda: pod.probe(pod.container["readinessProbe"])
@@ -693,8 +709,6 @@ def run_pod(docs, args, work: Path, mode: str) -> None:
         if os.geteuid() == 0:
             expect(int(uid) == pod.user, f"gatewayd runs as uid {uid}, not {pod.user}")
         # Every worker DNS publishes under the discovery name is a healthy member.
-        names = {f"{name}.{srv.rstrip('.').split('.', 2)[2]}" for name, _, _ in workers}
-
         def members():
             code, _, body = pod.control("/admin/workers", pod.admin_token)
             expect(code == 200, f"GET /admin/workers answered {code}")
@@ -725,6 +739,16 @@ def run_pod(docs, args, work: Path, mode: str) -> None:
         procs.stop()
         if pod is not None:
             pod.remove_files()
+
+
+def listed_workers(pod: Pod) -> set[str]:
+    """The names of the workers the control plane lists (GET /admin/workers); none while it does
+    not accept connections yet."""
+    code, _, body = pod.control("/admin/workers", pod.admin_token)
+    if code is None:
+        return set()
+    expect(code == 200, f"GET /admin/workers answered {code}")
+    return {w["name"] for w in json.loads(body)["workers"]}
 
 
 def speaks_http2(port: int) -> None:
