@@ -4,14 +4,16 @@ run.sh calls this with the virtualenv's Python (PyYAML, kubernetes-validate, had
 prints `PASS name` or `FAIL name: why`; the last line is `kubernetes: N passed, M failed`.
 
 - render: `kubectl kustomize` of deploy/kubernetes, overlays/picker, and the overlay
-  docs/kubernetes.md has an operator write (image, tokens) with components/podmonitor;
+  docs/kubernetes.md has an operator write (image, tokens; taken from the page) with
+  components/podmonitor;
 - validate: every built-in resource against the Kubernetes JSON schemas of the oldest and the
   newest version the manifests support, strictly (an unknown field fails); custom resources
   (NOT_VALIDATED) are not validated against a schema, only checked for what they reference;
 - references: Services, the PodDisruptionBudget and the PodMonitor select the gateway's pods and name
-  its ports; volumes name the generated ConfigMap and Secret; the pods run as the Dockerfile's user
-  and expose its ports; the grace period covers the preStop pause and shutdown_grace_ms; the
-  discovery name is the workers Service's SRV name;
+  its ports; volumes name the generated ConfigMap and Secret; the pods run as the Dockerfile's user,
+  meet Pod Security "restricted" and expose its ports; liveness is not on the data plane; the grace
+  period covers the preStop pause and shutdown_grace_ms; rollout, disruption budget and the control
+  Service keep replicas reachable; the discovery name is the workers Service's SRV name;
 - the Dockerfile: hadolint, and a build stage that names the workspace's packages and binaries;
 - `gatewayd check-config` on the ConfigMap's gatewayd.toml;
 - the pod, for the base and the picker overlay: the container's command line (the Dockerfile's
@@ -20,7 +22,8 @@ prints `PASS name` or `FAIL name: why`; the last line is `kubernetes: N passed, 
   cluster is substituted: mounts become directories (the ConfigMap's file, test tokens), the
   container ports' wildcard listen addresses become free loopback ports, and each [[discovery]]
   entry gets dnsmasq's address as its resolver (the pod's resolv.conf names the cluster's DNS).
-  The probes pass, a request is served by a discovered worker, and a SIGTERM in the middle of a
+  Before the workers start, liveness passes and (with a data plane) readiness fails; then the
+  probes pass, a request is served by a discovered worker, and a SIGTERM in the middle of a
   stream lets it finish before gatewayd exits.
 """
 
@@ -111,34 +114,26 @@ def render(kubectl: str, directory: Path) -> list[dict]:
 
 
 def operator_overlay(work: Path) -> Path:
-    """The overlay docs/kubernetes.md tells an operator to write (image, tokens), with
-    components/podmonitor added."""
-    directory = work / "operator-overlay"
+    """The overlay docs/kubernetes.md has an operator write (image, tokens), as the page's own
+    `cat > my-fleet/kustomization.yaml` block says it, with components/podmonitor added as its
+    Monitoring section says. The overlay lives in a scratch directory, so the base's path in it
+    is rewritten from the checkout's root to there."""
+    page = (ROOT / "docs" / "kubernetes.md").read_text()
+    block = re.search(
+        r"^cat > my-fleet/kustomization\.yaml <<'EOF'\n(.*?)^EOF$", page, re.MULTILINE | re.DOTALL
+    )
+    expect(block is not None, "docs/kubernetes.md has no `cat > my-fleet/kustomization.yaml`")
+    directory = work / "my-fleet"
     directory.mkdir(parents=True, exist_ok=True)
     base = os.path.relpath(DEPLOY / "base", directory)
     component = os.path.relpath(DEPLOY / "components" / "podmonitor", directory)
+    text = block.group(1)
+    expect("  - ../deploy/kubernetes/base " in text, "the page's overlay names no base")
+    text = text.replace("  - ../deploy/kubernetes/base ", f"  - {base} ", 1)
+    text += f"components:\n  - {component}\n"
     for token in ("admin.token", "metrics.token"):
         (directory / token).write_text(secrets.token_urlsafe(24) + "\n")
-    (directory / "kustomization.yaml").write_text(
-        f"""apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-namespace: bch
-resources:
-  - {base}
-components:
-  - {component}
-images:
-  - name: registry.example/bch/gatewayd
-    newName: registry.test/bch/gatewayd
-    newTag: test
-secretGenerator:
-  - name: gatewayd-tokens
-    behavior: replace
-    files:
-      - admin.token
-      - metrics.token
-"""
-    )
+    (directory / "kustomization.yaml").write_text(text)
     return directory
 
 
@@ -248,6 +243,42 @@ def check_references(docs: list[dict], mode: str) -> None:
             )
     pdb = find(docs, "PodDisruptionBudget")
     expect(selects(pdb["spec"]["selector"]["matchLabels"], labels), "the PodDisruptionBudget")
+    # A node drain must be able to evict a replica (a budget of none blocks it forever), also
+    # when a fleet outage left every replica unready (readiness follows the workers).
+    budget = pdb["spec"]
+    if "maxUnavailable" in budget:
+        expect(
+            isinstance(budget["maxUnavailable"], int) and budget["maxUnavailable"] >= 1,
+            f"the PodDisruptionBudget allows no eviction: maxUnavailable "
+            f"{budget['maxUnavailable']}",
+        )
+    else:
+        expect(
+            isinstance(budget.get("minAvailable"), int)
+            and budget["minAvailable"] < spec["replicas"],
+            f"the PodDisruptionBudget allows no eviction of {spec['replicas']} replicas",
+        )
+    expect(
+        budget.get("unhealthyPodEvictionPolicy") == "AlwaysAllow",
+        "the PodDisruptionBudget keeps unready replicas: a fleet outage blocks node drains",
+    )
+    # A rollout keeps every old replica until a new one is ready.
+    rolling = spec["strategy"]["rollingUpdate"]
+    expect(
+        spec["strategy"]["type"] == "RollingUpdate" and rolling.get("maxUnavailable") == 0,
+        f"a rollout may stop an old replica before a new one is ready: {spec['strategy']}",
+    )
+    # The control plane's headless Service: every replica's address, the unready ones too.
+    control = find(docs, "Service", "gatewayd-control")["spec"]
+    expect(control.get("clusterIP") == "None", "gatewayd-control is not headless")
+    expect(
+        control.get("publishNotReadyAddresses") is True,
+        "gatewayd-control hides unready replicas, whose control plane is needed most",
+    )
+    expect(
+        [p["targetPort"] for p in control["ports"]] == ["control"],
+        f"gatewayd-control targets {[p['targetPort'] for p in control['ports']]}, not control",
+    )
     volumes = {v["name"]: v for v in pod["volumes"]}
     config_map = generated(docs, "ConfigMap", "gatewayd-config")
     tokens = generated(docs, "Secret", "gatewayd-tokens")
@@ -260,13 +291,51 @@ def check_references(docs: list[dict], mode: str) -> None:
     security = pod["securityContext"]
     expect(security.get("runAsNonRoot") is True, "runAsNonRoot is not set")
     expect(security.get("runAsUser") == user, f"runAsUser is not the Dockerfile's USER {user}")
+    # The Pod Security Standard "restricted" (a namespace enforcing it admits the pods), and no
+    # service account token: gatewayd never calls the Kubernetes API.
+    hardening = container(deployment)["securityContext"]
+    expect(hardening.get("readOnlyRootFilesystem") is True, "readOnlyRootFilesystem is not set")
     expect(
-        container(deployment)["securityContext"].get("readOnlyRootFilesystem") is True,
-        "readOnlyRootFilesystem is not set",
+        hardening.get("allowPrivilegeEscalation") is False, "allowPrivilegeEscalation is not false"
+    )
+    expect(
+        hardening.get("capabilities", {}).get("drop") == ["ALL"]
+        and not hardening["capabilities"].get("add"),
+        f"capabilities are not drop [ALL]: {hardening.get('capabilities')}",
+    )
+    seccomp = hardening.get("seccompProfile") or security.get("seccompProfile") or {}
+    expect(seccomp.get("type") == "RuntimeDefault", f"seccompProfile {seccomp}")
+    expect(
+        pod.get("automountServiceAccountToken") is False, "the pods mount a service account token"
+    )
+    # The environment is the manifest's (the pod check runs with exactly that): no GATEWAYD_*
+    # variables for the Services gatewayd and gatewayd-picker next to the GATEWAYD_* settings.
+    expect(
+        pod.get("enableServiceLinks") is False,
+        "Services' link variables (GATEWAYD_PORT, …) would land in gatewayd's GATEWAYD_* settings",
+    )
+    # Prometheus by annotation scrapes the control plane's /metrics.
+    annotations = spec["template"]["metadata"].get("annotations", {})
+    expect(
+        annotations.get("prometheus.io/port") == str(ports["control"])
+        and annotations.get("prometheus.io/path") == "/metrics",
+        f"the scrape annotations do not name the control plane's /metrics: {annotations}",
     )
     expect(
         set(ports.values()) <= exposed,
         f"container ports {sorted(ports.values())} not all EXPOSEd by the Dockerfile {sorted(exposed)}",
+    )
+    # Liveness never on the data plane: at server.max_connections it answers every new
+    # connection 503, the kubelet's probe included, and a replica that is merely saturated would
+    # be restarted with every stream it carries.
+    liveness = container(deployment)["livenessProbe"]
+    liveness_port = next(
+        (liveness[kind]["port"] for kind in ("httpGet", "tcpSocket", "grpc") if kind in liveness),
+        None,
+    )
+    expect(
+        liveness_port not in ("data", ports.get("data")),
+        "the liveness probe uses the data plane, which answers 503 at max_connections",
     )
     # The kubelet's SIGKILL comes after the preStop pause and the whole of shutdown_grace_ms.
     config = tomllib.loads(config_map["data"]["gatewayd.toml"])
@@ -315,7 +384,8 @@ def check_references(docs: list[dict], mode: str) -> None:
     for monitor in (d for d in docs if d["kind"] == "PodMonitor"):
         expect(selects(monitor["spec"]["selector"]["matchLabels"], labels), "PodMonitor selector")
         for endpoint in monitor["spec"]["podMetricsEndpoints"]:
-            expect(endpoint["port"] in ports, f"PodMonitor port {endpoint['port']}")
+            expect(endpoint["port"] == "control", f"PodMonitor port {endpoint['port']}")
+            expect(endpoint.get("path") == "/metrics", f"PodMonitor path {endpoint.get('path')}")
             credentials = endpoint["authorization"]["credentials"]
             expect(
                 credentials["name"] == tokens["metadata"]["name"],
@@ -439,13 +509,16 @@ def start_dnsmasq(procs: Processes, dnsmasq: str, work: Path, srv: str, workers)
     raise CheckFailed(f"dnsmasq did not start: {(work / 'dnsmasq.log').read_text()}")
 
 
-def start_workers(
-    procs: Processes, drill: str, work: Path, port: int
-) -> list[tuple[str, str, int]]:
-    """Three simulated workers, as three pods would be: 127.0.0.2-4, all on the Service's port."""
-    workers = []
-    for index in range(3):
-        address = f"127.0.0.{index + 2}"
+def worker_pods(port: int) -> list[tuple[str, str, int]]:
+    """Three simulated worker pods, (name, address, port): 127.0.0.2-4, all on the Service's port,
+    named as CoreDNS names a Deployment's pods in a headless Service's SRV targets."""
+    addresses = [f"127.0.0.{index + 2}" for index in range(3)]
+    return [(address.replace(".", "-"), address, port) for address in addresses]
+
+
+def start_workers(procs: Processes, drill: str, work: Path, workers) -> None:
+    """Starts the simulated workers of `worker_pods` and waits until each answers /health."""
+    for index, (_, address, port) in enumerate(workers):
         procs.start(
             [
                 drill,
@@ -461,13 +534,11 @@ def start_workers(
             ],
             work / f"worker-{index}.log",
         )
-        workers.append((address.replace(".", "-"), address, port))
     for _, address, worker_port in workers:
         wait_until(
             f"worker {address}:{worker_port}",
             lambda url=f"http://{address}:{worker_port}/health": http("GET", url)[0] == 200,
         )
-    return workers
 
 
 class Pod:
@@ -610,10 +681,24 @@ def run_pod(docs, args, work: Path, mode: str) -> None:
         worker_port = workers_service["spec"]["ports"][0]["targetPort"]
         config_map = generated(docs, "ConfigMap", "gatewayd-config")
         srv = tomllib.loads(config_map["data"]["gatewayd.toml"])["discovery"][0]["dns"]
-        workers = start_workers(procs, args.drill, work, worker_port)
+        workers = worker_pods(worker_port)
+        names = {f"{name}.{srv.rstrip('.').split('.', 2)[2]}" for name, _, _ in workers}
         resolver = start_dnsmasq(procs, args.dnsmasq, work, srv, workers)
         pod = Pod(docs, work, args.gatewayd, resolver)
         pod.start(procs)
+        # A fleet outage first: every worker published, none running. The replica stays alive
+        # (the liveness probe passes) and, with a data plane, unready: the Service sends it
+        # nothing it could only answer 503.
+        wait_until("every published worker to be discovered", lambda: listed_workers(pod) == names)
+        expect(
+            pod.probe(pod.container["livenessProbe"]), "the liveness probe fails without workers"
+        )
+        if mode == "base":
+            expect(
+                not pod.probe(pod.container["readinessProbe"]),
+                "the readiness probe passes while no worker is up",
+            )
+        start_workers(procs, args.drill, work, workers)
         # The kubelet's view: ready once a worker passed its first probe.
         wait_until(
             "the readiness probe to pass", lambda: pod.probe(pod.container["readinessProbe"])
@@ -624,8 +709,6 @@ def run_pod(docs, args, work: Path, mode: str) -> None:
         if os.geteuid() == 0:
             expect(int(uid) == pod.user, f"gatewayd runs as uid {uid}, not {pod.user}")
         # Every worker DNS publishes under the discovery name is a healthy member.
-        names = {f"{name}.{srv.rstrip('.').split('.', 2)[2]}" for name, _, _ in workers}
-
         def members():
             code, _, body = pod.control("/admin/workers", pod.admin_token)
             expect(code == 200, f"GET /admin/workers answered {code}")
@@ -656,6 +739,16 @@ def run_pod(docs, args, work: Path, mode: str) -> None:
         procs.stop()
         if pod is not None:
             pod.remove_files()
+
+
+def listed_workers(pod: Pod) -> set[str]:
+    """The names of the workers the control plane lists (GET /admin/workers); none while it does
+    not accept connections yet."""
+    code, _, body = pod.control("/admin/workers", pod.admin_token)
+    if code is None:
+        return set()
+    expect(code == 200, f"GET /admin/workers answered {code}")
+    return {w["name"] for w in json.loads(body)["workers"]}
 
 
 def speaks_http2(port: int) -> None:
@@ -777,7 +870,10 @@ def render_all(args, rendered: dict[str, list[dict]]) -> None:
     rendered["picker"] = render(args.kubectl, DEPLOY / "overlays" / "picker")
     rendered["operator"] = render(args.kubectl, operator_overlay(args.work))
     image = container(find(rendered["operator"], "Deployment", "gatewayd"))["image"]
-    expect(image == "registry.test/bch/gatewayd:test", f"the overlay's image is not used: {image}")
+    expect(
+        image == "registry.internal.example/ml/gatewayd:0.1.0",
+        f"the overlay's image is not used: {image}",
+    )
     tokens = generated(rendered["operator"], "Secret", "gatewayd-tokens")["data"]
     expect(all(tokens.values()), "the overlay's tokens do not replace the empty placeholders")
     find(rendered["operator"], "PodMonitor", "gatewayd")

