@@ -133,6 +133,45 @@ fn frames() -> Vec<(&'static str, ServerFrame)> {
             ),
         ),
         (
+            "tick_discovery",
+            ServerFrame::new(
+                7,
+                ServerMessage::Tick(Tick {
+                    ts_ms,
+                    workers: vec![],
+                    keys: vec![],
+                    removed_keys: vec![],
+                    spills: vec![],
+                    totals: totals(),
+                    dropped_events: 0,
+                    discovery: Some(vec![
+                        DiscoverySource {
+                            name: "_http._tcp.llm.default.svc.cluster.local.".into(),
+                            source: "dns:_http._tcp.llm.default.svc.cluster.local.".into(),
+                            kind: DiscoveryKind::Srv,
+                            state: DiscoveryState::Ok,
+                            last_error: None,
+                            last_error_ms: None,
+                            last_good_ms: Some(ts_ms - 1_200),
+                            last_good_age_ms: Some(1_200),
+                            workers: 8,
+                        },
+                        DiscoverySource {
+                            name: "llm.example".into(),
+                            source: "dns:llm.example".into(),
+                            kind: DiscoveryKind::Address,
+                            state: DiscoveryState::Failing,
+                            last_error: Some("no answer within timeout_ms 2000".into()),
+                            last_error_ms: Some(ts_ms - 300),
+                            last_good_ms: Some(ts_ms - 95_000),
+                            last_good_age_ms: Some(95_000),
+                            workers: 2,
+                        },
+                    ]),
+                }),
+            ),
+        ),
+        (
             "ring",
             ServerFrame::new(
                 2,
