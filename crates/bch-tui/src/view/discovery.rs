@@ -149,8 +149,9 @@ mod tests {
 
     fn screen(state: &State, width: u16, height: u16) -> String {
         let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
+        // The workers panel's frame, as the layout gives it: the warning goes on its bottom border.
         terminal
-            .draw(|f| super::super::draw(f, state, tokio::time::Instant::now()))
+            .draw(|f| draw(f, f.area(), state, &Styles::default()))
             .unwrap();
         let buffer = terminal.backend().buffer();
         let mut out = String::new();

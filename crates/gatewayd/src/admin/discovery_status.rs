@@ -1,17 +1,15 @@
 //! Each discovery source's health, as its task reports it after every resolution: what
-//! `GET /admin/discovery` answers and what telemetry carries to consoles.
-//!
-//! The admin owner keeps it because it already owns each source's set and the list of sources in
-//! force; the board has its own lock, never held with the membership's for long, and never taken
-//! by the data path.
+//! `GET /admin/discovery` answers and what telemetry carries to consoles. The admin owner keeps
+//! the board (`discovery_health` has its methods) because it already owns each source's set and
+//! the list of sources in force; the board has its own lock, held only to read or write a few
+//! fields, and never taken by the data path.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
 
-use bch_core::router::WorkerSource;
+use bch_core::router::{RoutingTable, WorkerSource};
 use bch_core::telemetry::{DiscoveryKind, DiscoverySource, DiscoveryState};
 
-use super::Admin;
 use crate::config::{DiscoveryConfig, DnsKind};
 
 /// What one resolution gave, as the health board sees it.
@@ -65,70 +63,51 @@ pub struct HealthBoard {
 }
 
 impl HealthBoard {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Health>> {
-        self.sources.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-impl Admin {
-    /// A source's task started (at start-up, or restarted by a reload): its state is `pending`
-    /// until its first resolution, whatever an earlier task of the same name reported.
-    pub fn discovery_started(&self, source: &DiscoveryConfig) {
-        self.health_board
-            .lock()
+    /// `source` started (or restarted): `pending` until its first resolution, whatever an earlier
+    /// task of the same name reported.
+    pub fn start(&self, source: &DiscoveryConfig) {
+        self.lock()
             .insert(source.canonical_name(), Health::default());
-        self.publish_discovery();
     }
 
-    /// Records one resolution of `source` at `now_ms` (ms since the Unix epoch), after its set (if
-    /// any) was applied, and tells telemetry. Answers the state change, for the task to log once.
-    pub fn record_resolution(
+    /// Records one resolution of `source` at `now_ms` (ms since the Unix epoch); answers the
+    /// state change, if it was one.
+    pub fn record(
         &self,
         source: &DiscoveryConfig,
         outcome: ResolutionOutcome,
         now_ms: u64,
     ) -> Option<StateChange> {
-        let change = {
-            let mut board = self.health_board.lock();
-            let health = board.entry(source.canonical_name()).or_default();
-            let (state, error) = match outcome {
-                ResolutionOutcome::Workers { lookup_error } => {
-                    health.last_good_ms = Some(now_ms);
-                    (DiscoveryState::Ok, lookup_error)
-                }
-                ResolutionOutcome::Empty(why) => (DiscoveryState::Empty, Some(why)),
-                ResolutionOutcome::Failed(why) => (DiscoveryState::Failing, Some(why)),
-            };
-            let reason = error.clone().filter(|_| state.is_trouble());
-            if let Some(error) = error {
-                health.last_error = Some((error, now_ms));
+        let mut board = self.lock();
+        let health = board.entry(source.canonical_name()).or_default();
+        let (state, error) = match outcome {
+            ResolutionOutcome::Workers { lookup_error } => {
+                health.last_good_ms = Some(now_ms);
+                (DiscoveryState::Ok, lookup_error)
             }
-            let from = std::mem::replace(&mut health.state, state);
-            (from != state).then_some(StateChange {
-                from,
-                to: state,
-                reason,
-            })
+            ResolutionOutcome::Empty(why) => (DiscoveryState::Empty, Some(why)),
+            ResolutionOutcome::Failed(why) => (DiscoveryState::Failing, Some(why)),
         };
-        self.publish_discovery();
-        change
+        let reason = error.clone().filter(|_| state.is_trouble());
+        if let Some(error) = error {
+            health.last_error = Some((error, now_ms));
+        }
+        let from = std::mem::replace(&mut health.state, state);
+        (from != state).then_some(StateChange {
+            from,
+            to: state,
+            reason,
+        })
     }
 
-    /// Every source in force, in configuration order, as seen at `now_ms` (ms since the Unix
-    /// epoch).
-    pub fn discovery_health(&self, now_ms: u64) -> Vec<DiscoverySource> {
-        self.discovery_records()
-            .into_iter()
-            .map(|source| source.at(now_ms))
-            .collect()
-    }
-
-    /// Every source in force, in configuration order, without ages (telemetry adds them to each
-    /// frame, and compares records without them).
-    fn discovery_records(&self) -> Vec<DiscoverySource> {
-        let sources = self.sources.borrow().clone();
-        let table = self.router.table();
-        let board = self.health_board.lock();
+    /// The records of `sources` (the ones in force, configuration order), their workers counted in
+    /// `table`; without ages (see [`DiscoverySource::at`]).
+    pub fn records(
+        &self,
+        sources: &[DiscoveryConfig],
+        table: &RoutingTable,
+    ) -> Vec<DiscoverySource> {
+        let board = self.lock();
         sources
             .iter()
             .map(|source| {
@@ -160,8 +139,7 @@ impl Admin {
             .collect()
     }
 
-    /// Hands the sources' records to telemetry (which sends them on when they changed).
-    pub(super) fn publish_discovery(&self) {
-        self.telemetry.discovery_changed(self.discovery_records());
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Health>> {
+        self.sources.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -19,6 +19,7 @@
 mod actor;
 mod apply;
 mod departed;
+mod discovery_health;
 mod discovery_status;
 mod drain;
 pub mod membership;
