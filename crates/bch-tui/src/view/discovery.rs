@@ -3,7 +3,8 @@
 //! workers are missing (or frozen) without reading the gateway's log. Nothing is drawn while every
 //! source answers, or without discovery.
 //!
-//! Every replica reports its own sources; a source in trouble on some replicas only names them.
+//! Every connected replica reports its own sources; a source in trouble on some replicas only
+//! names them.
 
 use ratatui::Frame;
 use ratatui::layout::Rect;
@@ -11,6 +12,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
 use super::styles::{Styles, Tone};
+use crate::conn::ConnStatus;
 use crate::state::State;
 
 /// Columns left free at the right of the bottom border for the panel's `17–32 of 64` hint.
@@ -29,6 +31,10 @@ struct Trouble {
 fn troubles(state: &State) -> Vec<Trouble> {
     let mut found: Vec<Trouble> = Vec::new();
     for (index, replica) in state.replicas().iter().enumerate() {
+        // A replica that is down says nothing now: its last frame's sources would be stale.
+        if *replica.conn() != ConnStatus::Connected {
+            continue;
+        }
         for source in replica
             .fleet()
             .discovery
@@ -104,7 +110,7 @@ mod tests {
     use ratatui::Terminal;
     use ratatui::backend::TestBackend;
 
-    use crate::conn::{ConnEvent, ConnStatus};
+    use crate::conn::ConnEvent;
     use crate::state::ReplicaId;
 
     fn source(name: &str, state: DiscoveryState, error: Option<&str>) -> DiscoverySource {
@@ -195,5 +201,23 @@ mod tests {
         );
         let drawn = screen(&state, 80, 24);
         assert!(drawn.contains("⚠ DNS dns:llm.test"), "{drawn}");
+    }
+
+    #[test]
+    fn a_replica_that_is_down_reports_nothing() {
+        let mut state = console(&[vec![source(
+            "llm.test",
+            DiscoveryState::Failing,
+            Some("timeout"),
+        )]]);
+        state.apply_replica_event(
+            ReplicaId(0),
+            ConnEvent::Status(ConnStatus::Reconnecting {
+                retry_at: tokio::time::Instant::now(),
+                attempt: 1,
+                reason: "connection refused".into(),
+            }),
+        );
+        assert_eq!(text(&troubles(&state), 1), None);
     }
 }
