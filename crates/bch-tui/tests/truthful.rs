@@ -39,6 +39,7 @@ fn empty_tick(seq: u64, ts_ms: u64) -> ServerFrame {
             spills: vec![],
             totals: Default::default(),
             dropped_events: 0,
+            discovery: None,
         }),
     )
 }

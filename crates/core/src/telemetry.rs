@@ -9,6 +9,9 @@
 
 use serde::{Deserialize, Serialize};
 
+mod discovery;
+pub use discovery::{DiscoveryKind, DiscoverySource, DiscoveryState};
+
 use crate::fleet_load::{LoadSignal, LoadSource};
 use crate::policy::{Branch, PolicyKind, PolicySettings, SpillOrder};
 
@@ -69,6 +72,9 @@ pub struct Snapshot {
     pub spills: Vec<SpillEvent>,
     /// Fleet-wide rates and totals.
     pub totals: Totals,
+    /// Every DNS discovery source in force, in configuration order; absent without discovery.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub discovery: Vec<DiscoverySource>,
 }
 
 /// Periodic update: complete records of what changed since the previous tick.
@@ -89,6 +95,11 @@ pub struct Tick {
     pub totals: Totals,
     /// Frames this connection lost because its queue was full (cumulative for the connection).
     pub dropped_events: u64,
+    /// Every DNS discovery source in force, when any source's record changed since the previous
+    /// tick (each good refresh moves `last_good_ms`); absent otherwise. The list replaces the last
+    /// one; an empty list means no source is configured any more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<Vec<DiscoverySource>>,
 }
 
 /// Sent when worker membership changes.

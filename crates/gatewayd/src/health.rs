@@ -104,8 +104,8 @@ impl LabelValue for ProbeReason {
 }
 
 /// Failed probes of each worker by reason (`bch_probe_failures_total`), written by the prober only
-/// under a mutex the data path never touches, and registered by the prober's module. A reason
-/// shows once it happened to the worker; a worker that left is forgotten.
+/// under a mutex the data path never touches, and registered by the prober's module. Every worker
+/// of the table has a series per reason from the start, at 0; a worker that left is forgotten.
 #[derive(Debug, Default)]
 pub struct ProbeFailures {
     by_worker: Mutex<BTreeMap<WorkerKey, [u64; ProbeReason::ALL.len()]>>,
@@ -148,16 +148,21 @@ struct ProbeFailureCollector {
 impl Collector for ProbeFailureCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let table = self.router.table();
-        // By name, as the series are shown; a worker that left is not shown.
-        let mut by_name: Vec<(String, [u64; ProbeReason::ALL.len()])> = self
-            .failures
-            .lock()
+        // Every worker of the table, every reason, from 0: a series that appears only at the first
+        // failure leaves rate() and dashboards empty until then.
+        let by_worker = self.failures.lock();
+        let mut by_name: Vec<(String, [u64; ProbeReason::ALL.len()])> = table
+            .workers()
             .iter()
-            .filter_map(|(key, counts)| {
-                let index = key.index_in(&table)?;
-                Some((table.workers()[index].spec.name.clone(), *counts))
+            .map(|worker| {
+                let counts = by_worker
+                    .get(&WorkerKey::of_worker(worker))
+                    .copied()
+                    .unwrap_or_default();
+                (worker.spec.name.clone(), counts)
             })
             .collect();
+        drop(by_worker);
         by_name.sort_unstable();
         counter(
             &mut encoder,
@@ -165,7 +170,6 @@ impl Collector for ProbeFailureCollector {
             "Failed health probes by worker and reason (refused, timeout, status, error)",
             by_name.iter().flat_map(|(worker, counts)| {
                 by_worker_and_label(worker, "reason", |r: ProbeReason| counts[r.index()])
-                    .filter(|(_, n)| *n > 0)
             }),
         )
     }

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use bch_core::policy::{BoundCheck, FleetLoad, PolicyKind, PolicySettings};
 use bch_core::telemetry::{
-    ChangeSource, KeyRecord, PolicyUpdate, RingOwnership, RingUpdate, Snapshot, SpillEvent, Tick,
-    Totals, WorkerRecord, WorkerState,
+    ChangeSource, DiscoverySource, KeyRecord, PolicyUpdate, RingOwnership, RingUpdate, Snapshot,
+    SpillEvent, Tick, Totals, WorkerRecord, WorkerState,
 };
 
 /// Spill events kept for the log; older ones fall off the front. More than the tallest screen
@@ -58,6 +58,9 @@ pub struct FleetPicture {
     /// Rate history for the sparklines, oldest first, at most [`HISTORY_CAP`]; survives snapshots
     /// so a resync does not blank the sparklines.
     pub history: VecDeque<Sample>,
+    /// The gateway's DNS discovery sources and their health, configuration order (empty without
+    /// discovery, or from a gateway too old to report it).
+    pub discovery: Vec<DiscoverySource>,
     /// Every arc of the ring as `(start, end, index into ring.workers)`, sorted by start, so the
     /// owner of any position is a binary search away.
     arcs: Vec<(f64, f64, usize)>,
@@ -204,6 +207,7 @@ impl FleetPicture {
             workers: snap.workers,
             keys: snap.keys.into_iter().map(|k| (k.key.clone(), k)).collect(),
             totals: snap.totals,
+            discovery: snap.discovery,
             history,
             tick_interval_ms: self.tick_interval_ms,
             baseline: self.baseline.take(),
@@ -224,6 +228,9 @@ impl FleetPicture {
             });
         }
         self.ts_ms = tick.ts_ms;
+        if let Some(discovery) = tick.discovery {
+            self.discovery = discovery;
+        }
         for worker in tick.workers {
             match self.workers.iter_mut().find(|w| w.name == worker.name) {
                 Some(slot) => *slot = worker,

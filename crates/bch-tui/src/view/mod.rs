@@ -4,12 +4,13 @@
 //!
 //! This file owns the layout and [`draw`]; each panel has its own file (`header`, `workers`,
 //! `ring`, `keys`, `spills`, `help`), drawn in the common frame of `panel`, with every colour from
-//! `styles` and the text cutting of `text`.
+//! `styles` and the text cutting of `text`; `discovery` warns on the workers panel's border.
 //!
 //! Distinctions that matter to an operator (healthy or not, over the bound or not, spilled or not,
 //! focused panel) are carried by glyphs and words as well as colour, so they survive a monochrome
 //! terminal, a screen reader and a text snapshot.
 
+mod discovery;
 mod header;
 mod help;
 mod keys;
@@ -131,6 +132,7 @@ pub fn draw(frame: &mut Frame, state: &State, now: Instant) {
         replicas::draw(frame, a.replicas, state, now, &styles);
     }
     workers::draw(frame, a.workers, state, &styles);
+    discovery::draw(frame, a.workers, state, &styles);
     ring::draw(frame, a.ring, state, &styles);
     keys::draw(frame, a.keys, state, &styles);
     spills::draw(frame, a.spills, state, &styles);

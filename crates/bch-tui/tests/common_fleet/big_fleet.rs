@@ -100,6 +100,7 @@ fn big_fleet() -> ServerFrame {
                 requests_total: 1_000_000,
                 spills_total: 4_321,
             },
+            discovery: Vec::new(),
         }),
     )
 }
@@ -122,6 +123,7 @@ pub fn big() -> State {
                 spills_total: 4_321 + seq,
             },
             dropped_events: 0,
+            discovery: None,
         };
         assert_eq!(
             s.apply_replica_frame(

@@ -102,13 +102,17 @@ impl Admin {
                 .store(Arc::new(RuntimeSettings::from_config(&next.config)));
             self.config.store(Arc::clone(&next.config));
             let sources = &next.config.discovery;
-            self.sources.send_if_modified(|current| {
+            let sources_changed = self.sources.send_if_modified(|current| {
                 let changed = current != sources;
                 if changed {
                     current.clone_from(sources);
                 }
                 changed
             });
+            if sources_changed {
+                // Consoles see a removed source go at once, an added one as pending.
+                self.publish_discovery();
+            }
         }
         in_force.config = next.config;
         in_force.statics = next.statics;

@@ -53,7 +53,8 @@ impl DiscoveredSets {
         workers.sort();
         workers.dedup_by(|a, b| a.addr == b.addr);
         let name = source.canonical_name();
-        if self.sets.get(&name) == Some(&workers) {
+        // A source without a set has the empty one: an empty answer again changes nothing.
+        if self.sets.get(&name).map_or(&[][..], Vec::as_slice) == workers.as_slice() {
             return false;
         }
         if workers.is_empty() {
@@ -185,6 +186,19 @@ mod tests {
             discovery: sources.iter().map(|d| DiscoveryConfig::new(d)).collect(),
             ..Config::default()
         }
+    }
+
+    #[test]
+    fn an_empty_answer_for_an_empty_source_changes_nothing() {
+        let source = DiscoveryConfig::new("llm.test");
+        let mut sets = DiscoveredSets::default();
+        assert!(
+            !sets.replace(&source, Vec::new()),
+            "a source with no set that answers empty again is unchanged (no rebuild, no log line)"
+        );
+        assert!(sets.replace(&source, vec![at("10.0.0.1:8000", None)]));
+        assert!(sets.replace(&source, Vec::new()));
+        assert!(!sets.replace(&source, Vec::new()));
     }
 
     fn names(merged: &Merged) -> Vec<(&str, &str, String)> {

@@ -19,6 +19,8 @@
 mod actor;
 mod apply;
 mod departed;
+mod discovery_health;
+mod discovery_status;
 mod drain;
 pub mod membership;
 
@@ -44,6 +46,8 @@ use crate::telemetry::Telemetry;
 use crate::upstream::Upstreams;
 pub use actor::Actor;
 use departed::Departed;
+use discovery_status::HealthBoard;
+pub use discovery_status::{ResolutionOutcome, StateChange};
 use membership::DiscoveredSets;
 pub use membership::DiscoveredWorker;
 
@@ -207,6 +211,8 @@ pub struct Admin {
     in_force: Mutex<InForce>,
     /// Notified on every membership change, so the prober probes new workers at once.
     probe_now: Arc<Notify>,
+    /// Each discovery source's health, as its task last reported.
+    health_board: HealthBoard,
 }
 
 /// The parts the admin owner writes to or tells about a change, besides those it builds itself
@@ -257,6 +263,7 @@ impl Admin {
             sources,
             in_force: Mutex::new(in_force),
             probe_now,
+            health_board: HealthBoard::default(),
         }
     }
 

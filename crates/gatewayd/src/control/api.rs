@@ -89,6 +89,14 @@ pub async fn list_workers(State(plane): State<Arc<ControlPlane>>) -> Response {
     Json(serde_json::json!({ "workers": records })).into_response()
 }
 
+/// `GET /admin/discovery`: every DNS discovery source in force, configuration order, with its
+/// state (`pending`, `ok`, `failing`, `empty`), last error, age of the last good answer (ms) and
+/// workers.
+pub async fn discovery(State(plane): State<Arc<ControlPlane>>) -> Response {
+    let sources = plane.admin.discovery_health(now_ms());
+    Json(serde_json::json!({ "sources": sources })).into_response()
+}
+
 /// `POST /admin/workers`: adds a worker (`{"url", "name"?, "ring_id"?, "health_path"?}`); 201 with
 /// its record.
 pub async fn add_worker(

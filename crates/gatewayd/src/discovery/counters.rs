@@ -10,6 +10,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
+use super::records::AddressFamily;
 use crate::metrics::{counter, gauge};
 
 /// Counters of one discovery source.
@@ -18,6 +19,8 @@ pub struct SourceCounters {
     refreshes: AtomicU64,
     errors: AtomicU64,
     skipped_records: AtomicU64,
+    /// Failed A lookups and failed AAAA lookups whose other family answered.
+    lookup_errors: [AtomicU64; 2],
 }
 
 impl SourceCounters {
@@ -31,9 +34,21 @@ impl SourceCounters {
         self.errors.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts one A or AAAA lookup that failed while the other family answered.
+    pub fn record_lookup_error(&self, family: AddressFamily) {
+        self.lookup_errors[family_index(family)].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Records how many records the last answer had that could not be used.
     pub fn set_skipped_records(&self, count: usize) {
         self.skipped_records.store(count as u64, Ordering::Relaxed);
+    }
+}
+
+fn family_index(family: AddressFamily) -> usize {
+    match family {
+        AddressFamily::A => 0,
+        AddressFamily::Aaaa => 1,
     }
 }
 
@@ -113,6 +128,21 @@ impl Collector for DiscoveryCollector {
             sources
                 .iter()
                 .map(|(label, c)| (source(label), c.errors.load(Ordering::Relaxed))),
+        )?;
+        counter(
+            encoder,
+            "bch_discovery_lookup_errors",
+            "A or AAAA lookups that failed (REFUSED, SERVFAIL, timeout) while the other family answered; the resolution stood on that family",
+            sources.iter().flat_map(|(label, c)| {
+                [AddressFamily::A, AddressFamily::Aaaa].map(|family| {
+                    let mut labels = source(label);
+                    labels.push(("record_type", family.as_str().to_owned()));
+                    (
+                        labels,
+                        c.lookup_errors[family_index(family)].load(Ordering::Relaxed),
+                    )
+                })
+            }),
         )?;
         gauge(
             encoder,

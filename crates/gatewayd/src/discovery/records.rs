@@ -43,6 +43,45 @@ pub struct Answer {
     pub addresses: HashMap<String, Vec<IpAddr>>,
     /// Time until the shortest TTL of the answer runs out; `None` when unknown.
     pub ttl: Option<Duration>,
+    /// A or AAAA lookups that failed while the other family of the same name answered: the
+    /// answer stands on that family; each is logged and counted, not fatal.
+    pub failed_lookups: Vec<FailedLookup>,
+}
+
+/// An address family, as the record type that carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AddressFamily {
+    /// IPv4, A records.
+    A,
+    /// IPv6, AAAA records.
+    Aaaa,
+}
+
+impl AddressFamily {
+    /// The record type's name: `A` or `AAAA` (also the metric label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AddressFamily::A => "A",
+            AddressFamily::Aaaa => "AAAA",
+        }
+    }
+}
+
+/// One family's lookup of a name that failed (an error code such as REFUSED, a timeout).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FailedLookup {
+    /// The name looked up: the source's own, or an SRV target.
+    pub name: String,
+    /// The record type asked for.
+    pub family: AddressFamily,
+    /// Why it failed, as the resolver said.
+    pub reason: String,
+}
+
+impl std::fmt::Display for FailedLookup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.name, self.family.as_str(), self.reason)
+    }
 }
 
 /// The workers an answer gives, and the records it skipped.
@@ -199,6 +238,7 @@ mod tests {
                 ("two.llm.test".to_owned(), vec![ip("::1"), ip("127.0.0.5")]),
             ]),
             ttl: None,
+            failed_lookups: Vec::new(),
         };
         let parsed = parse(&source, &answer);
         let workers: Vec<(String, Option<&str>)> = parsed

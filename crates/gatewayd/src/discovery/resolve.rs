@@ -20,7 +20,7 @@ use hickory_resolver::proto::op::ResponseCode;
 use hickory_resolver::proto::rr::{RData, RecordType};
 use hickory_resolver::{Resolver, TokioResolver};
 
-use super::records::{Answer, Record, target_key};
+use super::records::{AddressFamily, Answer, FailedLookup, Record, target_key};
 use crate::config::{DiscoveryConfig, DnsKind};
 
 /// SRV targets looked up at once when the answer carried no addresses for them.
@@ -41,6 +41,14 @@ pub enum Resolution {
 enum Missing {
     Empty(String),
     Failed(String),
+}
+
+/// The addresses of one name: what the families that answered gave, and the lookups that failed.
+#[derive(Default)]
+struct Addresses {
+    ips: Vec<IpAddr>,
+    ttl: Duration,
+    failed: Vec<FailedLookup>,
 }
 
 /// The resolver of one source.
@@ -135,9 +143,11 @@ impl SourceResolver {
             .buffer_unordered(TARGET_LOOKUPS);
         while let Some((found, target)) = lookups.next().await {
             match found {
-                Ok((ips, ttl)) => {
-                    answer.addresses.insert(target, ips);
+                Ok(found) => {
+                    answer.addresses.insert(target, found.ips);
+                    let ttl = found.ttl;
                     answer.ttl = Some(answer.ttl.map_or(ttl, |earlier| earlier.min(ttl)));
+                    answer.failed_lookups.extend(found.failed);
                 }
                 // A target without an address is a bad record, skipped when parsed.
                 Err(Missing::Empty(_)) => {}
@@ -151,37 +161,59 @@ impl SourceResolver {
     }
 
     async fn resolve_addresses(&self) -> Result<Answer, Missing> {
-        let (ips, ttl) = self.addresses_of(&self.source.dns).await?;
+        let found = self.addresses_of(&self.source.dns).await?;
         Ok(Answer {
-            records: ips.into_iter().map(Record::Address).collect(),
-            ttl: Some(ttl),
+            records: found.ips.into_iter().map(Record::Address).collect(),
+            ttl: Some(found.ttl),
+            failed_lookups: found.failed,
             ..Answer::default()
         })
     }
 
-    /// A and AAAA addresses of `name` and the shorter TTL; empty only when both are.
-    async fn addresses_of(&self, name: &str) -> Result<(Vec<IpAddr>, Duration), Missing> {
+    /// A and AAAA addresses of `name`, the shorter TTL of the families that answered, and the
+    /// lookups that failed. Each family stands alone: a refused or failed AAAA lookup (dnsmasq
+    /// without upstream servers refuses AAAA for a name it has only an A record for) does not
+    /// discard the A answer, and the other way round. Without an address from either family the
+    /// result is a failure when a lookup failed (a failure says nothing about the fleet, so the last
+    /// good set stays), else empty.
+    async fn addresses_of(&self, name: &str) -> Result<Addresses, Missing> {
         let (v4, v6) = tokio::join!(
             self.lookup(name, RecordType::A),
             self.lookup(name, RecordType::AAAA)
         );
-        let mut ips = Vec::new();
+        let mut found = Addresses::default();
         let mut ttl: Option<Duration> = None;
         let mut empty = None;
-        for found in [v4, v6] {
-            match found {
+        for (record_type, outcome) in [(RecordType::A, v4), (RecordType::AAAA, v6)] {
+            match outcome {
                 Ok(lookup) => {
-                    ips.extend(lookup.answers().iter().filter_map(|r| address(&r.data)));
+                    found
+                        .ips
+                        .extend(lookup.answers().iter().filter_map(|r| address(&r.data)));
                     let this = ttl_of(&lookup);
                     ttl = Some(ttl.map_or(this, |earlier| earlier.min(this)));
                 }
                 Err(Missing::Empty(why)) => empty = empty.or(Some(why)),
-                Err(failed) => return Err(failed),
+                Err(Missing::Failed(reason)) => found.failed.push(FailedLookup {
+                    name: name.to_owned(),
+                    family: if record_type == RecordType::A {
+                        AddressFamily::A
+                    } else {
+                        AddressFamily::Aaaa
+                    },
+                    reason,
+                }),
             }
         }
         match ttl {
-            Some(ttl) if !ips.is_empty() => Ok((ips, ttl)),
-            _ => Err(Missing::Empty(empty.unwrap_or_else(|| "no records".into()))),
+            Some(ttl) if !found.ips.is_empty() => {
+                found.ttl = ttl;
+                Ok(found)
+            }
+            _ => match found.failed.first() {
+                Some(failed) => Err(Missing::Failed(failed.to_string())),
+                None => Err(Missing::Empty(empty.unwrap_or_else(|| "no records".into()))),
+            },
         }
     }
 

@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::counters::SourceCounters;
-use super::records::{Parsed, parse};
+use super::records::{FailedLookup, Parsed, parse};
 use super::resolve::{Resolution, SourceResolver};
 use super::safety::{Event, Observation, Safety, next_refresh};
-use crate::admin::{Admin, DiscoveredWorker, DiscoveryChange};
+use crate::admin::{Admin, DiscoveredWorker, DiscoveryChange, ResolutionOutcome, StateChange};
+use crate::clock::now_ms;
 use crate::config::DiscoveryConfig;
 
 /// URLs named in one membership-change log line; the rest are counted.
@@ -37,20 +38,36 @@ pub async fn run(
     let server = source
         .resolver
         .map_or_else(|| "system".to_owned(), |r| r.to_string());
+    let mut failed_lookups: Vec<String> = Vec::new();
     tracing::info!(source = %label, interval_ms = crate::config::millis::as_millis(interval), resolver = %server, "discovery started");
+    admin.discovery_started(&source);
     loop {
-        let (observation, ttl) = resolve_once(&source, &mut resolver, &mut skipped).await;
+        let (observation, ttl, failed) = resolve_once(&source, &mut resolver, &mut skipped).await;
         counters.record_refresh();
         if matches!(observation, Observation::Failed(_)) {
             counters.record_error();
         }
+        for lookup in &failed {
+            counters.record_lookup_error(lookup.family);
+        }
+        log_failed_lookups(&label, &failed, &mut failed_lookups);
         counters.set_skipped_records(skipped.len());
+        let outcome = match &observation {
+            Observation::Workers(_) => ResolutionOutcome::Workers {
+                lookup_error: failed.first().map(ToString::to_string),
+            },
+            Observation::Empty(why) => ResolutionOutcome::Empty(why.clone()),
+            Observation::Failed(why) => ResolutionOutcome::Failed(why.clone()),
+        };
         let verdict = safety.observe(observation, Instant::now());
         for event in &verdict.events {
             log_event(&label, event);
         }
         if let Some(workers) = verdict.apply {
             apply(&admin, &source, &label, workers).await;
+        }
+        if let Some(change) = admin.record_resolution(&source, outcome, now_ms()) {
+            log_state_change(&label, &change);
         }
         tokio::select! {
             _ = stop.cancelled() => break,
@@ -60,17 +77,18 @@ pub async fn run(
     tracing::info!(source = %label, "discovery stopped");
 }
 
-/// One resolution and what the rules see in it, with the answer's TTL. Builds the resolver the
-/// first time (and again after that failed); warns about skipped records when their list changes.
+/// One resolution and what the rules see in it, with the answer's TTL and the lookups of one
+/// address family that failed while the other answered. Builds the resolver the first time (and
+/// again after that failed); warns about skipped records when their list changes.
 async fn resolve_once(
     source: &DiscoveryConfig,
     resolver: &mut Option<SourceResolver>,
     skipped: &mut Vec<String>,
-) -> (Observation, Option<Duration>) {
+) -> (Observation, Option<Duration>, Vec<FailedLookup>) {
     if resolver.is_none() {
         match SourceResolver::new(source) {
             Ok(built) => *resolver = Some(built),
-            Err(why) => return (Observation::Failed(why), None),
+            Err(why) => return (Observation::Failed(why), None, Vec::new()),
         }
     }
     let resolver = resolver.as_ref().expect("built above");
@@ -91,10 +109,38 @@ async fn resolve_once(
             } else {
                 Observation::Workers(workers)
             };
-            (observation, answer.ttl)
+            (observation, answer.ttl, answer.failed_lookups)
         }
-        Resolution::Empty(why) => (Observation::Empty(why), None),
-        Resolution::Failed(why) => (Observation::Failed(why), None),
+        Resolution::Empty(why) => (Observation::Empty(why), None, Vec::new()),
+        Resolution::Failed(why) => (Observation::Failed(why), None, Vec::new()),
+    }
+}
+
+/// Warns about lookups of one address family that failed while the other answered, when their
+/// list changes (not on every refresh: dnsmasq without upstream servers refuses every AAAA query).
+fn log_failed_lookups(label: &str, failed: &[FailedLookup], logged: &mut Vec<String>) {
+    let mut now: Vec<String> = failed.iter().map(ToString::to_string).collect();
+    now.sort();
+    if now == *logged {
+        return;
+    }
+    for lookup in now.iter().filter(|l| !logged.contains(l)) {
+        tracing::warn!(source = %label, "address lookup failed, the other family answered: {lookup}; counted in bch_discovery_lookup_errors_total");
+    }
+    if now.is_empty() {
+        tracing::info!(source = %label, "address lookups of both families answer again");
+    }
+    *logged = now;
+}
+
+/// One line per state change of a source (`ok`, `failing`, `empty`), not one per refresh.
+fn log_state_change(label: &str, change: &StateChange) {
+    let (from, to) = (change.from.as_str(), change.to.as_str());
+    match &change.reason {
+        Some(reason) => {
+            tracing::warn!(source = %label, from, to, "discovery source is {to} (was {from}): {reason}")
+        }
+        None => tracing::info!(source = %label, from, to, "discovery source is {to} (was {from})"),
     }
 }
 
@@ -110,6 +156,12 @@ async fn apply(
     let applied =
         tokio::task::spawn_blocking(move || owner.apply_discovered(&entry, workers)).await;
     match applied {
+        // The set changed but no URL did (its workers are static ones too): nothing to tell.
+        Ok(Ok(DiscoveryChange::Changed { joined, left }))
+            if joined.is_empty() && left.is_empty() =>
+        {
+            tracing::debug!(source = %label, workers = count, "discovered set changed, membership did not");
+        }
         Ok(Ok(DiscoveryChange::Changed { joined, left })) => tracing::info!(
             source = %label,
             workers = count,

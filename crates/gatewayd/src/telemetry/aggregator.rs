@@ -8,8 +8,8 @@ use std::time::Duration;
 use bch_core::decide::Decision;
 use bch_core::router::{Router, RoutingTable};
 use bch_core::telemetry::{
-    DrainedUpdate, PolicyUpdate, RingOwnership, RingUpdate, ServerMessage, Snapshot, SpillEvent,
-    Tick, Totals, WorkerRecord,
+    DiscoverySource, DrainedUpdate, PolicyUpdate, RingOwnership, RingUpdate, ServerMessage,
+    Snapshot, SpillEvent, Tick, Totals, WorkerRecord,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -121,6 +121,10 @@ pub(super) struct Aggregator {
     spills_total: u64,
     rates: Rates,
     totals: Totals,
+    /// The discovery sources' records as the admin owner last published them.
+    discovery: Vec<DiscoverySource>,
+    /// Whether they changed since the last tick.
+    discovery_changed: bool,
 }
 
 impl Aggregator {
@@ -144,6 +148,8 @@ impl Aggregator {
             spills_total: 0,
             rates: Rates::new(),
             totals: Totals::default(),
+            discovery: Vec::new(),
+            discovery_changed: false,
         }
     }
 
@@ -221,6 +227,12 @@ impl Aggregator {
                 }));
                 self.clients.broadcast(&message);
             }
+            Control::Discovery(sources) => {
+                if sources != self.discovery {
+                    self.discovery = sources;
+                    self.discovery_changed = true;
+                }
+            }
             Control::Drained { worker, removed } => {
                 let message = encode_message(&ServerMessage::Drained(DrainedUpdate {
                     ts_ms: now_ms(),
@@ -246,7 +258,16 @@ impl Aggregator {
             keys: self.keys.records(),
             spills: self.spills.kept.iter().cloned().collect(),
             totals: self.totals,
+            discovery: self.discovery_at(now_ms()),
         }))
+    }
+
+    /// The discovery sources' records with their ages at `now_ms`.
+    fn discovery_at(&self, now_ms: u64) -> Vec<DiscoverySource> {
+        self.discovery
+            .iter()
+            .map(|source| source.clone().at(now_ms))
+            .collect()
     }
 
     fn tick(&mut self) {
@@ -265,18 +286,22 @@ impl Aggregator {
             return;
         }
         let (changed_keys, removed_keys) = self.keys.take_changes();
+        let ts_ms = now_ms();
+        let discovery =
+            std::mem::take(&mut self.discovery_changed).then(|| self.discovery_at(ts_ms));
         if self.clients.snapshot_needed() {
             let snapshot = self.snapshot_message();
             self.clients.deliver_snapshots(&snapshot);
         }
         self.clients.send_ticks(Tick {
-            ts_ms: now_ms(),
+            ts_ms,
             workers: changed_workers,
             keys: changed_keys,
             removed_keys,
             spills: std::mem::take(&mut self.spills.new),
             totals: self.totals,
             dropped_events: 0,
+            discovery,
         });
     }
 

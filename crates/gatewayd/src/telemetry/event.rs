@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bch_core::decide::Decision;
 use bch_core::router::RoutingTable;
-use bch_core::telemetry::ChangeSource;
+use bch_core::telemetry::{ChangeSource, DiscoverySource};
 use tokio::sync::mpsc;
 
 use super::keys::KeyTag;
@@ -43,6 +43,8 @@ pub(super) enum Control {
     Resync(u64),
     /// The policy changed; announce it, with who changed it and their address.
     PolicyChanged(ChangeSource, Option<String>),
+    /// The discovery sources' records changed (published by the admin owner).
+    Discovery(Vec<DiscoverySource>),
     /// A draining worker became idle (and was removed, if that was asked).
     Drained { worker: String, removed: bool },
 }

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bch_core::decide::Decision;
 use bch_core::router::{Router, RoutingTable};
-use bch_core::telemetry::ChangeSource;
+use bch_core::telemetry::{ChangeSource, DiscoverySource};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -98,6 +98,12 @@ impl Telemetry {
     /// Announces a policy change to every client, naming who made it (and from which address).
     pub fn policy_changed(&self, source: ChangeSource, client: Option<String>) {
         let _ = self.control.send(Control::PolicyChanged(source, client));
+    }
+
+    /// Publishes the discovery sources' records; clients get them in the next tick (and in every
+    /// snapshot).
+    pub fn discovery_changed(&self, sources: Vec<DiscoverySource>) {
+        let _ = self.control.send(Control::Discovery(sources));
     }
 
     /// Announces that the draining worker `worker` is idle (and whether it was removed).

@@ -24,6 +24,7 @@ async fn every_control_endpoint_needs_the_token_when_one_is_set() {
         ),
         (reqwest::Method::DELETE, "/admin/workers/a", None),
         (reqwest::Method::GET, "/admin/policy", None),
+        (reqwest::Method::GET, "/admin/discovery", None),
         (
             reqwest::Method::PUT,
             "/admin/policy",

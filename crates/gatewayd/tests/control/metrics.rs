@@ -49,6 +49,17 @@ async fn metrics_have_the_design_families_and_count_requests() {
             assert_eq!(sample(&before, name, &label), Some(0.0), "{name} {worker}");
         }
         assert_eq!(sample(&before, "bch_worker_healthy", &label), Some(1.0));
+        for reason in ["refused", "timeout", "status", "error"] {
+            assert_eq!(
+                sample(
+                    &before,
+                    "bch_probe_failures_total",
+                    &format!("{label},reason=\"{reason}\"")
+                ),
+                Some(0.0),
+                "probe failures ({reason}) of {worker}: the series exists before the first failure"
+            );
+        }
     }
     let branch = |text: &str, b: &str| {
         sample(text, "bch_branch_total", &format!("branch=\"{b}\"")).unwrap_or(-1.0)

@@ -2,7 +2,8 @@
 //! `--dns-resolver`, `--discovery-interval-ms`, `--discover-port`) at a real dnsmasq, for what an
 //! operator reads in its log: a dead resolver keeps the fleet and is reported once per outage; a
 //! restarted resolver's changed set is applied; bad records are skipped with a warning naming each,
-//! once. And `check-config` refusing bad `[[discovery]]` entries.
+//! once; an empty source's state is logged once, not a change per refresh. And `check-config`
+//! refusing bad `[[discovery]]` entries.
 
 use crate::common;
 use crate::dnsmasq;
@@ -230,6 +231,36 @@ async fn a_dead_resolver_keeps_the_fleet_reports_once_and_its_changed_set_applie
         daemon.metric(&errors).await >= 3.0,
         "errors are counted, not just logged"
     );
+}
+
+/// A source that has never had records says so once, and then nothing: no membership change is
+/// logged (nor made) for an empty answer that follows an empty answer.
+#[tokio::test]
+async fn an_empty_source_logs_its_state_once_not_a_change_per_refresh() {
+    let Some(dns) = Dnsmasq::start(&Zone::default()) else {
+        return;
+    };
+    let args = flags(&dns);
+    let daemon = Daemon::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let refreshes = format!("bch_discovery_refreshes_total{{source=\"dns:{SRV}\"}}");
+    daemon.wait_metric(&refreshes, 6.0).await;
+    assert_eq!(
+        daemon.logged("discovered workers changed"),
+        0,
+        "an empty answer after an empty answer changes nothing"
+    );
+    assert_eq!(
+        daemon.logged("discovery source is empty (was pending): NXDOMAIN"),
+        1,
+        "the state change, once"
+    );
+    let health: Value = reqwest::get(format!("http://{}/admin/discovery", daemon.control))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["sources"][0]["state"], "empty");
 }
 
 #[tokio::test]

@@ -1,5 +1,5 @@
 //! How the gateway learns about its workers: DNS discovery, health probes before the first
-//! request, and the load scraper (its failures and its connections).
+//! request, discovery health, and the load scraper (its failures and its connections).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -7,6 +7,7 @@ mod common;
 mod dnsmasq;
 
 mod discovery;
+mod discovery_health;
 mod health;
 mod load_scrape;
 mod scrape_connections;
