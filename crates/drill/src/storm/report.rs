@@ -151,8 +151,11 @@ impl StormShape {
 pub struct StormReport {
     /// The storm as configured.
     pub shape: StormShape,
-    /// Requests sent.
+    /// Requests started (all `groups × siblings` of the shape unless the storm was interrupted).
     pub requests: u64,
+    /// True when the storm was stopped early (Ctrl-C): groups not started yet were never sent,
+    /// and the requests in flight were abandoned (`outcomes.interrupted`).
+    pub interrupted: bool,
     /// Requests answered 2xx and read to completion (streams up to `data: [DONE]`).
     pub ok: u64,
     /// How every request ended, each in exactly one class: these add up to `requests`.
@@ -272,6 +275,7 @@ impl Tally {
         duration: Duration,
         drain: Option<DrainCheck>,
         per_replica: Vec<ReplicaOutcomes>,
+        interrupted: bool,
     ) -> StormReport {
         let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
         let seconds = duration.as_secs_f64();
@@ -281,6 +285,7 @@ impl Tally {
         let second = served.get(1).copied().unwrap_or(0);
         StormReport {
             requests: requests as u64,
+            interrupted,
             ok: self.outcomes.ok,
             errors: self.outcomes.errors(),
             refused_and_resent: per_replica.iter().map(|r| r.refused_and_resent).sum(),
@@ -333,6 +338,8 @@ pub(super) struct Observed {
     pub(super) gateways: Vec<String>,
     /// Per replica: when it was ejected, in seconds from the start; `None` if never.
     pub(super) ejections: Vec<Option<f64>>,
+    /// The storm was stopped before its last group.
+    pub(super) interrupted: bool,
     /// Wall time of the storm.
     pub(super) duration: Duration,
     /// The drain check, when a control plane was given.
@@ -361,6 +368,7 @@ pub(super) fn summarise(
         observed.duration,
         observed.drain,
         replicas,
+        observed.interrupted,
     )
 }
 
@@ -387,7 +395,17 @@ impl StormReport {
             f,
             "storm: {} requests to {}{replicas} ({s})",
             self.requests, s.gateway
-        )
+        )?;
+        if self.interrupted {
+            writeln!(
+                f,
+                "  INTERRUPTED   after {:.2} s: {} of {} requests started; those in flight were abandoned",
+                self.duration_s,
+                self.requests,
+                s.groups * s.siblings
+            )?;
+        }
+        Ok(())
     }
 
     /// Outcome, duration, TTFT, cache and spill lines. The outcome line names every class of
