@@ -328,13 +328,49 @@ async fn a_replica_that_refuses_the_preflight_is_ejected_only_when_asked() {
     assert_eq!(ejected.outcomes.total(), 0);
     assert!(ejected.ejected_after_s.is_some_and(|s| s < 1.0), "{report}");
 
+    // Two replicas, both refusing (one URL named twice is refused as such).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let also_dead = Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+    drop(listener);
     let nobody = StormConfig {
-        gateway: dead.clone(),
+        gateway: also_dead,
         ..ejecting
     };
     let error = format!("{:#}", run_storm(&nobody).await.unwrap_err());
     assert!(
         error.contains("every gateway refuses connections"),
         "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_replica_named_twice_is_refused_before_the_first_request() {
+    // Named twice, one control plane would be asked twice, its `active` counted double, and the
+    // report would say "all 3 replicas" drained while the third replica was never asked.
+    let gateway = serve(fake_gateway()).await;
+    let control = serve(fake_control(0)).await;
+    let other = serve(fake_control(0)).await;
+    let config = StormConfig {
+        control: Some(control.clone()),
+        replica_controls: vec![
+            other,
+            Url::parse(control.as_str().trim_end_matches('/')).unwrap(),
+        ],
+        ..small(gateway.clone(), false)
+    };
+    let text = format!("{:#}", run_storm(&config).await.unwrap_err());
+    assert!(
+        text.contains(&format!("--control names {control} twice")),
+        "{text}"
+    );
+
+    let config = StormConfig {
+        replicas: vec![gateway.clone()],
+        ..small(gateway.clone(), false)
+    };
+    let text = format!("{:#}", run_storm(&config).await.unwrap_err());
+    assert!(
+        text.contains(&format!("--gateway names {gateway} twice")),
+        "{text}"
     );
 }
