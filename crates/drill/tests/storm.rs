@@ -374,3 +374,20 @@ async fn a_replica_named_twice_is_refused_before_the_first_request() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn a_storm_without_one_completed_request_reports_no_ttft() {
+    // Every request answered 503: there is no time to first token to report, and 0.0 ms would
+    // read as an instant answer.
+    let failing = Router::new().route("/health", get(|| async { "" })).route(
+        "/v1/chat/completions",
+        post(|| async { axum::http::StatusCode::SERVICE_UNAVAILABLE }),
+    );
+    let report = run_storm(&small(serve(failing).await, true)).await.unwrap();
+    assert_eq!(report.ttft.samples, 0);
+    let text = report.to_string();
+    assert!(
+        text.contains("  TTFT          n/a: no request completed\n"),
+        "{text}"
+    );
+}

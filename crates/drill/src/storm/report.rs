@@ -427,15 +427,12 @@ impl StormReport {
             "  duration      {:.2} s   throughput {:.1} req/s",
             self.duration_s, self.throughput_rps
         )?;
-        let basis = match self.ttft.basis {
-            TtftBasis::FirstSseData => "first SSE data chunk",
-            TtftBasis::FullResponse => "full response, non-streaming",
-        };
-        writeln!(
-            f,
-            "  TTFT          mean {:.1} ms   p50 {:.1} ms   p99 {:.1} ms   ({basis})",
-            self.ttft.mean_ms, self.ttft.p50_ms, self.ttft.p99_ms
-        )?;
+        if self.ttft.samples == 0 {
+            // No completed request, no time to measure: 0.0 ms would read as an instant answer.
+            writeln!(f, "  TTFT          n/a: no request completed")?;
+        } else {
+            self.fmt_ttft(f)?;
+        }
         if self.cached_reported == 0 && self.ok > 0 {
             writeln!(
                 f,
@@ -460,6 +457,19 @@ impl StormReport {
             "  spill         {:.1}% of responses   branches: {}",
             self.spill_fraction * 100.0,
             branches.join(", ")
+        )
+    }
+
+    /// The TTFT line: mean, p50 and p99 of the completed requests, and what was timed.
+    fn fmt_ttft(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let basis = match self.ttft.basis {
+            TtftBasis::FirstSseData => "first SSE data chunk",
+            TtftBasis::FullResponse => "full response, non-streaming",
+        };
+        writeln!(
+            f,
+            "  TTFT          mean {:.1} ms   p50 {:.1} ms   p99 {:.1} ms   ({basis})",
+            self.ttft.mean_ms, self.ttft.p50_ms, self.ttft.p99_ms
         )
     }
 
