@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::http::HeaderMap;
+use axum::response::IntoResponse as _;
 use axum::routing::{get, post};
 use bch_drill::sim::SimConfig;
 use bch_drill::storm::{StormConfig, TtftBasis, run_storm};
@@ -390,4 +391,40 @@ async fn a_storm_without_one_completed_request_reports_no_ttft() {
         text.contains("  TTFT          n/a: no request completed\n"),
         "{text}"
     );
+}
+
+#[tokio::test]
+async fn a_gateways_own_503_is_no_placement_on_a_worker() {
+    // Half the requests served by worker `w`, half refused by the gateway itself (503 with a
+    // branch but no worker, as gatewayd answers without a healthy worker): `w` is the only worker
+    // that served anything, not one of two with "unknown" the other.
+    let counter = Arc::new(AtomicU64::new(0));
+    let gateway = Router::new().route("/health", get(|| async { "" })).route(
+        "/v1/chat/completions",
+        post(move || {
+            let n = counter.fetch_add(1, Ordering::Relaxed);
+            async move {
+                let mut headers = HeaderMap::new();
+                if n % 2 == 0 {
+                    headers.insert("x-bch-branch", "no_healthy_workers".parse().unwrap());
+                    return (axum::http::StatusCode::SERVICE_UNAVAILABLE, headers, "")
+                        .into_response();
+                }
+                headers.insert("x-bch-worker", "w".parse().unwrap());
+                headers.insert("x-bch-branch", "explicit_routing_key_hit".parse().unwrap());
+                (headers, axum::Json(json!({"usage": {"prompt_tokens": 1}}))).into_response()
+            }
+        }),
+    );
+    let report = run_storm(&small(serve(gateway).await, false))
+        .await
+        .unwrap();
+    assert_eq!((report.ok, report.outcomes.http_status[&503]), (12, 12));
+    assert_eq!(report.per_worker.len(), 1, "{:?}", report.per_worker);
+    assert_eq!(report.per_worker["w"], 12);
+    assert_eq!(report.hottest_worker_share, 1.0);
+    let placed: u64 = report.placement.values().flat_map(|w| w.values()).sum();
+    assert_eq!(placed, 12);
+    // The branches still name every response, the gateway's refusals included.
+    assert_eq!(report.branches["no_healthy_workers"], 12);
 }

@@ -179,14 +179,16 @@ pub struct StormReport {
     pub throughput_rps: f64,
     /// Time to first token of the successful requests, ms.
     pub ttft: TtftSummary,
-    /// Per routing key: worker (from `x-bch-worker`) → responses.
+    /// Per routing key: worker (from `x-bch-worker`) → responses it answered (a gateway's own
+    /// error, without the header, is placed nowhere).
     pub placement: BTreeMap<String, BTreeMap<String, u64>>,
-    /// Per worker (from `x-bch-worker`, `unknown` when absent): responses.
+    /// Per worker (from `x-bch-worker`; `unknown` for a 2xx without it): responses it answered.
     pub per_worker: BTreeMap<String, u64>,
-    /// Largest share of responses served by one worker, 0 to 1 (1/workers is perfectly even).
+    /// Largest share of the placed responses (`per_worker`) served by one worker, 0 to 1
+    /// (1/workers is perfectly even).
     pub hottest_worker_share: f64,
-    /// Second-largest share of responses served by one worker, 0 to 1: under a hot key, how much of
-    /// its overflow piled onto one other worker (the spill cascade).
+    /// Second-largest share of the placed responses served by one worker, 0 to 1: under a hot
+    /// key, how much of its overflow piled onto one other worker (the spill cascade).
     pub second_hottest_worker_share: f64,
     /// Per branch (from `x-bch-branch`, `unknown` when absent): responses.
     pub branches: BTreeMap<String, u64>,
@@ -217,8 +219,11 @@ struct Tally {
     branches: BTreeMap<String, u64>,
     error_samples: Vec<String>,
     outcomes: OutcomeCounts,
-    /// Outcomes with a status: the denominator of the placement and spill shares.
+    /// Outcomes with a status: the denominator of the spill share.
     responses: u64,
+    /// Responses a worker answered (counted in `per_worker`): the denominator of the worker
+    /// shares.
+    placed: u64,
     spilled: u64,
     prompt_tokens: u64,
     cached_tokens: u64,
@@ -249,18 +254,28 @@ impl Tally {
         }
     }
 
-    /// Status, placement and branch of an outcome that got a response, successful or not.
+    /// Status, placement and branch of an outcome that got a response, successful or not. A
+    /// response is placed on a worker when it names one (`x-bch-worker`), or under `unknown`
+    /// when it is a 2xx without the header (a storm straight at a worker); an error without it
+    /// is the gateway's own answer (no healthy worker, a refused request), placed nowhere.
     fn add_response(&mut self, key: &str, status: u16, o: &Outcome) {
         self.responses += 1;
         *self.status_counts.entry(status).or_insert(0) += 1;
-        let worker = o.worker.clone().unwrap_or_else(|| UNKNOWN.to_owned());
-        *self
-            .placement
-            .entry(key.to_owned())
-            .or_default()
-            .entry(worker.clone())
-            .or_insert(0) += 1;
-        *self.per_worker.entry(worker).or_insert(0) += 1;
+        let worker = match &o.worker {
+            Some(worker) => Some(worker.clone()),
+            None if (200..300).contains(&status) => Some(UNKNOWN.to_owned()),
+            None => None,
+        };
+        if let Some(worker) = worker {
+            self.placed += 1;
+            *self
+                .placement
+                .entry(key.to_owned())
+                .or_default()
+                .entry(worker.clone())
+                .or_insert(0) += 1;
+            *self.per_worker.entry(worker).or_insert(0) += 1;
+        }
         let branch = o.branch.as_deref().unwrap_or(UNKNOWN);
         if branch == Branch::ExplicitRoutingKeySpillover.as_str() {
             self.spilled += 1;
@@ -300,8 +315,8 @@ impl Tally {
             },
             ttft: ttft_summary(shape.stream, self.ttfts_ms),
             placement: self.placement,
-            hottest_worker_share: ratio(hottest, self.responses),
-            second_hottest_worker_share: ratio(second, self.responses),
+            hottest_worker_share: ratio(hottest, self.placed),
+            second_hottest_worker_share: ratio(second, self.placed),
             per_worker: self.per_worker,
             branches: self.branches,
             spill_fraction: ratio(self.spilled, self.responses),
