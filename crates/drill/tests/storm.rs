@@ -428,3 +428,32 @@ async fn a_gateways_own_503_is_no_placement_on_a_worker() {
     // The branches still name every response, the gateway's refusals included.
     assert_eq!(report.branches["no_healthy_workers"], 12);
 }
+
+#[tokio::test]
+async fn the_spill_fraction_is_over_the_requests_a_worker_served() {
+    // Every request the gateway routed spilled; the others it refused itself (503, no worker).
+    let counter = Arc::new(AtomicU64::new(0));
+    let gateway = Router::new().route("/health", get(|| async { "" })).route(
+        "/v1/chat/completions",
+        post(move || {
+            let n = counter.fetch_add(1, Ordering::Relaxed);
+            async move {
+                let mut headers = HeaderMap::new();
+                if n % 2 == 0 {
+                    headers.insert("x-bch-branch", "no_healthy_workers".parse().unwrap());
+                    let status = axum::http::StatusCode::SERVICE_UNAVAILABLE;
+                    return (status, headers, "").into_response();
+                }
+                headers.insert("x-bch-worker", "w".parse().unwrap());
+                let spill = "explicit_routing_key_spillover";
+                headers.insert("x-bch-branch", spill.parse().unwrap());
+                (headers, axum::Json(json!({"usage": {"prompt_tokens": 1}}))).into_response()
+            }
+        }),
+    );
+    let report = run_storm(&small(serve(gateway).await, false))
+        .await
+        .unwrap();
+    assert_eq!(report.outcomes.http_status[&503], 12);
+    assert_eq!(report.spill_fraction, 1.0, "{report}");
+}

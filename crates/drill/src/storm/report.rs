@@ -192,7 +192,8 @@ pub struct StormReport {
     pub second_hottest_worker_share: f64,
     /// Per branch (from `x-bch-branch`, `unknown` when absent): responses.
     pub branches: BTreeMap<String, u64>,
-    /// Share of responses, 0 to 1, whose branch is `explicit_routing_key_spillover`.
+    /// Share of the placed responses (those a worker answered), 0 to 1, whose branch is
+    /// `explicit_routing_key_spillover`; a gateway's own error (no worker) routed nothing.
     pub spill_fraction: f64,
     /// Sum of `usage.prompt_tokens` over successful requests, in tokens.
     pub prompt_tokens: u64,
@@ -219,10 +220,8 @@ struct Tally {
     branches: BTreeMap<String, u64>,
     error_samples: Vec<String>,
     outcomes: OutcomeCounts,
-    /// Outcomes with a status: the denominator of the spill share.
-    responses: u64,
     /// Responses a worker answered (counted in `per_worker`): the denominator of the worker
-    /// shares.
+    /// shares and of the spill share.
     placed: u64,
     spilled: u64,
     prompt_tokens: u64,
@@ -259,7 +258,6 @@ impl Tally {
     /// when it is a 2xx without the header (a storm straight at a worker); an error without it
     /// is the gateway's own answer (no healthy worker, a refused request), placed nowhere.
     fn add_response(&mut self, key: &str, status: u16, o: &Outcome) {
-        self.responses += 1;
         *self.status_counts.entry(status).or_insert(0) += 1;
         let worker = match &o.worker {
             Some(worker) => Some(worker.clone()),
@@ -319,7 +317,7 @@ impl Tally {
             second_hottest_worker_share: ratio(second, self.placed),
             per_worker: self.per_worker,
             branches: self.branches,
-            spill_fraction: ratio(self.spilled, self.responses),
+            spill_fraction: ratio(self.spilled, self.placed),
             prompt_tokens: self.prompt_tokens,
             cached_tokens: self.cached_tokens,
             completion_tokens: self.completion_tokens,
@@ -469,7 +467,7 @@ impl StormReport {
             .collect();
         writeln!(
             f,
-            "  spill         {:.1}% of responses   branches: {}",
+            "  spill         {:.1}% of routed responses   branches: {}",
             self.spill_fraction * 100.0,
             branches.join(", ")
         )
