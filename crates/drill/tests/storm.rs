@@ -393,32 +393,34 @@ async fn a_storm_without_one_completed_request_reports_no_ttft() {
     );
 }
 
-#[tokio::test]
-async fn a_gateways_own_503_is_no_placement_on_a_worker() {
-    // Half the requests served by worker `w`, half refused by the gateway itself (503 with a
-    // branch but no worker, as gatewayd answers without a healthy worker): `w` is the only worker
-    // that served anything, not one of two with "unknown" the other.
+/// A gateway that refuses every other request itself (503 with a branch but no worker, as
+/// gatewayd answers without a healthy worker) and routes the others to worker `w` with `branch`.
+fn half_refused_gateway(branch: &'static str) -> Router {
     let counter = Arc::new(AtomicU64::new(0));
-    let gateway = Router::new().route("/health", get(|| async { "" })).route(
+    Router::new().route("/health", get(|| async { "" })).route(
         "/v1/chat/completions",
         post(move || {
             let n = counter.fetch_add(1, Ordering::Relaxed);
             async move {
                 let mut headers = HeaderMap::new();
-                if n % 2 == 0 {
+                if n.is_multiple_of(2) {
                     headers.insert("x-bch-branch", "no_healthy_workers".parse().unwrap());
-                    return (axum::http::StatusCode::SERVICE_UNAVAILABLE, headers, "")
-                        .into_response();
+                    let status = axum::http::StatusCode::SERVICE_UNAVAILABLE;
+                    return (status, headers, "").into_response();
                 }
                 headers.insert("x-bch-worker", "w".parse().unwrap());
-                headers.insert("x-bch-branch", "explicit_routing_key_hit".parse().unwrap());
+                headers.insert("x-bch-branch", branch.parse().unwrap());
                 (headers, axum::Json(json!({"usage": {"prompt_tokens": 1}}))).into_response()
             }
         }),
-    );
-    let report = run_storm(&small(serve(gateway).await, false))
-        .await
-        .unwrap();
+    )
+}
+
+#[tokio::test]
+async fn a_gateways_own_503_is_no_placement_on_a_worker() {
+    // `w` is the only worker that served anything, not one of two with "unknown" the other.
+    let gateway = serve(half_refused_gateway("explicit_routing_key_hit")).await;
+    let report = run_storm(&small(gateway, false)).await.unwrap();
     assert_eq!((report.ok, report.outcomes.http_status[&503]), (12, 12));
     assert_eq!(report.per_worker.len(), 1, "{:?}", report.per_worker);
     assert_eq!(report.per_worker["w"], 12);
@@ -431,29 +433,9 @@ async fn a_gateways_own_503_is_no_placement_on_a_worker() {
 
 #[tokio::test]
 async fn the_spill_fraction_is_over_the_requests_a_worker_served() {
-    // Every request the gateway routed spilled; the others it refused itself (503, no worker).
-    let counter = Arc::new(AtomicU64::new(0));
-    let gateway = Router::new().route("/health", get(|| async { "" })).route(
-        "/v1/chat/completions",
-        post(move || {
-            let n = counter.fetch_add(1, Ordering::Relaxed);
-            async move {
-                let mut headers = HeaderMap::new();
-                if n % 2 == 0 {
-                    headers.insert("x-bch-branch", "no_healthy_workers".parse().unwrap());
-                    let status = axum::http::StatusCode::SERVICE_UNAVAILABLE;
-                    return (status, headers, "").into_response();
-                }
-                headers.insert("x-bch-worker", "w".parse().unwrap());
-                let spill = "explicit_routing_key_spillover";
-                headers.insert("x-bch-branch", spill.parse().unwrap());
-                (headers, axum::Json(json!({"usage": {"prompt_tokens": 1}}))).into_response()
-            }
-        }),
-    );
-    let report = run_storm(&small(serve(gateway).await, false))
-        .await
-        .unwrap();
+    // Every request the gateway routed spilled; the others it refused itself.
+    let gateway = serve(half_refused_gateway("explicit_routing_key_spillover")).await;
+    let report = run_storm(&small(gateway, false)).await.unwrap();
     assert_eq!(report.outcomes.http_status[&503], 12);
     assert_eq!(report.spill_fraction, 1.0, "{report}");
 }
