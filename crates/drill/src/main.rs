@@ -355,7 +355,7 @@ async fn main() -> ExitCode {
     let cancel = CancellationToken::new();
     let result = match cli.command {
         Command::Workers(args) => commands::workers::run(args).await,
-        Command::Storm(args) => commands::storm::run(args).await,
+        Command::Storm(args) => commands::storm::run(args, cancel.clone()).await,
         Command::Ab(args) => commands::ab::run(args, cancel.clone()).await,
     };
     match result {

@@ -115,3 +115,56 @@ async fn an_error_with_a_closed_stderr_is_still_exit_status_1() {
     // 101 would be a panic: `eprintln!` on the broken stderr.
     assert_eq!(output.status.code(), Some(1));
 }
+
+#[tokio::test]
+async fn ctrl_c_mid_storm_still_prints_and_writes_the_report_of_the_requests_started() {
+    let w = worker().await;
+    // Every request hangs before its first byte: the storm is mid-flight until interrupted.
+    w.set_fault(bch_drill::worker::Fault::StallFirstByte);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("storm.json");
+    let child = Command::new(env!("CARGO_BIN_EXE_bch-drill"))
+        .args(["storm", "--gateway", &w.url()])
+        .args(["--groups", "5", "--siblings", "2", "--concurrency", "2"])
+        .args([
+            "--prefix-tokens",
+            "16",
+            "--max-tokens",
+            "2",
+            "--seed",
+            "1",
+            "--out",
+        ])
+        .arg(&out)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env_remove("BCH_CONTROL")
+        .spawn()
+        .unwrap();
+    // Two groups of two in flight, all four stalled at the worker.
+    while w.stats().requests_total < 4 {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // 130 = 128 + SIGINT, as a shell reports an interrupted command; the report comes first.
+    assert_eq!(output.status.code(), Some(130), "{stdout}\n{stderr}");
+    assert!(stdout.starts_with("storm: 4 requests"), "{stdout}");
+    assert!(stdout.contains("ok: 0, interrupted: 4"), "{stdout}");
+    assert!(stdout.contains("INTERRUPTED"), "{stdout}");
+    assert!(stderr.contains("bch-drill: error: interrupted"), "{stderr}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).expect("the report file")).unwrap();
+    assert_eq!(report["requests"], 4);
+    assert_eq!(report["outcomes"]["interrupted"], 4);
+    assert_eq!(report["interrupted"], true);
+}

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::http::HeaderMap;
+use axum::response::IntoResponse as _;
 use axum::routing::{get, post};
 use bch_drill::sim::SimConfig;
 use bch_drill::storm::{StormConfig, TtftBasis, run_storm};
@@ -328,8 +329,12 @@ async fn a_replica_that_refuses_the_preflight_is_ejected_only_when_asked() {
     assert_eq!(ejected.outcomes.total(), 0);
     assert!(ejected.ejected_after_s.is_some_and(|s| s < 1.0), "{report}");
 
+    // Two replicas, both refusing (one URL named twice is refused as such).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let also_dead = Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+    drop(listener);
     let nobody = StormConfig {
-        gateway: dead.clone(),
+        gateway: also_dead,
         ..ejecting
     };
     let error = format!("{:#}", run_storm(&nobody).await.unwrap_err());
@@ -337,4 +342,100 @@ async fn a_replica_that_refuses_the_preflight_is_ejected_only_when_asked() {
         error.contains("every gateway refuses connections"),
         "{error}"
     );
+}
+
+#[tokio::test]
+async fn a_replica_named_twice_is_refused_before_the_first_request() {
+    // Named twice, one control plane would be asked twice, its `active` counted double, and the
+    // report would say "all 3 replicas" drained while the third replica was never asked.
+    let gateway = serve(fake_gateway()).await;
+    let control = serve(fake_control(0)).await;
+    let other = serve(fake_control(0)).await;
+    let config = StormConfig {
+        control: Some(control.clone()),
+        replica_controls: vec![
+            other,
+            Url::parse(control.as_str().trim_end_matches('/')).unwrap(),
+        ],
+        ..small(gateway.clone(), false)
+    };
+    let text = format!("{:#}", run_storm(&config).await.unwrap_err());
+    assert!(
+        text.contains(&format!("--control names {control} twice")),
+        "{text}"
+    );
+
+    let config = StormConfig {
+        replicas: vec![gateway.clone()],
+        ..small(gateway.clone(), false)
+    };
+    let text = format!("{:#}", run_storm(&config).await.unwrap_err());
+    assert!(
+        text.contains(&format!("--gateway names {gateway} twice")),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_storm_without_one_completed_request_reports_no_ttft() {
+    // Every request answered 503: there is no time to first token to report, and 0.0 ms would
+    // read as an instant answer.
+    let failing = Router::new().route("/health", get(|| async { "" })).route(
+        "/v1/chat/completions",
+        post(|| async { axum::http::StatusCode::SERVICE_UNAVAILABLE }),
+    );
+    let report = run_storm(&small(serve(failing).await, true)).await.unwrap();
+    assert_eq!(report.ttft.samples, 0);
+    let text = report.to_string();
+    assert!(
+        text.contains("  TTFT          n/a: no request completed\n"),
+        "{text}"
+    );
+}
+
+/// A gateway that refuses every other request itself (503 with a branch but no worker, as
+/// gatewayd answers without a healthy worker) and routes the others to worker `w` with `branch`.
+fn half_refused_gateway(branch: &'static str) -> Router {
+    let counter = Arc::new(AtomicU64::new(0));
+    Router::new().route("/health", get(|| async { "" })).route(
+        "/v1/chat/completions",
+        post(move || {
+            let n = counter.fetch_add(1, Ordering::Relaxed);
+            async move {
+                let mut headers = HeaderMap::new();
+                if n.is_multiple_of(2) {
+                    headers.insert("x-bch-branch", "no_healthy_workers".parse().unwrap());
+                    let status = axum::http::StatusCode::SERVICE_UNAVAILABLE;
+                    return (status, headers, "").into_response();
+                }
+                headers.insert("x-bch-worker", "w".parse().unwrap());
+                headers.insert("x-bch-branch", branch.parse().unwrap());
+                (headers, axum::Json(json!({"usage": {"prompt_tokens": 1}}))).into_response()
+            }
+        }),
+    )
+}
+
+#[tokio::test]
+async fn a_gateways_own_503_is_no_placement_on_a_worker() {
+    // `w` is the only worker that served anything, not one of two with "unknown" the other.
+    let gateway = serve(half_refused_gateway("explicit_routing_key_hit")).await;
+    let report = run_storm(&small(gateway, false)).await.unwrap();
+    assert_eq!((report.ok, report.outcomes.http_status[&503]), (12, 12));
+    assert_eq!(report.per_worker.len(), 1, "{:?}", report.per_worker);
+    assert_eq!(report.per_worker["w"], 12);
+    assert_eq!(report.hottest_worker_share, 1.0);
+    let placed: u64 = report.placement.values().flat_map(|w| w.values()).sum();
+    assert_eq!(placed, 12);
+    // The branches still name every response, the gateway's refusals included.
+    assert_eq!(report.branches["no_healthy_workers"], 12);
+}
+
+#[tokio::test]
+async fn the_spill_fraction_is_over_the_requests_a_worker_served() {
+    // Every request the gateway routed spilled; the others it refused itself.
+    let gateway = serve(half_refused_gateway("explicit_routing_key_spillover")).await;
+    let report = run_storm(&small(gateway, false)).await.unwrap();
+    assert_eq!(report.outcomes.http_status[&503], 12);
+    assert_eq!(report.spill_fraction, 1.0, "{report}");
 }

@@ -130,7 +130,11 @@ impl StormConfig {
             "hot share must be between 0 and 1, got {}",
             self.hot_share
         );
-        Ok(())
+        // A replica named twice would take two turns of the round-robin, and its control plane
+        // would be asked twice, its load counted double, while the report said every replica
+        // drained.
+        named_once("--gateway", self.gateways())?;
+        named_once("--control", self.controls())
     }
 
     /// The key index of group `group`: in turn without hot keys; with them, a hot key for a share
@@ -156,6 +160,18 @@ impl StormConfig {
 /// across runs and seeds.
 pub(super) fn routing_key(k: usize) -> String {
     format!("storm-key-{k}")
+}
+
+/// Refuses a list of URLs (`option` names it) that names one URL twice, a trailing `/` or not.
+fn named_once<'a>(option: &str, urls: impl Iterator<Item = &'a Url>) -> anyhow::Result<()> {
+    let mut seen = std::collections::BTreeSet::new();
+    for url in urls {
+        anyhow::ensure!(
+            seen.insert(url.as_str().trim_end_matches('/')),
+            "{option} names {url} twice: name each replica once"
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

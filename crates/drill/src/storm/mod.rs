@@ -40,7 +40,7 @@ pub use prompts::PrefixScope;
 #[cfg(feature = "harness")]
 pub use report::{StormReport, StormShape, TtftBasis, TtftSummary};
 #[cfg(feature = "harness")]
-pub use run::run_storm;
+pub use run::{run_storm, run_storm_until};
 
 #[cfg(feature = "harness")]
 pub use crate::control::{DrainCheck, ReplicaDrain};

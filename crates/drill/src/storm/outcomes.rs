@@ -25,8 +25,11 @@ pub struct OutcomeCounts {
     pub timed_out: u64,
     /// No answer for another reason: a connection reset or closed before the response.
     pub transport_error: u64,
-    /// Never sent: the request could not be built, or every replica had been ejected.
+    /// Never sent: the request could not be built, every replica had been ejected, or the storm
+    /// was stopped first.
     pub not_sent: u64,
+    /// Sent, then abandoned unfinished because the storm was stopped (Ctrl-C or SIGTERM).
+    pub interrupted: u64,
 }
 
 impl OutcomeCounts {
@@ -39,16 +42,26 @@ impl OutcomeCounts {
             + self.timed_out
             + self.transport_error
             + self.not_sent
+            + self.interrupted
     }
 
     /// Requests without a complete answer other than a non-2xx status: broken, refused, timed
-    /// out, transport errors and not sent.
+    /// out, transport errors, not sent and interrupted.
     pub fn errors(&self) -> u64 {
-        self.broken + self.refused + self.timed_out + self.transport_error + self.not_sent
+        self.broken
+            + self.refused
+            + self.timed_out
+            + self.transport_error
+            + self.not_sent
+            + self.interrupted
     }
 
     /// Counts `outcome` in its one class.
     pub(super) fn add(&mut self, outcome: &Outcome) {
+        if outcome.interrupted {
+            self.interrupted += 1;
+            return;
+        }
         match (outcome.status, &outcome.error) {
             (Some(status), _) if !(200..300).contains(&status) => {
                 *self.http_status.entry(status).or_insert(0) += 1;
@@ -78,6 +91,7 @@ impl OutcomeCounts {
             ("timed out", self.timed_out),
             ("transport error", self.transport_error),
             ("not sent", self.not_sent),
+            ("interrupted", self.interrupted),
         ] {
             if n > 0 {
                 lines.push((name.to_owned(), n));
@@ -154,7 +168,7 @@ mod tests {
 
     fn outcome(rng: &mut ChaCha8Rng) -> Outcome {
         let mut o = Outcome::default();
-        match rng.random_range(0..7) {
+        match rng.random_range(0..8) {
             0 => o.status = Some(200),
             1 => o.status = Some(*[404u16, 429, 500, 503].get(rng.random_range(0..4)).unwrap()),
             2 => {
@@ -164,7 +178,13 @@ mod tests {
             3 => o.no_response = Some(NoResponse::Refused),
             4 => o.no_response = Some(NoResponse::TimedOut),
             5 => o.no_response = Some(NoResponse::NotSent),
-            _ => o.no_response = Some(NoResponse::Transport),
+            6 => o.no_response = Some(NoResponse::Transport),
+            _ => {
+                // Abandoned mid-answer: a status may have arrived already.
+                o.status = rng.random_bool(0.5).then_some(200);
+                o.interrupted = true;
+                o.error = Some("interrupted".to_owned());
+            }
         }
         if o.no_response.is_some() {
             o.error = Some("failed".to_owned());

@@ -151,8 +151,11 @@ impl StormShape {
 pub struct StormReport {
     /// The storm as configured.
     pub shape: StormShape,
-    /// Requests sent.
+    /// Requests started (all `groups × siblings` of the shape unless the storm was interrupted).
     pub requests: u64,
+    /// True when the storm was stopped early (Ctrl-C): groups not started yet were never sent,
+    /// and the requests in flight were abandoned (`outcomes.interrupted`).
+    pub interrupted: bool,
     /// Requests answered 2xx and read to completion (streams up to `data: [DONE]`).
     pub ok: u64,
     /// How every request ended, each in exactly one class: these add up to `requests`.
@@ -176,18 +179,21 @@ pub struct StormReport {
     pub throughput_rps: f64,
     /// Time to first token of the successful requests, ms.
     pub ttft: TtftSummary,
-    /// Per routing key: worker (from `x-bch-worker`) → responses.
+    /// Per routing key: worker (from `x-bch-worker`) → responses it answered (a gateway's own
+    /// error, without the header, is placed nowhere).
     pub placement: BTreeMap<String, BTreeMap<String, u64>>,
-    /// Per worker (from `x-bch-worker`, `unknown` when absent): responses.
+    /// Per worker (from `x-bch-worker`; `unknown` for a 2xx without it): responses it answered.
     pub per_worker: BTreeMap<String, u64>,
-    /// Largest share of responses served by one worker, 0 to 1 (1/workers is perfectly even).
+    /// Largest share of the placed responses (`per_worker`) served by one worker, 0 to 1
+    /// (1/workers is perfectly even).
     pub hottest_worker_share: f64,
-    /// Second-largest share of responses served by one worker, 0 to 1: under a hot key, how much of
-    /// its overflow piled onto one other worker (the spill cascade).
+    /// Second-largest share of the placed responses served by one worker, 0 to 1: under a hot
+    /// key, how much of its overflow piled onto one other worker (the spill cascade).
     pub second_hottest_worker_share: f64,
     /// Per branch (from `x-bch-branch`, `unknown` when absent): responses.
     pub branches: BTreeMap<String, u64>,
-    /// Share of responses, 0 to 1, whose branch is `explicit_routing_key_spillover`.
+    /// Share of the placed responses (those a worker answered), 0 to 1, whose branch is
+    /// `explicit_routing_key_spillover`; a gateway's own error (no worker) routed nothing.
     pub spill_fraction: f64,
     /// Sum of `usage.prompt_tokens` over successful requests, in tokens.
     pub prompt_tokens: u64,
@@ -214,8 +220,9 @@ struct Tally {
     branches: BTreeMap<String, u64>,
     error_samples: Vec<String>,
     outcomes: OutcomeCounts,
-    /// Outcomes with a status: the denominator of the placement and spill shares.
-    responses: u64,
+    /// Responses a worker answered (counted in `per_worker`): the denominator of the worker
+    /// shares and of the spill share.
+    placed: u64,
     spilled: u64,
     prompt_tokens: u64,
     cached_tokens: u64,
@@ -246,18 +253,27 @@ impl Tally {
         }
     }
 
-    /// Status, placement and branch of an outcome that got a response, successful or not.
+    /// Status, placement and branch of an outcome that got a response, successful or not. A
+    /// response is placed on a worker when it names one (`x-bch-worker`), or under `unknown`
+    /// when it is a 2xx without the header (a storm straight at a worker); an error without it
+    /// is the gateway's own answer (no healthy worker, a refused request), placed nowhere.
     fn add_response(&mut self, key: &str, status: u16, o: &Outcome) {
-        self.responses += 1;
         *self.status_counts.entry(status).or_insert(0) += 1;
-        let worker = o.worker.clone().unwrap_or_else(|| UNKNOWN.to_owned());
-        *self
-            .placement
-            .entry(key.to_owned())
-            .or_default()
-            .entry(worker.clone())
-            .or_insert(0) += 1;
-        *self.per_worker.entry(worker).or_insert(0) += 1;
+        let worker = match &o.worker {
+            Some(worker) => Some(worker.clone()),
+            None if (200..300).contains(&status) => Some(UNKNOWN.to_owned()),
+            None => None,
+        };
+        if let Some(worker) = worker {
+            self.placed += 1;
+            *self
+                .placement
+                .entry(key.to_owned())
+                .or_default()
+                .entry(worker.clone())
+                .or_insert(0) += 1;
+            *self.per_worker.entry(worker).or_insert(0) += 1;
+        }
         let branch = o.branch.as_deref().unwrap_or(UNKNOWN);
         if branch == Branch::ExplicitRoutingKeySpillover.as_str() {
             self.spilled += 1;
@@ -272,6 +288,7 @@ impl Tally {
         duration: Duration,
         drain: Option<DrainCheck>,
         per_replica: Vec<ReplicaOutcomes>,
+        interrupted: bool,
     ) -> StormReport {
         let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
         let seconds = duration.as_secs_f64();
@@ -281,6 +298,7 @@ impl Tally {
         let second = served.get(1).copied().unwrap_or(0);
         StormReport {
             requests: requests as u64,
+            interrupted,
             ok: self.outcomes.ok,
             errors: self.outcomes.errors(),
             refused_and_resent: per_replica.iter().map(|r| r.refused_and_resent).sum(),
@@ -295,11 +313,11 @@ impl Tally {
             },
             ttft: ttft_summary(shape.stream, self.ttfts_ms),
             placement: self.placement,
-            hottest_worker_share: ratio(hottest, self.responses),
-            second_hottest_worker_share: ratio(second, self.responses),
+            hottest_worker_share: ratio(hottest, self.placed),
+            second_hottest_worker_share: ratio(second, self.placed),
             per_worker: self.per_worker,
             branches: self.branches,
-            spill_fraction: ratio(self.spilled, self.responses),
+            spill_fraction: ratio(self.spilled, self.placed),
             prompt_tokens: self.prompt_tokens,
             cached_tokens: self.cached_tokens,
             completion_tokens: self.completion_tokens,
@@ -333,6 +351,8 @@ pub(super) struct Observed {
     pub(super) gateways: Vec<String>,
     /// Per replica: when it was ejected, in seconds from the start; `None` if never.
     pub(super) ejections: Vec<Option<f64>>,
+    /// The storm was stopped before its last group.
+    pub(super) interrupted: bool,
     /// Wall time of the storm.
     pub(super) duration: Duration,
     /// The drain check, when a control plane was given.
@@ -361,6 +381,7 @@ pub(super) fn summarise(
         observed.duration,
         observed.drain,
         replicas,
+        observed.interrupted,
     )
 }
 
@@ -387,7 +408,17 @@ impl StormReport {
             f,
             "storm: {} requests to {}{replicas} ({s})",
             self.requests, s.gateway
-        )
+        )?;
+        if self.interrupted {
+            writeln!(
+                f,
+                "  INTERRUPTED   after {:.2} s: {} of {} requests started; those in flight were abandoned",
+                self.duration_s,
+                self.requests,
+                s.groups * s.siblings
+            )?;
+        }
+        Ok(())
     }
 
     /// Outcome, duration, TTFT, cache and spill lines. The outcome line names every class of
@@ -409,15 +440,12 @@ impl StormReport {
             "  duration      {:.2} s   throughput {:.1} req/s",
             self.duration_s, self.throughput_rps
         )?;
-        let basis = match self.ttft.basis {
-            TtftBasis::FirstSseData => "first SSE data chunk",
-            TtftBasis::FullResponse => "full response, non-streaming",
-        };
-        writeln!(
-            f,
-            "  TTFT          mean {:.1} ms   p50 {:.1} ms   p99 {:.1} ms   ({basis})",
-            self.ttft.mean_ms, self.ttft.p50_ms, self.ttft.p99_ms
-        )?;
+        if self.ttft.samples == 0 {
+            // No completed request, no time to measure: 0.0 ms would read as an instant answer.
+            writeln!(f, "  TTFT          n/a: no request completed")?;
+        } else {
+            self.fmt_ttft(f)?;
+        }
         if self.cached_reported == 0 && self.ok > 0 {
             writeln!(
                 f,
@@ -439,9 +467,22 @@ impl StormReport {
             .collect();
         writeln!(
             f,
-            "  spill         {:.1}% of responses   branches: {}",
+            "  spill         {:.1}% of routed responses   branches: {}",
             self.spill_fraction * 100.0,
             branches.join(", ")
+        )
+    }
+
+    /// The TTFT line: mean, p50 and p99 of the completed requests, and what was timed.
+    fn fmt_ttft(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let basis = match self.ttft.basis {
+            TtftBasis::FirstSseData => "first SSE data chunk",
+            TtftBasis::FullResponse => "full response, non-streaming",
+        };
+        writeln!(
+            f,
+            "  TTFT          mean {:.1} ms   p50 {:.1} ms   p99 {:.1} ms   ({basis})",
+            self.ttft.mean_ms, self.ttft.p50_ms, self.ttft.p99_ms
         )
     }
 

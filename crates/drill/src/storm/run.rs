@@ -2,7 +2,9 @@
 //! progress bar, then the drain check and the report.
 //!
 //! Nothing that happens after the preflight stops the storm or loses its report: failed requests
-//! are counted, and a control plane that cannot be asked for the drain check is named in it.
+//! are counted, a control plane that cannot be asked for the drain check is named in it, and a
+//! storm stopped early ([`run_storm_until`], Ctrl-C in `bch-drill storm`) reports the requests it
+//! started.
 
 use std::time::Duration;
 
@@ -11,6 +13,7 @@ use futures_util::StreamExt as _;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use reqwest::Url;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::config::{StormConfig, routing_key};
 use super::prompts::Prompts;
@@ -28,6 +31,20 @@ use crate::control::{ControlClient, DrainCheck};
 /// Failed requests are not errors: the report counts them. Nor is a control plane that cannot be
 /// asked for the drain check: the report names it.
 pub async fn run_storm(config: &StormConfig) -> anyhow::Result<StormReport> {
+    run_storm_until(config, &CancellationToken::new()).await
+}
+
+/// [`run_storm`], stopped early when `stop` is cancelled (Ctrl-C): no group starts after it, every
+/// request in flight is abandoned and counted as interrupted, the drain check runs as usual, and
+/// the report covers the requests started, with [`StormReport::interrupted`] set.
+///
+/// # Errors
+///
+/// As [`run_storm`]; being stopped is not an error.
+pub async fn run_storm_until(
+    config: &StormConfig,
+    stop: &CancellationToken,
+) -> anyhow::Result<StormReport> {
     config.check()?;
     let mut refused_at_start = Vec::new();
     for (replica, gateway) in config.gateways().enumerate() {
@@ -52,7 +69,8 @@ pub async fn run_storm(config: &StormConfig) -> anyhow::Result<StormReport> {
         &config.model,
         config.request_timeout,
     )?
-    .ejecting_refused(config.eject_refused_replicas);
+    .ejecting_refused(config.eject_refused_replicas)
+    .stopping_on(stop.clone());
     for replica in refused_at_start {
         shooter.eject(replica);
     }
@@ -66,13 +84,14 @@ pub async fn run_storm(config: &StormConfig) -> anyhow::Result<StormReport> {
     let keys: Vec<String> = (0..config.keys).map(routing_key).collect();
     let progress = progress_bar(config);
     let start = Instant::now();
-    let outcomes = fire_groups(config, &shooter, &prompts, &keys, &progress).await;
+    let outcomes = fire_groups(config, &shooter, &prompts, &keys, &progress, stop).await;
     let duration = start.elapsed();
     progress.finish_and_clear();
     let drain = check_drain(config).await;
     let observed = Observed {
         gateways: config.gateways().map(|g| g.as_str().to_owned()).collect(),
         ejections: shooter.ejections(),
+        interrupted: stop.is_cancelled(),
         duration,
         drain,
     };
@@ -110,16 +129,19 @@ fn progress_bar(config: &StormConfig) -> ProgressBar {
 }
 
 /// Fires every group, `concurrency` at a time: group `g` uses key [`StormConfig::key_of`]`(g)`, and a
-/// new group starts as soon as one finishes. Each outcome comes with the index of its key.
+/// new group starts as soon as one finishes, until `stop` fires. Each outcome comes with the index
+/// of its key.
 async fn fire_groups(
     config: &StormConfig,
     shooter: &Shooter,
     prompts: &Prompts,
     keys: &[String],
     progress: &ProgressBar,
+    stop: &CancellationToken,
 ) -> Vec<(usize, Outcome)> {
     let mut outcomes = Vec::with_capacity(config.groups * config.siblings);
     let groups = futures_util::stream::iter(0..config.groups)
+        .take_until(stop.cancelled())
         .map(|group| {
             let key = config.key_of(group);
             let fired = shooter.fire_group(prompts.group(key, group, config.siblings), &keys[key]);

@@ -17,6 +17,7 @@ use reqwest::Url;
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::{Value, json};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// Why a request got no response at all (no status line).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,6 +47,9 @@ pub(super) struct Outcome {
     /// Replicas that refused this request's connection before it was sent to another one (only
     /// when refused replicas are ejected), in order.
     pub(super) refused_by: Vec<usize>,
+    /// Sent, then abandoned unfinished because the storm was stopped (Ctrl-C); whatever had
+    /// arrived of its answer does not count.
+    pub(super) interrupted: bool,
     /// The `x-bch-worker` response header.
     pub(super) worker: Option<String>,
     /// The `x-bch-branch` response header.
@@ -77,6 +81,8 @@ pub(super) struct Shooter {
     /// Per replica: when it was ejected, in seconds since the shooter was built.
     ejected: Vec<OnceLock<f64>>,
     start: Instant,
+    /// Abandons every request in flight when cancelled.
+    stop: CancellationToken,
     key_header: HeaderName,
     stream: bool,
     max_tokens: u32,
@@ -116,6 +122,7 @@ impl Shooter {
             next: AtomicUsize::new(0),
             eject_refused: false,
             start: Instant::now(),
+            stop: CancellationToken::new(),
             key_header,
             stream,
             max_tokens,
@@ -136,6 +143,13 @@ impl Shooter {
     /// the next replica instead.
     pub(super) fn ejecting_refused(mut self, eject: bool) -> Self {
         self.eject_refused = eject;
+        self
+    }
+
+    /// Abandon every request in flight once `stop` is cancelled: each then ends at once, counted
+    /// as interrupted (or not sent, when no replica had been chosen for it yet).
+    pub(super) fn stopping_on(mut self, stop: CancellationToken) -> Self {
+        self.stop = stop;
         self
     }
 
@@ -161,7 +175,8 @@ impl Shooter {
     }
 
     /// Sends one request and reads its answer. A refused connection, when refused replicas are
-    /// ejected, ejects the replica and sends the request to the next one.
+    /// ejected, ejects the replica and sends the request to the next one. When the shooter's stop
+    /// token fires first, the request is abandoned and says so.
     async fn fire(&self, key: &str, prompt: &str) -> Outcome {
         let mut outcome = Outcome::default();
         let body = self.body(prompt);
@@ -175,25 +190,51 @@ impl Shooter {
         };
         // From the first attempt: a resent request's client waited through the refusal too.
         let start = Instant::now();
+        let finished = tokio::select! {
+            () = self.attempt(&key, &body, start, &mut outcome) => true,
+            () = self.stop.cancelled() => false,
+        };
+        if !finished {
+            if outcome.replica.is_some() {
+                outcome.interrupted = true;
+                outcome.error = Some("interrupted: the storm was stopped".to_owned());
+            } else {
+                outcome.no_response = Some(NoResponse::NotSent);
+                outcome.error = Some("not sent: the storm was stopped".to_owned());
+            }
+        }
+        outcome
+    }
+
+    /// Sends the request to the next replica in turn and reads its answer into `outcome`; with
+    /// ejection of refused replicas, a refused connection ejects the replica and the request goes
+    /// to the next one.
+    async fn attempt(
+        &self,
+        key: &HeaderValue,
+        body: &Value,
+        start: Instant,
+        outcome: &mut Outcome,
+    ) {
         loop {
             let Some(replica) = self.next_replica() else {
                 outcome.error =
                     Some("not sent: every replica refused connections and was ejected".to_owned());
                 outcome.no_response = Some(NoResponse::NotSent);
-                return outcome;
+                return;
             };
             outcome.replica = Some(replica);
             let sent = self
                 .http
                 .post(&self.endpoints[replica])
                 .header(&self.key_header, key.clone())
-                .json(&body)
+                .json(body)
                 .send()
                 .await;
             match sent {
                 Ok(response) => {
-                    self.read_answer(response, start, &mut outcome).await;
-                    return outcome;
+                    self.read_answer(response, start, outcome).await;
+                    return;
                 }
                 Err(e) => {
                     let kind = no_response(&e);
@@ -206,7 +247,7 @@ impl Shooter {
                     }
                     outcome.error = Some(describe(e));
                     outcome.no_response = Some(kind);
-                    return outcome;
+                    return;
                 }
             }
         }
