@@ -70,7 +70,7 @@ fn print_banner(
     running: &crate::app::RunningGateway,
     policy: &bch_core::policy::PolicySettings,
 ) {
-    eprintln!(
+    crate::app::terminal::print_err(format_args!(
         "\n\
          bch demo: {workers} simulated workers, policy {} (min_load_gap {}, max_load_skew {}), gentle storm on keys hot-0, hot-1, cold-0..5\n\
          \n  data plane     http://{data}\n  control plane  http://{control}   (GET /admin/workers, /admin/policy, /metrics)\n  telemetry      ws://{control}/ws\n\
@@ -81,5 +81,5 @@ fn print_banner(
         policy.max_load_skew,
         data = running.data_addr,
         control = running.control_addr,
-    );
+    ));
 }

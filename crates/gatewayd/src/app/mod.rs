@@ -18,6 +18,7 @@ pub mod picker_harness;
 mod prepare;
 mod routing_parts;
 mod signals;
+pub mod terminal;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

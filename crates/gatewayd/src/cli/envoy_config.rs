@@ -14,6 +14,7 @@ use bch_core::routing_key::IMPLICIT_KEY_HEADERS;
 use clap::Args;
 
 use super::value_parsers::parse_addr;
+use crate::app::terminal::{print_err, print_out};
 use crate::config::{Config, WorkerConfig};
 use crate::error::GatewayError;
 use crate::picker::messages::{DESTINATION_KEY, LB_NAMESPACE, SERVED_KEY};
@@ -125,20 +126,22 @@ pub fn print(args: &EnvoyConfigArgs) -> ExitCode {
     match EnvoyPlan::from_args(args) {
         Ok(plan) => {
             if !plan.discovery.is_empty() {
-                eprintln!(
+                print_err(format_args!(
                     "warning: workers discovered in DNS ({}) are not in the generated cluster: give Envoy the same workers (EDS, a STRICT_DNS cluster, an InferencePool), or it cannot follow the picker to them (docs/envoy.md)",
                     plan.discovery.join(", ")
-                );
+                ));
             } else if plan.workers.is_empty() {
-                eprintln!(
+                print_err(format_args!(
                     "warning: no workers: every request through Envoy will get 503 from the picker"
-                );
+                ));
             }
-            print!("{}", bootstrap(&plan));
-            ExitCode::SUCCESS
+            match print_out(format_args!("{}", bootstrap(&plan))) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(closed) => closed.exit(),
+            }
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            print_err(format_args!("error: {e:#}"));
             ExitCode::FAILURE
         }
     }
