@@ -181,35 +181,66 @@ fn one_shot_subcommands_stop_cleanly_when_stdout_is_closed() {
     let config = TempFile::new("[[workers]]\nurl = \"http://127.0.0.1:8101\"\n");
     let scenario = r#"{"workers":["http://a:1","http://b:1"],"routing_key":"k"}"#;
     let cases: Vec<(&str, Command, String)> = vec![
-        ("explain", {
-            let mut c = gatewayd();
-            c.args(["explain", "--worker", "http://a:1", "--worker", "http://b:1"])
+        (
+            "explain",
+            {
+                let mut c = gatewayd();
+                c.args([
+                    "explain",
+                    "--worker",
+                    "http://a:1",
+                    "--worker",
+                    "http://b:1",
+                ])
                 .args(["--routing-key", "k"]);
-            c
-        }, String::new()),
-        ("explain --batch", {
-            let mut c = gatewayd();
-            c.args(["explain", "--batch"]);
-            c
-        }, format!("{scenario}\n").repeat(1000)),
-        ("envoy-config", {
-            let mut c = gatewayd();
-            c.args(["envoy-config", "--listen", "127.0.0.1:10000", "--picker", "127.0.0.1:9002"])
+                c
+            },
+            String::new(),
+        ),
+        (
+            "explain --batch",
+            {
+                let mut c = gatewayd();
+                c.args(["explain", "--batch"]);
+                c
+            },
+            format!("{scenario}\n").repeat(1000),
+        ),
+        (
+            "envoy-config",
+            {
+                let mut c = gatewayd();
+                c.args([
+                    "envoy-config",
+                    "--listen",
+                    "127.0.0.1:10000",
+                    "--picker",
+                    "127.0.0.1:9002",
+                ])
                 .arg("--config")
                 .arg(config.path());
-            c
-        }, String::new()),
-        ("check-config", {
-            let mut c = gatewayd();
-            c.arg("check-config").arg(config.path());
-            c
-        }, String::new()),
+                c
+            },
+            String::new(),
+        ),
+        (
+            "check-config",
+            {
+                let mut c = gatewayd();
+                c.arg("check-config").arg(config.path());
+                c
+            },
+            String::new(),
+        ),
     ];
     for (name, command, stdin) in cases {
         let output = with_stdout_closed(command, &stdin);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!stderr.contains("panicked"), "{name}: {stderr}");
         assert_eq!(output.status.code(), Some(1), "{name}: {stderr}");
-        assert!(stderr.is_empty(), "{name}: a closed reader is no error to report: {stderr}");
+        assert!(
+            stderr.is_empty(),
+            "{name}: a closed reader is no error to report: {stderr}"
+        );
     }
 }

@@ -61,7 +61,13 @@ fn totals(keys: &BTreeMap<String, KeyRecord>, prefix: &str) -> (u64, u64) {
 #[test]
 fn the_demo_spills_hot_keys_and_keeps_cold_keys_home() {
     let mut command = gatewayd();
-    command.args(["--demo", "--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0"]);
+    command.args([
+        "--demo",
+        "--listen",
+        "127.0.0.1:0",
+        "--control-listen",
+        "127.0.0.1:0",
+    ]);
     let mut daemon = Daemon::spawn(command);
     let keys = key_records(&daemon.control, |keys| {
         totals(keys, "cold-").0 >= 60 && totals(keys, "hot-").0 >= 60
@@ -70,7 +76,9 @@ fn the_demo_spills_hot_keys_and_keeps_cold_keys_home() {
     let (hot, hot_spills) = totals(&keys, "hot-");
     let cold_home = 1.0 - cold_spills as f64 / cold as f64;
     let hot_spilled = hot_spills as f64 / hot as f64;
-    eprintln!("cold: {cold} requests, {cold_home:.2} at home; hot: {hot} requests, {hot_spilled:.2} spilled");
+    eprintln!(
+        "cold: {cold} requests, {cold_home:.2} at home; hot: {hot} requests, {hot_spilled:.2} spilled"
+    );
     assert!(
         // Before the demo sent cold keys one at a time, each came in bursts of six like the hot
         // ones and only about half of its requests stayed home.
@@ -104,6 +112,9 @@ fn the_demo_spills_hot_keys_and_keeps_cold_keys_home() {
                 l.contains("passed its first probe") && l.ends_with(&format!("worker={worker}"))
             })
             .unwrap_or_else(|| panic!("{worker} passed its first probe: {lines:#?}"));
-        assert!(probed < banner, "{worker} taken in before the traffic: {lines:#?}");
+        assert!(
+            probed < banner,
+            "{worker} taken in before the traffic: {lines:#?}"
+        );
     }
 }
