@@ -20,10 +20,12 @@ use tokio_util::sync::CancellationToken;
 use crate::app::{StartError, StartOptions};
 use crate::config::WorkerConfig;
 
-/// The hot keys' traffic: `hot-0` and `hot-1` in turn, a burst of six concurrent same-key
-/// requests every 800 ms (each key about 4 requests a second). Six in flight on one worker exceed
-/// the default `min_load_gap` of 2, so about half of each burst spills.
-pub fn hot_traffic(gateway: reqwest::Url) -> BackgroundStormConfig {
+/// The hot keys' traffic: a burst of six concurrent same-key requests every second, on `hot-0` or
+/// `hot-1` drawn at random (each key about 3 requests a second, against a cold key's 0.8). Six in
+/// flight on one idle fleet's worker exceed the default `min_load_gap` of 2, so about half of each
+/// burst spills. Short answers (16 tokens) keep a burst's worker over the bounds only briefly, and
+/// one burst at a time never stacks two: a cold key sharing that worker rarely meets a burst.
+fn hot_traffic(gateway: reqwest::Url) -> BackgroundStormConfig {
     BackgroundStormConfig {
         hot_keys: 2,
         cold_keys: 0,
@@ -39,7 +41,7 @@ pub fn hot_traffic(gateway: reqwest::Url) -> BackgroundStormConfig {
 /// The cold keys' traffic: `cold-0` … `cold-5`, one request at a time, one every 200 ms across
 /// the six (each key about 0.8 requests a second): never enough to overload a worker, so each
 /// stays on its preferred worker.
-pub fn cold_traffic(gateway: reqwest::Url) -> BackgroundStormConfig {
+fn cold_traffic(gateway: reqwest::Url) -> BackgroundStormConfig {
     BackgroundStormConfig {
         hot_keys: 0,
         cold_keys: 6,
