@@ -5,6 +5,7 @@ one bch-drill process each so one can be killed; gatewayd with only the picker a
 plane; Envoy with the bootstrap `gatewayd envoy-config` prints) and runs, in order:
 
   landing      200 keyed requests through Envoy land where `gatewayd explain` says
+  correlation  the picker's request log line carries the client's x-request-id, method and path
   sse          1,000 SSE streams through Envoy equal the worker's own answer to the same request
   aborts       200 clients abort mid-stream: every worker's load is 0 within 100 ms
   burst        eight held same-key streams land 6:2 at gaps 0, 1, 2, 4 and 8:0 when strict
@@ -168,7 +169,9 @@ max_load_skew = 1.5
 interval_ms = 5000
 
 [log]
-level = "warn"
+# Warnings, and the request log (its lines are what the correlation check reads), as JSON.
+level = "warn,bch::access=info"
+format = "json"
 """)
             for name, url in zip(self.names, self.urls):
                 f.write(f'\n[[workers]]\nname = "{name}"\nurl = "{url}"\n')
@@ -310,6 +313,44 @@ def landing(fleet):
     fleet.wait_idle()
     spread = {n: sum(1 for w in expected if w["worker"] == fleet.url_of(n)) for n in fleet.names}
     return f"200 keys, per worker {spread}"
+
+
+def access_line(fleet, request_id, seconds=10):
+    """The picker's request log line (JSON) whose request id is `request_id`: it is written when
+    the request's ext_proc stream ends, just after the response, so it is awaited, bounded."""
+    deadline = time.time() + seconds
+    while True:
+        with open(fleet.gatewayd.log.name, "rb") as log:
+            for raw in log:
+                try:
+                    line = json.loads(raw)
+                except ValueError:
+                    continue
+                fields = line.get("fields", {})
+                if line.get("target") == "bch::access" and fields.get("request_id") == request_id:
+                    return fields
+        if time.time() > deadline:
+            raise AssertionError(f"no request log line with request_id {request_id} in {seconds} s")
+        time.sleep(0.05)
+
+
+@check("correlation")
+def correlation(fleet):
+    # Without :method, :path and x-request-id in the ext_proc forward rules, the picker saw none
+    # of them: every line said method=GET path="/" under an id of the picker's own.
+    seen = []
+    for method, path, request_id in [("POST", "/v1/chat/completions", f"bch-envoy-post-{os.getpid()}"),
+                                     ("GET", "/v1/models", f"bch-envoy-get-{os.getpid()}")]:
+        body, headers = chat("correlation", max_tokens=1)
+        headers["x-request-id"] = request_id
+        status, got, _ = request(fleet.envoy_port, path, method, body if method == "POST" else None, headers)
+        assert status == 200, (method, path, status)
+        fields = access_line(fleet, request_id)
+        assert (fields.get("method"), fields.get("path")) == (method, path), fields
+        assert fields.get("worker") == got["x-bch-worker"], (fields, got)
+        seen.append(f"{method} {path} {request_id}")
+    fleet.wait_idle()
+    return "; ".join(seen)
 
 
 SSE_VOLATILE = re.compile(rb'"(id|created)":("[^"]*"|\d+)')
@@ -489,7 +530,7 @@ def main():
         RESULTS.append(("setup", False))
         fleet = None
     if fleet is not None:
-        for run in (landing, sse, aborts, burst, worker_kill, target_miss, picker_kill, empty_fleet):
+        for run in (landing, correlation, sse, aborts, burst, worker_kill, target_miss, picker_kill, empty_fleet):
             run(fleet)
     for proc in reversed(PROCS):
         proc.stop()

@@ -250,6 +250,9 @@ pub struct Prober {
     pub probe_now: Arc<Notify>,
     /// `bch_probe_failures_total`.
     pub failures: Arc<ProbeFailures>,
+    /// Counts the rounds whose results are applied, so a waiter (the demo, before its traffic)
+    /// learns when every worker present at start has had its first probe.
+    pub rounds: tokio::sync::watch::Sender<u64>,
     /// Stops the prober.
     pub shutdown: CancellationToken,
 }
@@ -263,6 +266,7 @@ pub async fn run(prober: Prober) {
         members,
         probe_now,
         failures,
+        rounds,
         shutdown,
     } = prober;
     let mut connector = HttpConnector::new();
@@ -286,6 +290,7 @@ pub async fn run(prober: Prober) {
             last_full = Some(tokio::time::Instant::now());
         }
         probing.round(&current, full).await;
+        rounds.send_modify(|done| *done += 1);
         let next_full = last_full.map_or_else(tokio::time::Instant::now, |at| at + interval);
         tokio::select! {
             _ = shutdown.cancelled() => return,

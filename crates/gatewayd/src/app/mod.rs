@@ -18,6 +18,7 @@ pub mod picker_harness;
 mod prepare;
 mod routing_parts;
 mod signals;
+pub mod terminal;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -67,6 +68,8 @@ pub struct RunningGateway {
     router: Arc<Router>,
     registry: Arc<prometheus_client::registry::Registry>,
     requires_token: bool,
+    /// Health probe rounds applied so far.
+    probed: tokio::sync::watch::Receiver<u64>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
     grace: Duration,
@@ -81,6 +84,15 @@ impl RunningGateway {
     /// `GET /metrics` as it would answer now.
     pub fn metrics_text(&self) -> String {
         crate::metrics::render(&self.registry)
+    }
+
+    /// Returns once the health prober has applied its first round: every worker present at
+    /// start has had its first probe, and with `[health] wait_for_first_probe` the ones that
+    /// passed take traffic (those that failed stay out until a probe passes). Returns at once
+    /// after that, and when the prober has stopped.
+    pub async fn first_probes_applied(&self) {
+        let mut probed = self.probed.clone();
+        let _ = probed.wait_for(|rounds| *rounds > 0).await;
     }
 
     /// Whether the control plane needs a bearer token.
@@ -124,7 +136,8 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
     let (router, registry) = (Arc::clone(&parts.router), Arc::clone(&parts.registry));
     let requires_token = parts.control_plane.token.is_some();
     let admin = Arc::clone(&parts.admin);
-    if let Err(error) = spawn_services(parts, listeners, &shutdown, &tasks) {
+    let (probe_rounds, probed) = tokio::sync::watch::channel(0);
+    if let Err(error) = spawn_services(parts, listeners, probe_rounds, &shutdown, &tasks) {
         shutdown.cancel();
         return Err(error);
     }
@@ -146,6 +159,7 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
         router,
         registry,
         requires_token,
+        probed,
         shutdown,
         tasks,
         grace,
@@ -360,6 +374,7 @@ fn assemble(
 fn spawn_services(
     parts: Parts,
     listeners: Listeners,
+    probe_rounds: tokio::sync::watch::Sender<u64>,
     shutdown: &CancellationToken,
     tasks: &TaskTracker,
 ) -> Result<(), StartError> {
@@ -432,6 +447,7 @@ fn spawn_services(
         members: parts.admin.members(),
         probe_now: parts.probe_now,
         failures: parts.probe_failures,
+        rounds: probe_rounds,
         shutdown: shutdown.clone(),
     }));
     tokio::spawn(crate::drain_watch::run(

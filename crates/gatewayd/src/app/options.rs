@@ -90,17 +90,24 @@ pub enum StartError {
     /// The configuration is invalid; names file and field.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// `admin_token_file` cannot be read.
-    #[error("cannot read admin_token_file {path}: {cause}")]
+    /// A token file (`admin_token_file`, `metrics_token_file`) cannot be read.
+    #[error("cannot read {key} {path}: {cause}")]
     TokenFile {
+        /// The configuration key that names the file, so the operator knows which token it is.
+        key: &'static str,
         /// The token file.
         path: PathBuf,
         /// Why it cannot be read.
         cause: std::io::Error,
     },
-    /// `admin_token_file` holds nothing but whitespace.
-    #[error("admin_token_file {0} is empty")]
-    EmptyToken(PathBuf),
+    /// A token file holds nothing but whitespace.
+    #[error("{key} {path} is empty")]
+    EmptyToken {
+        /// The configuration key that names the file.
+        key: &'static str,
+        /// The token file.
+        path: PathBuf,
+    },
     /// A control plane reachable beyond this host without a token would let anyone rewrite routing.
     #[error(
         "refusing to bind the control plane to {0} without a token: set server.admin_token_file or listen on loopback"

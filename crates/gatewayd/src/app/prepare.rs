@@ -50,7 +50,7 @@ pub fn check(options: &StartOptions) -> Findings {
         .control_access
         .metrics_token_file
         .as_deref()
-        .map(read_token)
+        .map(|path| read_token(METRICS_TOKEN_KEY, path))
     {
         errors.push(error.to_string());
     }
@@ -89,7 +89,7 @@ pub(super) fn prepare(options: StartOptions) -> Result<Prepared, StartError> {
         .control_access
         .metrics_token_file
         .as_deref()
-        .map(read_token)
+        .map(|path| read_token(METRICS_TOKEN_KEY, path))
         .transpose()?;
     Ok(Prepared {
         config,
@@ -108,17 +108,27 @@ fn admin_token(config: &Config) -> Result<Option<String>, StartError> {
         .control_access
         .admin_token_file
         .as_deref()
-        .map(read_token)
+        .map(|path| read_token(ADMIN_TOKEN_KEY, path))
         .transpose()
 }
 
-/// A token file's contents, trimmed; an unreadable or empty file is an error naming it.
-pub(super) fn read_token(path: &Path) -> Result<String, StartError> {
+/// The key of the control plane's token file, as the error messages name it.
+const ADMIN_TOKEN_KEY: &str = "admin_token_file";
+/// The key of the `/metrics` token file, as the error messages name it.
+const METRICS_TOKEN_KEY: &str = "metrics_token_file";
+
+/// A token file's contents, trimmed; an unreadable or empty file is an error naming it and `key`,
+/// the setting that named it.
+pub(super) fn read_token(key: &'static str, path: &Path) -> Result<String, StartError> {
     read_token_file(path).map_err(|error| match error {
         TokenFileError::Unreadable(cause) => StartError::TokenFile {
+            key,
             path: path.to_owned(),
             cause,
         },
-        TokenFileError::Empty => StartError::EmptyToken(path.to_owned()),
+        TokenFileError::Empty => StartError::EmptyToken {
+            key,
+            path: path.to_owned(),
+        },
     })
 }

@@ -14,9 +14,10 @@ use bch_core::routing_key::IMPLICIT_KEY_HEADERS;
 use clap::Args;
 
 use super::value_parsers::parse_addr;
+use crate::app::terminal::{print_err, print_out};
 use crate::config::{Config, WorkerConfig};
 use crate::error::GatewayError;
-use crate::picker::messages::{DESTINATION_KEY, LB_NAMESPACE, SERVED_KEY};
+use crate::picker::messages::{DESTINATION_KEY, LB_NAMESPACE, REQUEST_ID_HEADER, SERVED_KEY};
 
 /// `gatewayd envoy-config` options.
 #[derive(Debug, Args)]
@@ -99,9 +100,11 @@ impl EnvoyPlan {
 
 /// The headers the picker reads: the routing headers (explicit key, target worker, the implicit
 /// keys' `Authorization`, `X-Forwarded-For`, `Cookie`), the declared body size, the response's
-/// status. Envoy sends only these, so it encodes and the picker decodes a handful of headers per
-/// request instead of all of them, and no other header (a credential, a session cookie's
-/// neighbours) leaves Envoy.
+/// status, and for its request log line the method, the path and the `x-request-id` Envoy
+/// generated or kept (without them every line would say `GET /` with an id of the picker's own,
+/// which matches nothing in Envoy's or the worker's logs). Envoy sends only these, so it encodes
+/// and the picker decodes a handful of headers per request instead of all of them, and no other
+/// header (a credential, a session cookie's neighbours) leaves Envoy.
 fn forwarded_headers(config: &Config) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
     let routing = [
@@ -110,7 +113,13 @@ fn forwarded_headers(config: &Config) -> Vec<String> {
     ];
     let fixed = IMPLICIT_KEY_HEADERS
         .iter()
-        .chain(&["content-length", ":status"])
+        .chain(&[
+            "content-length",
+            ":status",
+            ":method",
+            ":path",
+            REQUEST_ID_HEADER,
+        ])
         .map(|h| (*h).to_owned());
     for name in routing.into_iter().chain(fixed) {
         if !names.contains(&name) {
@@ -125,20 +134,22 @@ pub fn print(args: &EnvoyConfigArgs) -> ExitCode {
     match EnvoyPlan::from_args(args) {
         Ok(plan) => {
             if !plan.discovery.is_empty() {
-                eprintln!(
+                print_err(format_args!(
                     "warning: workers discovered in DNS ({}) are not in the generated cluster: give Envoy the same workers (EDS, a STRICT_DNS cluster, an InferencePool), or it cannot follow the picker to them (docs/envoy.md)",
                     plan.discovery.join(", ")
-                );
+                ));
             } else if plan.workers.is_empty() {
-                eprintln!(
+                print_err(format_args!(
                     "warning: no workers: every request through Envoy will get 503 from the picker"
-                );
+                ));
             }
-            print!("{}", bootstrap(&plan));
-            ExitCode::SUCCESS
+            match print_out(format_args!("{}", bootstrap(&plan))) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(closed) => closed.exit(),
+            }
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            print_err(format_args!("error: {e:#}"));
             ExitCode::FAILURE
         }
     }
@@ -187,6 +198,11 @@ fn listener(yaml: &mut String, plan: &EnvoyPlan) {
           # SSE: no whole-request deadline; a stream ends after {idle} of silence instead.
           request_timeout: 0s
           stream_idle_timeout: {idle}
+          # One x-request-id from the client to the worker, through the picker's log line: a
+          # client's own id is kept (by default Envoy replaces it on requests from outside), and
+          # a request without one gets one from Envoy.
+          generate_request_id: true
+          preserve_external_request_id: true
           # Envoy answers 500 with no body when it cannot reach the picker: make that the
           # OpenAI-shaped 503 gatewayd itself would send. (The picker's own refusals are
           # immediate responses with their body set, and pass unchanged.)
@@ -248,7 +264,8 @@ fn listener(yaml: &mut String, plan: &EnvoyPlan) {
                   untyped: [{lb}]
                 receiving_namespaces:
                   untyped: [{lb}]
-              # Only what the picker reads: the routing headers, the declared size, the status.
+              # Only what the picker reads: the routing headers, the declared size, the status,
+              # and the method, path and x-request-id of its request log line.
               forward_rules:
                 allowed_headers:
                   patterns:
@@ -421,6 +438,27 @@ mod tests {
         assert!(yaml.contains("stream_idle_timeout: 300.500s"));
         assert!(!yaml.contains("admin:"));
         assert!(!yaml.contains('\t'));
+    }
+
+    /// The picker's log line needs the client's method, path and request id: Envoy forwards only
+    /// the headers the allow-list names, pseudo-headers included, so without them every line said
+    /// `method=GET path="/"` with an id of the picker's own.
+    #[test]
+    fn the_bootstrap_forwards_what_the_picker_logs_and_keeps_the_clients_request_id() {
+        let yaml = bootstrap(&plan(&["127.0.0.1:8101"]));
+        let allowed = yaml
+            .split("allowed_headers:")
+            .nth(1)
+            .and_then(|rest| rest.split("- name: envoy.filters.http.router").next())
+            .expect("an allow-list before the router");
+        for header in [":method", ":path", "x-request-id"] {
+            assert!(
+                allowed.contains(&format!("- exact: \"{header}\"\n")),
+                "{header} is forwarded to the picker: {allowed}"
+            );
+        }
+        assert!(yaml.contains("          preserve_external_request_id: true\n"));
+        assert!(yaml.contains("          generate_request_id: true\n"));
     }
 
     #[test]

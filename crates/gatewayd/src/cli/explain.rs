@@ -9,6 +9,8 @@ use bch_core::fleet_load::LoadSource;
 use bch_core::policy::{PolicyKind, SpillOrder};
 use clap::Args;
 
+use crate::app::terminal::{StdoutClosed, print_err, print_out};
+
 use super::value_parsers::{parse_load, parse_load_source, parse_policy, parse_spill_order};
 
 /// `gatewayd explain` options.
@@ -84,14 +86,14 @@ pub fn explain(args: ExplainArgs) -> ExitCode {
     };
     match explainer.explain(&scenario) {
         Ok(answer) => {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&answer).expect("answers serialise")
-            );
-            ExitCode::SUCCESS
+            let text = serde_json::to_string_pretty(&answer).expect("answers serialise");
+            match print_out(format_args!("{text}\n")) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(closed) => closed.exit(),
+            }
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            print_err(format_args!("error: {e}"));
             ExitCode::FAILURE
         }
     }
@@ -136,11 +138,17 @@ fn explain_batch(explainer: &mut Explainer) -> ExitCode {
                 )
             }
         };
-        if written.is_err() || out.write_all(b"\n").is_err() {
-            return ExitCode::FAILURE;
+        if let Err(error) = written
+            .map_err(std::io::Error::from)
+            .and_then(|()| out.write_all(b"\n"))
+        {
+            return StdoutClosed::from(error).exit();
         }
     }
-    if out.flush().is_err() || failed {
+    if let Err(error) = out.flush() {
+        return StdoutClosed::from(error).exit();
+    }
+    if failed {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS

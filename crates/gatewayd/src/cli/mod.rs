@@ -16,6 +16,7 @@ use bch_core::fleet_load::LoadSource;
 use bch_core::policy::PolicyKind;
 use clap::{Parser, Subcommand};
 
+use crate::app::terminal::{print_err, print_out};
 use crate::app::{StartOptions, init_logging};
 use crate::config::{Config, LogFormat};
 use envoy_config::EnvoyConfigArgs;
@@ -69,23 +70,23 @@ fn check_config(file: &std::path::Path) -> ExitCode {
     let config = match Config::read(file) {
         Ok(config) => config,
         Err(e) => {
-            eprintln!("error: {e}");
+            print_err(format_args!("error: {e}"));
             return ExitCode::FAILURE;
         }
     };
     let findings = crate::app::check(&StartOptions::new(config).config_file(file.to_owned()));
     for warning in &findings.warnings {
-        eprintln!("warning: {warning}");
+        print_err(format_args!("warning: {warning}"));
     }
     for error in &findings.errors {
-        eprintln!("error: {error}");
+        print_err(format_args!("error: {error}"));
     }
     let Some(config) = findings.config else {
-        eprintln!(
+        print_err(format_args!(
             "{}: {} problem(s); gatewayd would not start",
             file.display(),
             findings.errors.len()
-        );
+        ));
         return ExitCode::FAILURE;
     };
     let sources = match config.discovery.len() {
@@ -93,8 +94,8 @@ fn check_config(file: &std::path::Path) -> ExitCode {
         1 => ", 1 discovery source".to_owned(),
         n => format!(", {n} discovery sources"),
     };
-    println!(
-        "{}: ok ({} workers{sources}, policy {}, min_load_gap {}, max_load_skew {}, spill_order {}, load_source {}{})",
+    let printed = print_out(format_args!(
+        "{}: ok ({} workers{sources}, policy {}, min_load_gap {}, max_load_skew {}, spill_order {}, load_source {}{})\n",
         file.display(),
         config.workers.len(),
         config.policy.kind,
@@ -109,8 +110,11 @@ fn check_config(file: &std::path::Path) -> ExitCode {
             ),
             LoadSource::Local => String::new(),
         }
-    );
-    ExitCode::SUCCESS
+    ));
+    match printed {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(closed) => closed.exit(),
+    }
 }
 
 /// The file's contents (or defaults), before the flags; parsed, not yet validated (start-up
@@ -184,10 +188,10 @@ fn serve(args: RunArgs) -> ExitCode {
                 Some(addr) => format!("  endpoint picker grpc://{addr}"),
                 None => String::new(),
             };
-            eprintln!(
+            print_err(format_args!(
                 "gatewayd: {data}control plane http://{}  telemetry ws://{}/ws{picker}",
                 running.control_addr, running.control_addr
-            );
+            ));
         }
         running.run_until_stopped().await;
         anyhow::Ok(())
@@ -208,9 +212,9 @@ fn fail(json: bool, message: &str) -> ExitCode {
             "fields": {"message": message},
             "target": "gatewayd",
         });
-        eprintln!("{line}");
+        print_err(format_args!("{line}"));
     } else {
-        eprintln!("error: {message}");
+        print_err(format_args!("error: {message}"));
     }
     ExitCode::FAILURE
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::app::terminal::{print_err, print_out};
 use crate::config::token_file::{TokenFileError, read_token_file};
 
 /// Where the gateway's control plane is and how to authenticate.
@@ -105,10 +106,12 @@ pub fn reload(args: ReloadArgs) -> ExitCode {
         Ok((status, body)) if status.is_success() => {
             let answer: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
             let workers = answer["workers"].as_array().map_or(0, Vec::len);
-            println!(
-                "reloaded: policy {}, {workers} workers",
+            // The reload happened: a stdout that cannot take the summary does not make it fail
+            // (systemd's ExecReload would report a reload that took effect as failed).
+            let _ = print_out(format_args!(
+                "reloaded: policy {}, {workers} workers\n",
                 answer["policy"]["kind"].as_str().unwrap_or("?")
-            );
+            ));
             ExitCode::SUCCESS
         }
         Ok((status, body)) => {
@@ -124,7 +127,7 @@ pub fn reload(args: ReloadArgs) -> ExitCode {
 }
 
 fn fail(message: &str) -> ExitCode {
-    eprintln!("error: {message}");
+    print_err(format_args!("error: {message}"));
     ExitCode::FAILURE
 }
 

@@ -195,9 +195,17 @@ impl Config {
                 "false needs [picker] listen: there would be nothing to serve",
             ));
         }
-        let (members, worker_problems) = self.collect_members();
+        let (_, worker_problems) = self.collect_members();
         problems.extend(worker_problems);
-        problems.extend(self.picker_workers(&members).err());
+        // Every worker the picker could not name, under its index in the file (one that is
+        // invalid already was reported above).
+        let parsed: Vec<(usize, Member)> = self
+            .workers
+            .iter()
+            .enumerate()
+            .filter_map(|(index, worker)| Some((index, worker.member().ok()?)))
+            .collect();
+        problems.extend(self.picker_worker_problems(parsed.iter().map(|(i, m)| (*i, m))));
         problems.extend(self.discovery_problems());
         problems
             .into_iter()
@@ -211,16 +219,34 @@ impl Config {
     /// With the endpoint picker on, every worker must be an `http://IP:PORT` URL: Envoy finds the
     /// picked endpoint among its cluster's hosts by address. The error names `workers[N].url`.
     pub fn picker_workers(&self, members: &[Member]) -> Result<(), FieldError> {
+        match self
+            .picker_worker_problems(members.iter().enumerate())
+            .into_iter()
+            .next()
+        {
+            Some(problem) => Err(problem),
+            None => Ok(()),
+        }
+    }
+
+    /// Every worker of `members` (each with its index in the worker list) that the endpoint
+    /// picker cannot name, one problem each; none when the picker is off.
+    fn picker_worker_problems<'a>(
+        &self,
+        members: impl Iterator<Item = (usize, &'a Member)>,
+    ) -> Vec<FieldError> {
         if self.picker.listen.is_none() {
-            return Ok(());
+            return Vec::new();
         }
-        for (index, member) in members.iter().enumerate() {
-            member.url.picker_endpoint().map_err(|message| {
-                FieldError::new("url", format!("worker {}: {message}", member.spec.name))
-                    .within(&format!("workers[{index}]"))
-            })?;
-        }
-        Ok(())
+        members
+            .filter_map(|(index, member)| {
+                let message = member.url.picker_endpoint().err()?;
+                Some(
+                    FieldError::new("url", format!("worker {}: {message}", member.spec.name))
+                        .within(&format!("workers[{index}]")),
+                )
+            })
+            .collect()
     }
 
     /// Every problem of the `[[discovery]]` entries (each entry's fields, a name discovered

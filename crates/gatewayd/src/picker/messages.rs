@@ -34,6 +34,10 @@ pub const LB_NAMESPACE: &str = "envoy.lb";
 pub const DESTINATION_KEY: &str = DESTINATION_HEADER;
 /// Key (under [`LB_NAMESPACE`]) of the endpoint Envoy served the request from.
 pub const SERVED_KEY: &str = "x-gateway-destination-endpoint-served";
+/// The request header whose value the picker's log line carries as the request's id: Envoy's
+/// own (generated, or the client's kept), so one id follows the request through Envoy's, the
+/// picker's and the worker's logs.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
 impl HeaderLookup for HeaderMap {
     fn first(&self, name: &str) -> Option<&[u8]> {
@@ -69,7 +73,7 @@ pub fn head(headers: &HeaderMap) -> crate::routing::exchange::Head {
             .flatten()
             .and_then(|p| http::uri::PathAndQuery::try_from(p).ok()),
         client_id: headers
-            .first("x-request-id")
+            .first(REQUEST_ID_HEADER)
             .and_then(|v| http::HeaderValue::from_bytes(v).ok()),
     }
 }

@@ -187,3 +187,60 @@ fn check_config_runs_every_start_up_check_and_reports_every_problem() {
         "{stderr}"
     );
 }
+
+/// A missing or empty metrics token file is reported under its own key, not the admin token's.
+#[test]
+fn check_config_names_the_metrics_token_file() {
+    let admin = TempFile::new("s3cret-admin-token\n");
+    let empty = TempFile::new("  \n");
+    let missing = "/nonexistent/bch/metrics.token".to_owned();
+    for (metrics, needle) in [
+        (
+            missing.clone(),
+            format!("cannot read metrics_token_file {missing}"),
+        ),
+        (
+            empty.path().display().to_string(),
+            format!("metrics_token_file {} is empty", empty.path().display()),
+        ),
+    ] {
+        let file = TempFile::new(&format!(
+            "[server]\nadmin_token_file = \"{}\"\nmetrics_token_file = \"{metrics}\"\n\n[[workers]]\nurl = \"http://127.0.0.1:1\"\n",
+            admin.path().display()
+        ));
+        let (code, _, stderr) = check(file.path());
+        assert_eq!(code, Some(1), "{stderr}");
+        assert!(stderr.contains(&needle), "{stderr:?} lacks {needle:?}");
+        assert!(!stderr.contains("admin_token_file"), "{stderr}");
+    }
+}
+
+/// In picker mode every worker that is no `http://IP:PORT` is reported, each under its own index
+/// in the file (an invalid worker before them does not shift the index).
+#[test]
+fn check_config_reports_every_bad_worker_in_picker_mode() {
+    let file = TempFile::new(
+        "[picker]\nlisten = \"127.0.0.1:9002\"\n\n\
+         [[workers]]\nurl = \"not a url\"\n\n\
+         [[workers]]\nname = \"gpu-1\"\nurl = \"http://gpu-1.internal:8000\"\n\n\
+         [[workers]]\nurl = \"http://127.0.0.1:8102\"\n\n\
+         [[workers]]\nname = \"gpu-3\"\nurl = \"http://127.0.0.1\"\n",
+    );
+    let (code, _, stderr) = check(file.path());
+    assert_eq!(code, Some(1), "{stderr}");
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("error: "))
+        .collect();
+    assert_eq!(errors.len(), 3, "{stderr}");
+    assert!(errors[0].contains("workers[0].url"), "{stderr}");
+    assert!(
+        errors[1].contains("workers[1].url: worker gpu-1:"),
+        "{stderr}"
+    );
+    assert!(
+        errors[2].contains("workers[3].url: worker gpu-3:"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("3 problem(s)"), "{stderr}");
+}

@@ -1,4 +1,5 @@
-//! `gatewayd reload`, the connection cap's log lines, and `gatewayd envoy-config`.
+//! `gatewayd reload`, the connection cap's log lines, `gatewayd envoy-config`, and the one-shot
+//! subcommands with their output's reader gone.
 
 use std::path::Path;
 use std::time::Duration;
@@ -154,4 +155,92 @@ fn envoy_config_takes_the_file_refuses_unaddressable_workers_and_warns_about_dis
         yaml.contains("num_retries: 3"),
         "[picker] fallbacks sets Envoy's retries"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// One-shot subcommands whose stdout's reader is gone
+
+/// Runs `command` with stdout a pipe whose reader is already closed (`gatewayd explain … | head
+/// -1` once `head` has exited): every write to it fails with a broken pipe.
+fn with_stdout_closed(mut command: Command, stdin: &str) -> Output {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gatewayd runs");
+    // The command may exit before reading its input: a failed write here is fine.
+    let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn one_shot_subcommands_stop_cleanly_when_stdout_is_closed() {
+    let config = TempFile::new("[[workers]]\nurl = \"http://127.0.0.1:8101\"\n");
+    let scenario = r#"{"workers":["http://a:1","http://b:1"],"routing_key":"k"}"#;
+    let cases: Vec<(&str, Command, String)> = vec![
+        (
+            "explain",
+            {
+                let mut c = gatewayd();
+                c.args([
+                    "explain",
+                    "--worker",
+                    "http://a:1",
+                    "--worker",
+                    "http://b:1",
+                ])
+                .args(["--routing-key", "k"]);
+                c
+            },
+            String::new(),
+        ),
+        (
+            "explain --batch",
+            {
+                let mut c = gatewayd();
+                c.args(["explain", "--batch"]);
+                c
+            },
+            format!("{scenario}\n").repeat(1000),
+        ),
+        (
+            "envoy-config",
+            {
+                let mut c = gatewayd();
+                c.args([
+                    "envoy-config",
+                    "--listen",
+                    "127.0.0.1:10000",
+                    "--picker",
+                    "127.0.0.1:9002",
+                ])
+                .arg("--config")
+                .arg(config.path());
+                c
+            },
+            String::new(),
+        ),
+        (
+            "check-config",
+            {
+                let mut c = gatewayd();
+                c.arg("check-config").arg(config.path());
+                c
+            },
+            String::new(),
+        ),
+    ];
+    for (name, command, stdin) in cases {
+        let output = with_stdout_closed(command, &stdin);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!stderr.contains("panicked"), "{name}: {stderr}");
+        assert_eq!(output.status.code(), Some(1), "{name}: {stderr}");
+        assert!(
+            stderr.is_empty(),
+            "{name}: a closed reader is no error to report: {stderr}"
+        );
+    }
 }

@@ -10,6 +10,7 @@ mod dnsmasq;
 
 mod check_config;
 mod commands;
+mod demo;
 mod discovery;
 mod explain;
 mod logs;
