@@ -142,9 +142,10 @@ fn changes_pending_and_unconfirmed() {
     at_every_size("change_unconfirmed", &s, now + bch_tui::COMMAND_TIMEOUT);
 }
 
-/// At 120 columns, the width where the key table shares the screen with the spill log, every item
-/// in the key table is whole: names keep their port, in-flight pairs are whole or summed as `+N`,
-/// keys are cut with an ellipsis that keeps both ends.
+/// At 120 columns the key table sits above the spill log, not beside it: side by side, IP:PORT
+/// names and tenant keys got half the width and were cut to stubs (`ten…001`, `….2.5:8000`).
+/// Every item in the key table is whole or cut whole: names keep their port, in-flight pairs are
+/// whole or summed as `+N`, keys are cut with an ellipsis that keeps both ends.
 #[test]
 fn at_120_columns_the_key_table_cuts_whole_items() {
     let screen = render(&one_replica(), 120, 40, Instant::now());
@@ -152,27 +153,32 @@ fn at_120_columns_the_key_table_cuts_whole_items() {
         .lines()
         .find(|l| l.contains('↷'))
         .unwrap_or_else(|| panic!("no row of the storm key:\n{screen}"));
-    let keys_half: String = row.chars().take(60).collect();
     assert!(
-        keys_half.starts_with("│ten") && keys_half.contains("…001 "),
-        "the key is cut in the middle with a mark, both ends kept: {keys_half}"
+        row.starts_with("│tenant-acme/chat-session-7f3a9c21-0001 "),
+        "the key is whole: {row}"
     );
     assert!(
-        keys_half.contains("1.17:8000 ↷ ") && keys_half.contains(".2.5:8000 "),
-        "both placement names keep their port: {keys_half}"
+        row.contains(" 10.244.1.17:8000  ↷ 10.244.2.5:8000 "),
+        "both placement names are whole: {row}"
     );
     assert!(
-        keys_half.contains(" 11 on 3 "),
-        "no pair fits whole, so the column sums them: {keys_half}"
+        row.contains(" 10.244.1.17:8000:8 +3 "),
+        "one whole pair, the rest summed: {row}"
     );
     assert!(
-        keys_half.trim_end_matches('│').ends_with("51      2  96%"),
-        "the numbers are whole: {keys_half}"
+        row.trim_end_matches('│')
+            .trim_end()
+            .ends_with("51      2  96%"),
+        "the numbers are whole: {row}"
     );
-    // Where one pair fits, it is whole and the rest is summed.
+    // At 80 columns the key keeps a readable part and names their ports; the pairs are summed.
     let screen = render(&one_replica(), 80, 24, Instant::now());
     let row = screen.lines().find(|l| l.contains('↷')).unwrap();
-    assert!(row.contains(":8000:8 +3 "), "{row}");
+    assert!(row.starts_with("│tenant-acme/"), "{row}");
+    assert!(
+        row.contains("1.17:8000 ↷ ") && row.contains(" 11 on 3 "),
+        "{row}"
+    );
     // The spill log keeps every number of the rule and the ports of both workers.
     let screen = render(&one_replica(), 120, 40, Instant::now());
     let spill = screen
@@ -181,7 +187,120 @@ fn at_120_columns_the_key_table_cuts_whole_items() {
         .unwrap_or_else(|| panic!("{screen}"));
     assert!(spill.contains(":8000→"), "{spill}");
     assert!(
-        spill.trim_end_matches('│').ends_with("9>3.50×1.50"),
+        spill
+            .trim_end_matches('│')
+            .trim_end()
+            .ends_with("9>3.50×1.50"),
         "{spill}"
     );
+}
+
+/// The rows of the panel titled `title`: the lines below its title up to its bottom border, each
+/// cut to the panel's columns.
+fn panel_rows(screen: &str, title: &str) -> Vec<String> {
+    let lines: Vec<&str> = screen.lines().collect();
+    let top = lines
+        .iter()
+        .position(|l| l.contains(title))
+        .unwrap_or_else(|| panic!("no panel {title:?}:\n{screen}"));
+    // The title follows the corner and a space; the panel ends at the next corner.
+    let at = lines[top].find(title).unwrap_or(0);
+    let left = lines[top][..at].chars().count().saturating_sub(2);
+    let width = lines[top]
+        .chars()
+        .skip(left + 1)
+        .position(|c| c == '┐' || c == '╗')
+        .map_or(usize::MAX, |p| p + 2);
+    let mut rows = Vec::new();
+    for line in &lines[top + 1..] {
+        let part: String = line.chars().skip(left).take(width).collect();
+        if part.starts_with('└') || part.starts_with('╚') {
+            break;
+        }
+        rows.push(part);
+    }
+    rows
+}
+
+/// Whether one of `rows` shows `name` as a whole word.
+fn shows_name(rows: &[String], name: &str) -> bool {
+    rows.iter().any(|r| {
+        r.split(|c: char| c.is_whitespace() || "▸║│".contains(c))
+            .any(|word| word == name)
+    })
+}
+
+/// Whether `cell` shows `key` whole, or cut once in the middle keeping at least `kept` of it.
+fn shows_key(cell: &str, key: &str, kept: usize) -> bool {
+    if cell == key {
+        return true;
+    }
+    let Some((head, tail)) = cell.split_once('…') else {
+        return false;
+    };
+    !tail.contains('…')
+        && head.chars().count() + tail.chars().count() >= kept
+        && key.starts_with(head)
+        && key.ends_with(tail)
+}
+
+/// What an operator needs to read at 120×40 and more, with IP:PORT workers and tenant keys: every
+/// worker name whole in the workers and ring panels and in the key table's placement, every key
+/// whole or cut once in its middle keeping at least 24 characters; at 200×50 every key and every
+/// in-flight pair whole.
+#[test]
+fn names_and_keys_keep_their_width_from_120_columns() {
+    for (state, width, height) in [
+        (one_replica(), 120, 40),
+        (watching(&URLS), 120, 40),
+        (one_replica(), 200, 50),
+        (watching(&URLS), 200, 50),
+    ] {
+        let screen = render(&state, width, height, Instant::now());
+        let fleet = state.visible();
+        let workers = panel_rows(&screen, "Workers ");
+        let ring = panel_rows(&screen, "Ring ");
+        for w in &fleet.workers {
+            assert!(
+                shows_name(&workers, &w.name),
+                "{} not whole in the workers panel at {width}:\n{screen}",
+                w.name
+            );
+            assert!(
+                shows_name(&ring, &w.name),
+                "{} not whole in the ring panel at {width}:\n{screen}",
+                w.name
+            );
+        }
+        let keys = panel_rows(&screen, "Keys ");
+        let kept = if width >= 200 { usize::MAX } else { 24 };
+        for k in fleet.keys.values() {
+            let row = keys
+                .iter()
+                .find(|r| {
+                    let cell: String = r.chars().skip(1).take_while(|c| *c != ' ').collect();
+                    shows_key(&cell, &k.key, kept.min(k.key.chars().count()))
+                })
+                .unwrap_or_else(|| panic!("{} not readable at {width}:\n{screen}", k.key));
+            let arrow = if k.preferred == k.current {
+                '→'
+            } else {
+                '↷'
+            };
+            let placement = format!(" {} ", k.preferred);
+            assert!(
+                row.contains(&placement) && row.contains(&format!("{arrow} {} ", k.current)),
+                "placement names cut at {width}: {row}"
+            );
+            if width >= 200 {
+                for (worker, n) in &k.active {
+                    let pair = format!("{worker}:{n}");
+                    assert!(
+                        shows_name(std::slice::from_ref(row), &pair),
+                        "{pair}: {row}"
+                    );
+                }
+            }
+        }
+    }
 }

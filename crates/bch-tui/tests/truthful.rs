@@ -252,7 +252,9 @@ fn key_counts_start_again_at_a_policy_change_and_home_share_says_where_requests_
         .find(|l| l.contains("chat-session-0001"))
         .unwrap();
     assert!(
-        row.trim_end_matches('│').ends_with("51      2  96%"),
+        row.trim_end_matches('│')
+            .trim_end()
+            .ends_with("51      2  96%"),
         "{row}"
     );
     s.apply_replica_frame(

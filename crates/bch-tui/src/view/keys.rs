@@ -3,8 +3,9 @@
 //! the share of its requests served at home (on the preferred worker); counted since the last
 //! policy change once one was seen, so the effect of a threshold change reads directly. Filtered
 //! and sorted as the state says, with the filter prompt on the bottom border while it is typed.
-//! The numbers get their full width first, then worker names (cut from the left, keeping the
-//! port), then whole in-flight pairs; the key column takes what is left, cut in the middle.
+//! Columns are sized from their content; on a narrow panel the in-flight pairs give way first,
+//! then the key (cut in the middle), then worker names (cut from the left, keeping the port). The
+//! layout asks [`wanted_width`] whether the table fits beside the spill log.
 
 use bch_core::telemetry::KeyRecord;
 use ratatui::Frame;
@@ -14,7 +15,7 @@ use ratatui::widgets::{Block, Cell, Row, Table};
 
 use super::panel::{panel_block, scroll_window};
 use super::styles::{Styles, Tone};
-use super::text::{clock, truncate_left, truncate_middle};
+use super::text::{MAX_WANTED_KEY_W, clock, truncate_left, truncate_middle};
 use crate::state::{Baseline, Panel, State};
 
 /// Width of the `req` column: six digits.
@@ -23,8 +24,13 @@ const COUNT_W: u16 = 6;
 const SPILLS_W: u16 = 6;
 /// Width of the `home` column: `100%`.
 const HOME_W: u16 = 4;
-/// The key column keeps this much (or the whole key, when shorter) before names give way.
-const MIN_KEY_W: u16 = 8;
+/// Spaces between columns, five of them.
+const SPACING: u16 = 5;
+/// The numbers and the spaces between all columns: what every row spends before any text.
+const FIXED_W: u16 = COUNT_W + SPILLS_W + HOME_W + SPACING;
+/// A key keeps this much (or the whole key, when shorter) before worker names give way: a tenant
+/// prefix and an end that tells keys apart (`tenant-acme/ch…7f3a9c21-0001`).
+const MIN_KEY_W: u16 = 24;
 /// The key column never gets less than this.
 const LEAST_KEY_W: u16 = 6;
 /// Worker names are never cut below this: `…1.17:8000` keeps the end of the address and the port.
@@ -33,8 +39,59 @@ const MIN_NAME_W: u16 = 10;
 const MAX_NAME_W: u16 = 24;
 /// The in-flight column never gets less than this: room for `11 on 3`.
 const MIN_ACTIVE_W: u16 = 7;
-/// Spaces between columns, five of them.
-const SPACING: u16 = 5;
+/// What one in-flight pair needs besides its worker's name, for the layout's choice: `:12 +3`.
+const PAIR_EXTRA_W: u16 = 6;
+
+/// Width of the longest worker name the key table shows, capped at [`MAX_NAME_W`].
+fn longest_name(state: &State) -> u16 {
+    let fleet = state.visible();
+    let workers = fleet.workers.iter().map(|w| w.name.as_str());
+    let placed = fleet
+        .keys
+        .values()
+        .flat_map(|k| [k.preferred.as_str(), k.current.as_str()]);
+    workers
+        .chain(placed)
+        .map(|name| name.chars().count())
+        .max()
+        .unwrap_or(4)
+        .clamp(2, usize::from(MAX_NAME_W)) as u16
+}
+
+/// Width of the longest tracked key, capped at [`MAX_WANTED_KEY_W`]: what the layout makes room
+/// for so keys are whole.
+fn wanted_key(state: &State) -> u16 {
+    state
+        .visible()
+        .keys
+        .values()
+        .map(|k| k.key.chars().count())
+        .max()
+        .unwrap_or(3)
+        .clamp(3, usize::from(MAX_WANTED_KEY_W)) as u16
+}
+
+/// Columns (borders included) the key table needs to show every tracked key and worker name
+/// whole and one whole in-flight pair: below it, the layout puts the table above the spill log
+/// rather than beside it. Worked out from tracked keys and names, not from what is in flight at
+/// the moment, so the layout does not flip with every tick.
+pub(super) fn wanted_width(state: &State) -> u16 {
+    let name_w = longest_name(state);
+    2 + FIXED_W + placement_width(name_w) + wanted_key(state) + (name_w + PAIR_EXTRA_W)
+}
+
+/// Rows the table needs for every tracked key: borders, heading and one row each.
+pub(super) fn wanted_height(state: &State) -> u16 {
+    u16::try_from(state.visible().keys.len())
+        .unwrap_or(u16::MAX)
+        .max(1)
+        .saturating_add(3)
+}
+
+/// `preferred → current` with names of `name_w`; never narrower than its heading.
+fn placement_width(name_w: u16) -> u16 {
+    (name_w * 2 + 3).max(19)
+}
 
 /// Draws the key table at `area`: a heading row, then the filtered rows from the scroll offset on.
 pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles) {
@@ -93,55 +150,76 @@ struct Columns {
 }
 
 impl Columns {
-    /// The numbers first, at full width; then worker names, kept whole when there is room and
-    /// never cut below [`MIN_NAME_W`] (the port stays); the in-flight column gets room for at
-    /// least its first whole pair while names can still give way, and what it needs when there
-    /// is more; the key takes the rest.
+    /// Each column sized from its content: names the longest worker name, keys the longest shown
+    /// key, the in-flight column every pair. When the panel is narrower, text gives way in this
+    /// order: the in-flight column first (one whole pair and `+N`, then `N on M`), then the key
+    /// (to [`MIN_KEY_W`]), then worker names (to [`MIN_NAME_W`], keeping the port). Room left
+    /// over goes back where it makes a column whole (the key first), then to the key, then to
+    /// the in-flight column; what no column needs stays at the right end, not as blanks inside
+    /// the table.
     fn new(state: &State, shown: &[&KeyRecord], width: u16) -> Self {
-        let longest_name = state
-            .visible()
-            .workers
-            .iter()
-            .map(|w| w.name.chars().count())
-            .max()
-            .unwrap_or(4)
-            .clamp(2, usize::from(MAX_NAME_W)) as u16;
-        let longest = |f: &dyn Fn(&KeyRecord) -> usize| -> u16 {
+        let longest_name = longest_name(state);
+        let widest = |f: &dyn Fn(&KeyRecord) -> usize| -> u16 {
             shown.iter().map(|k| f(k)).max().unwrap_or(0) as u16
         };
-        let requests_w = COUNT_W;
-        let count_digits = longest(&|k| {
-            k.active
-                .values()
-                .map(|n| n.to_string().len())
-                .max()
-                .unwrap_or(0)
-        });
-        let wanted_key = longest(&|k| k.key.chars().count()).max(3);
-        let key_min = wanted_key.min(MIN_KEY_W);
-        let avail = width.saturating_sub(requests_w + SPILLS_W + HOME_W + SPACING);
-        let placement = |name_w: u16| (name_w * 2 + 3).max(19);
-        // One whole pair and a `+N` after it.
-        let first_pair = |name_w: u16| (name_w + 1 + count_digits + 3).max(MIN_ACTIVE_W);
-        let mut name_w = longest_name;
-        while name_w > MIN_NAME_W.min(longest_name)
-            && placement(name_w) + key_min + first_pair(name_w) > avail
-        {
-            name_w -= 1;
+        let whole_key = widest(&|k| k.key.chars().count()).max(3);
+        let key_min = whole_key.min(MIN_KEY_W);
+        // The heading `active` is six wide.
+        let whole_active = |name_w: u16| widest(&|k| active_text(k, name_w).chars().count()).max(6);
+        let one_pair = |name_w: u16| {
+            widest(&|k| first_pair_width(k, name_w))
+                .max(MIN_ACTIVE_W)
+                .min(whole_active(name_w))
+        };
+        let least_active = whole_active(longest_name).min(MIN_ACTIVE_W);
+        let avail = width.saturating_sub(FIXED_W);
+        let fits =
+            |name_w: u16, key: u16, active: u16| placement_width(name_w) + key + active <= avail;
+        let mut choice = [
+            (whole_key, whole_active(longest_name)),
+            (whole_key, one_pair(longest_name)),
+            (whole_key, least_active),
+            (key_min, least_active),
+        ]
+        .into_iter()
+        .find(|&(key, active)| fits(longest_name, key, active))
+        .map(|(key, active)| (longest_name, key, active));
+        if choice.is_none() {
+            let floor = MIN_NAME_W.min(longest_name);
+            choice = (floor..longest_name)
+                .rev()
+                .find(|&name_w| fits(name_w, key_min, least_active))
+                .map(|name_w| (name_w, key_min, least_active));
         }
-        let placement_w = placement(name_w);
-        let wanted_active = longest(&|k| active_text(k, name_w).chars().count()).max(6);
-        let rest = avail.saturating_sub(placement_w);
-        let active_w = wanted_active
-            .min(rest.saturating_sub(key_min))
-            .max(MIN_ACTIVE_W.min(wanted_active))
-            .min(rest.saturating_sub(LEAST_KEY_W));
-        let key_w = rest.saturating_sub(active_w).min(wanted_key.max(MIN_KEY_W));
+        let (name_w, key_w, active_w) =
+            choice.unwrap_or((MIN_NAME_W.min(longest_name), LEAST_KEY_W, least_active));
+        let placement_w = placement_width(name_w);
+        // Give what is left back: first where it makes a column whole (the key, else the pairs),
+        // then to the key, then to the pairs.
+        let mut rest = avail.saturating_sub(placement_w + key_w + active_w);
+        let mut key_w = key_w;
+        let mut active_w = active_w;
+        let key_gap = whole_key.saturating_sub(key_w);
+        let active_gap = whole_active(name_w).saturating_sub(active_w);
+        if key_gap <= rest {
+            key_w += key_gap;
+            rest -= key_gap;
+        } else if active_gap <= rest {
+            active_w += active_gap;
+            rest -= active_gap;
+        }
+        let more = whole_key.saturating_sub(key_w).min(rest);
+        key_w += more;
+        rest -= more;
+        active_w += whole_active(name_w).saturating_sub(active_w).min(rest);
+        // When even the least does not fit, the key gives way down to its floor.
+        let over = (placement_w + key_w + active_w).saturating_sub(avail);
+        let key_w = key_w.saturating_sub(over).max(LEAST_KEY_W);
         Self {
             name_w,
             placement_w,
             active_w,
-            requests_w,
+            requests_w: COUNT_W,
             key_w,
         }
     }
@@ -150,12 +228,26 @@ impl Columns {
         [
             Constraint::Length(self.key_w),
             Constraint::Length(self.placement_w),
-            Constraint::Min(self.active_w),
+            Constraint::Length(self.active_w),
             Constraint::Length(self.requests_w),
             Constraint::Length(SPILLS_W),
             Constraint::Length(HOME_W),
         ]
     }
+}
+
+/// Width of `w0:8 +3`: the first of the key's in-flight pairs, whole with names cut to `name_w`,
+/// and the sum of the rest; 0 for a key with nothing in flight.
+fn first_pair_width(k: &KeyRecord, name_w: u16) -> usize {
+    let Some((worker, n)) = k.active.iter().next() else {
+        return 0;
+    };
+    let pair = truncate_left(worker, usize::from(name_w)).chars().count() + 1 + n.to_string().len();
+    if k.active.len() == 1 {
+        return pair;
+    }
+    let rest: u64 = k.active.values().sum::<u64>() - n;
+    pair + 2 + rest.to_string().len()
 }
 
 /// `w0:8 w1:2`: the key's in-flight requests per worker, names cut to `name_w`.

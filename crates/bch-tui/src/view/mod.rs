@@ -29,7 +29,8 @@ use tokio::time::Instant;
 use self::styles::Styles;
 use crate::state::State;
 
-/// Widths at or above this get the two-column layout with the key table beside the spill log.
+/// Widths at or above this get workers and ring beside each other at the 60/40 split, and the key
+/// table beside the spill log when both fit whole (see [`bottom_layout`]).
 const WIDE: u16 = 120;
 /// The header's rows: status, policy, sparklines, message.
 const HEADER_ROWS: u16 = 4;
@@ -46,18 +47,17 @@ struct Areas {
     spills: Rect,
 }
 
-/// Splits `area` for a fleet of `workers` workers seen through `replica_count` replicas: two
-/// columns from [`WIDE`] on, one below it; the replica rows under the header when there are
-/// several.
-fn layout(area: Rect, workers: usize, replica_count: usize) -> Areas {
+/// Splits `area` for what `state` shows: two columns on top from [`WIDE`] on, one below it; the
+/// replica rows under the header when there are several.
+fn layout(area: Rect, state: &State) -> Areas {
     let [header, replicas, body] = Layout::vertical([
         Constraint::Length(HEADER_ROWS),
-        Constraint::Length(replicas::height(replica_count)),
+        Constraint::Length(replicas::height(state.replicas().len())),
         Constraint::Min(0),
     ])
     .areas(area);
     let mut areas = if area.width >= WIDE {
-        wide_layout(header, body, workers)
+        wide_layout(header, body, state)
     } else {
         narrow_layout(header, body)
     };
@@ -66,17 +66,15 @@ fn layout(area: Rect, workers: usize, replica_count: usize) -> Areas {
 }
 
 /// Workers and ring side by side on top, sized to the fleet up to nearly half the height; keys and
-/// spills side by side below.
-fn wide_layout(header: Rect, body: Rect, workers: usize) -> Areas {
-    let worker_rows = (workers as u16).saturating_add(3);
+/// spills below, as [`bottom_layout`] places them.
+fn wide_layout(header: Rect, body: Rect, state: &State) -> Areas {
+    let worker_rows = (state.visible().workers.len() as u16).saturating_add(3);
     let top_h = worker_rows.clamp(7, (body.height * 9 / 20).max(7));
     let [top, bottom] =
         Layout::vertical([Constraint::Length(top_h), Constraint::Min(0)]).areas(body);
     let [workers, ring] =
         Layout::horizontal([Constraint::Percentage(60), Constraint::Percentage(40)]).areas(top);
-    // Even split: a spill line with all its numbers needs about 80 columns.
-    let [keys, spills] =
-        Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(bottom);
+    let (keys, spills) = bottom_layout(bottom, state);
     Areas {
         header,
         replicas: Rect::default(),
@@ -85,6 +83,29 @@ fn wide_layout(header: Rect, body: Rect, workers: usize) -> Areas {
         keys,
         spills,
     }
+}
+
+/// Keys beside spills when `bottom` is wide enough for both to show their keys and worker names
+/// whole (each gets what it needs and half the room left); else keys above spills at full width,
+/// the keys getting the rows their tracked keys need, leaving the spill log the rows it needs or
+/// half the height, whichever is less. Half of 120 columns gives IP:PORT names and tenant keys
+/// no room, so the choice is made from the content, not from the terminal's width alone.
+fn bottom_layout(bottom: Rect, state: &State) -> (Rect, Rect) {
+    let keys_w = keys::wanted_width(state);
+    let spills_w = spills::wanted_width(state);
+    if keys_w + spills_w <= bottom.width {
+        let slack = bottom.width - keys_w - spills_w;
+        let [keys, spills] =
+            Layout::horizontal([Constraint::Length(keys_w + slack / 2), Constraint::Min(0)])
+                .areas(bottom);
+        return (keys, spills);
+    }
+    let h = bottom.height;
+    let spills_h = spills::wanted_height(state);
+    let keys_h = keys::wanted_height(state).min((h / 2).max(h.saturating_sub(spills_h)));
+    let [keys, spills] =
+        Layout::vertical([Constraint::Length(keys_h), Constraint::Min(0)]).areas(bottom);
+    (keys, spills)
 }
 
 /// Workers and ring side by side on top, then keys, then spills, in bands of about a third.
@@ -110,7 +131,7 @@ fn narrow_layout(header: Rect, body: Rect) -> Areas {
 /// Content rows each panel shows on a terminal of `area`, indexed like `Panel::ALL`: the app hands
 /// them to the state so scrolling stops where the view does (no dead key presses past the end).
 pub fn viewports(area: Rect, state: &State) -> [usize; 4] {
-    let a = layout(area, state.visible().workers.len(), state.replicas().len());
+    let a = layout(area, state);
     // Borders take two rows; workers, ring and keys also spend one on a legend, strip or header.
     let rows = |r: Rect, extra: u16| r.height.saturating_sub(2 + extra) as usize;
     [
@@ -126,7 +147,7 @@ pub fn viewports(area: Rect, state: &State) -> [usize; 4] {
 pub fn draw(frame: &mut Frame, state: &State, now: Instant) {
     let styles = Styles::default();
     let area = frame.area();
-    let a = layout(area, state.visible().workers.len(), state.replicas().len());
+    let a = layout(area, state);
     header::draw(frame, a.header, state, now, &styles);
     if a.replicas.height > 0 {
         replicas::draw(frame, a.replicas, state, now, &styles);

@@ -89,6 +89,14 @@ fn is_healthy(fleet: &FleetPicture, name: &str) -> bool {
         .is_none_or(|w| w.healthy)
 }
 
+/// Widest worker name shown; longer ones are cut from the left.
+const MAX_NAME_W: usize = 24;
+/// Names are cut no shorter than this: `…1.17:8000` keeps the port.
+const MIN_NAME_W: usize = 10;
+/// A row's columns besides the name and the bar: glyph and space, the space after the name, the
+/// share (`  25.8% `) and the arcs (` 119 arcs`).
+const FIXED_W: usize = 2 + 1 + 8 + 10;
+
 /// Widths of a worker row's columns, the same for every row.
 #[derive(Debug, Clone, Copy)]
 struct Columns {
@@ -99,18 +107,22 @@ struct Columns {
 }
 
 impl Columns {
+    /// Names whole (up to [`MAX_NAME_W`]) and the bar gets what is left; only when not even an
+    /// empty bar fits are names cut from the left, to no less than [`MIN_NAME_W`].
     fn new(ring: &RingOwnership, width: usize) -> Self {
-        let name_w = ring
+        let longest = ring
             .workers
             .iter()
             .map(|s| s.name.chars().count())
             .max()
             .unwrap_or(0)
-            .clamp(4, 12);
+            .clamp(4, MAX_NAME_W);
+        let name_w = longest
+            .min(width.saturating_sub(FIXED_W))
+            .max(MIN_NAME_W.min(longest));
         Self {
             name_w,
-            // glyph, name, share, bar, arcs
-            bar_w: width.saturating_sub(2 + name_w + 1 + 8 + 10),
+            bar_w: width.saturating_sub(FIXED_W + name_w),
             even: 1.0 / ring.workers.len().max(1) as f64,
         }
     }

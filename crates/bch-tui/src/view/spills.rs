@@ -13,7 +13,7 @@ use ratatui::widgets::Paragraph;
 
 use super::panel::{panel_block, scroll_window};
 use super::styles::{Styles, Tone};
-use super::text::{clock, truncate_left, truncate_middle};
+use super::text::{MAX_WANTED_KEY_W, clock, truncate_left, truncate_middle};
 use crate::state::{FleetPicture, Panel, SPILL_LOG_CAP, State};
 
 /// The compact line never cuts a key shorter than this.
@@ -22,6 +22,51 @@ const MIN_KEY: usize = 6;
 const MIN_NAME: usize = 8;
 /// A full log spanning less than this (ms) is shown grouped per key and worker pair.
 pub(super) const GROUP_BELOW_MS: u64 = 10_000;
+/// `9>2+2 9>3.50×1.50`: the rule's width when the log has none to measure.
+const TYPICAL_RULE_W: usize = 17;
+
+/// Columns (borders included) the spill log needs for a compact line with the key and both worker
+/// names whole: the longest tracked or logged key (up to [`MAX_WANTED_KEY_W`]), the longest worker
+/// name twice and the widest rule in the log. Measured on what is tracked rather than on the lines
+/// on screen, so the layout does not flip as the log scrolls.
+pub(super) fn wanted_width(state: &State) -> u16 {
+    let fleet = state.visible();
+    let key = fleet
+        .keys
+        .values()
+        .map(|k| k.key.as_str())
+        .chain(fleet.spills.iter().map(|s| s.key.as_str()))
+        .map(|k| k.chars().count())
+        .max()
+        .unwrap_or(0)
+        .min(usize::from(MAX_WANTED_KEY_W));
+    let name = fleet
+        .workers
+        .iter()
+        .map(|w| w.name.chars().count())
+        .max()
+        .unwrap_or(0);
+    let rule = fleet
+        .spills
+        .iter()
+        .map(|s| rule_text(s).chars().count())
+        .max()
+        .unwrap_or(TYPICAL_RULE_W);
+    // `HH:MM:SS key from→to rule`, in borders.
+    let line = 8 + 1 + key + 1 + name + 1 + name + 1 + rule;
+    u16::try_from(line + 2).unwrap_or(u16::MAX)
+}
+
+/// Rows the log needs for everything it keeps (grouped when it turns over fast), in borders.
+pub(super) fn wanted_height(state: &State) -> u16 {
+    let fleet = state.visible();
+    let lines = if grouped(fleet) {
+        groups(fleet).len()
+    } else {
+        fleet.spills.len()
+    };
+    u16::try_from(lines.max(1) + 2).unwrap_or(u16::MAX)
+}
 
 /// The spills of one key from one worker to another within the kept log: how many, and the
 /// newest (whose numbers are shown).
@@ -92,11 +137,14 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
             visible,
             styles,
         );
-        let lines: Vec<Line> = groups
+        let shown: Vec<&Group> = groups.iter().skip(start).take(visible).collect();
+        let width = usize::from(inner.width);
+        let full = shown.iter().all(|g| {
+            spill_line_full(g.newest, styles).width() + count_text(g).chars().count() <= width
+        });
+        let lines: Vec<Line> = shown
             .iter()
-            .skip(start)
-            .take(visible)
-            .map(|g| group_line(g, usize::from(inner.width), styles))
+            .map(|g| group_line(g, width, full, styles))
             .collect();
         frame.render_widget(Paragraph::new(lines), inner);
         return;
@@ -113,13 +161,21 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
     let lines: Vec<Line> = if fleet.spills.is_empty() {
         vec![Line::from(Span::styled(empty_log(fleet), styles.dim()))]
     } else {
-        fleet
+        let shown: Vec<&SpillEvent> = fleet
             .spills
             .iter()
             .rev()
             .skip(start)
             .take(visible)
-            .map(|s| spill_line(s, usize::from(inner.width), styles))
+            .collect();
+        let width = usize::from(inner.width);
+        // One form for every line on screen, so the columns of the log line up.
+        let full = shown
+            .iter()
+            .all(|s| spill_line_full(s, styles).width() <= width);
+        shown
+            .iter()
+            .map(|s| spill_line(s, width, full, styles))
             .collect()
     };
     frame.render_widget(Paragraph::new(lines), inner);
@@ -139,24 +195,16 @@ fn stayed(s: &SpillEvent) -> bool {
     s.branch == Branch::ExplicitRoutingKeyNoEligibleCandidate
 }
 
-/// One spill, in full when `width` columns allow it. Otherwise in the compact form that keeps every
-/// number of the rule — `12:00:00 key w0→w1 9>2+2 9>3.50×1.50`: the preferred worker's load was
+/// One spill, in full (with the whole key) when `full` (every line on screen fits in full within
+/// `width`). Otherwise in the compact form that keeps every number of the rule — `12:00:00 key w0→w1 9>2+2 9>3.50×1.50`: the preferred worker's load was
 /// above min + gap and above mean × skew — and shortens the key instead.
-fn spill_line(s: &SpillEvent, width: usize, styles: &Styles) -> Line<'static> {
-    let full = spill_line_full(s, styles);
-    if full.width() <= width {
-        return full;
+fn spill_line(s: &SpillEvent, width: usize, full: bool, styles: &Styles) -> Line<'static> {
+    if full {
+        return spill_line_full(s, styles);
     }
     let time = clock(s.ts_ms);
     let time = time.split('.').next().unwrap_or_default().to_owned();
-    let rule = format!(
-        "{p}>{min}+{gap} {p}>{mean:.2}×{skew:.2}",
-        p = s.preferred_load,
-        min = s.min_load,
-        gap = s.min_load_gap,
-        mean = s.mean_load,
-        skew = s.max_load_skew,
-    );
+    let rule = rule_text(s);
     // Worker names are cut from the left (the port and the end of the address stay) only when
     // the line would not fit with the key at its shortest.
     let names = s.from.chars().count() + s.to.chars().count();
@@ -185,13 +233,31 @@ fn spill_line(s: &SpillEvent, width: usize, styles: &Styles) -> Line<'static> {
     ])
 }
 
+/// `9>2+2 9>3.50×1.50`: the preferred worker's load was above min + gap and above mean × skew.
+fn rule_text(s: &SpillEvent) -> String {
+    format!(
+        "{p}>{min}+{gap} {p}>{mean:.2}×{skew:.2}",
+        p = s.preferred_load,
+        min = s.min_load,
+        gap = s.min_load_gap,
+        mean = s.mean_load,
+        skew = s.max_load_skew,
+    )
+}
+
+/// `×29 `: how many spills a group stands for.
+fn count_text(g: &Group<'_>) -> String {
+    format!("×{} ", g.count)
+}
+
 /// `12:00:00 hot-0 ×29 sim-0→sim-3 3>0+2 3>1.25×1.50`: a group's count and its newest spill in
 /// the compact form.
-fn group_line(g: &Group<'_>, width: usize, styles: &Styles) -> Line<'static> {
-    let count = format!("×{} ", g.count);
+fn group_line(g: &Group<'_>, width: usize, full: bool, styles: &Styles) -> Line<'static> {
+    let count = count_text(g);
     let mut line = spill_line(
         g.newest,
         width.saturating_sub(count.chars().count()),
+        full,
         styles,
     );
     let at = usize::from(!line.spans.is_empty());
@@ -210,7 +276,7 @@ fn spill_line_full(s: &SpillEvent, styles: &Styles) -> Line<'static> {
     };
     Line::from(vec![
         Span::styled(format!("{} ", clock(s.ts_ms)), dim),
-        Span::raw(format!("{} ", truncate_middle(&s.key, 18))),
+        Span::raw(format!("{} ", s.key)),
         target,
         Span::styled(" pref ", dim),
         Span::raw(s.preferred_load.to_string()),

@@ -2,6 +2,10 @@
 //! to a width so that the part that tells them apart stays visible. Widths are in characters (every
 //! glyph the console draws is one column wide).
 
+/// The layout makes room for keys up to this long (the key table and the spill log side by side
+/// or stacked); longer keys are cut in the middle wherever they do not fit.
+pub(super) const MAX_WANTED_KEY_W: u16 = 48;
+
 /// `HH:MM:SS.mmm` (UTC) of a Unix-epoch millisecond timestamp. Gateway time, not local time: the
 /// spill log must agree with the gateway's own logs.
 pub(super) fn clock(ts_ms: u64) -> String {

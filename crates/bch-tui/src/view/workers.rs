@@ -31,6 +31,12 @@ pub(super) const SKEW_MARKER: char = '┊';
 const BOTH_MARKER: char = '╫';
 /// The bar keeps at least this many cells before a counter is added to the rows.
 const MIN_BAR: usize = 12;
+/// Below this many bar cells, worker names give way (down to [`MIN_NAME_W`]).
+const LEAST_BAR: usize = 4;
+/// Widest worker name shown; longer ones are cut from the left.
+const MAX_NAME_W: usize = 24;
+/// Names are cut no shorter than this: `…1.17:8000` keeps the port.
+const MIN_NAME_W: usize = 10;
 /// Bar cell of a worker whose scrape is stale (the rule reads local load for it).
 const STALE_CELL: char = '▒';
 /// Widest source label a row shows (`dns:_http._tcp.llm…cluster.local`).
@@ -236,8 +242,12 @@ impl Geometry {
             .map(|w| w.name.chars().count())
             .max()
             .unwrap_or(0)
-            .clamp(4, 16);
-        // glyph + marker, name, space, bar, active (5), flag (6), counters, source
+            .clamp(4, MAX_NAME_W);
+        // glyph + marker, space, active (5), flag (6): then the name, the bar and the counters.
+        // Names stay whole while the bar keeps its least; below that they are cut from the left.
+        let name_w = name_w
+            .min((width as usize).saturating_sub(2 + 1 + 5 + 6 + LEAST_BAR))
+            .max(MIN_NAME_W.min(name_w));
         let fixed = 2 + name_w + 1 + 5 + 6;
         let mut left = (width as usize).saturating_sub(fixed);
         let mut counters = Vec::new();
