@@ -63,12 +63,21 @@ async fn run(cli: Cli) -> anyhow::Result<Option<StopSignal>> {
 
     let mut guard = TerminalGuard::enter()
         .context("cannot set up the terminal (bch-tui needs an interactive terminal)")?;
-    let result = tokio::select! {
+    let mut result = tokio::select! {
         result = bch_tui::run(guard.terminal(), EventStream::new(), &mut app, events) => {
             result.map(|()| None)
         }
         signal = stop.recv() => Ok(Some(signal)),
     };
+    if result.is_err() {
+        // A terminal that hangs up fails the next draw and sends SIGHUP in the same kernel call;
+        // which of the two the loop sees first is chance. The signal's handler has run by the
+        // time the failed write returns, so one short turn of the reactor finds it, and the exit
+        // says "hangup" (129) every time rather than an I/O error now and then.
+        if let Ok(signal) = tokio::time::timeout(SIGNAL_AFTER_FAILURE, stop.recv()).await {
+            result = Ok(Some(signal));
+        }
+    }
     // Restore before printing any error, so it lands on the normal screen. On a terminal that
     // hung up the restoring writes fail, and are ignored.
     drop(guard);
@@ -77,6 +86,9 @@ async fn run(cli: Cli) -> anyhow::Result<Option<StopSignal>> {
     }
     result
 }
+
+/// How long a failed console waits for a stop signal that explains the failure (a hangup).
+const SIGNAL_AFTER_FAILURE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A signal that ends the console.
 #[derive(Debug, Clone, Copy)]

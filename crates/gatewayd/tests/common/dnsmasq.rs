@@ -12,7 +12,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -56,6 +56,12 @@ pub struct Dnsmasq {
     port: u16,
     dir: tempfile::TempDir,
     log: Option<mpsc::Receiver<String>>,
+    /// While stopped by [`Dnsmasq::stop`], a TCP listener on the port: other tests start their own
+    /// dnsmasq on free ports, and one that picked this port during the outage would answer this
+    /// test's gateway and keep [`Dnsmasq::restart`] from binding. dnsmasq needs the TCP port too,
+    /// so holding it turns such a pick into a retry on another port, while UDP queries are still
+    /// refused at once, as a crashed resolver's are.
+    held: Option<TcpListener>,
 }
 
 /// The dnsmasq binary, if installed (it lives in /usr/sbin, often not on a user's PATH).
@@ -93,6 +99,7 @@ impl Dnsmasq {
             port: 0,
             dir: tempfile::tempdir().expect("temp dir"),
             log: None,
+            held: None,
         };
         for _ in 0..20 {
             server.port = free_port();
@@ -121,17 +128,19 @@ impl Dnsmasq {
         self.wait_for_log(&format!(" - {} names", addresses.len()));
     }
 
-    /// Stops dnsmasq (SIGKILL): queries go unanswered, as with a crashed resolver.
+    /// Stops dnsmasq (SIGKILL): queries go unanswered, as with a crashed resolver. The port stays
+    /// reserved for [`Dnsmasq::restart`].
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        self.end_process();
+        if self.held.is_none() {
+            self.held = TcpListener::bind(self.address()).ok();
         }
     }
 
     /// Starts dnsmasq again on the same port with `zone`.
     pub fn restart(&mut self, zone: &Zone) {
-        self.kill();
+        self.end_process();
+        self.held = None;
         let deadline = Instant::now() + Duration::from_secs(10);
         while !self.launch(zone) {
             assert!(
@@ -140,6 +149,13 @@ impl Dnsmasq {
                 self.port
             );
             std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn end_process(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 
@@ -184,12 +200,12 @@ impl Dnsmasq {
                     return true;
                 }
                 Ok(line) if line.contains("failed to create listening socket") => {
-                    self.kill();
+                    self.end_process();
                     return false;
                 }
                 Ok(_) => {}
                 Err(_) => {
-                    self.kill();
+                    self.end_process();
                     return false;
                 }
             }
@@ -212,7 +228,7 @@ impl Dnsmasq {
 
 impl Drop for Dnsmasq {
     fn drop(&mut self) {
-        self.kill();
+        self.end_process();
     }
 }
 

@@ -29,6 +29,10 @@ struct Daemon {
     data: String,
     control: String,
     log: Arc<Mutex<Vec<String>>>,
+    /// The number of lines in `log`, announced after each line: the daemon logs a change after it
+    /// applied it, and the line crosses a pipe, so a test that saw the change through the API
+    /// waits on this for the line instead of counting at once.
+    lines: tokio::sync::watch::Receiver<usize>,
 }
 
 impl Daemon {
@@ -48,10 +52,16 @@ impl Daemon {
         let log = Arc::new(Mutex::new(Vec::new()));
         let (tx, mut banner) = tokio::sync::mpsc::unbounded_channel();
         let lines = Arc::clone(&log);
+        let (count_tx, count) = tokio::sync::watch::channel(0);
         tokio::spawn(async move {
             let mut reader = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = reader.next_line().await {
-                lines.lock().unwrap().push(line.clone());
+                let total = {
+                    let mut lines = lines.lock().unwrap();
+                    lines.push(line.clone());
+                    lines.len()
+                };
+                let _ = count_tx.send(total);
                 let _ = tx.send(line);
             }
         });
@@ -72,9 +82,21 @@ impl Daemon {
                     data,
                     control,
                     log,
+                    lines: count,
                 };
             }
         }
+    }
+
+    /// Log lines containing `needle`, once at least `at_least` of them arrived (or 20 s passed).
+    async fn logged_at_least(&self, needle: &str, at_least: usize) -> usize {
+        let mut lines = self.lines.clone();
+        let _ = tokio::time::timeout(
+            Duration::from_secs(20),
+            lines.wait_for(|_| self.logged(needle) >= at_least),
+        )
+        .await;
+        self.logged(needle)
     }
 
     /// Log lines containing `needle`.
@@ -212,7 +234,7 @@ async fn a_dead_resolver_keeps_the_fleet_reports_once_and_its_changed_set_applie
         daemon.chat(&format!("session-{i}")).await;
     }
     assert_eq!(
-        daemon.logged("DNS resolution failed"),
+        daemon.logged_at_least("DNS resolution failed", 1).await,
         1,
         "one warning per outage"
     );
@@ -220,10 +242,15 @@ async fn a_dead_resolver_keeps_the_fleet_reports_once_and_its_changed_set_applie
     daemon
         .wait_names(&["w0.llm.test", "w2.llm.test", "w3.llm.test"])
         .await;
-    assert_eq!(daemon.logged("DNS answers again after"), 1);
+    assert_eq!(
+        daemon.logged_at_least("DNS answers again after", 1).await,
+        1
+    );
     assert_eq!(daemon.logged("DNS resolution failed"), 1);
     assert_eq!(
-        daemon.logged("discovered workers changed"),
+        daemon
+            .logged_at_least("discovered workers changed", 2)
+            .await,
         2,
         "the first set, then the change"
     );
@@ -250,7 +277,9 @@ async fn an_empty_source_logs_its_state_once_not_a_change_per_refresh() {
         "an empty answer after an empty answer changes nothing"
     );
     assert_eq!(
-        daemon.logged("discovery source is empty (was pending): NXDOMAIN"),
+        daemon
+            .logged_at_least("discovery source is empty (was pending): NXDOMAIN", 1)
+            .await,
         1,
         "the state change, once"
     );
@@ -289,7 +318,11 @@ async fn bad_records_are_skipped_with_one_warning_naming_each_and_the_rest_appli
             "{SRV} SRV 0 10 {port0} zdup.llm.test. (127.0.0.1:{port0}): duplicate address 127.0.0.1:{port0}"
         ),
     ] {
-        assert_eq!(daemon.logged(needle), 1, "{needle:?} once, not per refresh");
+        assert_eq!(
+            daemon.logged_at_least(needle, 1).await,
+            1,
+            "{needle:?} once, not per refresh"
+        );
     }
     let served: BTreeSet<String> = {
         let mut served = BTreeSet::new();
