@@ -132,6 +132,7 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
     let handle_signals = prepared.handle_signals;
     let (data_addr, control_addr) = (listeners.data_addr, listeners.control_addr);
     let picker_addr = listeners.picker.as_ref().map(|(_, addr)| *addr);
+    let served_data_addr = listeners.data.is_some().then_some(data_addr);
     let parts = assemble(prepared, &listeners, &shutdown)?;
     let (router, registry) = (Arc::clone(&parts.router), Arc::clone(&parts.registry));
     let requires_token = parts.control_plane.token.is_some();
@@ -147,7 +148,7 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
     }
     log_start_up(
         &router,
-        data_addr,
+        served_data_addr,
         control_addr,
         picker_addr,
         requires_token,
@@ -167,9 +168,11 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
 }
 
 /// The one line that says what started: version, addresses, the policy and the workers.
+/// `data_addr` is `None` without a data plane: the line then says `data_plane=-`, as it says
+/// `picker=-` without a picker, rather than the placeholder address nothing listens on.
 fn log_start_up(
     router: &Router,
-    data_addr: SocketAddr,
+    data_addr: Option<SocketAddr>,
     control_addr: SocketAddr,
     picker_addr: Option<SocketAddr>,
     requires_token: bool,
@@ -183,7 +186,7 @@ fn log_start_up(
         .collect();
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
-        data_plane = %format!("http://{data_addr}"),
+        data_plane = %data_addr.map_or_else(|| "-".to_owned(), |a| format!("http://{a}")),
         control_plane = %format!("http://{control_addr}"),
         telemetry = %format!("ws://{control_addr}/ws"),
         picker = %picker_addr.map_or_else(|| "-".to_owned(), |a| format!("grpc://{a}")),

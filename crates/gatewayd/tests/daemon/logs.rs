@@ -269,3 +269,28 @@ fn the_start_up_line_summarises_what_runs() {
     daemon.signal("TERM");
     assert!(daemon.wait().success());
 }
+
+#[test]
+fn a_picker_only_start_up_line_names_no_data_plane() {
+    let file = TempFile::new(&daemon_config(2, 1.5, &["http://127.0.0.1:9"]));
+    let mut command = gatewayd();
+    command
+        .arg("--config")
+        .arg(file.path())
+        .args(["--no-data-plane", "--picker-listen", "127.0.0.1:0"])
+        .args(["--control-listen", "127.0.0.1:0", "--log-format", "json"]);
+    let mut daemon = Daemon::spawn(command);
+    let started = daemon.started.clone().expect("a start-up line");
+    // It said `http://0.0.0.0:0`: an address nothing listens on, read by an operator following
+    // the Envoy quick start as a data plane on every interface.
+    assert_eq!(started["data_plane"], "-", "{started}");
+    assert!(
+        started["picker"]
+            .as_str()
+            .unwrap()
+            .starts_with("grpc://127.0.0.1:"),
+        "{started}"
+    );
+    daemon.signal("TERM");
+    assert!(daemon.wait().success());
+}

@@ -166,6 +166,10 @@ impl Daemon {
         while daemon.data.is_empty() || daemon.control.is_empty() {
             let line = daemon.wait_for_stderr("plane");
             if let Ok(value) = serde_json::from_str::<Value>(&line) {
+                if value["fields"]["data_plane"] == "-" {
+                    // Picker-only: no data plane to find.
+                    daemon.data = "-".to_owned();
+                }
                 daemon.started = Some(value["fields"].clone());
             }
             let line = line
