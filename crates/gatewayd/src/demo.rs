@@ -121,7 +121,7 @@ fn print_banner(
     crate::app::terminal::print_err(format_args!(
         "\n\
          bch demo: {workers} simulated workers, policy {} (min_load_gap {}, max_load_skew {})\n\
-         traffic: hot-0 and hot-1 in bursts of six (they spill), cold-0..5 one request at a time (they stay home)\n\
+         traffic: hot-0 and hot-1 in bursts of six (they spill), cold-0..5 one request at a time (they stay home, unless one arrives while a burst holds their worker)\n\
          \n  data plane     http://{data}\n  control plane  http://{control}   (GET /admin/workers, /admin/policy, /metrics)\n  telemetry      ws://{control}/ws\n\
          \n  watch it:      cargo run --release -p bch-tui -- --url ws://{control}/ws\n\
          \x20                in the Keys panel, `spills` and `home` show the difference: press `o` until the\n\
