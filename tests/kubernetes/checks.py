@@ -14,6 +14,7 @@ prints `PASS name` or `FAIL name: why`; the last line is `kubernetes: N passed, 
   meet Pod Security "restricted" and expose its ports; liveness is not on the data plane; the grace
   period covers the preStop pause and shutdown_grace_ms; rollout, disruption budget and the control
   Service keep replicas reachable; the discovery name is the workers Service's SRV name;
+- docs: every Deployment in a ```yaml block of docs/*.md probes liveness as the base does;
 - the Dockerfile: hadolint, and a build stage that names the workspace's packages and binaries;
 - `gatewayd check-config` on the ConfigMap's gatewayd.toml;
 - the pod, for the base and the picker overlay: the container's command line (the Dockerfile's
@@ -946,6 +947,36 @@ def check_config(args, docs: list[dict]) -> None:
     )
 
 
+def docs_examples_keep_liveness_off_the_data_plane() -> None:
+    """Every Deployment or StatefulSet in a ```yaml block of docs/*.md probes liveness as the base
+    does: a TCP check on the control port. An httpGet on the data port answers 503 at
+    server.max_connections, and the kubelet would restart a replica that is merely saturated."""
+    seen = 0
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        text = page.read_text()
+        blocks = re.findall(r"^```yaml\n(.*?)^```$", text, re.MULTILINE | re.DOTALL)
+        for block in blocks:
+            for doc in yaml.safe_load_all(block):
+                kind = doc.get("kind") if isinstance(doc, dict) else None
+                if kind not in ("Deployment", "StatefulSet"):
+                    continue
+                for c in doc["spec"]["template"]["spec"]["containers"]:
+                    liveness = c.get("livenessProbe")
+                    if liveness is None:
+                        continue
+                    seen += 1
+                    control = {
+                        p["containerPort"] for p in c.get("ports", []) if p.get("name") == "control"
+                    }
+                    port = liveness.get("tcpSocket", {}).get("port")
+                    expect(
+                        port == "control" or port in control,
+                        f"{page.name}: {doc['metadata']['name']}/{c['name']}: liveness {liveness} "
+                        "is not a TCP check on the control port (the base's)",
+                    )
+    expect(seen > 0, "no liveness probe in the docs' examples (docs/discovery.md's Deployment)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--kubectl", required=True)
@@ -975,6 +1006,10 @@ def main() -> int:
             docs,
             "picker" if name == "picker" else "base",
         )
+    run_check(
+        "docs: the example Deployments' liveness is a TCP check on the control port",
+        docs_examples_keep_liveness_off_the_data_plane,
+    )
     run_check("hadolint Dockerfile", lint_dockerfile, args.hadolint)
     run_check(
         "Dockerfile: the build stage's packages, binaries and toolchain are the workspace's",

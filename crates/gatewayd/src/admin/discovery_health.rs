@@ -17,13 +17,23 @@ impl Admin {
 
     /// Records one resolution of `source` at `now_ms` (ms since the Unix epoch), after its set (if
     /// any) was applied, and tells telemetry. Answers the state change, for the task to log once.
+    /// A resolution of an entry no longer in force (a reload changed or removed it while it ran)
+    /// is not recorded: a changed entry's new task reports the source's state.
     pub fn record_resolution(
         &self,
         source: &DiscoveryConfig,
         outcome: ResolutionOutcome,
         now_ms: u64,
     ) -> Option<StateChange> {
-        let change = self.health_board.record(source, outcome, now_ms);
+        let change = {
+            // Checked and recorded while the list in force is borrowed: a reload waits to change
+            // it until the record is made, and the restarted task's `pending` comes after both.
+            let in_force = self.sources.borrow();
+            if !in_force.contains(source) {
+                return None;
+            }
+            self.health_board.record(source, outcome, now_ms)
+        };
         self.publish_discovery();
         change
     }

@@ -1,7 +1,7 @@
 //! Discovery's own metrics: each source's refreshes, errors and skipped records, and the workers
 //! of the membership by source, registered by discovery itself (`bch_discovery_*`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -53,18 +53,32 @@ fn family_index(family: AddressFamily) -> usize {
 }
 
 /// Every discovery source's counters by source label (`dns:NAME`). A source's counters live as
-/// long as the process, across reloads, so its counts stay monotonic. Never touched by the data
-/// path.
+/// long as the process, across reloads, so its counts stay monotonic when a reload removes the
+/// source and a later one adds it back; only the sources in force are exported, so a removed
+/// source is not reported as a source without workers. Never touched by the data path.
 #[derive(Debug, Default)]
 pub struct DiscoveryMetrics {
-    sources: Mutex<BTreeMap<String, Arc<SourceCounters>>>,
+    sources: Mutex<Sources>,
+}
+
+#[derive(Debug, Default)]
+struct Sources {
+    counters: BTreeMap<String, Arc<SourceCounters>>,
+    /// Labels of the sources in force.
+    in_force: BTreeSet<String>,
 }
 
 impl DiscoveryMetrics {
     /// The counters of the source labelled `label`, created on first use.
     pub fn source(&self, label: &str) -> Arc<SourceCounters> {
-        let mut sources = self.sources.lock().unwrap_or_else(PoisonError::into_inner);
-        Arc::clone(sources.entry(label.to_owned()).or_default())
+        let mut sources = self.lock();
+        Arc::clone(sources.counters.entry(label.to_owned()).or_default())
+    }
+
+    /// The labels of the sources in force (after a reload, the ones it kept or added): only
+    /// these are exported.
+    pub fn set_in_force(&self, labels: BTreeSet<String>) {
+        self.lock().in_force = labels;
     }
 
     /// Registers discovery's families in `registry`: these counters, and the workers of
@@ -76,12 +90,19 @@ impl DiscoveryMetrics {
         }));
     }
 
+    /// The counters of the sources in force.
     fn snapshot(&self) -> Vec<(String, Arc<SourceCounters>)> {
-        let sources = self.sources.lock().unwrap_or_else(PoisonError::into_inner);
+        let sources = self.lock();
         sources
+            .counters
             .iter()
+            .filter(|(label, _)| sources.in_force.contains(*label))
             .map(|(label, counters)| (label.clone(), Arc::clone(counters)))
             .collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Sources> {
+        self.sources.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

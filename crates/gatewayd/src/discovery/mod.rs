@@ -30,6 +30,12 @@ pub async fn run(admin: Arc<Admin>, metrics: Arc<DiscoveryMetrics>, shutdown: Ca
     let mut running: Vec<(DiscoveryConfig, CancellationToken)> = Vec::new();
     loop {
         let wanted = sources.borrow_and_update().clone();
+        metrics.set_in_force(
+            wanted
+                .iter()
+                .map(|e| e.source().label().into_owned())
+                .collect(),
+        );
         // A changed entry is a new task: the old one stops, and the admin owner drops an answer
         // it resolved under the old entry.
         running.retain(|(entry, stop)| {

@@ -47,14 +47,18 @@ pub async fn run(
         if matches!(observation, Observation::Failed(_)) {
             counters.record_error();
         }
-        for lookup in &failed {
-            counters.record_lookup_error(lookup.family);
+        // Without an answer (a failed resolution, NXDOMAIN) nothing is known of either family:
+        // the refusals logged before are neither over nor news when the answers come back.
+        if let Some(failed) = &failed {
+            for lookup in failed {
+                counters.record_lookup_error(lookup.family);
+            }
+            log_failed_lookups(&label, failed, &mut failed_lookups);
         }
-        log_failed_lookups(&label, &failed, &mut failed_lookups);
         counters.set_skipped_records(skipped.len());
         let outcome = match &observation {
             Observation::Workers(_) => ResolutionOutcome::Workers {
-                lookup_error: failed.first().map(ToString::to_string),
+                lookup_error: failed.iter().flatten().next().map(ToString::to_string),
             },
             Observation::Empty(why) => ResolutionOutcome::Empty(why.clone()),
             Observation::Failed(why) => ResolutionOutcome::Failed(why.clone()),
@@ -77,18 +81,19 @@ pub async fn run(
     tracing::info!(source = %label, "discovery stopped");
 }
 
-/// One resolution and what the rules see in it, with the answer's TTL and the lookups of one
-/// address family that failed while the other answered. Builds the resolver the first time (and
-/// again after that failed); warns about skipped records when their list changes.
+/// One resolution and what the rules see in it, with the answer's TTL and, when the server
+/// answered, the lookups of one address family that failed while the other answered. Builds the
+/// resolver the first time (and again after that failed); warns about skipped records when their
+/// list changes.
 async fn resolve_once(
     source: &DiscoveryConfig,
     resolver: &mut Option<SourceResolver>,
     skipped: &mut Vec<String>,
-) -> (Observation, Option<Duration>, Vec<FailedLookup>) {
+) -> (Observation, Option<Duration>, Option<Vec<FailedLookup>>) {
     if resolver.is_none() {
         match SourceResolver::new(source) {
             Ok(built) => *resolver = Some(built),
-            Err(why) => return (Observation::Failed(why), None, Vec::new()),
+            Err(why) => return (Observation::Failed(why), None, None),
         }
     }
     let resolver = resolver.as_ref().expect("built above");
@@ -109,10 +114,10 @@ async fn resolve_once(
             } else {
                 Observation::Workers(workers)
             };
-            (observation, answer.ttl, answer.failed_lookups)
+            (observation, answer.ttl, Some(answer.failed_lookups))
         }
-        Resolution::Empty(why) => (Observation::Empty(why), None, Vec::new()),
-        Resolution::Failed(why) => (Observation::Failed(why), None, Vec::new()),
+        Resolution::Empty(why) => (Observation::Empty(why), None, None),
+        Resolution::Failed(why) => (Observation::Failed(why), None, None),
     }
 }
 

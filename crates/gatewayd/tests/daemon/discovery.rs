@@ -361,6 +361,50 @@ async fn an_a_record_name_from_the_command_line_takes_the_discover_port() {
     assert_eq!(workers[0]["source"], "dns:one.llm.test");
 }
 
+/// dnsmasq without upstream servers refuses AAAA for a name of its hosts file outside its local
+/// domains: the refusal is warned about once. An outage of the whole resolver in between is an
+/// outage, not "both families answer again", and the refusal after it is no news.
+#[tokio::test]
+async fn a_refused_family_is_reported_once_across_a_resolver_outage() {
+    const NAME: &str = "llm.example";
+    let zone = Zone::addresses(vec![("127.0.0.2".parse().unwrap(), NAME.into())]);
+    let Some(mut dns) = Dnsmasq::start(&zone) else {
+        return;
+    };
+    let resolver = dns.address().to_string();
+    let daemon = Daemon::start(&[
+        "--discover-dns",
+        NAME,
+        "--discover-port",
+        "8000",
+        "--dns-resolver",
+        &resolver,
+        "--discovery-interval-ms",
+        "200",
+    ])
+    .await;
+    daemon.wait_names(&["127.0.0.2:8000"]).await;
+    const REFUSED: &str = "address lookup failed, the other family answered";
+    assert_eq!(daemon.logged_at_least(REFUSED, 1).await, 1);
+    dns.kill();
+    let errors = format!("bch_discovery_errors_total{{source=\"dns:{NAME}\"}}");
+    daemon.wait_metric(&errors, 2.0).await;
+    dns.restart(&zone);
+    assert_eq!(
+        daemon.logged_at_least("DNS answers again after", 1).await,
+        1
+    );
+    let refreshes = format!("bch_discovery_refreshes_total{{source=\"dns:{NAME}\"}}");
+    let seen = daemon.metric(&refreshes).await;
+    daemon.wait_metric(&refreshes, seen + 3.0).await;
+    assert_eq!(
+        daemon.logged("address lookups of both families answer again"),
+        0,
+        "a failed resolution says nothing about either family"
+    );
+    assert_eq!(daemon.logged(REFUSED), 1, "the same refusal, once");
+}
+
 fn gatewayd(args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_gatewayd"))
         .args(args)

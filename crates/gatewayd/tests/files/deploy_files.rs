@@ -84,3 +84,38 @@ async fn rules_and_dashboard_name_only_exported_metrics() {
     assert!(dashboard["panels"].as_array().unwrap().len() >= 8);
     gateway.shutdown().await;
 }
+
+/// Every replica has the whole membership, so the dashboard's worker counts are per replica: a sum
+/// over the replicas of a fleet of 8 workers behind 3 gateways says 24.
+#[test]
+fn dashboard_worker_counts_are_per_replica() {
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(deploy_dir().join("grafana/bch-gateway.json")).unwrap(),
+    )
+    .unwrap();
+    let per_replica = [
+        "bch_discovery_workers",
+        "bch_worker_healthy",
+        "bch_worker_draining",
+    ];
+    let mut checked = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap();
+            if !per_replica.iter().any(|gauge| expr.contains(gauge)) {
+                continue;
+            }
+            checked += 1;
+            let grouping = expr
+                .split_once(" by (")
+                .and_then(|(_, rest)| rest.split_once(')'))
+                .map(|(labels, _)| labels);
+            assert!(
+                grouping.is_some_and(|labels| labels.split(',').any(|l| l.trim() == "instance")),
+                "panel {:?}: {expr} adds up the replicas' counts of one membership",
+                panel["title"]
+            );
+        }
+    }
+    assert!(checked >= 4, "the worker-count panels are gone");
+}

@@ -682,6 +682,16 @@ async fn refreshes_that_change_nothing_rebuild_nothing_and_a_reload_drops_a_remo
         "{types:?}"
     );
     assert_eq!(ring["workers"], json!([]));
+    // A removed source is no longer a source with no worker (which an alert fires on).
+    let series = format!("bch_discovery_workers{{source=\"dns:{SRV}\"}}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while gateway.metrics_text().contains(&series) {
+        assert!(
+            Instant::now() < deadline,
+            "{series} is still exported for a removed source"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     gateway.shutdown().await;
 }
 

@@ -215,3 +215,62 @@ async fn admin_discovery_and_telemetry_report_each_sources_state() {
     assert_eq!(again.len(), 3);
     assert!(again[0].last_good_ms >= snapshot.discovery[0].last_good_ms);
 }
+
+/// A reload that points a source at another resolver restarts its task. The old task, still
+/// waiting on the old resolver, gives up later: its failure is counted, but it is not the source's
+/// state, which the new task's answer set.
+#[tokio::test]
+async fn a_restarted_sources_old_task_does_not_report_its_late_failure_as_the_state() {
+    const NAME: &str = "one.llm.test";
+    let zone = Zone::addresses(vec![(IpAddr::from([127, 0, 0, 2]), NAME.to_owned())]);
+    let Some(dns) = Dnsmasq::start(&zone) else {
+        return;
+    };
+    let silent = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let mut entry = source(silent.local_addr().unwrap(), NAME, Some(8000));
+    entry.timeout = Duration::from_millis(1500);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gatewayd.toml");
+    let mut config = config_with(vec![entry]);
+    std::fs::write(&file, toml::to_string(&config).unwrap()).unwrap();
+    let gateway =
+        gatewayd::start(gatewayd::StartOptions::new(config.clone()).config_file(file.clone()))
+            .await
+            .unwrap();
+    // The old task's first query reached the silent resolver: it waits for an answer.
+    let mut datagram = [0u8; 512];
+    tokio::time::timeout(Duration::from_secs(10), silent.recv_from(&mut datagram))
+        .await
+        .expect("a query")
+        .unwrap();
+    config.discovery[0].resolver = Some(dns.address());
+    std::fs::write(&file, toml::to_string(&config).unwrap()).unwrap();
+    let reload = common::client()
+        .post(format!("http://{}/admin/reload", gateway.control_addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reload.status(), 200);
+    wait_discovery(&gateway, "the new task's answer", |s| s[0]["state"] == "ok").await;
+    let errors = format!("bch_discovery_errors_total{{source=\"dns:{NAME}\"}}");
+    let refreshes = format!("bch_discovery_refreshes_total{{source=\"dns:{NAME}\"}}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while metric(&gateway, &errors) < 1.0 {
+        assert!(Instant::now() < deadline, "the old task never gave up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Two more resolutions (the new task's) after the old one failed.
+    let seen = metric(&gateway, &refreshes);
+    while metric(&gateway, &refreshes) < seen + 2.0 {
+        assert!(Instant::now() < deadline, "no more refreshes");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sources = discovery(&gateway).await;
+    assert_eq!(sources[0]["state"], "ok", "{sources:#?}");
+    assert_eq!(
+        sources[0]["last_error"],
+        Value::Null,
+        "the old entry's failure is not this source's error: {sources:#?}"
+    );
+    gateway.shutdown().await;
+}
