@@ -125,6 +125,13 @@ impl Replica {
         &self.fleet
     }
 
+    /// Whether its picture belongs in the merged fleet: connected, and described by a snapshot
+    /// on this connection. Between a reconnect and that snapshot the picture is still the last
+    /// frame before the connection dropped, a fleet that no longer is.
+    pub fn merged(&self) -> bool {
+        self.conn == ConnStatus::Connected && self.last_seq.is_some()
+    }
+
     /// Seq of the last frame on this connection; `None` before the first.
     pub fn last_seq(&self) -> Option<u64> {
         self.last_seq

@@ -12,7 +12,6 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
 use super::styles::{Styles, Tone};
-use crate::conn::ConnStatus;
 use crate::state::State;
 
 /// Columns left free at the right of the bottom border for the panel's `17–32 of 64` hint.
@@ -31,8 +30,9 @@ struct Trouble {
 fn troubles(state: &State) -> Vec<Trouble> {
     let mut found: Vec<Trouble> = Vec::new();
     for (index, replica) in state.replicas().iter().enumerate() {
-        // A replica that is down says nothing now: its last frame's sources would be stale.
-        if *replica.conn() != ConnStatus::Connected {
+        // A replica that is down, or not yet described anew since it reconnected, says nothing
+        // now: its last frame's sources would be stale.
+        if !replica.merged() {
             continue;
         }
         for source in replica
@@ -110,7 +110,7 @@ mod tests {
     use ratatui::Terminal;
     use ratatui::backend::TestBackend;
 
-    use crate::conn::ConnEvent;
+    use crate::conn::{ConnEvent, ConnStatus};
     use crate::state::ReplicaId;
 
     fn source(name: &str, state: DiscoveryState, error: Option<&str>) -> DiscoverySource {

@@ -47,6 +47,7 @@ fn status_line(state: &State, now: Instant, styles: &Styles) -> Line<'static> {
         .iter()
         .filter(|r| *r.conn() == ConnStatus::Connected)
         .count();
+    let merged = state.replicas().iter().filter(|r| r.merged()).count();
     let partly = replicas > 1 && connected > 0 && connected < replicas;
     let (dot, tone, label) = match state.conn() {
         // Some replicas up, some not: the merge covers only the connected ones.
@@ -82,9 +83,9 @@ fn status_line(state: &State, now: Instant, styles: &Styles) -> Line<'static> {
         Span::raw("  "),
         Span::raw(match replicas {
             1 => state.url().to_owned(),
-            n if connected == n => format!("{n} replicas, merged"),
-            n if connected == 0 => format!("{n} replicas, last data"),
-            n => format!("{n} replicas, {connected} merged"),
+            n if merged == n => format!("{n} replicas, merged"),
+            n if merged == 0 => format!("{n} replicas, last data"),
+            n => format!("{n} replicas, {merged} merged"),
         }),
         Span::raw(format!("  dropped {}", state.live().dropped_events)),
     ]);
