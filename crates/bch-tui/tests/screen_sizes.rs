@@ -304,3 +304,41 @@ fn names_and_keys_keep_their_width_from_120_columns() {
         }
     }
 }
+
+/// Who changed the policy is said whole or not at all: at 80 columns the policy line ended in
+/// `spill/s 1.8  (changed`, a parenthesis cut open in the middle of the phrase.
+#[test]
+fn the_policy_line_says_who_changed_it_whole_or_not_at_all() {
+    use bch_core::telemetry::{ChangeSource, PolicyUpdate, ServerFrame};
+    for (width, height) in SIZES {
+        let mut s = State::for_replicas(vec!["ws://127.0.0.1:29390/ws".into()]);
+        s.apply_replica_event(ReplicaId(0), ConnEvent::Status(ConnStatus::Connected));
+        s.apply_replica_frame(ReplicaId(0), realistic_frame("snapshot", 0));
+        let mut policy = s.live().policy.unwrap();
+        policy.min_load_gap = 3;
+        s.apply_replica_frame(
+            ReplicaId(0),
+            ServerFrame::new(
+                1,
+                ServerMessage::Policy(PolicyUpdate {
+                    ts_ms: 1_767_268_800_000,
+                    policy,
+                    changed_by: ChangeSource::Ws,
+                    client: Some("127.0.0.1:55426".into()),
+                }),
+            ),
+        );
+        let screen = render(&s, width, height, Instant::now());
+        let line = screen.lines().nth(1).unwrap();
+        assert!(line.contains("gap 3"), "{line}");
+        assert_eq!(
+            line.contains('('),
+            line.contains(')'),
+            "at {width}×{height}, cut open: {line:?}"
+        );
+        assert!(
+            line.contains("lost on reload") || width < 120,
+            "at {width} columns there is room to say it: {line:?}"
+        );
+    }
+}
