@@ -343,3 +343,38 @@ fn a_replica_reconnecting_keeps_a_change_still_pending_on_the_others() {
     assert!(matches!(&entry.state, CommandState::Failed(m) if m.starts_with("replica 2:")));
     assert_eq!(s.notice(), None, "no stray error for the answers");
 }
+
+/// The replica rows are a table: with one replica counting down to a reconnect, its `gap` column
+/// was pushed right of the others' (`RECONNECTING IN 1s gap 2` under `CONNECTED  gap 2`).
+#[test]
+fn the_replica_rows_keep_their_columns_while_one_reconnects() {
+    let mut s = three(|i, snap| {
+        if i == 2 {
+            snap.policy.min_load_gap = 3;
+        }
+    });
+    let now = Instant::now();
+    s.apply_replica_event(
+        ReplicaId(1),
+        ConnEvent::Status(ConnStatus::Reconnecting {
+            retry_at: now + Duration::from_secs(1),
+            attempt: 1,
+            reason: "Connection refused (os error 111)".into(),
+        }),
+    );
+    for (width, height) in [(80, 24), (120, 40)] {
+        let screen = render(&s, width, height, now);
+        let columns: Vec<usize> = screen
+            .lines()
+            .filter(|l| l.contains(":9090/ws "))
+            .map(|l| l.find("gap ").map(|i| l[..i].chars().count()).unwrap())
+            .collect();
+        assert_eq!(columns.len(), 3, "{screen}");
+        // Aligned, yet whole: replica 3's flag still fits 80 columns (the URLs give way).
+        assert!(screen.contains("DIFFERS"), "at {width}×{height}:\n{screen}");
+        assert!(
+            columns.iter().all(|c| *c == columns[0]),
+            "at {width}×{height}, gap at columns {columns:?}:\n{screen}"
+        );
+    }
+}
