@@ -414,3 +414,34 @@ fn a_dead_resolver_is_said_whole_where_the_workers_panel_has_room() {
         );
     }
 }
+
+/// An empty spill log says so in words that fit: beside the key table at 120 columns it read
+/// `no spills: every explicit key stayed on its pr`.
+#[test]
+fn an_empty_spill_log_is_said_in_words_that_fit() {
+    for (width, height) in SIZES {
+        let mut s = State::for_replicas(vec!["ws://127.0.0.1:29390/ws".into()]);
+        s.apply_replica_event(ReplicaId(0), ConnEvent::Status(ConnStatus::Connected));
+        s.apply_replica_frame(
+            ReplicaId(0),
+            // No key tracked yet either (a fresh gateway): the table fits beside the log.
+            common::snapshot_with(|snap| {
+                snap.spills.clear();
+                snap.keys.clear();
+            }),
+        );
+        let screen = render(&s, width, height, Instant::now());
+        let line = screen.lines().find(|l| l.contains("no spills")).unwrap();
+        let said = line[line.find("no spills").unwrap()..]
+            .split('│')
+            .next()
+            .unwrap()
+            .trim_end();
+        assert!(
+            said == "no spills: every explicit key stayed on its preferred worker"
+                || said == "no spills: every key stayed home"
+                || said == "no spills",
+            "at {width}×{height}: {said:?}\n{screen}"
+        );
+    }
+}
