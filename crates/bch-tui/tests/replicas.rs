@@ -378,3 +378,32 @@ fn the_replica_rows_keep_their_columns_while_one_reconnects() {
         );
     }
 }
+
+/// A replica whose host is gone (no refusal: every attempt runs into the 5 s connect timeout)
+/// spends half its time connecting. The status line must keep naming it then, not go back to the
+/// key hints as if the fleet were whole.
+#[test]
+fn a_replica_down_is_named_also_while_it_tries_again() {
+    let mut s = fleet_of_three();
+    let now = Instant::now();
+    s.apply_replica_event(
+        ReplicaId(2),
+        ConnEvent::Status(ConnStatus::Reconnecting {
+            retry_at: now + Duration::from_secs(5),
+            attempt: 2,
+            reason: "connect timed out after 5s".into(),
+        }),
+    );
+    s.apply_replica_event(ReplicaId(2), ConnEvent::Status(ConnStatus::Connecting));
+    let screen = render(&s, 120, 40, now);
+    let status = screen.lines().nth(3).unwrap();
+    assert!(
+        status.contains("replica 3") && status.contains("connect timed out"),
+        "the status line names the failing replica: {screen}"
+    );
+    // Connected again: nothing to say.
+    s.apply_replica_event(ReplicaId(2), ConnEvent::Status(ConnStatus::Connected));
+    s.apply_replica_frame(ReplicaId(2), snapshot_with(|_| {}));
+    let screen = render(&s, 120, 40, now);
+    assert!(!screen.lines().nth(3).unwrap().contains("replica 3"), "{screen}");
+}

@@ -241,8 +241,9 @@ fn message_line(state: &State, styles: &Styles) -> Line<'static> {
 }
 
 /// With several replicas, which one is down and why: ` ✗ replica 3 (+1 more) not merged: attempt
-/// 2: Connection refused`; `None` with one replica (the plain ` ✗ attempt …` line says it) or when
-/// every replica is up or still connecting for the first time.
+/// 2: Connection refused`, also while its next attempt is under way; `None` with one replica (the
+/// plain ` ✗ attempt …` line says it) or when every replica is up or still connecting for the
+/// first time.
 fn replica_down_line(state: &State) -> Option<String> {
     if state.replicas().len() < 2 {
         return None;
@@ -251,11 +252,11 @@ fn replica_down_line(state: &State) -> Option<String> {
         .replicas()
         .iter()
         .enumerate()
-        .filter_map(|(i, r)| match r.conn() {
-            ConnStatus::Reconnecting {
-                attempt, reason, ..
-            } => Some((i, *attempt, reason)),
-            _ => None,
+        // Also while it tries again: a host that is gone spends seconds in every attempt.
+        .filter(|(_, r)| *r.conn() != ConnStatus::Connected)
+        .filter_map(|(i, r)| {
+            r.last_failure()
+                .map(|(attempt, reason)| (i, attempt, reason))
         });
     let (index, attempt, reason) = down.next()?;
     let more = match down.count() {
