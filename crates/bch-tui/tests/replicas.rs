@@ -313,7 +313,11 @@ fn a_reconnected_replica_rejoins_the_merge_with_its_new_snapshot_not_its_old_fra
             }
         }),
     );
-    assert_eq!(s.visible().workers[0].active, 1, "its new snapshot is merged");
+    assert_eq!(
+        s.visible().workers[0].active,
+        1,
+        "its new snapshot is merged"
+    );
 }
 
 /// One replica reconnecting must not wipe a change the operator just sent to the others: it
@@ -334,7 +338,11 @@ fn a_replica_reconnecting_keeps_a_change_still_pending_on_the_others() {
     );
     s.apply_replica_event(ReplicaId(1), ConnEvent::Status(ConnStatus::Connected));
     let entry = s.last_command().expect("the change is still in the log");
-    assert_eq!(entry.state, CommandState::Pending, "replicas 1 and 3 owe an answer");
+    assert_eq!(
+        entry.state,
+        CommandState::Pending,
+        "replicas 1 and 3 owe an answer"
+    );
     s.apply_replica_frame(ReplicaId(0), ack(1, 1, 3));
     s.apply_replica_frame(ReplicaId(2), ack(1, 1, 3));
     let entry = s.last_command().unwrap();
@@ -405,5 +413,8 @@ fn a_replica_down_is_named_also_while_it_tries_again() {
     s.apply_replica_event(ReplicaId(2), ConnEvent::Status(ConnStatus::Connected));
     s.apply_replica_frame(ReplicaId(2), snapshot_with(|_| {}));
     let screen = render(&s, 120, 40, now);
-    assert!(!screen.lines().nth(3).unwrap().contains("replica 3"), "{screen}");
+    assert!(
+        !screen.lines().nth(3).unwrap().contains("replica 3"),
+        "{screen}"
+    );
 }

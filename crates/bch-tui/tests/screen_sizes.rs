@@ -403,7 +403,10 @@ fn a_dead_resolver_is_said_whole_where_the_workers_panel_has_room() {
         snap.discovery = vec![failing.clone()];
         s.apply_replica_frame(ReplicaId(0), snapshot);
         let screen = render(&s, width, height, Instant::now());
-        let border = screen.lines().find(|l| l.contains("⚠ DNS")).unwrap_or_default();
+        let border = screen
+            .lines()
+            .find(|l| l.contains("⚠ DNS"))
+            .unwrap_or_default();
         assert!(
             border.contains("⚠ DNS dns:") && border.contains("failing"),
             "at {width}×{height}:\n{screen}"
