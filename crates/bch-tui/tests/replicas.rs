@@ -271,3 +271,150 @@ fn a_frame_from_an_unwatched_replica_is_refused() {
     let mut s = three(|_, _| {});
     s.apply_replica_frame(ReplicaId(3), snapshot_with(|_| {}));
 }
+
+/// A killed replica that comes back reconnects first and sends its snapshot after: until that
+/// snapshot, what it holds is still its last frame before it died (the storm it was in), which
+/// must not rejoin the merge as a phantom OVER worker.
+#[test]
+fn a_reconnected_replica_rejoins_the_merge_with_its_new_snapshot_not_its_old_frame() {
+    let mut s = three(|i, snap| {
+        snap.policy.load_source = LoadSource::Local;
+        for worker in &mut snap.workers {
+            worker.active = u64::from(i == 2 && worker.name == "w0") * 9;
+        }
+        for key in &mut snap.keys {
+            key.active.clear();
+        }
+    });
+    assert_eq!(s.visible().over(), 1, "the storm, while replica 3 is up");
+    let now = Instant::now();
+    s.apply_replica_event(
+        ReplicaId(2),
+        ConnEvent::Status(ConnStatus::Reconnecting {
+            retry_at: now + Duration::from_secs(2),
+            attempt: 1,
+            reason: "Connection refused (os error 111)".into(),
+        }),
+    );
+    s.apply_replica_event(ReplicaId(2), ConnEvent::Status(ConnStatus::Connected));
+    assert_eq!(
+        s.visible().workers[0].active,
+        0,
+        "connected, no snapshot yet: its old frame stays out of the merge"
+    );
+    assert_eq!(s.visible().over(), 0, "no phantom OVER worker");
+    let screen = render(&s, 80, 24, now);
+    assert!(screen.contains("3 replicas, 2 merged"), "{screen}");
+    s.apply_replica_frame(
+        ReplicaId(2),
+        snapshot_with(|snap| {
+            for worker in &mut snap.workers {
+                worker.active = 1;
+            }
+        }),
+    );
+    assert_eq!(
+        s.visible().workers[0].active,
+        1,
+        "its new snapshot is merged"
+    );
+}
+
+/// One replica reconnecting must not wipe a change the operator just sent to the others: it
+/// vanished from the status line and its late answers were reported as stray errors.
+#[test]
+fn a_replica_reconnecting_keeps_a_change_still_pending_on_the_others() {
+    let mut s = fleet_of_three();
+    let Effect::Send(_) = s.apply_action(Action::GapUp) else {
+        panic!("a set_policy for every replica")
+    };
+    s.apply_replica_event(
+        ReplicaId(1),
+        ConnEvent::Status(ConnStatus::Reconnecting {
+            retry_at: Instant::now() + Duration::from_secs(1),
+            attempt: 1,
+            reason: "connection reset".into(),
+        }),
+    );
+    s.apply_replica_event(ReplicaId(1), ConnEvent::Status(ConnStatus::Connected));
+    let entry = s.last_command().expect("the change is still in the log");
+    assert_eq!(
+        entry.state,
+        CommandState::Pending,
+        "replicas 1 and 3 owe an answer"
+    );
+    s.apply_replica_frame(ReplicaId(0), ack(1, 1, 3));
+    s.apply_replica_frame(ReplicaId(2), ack(1, 1, 3));
+    let entry = s.last_command().unwrap();
+    assert_eq!(entry.replies[0], CommandState::Applied);
+    assert_eq!(entry.replies[2], CommandState::Applied);
+    assert!(matches!(&entry.state, CommandState::Failed(m) if m.starts_with("replica 2:")));
+    assert_eq!(s.notice(), None, "no stray error for the answers");
+}
+
+/// The replica rows are a table: with one replica counting down to a reconnect, its `gap` column
+/// was pushed right of the others' (`RECONNECTING IN 1s gap 2` under `CONNECTED  gap 2`).
+#[test]
+fn the_replica_rows_keep_their_columns_while_one_reconnects() {
+    let mut s = three(|i, snap| {
+        if i == 2 {
+            snap.policy.min_load_gap = 3;
+        }
+    });
+    let now = Instant::now();
+    s.apply_replica_event(
+        ReplicaId(1),
+        ConnEvent::Status(ConnStatus::Reconnecting {
+            retry_at: now + Duration::from_secs(1),
+            attempt: 1,
+            reason: "Connection refused (os error 111)".into(),
+        }),
+    );
+    for (width, height) in [(80, 24), (120, 40)] {
+        let screen = render(&s, width, height, now);
+        let columns: Vec<usize> = screen
+            .lines()
+            .filter(|l| l.contains(":9090/ws "))
+            .map(|l| l.find("gap ").map(|i| l[..i].chars().count()).unwrap())
+            .collect();
+        assert_eq!(columns.len(), 3, "{screen}");
+        // Aligned, yet whole: replica 3's flag still fits 80 columns (the URLs give way).
+        assert!(screen.contains("DIFFERS"), "at {width}×{height}:\n{screen}");
+        assert!(
+            columns.iter().all(|c| *c == columns[0]),
+            "at {width}×{height}, gap at columns {columns:?}:\n{screen}"
+        );
+    }
+}
+
+/// A replica whose host is gone (no refusal: every attempt runs into the 5 s connect timeout)
+/// spends half its time connecting. The status line must keep naming it then, not go back to the
+/// key hints as if the fleet were whole.
+#[test]
+fn a_replica_down_is_named_also_while_it_tries_again() {
+    let mut s = fleet_of_three();
+    let now = Instant::now();
+    s.apply_replica_event(
+        ReplicaId(2),
+        ConnEvent::Status(ConnStatus::Reconnecting {
+            retry_at: now + Duration::from_secs(5),
+            attempt: 2,
+            reason: "connect timed out after 5s".into(),
+        }),
+    );
+    s.apply_replica_event(ReplicaId(2), ConnEvent::Status(ConnStatus::Connecting));
+    let screen = render(&s, 120, 40, now);
+    let status = screen.lines().nth(3).unwrap();
+    assert!(
+        status.contains("replica 3") && status.contains("connect timed out"),
+        "the status line names the failing replica: {screen}"
+    );
+    // Connected again: nothing to say.
+    s.apply_replica_event(ReplicaId(2), ConnEvent::Status(ConnStatus::Connected));
+    s.apply_replica_frame(ReplicaId(2), snapshot_with(|_| {}));
+    let screen = render(&s, 120, 40, now);
+    assert!(
+        !screen.lines().nth(3).unwrap().contains("replica 3"),
+        "{screen}"
+    );
+}

@@ -304,3 +304,147 @@ fn names_and_keys_keep_their_width_from_120_columns() {
         }
     }
 }
+
+/// Who changed the policy is said whole or not at all: at 80 columns the policy line ended in
+/// `spill/s 1.8  (changed`, a parenthesis cut open in the middle of the phrase.
+#[test]
+fn the_policy_line_says_who_changed_it_whole_or_not_at_all() {
+    use bch_core::telemetry::{ChangeSource, PolicyUpdate, ServerFrame};
+    for (width, height) in SIZES {
+        let mut s = State::for_replicas(vec!["ws://127.0.0.1:29390/ws".into()]);
+        s.apply_replica_event(ReplicaId(0), ConnEvent::Status(ConnStatus::Connected));
+        s.apply_replica_frame(ReplicaId(0), realistic_frame("snapshot", 0));
+        let mut policy = s.live().policy.unwrap();
+        policy.min_load_gap = 3;
+        s.apply_replica_frame(
+            ReplicaId(0),
+            ServerFrame::new(
+                1,
+                ServerMessage::Policy(PolicyUpdate {
+                    ts_ms: 1_767_268_800_000,
+                    policy,
+                    changed_by: ChangeSource::Ws,
+                    client: Some("127.0.0.1:55426".into()),
+                }),
+            ),
+        );
+        let screen = render(&s, width, height, Instant::now());
+        let line = screen.lines().nth(1).unwrap();
+        assert!(line.contains("gap 3"), "{line}");
+        assert_eq!(
+            line.contains('('),
+            line.contains(')'),
+            "at {width}×{height}, cut open: {line:?}"
+        );
+        assert!(
+            line.contains("lost on reload") || width < 120,
+            "at {width} columns there is room to say it: {line:?}"
+        );
+    }
+}
+
+/// A gateway whose DNS resolver is dead: the workers panel is empty, and the warning must say
+/// which source fails and why. At 80 columns the border showed `⚠ DNS dns:llm-workers…` (not even
+/// `failing`) beside an empty panel, and at 120 the error was cut mid-word.
+#[test]
+fn a_dead_resolver_is_said_whole_where_the_workers_panel_has_room() {
+    use bch_core::telemetry::{DiscoveryKind, DiscoverySource, DiscoveryState};
+    let failing = DiscoverySource {
+        name: "llm-workers.test".into(),
+        source: "dns:llm-workers.test".into(),
+        kind: DiscoveryKind::Address,
+        state: DiscoveryState::Failing,
+        last_error: Some("no answer within timeout_ms 2000".into()),
+        last_error_ms: None,
+        last_good_ms: None,
+        last_good_age_ms: None,
+        workers: 0,
+    };
+    for (width, height) in SIZES {
+        // No worker found yet: the panel's rows are free for the whole warning.
+        let mut s = State::for_replicas(vec!["ws://127.0.0.1:29290/ws".into()]);
+        s.apply_replica_event(ReplicaId(0), ConnEvent::Status(ConnStatus::Connected));
+        let mut snapshot = realistic_frame("snapshot", 0);
+        let ServerMessage::Snapshot(snap) = &mut snapshot.message else {
+            unreachable!()
+        };
+        snap.workers.clear();
+        snap.discovery = vec![failing.clone()];
+        s.apply_replica_frame(ReplicaId(0), snapshot);
+        let screen = render(&s, width, height, Instant::now());
+        // The workers panel's rows (focused: double border), read as one text.
+        let flat: String = screen
+            .lines()
+            .filter_map(|l| l.strip_prefix('║'))
+            .map(|l| l.split('║').next().unwrap_or_default().to_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(
+            flat.contains("⚠ DNS dns:llm-workers.test failing: no answer within timeout_ms 2000"),
+            "at {width}×{height}:\n{screen}"
+        );
+        // A panel full of workers: the border keeps the source and its state, the error gives way.
+        let mut s = State::for_replicas(vec!["ws://127.0.0.1:29290/ws".into()]);
+        s.apply_replica_event(ReplicaId(0), ConnEvent::Status(ConnStatus::Connected));
+        let mut snapshot = realistic_frame("snapshot", 0);
+        let ServerMessage::Snapshot(snap) = &mut snapshot.message else {
+            unreachable!()
+        };
+        let template = snap.workers[0].clone();
+        snap.workers = (0..40)
+            .map(|i| bch_core::telemetry::WorkerRecord {
+                name: format!("10.244.{i}.17:8000"),
+                ..template.clone()
+            })
+            .collect();
+        snap.discovery = vec![failing.clone()];
+        s.apply_replica_frame(ReplicaId(0), snapshot);
+        let screen = render(&s, width, height, Instant::now());
+        let border = screen
+            .lines()
+            .find(|l| l.contains("⚠ DNS"))
+            .unwrap_or_default();
+        assert!(
+            border.contains("⚠ DNS dns:") && border.contains("failing"),
+            "at {width}×{height}:\n{screen}"
+        );
+        assert!(
+            width < 120 || border.contains("⚠ DNS dns:llm-workers.test failing: no answer"),
+            "at {width}×{height}:\n{screen}"
+        );
+    }
+}
+
+/// An empty spill log says so in words that fit: beside the key table at 120 columns it read
+/// `no spills: every explicit key stayed on its pr`.
+#[test]
+fn an_empty_spill_log_is_said_in_words_that_fit() {
+    for (width, height) in SIZES {
+        let mut s = State::for_replicas(vec!["ws://127.0.0.1:29390/ws".into()]);
+        s.apply_replica_event(ReplicaId(0), ConnEvent::Status(ConnStatus::Connected));
+        s.apply_replica_frame(
+            ReplicaId(0),
+            // No key tracked yet either (a fresh gateway): the table fits beside the log.
+            common::snapshot_with(|snap| {
+                snap.spills.clear();
+                snap.keys.clear();
+            }),
+        );
+        let screen = render(&s, width, height, Instant::now());
+        let line = screen.lines().find(|l| l.contains("no spills")).unwrap();
+        let said = line[line.find("no spills").unwrap()..]
+            .split('│')
+            .next()
+            .unwrap()
+            .trim_end();
+        assert!(
+            said == "no spills: every explicit key stayed on its preferred worker"
+                || said == "no spills: every key stayed home"
+                || said == "no spills",
+            "at {width}×{height}: {said:?}\n{screen}"
+        );
+    }
+}

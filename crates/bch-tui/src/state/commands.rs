@@ -270,10 +270,12 @@ impl CommandLog {
         expired
     }
 
-    /// Forgets every entry: a new connection cannot answer the old one's commands, and its
-    /// `✓ applied` would describe another process. Ids keep growing.
-    pub(crate) fn clear(&mut self) {
-        self.entries.clear();
+    /// Forgets every entry no replica still owes an answer to: a new connection cannot answer the
+    /// old one's commands, and its `✓ applied` would describe another process. A change still
+    /// pending on another replica (several replicas, one of them reconnecting) stays, so its late
+    /// answers find it. Ids keep growing.
+    pub(crate) fn clear_settled(&mut self) {
+        self.entries.retain(|c| c.state == CommandState::Pending);
     }
 
     /// Whether `id` is one of the changes in the log.

@@ -251,8 +251,10 @@ impl State {
             ConnEvent::Status(status) => {
                 if status == ConnStatus::Connected {
                     // The previous connection's commands cannot be answered on this one, and its
-                    // `✓ applied` may describe another gateway process: start a fresh log.
-                    self.commands.clear();
+                    // `✓ applied` may describe another gateway process: start a fresh log. With
+                    // several replicas, a change still waiting on another replica stays: its
+                    // answers are still to come there.
+                    self.commands.clear_settled();
                 }
                 if self.replicas[index].set_status(status) {
                     self.commands
@@ -310,8 +312,8 @@ impl State {
         resync
     }
 
-    /// Recomputes the merged fleet (several replicas only) from the replicas that are connected:
-    /// a replica that is down describes the fleet as it was when it went away, and its in-flight
+    /// Recomputes the merged fleet (several replicas only) from the replicas that are connected
+    /// and sent a snapshot on this connection ([`Replica::merged`]): a replica that is down describes the fleet as it was when it went away, and its in-flight
     /// counts, OVER workers and rates would otherwise stay in the merge as phantoms while the live
     /// replicas report the present. With none connected, the merge keeps every replica's last
     /// data, as one gateway's console does while it reconnects (the header says so).
@@ -322,7 +324,7 @@ impl State {
         let connected: Vec<&FleetPicture> = self
             .replicas
             .iter()
-            .filter(|r| *r.conn() == ConnStatus::Connected)
+            .filter(|r| r.merged())
             .map(Replica::fleet)
             .collect();
         self.merged = if connected.is_empty() {

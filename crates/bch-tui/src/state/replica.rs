@@ -34,6 +34,9 @@ pub struct Replica {
     /// When the last frame arrived on this console's clock (`None` before the first, or when the
     /// app does not say: tests that only apply frames).
     last_frame_at: Option<Instant>,
+    /// The last failed attempt since the last connect, `(attempt, why)`: still true while the
+    /// next attempt is under way (a host that is gone spends seconds in each).
+    last_failure: Option<(u32, String)>,
 }
 
 /// A silence this many tick intervals long marks the view stale.
@@ -86,6 +89,7 @@ impl Replica {
             last_seq: None,
             resyncing: false,
             last_frame_at: None,
+            last_failure: None,
         }
     }
 
@@ -125,6 +129,21 @@ impl Replica {
         &self.fleet
     }
 
+    /// Whether its picture belongs in the merged fleet: connected, and described by a snapshot
+    /// on this connection. Between a reconnect and that snapshot the picture is still the last
+    /// frame before the connection dropped, a fleet that no longer is.
+    pub fn merged(&self) -> bool {
+        self.conn == ConnStatus::Connected && self.last_seq.is_some()
+    }
+
+    /// The last failed attempt since the last connect, `(attempt, why)`; `None` while connected
+    /// or before the first attempt failed. It stays while the next attempt is under way.
+    pub fn last_failure(&self) -> Option<(u32, &str)> {
+        self.last_failure
+            .as_ref()
+            .map(|(n, why)| (*n, why.as_str()))
+    }
+
     /// Seq of the last frame on this connection; `None` before the first.
     pub fn last_seq(&self) -> Option<u64> {
         self.last_seq
@@ -144,6 +163,13 @@ impl Replica {
     /// can no longer be answered).
     pub(super) fn set_status(&mut self, status: ConnStatus) -> bool {
         let lost = matches!(status, ConnStatus::Reconnecting { .. });
+        match &status {
+            ConnStatus::Reconnecting {
+                attempt, reason, ..
+            } => self.last_failure = Some((*attempt, reason.clone())),
+            ConnStatus::Connected => self.last_failure = None,
+            ConnStatus::Connecting => {}
+        }
         if status == ConnStatus::Connected {
             // seq restarts at 0 on every connection and the first frame is a snapshot. The
             // counters may belong to a new gateway process: a baseline from the previous one

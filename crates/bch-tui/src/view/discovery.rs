@@ -9,14 +9,11 @@
 use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
-use ratatui::widgets::Paragraph;
+use ratatui::widgets::{Paragraph, Wrap};
 
 use super::styles::{Styles, Tone};
-use crate::conn::ConnStatus;
+use super::text::truncate_middle;
 use crate::state::State;
-
-/// Columns left free at the right of the bottom border for the panel's `17–32 of 64` hint.
-const HINT_COLUMNS: u16 = 18;
 
 /// One source in trouble: its label, state, last error and the replicas (1-based) reporting it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,8 +28,9 @@ struct Trouble {
 fn troubles(state: &State) -> Vec<Trouble> {
     let mut found: Vec<Trouble> = Vec::new();
     for (index, replica) in state.replicas().iter().enumerate() {
-        // A replica that is down says nothing now: its last frame's sources would be stale.
-        if *replica.conn() != ConnStatus::Connected {
+        // A replica that is down, or not yet described anew since it reconnected, says nothing
+        // now: its last frame's sources would be stale.
+        if !replica.merged() {
             continue;
         }
         for source in replica
@@ -59,45 +57,124 @@ fn troubles(state: &State) -> Vec<Trouble> {
     found
 }
 
-/// The warning's text: the first source with its error, then how many more; the replicas when
-/// not all of several report it.
-fn text(troubles: &[Trouble], replica_count: usize) -> Option<String> {
-    let first = troubles.first()?;
-    let mut text = format!(" ⚠ DNS {} {}", first.source, first.state);
-    if let Some(error) = &first.error {
-        text.push_str(": ");
-        text.push_str(error);
-    }
-    if replica_count > 1 && first.replicas.len() < replica_count {
-        let listed: Vec<String> = first.replicas.iter().map(ToString::to_string).collect();
-        text.push_str(&format!(" (replica {})", listed.join(",")));
-    }
-    if troubles.len() > 1 {
-        text.push_str(&format!(" +{} more", troubles.len() - 1));
-    }
-    text.push(' ');
-    Some(text)
+/// The warning's parts for the first source in trouble: what must stay (`⚠ DNS SOURCE STATE`), the
+/// error that may give way, and what follows it (the replicas when not all of several report it,
+/// how many more sources are in trouble).
+struct Warning {
+    source: String,
+    state: &'static str,
+    error: Option<String>,
+    tail: String,
 }
 
-/// Draws the warning on the bottom border of the workers panel at `area`, if a source is in
-/// trouble; cut at the right to leave the scroll hint its room.
+fn warning(troubles: &[Trouble], replica_count: usize) -> Option<Warning> {
+    let first = troubles.first()?;
+    let mut tail = String::new();
+    if replica_count > 1 && first.replicas.len() < replica_count {
+        let listed: Vec<String> = first.replicas.iter().map(ToString::to_string).collect();
+        tail.push_str(&format!(" (replica {})", listed.join(",")));
+    }
+    if troubles.len() > 1 {
+        tail.push_str(&format!(" +{} more", troubles.len() - 1));
+    }
+    Some(Warning {
+        source: first.source.clone(),
+        state: first.state,
+        error: first.error.clone(),
+        tail,
+    })
+}
+
+impl Warning {
+    /// The whole warning, with a blank at each end for the border.
+    fn whole(&self) -> String {
+        self.within(usize::MAX)
+    }
+
+    /// The warning in at most `width` characters: whole when it fits; else the error is cut
+    /// (`no answer wi…`), then left out, then the source's name is cut in the middle. The state
+    /// word is what says there is trouble, so it stays.
+    fn within(&self, width: usize) -> String {
+        let build = |source: &str, error: Option<&str>| {
+            let error = error.map(|e| format!(": {e}")).unwrap_or_default();
+            format!(" ⚠ DNS {source} {}{error}{} ", self.state, self.tail)
+        };
+        let whole = build(&self.source, self.error.as_deref());
+        if whole.chars().count() <= width {
+            return whole;
+        }
+        let bare = build(&self.source, None);
+        let room = width.saturating_sub(bare.chars().count());
+        // ": " and at least four characters of the error, or none of it.
+        if let Some(error) = self.error.as_deref().filter(|_| room >= 6) {
+            return build(&self.source, Some(&truncate_right(error, room - 2)));
+        }
+        if bare.chars().count() <= width {
+            return bare;
+        }
+        let over = bare.chars().count() - width;
+        let name = truncate_middle(
+            &self.source,
+            self.source.chars().count().saturating_sub(over),
+        );
+        build(&name, None)
+    }
+}
+
+/// `s` in at most `max` characters, cut at the right with `…`.
+fn truncate_right(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_owned();
+    }
+    let mut cut: String = s.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
+/// Draws the warning in the workers panel at `area`, if a source is in trouble: whole, wrapped,
+/// in the panel's free rows below the workers when it fits there (a gateway whose resolver is
+/// dead has found no worker, and the empty panel is where an operator looks); else on the bottom
+/// border, where the error gives way first and the scroll hint keeps its room when it is drawn.
 pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles) {
-    let Some(text) = text(&troubles(state), state.replicas().len()) else {
+    let Some(warning) = warning(&troubles(state), state.replicas().len()) else {
         return;
     };
-    if area.height < 2 || area.width < HINT_COLUMNS + 12 {
+    if area.height < 3 || area.width < 14 {
         return;
     }
-    let width = area.width - 2 - HINT_COLUMNS;
-    let shown: String = if text.chars().count() > width as usize {
-        let mut cut: String = text.chars().take(width as usize - 2).collect();
-        cut.push_str("… ");
-        cut
+    let style = styles.status(Tone::Alert);
+    let inner_width = area.width - 2;
+    // The legend's row, then one per worker, as the workers panel draws them.
+    let rows_visible = area.height.saturating_sub(3) as usize;
+    let workers = state.worker_rows().len();
+    let free = rows_visible.saturating_sub(workers) as u16;
+    let whole = warning.whole();
+    let lines_needed = whole
+        .trim()
+        .chars()
+        .count()
+        .div_ceil(usize::from(inner_width).saturating_sub(1).max(1)) as u16;
+    if free > lines_needed {
+        // One blank row between the last worker and the warning.
+        let top = area.y + 1 + 1 + workers as u16 + 1;
+        let body = Rect::new(area.x + 1, top, inner_width, area.bottom() - 1 - top);
+        let text = Paragraph::new(Line::from(Span::styled(whole.trim().to_owned(), style)))
+            .wrap(Wrap { trim: true });
+        frame.render_widget(text, body);
+        return;
+    }
+    // The scroll hint (` 17–32 of 64 `) at its widest, and a column between.
+    let hint = if workers > rows_visible {
+        format!(" {workers}–{workers} of {workers} ")
+            .chars()
+            .count() as u16
+            + 1
     } else {
-        text
+        0
     };
+    let width = inner_width.saturating_sub(hint);
     let row = Rect::new(area.x + 1, area.bottom() - 1, width, 1);
-    let line = Line::from(Span::styled(shown, styles.status(Tone::Alert)));
+    let line = Line::from(Span::styled(warning.within(usize::from(width)), style));
     frame.render_widget(Paragraph::new(line), row);
 }
 
@@ -110,7 +187,7 @@ mod tests {
     use ratatui::Terminal;
     use ratatui::backend::TestBackend;
 
-    use crate::conn::ConnEvent;
+    use crate::conn::{ConnEvent, ConnStatus};
     use crate::state::ReplicaId;
 
     fn source(name: &str, state: DiscoveryState, error: Option<&str>) -> DiscoverySource {
@@ -196,7 +273,7 @@ mod tests {
             vec![failing, other],
         ]);
         assert_eq!(
-            text(&troubles(&state), 3).as_deref(),
+            warning(&troubles(&state), 3).map(|w| w.whole()).as_deref(),
             Some(" ⚠ DNS dns:llm.test empty: NXDOMAIN (replica 1,3) +1 more ")
         );
         let drawn = screen(&state, 80, 24);
@@ -218,6 +295,6 @@ mod tests {
                 reason: "connection refused".into(),
             }),
         );
-        assert_eq!(text(&troubles(&state), 1), None);
+        assert!(warning(&troubles(&state), 1).is_none());
     }
 }

@@ -47,6 +47,7 @@ fn status_line(state: &State, now: Instant, styles: &Styles) -> Line<'static> {
         .iter()
         .filter(|r| *r.conn() == ConnStatus::Connected)
         .count();
+    let merged = state.replicas().iter().filter(|r| r.merged()).count();
     let partly = replicas > 1 && connected > 0 && connected < replicas;
     let (dot, tone, label) = match state.conn() {
         // Some replicas up, some not: the merge covers only the connected ones.
@@ -82,9 +83,9 @@ fn status_line(state: &State, now: Instant, styles: &Styles) -> Line<'static> {
         Span::raw("  "),
         Span::raw(match replicas {
             1 => state.url().to_owned(),
-            n if connected == n => format!("{n} replicas, merged"),
-            n if connected == 0 => format!("{n} replicas, last data"),
-            n => format!("{n} replicas, {connected} merged"),
+            n if merged == n => format!("{n} replicas, merged"),
+            n if merged == 0 => format!("{n} replicas, last data"),
+            n => format!("{n} replicas, {merged} merged"),
         }),
         Span::raw(format!("  dropped {}", state.live().dropped_events)),
     ]);
@@ -102,13 +103,15 @@ fn status_line(state: &State, now: Instant, styles: &Styles) -> Line<'static> {
 
 /// The policy kind, both thresholds and the spill order, the fleet's rates, and who last changed
 /// the policy. On a terminal too narrow for the line, the bounded kind is shortened to `bounded`
-/// first, so the rates stay visible.
+/// first, so the rates stay visible; then who changed it is said shorter (without the client's
+/// address, then `(ws, lost on reload)`) and, when even that does not fit, not at all: a cut
+/// `(changed` would say nothing.
 fn policy_line(fleet: &FleetPicture, styles: &Styles, width: u16) -> Line<'static> {
     let dim = styles.dim();
     let Some(p) = &fleet.policy else {
         return Line::from(Span::styled(" waiting for the gateway's snapshot…", dim));
     };
-    let line = |kind: &'static str| {
+    let line = |kind: &'static str, changed: Changed| {
         let mut spans = vec![
             Span::styled(" policy ", dim),
             Span::styled(kind, styles.value()),
@@ -123,14 +126,18 @@ fn policy_line(fleet: &FleetPicture, styles: &Styles, width: u16) -> Line<'stati
             Span::styled("  spill/s ", dim),
             Span::raw(format!("{:.1}", fleet.totals.spills_per_s)),
         ];
-        if let Some(by) = fleet.policy_changed_by {
-            let from = fleet
-                .policy_changed_from
-                .as_deref()
-                .map(|c| format!(" {c}"))
-                .unwrap_or_default();
+        if let (Some(by), false) = (fleet.policy_changed_by, changed == Changed::Unsaid) {
+            let from = match (&fleet.policy_changed_from, changed) {
+                (Some(client), Changed::Whole) => format!(" {client}"),
+                _ => String::new(),
+            };
+            let words = if changed == Changed::Short {
+                ""
+            } else {
+                "changed by "
+            };
             spans.push(Span::styled(
-                format!("  (changed by {}{from}", by.as_str()),
+                format!("  ({words}{}{from}", by.as_str()),
                 dim,
             ));
             // A reload put the file's values back; anything else is lost on the next one.
@@ -141,12 +148,35 @@ fn policy_line(fleet: &FleetPicture, styles: &Styles, width: u16) -> Line<'stati
         }
         Line::from(spans)
     };
-    let full = line(p.kind.as_str());
-    if full.width() <= usize::from(width) || p.kind != PolicyKind::BoundedConsistentHashing {
-        full
+    let short_kind = if p.kind == PolicyKind::BoundedConsistentHashing {
+        "bounded"
     } else {
-        line("bounded")
-    }
+        p.kind.as_str()
+    };
+    let candidates = [
+        (p.kind.as_str(), Changed::Whole),
+        (short_kind, Changed::Whole),
+        (short_kind, Changed::NoClient),
+        (short_kind, Changed::Short),
+    ];
+    candidates
+        .into_iter()
+        .map(|(kind, changed)| line(kind, changed))
+        .find(|l| l.width() <= usize::from(width))
+        .unwrap_or_else(|| line(short_kind, Changed::Unsaid))
+}
+
+/// How much of "who changed the policy" the policy line says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Changed {
+    /// `(changed by ws 127.0.0.1:55426, lost on reload)`.
+    Whole,
+    /// `(changed by ws, lost on reload)`.
+    NoClient,
+    /// `(ws, lost on reload)`.
+    Short,
+    /// Nothing.
+    Unsaid,
 }
 
 /// Request and spill rates side by side, newest sample at the right edge.
@@ -211,8 +241,9 @@ fn message_line(state: &State, styles: &Styles) -> Line<'static> {
 }
 
 /// With several replicas, which one is down and why: ` ✗ replica 3 (+1 more) not merged: attempt
-/// 2: Connection refused`; `None` with one replica (the plain ` ✗ attempt …` line says it) or when
-/// every replica is up or still connecting for the first time.
+/// 2: Connection refused`, also while its next attempt is under way; `None` with one replica (the
+/// plain ` ✗ attempt …` line says it) or when every replica is up or still connecting for the
+/// first time.
 fn replica_down_line(state: &State) -> Option<String> {
     if state.replicas().len() < 2 {
         return None;
@@ -221,11 +252,11 @@ fn replica_down_line(state: &State) -> Option<String> {
         .replicas()
         .iter()
         .enumerate()
-        .filter_map(|(i, r)| match r.conn() {
-            ConnStatus::Reconnecting {
-                attempt, reason, ..
-            } => Some((i, *attempt, reason)),
-            _ => None,
+        // Also while it tries again: a host that is gone spends seconds in every attempt.
+        .filter(|(_, r)| *r.conn() != ConnStatus::Connected)
+        .filter_map(|(i, r)| {
+            r.last_failure()
+                .map(|(attempt, reason)| (i, attempt, reason))
         });
     let (index, attempt, reason) = down.next()?;
     let more = match down.count() {

@@ -13,7 +13,7 @@ use super::panel::panel_block;
 use super::styles::{Styles, Tone};
 use super::text::truncate_left;
 use crate::conn::ConnStatus;
-use crate::state::{CommandState, Replica, State};
+use crate::state::{CommandState, Replica, Settings, State};
 
 /// Rows the panel takes for `replicas` replicas: none for one, else one each plus the border.
 pub(super) fn height(replicas: usize) -> u16 {
@@ -50,13 +50,32 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, now: Instant, s
         .max()
         .unwrap_or(0)
         .clamp(8, 32);
+    // The connection column as wide as its widest label now (`RECONNECTING IN 5s`), so the
+    // settings after it stay one column under another.
+    let label_w = replicas
+        .iter()
+        .map(|r| r.conn().label(now).chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(10);
+    // The settings and the DIFFERS flag say what a replica reports; the URLs give way to them,
+    // cut from the left (the port and path stay), not below 8 columns.
+    let settings_w = replicas
+        .iter()
+        .zip(&differing)
+        .filter_map(|(r, differs)| Some(settings_text(&r.settings()?, *differs).chars().count()))
+        .max()
+        .unwrap_or(0);
+    let fixed = 3 + 1 + label_w + 1 + settings_w;
+    let url_w = url_w.min(usize::from(inner.width).saturating_sub(fixed).max(8));
     let last = state.last_command();
     let lines: Vec<Line> = replicas
         .iter()
         .enumerate()
         .map(|(i, replica)| {
             let reply = last.and_then(|c| c.replies.get(i).map(|r| (c.id, r)));
-            row(replica, differing[i], reply, url_w, now, styles)
+            let widths = (url_w, label_w);
+            row(replica, differing[i], reply, widths, now, styles)
         })
         .collect();
     frame.render_widget(Paragraph::new(lines), inner);
@@ -68,7 +87,7 @@ fn row(
     replica: &Replica,
     differs: bool,
     reply: Option<(u64, &CommandState)>,
-    url_w: usize,
+    (url_w, label_w): (usize, usize),
     now: Instant,
     styles: &Styles,
 ) -> Line<'static> {
@@ -81,17 +100,13 @@ fn row(
         Span::styled(format!(" {dot} "), styles.status(tone)),
         Span::raw(format!("{:<url_w$} ", truncate_left(replica.url(), url_w))),
         Span::styled(
-            format!("{:<10} ", replica.conn().label(now)),
+            format!("{:<label_w$} ", replica.conn().label(now)),
             styles.status(tone),
         ),
     ];
     match replica.settings() {
         Some(s) => {
-            // Short, so a row with a refusal still fits 80 columns.
-            let source = match s.load_source {
-                LoadSource::Local => "local",
-                LoadSource::WorkerMetrics => "metrics",
-            };
+            let source = short_source(s.load_source);
             spans.push(Span::styled("gap ", styles.dim()));
             spans.push(Span::styled(s.min_load_gap.to_string(), styles.value()));
             spans.push(Span::styled(" skew ", styles.dim()));
@@ -118,4 +133,24 @@ fn row(
         spans.push(Span::styled(text, styles.status(tone)));
     }
     Line::from(spans)
+}
+
+/// The load source in the row's word: short, so a row with a refusal still fits 80 columns.
+fn short_source(source: LoadSource) -> &'static str {
+    match source {
+        LoadSource::Local => "local",
+        LoadSource::WorkerMetrics => "metrics",
+    }
+}
+
+/// The settings part of a row as plain text (`gap 2 skew 1.50 load metrics DIFFERS`), for its
+/// width.
+fn settings_text(s: &Settings, differs: bool) -> String {
+    format!(
+        "gap {} skew {:.2} load {:<7}{}",
+        s.min_load_gap,
+        s.max_load_skew,
+        short_source(s.load_source),
+        if differs { " DIFFERS" } else { "" }
+    )
 }

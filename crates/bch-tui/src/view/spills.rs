@@ -159,7 +159,8 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
         styles,
     );
     let lines: Vec<Line> = if fleet.spills.is_empty() {
-        vec![Line::from(Span::styled(empty_log(fleet), styles.dim()))]
+        let said = empty_log(fleet, usize::from(inner.width));
+        vec![Line::from(Span::styled(said, styles.dim()))]
     } else {
         let shown: Vec<&SpillEvent> = fleet
             .spills
@@ -181,13 +182,19 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
     frame.render_widget(Paragraph::new(lines), inner);
 }
 
-/// What an empty log means: no spill yet, or no data yet to tell.
-fn empty_log(fleet: &FleetPicture) -> &'static str {
-    if fleet.policy.is_some() {
-        "no spills: every explicit key stayed on its preferred worker"
-    } else {
-        "no data yet"
+/// What an empty log means: no spill yet, or no data yet to tell; in the longest words that fit
+/// `width` columns, never cut mid-word.
+fn empty_log(fleet: &FleetPicture, width: usize) -> &'static str {
+    if fleet.policy.is_none() {
+        return "no data yet";
     }
+    [
+        "no spills: every explicit key stayed on its preferred worker",
+        "no spills: every key stayed home",
+    ]
+    .into_iter()
+    .find(|said| said.chars().count() <= width)
+    .unwrap_or("no spills")
 }
 
 /// Whether the spill found no eligible worker and stayed on the preferred one.
