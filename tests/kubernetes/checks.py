@@ -360,6 +360,13 @@ def check_references(docs: list[dict], mode: str) -> None:
     expect(config["load"]["source"] == "worker_metrics", "replicas must read worker_metrics load")
     if mode == "picker":
         expect(spec["replicas"] == 1, "the picker overlay runs one replica")
+        # Ready only while a worker is routable: the gRPC health service on the picker's port
+        # says so; a TCP probe would be ready as soon as gatewayd listens.
+        readiness = container(deployment)["readinessProbe"]
+        expect(
+            readiness.get("grpc", {}).get("port") == ports.get("picker"),
+            f"the picker's readiness probe is not gRPC health on the picker port: {readiness}",
+        )
         expect(
             not any(d["kind"] == "Service" and d["metadata"]["name"] == "gatewayd" for d in docs),
             "the picker overlay keeps the data plane's Service",
@@ -660,6 +667,9 @@ class Pod:
             return http("GET", f"http://127.0.0.1:{port}{probe['httpGet']['path']}")[0] == 200
         if "tcpSocket" in probe:
             return tcp_open(self.port_of(probe["tcpSocket"]["port"]))
+        if "grpc" in probe:
+            port = self.port_of(probe["grpc"]["port"])
+            return grpc_health(port, probe["grpc"].get("service", "")) == GRPC_SERVING
         raise CheckFailed(f"a probe the test cannot run: {probe}")
 
     def port_of(self, port) -> int:
@@ -688,17 +698,16 @@ def run_pod(docs, args, work: Path, mode: str) -> None:
         pod = Pod(docs, work, args.gatewayd, resolver)
         pod.start(procs)
         # A fleet outage first: every worker published, none running. The replica stays alive
-        # (the liveness probe passes) and, with a data plane, unready: the Service sends it
-        # nothing it could only answer 503.
+        # (the liveness probe passes) and unready: the Service (or, for the picker, Envoy's
+        # InferencePool) sends it nothing it could only refuse.
         wait_until("every published worker to be discovered", lambda: listed_workers(pod) == names)
         expect(
             pod.probe(pod.container["livenessProbe"]), "the liveness probe fails without workers"
         )
-        if mode == "base":
-            expect(
-                not pod.probe(pod.container["readinessProbe"]),
-                "the readiness probe passes while no worker is up",
-            )
+        expect(
+            not pod.probe(pod.container["readinessProbe"]),
+            "the readiness probe passes while no worker is up",
+        )
         start_workers(procs, args.drill, work, workers)
         # The kubelet's view: ready once a worker passed its first probe.
         wait_until(
@@ -764,6 +773,74 @@ def speaks_http2(port: int) -> None:
             expect(chunk, "the picker closed the connection instead of answering HTTP/2")
             header += chunk
     expect(header[3] == 0x4, f"the picker's first frame is of type {header[3]}, not SETTINGS")
+
+
+# grpc.health.v1.HealthCheckResponse.ServingStatus.SERVING; the kubelet's grpc probe passes on it
+# alone.
+GRPC_SERVING = 1
+
+
+def grpc_health(port: int, service: str) -> int | None:
+    """The status `grpc.health.v1.Health/Check` answers for `service` on plaintext HTTP/2, as the
+    kubelet's grpc probe asks it; None when there is no answer message (refused, an error
+    status, a closed connection). A minimal client: one stream, headers as HPACK literals."""
+
+    def literal(name: str, value: str) -> bytes:
+        # Literal header field without indexing, new name, no Huffman (lengths stay under 127).
+        return bytes([0, len(name)]) + name.encode() + bytes([len(value)]) + value.encode()
+
+    def frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+        return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+    headers = b"".join(
+        literal(name, value)
+        for name, value in [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/grpc.health.v1.Health/Check"),
+            (":authority", f"127.0.0.1:{port}"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ]
+    )
+    # HealthCheckRequest { service = 1 }, behind gRPC's uncompressed length prefix.
+    request = (bytes([0x0A, len(service)]) + service.encode()) if service else b""
+    message = bytes([0]) + len(request).to_bytes(4, "big") + request
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as connection:
+            connection.sendall(
+                b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+                + frame(0x4, 0, 0, b"")
+                + frame(0x1, 0x4, 1, headers)  # HEADERS, END_HEADERS
+                + frame(0x0, 0x1, 1, message)  # DATA, END_STREAM
+            )
+            buffered = b""
+
+            def read(count: int) -> bytes:
+                nonlocal buffered
+                while len(buffered) < count:
+                    chunk = connection.recv(65536)
+                    if not chunk:
+                        raise ConnectionError("closed")
+                    buffered += chunk
+                taken, buffered = buffered[:count], buffered[count:]
+                return taken
+
+            while True:
+                header = read(9)
+                length, kind, flags = int.from_bytes(header[:3], "big"), header[3], header[4]
+                stream = int.from_bytes(header[5:9], "big") & 0x7FFFFFFF
+                payload = read(length)
+                if kind == 0x4 and not flags & 0x1:
+                    connection.sendall(frame(0x4, 0x1, 0, b""))  # SETTINGS ACK
+                elif kind == 0x0 and stream == 1 and len(payload) >= 5:
+                    # HealthCheckResponse { status = 1 (varint) }; absent means UNKNOWN (0).
+                    body = payload[5:]
+                    return body[1] if len(body) >= 2 and body[0] == 0x08 else 0
+                elif (kind == 0x1 and stream == 1 and flags & 0x1) or kind in (0x3, 0x7):
+                    return None  # trailers only (an error status), RST_STREAM or GOAWAY
+    except (OSError, ConnectionError):
+        return None
 
 
 def chat_request(max_tokens: int, stream: bool) -> bytes:

@@ -21,7 +21,7 @@ mod table;
 mod tests;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use arc_swap::ArcSwap;
 
@@ -57,6 +57,19 @@ pub struct Router {
     writer: Mutex<CounterRegistry>,
     turn: AtomicU64,
     entropy: AtomicU64,
+    observer: OnceLock<Observer>,
+}
+
+/// What [`Router::observe`] calls with every table put in force.
+type TableObserver = Box<dyn Fn(&RoutingTable) + Send + Sync>;
+
+/// The observer, behind a `Debug` that names it (closures have none).
+struct Observer(TableObserver);
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("Observer")
+    }
 }
 
 impl Router {
@@ -86,7 +99,34 @@ impl Router {
             writer: Mutex::new(registry),
             turn: AtomicU64::new(0),
             entropy: AtomicU64::new(0x9E37_79B9_7F4A_7C15),
+            observer: OnceLock::new(),
         })
+    }
+
+    /// Has `observer` called with the table in force now and then with every table swapped in
+    /// afterwards (health, state, policy and membership changes), in the order they are put in
+    /// force: one signal for everything that reacts to routing changes (a health service's
+    /// readiness), where polling would lag. It runs with the writer's lock held, never on
+    /// [`Router::route`]'s path, so it must be quick and must not change the router. One observer
+    /// per router: `false` (and `observer` dropped) when one is already set.
+    pub fn observe(&self, observer: impl Fn(&RoutingTable) + Send + Sync + 'static) -> bool {
+        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.observer.set(Observer(Box::new(observer))).is_err() {
+            return false;
+        }
+        if let Some(Observer(observer)) = self.observer.get() {
+            observer(&self.table.load());
+        }
+        true
+    }
+
+    /// Puts `table` in force and tells the observer; callers hold the writer's lock, so observers
+    /// see tables in the order they were put in force.
+    fn publish(&self, table: Arc<RoutingTable>) {
+        self.table.store(Arc::clone(&table));
+        if let Some(Observer(observer)) = self.observer.get() {
+            observer(&table);
+        }
     }
 
     /// The table in force now: one lock-free load (an `Arc` clone).
@@ -160,7 +200,7 @@ impl Router {
         let mut health = current.healthy.clone();
         health[index] = healthy;
         current.workers[index].stats.record_health_change();
-        self.table.store(Arc::new(current.with_flags(
+        self.publish(Arc::new(current.with_flags(
             health,
             current.states.clone(),
             current.policy,
@@ -180,7 +220,7 @@ impl Router {
         }
         let mut states = current.states.clone();
         states[index] = state;
-        self.table.store(Arc::new(current.with_flags(
+        self.publish(Arc::new(current.with_flags(
             current.healthy.clone(),
             states,
             current.policy,
@@ -207,7 +247,7 @@ impl Router {
         } else {
             current.with_flags(current.healthy.clone(), current.states.clone(), policy)
         };
-        self.table.store(Arc::new(table));
+        self.publish(Arc::new(table));
         Ok(policy)
     }
 
@@ -254,7 +294,7 @@ impl Router {
             current.membership_generation + 1,
             None,
         );
-        self.table.store(Arc::new(table));
+        self.publish(Arc::new(table));
         Ok(())
     }
 
@@ -318,7 +358,7 @@ impl Router {
             )
         };
         let table = Arc::new(table);
-        self.table.store(Arc::clone(&table));
+        self.publish(Arc::clone(&table));
         table
     }
 
@@ -339,7 +379,7 @@ impl Router {
             current.membership_generation + 1,
             None,
         );
-        self.table.store(Arc::new(table));
+        self.publish(Arc::new(table));
         Ok(())
     }
 

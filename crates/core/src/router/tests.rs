@@ -419,3 +419,26 @@ fn a_policy_only_commit_keeps_the_ring_and_generation_and_an_empty_one_swaps_not
         before.membership_generation() + 1
     );
 }
+
+#[test]
+fn the_observer_sees_the_table_in_force_and_every_swap_in_order() {
+    let router =
+        Router::with_initial_health(vec![spec(1), spec(2)], PolicySettings::default(), false)
+            .unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = Arc::clone(&seen);
+    assert!(router.observe(move |table| record.lock().unwrap().push(table.routable_count())));
+    assert!(!router.observe(|_| {}), "one observer per router");
+    assert!(router.set_health("w1", true));
+    assert!(!router.set_health("w1", true), "no change, no swap");
+    router.set_state("w1", WorkerState::Draining).unwrap();
+    router.add_worker(spec(3)).unwrap();
+    router.remove_worker("w3").unwrap();
+    router
+        .set_policy(&PolicyPatch {
+            min_load_gap: Some(5),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(*seen.lock().unwrap(), [0, 1, 0, 0, 0, 0]);
+}

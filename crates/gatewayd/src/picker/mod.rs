@@ -4,12 +4,14 @@
 //! plane, because both go through [`crate::routing`]. docs/envoy.md shows the Envoy side.
 //!
 //! Files: `handle` (the narrow handle), `service` (the gRPC service and a stream's answers),
+//! `health` (the standard gRPC health service on the same port, following routability),
 //! `session` (one request's state machine), `messages` (the protocol's messages), `endpoints`
 //! (workers' addresses and the answer's endpoint list). A session without a server, for the
 //! allocation test, is `app::picker_harness`.
 
 mod endpoints;
 pub mod handle;
+mod health;
 pub mod messages;
 mod service;
 mod session;
@@ -25,16 +27,31 @@ use tonic::transport::server::TcpIncoming;
 pub use handle::PickerPlane;
 pub(crate) use session::Session;
 
-/// Serves the picker on `listener` (plaintext HTTP/2 gRPC) until `shutdown`; then stops
-/// accepting and waits for open streams to end (the caller bounds that wait).
+/// Serves the picker on `listener` (plaintext HTTP/2 gRPC), with the standard gRPC health
+/// service beside it, until `shutdown`; then stops accepting and waits for open streams to end
+/// (the caller bounds that wait; an open health `Watch` stream is one of them).
 pub async fn serve(listener: TcpListener, plane: Arc<PickerPlane>, shutdown: CancellationToken) {
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    // Not serving until the router says a worker is routable; set before the first probe can
+    // connect (the reporter starts the whole server as serving).
+    health::set_all(&reporter, tonic_health::ServingStatus::NotServing).await;
+    match health::readiness(&plane.routing.router) {
+        Some(ready) => {
+            tokio::spawn(health::report(reporter, ready, shutdown.clone()));
+        }
+        None => tracing::error!(
+            "the router already has an observer: the picker's gRPC health stays NOT_SERVING"
+        ),
+    }
     let service = ExternalProcessorServer::new(service::PickerService::new(plane));
     let served = tonic::transport::Server::builder()
         // A dead Envoy on a silent network is noticed, and its streams (and their load) end.
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        .serve_with_incoming_shutdown(service, incoming, shutdown.cancelled_owned())
+        .add_service(health_service)
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await;
     if let Err(error) = served {
         tracing::error!(error = %crate::error::display_chain(&error), "endpoint picker stopped");

@@ -5,5 +5,6 @@
 mod common;
 
 mod allocations;
+mod health;
 mod parity;
 mod sessions;
