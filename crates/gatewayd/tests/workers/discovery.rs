@@ -70,11 +70,35 @@ async fn get_json(gateway: &RunningGateway, path: &str) -> Value {
         .unwrap()
 }
 
-async fn workers(gateway: &RunningGateway) -> Vec<Value> {
-    get_json(gateway, "/admin/workers").await["workers"]
+/// The list under `key` in the control plane's answer to `GET path` (`/admin/workers` →
+/// `workers`, `/admin/discovery` → `sources`).
+pub(super) async fn admin_list(gateway: &RunningGateway, path: &str, key: &str) -> Vec<Value> {
+    get_json(gateway, path).await[key]
         .as_array()
-        .unwrap()
+        .unwrap_or_else(|| panic!("{path} has no list {key}"))
         .clone()
+}
+
+/// Polls [`admin_list`] (bounded) until `done` holds; answers that list.
+pub(super) async fn wait_admin_list(
+    gateway: &RunningGateway,
+    (path, key): (&str, &str),
+    what: &str,
+    done: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let listed = admin_list(gateway, path, key).await;
+        if done(&listed) {
+            return listed;
+        }
+        assert!(Instant::now() < deadline, "never saw {what}: {listed:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn workers(gateway: &RunningGateway) -> Vec<Value> {
+    admin_list(gateway, "/admin/workers", "workers").await
 }
 
 fn field<'a>(workers: &'a [Value], key: &str) -> BTreeSet<&'a str> {
@@ -87,19 +111,11 @@ async fn wait_workers(
     what: &str,
     done: impl Fn(&[Value]) -> bool,
 ) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let listed = workers(gateway).await;
-        if done(&listed) {
-            return listed;
-        }
-        assert!(Instant::now() < deadline, "never saw {what}: {listed:#?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_admin_list(gateway, ("/admin/workers", "workers"), what, done).await
 }
 
 /// The value of the metric line starting with `prefix` (0 when absent).
-fn metric(gateway: &RunningGateway, prefix: &str) -> f64 {
+pub(super) fn metric(gateway: &RunningGateway, prefix: &str) -> f64 {
     gateway
         .metrics_text()
         .lines()

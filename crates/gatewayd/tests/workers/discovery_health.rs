@@ -3,6 +3,7 @@
 //! in `GET /admin/discovery` and in the telemetry snapshot.
 
 use crate::common;
+use crate::discovery::{admin_list, metric, wait_admin_list};
 use crate::dnsmasq;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
@@ -35,13 +36,7 @@ fn config_with(sources: Vec<DiscoveryConfig>) -> Config {
 }
 
 async fn discovery(gateway: &RunningGateway) -> Vec<Value> {
-    let answer: Value = reqwest::get(format!("http://{}/admin/discovery", gateway.control_addr))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    answer["sources"].as_array().unwrap().clone()
+    admin_list(gateway, "/admin/discovery", "sources").await
 }
 
 /// Polls `GET /admin/discovery` (bounded) until `done` holds; answers that list.
@@ -50,25 +45,7 @@ async fn wait_discovery(
     what: &str,
     done: impl Fn(&[Value]) -> bool,
 ) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let sources = discovery(gateway).await;
-        if done(&sources) {
-            return sources;
-        }
-        assert!(Instant::now() < deadline, "never saw {what}: {sources:#?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// The value of the metric line starting with `prefix` (0 when absent).
-fn metric(gateway: &RunningGateway, prefix: &str) -> f64 {
-    gateway
-        .metrics_text()
-        .lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0.0)
+    wait_admin_list(gateway, ("/admin/discovery", "sources"), what, done).await
 }
 
 /// A loopback UDP port nobody listens on: queries to it are refused at once.
