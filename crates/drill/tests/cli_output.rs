@@ -18,20 +18,19 @@ async fn worker() -> WorkerHandle {
     .unwrap()
 }
 
-/// Runs a small storm at `gateway` with `--out out`; with `close_stdout` the pipe's reader is
-/// dropped before the binary writes anything.
-async fn storm(gateway: String, out: std::path::PathBuf, close_stdout: bool) -> Output {
-    tokio::task::spawn_blocking(move || {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_bch-drill"))
-            .args([
-                "storm",
-                "--gateway",
-                &gateway,
-                "--groups",
-                "2",
-                "--siblings",
-                "2",
-            ])
+/// `bch-drill storm --gateway gateway` with every output piped and no control plane from the
+/// environment; `--out out` and small prompts (16 prefix tokens, 2 answer tokens, seed 1) when
+/// `out` is given, so a run writes a report quickly.
+fn storm_command(gateway: &str, out: Option<&std::path::Path>) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_bch-drill"));
+    command
+        .args(["storm", "--gateway", gateway])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env_remove("BCH_CONTROL");
+    if let Some(out) = out {
+        command
             .args([
                 "--prefix-tokens",
                 "16",
@@ -41,11 +40,17 @@ async fn storm(gateway: String, out: std::path::PathBuf, close_stdout: bool) -> 
                 "1",
                 "--out",
             ])
-            .arg(&out)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env_remove("BCH_CONTROL")
+            .arg(out);
+    }
+    command
+}
+
+/// Runs a small storm at `gateway` with `--out out`; with `close_stdout` the pipe's reader is
+/// dropped before the binary writes anything.
+async fn storm(gateway: String, out: std::path::PathBuf, close_stdout: bool) -> Output {
+    tokio::task::spawn_blocking(move || {
+        let mut child = storm_command(&gateway, Some(&out))
+            .args(["--groups", "2", "--siblings", "2"])
             .spawn()
             .unwrap();
         if close_stdout {
@@ -98,14 +103,7 @@ async fn an_error_with_a_closed_stderr_is_still_exit_status_1() {
     let dead = format!("http://{}", listener.local_addr().unwrap());
     drop(listener);
     let output = tokio::task::spawn_blocking(move || {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_bch-drill"))
-            .args(["storm", "--gateway", &dead])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env_remove("BCH_CONTROL")
-            .spawn()
-            .unwrap();
+        let mut child = storm_command(&dead, None).spawn().unwrap();
         // The only reader of stderr: the error line cannot be written.
         drop(child.stderr.take());
         child.wait_with_output().unwrap()
@@ -123,23 +121,8 @@ async fn ctrl_c_mid_storm_still_prints_and_writes_the_report_of_the_requests_sta
     w.set_fault(bch_drill::worker::Fault::StallFirstByte);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("storm.json");
-    let child = Command::new(env!("CARGO_BIN_EXE_bch-drill"))
-        .args(["storm", "--gateway", &w.url()])
+    let child = storm_command(&w.url(), Some(&out))
         .args(["--groups", "5", "--siblings", "2", "--concurrency", "2"])
-        .args([
-            "--prefix-tokens",
-            "16",
-            "--max-tokens",
-            "2",
-            "--seed",
-            "1",
-            "--out",
-        ])
-        .arg(&out)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .env_remove("BCH_CONTROL")
         .spawn()
         .unwrap();
     // Two groups of two in flight, all four stalled at the worker.
