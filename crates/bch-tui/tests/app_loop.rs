@@ -68,11 +68,11 @@ async fn countdown_ticks_without_events_and_keys_do_not_restart_it() {
     h.conn
         .send((
             ReplicaId(0),
-            ConnEvent::Status(ConnStatus::Reconnecting {
-                retry_at: t0 + Duration::from_secs(5),
-                attempt: 3,
-                reason: "Connection refused (os error 111)".into(),
-            }),
+            common::reconnecting(
+                t0 + Duration::from_secs(5),
+                3,
+                "Connection refused (os error 111)",
+            ),
         ))
         .unwrap();
     tokio::time::sleep(Duration::from_millis(1_000)).await;

@@ -126,11 +126,11 @@ fn a_threshold_key_goes_to_every_replica_and_each_answer_is_shown() {
     // Replica 1 drops before answering; replica 2 acknowledges.
     s.apply_replica_event(
         ReplicaId(1),
-        ConnEvent::Status(ConnStatus::Reconnecting {
-            retry_at: Instant::now() + Duration::from_secs(1),
-            attempt: 1,
-            reason: "connection reset".into(),
-        }),
+        common::reconnecting(
+            Instant::now() + Duration::from_secs(1),
+            1,
+            "connection reset",
+        ),
     );
     s.apply_replica_frame(ReplicaId(2), ack(1, 1, 3));
     let entry = s.last_command().unwrap();
@@ -232,11 +232,11 @@ fn a_disconnected_replica_leaves_the_merge_and_the_status_line_names_it() {
     let now = Instant::now();
     s.apply_replica_event(
         ReplicaId(2),
-        ConnEvent::Status(ConnStatus::Reconnecting {
-            retry_at: now + Duration::from_secs(2),
-            attempt: 1,
-            reason: "Connection refused (os error 111)".into(),
-        }),
+        common::reconnecting(
+            now + Duration::from_secs(2),
+            1,
+            "Connection refused (os error 111)",
+        ),
     );
     let fleet = s.visible();
     assert_eq!(
@@ -290,11 +290,11 @@ fn a_reconnected_replica_rejoins_the_merge_with_its_new_snapshot_not_its_old_fra
     let now = Instant::now();
     s.apply_replica_event(
         ReplicaId(2),
-        ConnEvent::Status(ConnStatus::Reconnecting {
-            retry_at: now + Duration::from_secs(2),
-            attempt: 1,
-            reason: "Connection refused (os error 111)".into(),
-        }),
+        common::reconnecting(
+            now + Duration::from_secs(2),
+            1,
+            "Connection refused (os error 111)",
+        ),
     );
     s.apply_replica_event(ReplicaId(2), ConnEvent::Status(ConnStatus::Connected));
     assert_eq!(
@@ -330,11 +330,11 @@ fn a_replica_reconnecting_keeps_a_change_still_pending_on_the_others() {
     };
     s.apply_replica_event(
         ReplicaId(1),
-        ConnEvent::Status(ConnStatus::Reconnecting {
-            retry_at: Instant::now() + Duration::from_secs(1),
-            attempt: 1,
-            reason: "connection reset".into(),
-        }),
+        common::reconnecting(
+            Instant::now() + Duration::from_secs(1),
+            1,
+            "connection reset",
+        ),
     );
     s.apply_replica_event(ReplicaId(1), ConnEvent::Status(ConnStatus::Connected));
     let entry = s.last_command().expect("the change is still in the log");
@@ -364,11 +364,11 @@ fn the_replica_rows_keep_their_columns_while_one_reconnects() {
     let now = Instant::now();
     s.apply_replica_event(
         ReplicaId(1),
-        ConnEvent::Status(ConnStatus::Reconnecting {
-            retry_at: now + Duration::from_secs(1),
-            attempt: 1,
-            reason: "Connection refused (os error 111)".into(),
-        }),
+        common::reconnecting(
+            now + Duration::from_secs(1),
+            1,
+            "Connection refused (os error 111)",
+        ),
     );
     for (width, height) in [(80, 24), (120, 40)] {
         let screen = render(&s, width, height, now);
@@ -396,11 +396,11 @@ fn a_replica_down_is_named_also_while_it_tries_again() {
     let now = Instant::now();
     s.apply_replica_event(
         ReplicaId(2),
-        ConnEvent::Status(ConnStatus::Reconnecting {
-            retry_at: now + Duration::from_secs(5),
-            attempt: 2,
-            reason: "connect timed out after 5s".into(),
-        }),
+        common::reconnecting(
+            now + Duration::from_secs(5),
+            2,
+            "connect timed out after 5s",
+        ),
     );
     s.apply_replica_event(ReplicaId(2), ConnEvent::Status(ConnStatus::Connecting));
     let screen = render(&s, 120, 40, now);

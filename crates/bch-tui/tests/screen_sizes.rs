@@ -50,11 +50,11 @@ fn one_replica() -> State {
 fn down(s: &mut State, replica: usize, now: Instant) {
     s.apply_replica_event(
         ReplicaId(replica),
-        ConnEvent::Status(ConnStatus::Reconnecting {
-            retry_at: now + Duration::from_millis(2_000),
-            attempt: 3,
-            reason: "Connection refused (os error 111)".into(),
-        }),
+        common::reconnecting(
+            now + Duration::from_millis(2_000),
+            3,
+            "Connection refused (os error 111)",
+        ),
     );
 }
 

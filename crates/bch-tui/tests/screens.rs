@@ -107,11 +107,11 @@ fn reconnecting_counts_down_80x24() {
     let now = Instant::now();
     s.apply_replica_event(
         ReplicaId(0),
-        ConnEvent::Status(ConnStatus::Reconnecting {
-            retry_at: now + Duration::from_millis(4_000),
-            attempt: 5,
-            reason: "Connection refused (os error 111)".into(),
-        }),
+        common::reconnecting(
+            now + Duration::from_millis(4_000),
+            5,
+            "Connection refused (os error 111)",
+        ),
     );
     let screen = render(&s, 80, 24, now);
     assert!(screen.contains("RECONNECTING IN 4s"), "{screen}");
@@ -126,11 +126,11 @@ fn reconnecting_160x48() {
     let now = Instant::now();
     s.apply_replica_event(
         ReplicaId(0),
-        ConnEvent::Status(ConnStatus::Reconnecting {
-            retry_at: now + Duration::from_millis(1_500),
-            attempt: 2,
-            reason: "gateway closed the connection".into(),
-        }),
+        common::reconnecting(
+            now + Duration::from_millis(1_500),
+            2,
+            "gateway closed the connection",
+        ),
     );
     assert_snapshot!(render(&s, 160, 48, now));
 }

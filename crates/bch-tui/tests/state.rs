@@ -222,11 +222,11 @@ fn a_new_connection_restarts_seq() {
     s.apply_replica_frame(ReplicaId(0), frame_at("tick_spill", 1));
     s.apply_replica_event(
         ReplicaId(0),
-        ConnEvent::Status(ConnStatus::Reconnecting {
-            retry_at: Instant::now() + Duration::from_millis(250),
-            attempt: 1,
-            reason: "connection closed".into(),
-        }),
+        common::reconnecting(
+            Instant::now() + Duration::from_millis(250),
+            1,
+            "connection closed",
+        ),
     );
     s.apply_replica_event(ReplicaId(0), ConnEvent::Status(ConnStatus::Connected));
     assert_eq!(
@@ -329,11 +329,7 @@ fn pending_changes_fail_when_the_connection_drops_or_was_down() {
     };
     s.apply_replica_event(
         ReplicaId(0),
-        ConnEvent::Status(ConnStatus::Reconnecting {
-            retry_at: Instant::now(),
-            attempt: 1,
-            reason: "closed".into(),
-        }),
+        common::reconnecting(Instant::now(), 1, "closed"),
     );
     assert!(
         matches!(s.last_command().unwrap().state, CommandState::Failed(ref m) if m.contains("connection lost"))

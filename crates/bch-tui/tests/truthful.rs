@@ -125,11 +125,7 @@ fn a_new_connection_forgets_the_previous_processs_answers() {
     assert_eq!(s.last_command().unwrap().state, CommandState::Applied);
     s.apply_replica_event(
         ReplicaId(0),
-        ConnEvent::Status(ConnStatus::Reconnecting {
-            retry_at: Instant::now(),
-            attempt: 1,
-            reason: "gone".into(),
-        }),
+        common::reconnecting(Instant::now(), 1, "gone"),
     );
     s.apply_replica_event(ReplicaId(0), ConnEvent::Status(ConnStatus::Connected));
     s.apply_replica_frame(ReplicaId(0), frame("snapshot"));

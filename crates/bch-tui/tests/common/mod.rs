@@ -8,6 +8,16 @@ use ratatui::backend::TestBackend;
 use ratatui::buffer::Buffer;
 use tokio::time::Instant;
 
+/// The connection task's report that its connection failed (`reason`) and attempt `attempt + 1`
+/// starts at `retry_at`.
+pub fn reconnecting(retry_at: Instant, attempt: u32, reason: &str) -> ConnEvent {
+    ConnEvent::Status(ConnStatus::Reconnecting {
+        retry_at,
+        attempt,
+        reason: reason.into(),
+    })
+}
+
 /// Loads a recorded frame from `tests/fixtures/<name>.json`.
 pub fn frame(name: &str) -> ServerFrame {
     let path = format!("{}/tests/fixtures/{name}.json", env!("CARGO_MANIFEST_DIR"));
