@@ -6,6 +6,7 @@ use bch_core::policy::PolicyPatch;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::admission::AdmissionSettings;
 use crate::sim::SimConfig;
 use crate::stats::{PairedDifference, PairedRatio, Significance};
 use crate::storm::{StormReport, StormShape};
@@ -76,6 +77,9 @@ pub struct CellSummary {
     pub label: String,
     /// The `PUT /admin/policy` body sent for it.
     pub policy: PolicyPatch,
+    /// The admission settings sent with it under `admission`, when the cells name admission.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admission: Option<AdmissionSettings>,
     /// Runs of this cell (one per repetition).
     pub runs: usize,
     /// Mean throughput over the runs, requests per second.

@@ -107,6 +107,7 @@ fn summarise_cell(cell: &Cell, runs: &[AbRun], baseline: Option<&str>) -> CellSu
     CellSummary {
         label: cell.label.clone(),
         policy: cell.policy,
+        admission: cell.admission,
         runs: mine.len(),
         throughput_rps: avg(THROUGHPUT),
         significance: ratio.map(|r| r.significance()),

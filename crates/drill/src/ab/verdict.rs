@@ -223,6 +223,7 @@ mod tests {
         CellSummary {
             label: label.to_owned(),
             policy: PolicyPatch::default(),
+            admission: None,
             runs: 3,
             throughput_rps: 100.0,
             significance: ratio.map(|r| r.significance()),
