@@ -263,13 +263,8 @@ impl StormOpts {
 struct StormArgs {
     #[command(flatten)]
     storm: StormOpts,
-    /// Send open-loop at this many requests per second, one request per arrival, whatever is
-    /// outstanding (--groups, --siblings and --concurrency then do not apply). Without it the
-    /// storm is closed-loop.
-    #[arg(long)]
-    rate: Option<f64>,
     #[command(flatten)]
-    open_loop: rate::RateOpts,
+    open_loop: rate::OpenLoopArgs,
     /// Write every request as a JSON line to this file: send time, lateness, key, status,
     /// worker, branch, TTFT, total time, Retry-After, error code, queue wait, class.
     #[arg(long, value_name = "FILE")]
@@ -294,6 +289,8 @@ struct StormArgs {
 struct AbArgs {
     #[command(flatten)]
     storm: StormOpts,
+    #[command(flatten)]
+    open_loop: rate::OpenLoopArgs,
     /// Control-plane URL of the gateway; the policy is switched there between cells. With several
     /// replicas, every replica's control plane (`A,B,C`): the policy is switched on each.
     #[arg(long, env = "BCH_CONTROL", value_delimiter = ',', required = true)]

@@ -10,7 +10,31 @@ use reqwest::Url;
 
 use crate::StormOpts;
 
-/// Open-loop sending and the TTFT objective, shared by `storm` and `sweep`.
+/// `--rate` and the open-loop flags, for `storm` and `ab`.
+#[derive(Debug, Args)]
+pub(crate) struct OpenLoopArgs {
+    /// Send open-loop at this many requests per second, one request per arrival, whatever is
+    /// outstanding (--groups, --siblings and --concurrency then do not apply). Without it the
+    /// storm is closed-loop.
+    #[arg(long)]
+    rate: Option<f64>,
+    #[command(flatten)]
+    opts: RateOpts,
+}
+
+impl OpenLoopArgs {
+    /// `config` made open-loop when `--rate` is given, with the TTFT objective either way.
+    pub(crate) fn apply(&self, config: &mut StormConfig) -> anyhow::Result<()> {
+        config.open_loop = self
+            .rate
+            .map(|rate| self.opts.open_loop(rate))
+            .transpose()?;
+        config.slo_ttft = self.opts.slo_ttft();
+        Ok(())
+    }
+}
+
+/// Open-loop sending and the TTFT objective, shared by `storm`, `ab` and `sweep`.
 #[derive(Debug, Args)]
 pub(crate) struct RateOpts {
     /// How arrivals are spread: poisson (independent arrivals), constant (evenly spaced) or burst
@@ -106,5 +130,93 @@ impl SweepArgs {
             max_steps: self.max_steps,
             saturated_steps: self.saturated_steps,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::{Cli, Command};
+
+    #[test]
+    fn rate_turns_the_storm_open_loop_and_sweep_steps_add_or_multiply() {
+        let storm = |extra: &[&str]| {
+            let cli = Cli::try_parse_from(
+                ["bch-drill", "storm", "--gateway", "http://127.0.0.1:8080"]
+                    .iter()
+                    .chain(extra),
+            )?;
+            let Command::Storm(args) = cli.command else {
+                panic!("not storm")
+            };
+            let mut config = args.storm.config(None, 1);
+            args.open_loop.apply(&mut config).map_err(|e| {
+                clap::Error::raw(clap::error::ErrorKind::InvalidValue, e.to_string())
+            })?;
+            Ok::<_, clap::Error>((config, args.records))
+        };
+        let (closed, records) = storm(&[]).unwrap();
+        assert_eq!(
+            (closed.open_loop, closed.slo_ttft, records),
+            (None, None, None)
+        );
+        let (open, records) = storm(&[
+            "--rate",
+            "40",
+            "--arrival",
+            "burst",
+            "--burst-size",
+            "4",
+            "--duration",
+            "2.5",
+            "--slo-ttft-ms",
+            "500",
+            "--records",
+            "r.jsonl",
+        ])
+        .unwrap();
+        assert_eq!(
+            open.open_loop,
+            Some(OpenLoop {
+                rate: 40.0,
+                arrival: Arrival::Burst,
+                duration: Duration::from_millis(2500),
+                burst_size: 4,
+            })
+        );
+        assert_eq!(open.slo_ttft, Some(Duration::from_millis(500)));
+        assert_eq!(records, Some(PathBuf::from("r.jsonl")));
+        assert!(storm(&["--rate", "4", "--arrival", "steady"]).is_err());
+        assert!(storm(&["--rate", "4", "--duration", "0"]).is_err());
+
+        let sweep = |extra: &[&str]| {
+            let cli = Cli::try_parse_from(
+                [
+                    "bch-drill",
+                    "sweep",
+                    "--gateway",
+                    "http://a",
+                    "--slo-ttft-ms",
+                    "300",
+                ]
+                .iter()
+                .chain(extra),
+            )?;
+            let Command::Sweep(args) = cli.command else {
+                panic!("not sweep")
+            };
+            Ok::<_, clap::Error>(args.config(1).unwrap())
+        };
+        assert_eq!(sweep(&[]).unwrap().step, RateStep::Multiply(1.5));
+        let added = sweep(&["--start-rate", "2", "--step", "3", "--max-steps", "4"]).unwrap();
+        assert_eq!(
+            (added.step, added.start_rate, added.max_steps),
+            (RateStep::Add(3.0), 2.0, 4)
+        );
+        assert_eq!(added.storm.slo_ttft, Some(Duration::from_millis(300)));
+        assert_eq!(added.storm.open_loop.unwrap().rate, 2.0);
+        assert!(sweep(&["--step", "3", "--factor", "2"]).is_err());
     }
 }

@@ -14,9 +14,12 @@ use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use bch_drill::sim::SimConfig;
-use bch_drill::storm::{Arrival, OpenLoop, StormConfig, run_storm};
+use bch_drill::storm::{
+    Arrival, OpenLoop, RateStep, StormConfig, SweepConfig, run_storm, run_sweep,
+};
 use bch_drill::worker::spawn_worker;
 use reqwest::Url;
+use tokio_util::sync::CancellationToken;
 
 fn open_loop(gateway: Url, rate: f64, seconds: f64) -> StormConfig {
     StormConfig {
@@ -177,4 +180,55 @@ async fn the_report_splits_answers_clean_sheds_and_unclean_ones() {
         "{text}"
     );
     assert!(text.contains("(sheds: shed_queue_timeout 20)"), "{text}");
+}
+
+#[tokio::test]
+async fn a_sweep_ramps_the_rate_until_the_fleet_saturates_and_estimates_its_capacity() {
+    // One request at a time, about 50 ms each: some 20 requests a second.
+    let slow = SimConfig {
+        max_batch: 1,
+        ..SimConfig::default()
+    };
+    let worker = spawn_worker(SocketAddr::from(([127, 0, 0, 1], 0)), "w", slow)
+        .await
+        .unwrap();
+    let config = SweepConfig {
+        storm: StormConfig {
+            slo_ttft: Some(Duration::from_millis(250)),
+            ..open_loop(Url::parse(&worker.url()).unwrap(), 1.0, 0.5)
+        },
+        start_rate: 5.0,
+        step: RateStep::Multiply(2.0),
+        max_steps: 5,
+        saturated_steps: 1,
+    };
+    let mut seen = Vec::new();
+    let report = run_sweep(&config, &CancellationToken::new(), |step| {
+        seen.push(step.rate_asked)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        seen,
+        report
+            .steps
+            .iter()
+            .map(|s| s.rate_asked)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(&seen[..2], [5.0, 10.0], "{report:?}");
+    // 80 a second is four times what the worker serves: the sweep stopped by then.
+    assert!(seen.len() < 5, "{report:?}");
+    let last = report.steps.last().unwrap();
+    assert!(last.saturated, "{report:?}");
+    assert!(report.stopped.contains("saturated"), "{report:?}");
+    assert!(!report.steps[0].saturated, "{report:?}");
+    let knee = report.knee_rps.unwrap();
+    assert!((5.0..40.0).contains(&knee), "{report:?}");
+    assert!(
+        report.capacity_rps > 0.0 && report.capacity_rps < 30.0,
+        "{report:?}"
+    );
+    assert!(report.steps.iter().all(|s| s.unclean == 0 && s.shed == 0));
+    worker.shutdown().await.unwrap();
 }

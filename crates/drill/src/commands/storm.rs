@@ -20,11 +20,7 @@ pub(crate) async fn run(args: StormArgs, cancel: CancellationToken) -> anyhow::R
     let mut config = args.storm.config(args.control.first().cloned(), seed);
     config.replica_controls = args.control.iter().skip(1).cloned().collect();
     config.eject_refused_replicas = args.eject_refused_replicas;
-    config.open_loop = args
-        .rate
-        .map(|rate| args.open_loop.open_loop(rate))
-        .transpose()?;
-    config.slo_ttft = args.open_loop.slo_ttft();
+    args.open_loop.apply(&mut config)?;
     cancel_on_signal(cancel.clone())?;
     let report = run_storm_until(&config, &cancel).await?;
     let written = args.out.as_deref().map(|path| write_json(path, &report));
