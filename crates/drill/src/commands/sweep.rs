@@ -36,8 +36,8 @@ pub(crate) async fn run(args: SweepArgs, cancel: CancellationToken) -> anyhow::R
         let _ = writeln!(out, "{}", line(step));
         let _ = out.flush();
         note!(
-            "bch-drill sweep: step {index} done; next {:.1} req/s",
-            config.rate(index)
+            "bch-drill sweep: step {index} of at most {} done",
+            config.max_steps
         );
     })
     .await?;

@@ -492,7 +492,7 @@ mod tests {
         step(&mut state, &config, &g);
         assert_eq!((g.running.get(), g.kv_usage.get()), (0, 0.0));
         // The cache keeps their blocks, but no running request holds them: free, as in vLLM.
-        assert!(state.cache.len() > 0);
+        assert_ne!(state.cache.len(), 0);
         assert_eq!(state.kv_usage(), 0.0);
     }
 }
