@@ -112,8 +112,9 @@ pub(crate) struct SweepArgs {
 impl SweepArgs {
     /// The sweep these flags describe, its storms with prompt seed `seed`.
     pub(crate) fn config(&self, seed: u64) -> anyhow::Result<SweepConfig> {
+        // Each step draws its progress bar (on a terminal) between the lines of the steps.
         let mut storm = StormConfig {
-            progress: false,
+            progress: true,
             open_loop: Some(self.rate.open_loop(self.start_rate)?),
             slo_ttft: self.rate.slo_ttft(),
             ..self.storm.config(self.control.first().cloned(), seed)
