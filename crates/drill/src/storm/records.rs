@@ -36,6 +36,8 @@ pub struct RequestRecord {
     pub error_code: Option<String>,
     /// The `x-bch-queue-wait-ms` header, ms.
     pub queue_wait_ms: Option<f64>,
+    /// Why it has no complete answer (transport error, timeout, broken stream), when it has none.
+    pub error: Option<String>,
     /// How it ended: the field of the report's `outcomes` it counts in (`ok`, `http_503`,
     /// `broken`, `refused`, `timed_out`, `transport_error`, `not_sent`, `interrupted`).
     pub class: String,
@@ -62,6 +64,7 @@ impl RequestRecord {
             retry_after: outcome.retry_after,
             error_code: outcome.error_code.clone(),
             queue_wait_ms: outcome.queue_wait_ms,
+            error: outcome.error.clone(),
             class: Class::of(outcome).name(),
         }
     }
