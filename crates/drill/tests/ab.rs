@@ -384,12 +384,13 @@ async fn admission_cells_put_their_settings_and_the_ones_found_are_restored() {
     let found = json!({"max_in_flight_per_worker": 8, "queue_timeout_ms": 100, "max_queued": 64,
         "retry_after_ms": 2000, "max_waiting": 0, "max_kv_usage": 0.0});
     state.lock().unwrap().policy["admission"] = found.clone();
-    let config = config(
+    let mut config = config(
         &worker,
         control,
         "admission=off,max_in_flight_per_worker=4:queue_timeout_ms=500",
         1,
     );
+    config.storm.slo_ttft = Some(std::time::Duration::from_secs(30));
     let report = run_ab(&config, &CancellationToken::new(), |_| {})
         .await
         .unwrap();
@@ -413,4 +414,10 @@ async fn admission_cells_put_their_settings_and_the_ones_found_are_restored() {
         report.cells[1].admission.unwrap().max_in_flight_per_worker,
         4
     );
+    // The stub sheds nothing; with a TTFT objective each cell has its goodput, and the table
+    // its overload lines.
+    assert!(report.cells.iter().all(|c| c.shed == 0 && c.unclean == 0));
+    assert!(report.cells.iter().all(|c| c.goodput_rps.unwrap() > 0.0));
+    let text = report.to_string();
+    assert!(text.contains("goodput/s     shed  unclean"), "{text}");
 }

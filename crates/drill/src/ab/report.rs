@@ -111,6 +111,13 @@ pub struct CellSummary {
     pub cached_reported: bool,
     /// Failed requests over all runs.
     pub errors: u64,
+    /// Requests shed cleanly (503 with `Retry-After`) over all runs.
+    pub shed: u64,
+    /// Requests neither answered nor shed cleanly over all runs (a clean shed leaves it 0).
+    pub unclean: u64,
+    /// Mean over runs of the goodput, requests per second within the TTFT objective; `None`
+    /// without one (`--slo-ttft-ms`).
+    pub goodput_rps: Option<f64>,
     /// True when every run ended with every worker's `active` back at 0.
     pub drained: bool,
 }
