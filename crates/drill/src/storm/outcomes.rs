@@ -259,6 +259,22 @@ mod tests {
     }
 
     #[test]
+    fn a_records_class_names_the_field_its_request_counts_in() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        for _ in 0..200 {
+            let o = outcome(&mut rng);
+            let mut counts = OutcomeCounts::default();
+            counts.add(&o);
+            let json = serde_json::to_value(&counts).unwrap();
+            let counted = match Class::of(&o) {
+                Class::Status(status) => json["http_status"][status.to_string()].clone(),
+                class => json[class.name()].clone(),
+            };
+            assert_eq!(counted, 1, "{:?} in {json}", Class::of(&o));
+        }
+    }
+
+    #[test]
     fn the_text_names_each_class_once_and_ok_always() {
         let mut counts = OutcomeCounts::default();
         assert_eq!(counts.to_string(), "ok: 0");
