@@ -17,8 +17,6 @@ struct WorkersBody {
     workers: Vec<WorkerStatus>,
 }
 
-use bch_core::policy::PolicyPatch;
-
 /// Whether every worker's in-flight load returned to zero after a drill, by every control plane
 /// asked.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -133,11 +131,12 @@ impl ControlClient {
         .await
     }
 
-    /// `PUT /admin/policy`; answers the resulting policy as the gateway reports it.
-    pub(crate) async fn set_policy(&self, patch: &PolicyPatch) -> anyhow::Result<Value> {
+    /// `PUT /admin/policy` with `body` as it is (a policy patch, with `admission` beside its
+    /// fields); answers the resulting policy as the gateway reports it.
+    pub(crate) async fn put_policy(&self, body: &Value) -> anyhow::Result<Value> {
         let request = self
             .request(reqwest::Method::PUT, "/admin/policy")
-            .json(patch);
+            .json(body);
         self.send(request, "PUT /admin/policy").await
     }
 

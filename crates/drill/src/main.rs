@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod commands;
+mod rate;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -38,6 +39,8 @@ enum Command {
     Storm(StormArgs),
     /// Compare routing policies: switch the gateway's policy between cells and storm each.
     Ab(AbArgs),
+    /// Find the fleet's capacity: open-loop storms at rising rates until goodput stops rising.
+    Sweep(rate::SweepArgs),
 }
 
 #[derive(Debug, Args)]
@@ -151,7 +154,8 @@ struct StormOpts {
     /// Distinct routing keys; groups cycle over them.
     #[arg(long, default_value_t = StormConfig::default().keys)]
     keys: usize,
-    /// Groups in flight at once; the next group starts when one finishes.
+    /// Groups in flight at once; the next group starts when one finishes (closed loop, without
+    /// --rate).
     #[arg(long, default_value_t = StormConfig::default().concurrency)]
     concurrency: usize,
     /// Ask for whole responses instead of SSE streams (TTFT is then the full response time).
@@ -259,6 +263,12 @@ impl StormOpts {
 struct StormArgs {
     #[command(flatten)]
     storm: StormOpts,
+    #[command(flatten)]
+    open_loop: rate::OpenLoopArgs,
+    /// Write every request as a JSON line to this file: send time, lateness, key, status,
+    /// worker, branch, TTFT, total time, Retry-After, error code, queue wait, class.
+    #[arg(long, value_name = "FILE")]
+    records: Option<PathBuf>,
     /// Control-plane URL; when given, the report checks that every worker's active load returns to
     /// 0. With several replicas, every replica's control plane: `A,B,C`. One that cannot be asked
     /// is named in the report.
@@ -279,6 +289,8 @@ struct StormArgs {
 struct AbArgs {
     #[command(flatten)]
     storm: StormOpts,
+    #[command(flatten)]
+    open_loop: rate::OpenLoopArgs,
     /// Control-plane URL of the gateway; the policy is switched there between cells. With several
     /// replicas, every replica's control plane (`A,B,C`): the policy is switched on each.
     #[arg(long, env = "BCH_CONTROL", value_delimiter = ',', required = true)]
@@ -357,6 +369,7 @@ async fn main() -> ExitCode {
         Command::Workers(args) => commands::workers::run(args).await,
         Command::Storm(args) => commands::storm::run(args, cancel.clone()).await,
         Command::Ab(args) => commands::ab::run(args, cancel.clone()).await,
+        Command::Sweep(args) => commands::sweep::run(args, cancel.clone()).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

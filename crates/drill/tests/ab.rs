@@ -373,3 +373,51 @@ async fn several_replicas_share_the_storm_and_every_policy_switch() {
         assert!(run.report.drain.as_ref().unwrap().all_zero);
     }
 }
+
+/// Admission cells send every admission field under `admission` with the TOML names, beside the
+/// policy fields (none here: the comparison runs under the policy in force), and the restore puts
+/// back the admission settings the gateway reported before the first run.
+#[tokio::test]
+async fn admission_cells_put_their_settings_and_the_ones_found_are_restored() {
+    let worker = sim_worker().await;
+    let (control, state) = fake_control(&worker, None).await;
+    let found = json!({"max_in_flight_per_worker": 8, "queue_timeout_ms": 100, "max_queued": 64,
+        "retry_after_ms": 2000, "max_waiting": 0, "max_kv_usage": 0.0});
+    state.lock().unwrap().policy["admission"] = found.clone();
+    let mut config = config(
+        &worker,
+        control,
+        "admission=off,max_in_flight_per_worker=4:queue_timeout_ms=500",
+        1,
+    );
+    config.storm.slo_ttft = Some(std::time::Duration::from_secs(30));
+    let report = run_ab(&config, &CancellationToken::new(), |_| {})
+        .await
+        .unwrap();
+    assert!(report.meta.policy_restored);
+    let puts = state.lock().unwrap().puts.clone();
+    assert_eq!(puts.len(), 3, "{puts:?}");
+    assert_eq!(
+        puts[0],
+        json!({"admission": {"max_in_flight_per_worker": 0, "queue_timeout_ms": 0,
+            "max_queued": 1024, "retry_after_ms": 1000, "max_waiting": 0, "max_kv_usage": 0.0}})
+    );
+    assert_eq!(
+        puts[1],
+        json!({"admission": {"max_in_flight_per_worker": 4, "queue_timeout_ms": 500,
+            "max_queued": 1024, "retry_after_ms": 1000, "max_waiting": 0, "max_kv_usage": 0.0}})
+    );
+    // The restore: the policy found, and its admission settings.
+    assert_eq!(puts[2]["admission"], found);
+    assert_eq!(puts[2]["kind"], "bounded_consistent_hashing");
+    assert_eq!(
+        report.cells[1].admission.unwrap().max_in_flight_per_worker,
+        4
+    );
+    // The stub sheds nothing; with a TTFT objective each cell has its goodput, and the table
+    // its overload lines.
+    assert!(report.cells.iter().all(|c| c.shed == 0 && c.unclean == 0));
+    assert!(report.cells.iter().all(|c| c.goodput_rps.unwrap() > 0.0));
+    let text = report.to_string();
+    assert!(text.contains("goodput/s     shed  unclean"), "{text}");
+}

@@ -1,6 +1,7 @@
 //! The `bch-drill` binary when its output cannot be written: stdout or stderr a pipe whose reader
 //! is gone (`bch-drill storm ... | head -1`), or a report file in a folder that does not exist. Each
 //! is a clear error and exit status 1, never a panic, and one failed output never costs the other.
+//! Also the outputs of an open-loop storm (its records file) and of a sweep (a line per step).
 
 use std::net::SocketAddr;
 use std::process::{Command, Output, Stdio};
@@ -150,4 +151,64 @@ async fn ctrl_c_mid_storm_still_prints_and_writes_the_report_of_the_requests_sta
     assert_eq!(report["requests"], 4);
     assert_eq!(report["outcomes"]["interrupted"], 4);
     assert_eq!(report["interrupted"], true);
+}
+
+/// `--rate` with `--records` writes one JSON line per request beside the report, and a sweep
+/// prints a line per step and the estimate.
+#[tokio::test]
+async fn an_open_loop_storm_writes_its_records_and_a_sweep_prints_its_steps() {
+    let w = worker().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (out, records) = (dir.path().join("storm.json"), dir.path().join("r.jsonl"));
+    let (url, records_path) = (w.url(), records.clone());
+    let output = tokio::task::spawn_blocking(move || {
+        storm_command(&url, Some(&out))
+            .args(["--rate", "40", "--arrival", "constant", "--duration", "0.5"])
+            .args(["--slo-ttft-ms", "1000", "--records"])
+            .arg(&records_path)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("answers       200 20   503+Retry-After 0"),
+        "{stdout}"
+    );
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&records)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 20);
+    assert!(
+        lines
+            .iter()
+            .all(|r| r["class"] == "ok" && r["late_ms"].is_number())
+    );
+
+    let url = w.url();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_bch-drill"))
+            .args(["sweep", "--gateway", &url, "--slo-ttft-ms", "1000"])
+            .args(["--start-rate", "20", "--step", "20", "--max-steps", "2"])
+            .args(["--arrival", "constant", "--duration", "0.25"])
+            .args(["--prefix-tokens", "16", "--max-tokens", "2"])
+            .env_remove("BCH_CONTROL")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    let steps: Vec<&str> = stdout.lines().skip(1).take(2).collect();
+    assert!(steps[0].trim_start().starts_with("20.0"), "{stdout}");
+    assert!(steps[1].trim_start().starts_with("40.0"), "{stdout}");
+    assert!(
+        stdout.contains("stopped: reached the last step (2)"),
+        "{stdout}"
+    );
 }

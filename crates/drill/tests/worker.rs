@@ -605,3 +605,79 @@ async fn held_streams_are_reported_as_running_plus_waiting() {
     }
     assert_eq!((w.stats().running, w.stats().waiting), (0, 0));
 }
+
+/// Under a known load the gauges are exact, as a gateway's overload checks need them: five held
+/// streams on a batch of two are two running and three waiting, running + waiting follows every
+/// client that leaves (a waiting one leaving the queue, a running one handing its slot to the
+/// next), and KV usage is above 0 while requests run and back to 0 after.
+#[tokio::test]
+async fn the_gauges_follow_a_known_load_exactly() {
+    let w = worker(SimConfig {
+        max_batch: 2,
+        decode_step_base_ms: 1_000.0,
+        ..SimConfig::default()
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let mut held = Vec::new();
+    for i in 0..5 {
+        let response = client
+            .post(format!("{}/v1/chat/completions", w.url()))
+            .json(&json!({
+                "messages": [{"role": "user", "content": filler_text(i, 64)}],
+                "max_tokens": 100,
+                "stream": true,
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        held.push(response);
+    }
+    let metrics = || async {
+        let text = reqwest::get(format!("{}/metrics", w.url()))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+                .unwrap_or(f64::NAN)
+        };
+        (
+            value("vllm:num_requests_running "),
+            value("vllm:num_requests_waiting "),
+            value("vllm:kv_cache_usage_perc "),
+        )
+    };
+    // Polls until the gauges read `expected` (running, waiting), and answers the KV usage.
+    let until = |expected: (f64, f64)| {
+        let metrics = &metrics;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let (running, waiting, kv) = metrics().await;
+                if (running, waiting) == expected {
+                    return kv;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "gauges ({running}, {waiting}), expected {expected:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    // 64-token prompts of 16-token blocks plus the first token: 5 blocks each, of 4096.
+    let kv = until((2.0, 3.0)).await;
+    assert!(kv > 0.0 && kv <= 10.0 / 4096.0 + 1e-9, "{kv}");
+    drop(held.pop());
+    until((2.0, 2.0)).await;
+    drop(held.remove(0));
+    until((2.0, 1.0)).await;
+    drop(held);
+    assert_eq!(until((0.0, 0.0)).await, 0.0);
+    assert_eq!((w.stats().running, w.stats().waiting), (0, 0));
+}

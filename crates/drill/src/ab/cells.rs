@@ -1,18 +1,37 @@
-//! The cells of an A/B run: the policy settings under test, written `strict,gap=1,gap=2:skew=1.25`,
-//! and the `PUT /admin/policy` body each one sends.
+//! The cells of an A/B run: the policy and admission settings under test, written
+//! `strict,gap=1,gap=2:skew=1.25`, and the `PUT /admin/policy` body each one sends.
 
 use anyhow::Context as _;
 use bch_core::fleet_load::LoadSource;
 use bch_core::policy::{PolicyKind, PolicyPatch, SpillOrder};
 use serde::Serialize;
+use serde_json::Value;
+
+use super::admission::AdmissionSettings;
 
 /// One policy setting under test.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Cell {
     /// The cell as written, e.g. `gap=2:skew=1.25`.
     pub label: String,
-    /// The `PUT /admin/policy` body that selects it.
+    /// The policy fields of the `PUT /admin/policy` body that selects it.
     pub policy: PolicyPatch,
+    /// The admission settings sent under `admission` in the same body; `None` when no cell names
+    /// admission.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admission: Option<AdmissionSettings>,
+}
+
+impl Cell {
+    /// The `PUT /admin/policy` body: the policy fields, and `admission` when the cell has it.
+    pub fn body(&self) -> Value {
+        let mut body = serde_json::to_value(self.policy).expect("a policy patch serialises");
+        if let Some(admission) = &self.admission {
+            body["admission"] =
+                serde_json::to_value(admission).expect("admission settings serialise");
+        }
+        body
+    }
 }
 
 /// `max_load_skew` of a bounded cell that names none.
@@ -34,12 +53,19 @@ const DEFAULT_GAP: u64 = 2;
 /// - `vnodes=N`: `virtual_nodes` N, combinable with any of the above;
 /// - `load=local` or `load=worker_metrics`: the load source the rule reads, combinable with any of
 ///   the above. When one cell names a load source, every cell sends one (`local` unless it names
-///   another), so no cell inherits the previous cell's.
+///   another), so no cell inherits the previous cell's;
+/// - admission, with the gateway's `[admission]` field names: `max_in_flight_per_worker=N`,
+///   `queue_timeout_ms=N`, `max_queued=N`, `retry_after_ms=N`, `max_waiting=N`, `max_kv_usage=X`,
+///   and `admission=off` (every field at its default: no cap). When one cell names admission,
+///   every cell sends all six fields (the defaults where it names none), so no cell inherits the
+///   previous cell's. Cells of admission alone, with no policy kind in any cell, compare admission
+///   under the policy in force.
 ///
 /// # Errors
 ///
 /// On an empty cell, a cell named twice, an unknown option, a bad number, two policy kinds in one
-/// cell, or a cell without a policy; the message names the cell.
+/// cell, or a cell without a policy (unless it names admission and no cell names a policy); the
+/// message names the cell.
 pub fn parse_cells(spec: &str) -> anyhow::Result<Vec<Cell>> {
     let mut cells: Vec<Cell> = Vec::new();
     for label in spec.split(',').map(str::trim) {
@@ -55,6 +81,21 @@ pub fn parse_cells(spec: &str) -> anyhow::Result<Vec<Cell>> {
         for cell in &mut cells {
             cell.policy.load_source.get_or_insert(LoadSource::Local);
         }
+    }
+    if cells.iter().any(|c| c.admission.is_some()) {
+        for cell in &mut cells {
+            cell.admission.get_or_insert_default();
+        }
+    }
+    // A cell without a kind would run under the previous cell's policy.
+    if cells.iter().any(|c| c.policy.kind.is_some())
+        && let Some(bare) = cells.iter().find(|c| c.policy.kind.is_none())
+    {
+        anyhow::bail!(
+            "in cell {:?}: no policy, while other cells name one: name strict, bounded, gap=N, \
+             skew=X, round_robin or random",
+            bare.label
+        );
     }
     Ok(cells)
 }
@@ -79,6 +120,7 @@ struct CellOptions {
     order: Option<SpillOrder>,
     vnodes: Option<u32>,
     load_source: Option<LoadSource>,
+    admission: Option<AdmissionSettings>,
 }
 
 impl CellOptions {
@@ -145,22 +187,35 @@ impl CellOptions {
             "load" => {
                 self.load_source = Some(value.parse().map_err(|e| anyhow::anyhow!("{e}"))?);
             }
+            "admission" => {
+                anyhow::ensure!(value == "off", "admission takes only off, got {value:?}");
+                self.admission = Some(AdmissionSettings::default());
+            }
             other => {
-                anyhow::bail!("unknown option {other:?}; expected gap, skew, order, vnodes or load")
+                let mut admission = self.admission.unwrap_or_default();
+                anyhow::ensure!(
+                    admission.set(other, value)?,
+                    "unknown option {other:?}; expected gap, skew, order, vnodes, load, \
+                     admission=off or an admission field (max_in_flight_per_worker, \
+                     queue_timeout_ms, max_queued, retry_after_ms, max_waiting, max_kv_usage)"
+                );
+                self.admission = Some(admission);
             }
         }
         Ok(())
     }
 
     fn into_cell(self, label: &str) -> anyhow::Result<Cell> {
-        let kind = self
-            .kind
-            .context("no policy: name strict, bounded, gap=N, skew=X, round_robin or random")?;
-        let bounded = kind == PolicyKind::BoundedConsistentHashing;
+        anyhow::ensure!(
+            self.kind.is_some() || self.admission.is_some(),
+            "no policy: name strict, bounded, gap=N, skew=X, round_robin or random"
+        );
+        let bounded = self.kind == Some(PolicyKind::BoundedConsistentHashing);
         Ok(Cell {
             label: label.to_owned(),
+            admission: self.admission,
             policy: PolicyPatch {
-                kind: Some(kind),
+                kind: self.kind,
                 min_load_gap: bounded.then(|| self.gap.unwrap_or(DEFAULT_GAP)),
                 max_load_skew: bounded.then(|| self.skew.unwrap_or(DEFAULT_SKEW)),
                 spill_order: bounded.then(|| self.order.unwrap_or_default()),
@@ -234,5 +289,44 @@ mod tests {
         assert_eq!(body["load_source"], "worker_metrics");
         let plain = parse_cells("gap=2,strict").unwrap();
         assert!(plain.iter().all(|c| c.policy.load_source.is_none()));
+    }
+
+    #[test]
+    fn admission_options_fill_every_field_of_every_cell() {
+        let cells = parse_cells(
+            "gap=2:admission=off,gap=2:max_in_flight_per_worker=4:max_kv_usage=0.9,strict",
+        )
+        .unwrap();
+        let off = AdmissionSettings::default();
+        assert_eq!(cells[0].admission, Some(off));
+        assert_eq!(cells[2].admission, Some(off), "no cell inherits");
+        let capped = cells[1].admission.unwrap();
+        assert_eq!(
+            (
+                capped.max_in_flight_per_worker,
+                capped.max_kv_usage,
+                capped.max_queued
+            ),
+            (4, 0.9, 1024)
+        );
+        let body = cells[1].body();
+        assert_eq!(body["kind"], "bounded_consistent_hashing");
+        assert_eq!(body["admission"]["max_in_flight_per_worker"], 4);
+        assert_eq!(body["admission"]["retry_after_ms"], 1000);
+        assert!(
+            parse_cells("gap=2").unwrap()[0]
+                .body()
+                .get("admission")
+                .is_none()
+        );
+
+        let bare =
+            parse_cells("admission=off,queue_timeout_ms=500:max_in_flight_per_worker=2").unwrap();
+        assert_eq!(bare[1].policy, PolicyPatch::default());
+        let err = |s: &str| format!("{:#}", parse_cells(s).unwrap_err());
+        assert!(err("strict,max_queued=5").contains("no policy, while other cells name one"));
+        assert!(err("admission=on").contains("admission takes only off"));
+        assert!(err("max_kv_usage=1.5").contains("between 0 and 1"));
+        assert!(err("queue_timeout_ms=-1").contains("queue_timeout_ms must be an integer"));
     }
 }

@@ -1,4 +1,4 @@
-//! The A/B harness: the same storm under several routing policies ("cells"), repeated and
+//! The A/B harness: the same storm under several routing policies and admission settings ("cells"), repeated and
 //! interleaved, with paired 95% intervals of throughput, TTFT mean and p99 and the cached-token
 //! fraction against the first cell and between the other cells. The gateway's policy is restored
 //! afterwards, also after an error or an interruption.
@@ -12,11 +12,13 @@
 //! favouring the cells that happen to run first. Each run uses its own prompt seed, so every run starts
 //! with prompts that no worker has cached: a cell never inherits a warm cache from the run before it.
 //!
-//! The pieces, each depending only on those listed before it: `cells` (parsing the cells), `report`
+//! The pieces, each depending only on those listed before it: `admission` (the gateway's
+//! admission settings as cell options), `cells` (parsing the cells), `report`
 //! (the report's types), `verdict` (the conclusions in words), `summary` (summaries and comparisons
 //! from the runs), `table` (the printed tables), `run` (driving the gateway through the runs), `plot`
 //! (the chart).
 
+mod admission;
 mod cells;
 mod plot;
 mod report;
@@ -25,6 +27,7 @@ mod summary;
 mod table;
 mod verdict;
 
+pub use admission::AdmissionSettings;
 pub use cells::{Cell, parse_cells};
 pub use plot::write_plot;
 pub use report::{AbMeta, AbReport, AbRun, CellSummary, Comparison, WorkerInfo};

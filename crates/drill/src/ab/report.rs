@@ -6,6 +6,7 @@ use bch_core::policy::PolicyPatch;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::admission::AdmissionSettings;
 use crate::sim::SimConfig;
 use crate::stats::{PairedDifference, PairedRatio, Significance};
 use crate::storm::{StormReport, StormShape};
@@ -76,6 +77,9 @@ pub struct CellSummary {
     pub label: String,
     /// The `PUT /admin/policy` body sent for it.
     pub policy: PolicyPatch,
+    /// The admission settings sent with it under `admission`, when the cells name admission.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admission: Option<AdmissionSettings>,
     /// Runs of this cell (one per repetition).
     pub runs: usize,
     /// Mean throughput over the runs, requests per second.
@@ -107,6 +111,13 @@ pub struct CellSummary {
     pub cached_reported: bool,
     /// Failed requests over all runs.
     pub errors: u64,
+    /// Requests shed cleanly (503 with `Retry-After`) over all runs.
+    pub shed: u64,
+    /// Requests neither answered nor shed cleanly over all runs (a clean shed leaves it 0).
+    pub unclean: u64,
+    /// Mean over runs of the goodput, requests per second within the TTFT objective; `None`
+    /// without one (`--slo-ttft-ms`).
+    pub goodput_rps: Option<f64>,
     /// True when every run ended with every worker's `active` back at 0.
     pub drained: bool,
 }

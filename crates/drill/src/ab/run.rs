@@ -147,9 +147,9 @@ async fn restore(
     before: &[(Value, PolicySettings)],
 ) -> Option<String> {
     let mut errors = Vec::new();
-    for ((control, url), (_, settings)) in controls.iter().zip(urls).zip(before) {
+    for ((control, url), (answer, settings)) in controls.iter().zip(urls).zip(before) {
         if let Err(e) = control
-            .set_policy(&PolicyPatch::from(*settings))
+            .put_policy(&restoring_body(answer, settings))
             .await
             .with_context(|| format!("restoring the policy found before the first run on {url}"))
         {
@@ -157,6 +157,17 @@ async fn restore(
         }
     }
     (!errors.is_empty()).then(|| errors.join("; "))
+}
+
+/// The body that puts back the policy `settings` read from `answer`, with the admission settings
+/// the answer reported, if any (a gateway without admission reports none, and is sent none).
+fn restoring_body(answer: &Value, settings: &PolicySettings) -> Value {
+    let mut body =
+        serde_json::to_value(PolicyPatch::from(*settings)).expect("a policy patch serialises");
+    if let Some(admission) = answer.get("admission").filter(|a| a.is_object()) {
+        body["admission"] = admission.clone();
+    }
+    body
 }
 
 /// Every run in order, stopping at the first error or when `cancel` fires.
@@ -228,7 +239,7 @@ async fn run_one(
     let mut policy = serde_json::Value::Null;
     for control in controls {
         policy = control
-            .set_policy(&cell.policy)
+            .put_policy(&cell.body())
             .await
             .with_context(|| format!("switching the policy to cell {}", cell.label))?;
     }

@@ -107,6 +107,7 @@ fn summarise_cell(cell: &Cell, runs: &[AbRun], baseline: Option<&str>) -> CellSu
     CellSummary {
         label: cell.label.clone(),
         policy: cell.policy,
+        admission: cell.admission,
         runs: mine.len(),
         throughput_rps: avg(THROUGHPUT),
         significance: ratio.map(|r| r.significance()),
@@ -122,6 +123,14 @@ fn summarise_cell(cell: &Cell, runs: &[AbRun], baseline: Option<&str>) -> CellSu
         cached_difference: baseline.and_then(|b| difference_of(runs, b, &cell.label, CACHED)),
         cached_reported: !mine.is_empty() && mine.iter().all(|r| r.report.cached_reported > 0),
         errors: mine.iter().map(|r| r.report.errors).sum(),
+        shed: mine.iter().map(|r| r.report.overload.shed).sum(),
+        unclean: mine.iter().map(|r| r.report.overload.unclean()).sum(),
+        goodput_rps: mine
+            .iter()
+            .map(|r| r.report.overload.goodput_rps)
+            .collect::<Option<Vec<f64>>>()
+            .filter(|g| !g.is_empty())
+            .map(|g| mean(&g)),
         drained: mine
             .iter()
             .all(|r| r.report.drain.as_ref().is_none_or(|d| d.all_zero)),

@@ -92,6 +92,32 @@ impl AbReport {
                 percent_or_na(c.cached_token_fraction, c.cached_reported),
             )?;
         }
+        self.fmt_overload(f)
+    }
+
+    /// Under overload (any shed, unclean answer or TTFT objective): goodput and sheds per cell,
+    /// summed over the runs; nothing otherwise.
+    fn fmt_overload(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let overloaded = |c: &CellSummary| c.shed + c.unclean > 0 || c.goodput_rps.is_some();
+        if !self.cells.iter().any(overloaded) {
+            return Ok(());
+        }
+        writeln!(
+            f,
+            "\n{:<22} {:>10} {:>8} {:>8}",
+            "cell", "goodput/s", "shed", "unclean"
+        )?;
+        for c in &self.cells {
+            let goodput = c
+                .goodput_rps
+                .map_or_else(|| "n/a".to_owned(), |g| format!("{g:.1}"));
+            let mark = if c.unclean > 0 { "  NOT CLEAN" } else { "" };
+            writeln!(
+                f,
+                "{:<22} {goodput:>10} {:>8} {:>8}{mark}",
+                c.label, c.shed, c.unclean
+            )?;
+        }
         Ok(())
     }
 

@@ -223,6 +223,10 @@ mod tests {
         CellSummary {
             label: label.to_owned(),
             policy: PolicyPatch::default(),
+            admission: None,
+            shed: 0,
+            unclean: 0,
+            goodput_rps: None,
             runs: 3,
             throughput_rps: 100.0,
             significance: ratio.map(|r| r.significance()),

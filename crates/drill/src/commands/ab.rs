@@ -15,11 +15,13 @@ use crate::{AbArgs, all_written, note, print_report, write_json};
 pub(crate) async fn run(args: AbArgs, cancel: CancellationToken) -> anyhow::Result<()> {
     let cells = parse_cells(&args.cells).context("--cells")?;
     let seed = args.storm.seed();
+    let mut storm = StormConfig {
+        progress: false,
+        ..args.storm.config(None, seed)
+    };
+    args.open_loop.apply(&mut storm)?;
     let config = AbConfig {
-        storm: StormConfig {
-            progress: false,
-            ..args.storm.config(None, seed)
-        },
+        storm,
         seed_given: args.storm.seed.is_some(),
         control: args.control[0].clone(),
         replica_controls: args.control[1..].to_vec(),
@@ -43,8 +45,18 @@ pub(crate) async fn run(args: AbArgs, cancel: CancellationToken) -> anyhow::Resu
         } else {
             "  n/a".to_owned()
         };
+        let overload = &run.report.overload;
+        // Sheds and goodput only where there is something to say: a storm without them reads
+        // as before.
+        let mut sheds = String::new();
+        if overload.shed + overload.unclean() > 0 {
+            sheds = format!("  shed {}  unclean {}", overload.shed, overload.unclean());
+        }
+        if let Some(goodput) = overload.goodput_rps {
+            sheds.push_str(&format!("  goodput {goodput:.1}/s"));
+        }
         note!(
-            "[{}/{total}] rep {} {:<16} {:>8.1} req/s  TTFT mean {:>7.1} ms  spill {:>5.1}%  cached {cached}  seed {}",
+            "[{}/{total}] rep {} {:<16} {:>8.1} req/s  TTFT mean {:>7.1} ms  spill {:>5.1}%  cached {cached}{sheds}  seed {}",
             run.order,
             run.rep,
             run.cell,

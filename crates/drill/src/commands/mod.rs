@@ -2,4 +2,5 @@
 
 pub(crate) mod ab;
 pub(crate) mod storm;
+pub(crate) mod sweep;
 pub(crate) mod workers;

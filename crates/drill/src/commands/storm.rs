@@ -3,12 +3,13 @@
 use std::io::Write as _;
 
 use anyhow::Context as _;
-use bch_drill::storm::run_storm_until;
+use bch_drill::storm::{run_storm_until, write_records};
 use tokio_util::sync::CancellationToken;
 
 use crate::{StormArgs, all_written, note, print_report, write_json};
 
-/// Fires one storm, writes the report as JSON if asked, and prints it. The file comes first and
+/// Fires one storm (open-loop with `--rate`), writes the report as JSON and the per-request
+/// records if asked, and prints it. The file comes first and
 /// each output is tried whatever became of the other, so a closed stdout never costs the file
 /// and a file that cannot be written never costs the printed report. Ctrl-C or SIGTERM (`cancel`)
 /// stops the storm: the report of the requests started is still written and printed, and the
@@ -19,9 +20,14 @@ pub(crate) async fn run(args: StormArgs, cancel: CancellationToken) -> anyhow::R
     let mut config = args.storm.config(args.control.first().cloned(), seed);
     config.replica_controls = args.control.iter().skip(1).cloned().collect();
     config.eject_refused_replicas = args.eject_refused_replicas;
+    args.open_loop.apply(&mut config)?;
     cancel_on_signal(cancel.clone())?;
     let report = run_storm_until(&config, &cancel).await?;
     let written = args.out.as_deref().map(|path| write_json(path, &report));
+    let recorded = args
+        .records
+        .as_deref()
+        .map(|path| write_records(path, &report.records));
     let printed = print_report(&report);
     let interrupted = report.interrupted.then(|| {
         Err(anyhow::anyhow!(
@@ -29,12 +35,18 @@ pub(crate) async fn run(args: StormArgs, cancel: CancellationToken) -> anyhow::R
             report.requests
         ))
     });
-    all_written(written.into_iter().chain([printed]).chain(interrupted))
+    all_written(
+        written
+            .into_iter()
+            .chain(recorded)
+            .chain([printed])
+            .chain(interrupted),
+    )
 }
 
 /// Fires `cancel` at the first Ctrl-C or SIGTERM, so the storm stops and its report is still
 /// written; a second one ends the process at once (a drain check that hangs is no trap).
-fn cancel_on_signal(cancel: CancellationToken) -> anyhow::Result<()> {
+pub(crate) fn cancel_on_signal(cancel: CancellationToken) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut terminate =

@@ -6,6 +6,7 @@ use std::time::Duration;
 use bch_core::routing_key::DEFAULT_ROUTING_KEY_HEADER;
 use reqwest::Url;
 
+use super::arrivals::OpenLoop;
 use super::prompts::{PrefixScope, mix};
 use crate::sim::DEFAULT_MODEL;
 
@@ -68,6 +69,11 @@ pub struct StormConfig {
     pub request_timeout: Duration,
     /// Show a progress bar on stderr (it stays hidden when stderr is not a terminal). Default true.
     pub progress: bool,
+    /// Send open-loop at a rate instead (one request per arrival; `groups`, `siblings` and
+    /// `concurrency` then do not apply). Default `None`: the closed-loop storm.
+    pub open_loop: Option<OpenLoop>,
+    /// TTFT objective: the report counts the answers within it as goodput. Default none.
+    pub slo_ttft: Option<Duration>,
 }
 
 impl Default for StormConfig {
@@ -96,6 +102,8 @@ impl Default for StormConfig {
             drain_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(300),
             progress: true,
+            open_loop: None,
+            slo_ttft: None,
         }
     }
 }
@@ -118,6 +126,9 @@ impl StormConfig {
             "groups and siblings must be at least 1"
         );
         anyhow::ensure!(self.keys > 0, "keys must be at least 1");
+        if let Some(open_loop) = &self.open_loop {
+            open_loop.check()?;
+        }
         anyhow::ensure!(self.concurrency > 0, "concurrency must be at least 1");
         anyhow::ensure!(
             self.hot_keys <= self.keys,

@@ -14,33 +14,63 @@
 //!
 //! Only the background storm is built without the `harness` feature.
 //!
-//! The pieces, each depending only on those listed before it: `prompts` (the prompt text), `shooter`
-//! (sending a request and reading its answer), `config` (the measured storm's shape), `outcomes`
-//! (how each request ended, overall and per replica), `report` (what it measured), `run` (firing
-//! it), and `background` (the endless demo storm, built on `prompts` and `shooter` only).
+//! An open-loop storm ([`OpenLoop`], `bch-drill storm --rate`) sends one request per arrival at a
+//! rate for a duration instead, whatever is outstanding, so it can push a fleet past capacity.
+//!
+//! The pieces, each depending only on those listed before it: `prompts` (the prompt text),
+//! `arrivals` (the open loop's settings and schedule), `shooter` (sending a request and reading its
+//! answer), `config` (the measured storm's shape), `shape` (the shape as reported), `outcomes` (how
+//! each request ended, overall and per replica), `overload` (answers against sheds, goodput, queue
+//! wait, open-loop timing), `records` (per-request records), `report` (what it measured),
+//! `open_loop` (firing at a rate), `run` (firing it), `sweep` (open-loop storms at rising rates),
+//! and `background` (the endless demo storm, built on `prompts` and `shooter` only).
 
+#[cfg(feature = "harness")]
+mod arrivals;
 mod background;
 #[cfg(feature = "harness")]
 mod config;
 #[cfg(feature = "harness")]
+mod open_loop;
+#[cfg(feature = "harness")]
 mod outcomes;
+#[cfg(feature = "harness")]
+mod overload;
 mod prompts;
+#[cfg(feature = "harness")]
+mod records;
 #[cfg(feature = "harness")]
 mod report;
 #[cfg(feature = "harness")]
 mod run;
+#[cfg(feature = "harness")]
+mod shape;
 mod shooter;
+#[cfg(feature = "harness")]
+mod sweep;
 
+#[cfg(feature = "harness")]
+pub use arrivals::{Arrival, OpenLoop};
 pub use background::{BackgroundStormConfig, BackgroundSummary, background_storm};
 #[cfg(feature = "harness")]
 pub use config::StormConfig;
 #[cfg(feature = "harness")]
 pub use outcomes::{OutcomeCounts, ReplicaOutcomes};
+#[cfg(feature = "harness")]
+pub use overload::{OpenLoopReport, ShedSummary, WaitSummary};
 pub use prompts::PrefixScope;
 #[cfg(feature = "harness")]
-pub use report::{StormReport, StormShape, TtftBasis, TtftSummary};
+pub use records::{RequestRecord, write_records};
+#[cfg(feature = "harness")]
+pub use report::{StormReport, TtftBasis, TtftSummary};
 #[cfg(feature = "harness")]
 pub use run::{run_storm, run_storm_until};
+#[cfg(feature = "harness")]
+pub use shape::StormShape;
+#[cfg(feature = "harness")]
+pub use sweep::{
+    FALLING_SHARE, RateStep, SATURATED_SHARE, SweepConfig, SweepReport, SweepStep, run_sweep,
+};
 
 #[cfg(feature = "harness")]
 pub use crate::control::{DrainCheck, ReplicaDrain};

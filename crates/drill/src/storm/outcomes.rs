@@ -58,22 +58,15 @@ impl OutcomeCounts {
 
     /// Counts `outcome` in its one class.
     pub(super) fn add(&mut self, outcome: &Outcome) {
-        if outcome.interrupted {
-            self.interrupted += 1;
-            return;
-        }
-        match (outcome.status, &outcome.error) {
-            (Some(status), _) if !(200..300).contains(&status) => {
-                *self.http_status.entry(status).or_insert(0) += 1;
-            }
-            (Some(_), None) => self.ok += 1,
-            (Some(_), Some(_)) => self.broken += 1,
-            (None, _) => match outcome.no_response.unwrap_or(NoResponse::Transport) {
-                NoResponse::Refused => self.refused += 1,
-                NoResponse::TimedOut => self.timed_out += 1,
-                NoResponse::Transport => self.transport_error += 1,
-                NoResponse::NotSent => self.not_sent += 1,
-            },
+        match Class::of(outcome) {
+            Class::Ok => self.ok += 1,
+            Class::Status(status) => *self.http_status.entry(status).or_insert(0) += 1,
+            Class::Broken => self.broken += 1,
+            Class::Refused => self.refused += 1,
+            Class::TimedOut => self.timed_out += 1,
+            Class::Transport => self.transport_error += 1,
+            Class::NotSent => self.not_sent += 1,
+            Class::Interrupted => self.interrupted += 1,
         }
     }
 
@@ -110,6 +103,54 @@ impl fmt::Display for OutcomeCounts {
             .map(|(name, n)| format!("{name}: {n}"))
             .collect();
         f.write_str(&parts.join(", "))
+    }
+}
+
+/// The one class of [`OutcomeCounts`] a request lands in; per-request records name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Class {
+    Ok,
+    Status(u16),
+    Broken,
+    Refused,
+    TimedOut,
+    Transport,
+    NotSent,
+    Interrupted,
+}
+
+impl Class {
+    /// The class of `outcome`: interrupted first, then a non-2xx status, then a 2xx complete or
+    /// broken, then why no response came.
+    pub(super) fn of(outcome: &Outcome) -> Self {
+        if outcome.interrupted {
+            return Class::Interrupted;
+        }
+        match (outcome.status, &outcome.error) {
+            (Some(status), _) if !(200..300).contains(&status) => Class::Status(status),
+            (Some(_), None) => Class::Ok,
+            (Some(_), Some(_)) => Class::Broken,
+            (None, _) => match outcome.no_response.unwrap_or(NoResponse::Transport) {
+                NoResponse::Refused => Class::Refused,
+                NoResponse::TimedOut => Class::TimedOut,
+                NoResponse::Transport => Class::Transport,
+                NoResponse::NotSent => Class::NotSent,
+            },
+        }
+    }
+
+    /// The field of [`OutcomeCounts`] it counts in (`http_503` for a status).
+    pub(super) fn name(self) -> String {
+        match self {
+            Class::Ok => "ok".to_owned(),
+            Class::Status(status) => format!("http_{status}"),
+            Class::Broken => "broken".to_owned(),
+            Class::Refused => "refused".to_owned(),
+            Class::TimedOut => "timed_out".to_owned(),
+            Class::Transport => "transport_error".to_owned(),
+            Class::NotSent => "not_sent".to_owned(),
+            Class::Interrupted => "interrupted".to_owned(),
+        }
     }
 }
 
@@ -214,6 +255,22 @@ mod tests {
             let replicas = per_replica(&gateways, &outcomes, &[None, None, None]);
             let sent: u64 = replicas.iter().map(|r| r.outcomes.total()).sum();
             assert_eq!(sent + counts.not_sent, n as u64);
+        }
+    }
+
+    #[test]
+    fn a_records_class_names_the_field_its_request_counts_in() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        for _ in 0..200 {
+            let o = outcome(&mut rng);
+            let mut counts = OutcomeCounts::default();
+            counts.add(&o);
+            let json = serde_json::to_value(&counts).unwrap();
+            let counted = match Class::of(&o) {
+                Class::Status(status) => json["http_status"][status.to_string()].clone(),
+                class => json[class.name()].clone(),
+            };
+            assert_eq!(counted, 1, "{:?} in {json}", Class::of(&o));
         }
     }
 

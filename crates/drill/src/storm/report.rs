@@ -6,13 +6,16 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use bch_core::policy::Branch;
-use reqwest::Url;
 use serde::Serialize;
 
-use super::config::StormConfig;
+use super::arrivals::OpenLoop;
 use super::outcomes::{OutcomeCounts, ReplicaOutcomes, per_replica};
-use super::prompts::PrefixScope;
+use super::overload::{OpenLoopReport, ShedSummary};
+use super::records::RequestRecord;
+use super::shape::StormShape;
 use super::shooter::Outcome;
 use crate::control::{DrainCheck, ReplicaDrain};
 use crate::stats::{mean, percentile};
@@ -48,101 +51,6 @@ pub struct TtftSummary {
     pub p50_ms: f64,
     /// 99th percentile (nearest rank, an observed value), ms.
     pub p99_ms: f64,
-}
-
-/// The storm's shape as configured, echoed in the report so a JSON file says what produced it.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct StormShape {
-    /// Data-plane URL the storm was aimed at (every replica's, comma-separated, when several).
-    pub gateway: String,
-    /// Gateway replicas the requests were spread over, round-robin (1 for a single gateway).
-    pub replicas: usize,
-    /// Groups fired.
-    pub groups: usize,
-    /// Concurrent sibling requests per group.
-    pub siblings: usize,
-    /// Distinct routing keys the groups cycled over.
-    pub keys: usize,
-    /// Groups in flight at once.
-    pub concurrency: usize,
-    /// True when responses were streamed (SSE), which decides the [`TtftBasis`].
-    pub stream: bool,
-    /// Prompt tokens of the shared prefix.
-    pub prefix_tokens: usize,
-    /// Who shares the prefix: every group of a key, or the siblings of one group.
-    pub prefix_scope: PrefixScope,
-    /// Hot keys (0: groups cycle over the keys in turn).
-    pub hot_keys: usize,
-    /// Share of groups on the hot keys (meaningful when `hot_keys > 0`).
-    pub hot_share: f64,
-    /// Prompt tokens distinct to each request.
-    pub suffix_tokens: usize,
-    /// `max_tokens` of each request.
-    pub max_tokens: u32,
-    /// Seed of the prompt text.
-    pub seed: u64,
-}
-
-impl fmt::Display for StormShape {
-    /// `400 groups x 8 siblings over 8 keys (2 hot, 80%), group prefixes of 1024 + 32 tokens, 4
-    /// groups in flight, streaming`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} groups x {} siblings over {} keys",
-            self.groups, self.siblings, self.keys
-        )?;
-        if self.hot_keys > 0 {
-            write!(
-                f,
-                " ({} hot, {:.0}%)",
-                self.hot_keys,
-                self.hot_share * 100.0
-            )?;
-        }
-        let scope = match self.prefix_scope {
-            PrefixScope::Key => "key",
-            PrefixScope::Group => "group",
-        };
-        write!(
-            f,
-            ", {scope} prefixes of {} + {} tokens, {} groups in flight, {}",
-            self.prefix_tokens,
-            self.suffix_tokens,
-            self.concurrency,
-            if self.stream {
-                "streaming"
-            } else {
-                "non-streaming"
-            }
-        )
-    }
-}
-
-impl StormShape {
-    /// The shape of a storm fired with `config`.
-    pub(crate) fn of(config: &StormConfig) -> Self {
-        Self {
-            gateway: config
-                .gateways()
-                .map(Url::as_str)
-                .collect::<Vec<_>>()
-                .join(","),
-            replicas: config.gateways().count(),
-            groups: config.groups,
-            siblings: config.siblings,
-            keys: config.keys,
-            concurrency: config.concurrency,
-            stream: config.stream,
-            prefix_tokens: config.prefix_tokens,
-            prefix_scope: config.prefix_scope,
-            hot_keys: config.hot_keys,
-            hot_share: config.hot_share,
-            suffix_tokens: config.suffix_tokens,
-            max_tokens: config.max_tokens,
-            seed: config.seed,
-        }
-    }
 }
 
 /// Everything a measured storm observed. It serialises to the `--out` JSON, and `Display` prints the
@@ -209,6 +117,14 @@ pub struct StormReport {
     pub cached_reported: u64,
     /// Whether every worker's `active` returned to 0 (only with a control URL).
     pub drain: Option<DrainCheck>,
+    /// Answers against clean sheds, goodput and the gateway's queue wait.
+    pub overload: ShedSummary,
+    /// Open loop: how the sending kept to its schedule.
+    pub open_loop: Option<OpenLoopReport>,
+    /// Every request as it went, in send order (`bch-drill storm --records`); not in the JSON
+    /// report.
+    #[serde(skip)]
+    pub records: Vec<RequestRecord>,
 }
 
 /// Running totals over outcomes, folded into a [`StormReport`] at the end.
@@ -326,6 +242,9 @@ impl Tally {
             outcomes: self.outcomes,
             drain,
             shape,
+            overload: ShedSummary::default(),
+            open_loop: None,
+            records: Vec::new(),
         }
     }
 }
@@ -357,6 +276,12 @@ pub(super) struct Observed {
     pub(super) duration: Duration,
     /// The drain check, when a control plane was given.
     pub(super) drain: Option<DrainCheck>,
+    /// When the storm started, for the records' send times.
+    pub(super) start: Instant,
+    /// The TTFT objective of goodput.
+    pub(super) slo_ttft: Option<Duration>,
+    /// Open loop: its settings, sending window and peak in flight.
+    pub(super) open_loop: Option<(OpenLoop, Duration, usize)>,
 }
 
 /// Folds a storm's outcomes, each with the index of its routing key in `keys`, into its report.
@@ -375,14 +300,25 @@ pub(super) fn summarise(
         outcomes.iter().map(|(_, o)| o),
         &observed.ejections,
     );
-    tally.into_report(
+    let window = observed.open_loop.map_or(observed.duration, |(_, w, _)| w);
+    let all = || outcomes.iter().map(|(_, o)| o);
+    let mut report = tally.into_report(
         shape,
         outcomes.len(),
         observed.duration,
         observed.drain,
         replicas,
         observed.interrupted,
-    )
+    );
+    report.overload = ShedSummary::of(all(), observed.slo_ttft, window);
+    report.open_loop = observed
+        .open_loop
+        .map(|(o, window, peak)| OpenLoopReport::of(&o, all(), window, peak));
+    report.records = outcomes
+        .iter()
+        .map(|(key, o)| RequestRecord::of(&keys[*key], o, observed.start))
+        .collect();
+    report
 }
 
 impl fmt::Display for StormReport {
@@ -409,7 +345,13 @@ impl StormReport {
             "storm: {} requests to {}{replicas} ({s})",
             self.requests, s.gateway
         )?;
-        if self.interrupted {
+        if self.interrupted && s.open_loop.is_some() {
+            writeln!(
+                f,
+                "  INTERRUPTED   after {:.2} s: sending stopped; those in flight were abandoned",
+                self.duration_s
+            )?;
+        } else if self.interrupted {
             writeln!(
                 f,
                 "  INTERRUPTED   after {:.2} s: {} of {} requests started; those in flight were abandoned",
@@ -425,6 +367,10 @@ impl StormReport {
     /// [`OutcomeCounts`] that has requests, so its counts add up to the requests sent.
     fn fmt_totals(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "  outcomes      {}", self.outcomes)?;
+        write!(f, "{}", self.overload)?;
+        if let Some(open_loop) = &self.open_loop {
+            write!(f, "{open_loop}")?;
+        }
         if self.refused_and_resent > 0 {
             writeln!(
                 f,

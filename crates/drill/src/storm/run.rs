@@ -6,6 +6,7 @@
 //! storm stopped early ([`run_storm_until`], Ctrl-C in `bch-drill storm`) reports the requests it
 //! started.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -16,8 +17,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::config::{StormConfig, routing_key};
+use super::open_loop::fire_open_loop;
 use super::prompts::Prompts;
-use super::report::{Observed, StormReport, StormShape, summarise};
+use super::report::{Observed, StormReport, summarise};
+use super::shape::StormShape;
 use super::shooter::{Outcome, Shooter, refused};
 use crate::control::{ControlClient, DrainCheck};
 
@@ -61,16 +64,18 @@ pub async fn run_storm_until(
         refused_at_start.len() < config.gateways().count(),
         "every gateway refuses connections"
     );
-    let shooter = Shooter::new(
-        config.gateways(),
-        &config.routing_key_header,
-        config.stream,
-        config.max_tokens,
-        &config.model,
-        config.request_timeout,
-    )?
-    .ejecting_refused(config.eject_refused_replicas)
-    .stopping_on(stop.clone());
+    let shooter = Arc::new(
+        Shooter::new(
+            config.gateways(),
+            &config.routing_key_header,
+            config.stream,
+            config.max_tokens,
+            &config.model,
+            config.request_timeout,
+        )?
+        .ejecting_refused(config.eject_refused_replicas)
+        .stopping_on(stop.clone()),
+    );
     for replica in refused_at_start {
         shooter.eject(replica);
     }
@@ -84,7 +89,28 @@ pub async fn run_storm_until(
     let keys: Vec<String> = (0..config.keys).map(routing_key).collect();
     let progress = progress_bar(config);
     let start = Instant::now();
-    let outcomes = fire_groups(config, &shooter, &prompts, &keys, &progress, stop).await;
+    let (outcomes, open_loop) = match &config.open_loop {
+        None => (
+            fire_groups(config, &shooter, &prompts, &keys, &progress, stop).await,
+            None,
+        ),
+        Some(open_loop) => {
+            let run = fire_open_loop(
+                config,
+                open_loop,
+                shooter.clone(),
+                &prompts,
+                &keys,
+                &progress,
+                stop,
+            )
+            .await;
+            (
+                run.outcomes,
+                Some((*open_loop, run.window, run.peak_in_flight)),
+            )
+        }
+    };
     let duration = start.elapsed();
     progress.finish_and_clear();
     let drain = check_drain(config).await;
@@ -94,6 +120,9 @@ pub async fn run_storm_until(
         interrupted: stop.is_cancelled(),
         duration,
         drain,
+        start,
+        slo_ttft: config.slo_ttft,
+        open_loop,
     };
     Ok(summarise(
         StormShape::of(config),
@@ -122,8 +151,12 @@ fn progress_bar(config: &StormConfig) -> ProgressBar {
         ProgressBar::hidden()
     };
     progress.set_style(
-        ProgressStyle::with_template("storm {bar:40} {pos}/{len} requests  {per_sec}  eta {eta}")
-            .expect("static template"),
+        ProgressStyle::with_template(if config.open_loop.is_some() {
+            "storm {bar:40} {pos}/{len} requests sent  {per_sec}  eta {eta}"
+        } else {
+            "storm {bar:40} {pos}/{len} requests  {per_sec}  eta {eta}"
+        })
+        .expect("static template"),
     );
     progress
 }

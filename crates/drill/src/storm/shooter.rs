@@ -14,10 +14,18 @@ use anyhow::Context as _;
 use bch_core::routing_key::{BRANCH_HEADER, WORKER_HEADER};
 use futures_util::StreamExt as _;
 use reqwest::Url;
-use reqwest::header::{HeaderName, HeaderValue};
+use reqwest::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+/// The header in which a gateway names why it refused a request (`worker_overload_protection_shed`
+/// for a shed), as SMG does.
+pub(super) const ERROR_CODE_HEADER: &str = "x-smg-error-code";
+
+/// The header in which the gateway says how long it held a request in its admission queue, in
+/// milliseconds.
+pub(super) const QUEUE_WAIT_HEADER: &str = "x-bch-queue-wait-ms";
 
 /// Why a request got no response at all (no status line).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +64,21 @@ pub(super) struct Outcome {
     pub(super) branch: Option<String>,
     /// Time to the first SSE data line, or to the whole body when not streaming.
     pub(super) ttft: Option<Duration>,
+    /// When the first attempt started.
+    pub(super) sent: Option<Instant>,
+    /// Open loop: how long after its scheduled time the request went out (set by the measured
+    /// storm only, which the background storm builds without).
+    #[cfg_attr(not(feature = "harness"), allow(dead_code))]
+    pub(super) late: Option<Duration>,
+    /// Time from the first attempt to the end of the answer (its last byte, or the failure).
+    pub(super) total: Option<Duration>,
+    /// The answer carried a `Retry-After` header (a clean shed carries one).
+    pub(super) retry_after: bool,
+    /// The `X-SMG-Error-Code` response header, when the answer is an error that names its cause.
+    pub(super) error_code: Option<String>,
+    /// The `x-bch-queue-wait-ms` response header: how long the gateway held the request before
+    /// admitting or shedding it, in milliseconds.
+    pub(super) queue_wait_ms: Option<f64>,
     pub(super) prompt_tokens: u64,
     pub(super) cached_tokens: u64,
     pub(super) completion_tokens: u64,
@@ -177,7 +200,7 @@ impl Shooter {
     /// Sends one request and reads its answer. A refused connection, when refused replicas are
     /// ejected, ejects the replica and sends the request to the next one. When the shooter's stop
     /// token fires first, the request is abandoned and says so.
-    async fn fire(&self, key: &str, prompt: &str) -> Outcome {
+    pub(super) async fn fire(&self, key: &str, prompt: &str) -> Outcome {
         let mut outcome = Outcome::default();
         let body = self.body(prompt);
         let key = match HeaderValue::from_str(key) {
@@ -190,10 +213,12 @@ impl Shooter {
         };
         // From the first attempt: a resent request's client waited through the refusal too.
         let start = Instant::now();
+        outcome.sent = Some(start);
         let finished = tokio::select! {
             () = self.attempt(&key, &body, start, &mut outcome) => true,
             () = self.stop.cancelled() => false,
         };
+        outcome.total = Some(start.elapsed());
         if !finished {
             if outcome.replica.is_some() {
                 outcome.interrupted = true;
@@ -288,6 +313,9 @@ impl Shooter {
         };
         outcome.worker = header(WORKER_HEADER);
         outcome.branch = header(BRANCH_HEADER);
+        outcome.retry_after = response.headers().contains_key(RETRY_AFTER);
+        outcome.error_code = header(ERROR_CODE_HEADER);
+        outcome.queue_wait_ms = header(QUEUE_WAIT_HEADER).and_then(|v| v.trim().parse().ok());
         if !response.status().is_success() {
             // Drain the error body so the connection can be reused; its content is not needed.
             let _ = response.bytes().await;

@@ -51,6 +51,9 @@ enum Work {
 /// A request in the running batch.
 struct Running {
     tokens: Arc<[u32]>,
+    /// Its full prompt blocks (the usable chain): running requests that share a prefix hold its
+    /// blocks once, as paged attention does.
+    chain: Vec<u64>,
     /// Blocks this request computes and others may wait for (its uncached usable blocks).
     computing: Vec<u64>,
     cached: usize,
@@ -69,6 +72,8 @@ pub(super) struct EngineState {
     running: Vec<Running>,
     /// Block hash → running requests computing it.
     computing: HashMap<u64, usize>,
+    /// KV blocks the worker has, for the usage gauge (the prefix cache's capacity).
+    capacity_blocks: usize,
 }
 
 /// Counts a step's work, for its duration.
@@ -89,6 +94,9 @@ pub(super) struct EngineGauges {
     pub(super) waiting: prometheus_client::metrics::gauge::Gauge,
     pub(super) prompt_tokens: prometheus_client::metrics::counter::Counter,
     pub(super) cached_tokens: prometheus_client::metrics::counter::Counter,
+    /// KV-cache usage, 0 to 1: see [`EngineState::kv_usage`].
+    pub(super) kv_usage:
+        prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl Engine {
@@ -100,6 +108,7 @@ impl Engine {
                 waiting: VecDeque::new(),
                 running: Vec::new(),
                 computing: HashMap::new(),
+                capacity_blocks,
             }),
             wake: Notify::new(),
         }
@@ -156,6 +165,7 @@ impl EngineState {
             let hits = self.cache.hit(&chain);
             let cached = hits * self.cache.block_size();
             let computing = chain[hits..].to_vec();
+            let chain_blocks = chain;
             for block in &computing {
                 *self.computing.entry(*block).or_insert(0) += 1;
             }
@@ -164,6 +174,7 @@ impl EngineState {
             self.running.push(Running {
                 to_prefill: waiting.tokens.len() - cached,
                 tokens: waiting.tokens,
+                chain: chain_blocks,
                 computing,
                 cached,
                 max_tokens: waiting.max_tokens,
@@ -174,6 +185,26 @@ impl EngineState {
         }
         gauges.waiting.set(self.waiting.len() as i64);
         gauges.running.set(self.running.len() as i64);
+        gauges.kv_usage.set(self.kv_usage());
+    }
+
+    /// KV-cache usage, 0 to 1: the blocks the running requests hold (their prompts and the tokens
+    /// decoded so far, a shared prefix counted once) over the cache's capacity, as vLLM's
+    /// `kv_cache_usage_perc` counts them. Cached blocks no running request holds count as free,
+    /// as in vLLM, where they are evictable; with the cache disabled (capacity 0), 0.
+    pub(super) fn kv_usage(&self) -> f64 {
+        if self.capacity_blocks == 0 {
+            return 0.0;
+        }
+        let block = self.cache.block_size();
+        let mut shared = std::collections::HashSet::new();
+        let mut own = 0;
+        for request in &self.running {
+            shared.extend(request.chain.iter().copied());
+            let held = (request.tokens.len() + request.produced as usize).div_ceil(block);
+            own += held.saturating_sub(request.chain.len());
+        }
+        ((shared.len() + own) as f64 / self.capacity_blocks as f64).min(1.0)
     }
 
     /// Decides what each running request does in the next step; `None` when nothing runs.
@@ -222,6 +253,7 @@ impl EngineState {
             }
         }
         gauges.running.set(self.running.len() as i64);
+        gauges.kv_usage.set(self.kv_usage());
     }
 
     /// Advances running request `index` by its step; false when it is finished or abandoned.
@@ -320,6 +352,7 @@ mod tests {
             waiting: Gauge::default(),
             prompt_tokens: Counter::default(),
             cached_tokens: Counter::default(),
+            kv_usage: Gauge::default(),
         }
     }
 
@@ -433,5 +466,33 @@ mod tests {
         assert_eq!(step(&mut state, &config, &g), (1, 0));
         assert_eq!(step(&mut state, &config, &g), (0, 8));
         assert_eq!(second.try_recv(), Ok(Event::First { cached: 0 }));
+    }
+
+    #[test]
+    fn kv_usage_counts_the_running_blocks_a_shared_prefix_once_and_frees_them_at_the_end() {
+        let config = SimConfig {
+            block_size: 4,
+            wait_for_shared_prefix: false,
+            ..SimConfig::default()
+        };
+        let engine = Engine::new(4, 20);
+        let g = gauges();
+        let sibling =
+            |tail: u32| -> Arc<[u32]> { (0..8).chain([tail]).collect::<Vec<u32>>().into() };
+        let _a = engine.submit(sibling(100), 3, &g);
+        let _b = engine.submit(sibling(200), 3, &g);
+        let mut state = engine.lock();
+        // Prefilled, first token out: the two shared 4-token blocks once, and each request's
+        // last prompt token and first output token in a block of its own: 4 of 20 blocks.
+        step(&mut state, &config, &g);
+        assert_eq!(g.kv_usage.get(), 0.2);
+        // A decoded token more each, in the same blocks; the third retires both.
+        step(&mut state, &config, &g);
+        assert_eq!(g.kv_usage.get(), 0.2);
+        step(&mut state, &config, &g);
+        assert_eq!((g.running.get(), g.kv_usage.get()), (0, 0.0));
+        // The cache keeps their blocks, but no running request holds them: free, as in vLLM.
+        assert_ne!(state.cache.len(), 0);
+        assert_eq!(state.kv_usage(), 0.0);
     }
 }

@@ -43,6 +43,9 @@ pub struct SimStats {
 pub(super) struct WorkerMetrics {
     pub(super) running: Gauge,
     pub(super) waiting: Gauge,
+    /// KV-cache usage, 0 to 1 (engine mode; 0 in instant mode, where nothing holds blocks over
+    /// time).
+    pub(super) kv_usage: Gauge<f64, AtomicU64>,
     pub(super) requests: Counter,
     pub(super) success: Counter,
     pub(super) prompt_tokens: Counter,
@@ -56,6 +59,7 @@ impl WorkerMetrics {
         let mut m = Self {
             running: Gauge::default(),
             waiting: Gauge::default(),
+            kv_usage: Gauge::default(),
             requests: Counter::default(),
             success: Counter::default(),
             prompt_tokens: Counter::default(),
@@ -80,6 +84,11 @@ impl WorkerMetrics {
             "vllm:num_requests_waiting",
             "Requests waiting for a batch slot",
             self.waiting.clone(),
+        );
+        r.register(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage: blocks held by running requests over the cache's blocks, 0 to 1",
+            self.kv_usage.clone(),
         );
         r.register(
             "bch_sim:requests",
@@ -149,6 +158,7 @@ impl Shared {
             waiting: m.waiting.clone(),
             prompt_tokens: m.prompt_tokens.clone(),
             cached_tokens: m.cached_tokens.clone(),
+            kv_usage: m.kv_usage.clone(),
         }
     }
 
