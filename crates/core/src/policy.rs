@@ -17,6 +17,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::admission::{AdmissionError, AdmissionPatch, AdmissionSettings};
 use crate::fleet_load::LoadSource;
 
 /// Default `min_load_gap`, in in-flight requests.
@@ -159,6 +160,11 @@ pub struct PolicySettings {
     /// load from the workers' own gauges ([`crate::fleet_load`]).
     #[serde(default)]
     pub load_source: LoadSource,
+    /// Capacity per worker, engine-reported saturation and the gateway's queue (`[admission]`),
+    /// published with the policy so one decision reads one consistent set. Absent when read:
+    /// the defaults, which change no decision.
+    #[serde(default)]
+    pub admission: AdmissionSettings,
 }
 
 impl Default for PolicySettings {
@@ -170,6 +176,7 @@ impl Default for PolicySettings {
             spill_order: SpillOrder::default(),
             virtual_nodes: DEFAULT_VIRTUAL_NODES,
             load_source: LoadSource::default(),
+            admission: AdmissionSettings::default(),
         }
     }
 }
@@ -197,6 +204,10 @@ pub struct PolicyPatch {
     /// New load source (`local` or `worker_metrics`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_source: Option<LoadSource>,
+    /// Admission changes, same field names as `[admission]`:
+    /// `{"admission": {"max_in_flight_per_worker": 4}}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<AdmissionPatch>,
 }
 
 impl From<PolicySettings> for PolicyPatch {
@@ -209,6 +220,7 @@ impl From<PolicySettings> for PolicyPatch {
             spill_order: Some(settings.spill_order),
             virtual_nodes: Some(settings.virtual_nodes),
             load_source: Some(settings.load_source),
+            admission: Some(settings.admission.into()),
         }
     }
 }
@@ -230,6 +242,9 @@ pub enum PolicyError {
     /// Unknown spill order name.
     #[error("spill_order must be one of ring, hash_seeded; got {0:?}")]
     UnknownSpillOrder(String),
+    /// An `[admission]` field was out of range.
+    #[error(transparent)]
+    Admission(#[from] AdmissionError),
 }
 
 impl PolicyError {
@@ -240,6 +255,7 @@ impl PolicyError {
             PolicyError::InvalidVirtualNodes(_) => "virtual_nodes",
             PolicyError::UnknownKind(_) => "kind",
             PolicyError::UnknownSpillOrder(_) => "spill_order",
+            PolicyError::Admission(error) => error.field(),
         }
     }
 }
@@ -253,6 +269,7 @@ impl PolicySettings {
         if self.virtual_nodes == 0 || self.virtual_nodes > MAX_VIRTUAL_NODES {
             return Err(PolicyError::InvalidVirtualNodes(self.virtual_nodes));
         }
+        self.admission.validate()?;
         Ok(())
     }
 
@@ -266,6 +283,10 @@ impl PolicySettings {
             spill_order: patch.spill_order.unwrap_or(self.spill_order),
             virtual_nodes: patch.virtual_nodes.unwrap_or(self.virtual_nodes),
             load_source: patch.load_source.unwrap_or(self.load_source),
+            admission: match &patch.admission {
+                Some(admission) => self.admission.patched(admission)?,
+                None => self.admission,
+            },
         };
         next.validate()?;
         Ok(next)
@@ -293,11 +314,21 @@ pub enum Branch {
     ImplicitRoutingKeyHit,
     /// No key: the less loaded of two random healthy workers (or a baseline policy's pick).
     Keyless,
+    /// Explicit key whose preferred worker is full (at capacity, or its engine saturated): moved
+    /// at once to the first worker with room in its spill order, whatever the bound says.
+    ExplicitRoutingKeyCapacitySpill,
+    /// `X-SMG-Target-Worker` named a routable worker that is full: the request waits for it.
+    TargetWorkerFull,
+    /// Implicit key whose preferred worker is full: the request waits for it (implicit keys never
+    /// move).
+    ImplicitRoutingKeyFull,
+    /// An explicit key or keyless request found no eligible worker with room: it waits for any.
+    FleetFull,
 }
 
 impl Branch {
     /// Every branch, in documentation order (for metrics pre-registration).
-    pub const ALL: [Branch; 8] = [
+    pub const ALL: [Branch; 12] = [
         Branch::NoHealthyWorkers,
         Branch::TargetWorkerHit,
         Branch::TargetWorkerMiss,
@@ -306,6 +337,10 @@ impl Branch {
         Branch::ExplicitRoutingKeyNoEligibleCandidate,
         Branch::ImplicitRoutingKeyHit,
         Branch::Keyless,
+        Branch::ExplicitRoutingKeyCapacitySpill,
+        Branch::TargetWorkerFull,
+        Branch::ImplicitRoutingKeyFull,
+        Branch::FleetFull,
     ];
 
     /// The snake-case name.
@@ -321,14 +356,40 @@ impl Branch {
             }
             Branch::ImplicitRoutingKeyHit => "implicit_routing_key_hit",
             Branch::Keyless => "keyless",
+            Branch::ExplicitRoutingKeyCapacitySpill => "explicit_routing_key_capacity_spill",
+            Branch::TargetWorkerFull => "target_worker_full",
+            Branch::ImplicitRoutingKeyFull => "implicit_routing_key_full",
+            Branch::FleetFull => "fleet_full",
         }
     }
 
-    /// True for the two branches that come from the bound firing (telemetry spill events).
+    /// True for the branches shown as spills (telemetry spill events): the two that come from
+    /// the bound firing, and the capacity spill.
     pub fn is_spill_event(self) -> bool {
         matches!(
             self,
-            Branch::ExplicitRoutingKeySpillover | Branch::ExplicitRoutingKeyNoEligibleCandidate
+            Branch::ExplicitRoutingKeySpillover
+                | Branch::ExplicitRoutingKeyNoEligibleCandidate
+                | Branch::ExplicitRoutingKeyCapacitySpill
+        )
+    }
+
+    /// True for the branches that moved a request off its preferred worker (a spill out of it and
+    /// into the worker that got it).
+    pub fn moved(self) -> bool {
+        matches!(
+            self,
+            Branch::ExplicitRoutingKeySpillover | Branch::ExplicitRoutingKeyCapacitySpill
+        )
+    }
+
+    /// True for the branches of a decision that chose no worker for want of room: the request may
+    /// wait ([`crate::decide::Decision::wait`] says for what) or be shed. These names are also
+    /// the `x-bch-branch` of a shed answer, so a client sees which wait it gave up on.
+    pub fn is_full(self) -> bool {
+        matches!(
+            self,
+            Branch::TargetWorkerFull | Branch::ImplicitRoutingKeyFull | Branch::FleetFull
         )
     }
 }

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 mod discovery;
 pub use discovery::{DiscoveryKind, DiscoverySource, DiscoveryState};
 
+use crate::admission::AdmissionPatch;
 use crate::fleet_load::{LoadSignal, LoadSource};
 use crate::policy::{Branch, PolicyKind, PolicySettings, SpillOrder};
 
@@ -238,6 +239,10 @@ pub enum ClientCommand {
         /// New load source: `local` or `worker_metrics`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         load_source: Option<LoadSource>,
+        /// Admission changes, the `[admission]` field names:
+        /// `{"admission": {"max_in_flight_per_worker": 4}}`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        admission: Option<AdmissionPatch>,
     },
     /// Stop sending new requests to a worker; its in-flight requests finish. A `drained` frame
     /// follows when the last one ended. Validated like `POST /admin/workers/{name}/drain`.
@@ -332,6 +337,14 @@ pub struct WorkerRecord {
     /// only had static workers.
     #[serde(default)]
     pub source: WorkerSource,
+    /// Requests in flight the worker may hold (compared with [`WorkerRecord::load`]); `None` when
+    /// it has no cap, and in frames of gateways that predate capacity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<u64>,
+    /// The worker is full (at its capacity, or its engine reported saturation) and takes no new
+    /// request. Sent only when `true`; absent means not full.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub full: bool,
 }
 
 impl WorkerRecord {
@@ -576,6 +589,7 @@ mod tests {
                 max_load_skew: None,
                 spill_order: None,
                 load_source: None,
+                admission: None,
             }
         );
         let cmd: ClientCommand =

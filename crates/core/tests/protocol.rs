@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use bch_core::admission::{AdmissionPatch, AdmissionSettings};
 use bch_core::fleet_load::{LoadSignal, LoadSource};
 use bch_core::policy::{Branch, PolicyKind, PolicySettings, SpillOrder};
 use bch_core::telemetry::*;
@@ -15,6 +16,11 @@ fn policy() -> PolicySettings {
         spill_order: SpillOrder::Ring,
         virtual_nodes: 150,
         load_source: LoadSource::WorkerMetrics,
+        admission: AdmissionSettings {
+            max_in_flight_per_worker: 4,
+            queue_timeout_ms: 2000,
+            ..AdmissionSettings::default()
+        },
     }
 }
 
@@ -38,6 +44,8 @@ fn worker(name: &str, active: u64, healthy: bool) -> WorkerRecord {
         scrape_age_ms: Some(40),
         load_stale: !healthy,
         source: Default::default(),
+        capacity: Some(4),
+        full: active + 2 >= 4,
     }
 }
 
@@ -252,6 +260,10 @@ fn client_commands_have_a_stable_shape() {
         max_load_skew: Some(1.25),
         spill_order: Some(SpillOrder::HashSeeded),
         load_source: Some(LoadSource::WorkerMetrics),
+        admission: Some(AdmissionPatch {
+            max_in_flight_per_worker: Some(8),
+            ..AdmissionPatch::default()
+        }),
     };
     insta::assert_json_snapshot!("set_policy", set_policy);
     insta::assert_json_snapshot!("resync", ClientCommand::Resync { id: None });
