@@ -258,6 +258,10 @@ fn spill_target<F: FleetView>(
     };
     match (order, eligible_mask(fleet, preferred, bound, limited)) {
         (SpillOrder::Ring, Some(mask)) => ring.first_in_set(position, mask),
+        // Under limits, fullness is asked once per worker: `workers_clockwise` yields each once.
+        (SpillOrder::Ring, None) if limited => ring
+            .workers_clockwise(position, |w| w != preferred && fleet.routable(w))
+            .find(|&w| eligible(w)),
         (SpillOrder::Ring, None) => ring.points_from(position).find(|&w| eligible(w)),
         (SpillOrder::HashSeeded, Some(mask)) => ring.first_seeded_in_set(position, mask),
         (SpillOrder::HashSeeded, None) => ring.first_seeded(position, eligible),
