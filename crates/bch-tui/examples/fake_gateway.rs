@@ -88,6 +88,7 @@ async fn serve(tcp: tokio::net::TcpStream) -> anyhow::Result<()> {
                         min_load_gap: policy.min_load_gap,
                         max_load_skew: policy.max_load_skew,
                         load_signal: Default::default(),
+                        cause: Default::default(),
                     }]
                 } else {
                     vec![]

@@ -93,6 +93,7 @@ fn spill() -> SpillEvent {
         min_load_gap: 2,
         max_load_skew: 1.5,
         load_signal: LoadSignal::WorkerMetrics,
+        cause: SpillCause::Bound,
     }
 }
 
@@ -314,4 +315,33 @@ fn records_from_a_gateway_without_fleet_load_still_parse() {
     let record: WorkerRecord = serde_json::from_str(json).unwrap();
     assert_eq!((record.load, record.load_stale), (None, false));
     assert_eq!(record.rule_load(), 3);
+}
+
+/// A capacity spill travels under a branch name every console knows, with its cause beside it;
+/// an event without a cause is a bound spill.
+#[test]
+fn capacity_spills_stay_readable_by_older_consoles() {
+    let (branch, cause) = SpillCause::of(Branch::ExplicitRoutingKeyCapacitySpill);
+    assert_eq!(
+        (branch, cause),
+        (Branch::ExplicitRoutingKeySpillover, SpillCause::Capacity)
+    );
+    assert_eq!(
+        SpillCause::of(Branch::ExplicitRoutingKeyNoEligibleCandidate),
+        (
+            Branch::ExplicitRoutingKeyNoEligibleCandidate,
+            SpillCause::Bound
+        )
+    );
+    let event = SpillEvent {
+        branch,
+        cause,
+        ..spill()
+    };
+    let json = serde_json::to_value(&event).unwrap();
+    assert_eq!(json["branch"], "explicit_routing_key_spillover");
+    assert_eq!(json["cause"], "capacity");
+    assert_eq!(serde_json::from_value::<SpillEvent>(json).unwrap(), event);
+    let bound = serde_json::to_value(spill()).unwrap();
+    assert!(bound.get("cause").is_none(), "{bound}");
 }

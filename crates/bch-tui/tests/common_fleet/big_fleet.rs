@@ -85,6 +85,7 @@ fn big_fleet() -> ServerFrame {
             min_load_gap: 2,
             max_load_skew: 1.5,
             load_signal: Default::default(),
+            cause: Default::default(),
         })
         .collect();
     ServerFrame::new(
