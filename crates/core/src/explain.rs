@@ -117,9 +117,19 @@ pub struct Answer {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fleet_loads: Vec<WorkerLoad>,
     /// When no worker was chosen because the ones the request may use are full: what it waits
-    /// for at the gateway (`{"for_worker": index}` or `"for_any_worker"`); omitted otherwise.
+    /// for at the gateway (`{"for_worker": url}` or `"for_any_worker"`); omitted otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wait: Option<Wait>,
+    pub wait: Option<WaitsFor>,
+}
+
+/// [`Wait`] with the worker named by URL, as everywhere in an answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitsFor {
+    /// Only this worker may take the request (an implicit key, a target worker).
+    ForWorker(String),
+    /// Any worker with room may take it.
+    ForAnyWorker,
 }
 
 /// One worker's load as the rule sees it, in requests: this replica's count, the worker's report
@@ -266,7 +276,10 @@ impl Explainer {
             bound: decision.bound,
             load_signal: decision.load_signal.filter(|_| fleet_numbers),
             fleet_loads,
-            wait: decision.wait,
+            wait: decision.wait.map(|wait| match wait {
+                Wait::ForWorker(w) => WaitsFor::ForWorker(url(w)),
+                Wait::ForAnyWorker => WaitsFor::ForAnyWorker,
+            }),
         })
     }
 }
@@ -481,19 +494,15 @@ mod tests {
         let held = explainer.explain(&scenario(&implicit)).unwrap();
         assert_eq!(held.branch, Branch::ImplicitRoutingKeyFull);
         assert_eq!(held.worker, None);
-        let index = ["http://a", "http://b", "http://c"]
-            .iter()
-            .position(|u| Some(*u) == held.preferred.as_deref())
-            .unwrap();
-        assert_eq!(held.wait, Some(Wait::ForWorker(index)));
+        assert_eq!(held.wait, Some(WaitsFor::ForWorker(preferred)));
         // Every worker saturated by its engine: the explicit key waits for any worker.
         let all_full = format!(
             r#"{{{workers},"engine_full":{{"http://a":true,"http://b":true,"http://c":true}},"routing_key":"k","explicit":true}}"#
         );
         let waits = explainer.explain(&scenario(&all_full)).unwrap();
         assert_eq!(
-            (waits.worker.clone(), waits.branch, waits.wait),
-            (None, Branch::FleetFull, Some(Wait::ForAnyWorker))
+            (waits.worker.clone(), waits.branch, waits.wait.clone()),
+            (None, Branch::FleetFull, Some(WaitsFor::ForAnyWorker))
         );
         let json = serde_json::to_value(&waits).unwrap();
         assert_eq!(json["wait"], "for_any_worker", "{json}");
