@@ -88,6 +88,7 @@ async fn serve(tcp: tokio::net::TcpStream) -> anyhow::Result<()> {
                         min_load_gap: policy.min_load_gap,
                         max_load_skew: policy.max_load_skew,
                         load_signal: Default::default(),
+                        cause: Default::default(),
                     }]
                 } else {
                     vec![]
@@ -113,8 +114,8 @@ async fn serve(tcp: tokio::net::TcpStream) -> anyhow::Result<()> {
                 let Some(msg) = msg else { return Ok(()) };
                 let Message::Text(text) = msg? else { continue };
                 match serde_json::from_str::<ClientCommand>(&text) {
-                    Ok(ClientCommand::SetPolicy { id, kind, min_load_gap, max_load_skew, spill_order, load_source }) => {
-                        let patch = PolicyPatch { kind, min_load_gap, max_load_skew, spill_order, virtual_nodes: None, load_source };
+                    Ok(ClientCommand::SetPolicy { id, kind, min_load_gap, max_load_skew, spill_order, load_source, admission }) => {
+                        let patch = PolicyPatch { kind, min_load_gap, max_load_skew, spill_order, virtual_nodes: None, load_source, admission };
                         match policy.patched(&patch) {
                             Ok(next) => {
                                 policy = next;

@@ -37,6 +37,7 @@ fn router(n: usize, policy: PolicySettings) -> Router {
             url,
             ring_id: None,
             source: WorkerSource::Static,
+            max_in_flight: None,
         })
         .collect();
     Router::new(specs, policy).unwrap()

@@ -2,38 +2,21 @@
 //! fleet (health, loads, names). The live [`Router`](crate::router::Router) and the offline
 //! [`explain`](crate::explain) both call [`decide`], so what `explain` predicts is what routing does.
 
+use crate::admission::Wait;
 use crate::fleet_load::{LoadSignal, LoadSource};
 use crate::policy::{BoundCheck, Branch, FleetLoad, PolicyKind, PolicySettings, SpillOrder};
 use crate::ring::Ring;
 use crate::routing_key::RoutingKey;
 
-/// What a decision needs to know about the fleet. Worker indices are positions in configuration
-/// order, the same indices the [`Ring`] was built with.
-pub trait FleetView {
-    /// Number of registered workers.
-    fn worker_count(&self) -> usize;
-    /// Whether worker `worker` may receive new requests: routable, that is healthy and active (a
-    /// draining worker is not), the one meaning of "ready" for every pick.
-    fn routable(&self, worker: usize) -> bool;
-    /// Number of routable workers.
-    fn routable_count(&self) -> usize;
-    /// In-flight requests on `worker`, before the request being decided: the load the rule reads
-    /// under the policy's load source.
-    fn load(&self, worker: usize) -> u64;
-    /// [`FleetView::load`] and which signal it came from (a fresh worker sample, or local load).
-    /// Views without worker samples keep the default: local.
-    fn load_with_signal(&self, worker: usize) -> (u64, LoadSignal) {
-        (self.load(worker), LoadSignal::Local)
-    }
-    /// Resolves a target worker header value: a worker's name, else its exact URL, else a decimal
-    /// 0-based index. `None` when nothing matches.
-    fn resolve_target(&self, raw: &[u8]) -> Option<usize>;
-}
+mod fleet_view;
+pub use fleet_view::{FleetView, is_full};
+use fleet_view::{SMALL_FLEET, WithRoom, room_target};
 
 /// A routing decision with the numbers behind it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Decision {
-    /// The worker that gets the request; `None` means the gateway answers 503.
+    /// The worker that gets the request; `None` means the gateway answers 503, or with
+    /// [`Decision::wait`] set that the request waits for room (or is shed).
     pub worker: Option<usize>,
     /// The ring's preferred worker (first routable clockwise), for keyed requests.
     pub preferred: Option<usize>,
@@ -43,6 +26,10 @@ pub struct Decision {
     pub bound: Option<BoundCheck>,
     /// With `bound`: which signal the compared loads came from.
     pub load_signal: Option<LoadSignal>,
+    /// Set when no worker was chosen because the ones the request may use are full: which worker
+    /// (or any) it may wait for. The gateway queues it (or sheds it) and decides again at
+    /// admission. `None` with no worker means a plain 503 (nothing routable, target miss).
+    pub wait: Option<Wait>,
 }
 
 impl Decision {
@@ -53,6 +40,19 @@ impl Decision {
             branch,
             bound: None,
             load_signal: None,
+            wait: None,
+        }
+    }
+
+    /// No worker now: the request waits for `preferred` (strict keys) or for any worker.
+    fn waiting(preferred: Option<usize>, branch: Branch, wait: Wait) -> Self {
+        Decision {
+            worker: None,
+            preferred,
+            branch,
+            bound: None,
+            load_signal: None,
+            wait: Some(wait),
         }
     }
 }
@@ -69,6 +69,22 @@ impl Decision {
 /// worker), or under [`SpillOrder::HashSeeded`] one score per eligible worker; on larger fleets
 /// the ring order walks the ring, up to once round when nearly every worker is over the bound, and
 /// the hash-seeded order scores every worker once.
+///
+/// Capacity (docs/policy.md, "Capacity"; only when [`FleetView::limited`]): a *full* worker
+/// ([`is_full`]) is not eligible for a new request. Following HAProxy's `maxconn` with a queue and
+/// SGLang Model Gateway's overload shedding, but keeping key affinity:
+/// - an explicit key whose preferred worker is full moves at once to the first worker with room
+///   in its spill order, whatever the bound says (`explicit_routing_key_capacity_spill`); none
+///   with room: it waits for any worker (`fleet_full`, [`Wait::ForAnyWorker`]);
+/// - an implicit key or a target worker whose worker is full waits for that worker
+///   (`implicit_routing_key_full` / `target_worker_full`, [`Wait::ForWorker`]);
+/// - keyless requests and the baselines pick among the workers with room as they pick among
+///   routable ones (none: `fleet_full`);
+/// - a bound spill goes only to a worker with room.
+///
+/// Each worker is asked whether it is full at most once per search, and the search ends after
+/// one pass also when every worker is full (HAProxy 3.4 fixed a walk that looped then). Without
+/// limits every decision is the one without capacity.
 pub fn decide<F: FleetView>(
     ring: &Ring,
     policy: &PolicySettings,
@@ -77,10 +93,19 @@ pub fn decide<F: FleetView>(
     entropy: u64,
     turn: u64,
 ) -> Decision {
+    let limited = fleet.limited();
     if let RoutingKey::Target(raw) = key {
         return match fleet.resolve_target(raw) {
             Some(worker) if fleet.routable(worker) => {
-                Decision::simple(Some(worker), Branch::TargetWorkerHit)
+                if limited && is_full(fleet, worker) {
+                    Decision::waiting(
+                        Some(worker),
+                        Branch::TargetWorkerFull,
+                        Wait::ForWorker(worker),
+                    )
+                } else {
+                    Decision::simple(Some(worker), Branch::TargetWorkerHit)
+                }
             }
             _ => Decision::simple(None, Branch::TargetWorkerMiss),
         };
@@ -89,26 +114,33 @@ pub fn decide<F: FleetView>(
     if routable_count == 0 {
         return Decision::simple(None, Branch::NoHealthyWorkers);
     }
-    match policy.kind {
-        PolicyKind::RoundRobin => {
-            let pick = nth_routable(fleet, (turn % routable_count as u64) as usize);
-            return Decision::simple(pick, Branch::Keyless);
+    if key_ignored_or_absent(policy.kind, key) {
+        if !limited {
+            return decide_unkeyed(policy.kind, fleet, routable_count, entropy, turn);
         }
-        PolicyKind::Random => {
-            let pick = nth_routable(fleet, (entropy % routable_count as u64) as usize);
-            return Decision::simple(pick, Branch::Keyless);
+        // Under caps, keyless requests and the baselines pick among the workers with room exactly
+        // as they pick among routable workers without caps.
+        let count = (0..fleet.worker_count())
+            .filter(|&w| fleet.routable(w) && !is_full(fleet, w))
+            .count();
+        if count == 0 {
+            return Decision::waiting(None, Branch::FleetFull, Wait::ForAnyWorker);
         }
-        PolicyKind::ConsistentHashing | PolicyKind::BoundedConsistentHashing => {}
+        let with_room = WithRoom { fleet, count };
+        return decide_unkeyed(policy.kind, &with_room, count, entropy, turn);
     }
     match key {
-        RoutingKey::Target(_) => unreachable!("handled above"),
-        RoutingKey::None => Decision::simple(
-            power_of_two_choices(fleet, routable_count, entropy),
-            Branch::Keyless,
-        ),
+        RoutingKey::Target(_) | RoutingKey::None => unreachable!("handled above"),
         RoutingKey::Implicit(implicit) => {
             let preferred = first_routable(ring, fleet, implicit.position());
-            Decision::simple(preferred, Branch::ImplicitRoutingKeyHit)
+            match preferred {
+                Some(worker) if limited && is_full(fleet, worker) => Decision::waiting(
+                    preferred,
+                    Branch::ImplicitRoutingKeyFull,
+                    Wait::ForWorker(worker),
+                ),
+                _ => Decision::simple(preferred, Branch::ImplicitRoutingKeyHit),
+            }
         }
         RoutingKey::Explicit(explicit) => {
             let position = explicit.position();
@@ -117,6 +149,9 @@ pub fn decide<F: FleetView>(
                 // and worker list disagree must not panic the data plane.
                 return Decision::simple(None, Branch::NoHealthyWorkers);
             };
+            if limited && is_full(fleet, preferred) {
+                return capacity_spill(ring, policy, fleet, preferred, position);
+            }
             if policy.kind == PolicyKind::ConsistentHashing {
                 return Decision::simple(Some(preferred), Branch::ExplicitRoutingKeyHit);
             }
@@ -124,8 +159,15 @@ pub fn decide<F: FleetView>(
             let (worker, branch) = if !bound.should_spill() {
                 (preferred, Branch::ExplicitRoutingKeyHit)
             } else {
-                let candidate =
-                    spill_target(ring, policy.spill_order, fleet, preferred, &bound, position);
+                let candidate = spill_target(
+                    ring,
+                    policy.spill_order,
+                    fleet,
+                    preferred,
+                    &bound,
+                    position,
+                    limited,
+                );
                 match candidate {
                     Some(target) => (target, Branch::ExplicitRoutingKeySpillover),
                     None => (preferred, Branch::ExplicitRoutingKeyNoEligibleCandidate),
@@ -137,9 +179,64 @@ pub fn decide<F: FleetView>(
                 branch,
                 bound: Some(bound),
                 load_signal: Some(load_signal),
+                wait: None,
             }
         }
     }
+}
+
+/// An explicit key whose preferred worker is full: the first worker with room in the key's spill
+/// order, whatever the bound says (the bound's numbers are still reported under the bounded
+/// policy); none with room, the request waits for any worker.
+fn capacity_spill<F: FleetView>(
+    ring: &Ring,
+    policy: &PolicySettings,
+    fleet: &F,
+    preferred: usize,
+    position: u64,
+) -> Decision {
+    let Some(target) = room_target(ring, policy.spill_order, fleet, preferred, position) else {
+        return Decision::waiting(Some(preferred), Branch::FleetFull, Wait::ForAnyWorker);
+    };
+    let (bound, load_signal) = match policy.kind {
+        PolicyKind::BoundedConsistentHashing => {
+            let (bound, signal) = bound_check(fleet, preferred, policy);
+            (Some(bound), Some(signal))
+        }
+        _ => (None, None),
+    };
+    Decision {
+        worker: Some(target),
+        preferred: Some(preferred),
+        branch: Branch::ExplicitRoutingKeyCapacitySpill,
+        bound,
+        load_signal,
+        wait: None,
+    }
+}
+
+/// Whether the request is decided without a key: no key, or a baseline policy (which ignores
+/// explicit and implicit keys; a target worker was handled before).
+fn key_ignored_or_absent(kind: PolicyKind, key: &RoutingKey<'_>) -> bool {
+    matches!(kind, PolicyKind::RoundRobin | PolicyKind::Random) || matches!(key, RoutingKey::None)
+}
+
+/// The pick of a request decided without a key among `fleet`'s `routable_count` routable workers.
+fn decide_unkeyed<F: FleetView>(
+    kind: PolicyKind,
+    fleet: &F,
+    routable_count: usize,
+    entropy: u64,
+    turn: u64,
+) -> Decision {
+    let pick = match kind {
+        PolicyKind::RoundRobin => nth_routable(fleet, (turn % routable_count as u64) as usize),
+        PolicyKind::Random => nth_routable(fleet, (entropy % routable_count as u64) as usize),
+        PolicyKind::ConsistentHashing | PolicyKind::BoundedConsistentHashing => {
+            power_of_two_choices(fleet, routable_count, entropy)
+        }
+    };
+    Decision::simple(pick, Branch::Keyless)
 }
 
 /// Where a spilled request goes: the first worker under the bound (routable, not the preferred one)
@@ -151,10 +248,20 @@ fn spill_target<F: FleetView>(
     preferred: usize,
     bound: &BoundCheck,
     position: u64,
+    limited: bool,
 ) -> Option<usize> {
-    let eligible = |w: usize| w != preferred && fleet.routable(w) && bound.eligible(fleet.load(w));
-    match (order, eligible_mask(fleet, preferred, bound)) {
+    let eligible = |w: usize| {
+        w != preferred
+            && fleet.routable(w)
+            && bound.eligible(fleet.load(w))
+            && !(limited && is_full(fleet, w))
+    };
+    match (order, eligible_mask(fleet, preferred, bound, limited)) {
         (SpillOrder::Ring, Some(mask)) => ring.first_in_set(position, mask),
+        // Under limits, fullness is asked once per worker: `workers_clockwise` yields each once.
+        (SpillOrder::Ring, None) if limited => ring
+            .workers_clockwise(position, |w| w != preferred && fleet.routable(w))
+            .find(|&w| eligible(w)),
         (SpillOrder::Ring, None) => ring.points_from(position).find(|&w| eligible(w)),
         (SpillOrder::HashSeeded, Some(mask)) => ring.first_seeded_in_set(position, mask),
         (SpillOrder::HashSeeded, None) => ring.first_seeded(position, eligible),
@@ -196,18 +303,33 @@ fn bound_check<F: FleetView>(
     (bound, signal.unwrap_or(LoadSignal::Local))
 }
 
-/// Fleets of at most this many workers get the bitmask spill search ([`eligible_mask`]).
-const SMALL_FLEET: usize = 64;
-
 /// For fleets of at most [`SMALL_FLEET`] workers: bit `w` is set iff worker `w` may take a spilled
 /// request (not the preferred worker, routable, [`BoundCheck::eligible`]). With it
 /// [`Ring::first_in_set`] finds the target without visiting up to every ring point (the walk it
 /// replaces visits hundreds of points when only one worker on a 64-worker ring is under the bound).
 /// `None` for larger fleets, which test each point's worker while walking.
-fn eligible_mask<F: FleetView>(fleet: &F, preferred: usize, bound: &BoundCheck) -> Option<u64> {
+fn eligible_mask<F: FleetView>(
+    fleet: &F,
+    preferred: usize,
+    bound: &BoundCheck,
+    limited: bool,
+) -> Option<u64> {
     let count = fleet.worker_count();
     if count > SMALL_FLEET {
         return None;
+    }
+    if limited {
+        // Under caps a spill target must also have room; the plain test per worker (the integer
+        // shortcut below is an optimisation of the uncapped hot path).
+        let mask = (0..count)
+            .filter(|&w| {
+                w != preferred
+                    && fleet.routable(w)
+                    && bound.eligible(fleet.load(w))
+                    && !is_full(fleet, w)
+            })
+            .fold(0u64, |mask, w| mask | 1 << w);
+        return Some(mask);
     }
     let mut mask = 0u64;
     let limit = bound.skew_bound();

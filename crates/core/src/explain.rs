@@ -10,12 +10,15 @@
 //! `max_load_skew` default to 2 and 1.5; `load_source` defaults to `local`, and in `worker_metrics`
 //! mode `reported` holds the workers' scraped loads (a worker without one falls back to local load)
 //! and `local_at_scrape` this replica's in-flight count at that scrape (default: its `loads` value,
-//! nothing changed since).
+//! nothing changed since). Capacity: `max_in_flight_per_worker` (default 0, no cap), `max_in_flight`
+//! (per-worker overrides by URL) and `engine_full` (workers whose engine reports saturation, by
+//! URL) make workers full; the answer then says where the request moves or what it waits for.
 
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::admission::{AdmissionSettings, Wait};
 use crate::decide::{Decision, FleetView, decide};
 use crate::fleet_load::{FleetSample, LoadSignal, LoadSource};
 use crate::policy::{
@@ -65,6 +68,21 @@ pub struct Scenario {
     /// to the worker's `loads` value (nothing changed since the scrape).
     #[serde(default, skip_serializing_if = "HashMap::is_empty")]
     pub local_at_scrape: HashMap<String, u64>,
+    /// Requests in flight each worker may hold (compared with the load the rule reads); 0, the
+    /// default, is no cap.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_in_flight_per_worker: u64,
+    /// Per-worker capacity overrides by URL (0 = no cap for that worker).
+    #[serde(default, skip_serializing_if = "HashMap::is_empty")]
+    pub max_in_flight: HashMap<String, u64>,
+    /// Workers whose engine reports saturation (over `max_waiting` or `max_kv_usage`), by URL;
+    /// missing workers are not saturated.
+    #[serde(default, skip_serializing_if = "HashMap::is_empty")]
+    pub engine_full: HashMap<String, bool>,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 fn default_gap() -> u64 {
@@ -98,6 +116,20 @@ pub struct Answer {
     /// as in `/admin/explain`, whose `loads` is the map of local counts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fleet_loads: Vec<WorkerLoad>,
+    /// When no worker was chosen because the ones the request may use are full: what it waits
+    /// for at the gateway (`{"for_worker": url}` or `"for_any_worker"`); omitted otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<WaitsFor>,
+}
+
+/// [`Wait`] with the worker named by URL, as everywhere in an answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitsFor {
+    /// Only this worker may take the request (an implicit key, a target worker).
+    ForWorker(String),
+    /// Any worker with room may take it.
+    ForAnyWorker,
 }
 
 /// One worker's load as the rule sees it, in requests: this replica's count, the worker's report
@@ -191,6 +223,10 @@ impl Explainer {
             spill_order: scenario.spill_order,
             virtual_nodes: DEFAULT_VIRTUAL_NODES,
             load_source: scenario.load_source,
+            admission: AdmissionSettings {
+                max_in_flight_per_worker: scenario.max_in_flight_per_worker,
+                ..AdmissionSettings::default()
+            },
         };
         policy.validate()?;
         for (index, url) in scenario.workers.iter().enumerate() {
@@ -203,6 +239,8 @@ impl Explainer {
             ("healthy", scenario.healthy.keys().collect()),
             ("reported", scenario.reported.keys().collect()),
             ("local_at_scrape", scenario.local_at_scrape.keys().collect()),
+            ("max_in_flight", scenario.max_in_flight.keys().collect()),
+            ("engine_full", scenario.engine_full.keys().collect()),
         ] {
             if let Some(url) = urls.into_iter().find(|u| !scenario.workers.contains(u)) {
                 return Err(ScenarioError::UnknownWorker {
@@ -216,7 +254,7 @@ impl Explainer {
             self.cached = Some((scenario.workers.clone(), ring));
         }
         let ring = &self.cached.as_ref().expect("just set").1;
-        let fleet = ScenarioFleet::new(scenario);
+        let fleet = ScenarioFleet::new(scenario, &policy.admission);
         let key = scenario_key(scenario);
         let decision: Decision = decide(ring, &policy, &key, &fleet, 0, 0);
         let url = |w: usize| scenario.workers[w].clone();
@@ -238,6 +276,10 @@ impl Explainer {
             bound: decision.bound,
             load_signal: decision.load_signal.filter(|_| fleet_numbers),
             fleet_loads,
+            wait: decision.wait.map(|wait| match wait {
+                Wait::ForWorker(w) => WaitsFor::ForWorker(url(w)),
+                Wait::ForAnyWorker => WaitsFor::ForAnyWorker,
+            }),
         })
     }
 }
@@ -267,10 +309,12 @@ struct ScenarioFleet {
     samples: Vec<Option<FleetSample>>,
     source: LoadSource,
     urls: Vec<String>,
+    capacity: Vec<Option<u64>>,
+    engine_full: Vec<bool>,
 }
 
 impl ScenarioFleet {
-    fn new(scenario: &Scenario) -> Self {
+    fn new(scenario: &Scenario, admission: &AdmissionSettings) -> Self {
         let local: Vec<u64> = scenario
             .workers
             .iter()
@@ -297,6 +341,16 @@ impl ScenarioFleet {
             samples,
             source: scenario.load_source,
             urls: scenario.workers.clone(),
+            capacity: scenario
+                .workers
+                .iter()
+                .map(|u| admission.capacity(scenario.max_in_flight.get(u).copied()))
+                .collect(),
+            engine_full: scenario
+                .workers
+                .iter()
+                .map(|u| scenario.engine_full.get(u).copied().unwrap_or(false))
+                .collect(),
         }
     }
 }
@@ -324,6 +378,15 @@ impl FleetView for ScenarioFleet {
     }
     fn resolve_target(&self, raw: &[u8]) -> Option<usize> {
         self.urls.iter().position(|u| u.as_bytes() == raw)
+    }
+    fn limited(&self) -> bool {
+        self.capacity.iter().any(Option::is_some) || self.engine_full.contains(&true)
+    }
+    fn capacity(&self, worker: usize) -> Option<u64> {
+        self.capacity[worker]
+    }
+    fn engine_full(&self, worker: usize) -> bool {
+        self.engine_full[worker]
     }
 }
 
@@ -404,5 +467,49 @@ mod tests {
         let classic = scenario(r#"{"workers":["http://a"],"routing_key":"k","explicit":true}"#);
         let answer = explainer.explain(&classic).unwrap();
         assert!(answer.fleet_loads.is_empty() && answer.load_signal.is_none());
+    }
+
+    #[test]
+    fn full_workers_move_explicit_keys_and_hold_implicit_ones() {
+        let mut explainer = Explainer::new();
+        let workers = r#""workers":["http://a","http://b","http://c"]"#;
+        let free = explainer
+            .explain(&scenario(&format!(
+                r#"{{{workers},"routing_key":"k","explicit":true}}"#
+            )))
+            .unwrap();
+        let preferred = free.preferred.clone().unwrap();
+        // The preferred worker at its cap of 2: the explicit key moves at once, although the
+        // bound alone (2 − 0 ≤ gap 2) would keep it.
+        let at_cap = format!(
+            r#"{{{workers},"loads":{{"{preferred}":2}},"max_in_flight_per_worker":2,"routing_key":"k","explicit":true}}"#
+        );
+        let moved = explainer.explain(&scenario(&at_cap)).unwrap();
+        assert_eq!(moved.branch, Branch::ExplicitRoutingKeyCapacitySpill);
+        assert_ne!(moved.worker, moved.preferred);
+        assert_eq!(moved.preferred.as_deref(), Some(preferred.as_str()));
+        assert!(moved.wait.is_none());
+        // The same key as an implicit one waits for its worker.
+        let implicit = at_cap.replace(r#""explicit":true"#, r#""explicit":false"#);
+        let held = explainer.explain(&scenario(&implicit)).unwrap();
+        assert_eq!(held.branch, Branch::ImplicitRoutingKeyFull);
+        assert_eq!(held.worker, None);
+        assert_eq!(held.wait, Some(WaitsFor::ForWorker(preferred)));
+        // Every worker saturated by its engine: the explicit key waits for any worker.
+        let all_full = format!(
+            r#"{{{workers},"engine_full":{{"http://a":true,"http://b":true,"http://c":true}},"routing_key":"k","explicit":true}}"#
+        );
+        let waits = explainer.explain(&scenario(&all_full)).unwrap();
+        assert_eq!(
+            (waits.worker.clone(), waits.branch, waits.wait.clone()),
+            (None, Branch::FleetFull, Some(WaitsFor::ForAnyWorker))
+        );
+        let json = serde_json::to_value(&waits).unwrap();
+        assert_eq!(json["wait"], "for_any_worker", "{json}");
+        let stray = format!(
+            r#"{{{workers},"max_in_flight":{{"http://z":1}},"routing_key":"k","explicit":true}}"#
+        );
+        let error = explainer.explain(&scenario(&stray)).unwrap_err();
+        assert!(error.to_string().contains("max_in_flight"), "{error}");
     }
 }

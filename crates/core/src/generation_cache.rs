@@ -91,6 +91,7 @@ mod tests {
             url: format!("http://127.0.0.1:{}", 30000 + n),
             ring_id: None,
             source: WorkerSource::Static,
+            max_in_flight: None,
         }
     }
 

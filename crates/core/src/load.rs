@@ -14,6 +14,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::admission::EngineCell;
 use crate::fleet_load::SampleCell;
 
 /// Counters of one worker. All counts are requests unless named otherwise.
@@ -25,6 +26,7 @@ pub struct WorkerStats {
     spilled_out_total: AtomicU64,
     errors_total: AtomicU64,
     fleet: SampleCell,
+    engine: EngineCell,
     health_changes_total: AtomicU64,
     responses: [AtomicU64; StatusClass::ALL.len()],
     durations: DurationHistogram,
@@ -200,6 +202,13 @@ impl WorkerStats {
     /// the rule in `worker_metrics` mode. Lives with the counters so it survives table swaps.
     pub fn fleet_sample(&self) -> &SampleCell {
         &self.fleet
+    }
+
+    /// The worker's last engine report (waiting requests, KV usage), published by the gateway's
+    /// scraper and compared by routing with `max_waiting` and `max_kv_usage`. Lives with the
+    /// counters so it survives table swaps.
+    pub fn engine_report(&self) -> &EngineCell {
+        &self.engine
     }
 
     /// Counts one gateway-side error (connect failure, timeout, broken stream).

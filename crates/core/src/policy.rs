@@ -17,6 +17,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::admission::{AdmissionError, AdmissionPatch, AdmissionSettings};
 use crate::fleet_load::LoadSource;
 
 /// Default `min_load_gap`, in in-flight requests.
@@ -159,6 +160,11 @@ pub struct PolicySettings {
     /// load from the workers' own gauges ([`crate::fleet_load`]).
     #[serde(default)]
     pub load_source: LoadSource,
+    /// Capacity per worker, engine-reported saturation and the gateway's queue (`[admission]`),
+    /// published with the policy so one decision reads one consistent set. Absent when read:
+    /// the defaults, which change no decision.
+    #[serde(default)]
+    pub admission: AdmissionSettings,
 }
 
 impl Default for PolicySettings {
@@ -170,6 +176,7 @@ impl Default for PolicySettings {
             spill_order: SpillOrder::default(),
             virtual_nodes: DEFAULT_VIRTUAL_NODES,
             load_source: LoadSource::default(),
+            admission: AdmissionSettings::default(),
         }
     }
 }
@@ -197,6 +204,10 @@ pub struct PolicyPatch {
     /// New load source (`local` or `worker_metrics`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_source: Option<LoadSource>,
+    /// Admission changes, same field names as `[admission]`:
+    /// `{"admission": {"max_in_flight_per_worker": 4}}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<AdmissionPatch>,
 }
 
 impl From<PolicySettings> for PolicyPatch {
@@ -209,6 +220,7 @@ impl From<PolicySettings> for PolicyPatch {
             spill_order: Some(settings.spill_order),
             virtual_nodes: Some(settings.virtual_nodes),
             load_source: Some(settings.load_source),
+            admission: Some(settings.admission.into()),
         }
     }
 }
@@ -230,6 +242,9 @@ pub enum PolicyError {
     /// Unknown spill order name.
     #[error("spill_order must be one of ring, hash_seeded; got {0:?}")]
     UnknownSpillOrder(String),
+    /// An `[admission]` field was out of range.
+    #[error(transparent)]
+    Admission(#[from] AdmissionError),
 }
 
 impl PolicyError {
@@ -240,6 +255,7 @@ impl PolicyError {
             PolicyError::InvalidVirtualNodes(_) => "virtual_nodes",
             PolicyError::UnknownKind(_) => "kind",
             PolicyError::UnknownSpillOrder(_) => "spill_order",
+            PolicyError::Admission(error) => error.field(),
         }
     }
 }
@@ -253,6 +269,7 @@ impl PolicySettings {
         if self.virtual_nodes == 0 || self.virtual_nodes > MAX_VIRTUAL_NODES {
             return Err(PolicyError::InvalidVirtualNodes(self.virtual_nodes));
         }
+        self.admission.validate()?;
         Ok(())
     }
 
@@ -266,6 +283,10 @@ impl PolicySettings {
             spill_order: patch.spill_order.unwrap_or(self.spill_order),
             virtual_nodes: patch.virtual_nodes.unwrap_or(self.virtual_nodes),
             load_source: patch.load_source.unwrap_or(self.load_source),
+            admission: match &patch.admission {
+                Some(admission) => self.admission.patched(admission)?,
+                None => self.admission,
+            },
         };
         next.validate()?;
         Ok(next)
@@ -293,11 +314,21 @@ pub enum Branch {
     ImplicitRoutingKeyHit,
     /// No key: the less loaded of two random healthy workers (or a baseline policy's pick).
     Keyless,
+    /// Explicit key whose preferred worker is full (at capacity, or its engine saturated): moved
+    /// at once to the first worker with room in its spill order, whatever the bound says.
+    ExplicitRoutingKeyCapacitySpill,
+    /// `X-SMG-Target-Worker` named a routable worker that is full: the request waits for it.
+    TargetWorkerFull,
+    /// Implicit key whose preferred worker is full: the request waits for it (implicit keys never
+    /// move).
+    ImplicitRoutingKeyFull,
+    /// An explicit key or keyless request found no eligible worker with room: it waits for any.
+    FleetFull,
 }
 
 impl Branch {
     /// Every branch, in documentation order (for metrics pre-registration).
-    pub const ALL: [Branch; 8] = [
+    pub const ALL: [Branch; 12] = [
         Branch::NoHealthyWorkers,
         Branch::TargetWorkerHit,
         Branch::TargetWorkerMiss,
@@ -306,6 +337,10 @@ impl Branch {
         Branch::ExplicitRoutingKeyNoEligibleCandidate,
         Branch::ImplicitRoutingKeyHit,
         Branch::Keyless,
+        Branch::ExplicitRoutingKeyCapacitySpill,
+        Branch::TargetWorkerFull,
+        Branch::ImplicitRoutingKeyFull,
+        Branch::FleetFull,
     ];
 
     /// The snake-case name.
@@ -321,14 +356,40 @@ impl Branch {
             }
             Branch::ImplicitRoutingKeyHit => "implicit_routing_key_hit",
             Branch::Keyless => "keyless",
+            Branch::ExplicitRoutingKeyCapacitySpill => "explicit_routing_key_capacity_spill",
+            Branch::TargetWorkerFull => "target_worker_full",
+            Branch::ImplicitRoutingKeyFull => "implicit_routing_key_full",
+            Branch::FleetFull => "fleet_full",
         }
     }
 
-    /// True for the two branches that come from the bound firing (telemetry spill events).
+    /// True for the branches shown as spills (telemetry spill events): the two that come from
+    /// the bound firing, and the capacity spill.
     pub fn is_spill_event(self) -> bool {
         matches!(
             self,
-            Branch::ExplicitRoutingKeySpillover | Branch::ExplicitRoutingKeyNoEligibleCandidate
+            Branch::ExplicitRoutingKeySpillover
+                | Branch::ExplicitRoutingKeyNoEligibleCandidate
+                | Branch::ExplicitRoutingKeyCapacitySpill
+        )
+    }
+
+    /// True for the branches that moved a request off its preferred worker (a spill out of it and
+    /// into the worker that got it).
+    pub fn moved(self) -> bool {
+        matches!(
+            self,
+            Branch::ExplicitRoutingKeySpillover | Branch::ExplicitRoutingKeyCapacitySpill
+        )
+    }
+
+    /// True for the branches of a decision that chose no worker for want of room: the request may
+    /// wait ([`crate::decide::Decision::wait`] says for what) or be shed. These names are also
+    /// the `x-bch-branch` of a shed answer, so a client sees which wait it gave up on.
+    pub fn is_full(self) -> bool {
+        matches!(
+            self,
+            Branch::TargetWorkerFull | Branch::ImplicitRoutingKeyFull | Branch::FleetFull
         )
     }
 }
@@ -434,121 +495,4 @@ impl BoundCheck {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn validation_names_the_field() {
-        let base = PolicySettings::default();
-        for bad in [0.99, f64::NAN, f64::INFINITY, -1.0] {
-            let err = base
-                .patched(&PolicyPatch {
-                    max_load_skew: Some(bad),
-                    ..Default::default()
-                })
-                .unwrap_err();
-            assert!(err.to_string().contains("max_load_skew"), "{err}");
-        }
-        let err = base
-            .patched(&PolicyPatch {
-                virtual_nodes: Some(0),
-                ..Default::default()
-            })
-            .unwrap_err();
-        assert!(err.to_string().contains("virtual_nodes"));
-        let ok = base
-            .patched(&PolicyPatch {
-                min_load_gap: Some(0),
-                max_load_skew: Some(1.0),
-                ..Default::default()
-            })
-            .unwrap();
-        assert_eq!((ok.min_load_gap, ok.max_load_skew), (0, 1.0));
-        assert_eq!(ok.kind, base.kind);
-    }
-
-    #[test]
-    fn near_idle_rule() {
-        // Loads [p,0,0,0]: mean = p/4; with gap 2 and skew 1.5, p <= 2 stays and p = 3 spills.
-        for (p, gap, spill) in [
-            (0, 2, false),
-            (1, 2, false),
-            (2, 2, false),
-            (3, 2, true),
-            (1, 0, true),
-        ] {
-            let check = BoundCheck {
-                preferred_load: p,
-                min_load: 0,
-                mean_load: p as f64 / 4.0,
-                min_load_gap: gap,
-                max_load_skew: 1.5,
-            };
-            assert_eq!(check.should_spill(), spill, "p={p} gap={gap}");
-        }
-    }
-
-    #[test]
-    fn fleet_load_summarises_healthy_loads() {
-        assert_eq!(FleetLoad::of([]), None);
-        let fleet = FleetLoad::of([4, 0, 2]).unwrap();
-        assert_eq!((fleet.min_load, fleet.healthy), (0, 3));
-        assert!((fleet.mean_load - 2.0).abs() < 1e-12);
-        let policy = PolicySettings {
-            min_load_gap: 2,
-            max_load_skew: 1.5,
-            ..PolicySettings::default()
-        };
-        // 4 − 0 > 2 and 4 > 2 × 1.5: spills. 3 − 0 > 2 but 3 = 3: stays (both tests are strict).
-        assert!(fleet.bound_for(4, &policy).should_spill());
-        assert!(!fleet.bound_for(3, &policy).should_spill());
-        assert_eq!(fleet.bound_for(3, &policy).gap_bound(), 2);
-        let saturated = FleetLoad::of([u64::MAX])
-            .unwrap()
-            .bound_for(u64::MAX, &policy);
-        assert_eq!(saturated.gap_bound(), u64::MAX);
-    }
-
-    #[test]
-    fn names_round_trip() {
-        for kind in PolicyKind::ALL {
-            assert_eq!(kind.as_str().parse::<PolicyKind>().unwrap(), kind);
-            assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
-        }
-        for branch in Branch::ALL {
-            assert_eq!(serde_json::to_value(branch).unwrap(), branch.as_str());
-        }
-        assert!("weighted".parse::<PolicyKind>().is_err());
-        for order in SpillOrder::ALL {
-            assert_eq!(order.as_str().parse::<SpillOrder>().unwrap(), order);
-            assert_eq!(serde_json::to_value(order).unwrap(), order.as_str());
-        }
-        assert!(
-            "random"
-                .parse::<SpillOrder>()
-                .unwrap_err()
-                .to_string()
-                .contains("spill_order")
-        );
-    }
-
-    #[test]
-    fn settings_without_a_spill_order_read_as_ring() {
-        let old: PolicySettings = serde_json::from_str(
-            r#"{"kind":"bounded_consistent_hashing","min_load_gap":2,"max_load_skew":1.5,"virtual_nodes":150}"#,
-        )
-        .unwrap();
-        assert_eq!(old, PolicySettings::default());
-        let patched = old
-            .patched(&PolicyPatch {
-                spill_order: Some(SpillOrder::HashSeeded),
-                ..Default::default()
-            })
-            .unwrap();
-        assert_eq!(patched.spill_order, SpillOrder::HashSeeded);
-        assert_eq!(
-            serde_json::to_value(patched).unwrap()["spill_order"],
-            "hash_seeded"
-        );
-    }
-}
+mod tests;

@@ -27,7 +27,7 @@ use arc_swap::ArcSwap;
 
 use crate::decide::{Decision, decide};
 use crate::load::LoadGuard;
-use crate::policy::{Branch, PolicyError, PolicyPatch, PolicySettings};
+use crate::policy::{PolicyError, PolicyPatch, PolicySettings};
 use crate::ring::Ring;
 use crate::routing_key::RoutingKey;
 pub use crate::telemetry::WorkerSource;
@@ -134,7 +134,11 @@ impl Router {
         self.table.load_full()
     }
 
-    /// Decides and takes load on the chosen worker, as one step relative to other selections.
+    /// Decides and takes load on the chosen worker, as one step relative to other selections: a
+    /// worker's capacity is compared with its load inside the step, so concurrent routes never
+    /// take a worker past its cap through this replica's load. A decision without a worker and
+    /// with [`Decision::wait`] set found every worker it may use full: the caller queues the
+    /// request (or sheds it) and calls `route` again when a slot may have freed.
     pub fn route(&self, key: &RoutingKey<'_>) -> Routed {
         let table = self.table.load_full();
         let entropy = self.next_entropy();
@@ -145,7 +149,7 @@ impl Router {
             let guard = decision.worker.map(|w| table.workers[w].stats.acquire());
             (decision, guard)
         };
-        if decision.branch == Branch::ExplicitRoutingKeySpillover
+        if decision.branch.moved()
             && let (Some(from), Some(to)) = (decision.preferred, decision.worker)
         {
             table.workers[from].stats.record_spill_out();
@@ -160,8 +164,8 @@ impl Router {
 
     /// The retry pick after a connection to `failed` could not be made: the next routable worker
     /// clockwise from the key (skipping `failed`), or for keyless requests the least loaded other
-    /// routable worker. Takes load like [`Router::route`]. `None` when no other routable worker
-    /// exists.
+    /// routable worker; full workers are skipped like `failed`. Takes load like
+    /// [`Router::route`]. `None` when no other routable worker with room exists.
     pub fn route_retry(
         &self,
         table: &Arc<RoutingTable>,
@@ -169,9 +173,10 @@ impl Router {
         failed: usize,
     ) -> Option<(usize, LoadGuard)> {
         let _selection = self.select.lock().unwrap_or_else(PoisonError::into_inner);
+        let skip = |w: usize| w == failed || table.full(w);
         let next = match key.position() {
-            Some(position) => table.routable_from(position, |w| w == failed).next(),
-            None => table.least_loaded_routable(|w| w == failed),
+            Some(position) => table.routable_from(position, skip).next(),
+            None => table.least_loaded_routable(skip),
         }?;
         Some((next, table.workers[next].stats.acquire()))
     }

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 mod discovery;
 pub use discovery::{DiscoveryKind, DiscoverySource, DiscoveryState};
 
+use crate::admission::AdmissionPatch;
 use crate::fleet_load::{LoadSignal, LoadSource};
 use crate::policy::{Branch, PolicyKind, PolicySettings, SpillOrder};
 
@@ -238,6 +239,10 @@ pub enum ClientCommand {
         /// New load source: `local` or `worker_metrics`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         load_source: Option<LoadSource>,
+        /// Admission changes, the `[admission]` field names:
+        /// `{"admission": {"max_in_flight_per_worker": 4}}`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        admission: Option<AdmissionPatch>,
     },
     /// Stop sending new requests to a worker; its in-flight requests finish. A `drained` frame
     /// follows when the last one ended. Validated like `POST /admin/workers/{name}/drain`.
@@ -332,6 +337,14 @@ pub struct WorkerRecord {
     /// only had static workers.
     #[serde(default)]
     pub source: WorkerSource,
+    /// Requests in flight the worker may hold (compared with [`WorkerRecord::load`]); `None` when
+    /// it has no cap, and in frames of gateways that predate capacity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<u64>,
+    /// The worker is full (at its capacity, or its engine reported saturation) and takes no new
+    /// request. Sent only when `true`; absent means not full.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub full: bool,
 }
 
 impl WorkerRecord {
@@ -457,7 +470,9 @@ pub struct KeyRecord {
 }
 
 /// A bounded-policy decision that left the preferred worker (`explicit_routing_key_spillover`) or
-/// wanted to and found no candidate (`explicit_routing_key_no_eligible_candidate`).
+/// wanted to and found no candidate (`explicit_routing_key_no_eligible_candidate`), or an explicit
+/// key that left a full preferred worker (`branch: explicit_routing_key_spillover` with `cause:
+/// capacity`, see [`SpillCause::of`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SpillEvent {
     /// When it happened, milliseconds since the Unix epoch.
@@ -483,6 +498,40 @@ pub struct SpillEvent {
     /// Which signal the compared loads came from (`local`, `worker_metrics` or `mixed`).
     #[serde(default)]
     pub load_signal: LoadSignal,
+    /// Why the key left (or wanted to leave) its preferred worker: the bound (absent) or the
+    /// preferred worker being full (`capacity`).
+    #[serde(default, skip_serializing_if = "SpillCause::is_bound")]
+    pub cause: SpillCause,
+}
+
+/// Why a spill event happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpillCause {
+    /// The bounded rule fired (the preferred worker was clearly overloaded).
+    #[default]
+    Bound,
+    /// The preferred worker was full (at its capacity, or its engine saturated).
+    Capacity,
+}
+
+impl SpillCause {
+    /// Whether this is the default cause, which the wire leaves out.
+    pub fn is_bound(&self) -> bool {
+        *self == SpillCause::Bound
+    }
+
+    /// The `branch` and `cause` a spill event carries for a decision's `branch`. A capacity spill
+    /// travels as `explicit_routing_key_spillover` with `cause: capacity`: consoles that predate
+    /// capacity parse `branch` as a closed set of names, and must keep reading the spill log.
+    pub fn of(branch: Branch) -> (Branch, SpillCause) {
+        match branch {
+            Branch::ExplicitRoutingKeyCapacitySpill => {
+                (Branch::ExplicitRoutingKeySpillover, SpillCause::Capacity)
+            }
+            other => (other, SpillCause::Bound),
+        }
+    }
 }
 
 /// Fleet-wide rates and totals.
@@ -510,93 +559,4 @@ impl ServerFrame {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn worker_sources_round_trip_and_default_to_static() {
-        for source in [
-            WorkerSource::Static,
-            WorkerSource::Dns("_http._tcp.a.b".into()),
-        ] {
-            let json = serde_json::to_value(&source).unwrap();
-            assert_eq!(json, source.label().as_ref());
-            assert_eq!(
-                serde_json::from_value::<WorkerSource>(json).unwrap(),
-                source
-            );
-        }
-        for bad in ["", "dns:", "consul:x", "Static"] {
-            assert!(
-                serde_json::from_value::<WorkerSource>(bad.into()).is_err(),
-                "{bad:?}"
-            );
-        }
-        let old = r#"{"name":"w","url":"http://a:1","healthy":true,"active":0,"requests_total":0,
-            "spilled_in_total":0,"spilled_out_total":0,"errors_total":0}"#;
-        let record: WorkerRecord = serde_json::from_str(old).unwrap();
-        assert_eq!(record.source, WorkerSource::Static);
-    }
-
-    #[test]
-    fn change_source_names_match_the_wire() {
-        for source in ChangeSource::ALL {
-            assert_eq!(serde_json::to_value(source).unwrap(), source.as_str());
-        }
-    }
-
-    #[test]
-    fn frame_json_is_flat_and_round_trips() {
-        let frame = ServerFrame::new(
-            3,
-            ServerMessage::Error(CommandError {
-                id: Some(CommandId::Number(7)),
-                message: "max_load_skew must be >= 1.0".into(),
-            }),
-        );
-        let json = serde_json::to_value(&frame).unwrap();
-        assert_eq!(json["v"], 1);
-        assert_eq!(json["seq"], 3);
-        assert_eq!(json["type"], "error");
-        assert_eq!(json["id"], 7);
-        let back: ServerFrame = serde_json::from_value(json).unwrap();
-        assert_eq!(back, frame);
-    }
-
-    #[test]
-    fn client_commands_parse_and_reject_unknown_fields() {
-        let cmd: ClientCommand =
-            serde_json::from_str(r#"{"type":"set_policy","id":"a","min_load_gap":3}"#).unwrap();
-        assert_eq!(
-            cmd,
-            ClientCommand::SetPolicy {
-                id: Some(CommandId::Text("a".into())),
-                kind: None,
-                min_load_gap: Some(3),
-                max_load_skew: None,
-                spill_order: None,
-                load_source: None,
-            }
-        );
-        let cmd: ClientCommand =
-            serde_json::from_str(r#"{"type":"set_policy","spill_order":"hash_seeded"}"#).unwrap();
-        assert!(matches!(
-            cmd,
-            ClientCommand::SetPolicy {
-                spill_order: Some(SpillOrder::HashSeeded),
-                ..
-            }
-        ));
-        assert!(
-            serde_json::from_str::<ClientCommand>(r#"{"type":"set_policy","spill_order":"next"}"#)
-                .is_err()
-        );
-        let resync: ClientCommand = serde_json::from_str(r#"{"type":"resync"}"#).unwrap();
-        assert_eq!(resync, ClientCommand::Resync { id: None });
-        assert!(serde_json::from_str::<ClientCommand>(r#"{"type":"set_policy","gap":1}"#).is_err());
-        assert!(
-            serde_json::from_str::<ClientCommand>(r#"{"type":"set_policy","min_load_gap":-1}"#)
-                .is_err()
-        );
-    }
-}
+mod tests;

@@ -18,6 +18,7 @@ fn router(policy: PolicySettings) -> Router {
             url: format!("http://127.0.0.1:{}", 32000 + i),
             ring_id: None,
             source: WorkerSource::Static,
+            max_in_flight: None,
         })
         .collect();
     Router::new(workers, policy).unwrap()

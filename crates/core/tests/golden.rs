@@ -78,6 +78,7 @@ fn specs(urls: &[String]) -> Vec<WorkerSpec> {
             url: url.clone(),
             ring_id: None,
             source: WorkerSource::Static,
+            max_in_flight: None,
         })
         .collect()
 }
@@ -263,6 +264,9 @@ fn near_idle_vectors() {
         load_source: LoadSource::Local,
         reported: HashMap::new(),
         local_at_scrape: HashMap::new(),
+        max_in_flight_per_worker: 0,
+        max_in_flight: HashMap::new(),
+        engine_full: HashMap::new(),
     };
     let preferred = explainer.explain(&base).unwrap().worker.unwrap();
     for (gap, p, spills) in [

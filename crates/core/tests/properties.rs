@@ -25,6 +25,7 @@ fn spec(i: usize) -> WorkerSpec {
         url: format!("http://10.0.{}.{}:8000", i / 256, i % 256),
         ring_id: None,
         source: WorkerSource::Static,
+        max_in_flight: None,
     }
 }
 
@@ -160,6 +161,7 @@ proptest! {
                 url: format!("http://192.168.9.{i}:9000"),
                 ring_id: Some(plain[i].url.clone()),
                 source: WorkerSource::Static,
+                max_in_flight: None,
             })
             .collect();
         let a = Router::new(plain, settings(virtual_nodes)).unwrap().table();
@@ -292,6 +294,7 @@ proptest! {
             spill_order: SpillOrder::HashSeeded,
             virtual_nodes,
             load_source: LoadSource::Local,
+            admission: Default::default(),
         };
         let implicit = RoutingKey::Implicit(ImplicitKey::from_value(ImplicitSource::Cookie, &key));
         let decision = decide(&ring, &policy, &implicit, &fleet, 7, 7);
@@ -744,7 +747,7 @@ proptest! {
                 }
                 Op::Policy { kind, min_load_gap, max_load_skew } => {
                     let before = router.table();
-                    let patch = PolicyPatch { kind, min_load_gap, max_load_skew, spill_order: None, virtual_nodes: None, load_source: None };
+                    let patch = PolicyPatch { kind, min_load_gap, max_load_skew, spill_order: None, virtual_nodes: None, load_source: None, admission: None };
                     match router.set_policy(&patch) {
                         Ok(applied) => prop_assert_eq!(*router.table().policy(), applied),
                         Err(_) => {

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use bch_core::admission::{AdmissionPatch, AdmissionSettings};
 use bch_core::fleet_load::{LoadSignal, LoadSource};
 use bch_core::policy::{Branch, PolicyKind, PolicySettings, SpillOrder};
 use bch_core::telemetry::*;
@@ -15,6 +16,11 @@ fn policy() -> PolicySettings {
         spill_order: SpillOrder::Ring,
         virtual_nodes: 150,
         load_source: LoadSource::WorkerMetrics,
+        admission: AdmissionSettings {
+            max_in_flight_per_worker: 4,
+            queue_timeout_ms: 2000,
+            ..AdmissionSettings::default()
+        },
     }
 }
 
@@ -38,6 +44,8 @@ fn worker(name: &str, active: u64, healthy: bool) -> WorkerRecord {
         scrape_age_ms: Some(40),
         load_stale: !healthy,
         source: Default::default(),
+        capacity: Some(4),
+        full: active + 2 >= 4,
     }
 }
 
@@ -85,6 +93,7 @@ fn spill() -> SpillEvent {
         min_load_gap: 2,
         max_load_skew: 1.5,
         load_signal: LoadSignal::WorkerMetrics,
+        cause: SpillCause::Bound,
     }
 }
 
@@ -252,6 +261,10 @@ fn client_commands_have_a_stable_shape() {
         max_load_skew: Some(1.25),
         spill_order: Some(SpillOrder::HashSeeded),
         load_source: Some(LoadSource::WorkerMetrics),
+        admission: Some(AdmissionPatch {
+            max_in_flight_per_worker: Some(8),
+            ..AdmissionPatch::default()
+        }),
     };
     insta::assert_json_snapshot!("set_policy", set_policy);
     insta::assert_json_snapshot!("resync", ClientCommand::Resync { id: None });
@@ -302,4 +315,33 @@ fn records_from_a_gateway_without_fleet_load_still_parse() {
     let record: WorkerRecord = serde_json::from_str(json).unwrap();
     assert_eq!((record.load, record.load_stale), (None, false));
     assert_eq!(record.rule_load(), 3);
+}
+
+/// A capacity spill travels under a branch name every console knows, with its cause beside it;
+/// an event without a cause is a bound spill.
+#[test]
+fn capacity_spills_stay_readable_by_older_consoles() {
+    let (branch, cause) = SpillCause::of(Branch::ExplicitRoutingKeyCapacitySpill);
+    assert_eq!(
+        (branch, cause),
+        (Branch::ExplicitRoutingKeySpillover, SpillCause::Capacity)
+    );
+    assert_eq!(
+        SpillCause::of(Branch::ExplicitRoutingKeyNoEligibleCandidate),
+        (
+            Branch::ExplicitRoutingKeyNoEligibleCandidate,
+            SpillCause::Bound
+        )
+    );
+    let event = SpillEvent {
+        branch,
+        cause,
+        ..spill()
+    };
+    let json = serde_json::to_value(&event).unwrap();
+    assert_eq!(json["branch"], "explicit_routing_key_spillover");
+    assert_eq!(json["cause"], "capacity");
+    assert_eq!(serde_json::from_value::<SpillEvent>(json).unwrap(), event);
+    let bound = serde_json::to_value(spill()).unwrap();
+    assert!(bound.get("cause").is_none(), "{bound}");
 }

@@ -29,6 +29,7 @@ fn specs(n: usize) -> Vec<WorkerSpec> {
             url: format!("http://127.0.0.1:{}", 31000 + i),
             ring_id: None,
             source: WorkerSource::Static,
+            max_in_flight: None,
         })
         .collect()
 }
@@ -156,6 +157,7 @@ fn concurrent_routing_with_health_and_threshold_churn_balances_to_zero() {
                         virtual_nodes: None,
                         // Flipping the load source mid-traffic must not disturb the accounting.
                         load_source: Some(LoadSource::ALL[rng.below(2) as usize]),
+                        admission: None,
                     })
                     .unwrap();
                 thread::yield_now();

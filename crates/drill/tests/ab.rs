@@ -32,7 +32,9 @@ type Shared = Arc<Mutex<Control>>;
 /// The policy the fake gateway starts with: not one any cell sets, so a restore is visible.
 fn original_policy() -> Value {
     json!({"kind": "bounded_consistent_hashing", "min_load_gap": 3, "max_load_skew": 2.0,
-        "spill_order": "hash_seeded", "virtual_nodes": 150, "load_source": "local"})
+        "spill_order": "hash_seeded", "virtual_nodes": 150, "load_source": "local",
+        "admission": {"max_in_flight_per_worker": 0, "queue_timeout_ms": 0, "max_queued": 1024,
+            "retry_after_ms": 1000, "max_waiting": 0, "max_kv_usage": 0.0}})
 }
 
 async fn put_policy(

@@ -121,6 +121,7 @@ impl Change {
             max_load_skew,
             spill_order: None,
             load_source: None,
+            admission: None,
         }
     }
 }

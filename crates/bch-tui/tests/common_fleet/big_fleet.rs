@@ -30,6 +30,8 @@ fn big_fleet() -> ServerFrame {
             scrape_age_ms: None,
             load_stale: false,
             source: Default::default(),
+            capacity: None,
+            full: false,
         })
         .collect();
     // Interleaved arcs: worker i owns [(k*n+i)/(n*8), (k*n+i+1)/(n*8)) for k in 0..8.
@@ -83,6 +85,7 @@ fn big_fleet() -> ServerFrame {
             min_load_gap: 2,
             max_load_skew: 1.5,
             load_signal: Default::default(),
+            cause: Default::default(),
         })
         .collect();
     ServerFrame::new(

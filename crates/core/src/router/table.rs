@@ -27,6 +27,9 @@ pub struct WorkerSpec {
     pub ring_id: Option<String>,
     /// Where the worker came from (configured or discovered); shown, never routed on.
     pub source: WorkerSource,
+    /// Requests in flight this worker may hold (`[[workers]] max_in_flight`); `None` = the fleet
+    /// default `max_in_flight_per_worker`, `Some(0)` = no cap for this worker.
+    pub max_in_flight: Option<u64>,
 }
 
 impl WorkerSpec {
@@ -75,6 +78,11 @@ pub struct RoutingTable {
     /// `healthy && active` per worker: what routing asks, computed once per table.
     pub(super) routable: Vec<bool>,
     pub(super) routable_count: usize,
+    /// Each worker's capacity under the policy's admission settings (`None` = no cap).
+    pub(super) capacity: Vec<Option<u64>>,
+    /// Whether any cap or engine limit is set: without one, no worker is ever full and the
+    /// decision skips every capacity check.
+    pub(super) limited: bool,
     pub(super) policy: PolicySettings,
     pub(super) membership_generation: u64,
 }
@@ -129,6 +137,25 @@ impl RoutingTable {
             .min_by_key(|&w| self.workers[w].stats.active())
     }
 
+    /// `worker`'s capacity in requests in flight: its own `max_in_flight`, else the fleet's
+    /// `max_in_flight_per_worker`; `None` when it has no cap (or is no worker of the table).
+    pub fn capacity(&self, worker: usize) -> Option<u64> {
+        self.capacity.get(worker).copied().flatten()
+    }
+
+    /// Whether `worker` is full: the load the policy reads is at or above its capacity, or its
+    /// engine's last report is over `max_waiting` / `max_kv_usage`. A full worker takes no new
+    /// request. `false` for an index that is no worker of the table.
+    pub fn full(&self, worker: usize) -> bool {
+        worker < self.workers.len() && self.limited && self.is_full(worker)
+    }
+
+    /// [`RoutingTable::full`] for a worker index known to be valid.
+    fn is_full(&self, worker: usize) -> bool {
+        FleetView::engine_full(self, worker)
+            || self.capacity[worker].is_some_and(|cap| FleetView::load(self, worker) >= cap)
+    }
+
     /// Each worker's operator state (`active` or `draining`), configuration order.
     pub fn states(&self) -> &[WorkerState] {
         &self.states
@@ -175,6 +202,8 @@ impl RoutingTable {
                     scrape_age_ms: last.map(|l| now_ms.saturating_sub(l.scraped_at_ms)),
                     load_stale: metrics_mode && !last.is_some_and(|l| l.fresh),
                     source: w.spec.source.clone(),
+                    capacity: self.capacity[i],
+                    full: self.full(i),
                 }
             })
             .collect()
@@ -219,6 +248,20 @@ impl FleetView for RoutingTable {
 
     fn resolve_target(&self, raw: &[u8]) -> Option<usize> {
         resolve_target(self.workers.iter().map(|w| &w.spec), raw)
+    }
+
+    fn limited(&self) -> bool {
+        self.limited
+    }
+
+    fn capacity(&self, worker: usize) -> Option<u64> {
+        self.capacity[worker]
+    }
+
+    fn engine_full(&self, worker: usize) -> bool {
+        let admission = &self.policy.admission;
+        admission.engine_limits()
+            && admission.engine_full(self.workers[worker].stats.engine_report().get())
     }
 }
 
@@ -310,7 +353,13 @@ impl RoutingTable {
             .zip(&states)
             .map(|(h, s)| *h && *s == WorkerState::Active)
             .collect();
+        let capacity: Vec<Option<u64>> = workers
+            .iter()
+            .map(|w| policy.admission.capacity(w.spec.max_in_flight))
+            .collect();
         RoutingTable {
+            limited: policy.admission.engine_limits() || capacity.iter().any(Option::is_some),
+            capacity,
             workers,
             ring,
             healthy,

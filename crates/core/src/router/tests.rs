@@ -1,4 +1,5 @@
 use super::*;
+use crate::policy::Branch;
 use crate::routing_key::ExplicitKey;
 
 fn spec(n: u16) -> WorkerSpec {
@@ -7,6 +8,7 @@ fn spec(n: u16) -> WorkerSpec {
         url: format!("http://127.0.0.1:{}", 30000 + n),
         ring_id: None,
         source: WorkerSource::Static,
+        max_in_flight: None,
     }
 }
 
@@ -58,6 +60,7 @@ fn refused_changes_leave_the_table_alone() {
             url: "http://other".into(),
             ring_id: None,
             source: WorkerSource::Static,
+            max_in_flight: None,
         }),
         Err(MembershipError::DuplicateName("w1".into()))
     );
@@ -324,12 +327,14 @@ fn target_resolution_order() {
             url: "http://a".into(),
             ring_id: None,
             source: WorkerSource::Static,
+            max_in_flight: None,
         },
         WorkerSpec {
             name: "b".into(),
             url: "http://b".into(),
             ring_id: None,
             source: WorkerSource::Static,
+            max_in_flight: None,
         },
     ];
     assert_eq!(

@@ -221,6 +221,7 @@ impl CellOptions {
                 spill_order: bounded.then(|| self.order.unwrap_or_default()),
                 virtual_nodes: self.vnodes,
                 load_source: self.load_source,
+                admission: None,
             },
         })
     }

@@ -103,6 +103,7 @@ mod tests {
             url: format!("http://127.0.0.1:{n}"),
             ring_id: None,
             source: WorkerSource::Static,
+            max_in_flight: None,
         }
     }
 

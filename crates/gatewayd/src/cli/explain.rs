@@ -83,6 +83,9 @@ pub fn explain(args: ExplainArgs) -> ExitCode {
         load_source: args.load_source,
         reported: args.reported.into_iter().collect(),
         local_at_scrape: args.local_at_scrape.into_iter().collect(),
+        max_in_flight_per_worker: 0,
+        max_in_flight: Default::default(),
+        engine_full: Default::default(),
     };
     match explainer.explain(&scenario) {
         Ok(answer) => {

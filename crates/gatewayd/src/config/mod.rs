@@ -92,6 +92,7 @@ impl Config {
             spill_order: self.policy.spill_order,
             virtual_nodes: self.policy.virtual_nodes,
             load_source: self.load.source,
+            admission: Default::default(),
         }
     }
 

@@ -279,6 +279,7 @@ impl WorkerConfig {
                 url: self.url.clone(),
                 ring_id: self.ring_id.clone(),
                 source: WorkerSource::Static,
+                max_in_flight: None,
             },
             url,
             health_path: self.health_path.clone(),

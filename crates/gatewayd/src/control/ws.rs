@@ -128,6 +128,7 @@ fn handle_command(
             max_load_skew,
             spill_order,
             load_source,
+            admission,
         } => {
             let patch = PolicyPatch {
                 kind,
@@ -136,6 +137,7 @@ fn handle_command(
                 spill_order,
                 virtual_nodes: None,
                 load_source,
+                admission,
             };
             Some(match plane.admin.set_policy(&patch, actor) {
                 Ok(policy) => encode_message(&ServerMessage::Ack(Ack {

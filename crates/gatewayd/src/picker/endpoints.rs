@@ -208,6 +208,7 @@ mod tests {
                 url: format!("http://127.0.0.1:{}", 9000 + n),
                 ring_id: None,
                 source: WorkerSource::Static,
+                max_in_flight: None,
             })
             .collect();
         Router::new(specs, PolicySettings::default()).unwrap()

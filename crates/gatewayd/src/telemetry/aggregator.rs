@@ -9,7 +9,7 @@ use bch_core::decide::Decision;
 use bch_core::router::{Router, RoutingTable};
 use bch_core::telemetry::{
     DiscoverySource, DrainedUpdate, PolicyUpdate, RingOwnership, RingUpdate, ServerMessage,
-    Snapshot, SpillEvent, Tick, Totals, WorkerRecord,
+    Snapshot, SpillCause, SpillEvent, Tick, Totals, WorkerRecord,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -84,12 +84,13 @@ impl SpillLog {
             return;
         };
         let name = |w: usize| table.workers()[w].spec.name.clone();
+        let (branch, cause) = SpillCause::of(decision.branch);
         let event = SpillEvent {
             ts_ms,
             key: key
                 .map(|k| k.label.render().to_string())
                 .unwrap_or_default(),
-            branch: decision.branch,
+            branch,
             from: name(from),
             to: name(to),
             preferred_load: bound.preferred_load,
@@ -98,6 +99,7 @@ impl SpillLog {
             min_load_gap: bound.min_load_gap,
             max_load_skew: bound.max_load_skew,
             load_signal: decision.load_signal.unwrap_or_default(),
+            cause,
         };
         self.kept.push_back(event.clone());
         while self.kept.len() > self.max {

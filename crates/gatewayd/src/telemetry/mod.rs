@@ -150,6 +150,7 @@ mod tests {
             url: "http://127.0.0.1:1".into(),
             ring_id: None,
             source: WorkerSource::Static,
+            max_in_flight: None,
         };
         let router = Arc::new(Router::new(vec![worker], Default::default()).unwrap());
         let config = TelemetryConfig {

@@ -14,7 +14,9 @@ async fn policy_get_and_put() {
     assert_eq!(
         initial,
         json!({"kind": "consistent_hashing", "min_load_gap": 2, "max_load_skew": 1.5,
-            "spill_order": "ring", "virtual_nodes": 150, "load_source": "local"})
+            "spill_order": "ring", "virtual_nodes": 150, "load_source": "local",
+        "admission": {"max_in_flight_per_worker": 0, "queue_timeout_ms": 0, "max_queued": 1024,
+            "retry_after_ms": 1000, "max_waiting": 0, "max_kv_usage": 0.0}})
     );
 
     // A subset applies and the answer is the whole result.
@@ -39,7 +41,9 @@ async fn policy_get_and_put() {
     assert_eq!(
         answer,
         json!({"kind": "consistent_hashing", "min_load_gap": 4, "max_load_skew": 1.5,
-            "spill_order": "ring", "virtual_nodes": 150, "load_source": "local"})
+            "spill_order": "ring", "virtual_nodes": 150, "load_source": "local",
+        "admission": {"max_in_flight_per_worker": 0, "queue_timeout_ms": 0, "max_queued": 1024,
+            "retry_after_ms": 1000, "max_waiting": 0, "max_kv_usage": 0.0}})
     );
     let response = put(
         r#"{"kind": "bounded_consistent_hashing", "max_load_skew": 2.25, "spill_order": "hash_seeded"}"#,
@@ -48,7 +52,9 @@ async fn policy_get_and_put() {
     .unwrap();
     assert_eq!(response.status(), 200);
     let good = json!({"kind": "bounded_consistent_hashing", "min_load_gap": 4, "max_load_skew": 2.25,
-        "spill_order": "hash_seeded", "virtual_nodes": 150, "load_source": "local"});
+        "spill_order": "hash_seeded", "virtual_nodes": 150, "load_source": "local",
+        "admission": {"max_in_flight_per_worker": 0, "queue_timeout_ms": 0, "max_queued": 1024,
+            "retry_after_ms": 1000, "max_waiting": 0, "max_kv_usage": 0.0}});
     let mut answer = response.json::<Value>().await.unwrap();
     answer.as_object_mut().unwrap().remove("note");
     assert_eq!(answer, good);

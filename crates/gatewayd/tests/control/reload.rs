@@ -49,7 +49,9 @@ async fn reload_applies_a_good_file_and_refuses_a_bad_one() {
     let answer: Value = response.json().await.unwrap();
     assert_eq!(answer["policy"]["min_load_gap"], 5);
     let applied = json!({"kind": "bounded_consistent_hashing", "min_load_gap": 5, "max_load_skew": 1.75,
-        "spill_order": "hash_seeded", "virtual_nodes": 150, "load_source": "local"});
+        "spill_order": "hash_seeded", "virtual_nodes": 150, "load_source": "local",
+        "admission": {"max_in_flight_per_worker": 0, "queue_timeout_ms": 0, "max_queued": 1024,
+            "retry_after_ms": 1000, "max_waiting": 0, "max_kv_usage": 0.0}});
     assert_eq!(policy(&gateway).await, applied);
     assert_eq!(worker_names(&gateway).await, ["a", "b"]);
     let response = client

@@ -32,6 +32,7 @@ fn placements(members: &[(String, String)], keys: &[String]) -> HashMap<String, 
             url: url.clone(),
             ring_id: None,
             source: WorkerSource::Static,
+            max_in_flight: None,
         })
         .collect();
     let router = Router::new(specs, Config::default().policy_settings()).unwrap();

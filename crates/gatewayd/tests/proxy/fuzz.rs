@@ -379,10 +379,10 @@ proptest! {
 
     #[test]
     fn telemetry_commands_parse_or_refuse(text in any_text()) {
-        if let Ok(ClientCommand::SetPolicy { kind, min_load_gap, max_load_skew, spill_order, load_source, .. }) =
+        if let Ok(ClientCommand::SetPolicy { kind, min_load_gap, max_load_skew, spill_order, load_source, admission, .. }) =
             serde_json::from_str::<ClientCommand>(&text)
         {
-            let patch = PolicyPatch { kind, min_load_gap, max_load_skew, spill_order, virtual_nodes: None, load_source };
+            let patch = PolicyPatch { kind, min_load_gap, max_load_skew, spill_order, virtual_nodes: None, load_source, admission };
             match PolicySettings::default().patched(&patch) {
                 Ok(p) => prop_assert!(p.max_load_skew.is_finite() && p.max_load_skew >= 1.0),
                 Err(e) => prop_assert!(!e.to_string().is_empty()),
