@@ -162,6 +162,8 @@ impl Shooter {
         futures_util::future::join_all(requests).await
     }
 
+    // Only the measured storm (feature "harness") ejects replicas and stops on Ctrl-C.
+    #[cfg_attr(not(feature = "harness"), allow(dead_code))]
     /// Stop sending to a replica whose connections are refused, and send a refused request to
     /// the next replica instead.
     pub(super) fn ejecting_refused(mut self, eject: bool) -> Self {
@@ -169,6 +171,8 @@ impl Shooter {
         self
     }
 
+    // Only the measured storm (feature "harness") ejects replicas and stops on Ctrl-C.
+    #[cfg_attr(not(feature = "harness"), allow(dead_code))]
     /// Abandon every request in flight once `stop` is cancelled: each then ends at once, counted
     /// as interrupted (or not sent, when no replica had been chosen for it yet).
     pub(super) fn stopping_on(mut self, stop: CancellationToken) -> Self {
@@ -182,6 +186,8 @@ impl Shooter {
         let _ = self.ejected[replica].set(self.start.elapsed().as_secs_f64());
     }
 
+    // Only the measured storm (feature "harness") ejects replicas and stops on Ctrl-C.
+    #[cfg_attr(not(feature = "harness"), allow(dead_code))]
     /// Per replica, in the order given: when it was ejected, in seconds since the shooter was
     /// built; `None` for a replica still in the rotation.
     pub(super) fn ejections(&self) -> Vec<Option<f64>> {
