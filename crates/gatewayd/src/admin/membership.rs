@@ -326,7 +326,11 @@ mod tests {
             ],
         );
         let merged = merge(&[], &config, &sets, &[]);
-        let names: Vec<&str> = merged.members.iter().map(|m| m.spec.name.as_str()).collect();
+        let names: Vec<&str> = merged
+            .members
+            .iter()
+            .map(|m| m.spec.name.as_str())
+            .collect();
         assert_eq!(names, ["10.0.0.5:80", "10.0.0.6:80"]);
         assert!(merged.skipped.is_empty(), "{:?}", merged.skipped);
     }

@@ -442,7 +442,9 @@ mod tests {
             assert_eq!(error.field, "name", "{bad:?}");
             assert!(error.message.contains(shown), "{bad:?}: {error}");
             assert!(
-                !error.message.contains(['\u{202e}', '\u{2028}', '\u{feff}', '\n']),
+                !error
+                    .message
+                    .contains(['\u{202e}', '\u{2028}', '\u{feff}', '\n']),
                 "the refusal quotes the name escaped: {error}"
             );
         }
