@@ -540,7 +540,9 @@ async fn firehose() -> (String, Arc<std::sync::atomic::AtomicBool>) {
 
 /// A client that stops reading a fast stream: back-pressure is not idleness (the worker is not
 /// silent, it is blocked), so only `client_stall_timeout_ms` ends it — the load is released and
-/// the worker's connection closed.
+/// the worker's connection closed. The request is logged and counted as cut by the client
+/// (`error=true client_fault=client_stall`, `bch_client_stalls_total`), not as a completed one,
+/// and not against the worker.
 #[tokio::test]
 async fn a_client_that_stops_reading_is_cut_off() {
     let (url, worker_closed) = firehose().await;
@@ -580,6 +582,33 @@ async fn a_client_that_stops_reading_is_cut_off() {
     }
     assert!(started.elapsed() >= Duration::from_millis(300));
     assert_eq!(worker_record(&gateway, "firehose"), (0, true));
+    // The line is written just after the load is released.
+    let line = loop {
+        let logs = logs();
+        let line = logs
+            .lines()
+            .find(|l| l.contains(" request ") && l.contains("worker=firehose"))
+            .map(str::to_owned);
+        if let Some(line) = line {
+            break line;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no request line for the stalled stream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(line.contains(" status=200 "), "{line}");
+    assert!(line.contains(" error=true "), "{line}");
+    assert!(line.ends_with(" client_fault=client_stall"), "{line}");
+    let stalls = gateway.metrics_text().lines().find_map(|l| {
+        l.strip_prefix("bch_client_stalls_total ")?
+            .trim()
+            .parse::<u64>()
+            .ok()
+    });
+    assert_eq!(stalls, Some(1));
+    assert!(warnings_naming("firehose").is_empty());
     drop(stream);
     gateway.shutdown().await;
 }
