@@ -42,7 +42,7 @@ use crate::routing::request_id::REQUEST_ID_HEADER;
 use crate::routing::{Choice, Exchange, connect_failed, retry_on};
 use crate::server::ClientStall;
 use crate::upstream::{ClientBodyError, SendError, UpstreamBody, UpstreamConnection, client_fault};
-use request::{point_at, refuse_early, strip_hop_by_hop, upstream_request};
+use request::{check_header_budget, point_at, refuse_early, strip_hop_by_hop, upstream_request};
 
 /// `x-bch-worker`: the name of the worker that served the request.
 pub const WORKER_HEADER: HeaderName = HeaderName::from_static(routing_key::WORKER_HEADER);
@@ -146,7 +146,9 @@ fn route(
         &plane.via,
     )?;
     let (mut parts, body) = request.into_parts();
+    let sent = parts.headers.len();
     exchange.forward_id(&mut parts.headers);
+    check_header_budget(sent, &parts.headers)?;
     let Choice {
         table,
         worker,
