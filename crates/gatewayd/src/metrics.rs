@@ -155,6 +155,8 @@ pub struct Metrics {
     ignored_keys: [AtomicU64; IgnoredKey::ALL.len()],
     client_body_errors: [AtomicU64; ClientBodyFault::ALL.len()],
     retries: AtomicU64,
+    /// Streamed responses cut because their client stopped reading (`client_stall_timeout_ms`).
+    client_stalls: AtomicU64,
     rejected_connections: AtomicU64,
     telemetry_dropped: AtomicU64,
     /// Responses of requests that never got a worker (413, 503), by status class.
@@ -176,6 +178,7 @@ impl Default for Metrics {
             ignored_keys: Default::default(),
             client_body_errors: Default::default(),
             retries: AtomicU64::new(0),
+            client_stalls: AtomicU64::new(0),
             rejected_connections: AtomicU64::new(0),
             telemetry_dropped: AtomicU64::new(0),
             unrouted_responses: Default::default(),
@@ -201,6 +204,11 @@ impl Metrics {
     /// Counts a request body that failed on the client's side.
     pub fn record_client_body_error(&self, fault: ClientBodyFault) {
         self.client_body_errors[fault.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a response cut because its client stopped reading for `client_stall_timeout_ms`.
+    pub fn record_client_stall(&self) {
+        self.client_stalls.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a retry on the next worker after a failed connect.
@@ -325,6 +333,11 @@ fn data_path(encoder: &mut DescriptorEncoder, m: &Metrics) -> Result<(), std::fm
             "bch_retries",
             "Requests retried on the next worker after a failed connect",
             &m.retries,
+        ),
+        (
+            "bch_client_stalls",
+            "Responses cut because the client stopped reading for client_stall_timeout_ms (never counted against a worker)",
+            &m.client_stalls,
         ),
         (
             "bch_rejected_connections",

@@ -11,6 +11,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -39,6 +40,21 @@ pub struct Listening {
     pub tasks: TaskTracker,
     /// Which plane, for log lines.
     pub plane: &'static str,
+}
+
+/// Whether a connection was failed because its client stopped reading its response for longer
+/// than `client_stall_timeout_ms` ([`WriteStallGuard`]). Every request of a capped listener's
+/// connection carries its connection's flag as a request extension: the response a stall cut
+/// ends after the flag is set (the failed connection drops it), so it can be recorded as what it
+/// is rather than as a completed one.
+#[derive(Debug, Clone, Default)]
+pub struct ClientStall(Arc<AtomicBool>);
+
+impl ClientStall {
+    /// Whether the connection's client stalled and the connection was failed for it.
+    pub fn stalled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 /// A cap on concurrent connections: a connection over it is answered `response` (complete raw
@@ -90,8 +106,15 @@ pub async fn serve_capped<S, B>(
             listening.tasks.spawn(refuse(stream, cap.response.clone()));
             continue;
         };
-        let stream = WriteStallGuard::new(stream, cap.write_stall_timeout);
-        let connection = builder.serve_connection(TokioIo::new(stream), make_service(peer));
+        let stall = ClientStall::default();
+        let stream = WriteStallGuard::new(stream, cap.write_stall_timeout, stall.clone());
+        let service = make_service(peer);
+        // Every request carries its connection's stall flag: the one a stall cuts says so.
+        let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+            request.extensions_mut().insert(stall.clone());
+            service.call(request)
+        });
+        let connection = builder.serve_connection(TokioIo::new(stream), service);
         let shutdown = listening.shutdown.clone();
         listening.tasks.spawn(async move {
             tokio::pin!(connection);
@@ -148,17 +171,21 @@ pub async fn serve_upgradable<S, B>(
 pub struct WriteStallGuard {
     io: TcpStream,
     limit: Duration,
+    /// Set when the limit passes.
+    stall: ClientStall,
     /// Whether the last write attempt blocked (the timer runs since then).
     blocked: bool,
     timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl WriteStallGuard {
-    /// `io`, whose writes may stay blocked for at most `limit`.
-    pub fn new(io: TcpStream, limit: Duration) -> Self {
+    /// `io`, whose writes may stay blocked for at most `limit`; `stall` is set when that ends
+    /// the connection.
+    pub fn new(io: TcpStream, limit: Duration, stall: ClientStall) -> Self {
         Self {
             io,
             limit,
+            stall,
             blocked: false,
             timer: None,
         }
@@ -176,10 +203,13 @@ impl WriteStallGuard {
             }
         }
         match self.timer.as_mut().map(|t| t.as_mut().poll(cx)) {
-            Some(Poll::Ready(())) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the client stopped reading its response",
-            ))),
+            Some(Poll::Ready(())) => {
+                self.stall.0.store(true, Ordering::Relaxed);
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client stopped reading its response",
+                )))
+            }
             _ => Poll::Pending,
         }
     }

@@ -324,6 +324,60 @@ async fn an_upload_slower_than_the_first_byte_timeout_is_the_clients_fault() {
     gateway.shutdown().await;
 }
 
+/// The header budget counts the gateway's own headers (`Via`, and `x-request-id` when it makes
+/// the id): a request that fits once they are added reaches the worker whole (hyper-based, it
+/// takes at most 100 header fields, as gatewayd does); one field more is gatewayd's own `431
+/// too_many_headers`, OpenAI-shaped and counted as a client refusal, and the worker sees nothing.
+#[tokio::test]
+async fn the_gateways_own_headers_count_in_the_header_budget() {
+    let worker = fake_worker("quiet").await;
+    let gateway = gateway(&[&worker], |_| {}).await;
+    let data = gateway.data_addr;
+    let requests = || {
+        worker
+            .state
+            .requests
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
+    // (header fields the client sends with `host` and `connection`, its own request id?)
+    for (sent, with_id) in [(98, false), (99, true)] {
+        let head = |fields: usize| {
+            let mut head = format!("GET /echo HTTP/1.1\r\nhost: {data}\r\nconnection: close\r\n");
+            let mut count = 2;
+            if with_id {
+                head.push_str("x-request-id: client-id\r\n");
+                count += 1;
+            }
+            for i in count..fields {
+                head.push_str(&format!("x-pad-{i}: {i}\r\n"));
+            }
+            head + "\r\n"
+        };
+        let before = requests();
+        let (status, body) = send(data, head(sent).as_bytes()).await;
+        assert_eq!(status, 200, "{sent} fields, id {with_id}: {body}");
+        assert_eq!(requests(), before + 1);
+        // As many as gatewayd's parser takes: forwarded, they were the worker's 431.
+        let (status, body) = send(data, head(100).as_bytes()).await;
+        assert_eq!(status, 431, "100 fields, id {with_id}: {body}");
+        assert_eq!(code_of(&body), "too_many_headers");
+        let (status, body) = send(data, head(sent + 1).as_bytes()).await;
+        assert_eq!(status, 431, "{} fields, id {with_id}: {body}", sent + 1);
+        assert_eq!(code_of(&body), "too_many_headers");
+        assert!(
+            body.contains(&format!("has {} header fields", sent + 1)),
+            "{body}"
+        );
+        assert_eq!(requests(), before + 1, "the worker saw nothing");
+    }
+    let metrics = gateway.metrics_text();
+    assert!(
+        metrics.contains("bch_responses_total{status_class=\"4xx\",worker=\"\"} 4"),
+        "four refusals before routing: {metrics}"
+    );
+    gateway.shutdown().await;
+}
+
 /// What the data plane refuses before routing, so no worker sees it and no load is taken:
 /// `CONNECT` (405), HTTP/1.1 without `Host` (400), a second routing key, target worker or
 /// `Authorization` header (400: the gateway routes by the first, a component behind it might read
@@ -540,7 +594,9 @@ async fn firehose() -> (String, Arc<std::sync::atomic::AtomicBool>) {
 
 /// A client that stops reading a fast stream: back-pressure is not idleness (the worker is not
 /// silent, it is blocked), so only `client_stall_timeout_ms` ends it — the load is released and
-/// the worker's connection closed.
+/// the worker's connection closed. The request is logged and counted as cut by the client
+/// (`error=true client_fault=client_stall`, `bch_client_stalls_total`), not as a completed one,
+/// and not against the worker.
 #[tokio::test]
 async fn a_client_that_stops_reading_is_cut_off() {
     let (url, worker_closed) = firehose().await;
@@ -580,6 +636,33 @@ async fn a_client_that_stops_reading_is_cut_off() {
     }
     assert!(started.elapsed() >= Duration::from_millis(300));
     assert_eq!(worker_record(&gateway, "firehose"), (0, true));
+    // The line is written just after the load is released.
+    let line = loop {
+        let logs = logs();
+        let line = logs
+            .lines()
+            .find(|l| l.contains(" request ") && l.contains("worker=firehose"))
+            .map(str::to_owned);
+        if let Some(line) = line {
+            break line;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no request line for the stalled stream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(line.contains(" status=200 "), "{line}");
+    assert!(line.contains(" error=true "), "{line}");
+    assert!(line.ends_with(" client_fault=client_stall"), "{line}");
+    let stalls = gateway.metrics_text().lines().find_map(|l| {
+        l.strip_prefix("bch_client_stalls_total ")?
+            .trim()
+            .parse::<u64>()
+            .ok()
+    });
+    assert_eq!(stalls, Some(1));
+    assert!(warnings_naming("firehose").is_empty());
     drop(stream);
     gateway.shutdown().await;
 }

@@ -10,7 +10,9 @@
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 
-use crate::config::{Config, DiscoveryConfig, Member, WorkerConfig, WorkerUrl, loop_of};
+use crate::config::{
+    Config, DiscoveryConfig, Member, WorkerConfig, WorkerUrl, check_name, loop_of,
+};
 
 /// One worker as a DNS answer gave it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -117,7 +119,9 @@ pub fn merge(
                 continue;
             }
             let name = match &worker.name {
-                Some(name) if !names.contains(name) => name.clone(),
+                // A DNS name outside the worker-name grammar (an internationalised name shown
+                // in Unicode, an escaped byte) leaves the worker its address for a name.
+                Some(name) if !names.contains(name) && check_name(name).is_ok() => name.clone(),
                 _ if !names.contains(&authority) => authority.clone(),
                 _ => {
                     skipped.push(format!(
@@ -308,6 +312,27 @@ mod tests {
             "{:?}",
             merged.skipped
         );
+    }
+
+    #[test]
+    fn a_dns_name_outside_the_worker_name_grammar_leaves_the_worker_its_address() {
+        let config = config(&[], &["_a._tcp.x"]);
+        let mut sets = DiscoveredSets::default();
+        sets.replace(
+            &config.discovery[0],
+            vec![
+                at("10.0.0.5:80", Some("b\u{fc}cher.x")),
+                at("10.0.0.6:80", Some("w\\032x.x")),
+            ],
+        );
+        let merged = merge(&[], &config, &sets, &[]);
+        let names: Vec<&str> = merged
+            .members
+            .iter()
+            .map(|m| m.spec.name.as_str())
+            .collect();
+        assert_eq!(names, ["10.0.0.5:80", "10.0.0.6:80"]);
+        assert!(merged.skipped.is_empty(), "{:?}", merged.skipped);
     }
 
     #[test]

@@ -46,7 +46,9 @@ pub use sections::{
     PolicyConfig, RoutingConfig, TelemetryConfig,
 };
 pub use server::{ControlAccess, Limits, Listeners, ServerConfig, Timeouts};
-pub use worker::{Member, WorkerConfig, WorkerUrl, WorkerUrlError};
+pub use worker::{
+    MAX_WORKER_NAME_CHARS, Member, WorkerConfig, WorkerUrl, WorkerUrlError, check_name,
+};
 
 /// The configuration in force, shared by its one writer (the admin owner) and its readers (health
 /// probes, the control plane): a lock-free load.

@@ -208,6 +208,46 @@ fn without_credentials(url: &str) -> Option<String> {
     Some(format!("{}***{}", &url[..start], &url[at..]))
 }
 
+/// Longest worker name accepted, in characters (each one byte: names are ASCII).
+pub const MAX_WORKER_NAME_CHARS: usize = 128;
+
+/// Whether `name` is a worker name: 1 to [`MAX_WORKER_NAME_CHARS`] visible ASCII characters (`!`
+/// through `~`) other than `/`, `\` and `"`, and neither `.` nor `..`. The error says which rule
+/// the name breaks, quoting it escaped.
+///
+/// A name is shown in log lines, metric labels, JSON, the `x-bch-worker` header and a URL path
+/// segment: visible ASCII reads the same in all of them, and nothing in it can break a log line,
+/// spoof a field with a space, reorder text (bidirectional overrides), hide (a BOM, zero-width
+/// characters) or look like another name (homoglyphs). `/` would split the admin API's
+/// `/admin/workers/{name}` path; `\` and `"` are the escape characters of every quoted form.
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !c.is_ascii_graphic() || matches!(c, '/' | '\\' | '"'))
+    {
+        return Err(format!(
+            "{name:?} has the character {:?} (U+{:04X}); a worker name is visible ASCII (`!` to `~`) without '/', '\\' or '\"'",
+            bad, bad as u32
+        ));
+    }
+    if name.len() > MAX_WORKER_NAME_CHARS {
+        return Err(format!(
+            "{name:?} is longer than {MAX_WORKER_NAME_CHARS} characters"
+        ));
+    }
+    if name == "." || name == ".." {
+        // Clients resolve dot segments before sending (even `%2e%2e`), so
+        // `DELETE /admin/workers/..` could never reach such a worker.
+        return Err(format!(
+            "{name:?} is a path segment clients rewrite; choose another name"
+        ));
+    }
+    Ok(())
+}
+
 /// A worker entry that passed validation: the router's spec plus what only gatewayd needs, with
 /// the URL already parsed.
 #[derive(Debug, Clone, PartialEq)]
@@ -240,28 +280,10 @@ impl WorkerConfig {
         let invalid = |field: &str, message: String| FieldError::new(field, message);
         let url = WorkerUrl::parse(&self.url).map_err(|e| invalid("url", e.to_string()))?;
         let name = match &self.name {
-            Some(name) if name.trim().is_empty() => {
-                return Err(invalid("name", "must not be empty".into()));
-            }
             Some(name) => name.clone(),
             None => url.default_name(),
         };
-        if name.len() > 128 || name.chars().any(|c| c.is_control() || c == '/') {
-            return Err(invalid(
-                "name",
-                format!(
-                    "{name:?} must be at most 128 characters, without '/' or control characters"
-                ),
-            ));
-        }
-        if name == "." || name == ".." {
-            // Clients resolve dot segments before sending (even `%2e%2e`), so
-            // `DELETE /admin/workers/..` could never reach such a worker.
-            return Err(invalid(
-                "name",
-                format!("{name:?} is a path segment clients rewrite; choose another name"),
-            ));
-        }
+        check_name(&name).map_err(|why| invalid("name", why))?;
         for (field, path) in [
             ("health_path", &self.health_path),
             ("metrics_path", &self.metrics_path),
@@ -379,6 +401,55 @@ mod tests {
         ] {
             assert_eq!(entry.member().unwrap_err().field, field, "{entry:?}");
         }
+    }
+
+    #[test]
+    fn names_are_visible_ascii_without_slash_backslash_or_quote() {
+        let named = |name: &str| {
+            WorkerConfig {
+                name: Some(name.to_owned()),
+                ..WorkerConfig::from_url("http://a:1")
+            }
+            .member()
+        };
+        for good in [
+            "gpu-0",
+            "10.0.0.7:8000",
+            "[::1]:8000",
+            "a.b_c~d@e+f%g",
+            &"x".repeat(MAX_WORKER_NAME_CHARS),
+        ] {
+            assert_eq!(named(good).unwrap().spec.name, good);
+        }
+        for (bad, shown) in [
+            ("gpu\u{202e}0", "\\u{202e}"),
+            ("gpu\u{2028}0", "\\u{2028}"),
+            ("\u{feff}gpu", "\\u{feff}"),
+            ("gpu 0", "' '"),
+            ("gpu\t0", "'\\t'"),
+            ("gpu\n0", "'\\n'"),
+            ("gpu\u{7f}", "\\u{7f}"),
+            ("gpu\u{200b}0", "\\u{200b}"),
+            ("gp\u{fc}", "'\u{fc}'"),
+            ("a/b", "'/'"),
+            ("a\\b", "'\\\\'"),
+            ("a\"b", "'\"'"),
+            ("", "empty"),
+            (".", "path segment"),
+            ("..", "path segment"),
+        ] {
+            let error = named(bad).unwrap_err();
+            assert_eq!(error.field, "name", "{bad:?}");
+            assert!(error.message.contains(shown), "{bad:?}: {error}");
+            assert!(
+                !error
+                    .message
+                    .contains(['\u{202e}', '\u{2028}', '\u{feff}', '\n']),
+                "the refusal quotes the name escaped: {error}"
+            );
+        }
+        let long = named(&"x".repeat(MAX_WORKER_NAME_CHARS + 1)).unwrap_err();
+        assert!(long.message.contains("longer than 128"), "{long}");
     }
 
     #[test]

@@ -162,6 +162,21 @@ pub enum GatewayError {
     /// first, a component behind it might read another.
     #[error("header {0} appears more than once; send it once")]
     RepeatedHeader(String),
+    /// The request has more header fields than fit in a request to a worker once the gateway's
+    /// own are added (431): refused before anything is sent, so the refusal is the gateway's and
+    /// not a worker's.
+    #[error(
+        "the request has {sent} header fields and the gateway adds {added}: a request to a worker may carry at most {limit}; send at most {}",
+        .limit.saturating_sub(*.added)
+    )]
+    TooManyHeaders {
+        /// Header fields the client sent (each field line counts).
+        sent: usize,
+        /// Header fields the gateway adds to the forwarded request.
+        added: usize,
+        /// Most header fields a forwarded request may carry.
+        limit: usize,
+    },
     /// `CONNECT` on the data plane (405): gatewayd forwards requests, it opens no tunnels.
     #[error(
         "CONNECT is not supported: gatewayd forwards HTTP requests to workers and opens no tunnels"
@@ -275,6 +290,7 @@ impl GatewayError {
             | GatewayError::MissingHost
             | GatewayError::MissingControlHost
             | GatewayError::RepeatedHeader(_) => StatusCode::BAD_REQUEST,
+            GatewayError::TooManyHeaders { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             GatewayError::RequestBodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             GatewayError::TunnelNotSupported | GatewayError::MethodNotAllowed => {
                 StatusCode::METHOD_NOT_ALLOWED
@@ -325,6 +341,7 @@ impl GatewayError {
             GatewayError::RequestBodyTimeout { .. } => "request_body_timeout",
             GatewayError::MissingHost | GatewayError::MissingControlHost => "missing_host",
             GatewayError::RepeatedHeader(_) => "repeated_header",
+            GatewayError::TooManyHeaders { .. } => "too_many_headers",
             GatewayError::TunnelNotSupported | GatewayError::MethodNotAllowed => {
                 "method_not_allowed"
             }
@@ -380,6 +397,7 @@ impl GatewayError {
             | GatewayError::RequestBodyTimeout { .. }
             | GatewayError::MissingHost
             | GatewayError::RepeatedHeader(_)
+            | GatewayError::TooManyHeaders { .. }
             | GatewayError::TunnelNotSupported
             | GatewayError::LoopDetected
             | GatewayError::FirstByteTimeout { .. }
@@ -419,6 +437,7 @@ impl GatewayError {
             | GatewayError::RequestBodyTimeout { .. }
             | GatewayError::MissingHost
             | GatewayError::RepeatedHeader(_)
+            | GatewayError::TooManyHeaders { .. }
             | GatewayError::TunnelNotSupported
             | GatewayError::MissingControlHost
             | GatewayError::NotFound

@@ -45,6 +45,7 @@ fn every_variant_keeps_its_status_type_and_code() {
         (E::MissingHost, 400, "gateway_error", "missing_host", Client),
         (E::MissingControlHost, 400, "control_error", "missing_host", Client),
         (E::RepeatedHeader(s()), 400, "gateway_error", "repeated_header", Client),
+        (E::TooManyHeaders { sent: 100, added: 1, limit: 100 }, 431, "gateway_error", "too_many_headers", Client),
         (E::TunnelNotSupported, 405, "gateway_error", "method_not_allowed", Client),
         (E::LoopDetected, 508, "gateway_error", "loop_detected", Gateway),
         (E::FirstByteTimeout { worker: w(), timeout_ms: 1 }, 504, "gateway_error", "first_byte_timeout", Worker),

@@ -40,8 +40,9 @@ use crate::routing::exchange::Head;
 use crate::routing::key::extract_key;
 use crate::routing::request_id::REQUEST_ID_HEADER;
 use crate::routing::{Choice, Exchange, connect_failed, retry_on};
+use crate::server::ClientStall;
 use crate::upstream::{ClientBodyError, SendError, UpstreamBody, UpstreamConnection, client_fault};
-use request::{point_at, refuse_early, strip_hop_by_hop, upstream_request};
+use request::{check_header_budget, point_at, refuse_early, strip_hop_by_hop, upstream_request};
 
 /// `x-bch-worker`: the name of the worker that served the request.
 pub const WORKER_HEADER: HeaderName = HeaderName::from_static(routing_key::WORKER_HEADER);
@@ -83,6 +84,7 @@ fn readiness(plane: &DataPlane) -> Response<ProxyBody> {
 async fn proxy(plane: Arc<DataPlane>, request: Request<Incoming>) -> Response<ProxyBody> {
     let head = Head::of(&request);
     let mut exchange = Exchange::begin(Arc::clone(&plane.routing), Instant::now(), head);
+    exchange.watch_client_stall(request.extensions().get::<ClientStall>().cloned());
     let settings = plane.routing.settings.load();
     let forwarded = match route(&plane, &settings, request, &mut exchange) {
         Ok(routed) => send_with_retry(&plane, &settings, routed, &mut exchange).await,
@@ -144,7 +146,9 @@ fn route(
         &plane.via,
     )?;
     let (mut parts, body) = request.into_parts();
+    let sent = parts.headers.len();
     exchange.forward_id(&mut parts.headers);
+    check_header_budget(sent, &parts.headers)?;
     let Choice {
         table,
         worker,

@@ -68,6 +68,29 @@ pub fn refuse_early(
     Ok(())
 }
 
+/// Most header fields a request to a worker may carry: hyper's limit, which gatewayd's own parser
+/// applies to its clients and hyper-based engines apply to gatewayd. The gateway's own headers
+/// count in it, so a request they would push over is refused by the gateway, not by the worker.
+pub const MAX_FORWARDED_HEADERS: usize = 100;
+
+/// Refuses (431) a request whose header fields would be more than [`MAX_FORWARDED_HEADERS`] once
+/// the gateway's own are added: `sent` is how many the client sent; `headers` are the request's
+/// now, with the gateway's `x-request-id` when it made the id; `Via` and, for a request without
+/// one, `Host` are still to come. Nothing the gateway removes (hop-by-hop headers) is subtracted:
+/// the framing header hyper writes for a chunked body takes the place of the client's.
+pub fn check_header_budget(sent: usize, headers: &HeaderMap) -> Result<(), GatewayError> {
+    let added =
+        headers.len().saturating_sub(sent) + 1 + usize::from(!headers.contains_key(header::HOST));
+    if sent + added > MAX_FORWARDED_HEADERS {
+        return Err(GatewayError::TooManyHeaders {
+            sent,
+            added,
+            limit: MAX_FORWARDED_HEADERS,
+        });
+    }
+    Ok(())
+}
+
 /// The client's request made into a request for a worker, reusing its head (no header copies):
 /// HTTP/1.1, without `Host` and hop-by-hop headers, with this gateway's `Via` entry appended
 /// (RFC 9110 §7.6.3; a second field line, so an earlier proxy's entries stay as they were),

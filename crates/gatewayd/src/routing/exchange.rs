@@ -22,6 +22,7 @@ use super::handle::Routing;
 use super::hold::Hold;
 use super::request_id::{REQUEST_ID_HEADER, RequestId, id_buffer};
 use crate::error::{ClientBodyFault, GatewayError, Source};
+use crate::server::ClientStall;
 use crate::telemetry::keys::KeyTag;
 
 /// The `tracing` target of the access log, one `request` line per request: what a log filter
@@ -69,6 +70,8 @@ pub struct Exchange {
     errored: bool,
     /// What the client's body did wrong, when the request failed by the client's fault.
     client_fault: Option<ClientBodyFault>,
+    /// The client connection's stall flag, when it has one (the data plane's).
+    client_stall: Option<ClientStall>,
     branch: Option<Branch>,
     /// The request's hold on its worker, once routed to one; kept after the load ends, for the
     /// worker's name and response counts.
@@ -96,6 +99,7 @@ impl Exchange {
             status: None,
             errored: false,
             client_fault: None,
+            client_stall: None,
             branch: None,
             hold: None,
             headers_after: None,
@@ -110,6 +114,13 @@ impl Exchange {
             let id = self.request_id.header_value().clone();
             headers.insert(REQUEST_ID_HEADER, id);
         }
+    }
+
+    /// Watches the client connection's `stall` flag: a response still in progress when the
+    /// client's stall failed its connection is recorded as cut by the client (`error=true`,
+    /// `client_fault=client_stall`, `bch_client_stalls_total`), never against the worker.
+    pub fn watch_client_stall(&mut self, stall: Option<ClientStall>) {
+        self.client_stall = stall;
     }
 
     /// The request id, for the response to the client.
@@ -243,6 +254,13 @@ impl Drop for Exchange {
     fn drop(&mut self) {
         // The worker's load ends before the line is written.
         self.release_worker();
+        // Still in progress while its connection failed for a stall: the stall cut it. The
+        // exchange of a finished response ends before its connection could stall.
+        let stalled = self.client_stall.as_ref().is_some_and(ClientStall::stalled);
+        if stalled {
+            self.errored = true;
+            self.routing.metrics.record_client_stall();
+        }
         let elapsed = self.started.elapsed();
         let seconds = elapsed.as_secs_f64();
         self.routing.metrics.request_duration.observe(seconds);
@@ -279,7 +297,10 @@ impl Drop for Exchange {
             ttfb_ms = logged_millis(self.first_byte_after.or(self.headers_after)),
             duration_ms = elapsed.as_millis() as u64,
             error = self.errored,
-            client_fault = %self.client_fault.map_or("-", ClientBodyFault::as_str),
+            client_fault = %self.client_fault.map_or(
+                if stalled { "client_stall" } else { "-" },
+                ClientBodyFault::as_str
+            ),
             "request"
         );
     }

@@ -257,3 +257,44 @@ async fn path_tricks_on_the_admin_api_change_nothing() {
     assert_eq!(response.status(), 200);
     gateway.shutdown().await;
 }
+
+/// Names that could spoof or garble a log line, a metric label or a listing (a bidirectional
+/// override, a line or paragraph separator, a byte-order mark, a space, control characters,
+/// zero-width and non-ASCII letters) are refused with a `400` naming the `name` field, the
+/// character quoted escaped; nothing is added. The configuration file and discovery use the same
+/// grammar.
+#[tokio::test]
+async fn worker_names_outside_the_grammar_are_refused_naming_the_field() {
+    let a = fake_worker("a").await;
+    let gateway = start(test_config(&[&a])).await;
+    let client = client();
+    for (name, shown) in [
+        ("gpu\u{202e}1-upg", "\\u{202e}"),
+        ("gpu\u{2028}status=500", "\\u{2028}"),
+        ("gpu\u{2029}1", "\\u{2029}"),
+        ("\u{feff}gpu-1", "\\u{feff}"),
+        ("gpu 1", "' '"),
+        ("gpu\t1", "'\\t'"),
+        ("gpu\r\n1", "'\\r'"),
+        ("gpu\u{1b}[31m", "\\u{1b}"),
+        ("gpu\u{85}1", "\\u{85}"),
+        ("gpu\u{200b}1", "\\u{200b}"),
+        ("gpu\u{430}", "'\u{430}'"),
+        ("gpu\"1", "'\"'"),
+    ] {
+        let response = client
+            .post(control(&gateway, "/admin/workers"))
+            .json(&json!({"name": name, "url": "http://127.0.0.9:1"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "{name:?}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "invalid_worker", "{name:?}: {body}");
+        let message = error_message(&body);
+        assert!(message.starts_with("name: "), "{name:?}: {message}");
+        assert!(message.contains(shown), "{name:?}: {message}");
+    }
+    assert_eq!(worker_names(&gateway).await, ["a"]);
+    gateway.shutdown().await;
+}

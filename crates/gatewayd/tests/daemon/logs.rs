@@ -294,3 +294,54 @@ fn a_picker_only_start_up_line_names_no_data_plane() {
     daemon.signal("TERM");
     assert!(daemon.wait().success());
 }
+
+/// Text log mode (the default) with hostile input from a client: a routing key and a target worker
+/// with a line separator and a bidirectional override (raw UTF-8, which HTTP carries as opaque
+/// bytes), a request id with a quote and `=`. Each request is one access-log line; nothing raw reaches the
+/// log, and the kept request id is quoted and escaped.
+#[test]
+fn hostile_client_text_stays_on_one_escaped_text_log_line() {
+    let live = tiny_worker();
+    let file = TempFile::new(&format!(
+        "[health]\ninterval_ms = 60000\nwait_for_first_probe = false\n\n[[workers]]\nname = \"live\"\nurl = \"http://{live}\"\n"
+    ));
+    let mut daemon = Daemon::with_config(file.path());
+    let hostile = "k\u{2028}2026-01-01T00:00:00Z INFO request status=200\u{202e}";
+    let requests = [
+        format!("GET /v1/models HTTP/1.1\r\nx-smg-routing-key: {hostile}\r\n"),
+        "GET /v1/models HTTP/1.1\r\nx-request-id: id\"status=500\r\n".to_owned(),
+        format!("GET /v1/models HTTP/1.1\r\nx-smg-target-worker: {hostile}\r\n"),
+    ];
+    for head in &requests {
+        let reply = raw::exchange_blocking(&daemon.data, raw::closing_request(head, "").as_bytes());
+        assert!(
+            reply.text.starts_with("HTTP/1.1 "),
+            "{head:?}: {}",
+            reply.text
+        );
+    }
+    let mut lines = Vec::new();
+    while lines.len() < requests.len() {
+        lines.push(daemon.wait_for_stderr("request_id="));
+    }
+    daemon.signal("TERM");
+    assert!(daemon.wait().success());
+    let all = daemon.all_stderr();
+    for line in &all {
+        assert!(
+            !line.contains(['\u{2028}', '\u{202e}']),
+            "a raw hostile character in {line:?}"
+        );
+    }
+    assert_eq!(
+        all.iter().filter(|l| l.contains("request_id=")).count(),
+        requests.len(),
+        "one line per request: {all:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(r#"request_id="id\"status=500""#)),
+        "{lines:#?}"
+    );
+}
