@@ -14,8 +14,8 @@
 //! - The load is held by the session's [`Exchange`] and released exactly once, by dropping it:
 //!   at the end of the response (a last body chunk or trailers, when Envoy sends them; a response
 //!   without a body) or when the stream ends for any reason — Envoy closes it after the response,
-//!   the client aborted, the upstream failed, Envoy gave up on the picker, or the connection to
-//!   Envoy broke.
+//!   the client aborted, the upstream failed, Envoy gave up on the picker, the connection to
+//!   Envoy broke, or the picker ended a stream Envoy left silent (`service`).
 //!
 //! Every message Envoy sends gets exactly one answer, in the shape its kind needs.
 

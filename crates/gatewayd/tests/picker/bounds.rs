@@ -44,7 +44,7 @@ async fn wait_metric(gateway: &RunningGateway, line: &str) {
 async fn a_silent_stream_is_ended_and_its_load_released_while_a_talking_one_lives_on() {
     let a = fake_worker("a").await;
     let gateway = picker_gateway(&[&a], |config| {
-        config.picker.silent_stream_timeout = Duration::from_millis(1_000);
+        config.picker.silent_stream_timeout = Duration::from_millis(2_000);
     })
     .await;
     let picker = gateway.picker_addr.unwrap();
@@ -60,7 +60,7 @@ async fn a_silent_stream_is_ended_and_its_load_released_while_a_talking_one_live
     assert_eq!(total_active(&gateway), 2);
     // The talking stream goes on for 1.5 times the bound, a message every tenth of it.
     for _ in 0..15 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
         talking.exchange(body_chunk()).await;
     }
     let end = tokio::time::timeout(Duration::from_secs(5), silent.answers.next())
