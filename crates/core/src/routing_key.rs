@@ -4,9 +4,10 @@
 //! Precedence, first match wins:
 //! 1. target worker header (`X-SMG-Target-Worker`): a worker's name, else its exact URL, else a
 //!    decimal 0-based index in configuration order; strict, load ignored, a miss is a 503;
-//! 2. explicit key header (`X-SMG-Routing-Key`): used when non-empty, valid UTF-8 and at most
-//!    [`MAX_EXPLICIT_KEY_BYTES`] bytes, otherwise ignored as if absent (and reported so it can be
-//!    counted); the only kind of key that may spill;
+//! 2. explicit key header (`X-SMG-Routing-Key`): used when it is in the key grammar
+//!    ([`ExplicitKey::parse`]: non-empty, valid UTF-8, at most [`MAX_EXPLICIT_KEY_BYTES`] bytes, no
+//!    control character, no space at either end), otherwise ignored as if absent (and reported so
+//!    it can be counted); the only kind of key that may spill;
 //! 3. implicit key: the first non-empty of `Authorization`, `X-Forwarded-For`, `Cookie`; strict;
 //! 4. no key.
 //!
@@ -89,7 +90,8 @@ impl RoutingKey<'_> {
     }
 }
 
-/// A valid explicit routing key: non-empty, UTF-8, at most [`MAX_EXPLICIT_KEY_BYTES`] bytes.
+/// A valid explicit routing key: non-empty, UTF-8, at most [`MAX_EXPLICIT_KEY_BYTES`] bytes, no
+/// control character (Unicode `Cc`: C0 including tab, DEL, C1) and no space at either end.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct ExplicitKey<'a> {
     key: &'a str,
@@ -97,7 +99,11 @@ pub struct ExplicitKey<'a> {
 }
 
 impl<'a> ExplicitKey<'a> {
-    /// Validates `raw` as an explicit key.
+    /// Validates `raw` as an explicit key: the one key grammar of every front end (the data
+    /// plane, the endpoint picker, `/admin/explain`). An HTTP parser never hands over a header
+    /// value with a control character or a space at either end, but the picker's peer sends
+    /// header values as raw bytes, so the grammar says it rather than the parser: a key that
+    /// routes must also be one a client could send and telemetry can show as it is.
     pub fn parse(raw: &'a [u8]) -> Result<Self, IgnoredKey> {
         if raw.is_empty() {
             return Err(IgnoredKey::Empty);
@@ -106,6 +112,12 @@ impl<'a> ExplicitKey<'a> {
             return Err(IgnoredKey::TooLong);
         }
         let key = std::str::from_utf8(raw).map_err(|_| IgnoredKey::NotUtf8)?;
+        if key.chars().any(char::is_control) {
+            return Err(IgnoredKey::ControlCharacter);
+        }
+        if key.starts_with(' ') || key.ends_with(' ') {
+            return Err(IgnoredKey::SurroundingSpace);
+        }
         Ok(Self {
             key,
             position: hash_position(raw),
@@ -202,11 +214,21 @@ pub enum IgnoredKey {
     TooLong,
     /// Not valid UTF-8.
     NotUtf8,
+    /// Holds a control character (Unicode `Cc`: U+0000–U+001F including tab, U+007F–U+009F).
+    ControlCharacter,
+    /// Begins or ends with a space (which an HTTP parser would have dropped).
+    SurroundingSpace,
 }
 
 impl IgnoredKey {
     /// Every reason, in documentation order; `ALL[reason.index()]` is `reason` (metric slots).
-    pub const ALL: [IgnoredKey; 3] = [IgnoredKey::Empty, IgnoredKey::TooLong, IgnoredKey::NotUtf8];
+    pub const ALL: [IgnoredKey; 5] = [
+        IgnoredKey::Empty,
+        IgnoredKey::TooLong,
+        IgnoredKey::NotUtf8,
+        IgnoredKey::ControlCharacter,
+        IgnoredKey::SurroundingSpace,
+    ];
 
     /// Position in [`IgnoredKey::ALL`], for per-reason counter arrays.
     pub fn index(self) -> usize {
@@ -219,6 +241,8 @@ impl IgnoredKey {
             IgnoredKey::Empty => "empty",
             IgnoredKey::TooLong => "too_long",
             IgnoredKey::NotUtf8 => "not_utf8",
+            IgnoredKey::ControlCharacter => "control_character",
+            IgnoredKey::SurroundingSpace => "surrounding_space",
         }
     }
 }
@@ -340,17 +364,25 @@ mod tests {
             (&b""[..], IgnoredKey::Empty),
             (&long[..], IgnoredKey::TooLong),
             (&b"\xff\xfe"[..], IgnoredKey::NotUtf8),
+            (&b"a\x00b"[..], IgnoredKey::ControlCharacter),
+            (&b"a\tb"[..], IgnoredKey::ControlCharacter),
+            (&b"a\r\nb"[..], IgnoredKey::ControlCharacter),
+            ("a\u{85}b".as_bytes(), IgnoredKey::ControlCharacter),
+            (&b" ab"[..], IgnoredKey::SurroundingSpace),
+            (&b"ab "[..], IgnoredKey::SurroundingSpace),
         ] {
             let pairs: &[(&str, &[u8])] = &[("x-smg-routing-key", raw), ("cookie", b"c")];
             let got = extract(&h, lookup(pairs));
             assert_eq!(got.ignored_explicit, Some(reason));
             assert!(matches!(got.key, RoutingKey::Implicit(_)));
         }
-        let pairs: &[(&str, &[u8])] = &[("x-smg-routing-key", &exact)];
-        assert!(matches!(
-            extract(&h, lookup(pairs)).key,
-            RoutingKey::Explicit(_)
-        ));
+        for valid in [&exact[..], b"a b", "caf\u{e9}".as_bytes()] {
+            let pairs: &[(&str, &[u8])] = &[("x-smg-routing-key", valid)];
+            assert!(matches!(
+                extract(&h, lookup(pairs)).key,
+                RoutingKey::Explicit(_)
+            ));
+        }
     }
 
     #[test]

@@ -11,6 +11,12 @@
 //! new worker is probed right away instead of at the next round. Every failure has a reason
 //! ([`ProbeFailure`]), logged when it flips a worker and counted in
 //! `bch_probe_failures_total{worker,reason}`, a family this module registers ([`ProbeFailures`]).
+//!
+//! A front end that has reason to doubt a worker but did not see it fail itself (Envoy reports
+//! serving a fallback, which anyone on the picker port can claim) asks for a probe of that worker
+//! now ([`ProbeRequests`]); the probe's result decides, never the report. With passive marking on,
+//! a failed probe of a worker asked about marks it unhealthy at once, as a failed connect the
+//! gateway saw itself would.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -27,7 +33,8 @@ use hyper_util::rt::TokioExecutor;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, HealthConfig, Member, SharedConfig, SharedMembers};
@@ -175,6 +182,37 @@ impl Collector for ProbeFailureCollector {
     }
 }
 
+/// How many probe requests may wait for the prober; more are dropped (the next full round probes
+/// the worker anyway), so a peer that reports without end holds a bounded queue.
+const PROBE_REQUEST_QUEUE: usize = 64;
+
+/// A worker is probed on request at most once per this time; requests in between are dropped,
+/// so reports cannot turn the prober into a flood of requests to a worker.
+pub const PROBE_REQUEST_GAP: Duration = Duration::from_secs(1);
+
+/// Asks the prober to probe one worker now. Cheap and never waits: a full queue drops the
+/// request. Cloned by each front end that reports doubts.
+#[derive(Debug, Clone)]
+pub struct ProbeRequests(mpsc::Sender<WorkerKey>);
+
+/// The prober's end of [`ProbeRequests`].
+#[derive(Debug)]
+pub struct ProbeRequestQueue(mpsc::Receiver<WorkerKey>);
+
+impl ProbeRequests {
+    /// A bounded queue of probe requests: the front ends' end and the prober's.
+    pub fn channel() -> (Self, ProbeRequestQueue) {
+        let (sender, receiver) = mpsc::channel(PROBE_REQUEST_QUEUE);
+        (Self(sender), ProbeRequestQueue(receiver))
+    }
+
+    /// Asks for a probe of `worker` now; `false` when the queue was full (or the prober gone)
+    /// and the request was dropped.
+    pub fn probe(&self, worker: WorkerKey) -> bool {
+        self.0.try_send(worker).is_ok()
+    }
+}
+
 /// Consecutive probe results of one worker.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Streak {
@@ -248,6 +286,8 @@ pub struct Prober {
     pub members: SharedMembers,
     /// Notified by the admin owner on a membership change: probe now.
     pub probe_now: Arc<Notify>,
+    /// Workers a front end asked to have probed now (see [`ProbeRequests`]).
+    pub requests: ProbeRequestQueue,
     /// `bch_probe_failures_total`.
     pub failures: Arc<ProbeFailures>,
     /// Counts the rounds whose results are applied, so a waiter (the demo, before its traffic)
@@ -265,6 +305,7 @@ pub async fn run(prober: Prober) {
         config,
         members,
         probe_now,
+        requests: ProbeRequestQueue(mut requests),
         failures,
         rounds,
         shutdown,
@@ -277,25 +318,33 @@ pub async fn run(prober: Prober) {
         failures,
         targets: Targets::new(members),
         streaks: HashMap::new(),
+        asked_at: HashMap::new(),
     };
     // A wake-up from `probe_now` probes only the workers never probed yet; the full rounds keep
     // their interval however often the membership changes (a DNS source may, every second). The
     // interval is read every loop, so one a reload changed counts from the last full round.
-    let mut last_full: Option<tokio::time::Instant> = None;
+    let mut last_full: Option<Instant> = None;
+    let mut asked = Vec::new();
     loop {
         let current = config.load_full();
         let interval = current.health.interval;
         let full = last_full.is_none_or(|at| at.elapsed() >= interval);
         if full {
-            last_full = Some(tokio::time::Instant::now());
+            last_full = Some(Instant::now());
         }
-        probing.round(&current, full).await;
+        probing.round(&current, full, &asked).await;
+        asked.clear();
         rounds.send_modify(|done| *done += 1);
-        let next_full = last_full.map_or_else(tokio::time::Instant::now, |at| at + interval);
+        let next_full = last_full.map_or_else(Instant::now, |at| at + interval);
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = probe_now.notified() => {}
+            Some(worker) = requests.recv() => asked.push(worker),
             _ = tokio::time::sleep_until(next_full) => {}
+        }
+        // Every request already waiting joins this round (the queue is bounded).
+        while let Ok(worker) = requests.try_recv() {
+            asked.push(worker);
         }
     }
 }
@@ -308,21 +357,36 @@ struct Probing {
     targets: Targets<Probe>,
     /// Each probed worker's consecutive results; a worker without one was never probed.
     streaks: HashMap<WorkerKey, Streak>,
+    /// When each worker was last probed on request ([`PROBE_REQUEST_GAP`]).
+    asked_at: HashMap<WorkerKey, Instant>,
 }
 
 impl Probing {
-    /// Probes every worker of the table at once (`full`), or only those never probed yet, then
-    /// applies the results to the table in force once all are in.
-    async fn round(&mut self, current: &Arc<Config>, full: bool) {
+    /// Probes every worker of the table at once (`full`), or only those never probed yet and
+    /// those `asked` about (unless probed on request within [`PROBE_REQUEST_GAP`]), then applies
+    /// the results to the table in force once all are in.
+    async fn round(&mut self, current: &Arc<Config>, full: bool, asked: &[WorkerKey]) {
         // The table first, then the membership (see `Targets::refresh`).
         let table = self.router.table();
         self.targets.refresh(current);
+        let now = Instant::now();
+        let mut confirm = std::collections::HashSet::new();
+        for key in asked {
+            let recent = self
+                .asked_at
+                .get(key)
+                .is_some_and(|at| now.duration_since(*at) < PROBE_REQUEST_GAP);
+            if !recent {
+                self.asked_at.insert(key.clone(), now);
+                confirm.insert(key.clone());
+            }
+        }
         let due: Vec<WorkerKey> = self
             .targets
             .of_table(&table)
             .into_iter()
             .map(|(_, key)| key)
-            .filter(|key| full || !self.streaks.contains_key(key))
+            .filter(|key| full || !self.streaks.contains_key(key) || confirm.contains(key))
             .collect();
         let timeout = current.health.timeout;
         let probes = due.iter().map(|key| {
@@ -333,22 +397,26 @@ impl Probing {
         let table = self.router.table();
         let members = TableKeys::of(&table);
         self.streaks.retain(|key, _| members.contains(key));
+        self.asked_at.retain(|key, _| members.contains(key));
         self.failures.retain(|key| members.contains(key));
         for (key, result) in due.into_iter().zip(results) {
             if let Some(index) = key.index_in(&table) {
-                self.observe(&table, index, key, result, &current.health);
+                let asked = confirm.contains(&key);
+                self.observe(&table, index, key, result, asked, &current.health);
             }
         }
     }
 
     /// Counts one probe result of the worker at `index` of `table` and flips its health when its
-    /// streak reached a threshold (the status change).
+    /// streak reached a threshold (the status change), or at once when the probe was `asked` for,
+    /// failed, and passive marking is on.
     fn observe(
         &mut self,
         table: &RoutingTable,
         index: usize,
         key: WorkerKey,
         result: Result<(), ProbeFailure>,
+        asked: bool,
         thresholds: &HealthConfig,
     ) {
         let name = &table.workers()[index].spec.name;
@@ -359,7 +427,11 @@ impl Probing {
         let healthy = table.healthy_flags()[index];
         let streak = self.streaks.entry(key).or_default();
         let first = streak.seen_healthy.is_none();
-        let Some(to) = streak.observe(result.is_ok(), healthy, thresholds) else {
+        let confirmed_failure = asked && thresholds.passive && healthy && result.is_err();
+        let flip = streak
+            .observe(result.is_ok(), healthy, thresholds)
+            .or(confirmed_failure.then_some(false));
+        let Some(to) = flip else {
             if first
                 && !healthy
                 && let Err(failure) = result
@@ -375,6 +447,9 @@ impl Probing {
                     tracing::info!(worker = %name, "worker passed its first probe; taking traffic")
                 }
                 Ok(()) => tracing::info!(worker = %name, "worker healthy again"),
+                Err(failure) if confirmed_failure => {
+                    tracing::warn!(worker = %name, reason = %failure, "worker failed the probe a served-fallback report asked for; marked unhealthy until probes succeed")
+                }
                 Err(failure) => {
                     tracing::warn!(worker = %name, failures = streak.failures, reason = %failure, "worker marked unhealthy")
                 }

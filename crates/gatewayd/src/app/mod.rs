@@ -47,9 +47,9 @@ use crate::config::{Config, ConfigError, FieldError};
 use crate::control::ControlPlane;
 use crate::control::guard::BrowserGuard;
 use crate::discovery::DiscoveryMetrics;
-use crate::health::ProbeFailures;
+use crate::health::{ProbeFailures, ProbeRequestQueue, ProbeRequests};
 use crate::metrics::Metrics;
-use crate::picker::PickerPlane;
+use crate::picker::{PickerMetrics, PickerPlane};
 use crate::proxy::DataPlane;
 use crate::scraper::ScrapeStats;
 use crate::server::{ConnectionCap, Listening};
@@ -273,6 +273,7 @@ struct Parts {
     control_plane: Arc<ControlPlane>,
     telemetry: Telemetry,
     probe_now: Arc<Notify>,
+    probe_requests: ProbeRequestQueue,
 }
 
 /// Builds every part from the prepared configuration; the telemetry aggregator starts here and
@@ -310,6 +311,8 @@ fn assemble(
     let metrics = Arc::clone(&parts.metrics);
     let telemetry = parts.telemetry.clone();
     let probe_now = Arc::new(Notify::new());
+    let (probe_requests, probe_queue) = ProbeRequests::channel();
+    let picker_metrics = Arc::new(PickerMetrics::default());
     let scrapes = Arc::new(ScrapeStats::default());
     let probe_failures = Arc::new(ProbeFailures::default());
     let discovery = Arc::new(DiscoveryMetrics::default());
@@ -318,6 +321,7 @@ fn assemble(
     scrapes.register(&mut registry, Arc::clone(&router));
     probe_failures.register(&mut registry, Arc::clone(&router));
     discovery.register(&mut registry, Arc::clone(&router));
+    picker_metrics.register(&mut registry);
     let registry = Arc::new(registry);
     let upstreams = Arc::new(Upstreams::new(
         config.server.timeouts.connect,
@@ -337,7 +341,12 @@ fn assemble(
         upstreams: Arc::clone(&upstreams),
         via: crate::proxy::request::own_via(),
     });
-    let picker_plane = Arc::new(PickerPlane::new(routing, admin.members()));
+    let picker_plane = Arc::new(PickerPlane::new(
+        routing,
+        admin.members(),
+        probe_requests,
+        picker_metrics,
+    ));
     let in_force = admin.config().load_full();
     let guard = BrowserGuard::new(
         listeners.control_addr,
@@ -369,6 +378,7 @@ fn assemble(
         control_plane,
         telemetry,
         probe_now,
+        probe_requests: probe_queue,
     })
 }
 
@@ -449,6 +459,7 @@ fn spawn_services(
         config: parts.admin.config(),
         members: parts.admin.members(),
         probe_now: parts.probe_now,
+        requests: parts.probe_requests,
         failures: parts.probe_failures,
         rounds: probe_rounds,
         shutdown: shutdown.clone(),

@@ -30,6 +30,10 @@ pub struct RuntimeSettings {
     pub redact_keys: bool,
     /// Endpoint picker: fallback endpoints listed after the chosen one.
     pub picker_fallbacks: usize,
+    /// Endpoint picker: longest time a stream may go without a message from Envoy.
+    pub picker_silent_stream_timeout: Duration,
+    /// Endpoint picker: most streams open at once.
+    pub picker_max_streams: usize,
 }
 
 impl RuntimeSettings {
@@ -48,6 +52,8 @@ impl RuntimeSettings {
             passive_health: config.health.passive,
             redact_keys: config.telemetry.redact_keys,
             picker_fallbacks: config.picker.fallbacks,
+            picker_silent_stream_timeout: config.picker.silent_stream_timeout,
+            picker_max_streams: config.picker.max_streams,
         }
     }
 }

@@ -100,13 +100,34 @@ pub struct PickerConfig {
     /// answer (0..=8); Envoy retries a failed connect on them in turn. `gatewayd envoy-config`
     /// sets Envoy's retry count to this.
     pub fallbacks: usize,
+    /// `silent_stream_timeout_ms`: longest time an ext_proc stream may go without a message
+    /// from Envoy; then the picker ends it (gRPC OK, so Envoy goes on without the picker) and
+    /// releases its load. Envoy sends nothing between a response's headers and its end, so this
+    /// also bounds how long a response's load is counted: keep it above the longest generation.
+    #[serde(rename = "silent_stream_timeout_ms", with = "millis")]
+    pub silent_stream_timeout: Duration,
+    /// `max_streams`: most ext_proc streams open at once (each holds one request's load and
+    /// about 11 KB); more are refused with `RESOURCE_EXHAUSTED`. Also each connection's HTTP/2
+    /// `MAX_CONCURRENT_STREAMS`.
+    pub max_streams: usize,
 }
+
+/// Default `[picker] silent_stream_timeout_ms`: one hour. The data plane bounds silence inside a
+/// body, not a response's length, so no data-plane timeout fits; an hour is above any
+/// generation an engine finishes (a 32k-token answer at 10 tokens a second takes under an hour).
+pub const DEFAULT_SILENT_STREAM_TIMEOUT: Duration = Duration::from_millis(3_600_000);
+
+/// Default `[picker] max_streams`: the data plane's default `max_connections`, the same number of
+/// requests in flight.
+pub const DEFAULT_PICKER_MAX_STREAMS: usize = 10_000;
 
 impl Default for PickerConfig {
     fn default() -> Self {
         Self {
             listen: None,
             fallbacks: 2,
+            silent_stream_timeout: DEFAULT_SILENT_STREAM_TIMEOUT,
+            max_streams: DEFAULT_PICKER_MAX_STREAMS,
         }
     }
 }
@@ -210,13 +231,25 @@ impl Default for LogConfig {
 }
 
 impl PickerConfig {
-    /// A fallback count above [`MAX_PICKER_FALLBACKS`].
+    /// A fallback count above [`MAX_PICKER_FALLBACKS`], a zero silence timeout or stream cap, a
+    /// stream cap HTTP/2 cannot announce (over `u32::MAX`).
     pub fn problems(&self) -> Vec<FieldError> {
         let mut problems = Vec::new();
         if self.fallbacks > MAX_PICKER_FALLBACKS {
             problems.push(FieldError::new(
                 "fallbacks",
                 format!("must be at most {MAX_PICKER_FALLBACKS}"),
+            ));
+        }
+        problems.extend(zero_durations([(
+            "silent_stream_timeout_ms",
+            self.silent_stream_timeout,
+        )]));
+        problems.extend(zero_counts([("max_streams", self.max_streams as u64)]));
+        if u32::try_from(self.max_streams).is_err() {
+            problems.push(FieldError::new(
+                "max_streams",
+                format!("must be at most {}", u32::MAX),
             ));
         }
         problems

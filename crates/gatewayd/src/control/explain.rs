@@ -101,7 +101,7 @@ pub async fn explain(
         (None, Some(key)) if query.explicit => {
             RoutingKey::Explicit(ExplicitKey::parse(key).map_err(|reason| {
                 GatewayError::InvalidRoutingKey(format!(
-                    "routing_key would be ignored by the gateway ({}): it must be non-empty UTF-8 of at most 128 bytes",
+                    "routing_key would be ignored by the gateway ({}): it must be non-empty UTF-8 of at most 128 bytes, without control characters and without a space at either end",
                     reason.as_str()
                 ))
             })?)

@@ -6,13 +6,14 @@
 //! Files: `handle` (the narrow handle), `service` (the gRPC service and a stream's answers),
 //! `health` (the standard gRPC health service on the same port, following routability),
 //! `session` (one request's state machine), `messages` (the protocol's messages), `endpoints`
-//! (workers' addresses and the answer's endpoint list). A session without a server, for the
+//! (workers' addresses and the answer's endpoint list), `metrics` (the picker's own counters). A session without a server, for the
 //! allocation test, is `app::picker_harness`.
 
 mod endpoints;
 pub mod handle;
 mod health;
 pub mod messages;
+pub mod metrics;
 mod service;
 mod session;
 
@@ -25,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 
 pub use handle::PickerPlane;
+pub use metrics::PickerMetrics;
 pub(crate) use session::Session;
 
 /// Serves the picker on `listener` (plaintext HTTP/2 gRPC), with the standard gRPC health
@@ -44,11 +46,17 @@ pub async fn serve(listener: TcpListener, plane: Arc<PickerPlane>, shutdown: Can
             "the router already has an observer: the picker's gRPC health stays NOT_SERVING"
         ),
     }
+    // Each connection announces the cap as its MAX_CONCURRENT_STREAMS, so a peer learns it
+    // before it opens a stream; the service enforces it across connections (and after a
+    // reload, which the announced setting does not follow).
+    let max_streams =
+        u32::try_from(plane.routing.settings.load().picker_max_streams).unwrap_or(u32::MAX);
     let service = ExternalProcessorServer::new(service::PickerService::new(plane));
     let served = tonic::transport::Server::builder()
         // A dead Envoy on a silent network is noticed, and its streams (and their load) end.
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .max_concurrent_streams(Some(max_streams))
         .add_service(health_service)
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())

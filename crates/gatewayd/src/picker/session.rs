@@ -5,15 +5,17 @@
 //!   chosen worker, and the answer names it and its fallbacks. A refusal (no healthy worker, a
 //!   target-worker miss, a declared body over the limit) is an immediate response in the OpenAI
 //!   shape, and the request ends there.
-//! - The response headers say which endpoint Envoy served from. If it is a fallback, the chosen
-//!   worker's connect failed (Envoy retries only connect failures onto fallbacks): that counts as
-//!   the data plane counts a failed connect, and the load moves to the worker that served. The
-//!   answer adds `x-bch-worker` and `x-bch-branch`.
+//! - The response headers say which endpoint Envoy served from. If it is a listed fallback, Envoy
+//!   says the chosen worker's connect failed (Envoy retries only connect failures onto
+//!   fallbacks). Anyone who reaches the picker port can say so, so the report alone counts
+//!   nothing against the worker and leaves its health alone: it is counted as a report and asks
+//!   the gateway's own prober to probe the worker now, whose result decides. The load moves to
+//!   the worker that served. The answer adds `x-bch-worker` and `x-bch-branch`.
 //! - The load is held by the session's [`Exchange`] and released exactly once, by dropping it:
 //!   at the end of the response (a last body chunk or trailers, when Envoy sends them; a response
 //!   without a body) or when the stream ends for any reason — Envoy closes it after the response,
-//!   the client aborted, the upstream failed, Envoy gave up on the picker, or the connection to
-//!   Envoy broke.
+//!   the client aborted, the upstream failed, Envoy gave up on the picker, the connection to
+//!   Envoy broke, or the picker ended a stream Envoy left silent (`service`).
 //!
 //! Every message Envoy sends gets exactly one answer, in the shape its kind needs.
 
@@ -31,7 +33,8 @@ use super::endpoints::{Addresses, Listed, endpoint_list};
 use super::handle::PickerPlane;
 use super::messages;
 use crate::error::GatewayError;
-use crate::routing::{Choice, Exchange, connect_failed, retry_on};
+use crate::per_worker::WorkerKey;
+use crate::routing::{Choice, Exchange};
 
 /// The state of one ext_proc stream. Dropping it ends the request (see the module docs).
 pub struct Session {
@@ -162,26 +165,21 @@ impl Held {
         messages::annotate(worker, self.branch)
     }
 
-    /// Envoy served the request from `served`, not the chosen worker. A listed fallback means the
-    /// chosen worker's connect failed (counted, and with passive health marked unhealthy, as on
-    /// the data plane) and the load moves there. Any other worker means Envoy did not follow the
-    /// pick (its cluster lacks the listed endpoints): nothing is counted against the chosen one,
-    /// and the load moves to the worker that served. An address that is no worker of the table
-    /// releases the load: nothing of ours serves it.
+    /// Envoy served the request from `served`, not the chosen worker. A listed fallback is
+    /// Envoy's word that the chosen worker's connect failed: a peer's word, so it is counted as a
+    /// report and asks for a probe of the chosen worker, whose result decides its health; no
+    /// error is counted against it. Any other worker means Envoy did not follow the pick (its
+    /// cluster lacks the listed endpoints). Either way the load moves to the worker that served;
+    /// an address that is no worker of the table releases the load: nothing of ours serves it.
     fn follow_fallback(&mut self, plane: &PickerPlane, served: std::net::SocketAddr) {
         let routing = &plane.routing;
         let next = self.addresses.index_of(served);
         let given = next.is_some_and(|next| self.listed.contains(next));
         if given {
-            let settings = routing.settings.load();
-            connect_failed(
-                routing,
-                &settings,
-                &self.table,
-                self.worker,
-                &mut self.exchange,
-                "Envoy served a fallback endpoint",
-            );
+            plane.metrics.record_fallback_report();
+            let chosen = &self.table.workers()[self.worker];
+            let asked = plane.probe_requests.probe(WorkerKey::of_worker(chosen));
+            tracing::debug!(worker = %chosen.spec.name, %served, asked, "Envoy reports serving a fallback; probing the chosen worker");
         } else {
             tracing::warn!(%served, "Envoy served an endpoint it was not given (does its cluster hold every worker?)");
         }
@@ -190,11 +188,7 @@ impl Held {
             self.exchange.release_worker();
             return;
         };
-        if given {
-            retry_on(routing, &mut self.exchange, guard, next);
-        } else {
-            self.exchange.move_to(guard, next);
-        }
+        self.exchange.move_to(guard, next);
         self.worker = next;
     }
 }

@@ -3,8 +3,9 @@
 //! the branch metric and the telemetry event, in that order, from one function ([`route`]), so a
 //! request is placed and counted the same way whichever front end received it.
 //!
-//! A failed connect is accounted here too, the same way for both front ends: [`connect_failed`]
-//! and [`retry_on`].
+//! A failed connect the data plane saw itself is accounted here too: [`connect_failed`] and
+//! [`retry_on`]. The picker only hears of failed connects from its peer, and asks the prober to
+//! look instead (`picker::session`).
 //!
 //! Files: [`handle`] (the narrow handle, [`Routing`]), [`exchange`] (one request's record),
 //! [`hold`] (its load on a worker), [`request_id`] (its id), [`key`] (key and size from either

@@ -26,20 +26,21 @@ pub struct FakeEnvoy {
 
 impl FakeEnvoy {
     pub async fn open(picker: SocketAddr) -> Self {
+        Self::try_open(picker).await.expect("stream opens")
+    }
+
+    /// Opens a stream on its own connection; `Err` when the picker refuses it.
+    pub async fn try_open(picker: SocketAddr) -> Result<Self, tonic::Status> {
         let mut client = ExternalProcessorClient::connect(format!("http://{picker}"))
             .await
             .expect("picker reachable");
         let (tx, mut rx) = mpsc::channel(8);
         let outbound = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
-        let answers = client
-            .process(outbound)
-            .await
-            .expect("stream opens")
-            .into_inner();
-        Self {
+        let answers = client.process(outbound).await?.into_inner();
+        Ok(Self {
             to_picker: Some(tx),
             answers,
-        }
+        })
     }
 
     pub async fn send(&mut self, message: ProcessingRequest) {

@@ -5,6 +5,8 @@
 mod common;
 
 mod allocations;
+mod bounds;
 mod health;
 mod parity;
 mod sessions;
+mod trust;

@@ -247,8 +247,16 @@ proptest! {
         let extracted = routing_key::extract(&names, first);
         let target = first("x-smg-target-worker").filter(|v| !v.is_empty());
         let explicit = first("x-smg-routing-key");
+        // The key grammar: non-empty UTF-8 of at most 128 bytes, no control character, no
+        // space at either end.
         let valid_explicit = explicit.filter(|v| {
-            !v.is_empty() && v.len() <= MAX_EXPLICIT_KEY_BYTES && std::str::from_utf8(v).is_ok()
+            !v.is_empty()
+                && v.len() <= MAX_EXPLICIT_KEY_BYTES
+                && std::str::from_utf8(v).is_ok_and(|text| {
+                    !text.chars().any(char::is_control)
+                        && !text.starts_with(' ')
+                        && !text.ends_with(' ')
+                })
         });
         match extracted.key {
             RoutingKey::Target(raw) => prop_assert_eq!(Some(raw), target),
