@@ -42,9 +42,11 @@ enum Mode {
     HugeChunked,
     /// Accepts, then never answers.
     Hang,
+    /// 404 and good answers by turns, `Reporting::flaps` of them (404 first), then `Good`.
+    Flapping,
 }
 
-const MODES: [Mode; 7] = [
+const MODES: [Mode; 8] = [
     Mode::Good,
     Mode::NotFound,
     Mode::Garbage,
@@ -52,6 +54,7 @@ const MODES: [Mode; 7] = [
     Mode::HugeDeclared,
     Mode::HugeChunked,
     Mode::Hang,
+    Mode::Flapping,
 ];
 
 struct Reporting {
@@ -59,6 +62,8 @@ struct Reporting {
     load: AtomicU64,
     scrapes: AtomicU64,
     hanging: AtomicUsize,
+    /// Answers left to flap (`Mode::Flapping`).
+    flaps: AtomicU64,
 }
 
 impl Reporting {
@@ -79,7 +84,21 @@ impl Drop for Hung {
 async fn metrics(State(state): State<Arc<Reporting>>) -> Response {
     state.scrapes.fetch_add(1, Ordering::SeqCst);
     let load = state.load.load(Ordering::SeqCst);
-    match MODES[state.mode.load(Ordering::SeqCst)] {
+    let mut mode = MODES[state.mode.load(Ordering::SeqCst)];
+    if mode == Mode::Flapping {
+        // An even count flaps 404 first and ends on a good answer, then stays good.
+        let left = state.flaps.fetch_sub(1, Ordering::SeqCst);
+        if left == 1 {
+            state.set(Mode::Good);
+        }
+        mode = if left % 2 == 0 {
+            Mode::NotFound
+        } else {
+            Mode::Good
+        };
+    }
+    match mode {
+        Mode::Flapping => unreachable!("resolved above"),
         Mode::Good => format!(
             "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"m\"}} {load}.0\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"m\"}} 0.0\n"
         )
@@ -116,6 +135,7 @@ async fn misbehaving_worker(mode: Mode) -> (SocketAddr, Arc<Reporting>) {
         load: AtomicU64::new(0),
         scrapes: AtomicU64::new(0),
         hanging: AtomicUsize::new(0),
+        flaps: AtomicU64::new(0),
     });
     let app = Router::new()
         .route("/metrics", get(metrics))
@@ -406,5 +426,164 @@ async fn the_daemon_warns_once_per_change_of_state() {
     assert_eq!(count("reason=http_status"), 1, "{lines:#?}");
     assert_eq!(count("reason=no_gauges"), 1, "{lines:#?}");
     assert_eq!(count("load scrape works again"), 1, "{lines:#?}");
+    assert!(lines.iter().all(|l| !l.contains("panicked")), "{lines:#?}");
+}
+
+/// A worker whose scrapes alternate 404 and good answers changes state every round; the real
+/// binary logs at most `[log] state_change_lines` of those changes per `state_change_period_ms`,
+/// over several periods, and `bch_log_lines_suppressed_total{component="scraper"}` and the
+/// summary lines account for every one it did not log. The worker's state still changes every
+/// round: every 404 is counted as a failure.
+#[tokio::test]
+async fn a_flapping_worker_logs_a_bounded_number_of_lines_and_counts_the_rest() {
+    const FLAPS: u64 = 120;
+    const LINES: usize = 2;
+    const PERIOD: Duration = Duration::from_millis(500);
+    let (addr, reporting) = misbehaving_worker(Mode::Good).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gatewayd.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\ncontrol_listen = \"127.0.0.1:0\"\n[log]\nstate_change_lines = {LINES}\nstate_change_period_ms = {}\n[load]\nsource = \"worker_metrics\"\nscrape_interval_ms = 25\nstale_after_ms = 2000\n[[workers]]\nname = \"w\"\nurl = \"http://{addr}\"\n",
+            PERIOD.as_millis()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gatewayd"))
+        .args(["--config", path.to_str().unwrap()])
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut lines: Vec<String> = Vec::new();
+    let read = |lines: &mut Vec<String>| lines.extend(rx.try_iter());
+    let control = loop {
+        read(&mut lines);
+        let found = lines.iter().find_map(|l| {
+            let rest = l.split("control_plane=http://").nth(1)?;
+            Some(rest.split_whitespace().next()?.to_owned())
+        });
+        if let Some(control) = found {
+            break control;
+        }
+        assert!(Instant::now() < deadline, "no start-up line: {lines:#?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    while reporting.scrapes.load(Ordering::SeqCst) < 3 {
+        assert!(Instant::now() < deadline, "the daemon does not scrape");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    reporting.flaps.store(FLAPS, Ordering::SeqCst);
+    reporting.set(Mode::Flapping);
+    let began = Instant::now();
+    while MODES[reporting.mode.load(Ordering::SeqCst)] == Mode::Flapping {
+        assert!(Instant::now() < deadline, "the daemon stopped scraping");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let lasted = began.elapsed();
+    assert!(
+        lasted > 2 * PERIOD,
+        "the flood outlasts several periods: {lasted:?}"
+    );
+    let metric = |text: &str, needle: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(needle)?.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let summarised = |lines: &[String]| -> u64 {
+        lines
+            .iter()
+            .filter(|l| l.contains("repeated state-change lines of w were not logged"))
+            .map(|l| {
+                let count = l.split("suppressed=").nth(1).unwrap();
+                count
+                    .split_whitespace()
+                    .next()
+                    .unwrap()
+                    .parse::<u64>()
+                    .unwrap()
+            })
+            .sum()
+    };
+    // The last period's suppressed lines are summarised when it ends, with the state then.
+    let (suppressed, text) = loop {
+        let text = client()
+            .get(format!("http://{control}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let suppressed = metric(
+            &text,
+            "bch_log_lines_suppressed_total{component=\"scraper\"}",
+        );
+        read(&mut lines);
+        if suppressed > 0 && summarised(&lines) == suppressed {
+            break (suppressed, text);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "suppressed {suppressed}, summarised {}: {lines:#?}",
+            summarised(&lines)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let logged = lines
+        .iter()
+        .filter(|l| l.contains("load scrape failed") || l.contains("load scrape works again"))
+        .count();
+    let periods = (lasted.as_millis() / PERIOD.as_millis()) as usize + 2;
+    assert!(
+        logged <= LINES * periods,
+        "{logged} lines in {lasted:?}: {lines:#?}"
+    );
+    // Each answer changed the state; a late one is a timeout, a change as well, unless two in a
+    // row were late, and a scrape given up before the worker saw it is one more. Every change
+    // was logged or counted.
+    let changes = logged as u64 + suppressed;
+    assert!(
+        (FLAPS * 3 / 4..=FLAPS * 5 / 4).contains(&changes),
+        "{logged} logged + {suppressed} suppressed of {FLAPS} changes"
+    );
+    let failed = metric(
+        &text,
+        "bch_load_scrape_failures_total{worker=\"w\",reason=\"http_status\"}",
+    ) + metric(
+        &text,
+        "bch_load_scrape_failures_total{worker=\"w\",reason=\"timeout\"}",
+    );
+    assert!(failed >= FLAPS / 2, "every 404 is counted: {failed}");
+    // The log's last word on the worker is the state it ended in: good (a line of its own, or
+    // the summary of the last period naming it).
+    let last = lines
+        .iter()
+        .rev()
+        .find(|l| {
+            l.contains("load scrape failed")
+                || l.contains("load scrape works again")
+                || l.contains("it is now")
+        })
+        .unwrap();
+    assert!(
+        last.contains("load scrape works again") || last.contains("it is now scraped well"),
+        "{last}"
+    );
     assert!(lines.iter().all(|l| !l.contains("panicked")), "{lines:#?}");
 }
