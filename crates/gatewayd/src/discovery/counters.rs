@@ -168,7 +168,7 @@ impl Collector for DiscoveryCollector {
         gauge(
             encoder,
             "bch_discovery_skipped_records",
-            "Records of the last answer that were skipped (port 0, no address, duplicate address)",
+            "Records of the last answer that were skipped (port 0, no address, not unicast, duplicate address) and workers of it the membership left out (this gateway's own listener, name and address both taken)",
             sources.iter().map(|(label, c)| {
                 (
                     source(label),

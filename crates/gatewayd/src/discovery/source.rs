@@ -64,7 +64,6 @@ pub async fn run(
             }
             log_failed_lookups(&label, failed, &mut failed_lookups, &mut lines);
         }
-        counters.set_skipped_records(skipped.len());
         let outcome = match &observation {
             Observation::Workers(_) => ResolutionOutcome::Workers {
                 lookup_error: failed.iter().flatten().next().map(ToString::to_string),
@@ -87,6 +86,9 @@ pub async fn run(
         {
             log_state_change(&label, &change);
         }
+        // After the apply: the merge decides which of the set's workers could not join (one
+        // that is this gateway's own listener would loop), and those are skipped records too.
+        counters.set_skipped_records(skipped.len() + admin.merge_skipped(&source));
         lines.flush(Instant::now(), |()| (label.clone(), Some(state.clone())));
         tokio::select! {
             _ = stop.cancelled() => break,

@@ -731,3 +731,33 @@ where
         }
     }
 }
+
+/// An SRV target that is this gateway's own data-plane listener is skipped (requests to it would
+/// loop) and counted in `bch_discovery_skipped_records` with the records the parser skipped.
+#[tokio::test]
+async fn a_target_that_is_the_gateways_own_listener_is_counted_as_skipped() {
+    let (_sims, zone) = srv_fleet(1).await;
+    let Some(mut dns) = Dnsmasq::start(&zone) else {
+        return;
+    };
+    let gateway = common::start(config_with(vec![source(&dns, SRV)])).await;
+    wait_workers(&gateway, "the simulated worker", |w| w.len() == 1).await;
+    let skipped = format!("bch_discovery_skipped_records{{source=\"dns:{SRV}\"}}");
+    assert_eq!(metric(&gateway, &skipped), 0.0);
+    let own = gateway.data_addr.port();
+    dns.kill();
+    dns.restart(&zone.srv(SRV, "self.llm.test", own, Some(LOOPBACK)));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while metric(&gateway, &skipped) < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the gateway's own listener is not counted as skipped: {}",
+            gateway.metrics_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(metric(&gateway, &skipped), 1.0);
+    let listed = workers(&gateway).await;
+    assert_eq!(field(&listed, "name"), BTreeSet::from(["w0.llm.test"]));
+    gateway.shutdown().await;
+}
