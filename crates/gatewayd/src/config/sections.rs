@@ -227,12 +227,13 @@ pub struct LogConfig {
     pub state_change_period: Duration,
 }
 
-/// Lines per source per period by default: enough for a change and its recovery to be read in
-/// full, while a source flapping without end writes about half a line a second.
-pub const DEFAULT_STATE_CHANGE_LINES: u32 = 5;
+/// Lines per source per period by default: a whole incident of one source (a DNS outage and its
+/// recovery write about six lines) is read in full, while a source flapping without end writes a
+/// line every three seconds.
+pub const DEFAULT_STATE_CHANGE_LINES: u32 = 20;
 
 /// The budget's period by default.
-pub const DEFAULT_STATE_CHANGE_PERIOD: Duration = Duration::from_secs(10);
+pub const DEFAULT_STATE_CHANGE_PERIOD: Duration = Duration::from_secs(60);
 
 impl Default for LogConfig {
     fn default() -> Self {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::counters::SourceCounters;
-use super::records::{FailedLookup, Parsed, parse};
+use super::records::{FailedLookup, FailureKind, Parsed, parse};
 use super::resolve::{Resolution, SourceResolver};
 use super::safety::{Event, Observation, Safety, next_refresh};
 use crate::admin::{Admin, DiscoveredWorker, DiscoveryChange, ResolutionOutcome, StateChange};
@@ -50,11 +50,11 @@ pub async fn run(
     tracing::info!(source = %label, interval_ms = crate::config::millis::as_millis(interval), resolver = %server, "discovery started");
     admin.discovery_started(&source);
     loop {
-        let (observation, ttl, failed) =
+        let (observation, ttl, failed, failure) =
             resolve_once(&source, &mut resolver, &mut skipped, &mut lines).await;
         counters.record_refresh();
-        if matches!(observation, Observation::Failed(_)) {
-            counters.record_error();
+        if let Some(kind) = failure {
+            counters.record_error(kind);
         }
         // Without an answer (a failed resolution, NXDOMAIN) nothing is known of either family:
         // the refusals logged before are neither over nor news when the answers come back.
@@ -98,8 +98,9 @@ pub async fn run(
     tracing::info!(source = %label, "discovery stopped");
 }
 
-/// One resolution and what the rules see in it, with the answer's TTL and, when the server
-/// answered, the lookups of one address family that failed while the other answered. Builds the
+/// One resolution and what the rules see in it, with the answer's TTL, when the server
+/// answered, the lookups of one address family that failed while the other answered, and when
+/// the resolution failed, what kind of failure it was. Builds the
 /// resolver the first time (and again after that failed); warns about skipped records when their
 /// list changes.
 async fn resolve_once(
@@ -107,11 +108,18 @@ async fn resolve_once(
     resolver: &mut Option<SourceResolver>,
     skipped: &mut Vec<String>,
     lines: &mut LimitedLog<()>,
-) -> (Observation, Option<Duration>, Option<Vec<FailedLookup>>) {
+) -> Resolved {
     if resolver.is_none() {
         match SourceResolver::new(source) {
             Ok(built) => *resolver = Some(built),
-            Err(why) => return (Observation::Failed(why), None, None),
+            Err(why) => {
+                return (
+                    Observation::Failed(why),
+                    None,
+                    None,
+                    Some(FailureKind::Error),
+                );
+            }
         }
     }
     let resolver = resolver.as_ref().expect("built above");
@@ -134,12 +142,21 @@ async fn resolve_once(
             } else {
                 Observation::Workers(workers)
             };
-            (observation, answer.ttl, Some(answer.failed_lookups))
+            (observation, answer.ttl, Some(answer.failed_lookups), None)
         }
-        Resolution::Empty(why) => (Observation::Empty(why), None, None),
-        Resolution::Failed(why) => (Observation::Failed(why), None, None),
+        Resolution::Empty(why) => (Observation::Empty(why), None, None, None),
+        Resolution::Failed(kind, why) => (Observation::Failed(why), None, None, Some(kind)),
     }
 }
+
+/// What [`resolve_once`] answers: the observation, the TTL, the failed lookups of one family,
+/// and the kind of a failed resolution.
+type Resolved = (
+    Observation,
+    Option<Duration>,
+    Option<Vec<FailedLookup>>,
+    Option<FailureKind>,
+);
 
 /// Warns about lookups of one address family that failed while the other answered, when their
 /// list changes (not on every refresh: dnsmasq without upstream servers refuses every AAAA query).

@@ -227,7 +227,8 @@ async fn a_dead_resolver_keeps_the_fleet_reports_once_and_its_changed_set_applie
         .wait_names(&["w0.llm.test", "w1.llm.test", "w2.llm.test"])
         .await;
     dns.kill();
-    let errors = format!("bch_discovery_errors_total{{source=\"dns:{SRV}\"}}");
+    // A killed resolver does not answer: every resolution times out.
+    let errors = format!("bch_discovery_errors_total{{source=\"dns:{SRV}\",reason=\"timeout\"}}");
     daemon.wait_metric(&errors, 3.0).await;
     assert_eq!(daemon.workers().await.len(), 3, "the last good set stays");
     for i in 0..10 {
@@ -387,7 +388,7 @@ async fn a_refused_family_is_reported_once_across_a_resolver_outage() {
     const REFUSED: &str = "address lookup failed, the other family answered";
     assert_eq!(daemon.logged_at_least(REFUSED, 1).await, 1);
     dns.kill();
-    let errors = format!("bch_discovery_errors_total{{source=\"dns:{NAME}\"}}");
+    let errors = format!("bch_discovery_errors_total{{source=\"dns:{NAME}\",reason=\"timeout\"}}");
     daemon.wait_metric(&errors, 2.0).await;
     dns.restart(&zone);
     assert_eq!(
