@@ -37,6 +37,8 @@ enum Mode {
     Garbage,
     /// A 200 with a vLLM gauge whose value is not a number.
     Unparsable,
+    /// A 200 with a vLLM gauge of 1e300 running requests (above the plausibility bound).
+    Absurd,
     /// A 200 declaring 8 MiB.
     HugeDeclared,
     /// A 200 streaming 2 MiB in chunks without a length.
@@ -47,11 +49,12 @@ enum Mode {
     Flapping,
 }
 
-const MODES: [Mode; 8] = [
+const MODES: [Mode; 9] = [
     Mode::Good,
     Mode::NotFound,
     Mode::Garbage,
     Mode::Unparsable,
+    Mode::Absurd,
     Mode::HugeDeclared,
     Mode::HugeChunked,
     Mode::Hang,
@@ -111,6 +114,7 @@ async fn metrics(State(state): State<Arc<Reporting>>) -> Response {
         Mode::NotFound => (StatusCode::NOT_FOUND, "no metrics here").into_response(),
         Mode::Garbage => "<html><body>Welcome to nginx!</body></html>".into_response(),
         Mode::Unparsable => "vllm:num_requests_running lots\n".into_response(),
+        Mode::Absurd => "vllm:num_requests_running 1e300\n".into_response(),
         Mode::HugeDeclared => (
             [(header::CONTENT_LENGTH, (8u64 << 20).to_string())],
             Body::from_stream(futures_util::stream::repeat_with(|| {
@@ -238,6 +242,7 @@ async fn each_bad_answer_falls_back_to_local_load_and_is_counted() {
         (Mode::NotFound, "http_status"),
         (Mode::Garbage, "no_gauges"),
         (Mode::Unparsable, "unparsable"),
+        (Mode::Absurd, "bad_value"),
         (Mode::HugeDeclared, "too_large"),
         (Mode::HugeChunked, "too_large"),
         (Mode::Hang, "timeout"),
