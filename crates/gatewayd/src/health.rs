@@ -38,6 +38,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, HealthConfig, Member, SharedConfig, SharedMembers};
+use crate::log_limit::{Component, LimitedLog, LineBudget, SuppressedLines};
 use crate::metrics::{LabelValue, by_worker_and_label, counter};
 use crate::per_worker::{Check, TableKeys, Targets, WorkerKey};
 
@@ -290,6 +291,8 @@ pub struct Prober {
     pub requests: ProbeRequestQueue,
     /// `bch_probe_failures_total`.
     pub failures: Arc<ProbeFailures>,
+    /// `bch_log_lines_suppressed_total`: health changes beyond a worker's `[log]` budget of lines.
+    pub suppressed: Arc<SuppressedLines>,
     /// Counts the rounds whose results are applied, so a waiter (the demo, before its traffic)
     /// learns when every worker present at start has had its first probe.
     pub rounds: tokio::sync::watch::Sender<u64>,
@@ -307,9 +310,12 @@ pub async fn run(prober: Prober) {
         probe_now,
         requests: ProbeRequestQueue(mut requests),
         failures,
+        suppressed,
         rounds,
         shutdown,
     } = prober;
+    // `[log]` takes effect at a restart, like the rest of the section.
+    let budget = LineBudget::of(&config.load().log);
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     let mut probing = Probing {
@@ -319,6 +325,7 @@ pub async fn run(prober: Prober) {
         targets: Targets::new(members),
         streaks: HashMap::new(),
         asked_at: HashMap::new(),
+        lines: LimitedLog::new(Component::Prober, budget, suppressed),
     };
     // A wake-up from `probe_now` probes only the workers never probed yet; the full rounds keep
     // their interval however often the membership changes (a DNS source may, every second). The
@@ -359,6 +366,8 @@ struct Probing {
     streaks: HashMap<WorkerKey, Streak>,
     /// When each worker was last probed on request ([`PROBE_REQUEST_GAP`]).
     asked_at: HashMap<WorkerKey, Instant>,
+    /// Each worker's budget of health-change lines: one that flaps is not logged every round.
+    lines: LimitedLog<WorkerKey>,
 }
 
 impl Probing {
@@ -405,6 +414,20 @@ impl Probing {
                 self.observe(&table, index, key, result, asked, &current.health);
             }
         }
+        let table = self.router.table();
+        self.lines.flush(std::time::Instant::now(), |key| {
+            match key.index_in(&table) {
+                Some(index) => {
+                    let healthy = table.healthy_flags()[index];
+                    let state = if healthy { "healthy" } else { "unhealthy" };
+                    (
+                        table.workers()[index].spec.name.clone(),
+                        Some(state.to_owned()),
+                    )
+                }
+                None => (key.to_string(), None),
+            }
+        });
     }
 
     /// Counts one probe result of the worker at `index` of `table` and flips its health when its
@@ -425,7 +448,7 @@ impl Probing {
             tracing::debug!(worker = %name, reason = %failure, "probe failed");
         }
         let healthy = table.healthy_flags()[index];
-        let streak = self.streaks.entry(key).or_default();
+        let streak = self.streaks.entry(key.clone()).or_default();
         let first = streak.seen_healthy.is_none();
         let confirmed_failure = asked && thresholds.passive && healthy && result.is_err();
         let flip = streak
@@ -442,6 +465,10 @@ impl Probing {
         };
         if self.router.set_health(name, to) {
             streak.seen_healthy = Some(to);
+            // The health changed every time; only its line is within the worker's budget.
+            if !self.lines.admit(&key, name, std::time::Instant::now()) {
+                return;
+            }
             match result {
                 Ok(()) if first => {
                     tracing::info!(worker = %name, "worker passed its first probe; taking traffic")

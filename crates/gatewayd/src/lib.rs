@@ -41,6 +41,7 @@ mod discovery;
 mod drain_watch;
 mod error;
 mod health;
+mod log_limit;
 mod metrics;
 mod per_worker;
 mod picker;

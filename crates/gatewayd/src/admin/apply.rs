@@ -2,6 +2,7 @@
 //! takes every step that can refuse the change and changes nothing, then commit, which cannot
 //! fail, so nothing is ever rolled back.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bch_core::policy::PolicySettings;
@@ -63,6 +64,7 @@ impl Admin {
             .prepare(specs, policy, !next.config.health.wait_for_first_probe)?;
         Ok(Prepared {
             members: Arc::new(merged.members),
+            skipped_by_source: merged.skipped_by_source,
             table,
         })
     }
@@ -71,7 +73,12 @@ impl Admin {
     /// endpoints first, then the router's table (workers and policy in one swap), then the probe
     /// targets, the settings and the configuration; a policy change is logged and announced.
     fn commit(&self, in_force: &mut InForce, next: Next, prepared: Prepared, actor: &Actor) {
-        let Prepared { members, table } = prepared;
+        let Prepared {
+            members,
+            skipped_by_source,
+            table,
+        } = prepared;
+        in_force.merge_skipped = skipped_by_source;
         let members_changed = *members != *in_force.merged;
         if members_changed {
             // Before the router, like the endpoints: every worker of a table the router publishes
@@ -134,6 +141,8 @@ impl Admin {
 /// A change that passed every check: the merged membership and the router's prepared table.
 struct Prepared {
     members: Arc<Vec<Member>>,
+    /// Discovered workers the merge left out, by source (see `Merged::skipped_by_source`).
+    skipped_by_source: HashMap<String, usize>,
     table: PreparedTable,
 }
 

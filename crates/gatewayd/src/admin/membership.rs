@@ -93,6 +93,9 @@ pub struct Merged {
     pub members: Vec<Member>,
     /// One sentence per discovered worker left out, naming it and why.
     pub skipped: Vec<String>,
+    /// How many of each source's workers were left out, by the source's canonical name (only
+    /// sources with some): counted with the records its answer had that could not be used.
+    pub skipped_by_source: HashMap<String, usize>,
 }
 
 /// Merges `statics` (the validated static workers of `config`) with `discovered`, leaving out
@@ -108,7 +111,9 @@ pub fn merge(
     let mut names: HashSet<String> = members.iter().map(|m| m.spec.name.clone()).collect();
     let mut urls: HashSet<String> = members.iter().map(|m| m.spec.url.clone()).collect();
     let mut skipped = Vec::new();
+    let mut skipped_by_source: HashMap<String, usize> = HashMap::new();
     for source in &config.discovery {
+        let before = skipped.len();
         for worker in discovered.get(source) {
             let url = worker.url(source);
             let authority = worker.addr.to_string();
@@ -150,8 +155,17 @@ pub fn merge(
                 )),
             }
         }
+        if skipped.len() > before {
+            *skipped_by_source
+                .entry(source.canonical_name())
+                .or_default() += skipped.len() - before;
+        }
     }
-    Merged { members, skipped }
+    Merged {
+        members,
+        skipped,
+        skipped_by_source,
+    }
 }
 
 /// A discovered worker as a validated member: the same checks as a configured one.

@@ -24,7 +24,7 @@ mod discovery_status;
 mod drain;
 pub mod membership;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -184,6 +184,9 @@ struct InForce {
     discovered: DiscoveredSets,
     /// `statics` and `discovered` merged: what the router, the endpoints and the probes have.
     merged: Arc<Vec<Member>>,
+    /// Discovered workers the merge in force left out (one of this gateway's listeners, a name
+    /// and address both taken, an invalid member), by source canonical name.
+    merge_skipped: HashMap<String, usize>,
     departed: Departed,
     /// Draining workers to remove from the membership once idle.
     remove_when_idle: HashSet<WorkerKey>,
@@ -248,6 +251,7 @@ impl Admin {
             statics,
             discovered: DiscoveredSets::default(),
             merged: Arc::clone(&merged),
+            merge_skipped: HashMap::new(),
             departed: Departed::default(),
             remove_when_idle: HashSet::new(),
         };
@@ -451,6 +455,16 @@ impl Admin {
         self.apply(&mut in_force, next, &Actor::discovery())?;
         let (joined, left) = url_changes(&before, &self.router.table());
         Ok(DiscoveryChange::Changed { joined, left })
+    }
+
+    /// Workers of `source`'s accepted set that the membership in force left out (see
+    /// [`InForce`]): skipped records too, for `bch_discovery_skipped_records`.
+    pub fn merge_skipped(&self, source: &DiscoveryConfig) -> usize {
+        self.lock()
+            .merge_skipped
+            .get(&source.canonical_name())
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Workers in the set last accepted for `source` (0 when none was).

@@ -48,6 +48,7 @@ use crate::control::ControlPlane;
 use crate::control::guard::BrowserGuard;
 use crate::discovery::DiscoveryMetrics;
 use crate::health::{ProbeFailures, ProbeRequestQueue, ProbeRequests};
+use crate::log_limit::SuppressedLines;
 use crate::metrics::Metrics;
 use crate::picker::{PickerMetrics, PickerPlane};
 use crate::proxy::DataPlane;
@@ -264,6 +265,8 @@ struct Parts {
     scrapes: Arc<ScrapeStats>,
     probe_failures: Arc<ProbeFailures>,
     discovery: Arc<DiscoveryMetrics>,
+    /// `bch_log_lines_suppressed_total`, shared by the scraper, the prober and discovery.
+    suppressed: Arc<SuppressedLines>,
     registry: Arc<prometheus_client::registry::Registry>,
     metrics: Arc<Metrics>,
     upstreams: Arc<Upstreams>,
@@ -316,12 +319,14 @@ fn assemble(
     let scrapes = Arc::new(ScrapeStats::default());
     let probe_failures = Arc::new(ProbeFailures::default());
     let discovery = Arc::new(DiscoveryMetrics::default());
+    let suppressed = Arc::new(SuppressedLines::default());
     // Each component registers its own families.
     let mut registry = crate::metrics::registry(Arc::clone(&metrics), Arc::clone(&router));
     scrapes.register(&mut registry, Arc::clone(&router));
     probe_failures.register(&mut registry, Arc::clone(&router));
     discovery.register(&mut registry, Arc::clone(&router));
     picker_metrics.register(&mut registry);
+    suppressed.register(&mut registry);
     let registry = Arc::new(registry);
     let upstreams = Arc::new(Upstreams::new(
         config.server.timeouts.connect,
@@ -369,6 +374,7 @@ fn assemble(
         scrapes,
         probe_failures,
         discovery,
+        suppressed,
         registry,
         metrics,
         upstreams,
@@ -451,6 +457,7 @@ fn spawn_services(
         parts.admin.config(),
         parts.admin.members(),
         parts.scrapes,
+        Arc::clone(&parts.suppressed),
         shutdown,
     )
     .map_err(StartError::Scraper)?;
@@ -461,6 +468,7 @@ fn spawn_services(
         probe_now: parts.probe_now,
         requests: parts.probe_requests,
         failures: parts.probe_failures,
+        suppressed: Arc::clone(&parts.suppressed),
         rounds: probe_rounds,
         shutdown: shutdown.clone(),
     }));
@@ -473,6 +481,7 @@ fn spawn_services(
     tokio::spawn(crate::discovery::run(
         Arc::clone(&parts.admin),
         parts.discovery,
+        parts.suppressed,
         shutdown.clone(),
     ));
     tokio::spawn(sweep_idle_connections(

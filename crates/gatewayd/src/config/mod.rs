@@ -192,6 +192,7 @@ impl Config {
         section("server", self.server.problems());
         section("load", self.load.validate().err().into_iter().collect());
         section("picker", self.picker.problems());
+        section("log", self.log.problems());
         if !self.server.listeners.data_plane && self.picker.listen.is_none() {
             problems.push(FieldError::new(
                 "server.data_plane",
@@ -397,6 +398,32 @@ mod tests {
         assert_eq!(config.policy.spill_order, SpillOrder::Ring);
         let seeded = parse("[policy]\nspill_order = \"hash_seeded\"\n").unwrap();
         assert_eq!(seeded.policy_settings().spill_order, SpillOrder::HashSeeded);
+    }
+
+    #[test]
+    fn a_log_line_budget_of_nothing_is_refused() {
+        let config: Config =
+            toml::from_str("[log]\nstate_change_lines = 0\nstate_change_period_ms = 0\n").unwrap();
+        let problems: Vec<String> = config
+            .problems(None)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(problems.len(), 2, "{problems:#?}");
+        assert!(
+            problems[0].contains("log.state_change_lines"),
+            "{problems:#?}"
+        );
+        assert!(
+            problems[1].contains("log.state_change_period_ms"),
+            "{problems:#?}"
+        );
+        let budget =
+            parse("[log]\nstate_change_lines = 2\nstate_change_period_ms = 500\n").unwrap();
+        assert_eq!(
+            budget.log.state_change_period,
+            std::time::Duration::from_millis(500)
+        );
     }
 
     #[test]

@@ -219,14 +219,47 @@ pub struct LogConfig {
     pub format: LogFormat,
     /// `tracing` filter, e.g. `info` or `gatewayd=debug`. `RUST_LOG` overrides it.
     pub level: String,
+    /// State-change lines one source (a discovery source, a worker's scrapes, a worker's probes)
+    /// may log per `state_change_period`; the rest are counted and summarised (at least 1).
+    pub state_change_lines: u32,
+    /// The period of that budget (`state_change_period_ms`, at least 1 ms).
+    #[serde(rename = "state_change_period_ms", with = "super::millis")]
+    pub state_change_period: Duration,
 }
+
+/// Lines per source per period by default: a whole incident of one source (a DNS outage and its
+/// recovery write about six lines) is read in full, while a source flapping without end writes a
+/// line every three seconds.
+pub const DEFAULT_STATE_CHANGE_LINES: u32 = 20;
+
+/// The budget's period by default.
+pub const DEFAULT_STATE_CHANGE_PERIOD: Duration = Duration::from_secs(60);
 
 impl Default for LogConfig {
     fn default() -> Self {
         Self {
             format: LogFormat::Text,
             level: "info".to_owned(),
+            state_change_lines: DEFAULT_STATE_CHANGE_LINES,
+            state_change_period: DEFAULT_STATE_CHANGE_PERIOD,
         }
+    }
+}
+
+impl LogConfig {
+    /// A budget of no lines, or of a zero period.
+    pub fn problems(&self) -> Vec<FieldError> {
+        let mut problems = Vec::new();
+        if self.state_change_lines == 0 {
+            problems.push(FieldError::new("state_change_lines", "must be at least 1"));
+        }
+        if self.state_change_period.is_zero() {
+            problems.push(FieldError::new(
+                "state_change_period_ms",
+                "must be at least 1",
+            ));
+        }
+        problems
     }
 }
 

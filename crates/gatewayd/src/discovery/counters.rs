@@ -10,14 +10,15 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
-use super::records::AddressFamily;
+use super::records::{AddressFamily, FailureKind};
 use crate::metrics::{counter, gauge};
 
 /// Counters of one discovery source.
 #[derive(Debug, Default)]
 pub struct SourceCounters {
     refreshes: AtomicU64,
-    errors: AtomicU64,
+    /// Failed resolutions by [`FailureKind::index`].
+    errors: [AtomicU64; FailureKind::ALL.len()],
     skipped_records: AtomicU64,
     /// Failed A lookups and failed AAAA lookups whose other family answered.
     lookup_errors: [AtomicU64; 2],
@@ -29,9 +30,9 @@ impl SourceCounters {
         self.refreshes.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts one failed resolution (resolver error, timeout, SERVFAIL or another error code).
-    pub fn record_error(&self) {
-        self.errors.fetch_add(1, Ordering::Relaxed);
+    /// Counts one failed resolution of kind `kind` (a timeout, a truncated answer, an error).
+    pub fn record_error(&self, kind: FailureKind) {
+        self.errors[kind.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts one A or AAAA lookup that failed while the other family answered.
@@ -145,10 +146,14 @@ impl Collector for DiscoveryCollector {
         counter(
             encoder,
             "bch_discovery_errors",
-            "DNS resolutions of a discovery source that failed (error, timeout, SERVFAIL); the last good set was kept",
-            sources
-                .iter()
-                .map(|(label, c)| (source(label), c.errors.load(Ordering::Relaxed))),
+            "DNS resolutions of a discovery source that failed, by reason: timeout (no answer within timeout_ms), truncated (an answer too large for one DNS message), error (SERVFAIL, REFUSED, a broken connection, ...); the last good set was kept",
+            sources.iter().flat_map(|(label, c)| {
+                FailureKind::ALL.map(|kind| {
+                    let mut labels = source(label);
+                    labels.push(("reason", kind.as_str().to_owned()));
+                    (labels, c.errors[kind.index()].load(Ordering::Relaxed))
+                })
+            }),
         )?;
         counter(
             encoder,
@@ -168,7 +173,7 @@ impl Collector for DiscoveryCollector {
         gauge(
             encoder,
             "bch_discovery_skipped_records",
-            "Records of the last answer that were skipped (port 0, no address, duplicate address)",
+            "Records of the last answer that were skipped (port 0, no address, not unicast, duplicate address) and workers of it the membership left out (this gateway's own listener, name and address both taken)",
             sources.iter().map(|(label, c)| {
                 (
                     source(label),

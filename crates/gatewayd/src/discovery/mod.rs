@@ -22,10 +22,17 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::Admin;
 use crate::config::DiscoveryConfig;
+use crate::log_limit::SuppressedLines;
 pub use counters::DiscoveryMetrics;
 
-/// Runs the discovery sources in force until `shutdown`.
-pub async fn run(admin: Arc<Admin>, metrics: Arc<DiscoveryMetrics>, shutdown: CancellationToken) {
+/// Runs the discovery sources in force until `shutdown`; each source's state-change lines beyond
+/// its `[log]` budget are counted in `suppressed`.
+pub async fn run(
+    admin: Arc<Admin>,
+    metrics: Arc<DiscoveryMetrics>,
+    suppressed: Arc<SuppressedLines>,
+    shutdown: CancellationToken,
+) {
     let mut sources = admin.discovery_sources();
     let mut running: Vec<(DiscoveryConfig, CancellationToken)> = Vec::new();
     loop {
@@ -55,6 +62,7 @@ pub async fn run(admin: Arc<Admin>, metrics: Arc<DiscoveryMetrics>, shutdown: Ca
                 Arc::clone(&admin),
                 entry.clone(),
                 counters,
+                Arc::clone(&suppressed),
                 stop.clone(),
             ));
             running.push((entry, stop));

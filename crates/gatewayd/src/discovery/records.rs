@@ -74,8 +74,47 @@ pub struct FailedLookup {
     pub name: String,
     /// The record type asked for.
     pub family: AddressFamily,
+    /// What kind of failure, for the failure counter should it fail the resolution.
+    pub kind: FailureKind,
     /// Why it failed, as the resolver said.
     pub reason: String,
+}
+
+/// What kind of failure a failed resolution was: the `reason` label of
+/// `bch_discovery_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FailureKind {
+    /// No answer within `timeout_ms` (a resolver that is down, slow or unreachable).
+    Timeout,
+    /// The answer is too large for one DNS message: truncated over UDP, and not whole over TCP
+    /// either (a message holds at most 65,535 bytes).
+    Truncated,
+    /// Anything else: an error code (SERVFAIL, REFUSED, …), a refused or broken connection, an
+    /// answer that does not decode, no resolver configuration.
+    Error,
+}
+
+impl FailureKind {
+    /// Every kind, in label order.
+    pub const ALL: [FailureKind; 3] = [
+        FailureKind::Timeout,
+        FailureKind::Truncated,
+        FailureKind::Error,
+    ];
+
+    /// The metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Timeout => "timeout",
+            FailureKind::Truncated => "truncated",
+            FailureKind::Error => "error",
+        }
+    }
+
+    /// Position in [`FailureKind::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
 }
 
 impl std::fmt::Display for FailedLookup {

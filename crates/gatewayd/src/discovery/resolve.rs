@@ -20,7 +20,7 @@ use hickory_resolver::proto::op::ResponseCode;
 use hickory_resolver::proto::rr::{RData, RecordType};
 use hickory_resolver::{Resolver, TokioResolver};
 
-use super::records::{AddressFamily, Answer, FailedLookup, Record, target_key};
+use super::records::{AddressFamily, Answer, FailedLookup, FailureKind, Record, target_key};
 use crate::config::{DiscoveryConfig, DnsKind};
 
 /// SRV targets looked up at once when the answer carried no addresses for them.
@@ -33,14 +33,15 @@ pub enum Resolution {
     Answer(Answer),
     /// The server answered that there are none: `NXDOMAIN` or `no records`.
     Empty(String),
-    /// No usable answer: the resolver's error, a timeout, SERVFAIL or another error code.
-    Failed(String),
+    /// No usable answer: the resolver's error, a timeout, a truncated answer, SERVFAIL or another
+    /// error code; what kind, and why.
+    Failed(FailureKind, String),
 }
 
 /// A lookup that did not give records: empty, or failed.
 enum Missing {
     Empty(String),
-    Failed(String),
+    Failed(FailureKind, String),
 }
 
 /// The addresses of one name: what the families that answered gave, and the lookups that failed.
@@ -104,11 +105,14 @@ impl SourceResolver {
         match tokio::time::timeout(timeout, resolution).await {
             Ok(Ok(answer)) => Resolution::Answer(answer),
             Ok(Err(Missing::Empty(why))) => Resolution::Empty(why),
-            Ok(Err(Missing::Failed(why))) => Resolution::Failed(why),
-            Err(_) => Resolution::Failed(format!(
-                "no answer within timeout_ms {}",
-                crate::config::millis::as_millis(timeout)
-            )),
+            Ok(Err(Missing::Failed(kind, why))) => Resolution::Failed(kind, why),
+            Err(_) => Resolution::Failed(
+                FailureKind::Timeout,
+                format!(
+                    "no answer within timeout_ms {}",
+                    crate::config::millis::as_millis(timeout)
+                ),
+            ),
         }
     }
 
@@ -152,8 +156,8 @@ impl SourceResolver {
                 // A target without an address is a bad record, skipped when parsed.
                 Err(Missing::Empty(_)) => {}
                 // A resolver that fails on a target could fail on any: keep the last good set.
-                Err(Missing::Failed(why)) => {
-                    return Err(Missing::Failed(format!("looking up {target}: {why}")));
+                Err(Missing::Failed(kind, why)) => {
+                    return Err(Missing::Failed(kind, format!("looking up {target}: {why}")));
                 }
             }
         }
@@ -194,7 +198,8 @@ impl SourceResolver {
                     ttl = Some(ttl.map_or(this, |earlier| earlier.min(this)));
                 }
                 Err(Missing::Empty(why)) => empty = empty.or(Some(why)),
-                Err(Missing::Failed(reason)) => found.failed.push(FailedLookup {
+                Err(Missing::Failed(kind, reason)) => found.failed.push(FailedLookup {
+                    kind,
                     name: name.to_owned(),
                     family: if record_type == RecordType::A {
                         AddressFamily::A
@@ -211,7 +216,7 @@ impl SourceResolver {
                 Ok(found)
             }
             _ => match found.failed.first() {
-                Some(failed) => Err(Missing::Failed(failed.to_string())),
+                Some(failed) => Err(Missing::Failed(failed.kind, failed.to_string())),
                 None => Err(Missing::Empty(empty.unwrap_or_else(|| "no records".into()))),
             },
         }
@@ -252,16 +257,23 @@ fn ttl_of(lookup: &Lookup) -> Duration {
         .saturating_duration_since(Instant::now())
 }
 
+/// What a truncated answer is reported as: hickory's own words ("TCP already tried or no other
+/// transport available") do not say that the fleet is too large for the name.
+pub const TRUNCATED: &str = "the answer is truncated: too large for one DNS message (truncated over UDP, and not whole over TCP, which holds at most 65,535 bytes); split the fleet over several names";
+
 /// NXDOMAIN and "no records" (NOERROR without answers) are empty answers; everything else —
-/// SERVFAIL, REFUSED, a timeout, a broken connection — is a failure.
+/// SERVFAIL, REFUSED, a timeout, a truncated answer, a broken connection — is a failure, of its
+/// kind.
 fn classify(error: &NetError) -> Missing {
     match error {
         NetError::Dns(DnsError::NoRecordsFound(none)) => match none.response_code {
             ResponseCode::NXDomain => Missing::Empty("NXDOMAIN".into()),
             ResponseCode::NoError => Missing::Empty("no records".into()),
-            code => Missing::Failed(format!("response code {code}")),
+            code => Missing::Failed(FailureKind::Error, format!("response code {code}")),
         },
-        other => Missing::Failed(other.to_string()),
+        NetError::Truncated => Missing::Failed(FailureKind::Truncated, TRUNCATED.into()),
+        NetError::Timeout => Missing::Failed(FailureKind::Timeout, error.to_string()),
+        other => Missing::Failed(FailureKind::Error, other.to_string()),
     }
 }
 
@@ -274,8 +286,24 @@ mod tests {
     fn outcome(error: NetError) -> Result<String, String> {
         match classify(&error) {
             Missing::Empty(why) => Ok(why),
-            Missing::Failed(why) => Err(why),
+            Missing::Failed(_, why) => Err(why),
         }
+    }
+
+    fn kind(error: NetError) -> Option<FailureKind> {
+        match classify(&error) {
+            Missing::Empty(_) => None,
+            Missing::Failed(kind, _) => Some(kind),
+        }
+    }
+
+    #[test]
+    fn a_truncated_answer_and_a_timeout_are_failures_of_their_own_kind() {
+        assert_eq!(kind(NetError::Truncated), Some(FailureKind::Truncated));
+        assert_eq!(outcome(NetError::Truncated), Err(TRUNCATED.to_owned()));
+        assert_eq!(kind(NetError::Timeout), Some(FailureKind::Timeout));
+        let refused = NetError::Dns(DnsError::ResponseCode(ResponseCode::Refused));
+        assert_eq!(kind(refused), Some(FailureKind::Error));
     }
 
     #[test]

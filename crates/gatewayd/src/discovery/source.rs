@@ -12,21 +12,24 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::counters::SourceCounters;
-use super::records::{FailedLookup, Parsed, parse};
+use super::records::{FailedLookup, FailureKind, Parsed, parse};
 use super::resolve::{Resolution, SourceResolver};
 use super::safety::{Event, Observation, Safety, next_refresh};
 use crate::admin::{Admin, DiscoveredWorker, DiscoveryChange, ResolutionOutcome, StateChange};
 use crate::clock::now_ms;
 use crate::config::DiscoveryConfig;
+use crate::log_limit::{Component, LimitedLog, LineBudget, SuppressedLines};
 
 /// URLs named in one membership-change log line; the rest are counted.
 const URLS_LOGGED: usize = 8;
 
-/// Runs `source` until `stop` is cancelled.
+/// Runs `source` until `stop` is cancelled; its state-change lines beyond the `[log]` budget
+/// are counted in `suppressed`.
 pub async fn run(
     admin: Arc<Admin>,
     source: DiscoveryConfig,
     counters: Arc<SourceCounters>,
+    suppressed: Arc<SuppressedLines>,
     stop: CancellationToken,
 ) {
     let interval = source.interval;
@@ -39,13 +42,19 @@ pub async fn run(
         .resolver
         .map_or_else(|| "system".to_owned(), |r| r.to_string());
     let mut failed_lookups: Vec<String> = Vec::new();
+    // One budget for every state-change line of this source: a name flapping every 100 ms
+    // writes a few lines per period and a summary, not a line per change. `[log]` takes effect
+    // at a restart, like the rest of the section.
+    let budget = LineBudget::of(&admin.config().load().log);
+    let mut lines = LimitedLog::new(Component::Discovery, budget, suppressed);
     tracing::info!(source = %label, interval_ms = crate::config::millis::as_millis(interval), resolver = %server, "discovery started");
     admin.discovery_started(&source);
     loop {
-        let (observation, ttl, failed) = resolve_once(&source, &mut resolver, &mut skipped).await;
+        let (observation, ttl, failed, failure) =
+            resolve_once(&source, &mut resolver, &mut skipped, &mut lines).await;
         counters.record_refresh();
-        if matches!(observation, Observation::Failed(_)) {
-            counters.record_error();
+        if let Some(kind) = failure {
+            counters.record_error(kind);
         }
         // Without an answer (a failed resolution, NXDOMAIN) nothing is known of either family:
         // the refusals logged before are neither over nor news when the answers come back.
@@ -53,9 +62,8 @@ pub async fn run(
             for lookup in failed {
                 counters.record_lookup_error(lookup.family);
             }
-            log_failed_lookups(&label, failed, &mut failed_lookups);
+            log_failed_lookups(&label, failed, &mut failed_lookups, &mut lines);
         }
-        counters.set_skipped_records(skipped.len());
         let outcome = match &observation {
             Observation::Workers(_) => ResolutionOutcome::Workers {
                 lookup_error: failed.iter().flatten().next().map(ToString::to_string),
@@ -63,16 +71,25 @@ pub async fn run(
             Observation::Empty(why) => ResolutionOutcome::Empty(why.clone()),
             Observation::Failed(why) => ResolutionOutcome::Failed(why.clone()),
         };
+        let state = describe(&outcome);
         let verdict = safety.observe(observation, Instant::now());
         for event in &verdict.events {
-            log_event(&label, event);
+            if lines.admit(&(), &label, Instant::now()) {
+                log_event(&label, event);
+            }
         }
         if let Some(workers) = verdict.apply {
-            apply(&admin, &source, &label, workers).await;
+            apply(&admin, &source, &label, workers, &mut lines).await;
         }
-        if let Some(change) = admin.record_resolution(&source, outcome, now_ms()) {
+        if let Some(change) = admin.record_resolution(&source, outcome, now_ms())
+            && lines.admit(&(), &label, Instant::now())
+        {
             log_state_change(&label, &change);
         }
+        // After the apply: the merge decides which of the set's workers could not join (one
+        // that is this gateway's own listener would loop), and those are skipped records too.
+        counters.set_skipped_records(skipped.len() + admin.merge_skipped(&source));
+        lines.flush(Instant::now(), |()| (label.clone(), Some(state.clone())));
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = tokio::time::sleep(next_refresh(interval, ttl)) => {}
@@ -81,19 +98,28 @@ pub async fn run(
     tracing::info!(source = %label, "discovery stopped");
 }
 
-/// One resolution and what the rules see in it, with the answer's TTL and, when the server
-/// answered, the lookups of one address family that failed while the other answered. Builds the
+/// One resolution and what the rules see in it, with the answer's TTL, when the server
+/// answered, the lookups of one address family that failed while the other answered, and when
+/// the resolution failed, what kind of failure it was. Builds the
 /// resolver the first time (and again after that failed); warns about skipped records when their
 /// list changes.
 async fn resolve_once(
     source: &DiscoveryConfig,
     resolver: &mut Option<SourceResolver>,
     skipped: &mut Vec<String>,
-) -> (Observation, Option<Duration>, Option<Vec<FailedLookup>>) {
+    lines: &mut LimitedLog<()>,
+) -> Resolved {
     if resolver.is_none() {
         match SourceResolver::new(source) {
             Ok(built) => *resolver = Some(built),
-            Err(why) => return (Observation::Failed(why), None, None),
+            Err(why) => {
+                return (
+                    Observation::Failed(why),
+                    None,
+                    None,
+                    Some(FailureKind::Error),
+                );
+            }
         }
     }
     let resolver = resolver.as_ref().expect("built above");
@@ -103,30 +129,50 @@ async fn resolve_once(
                 workers,
                 skipped: now,
             } = parse(source, &answer);
-            if now != *skipped {
+            // A changed list of skipped records is one state change, however many records.
+            let label = source.source().label().into_owned();
+            if now != *skipped && lines.admit(&(), &label, Instant::now()) {
                 for reason in &now {
                     tracing::warn!(source = %source.source(), "bad record skipped: {reason}");
                 }
-                *skipped = now;
             }
+            *skipped = now;
             let observation = if workers.is_empty() {
                 Observation::Empty("every record was skipped".into())
             } else {
                 Observation::Workers(workers)
             };
-            (observation, answer.ttl, Some(answer.failed_lookups))
+            (observation, answer.ttl, Some(answer.failed_lookups), None)
         }
-        Resolution::Empty(why) => (Observation::Empty(why), None, None),
-        Resolution::Failed(why) => (Observation::Failed(why), None, None),
+        Resolution::Empty(why) => (Observation::Empty(why), None, None, None),
+        Resolution::Failed(kind, why) => (Observation::Failed(why), None, None, Some(kind)),
     }
 }
 
+/// What [`resolve_once`] answers: the observation, the TTL, the failed lookups of one family,
+/// and the kind of a failed resolution.
+type Resolved = (
+    Observation,
+    Option<Duration>,
+    Option<Vec<FailedLookup>>,
+    Option<FailureKind>,
+);
+
 /// Warns about lookups of one address family that failed while the other answered, when their
 /// list changes (not on every refresh: dnsmasq without upstream servers refuses every AAAA query).
-fn log_failed_lookups(label: &str, failed: &[FailedLookup], logged: &mut Vec<String>) {
+fn log_failed_lookups(
+    label: &str,
+    failed: &[FailedLookup],
+    logged: &mut Vec<String>,
+    lines: &mut LimitedLog<()>,
+) {
     let mut now: Vec<String> = failed.iter().map(ToString::to_string).collect();
     now.sort();
     if now == *logged {
+        return;
+    }
+    if !lines.admit(&(), label, Instant::now()) {
+        *logged = now;
         return;
     }
     for lookup in now.iter().filter(|l| !logged.contains(l)) {
@@ -155,6 +201,7 @@ async fn apply(
     source: &DiscoveryConfig,
     label: &str,
     workers: Vec<DiscoveredWorker>,
+    lines: &mut LimitedLog<()>,
 ) {
     let count = workers.len();
     let (owner, entry) = (Arc::clone(admin), source.clone());
@@ -167,6 +214,7 @@ async fn apply(
         {
             tracing::debug!(source = %label, workers = count, "discovered set changed, membership did not");
         }
+        Ok(Ok(DiscoveryChange::Changed { .. })) if !lines.admit(&(), label, Instant::now()) => {}
         Ok(Ok(DiscoveryChange::Changed { joined, left })) => tracing::info!(
             source = %label,
             workers = count,
@@ -181,6 +229,15 @@ async fn apply(
         Err(error) => {
             tracing::error!(source = %label, "applying discovered workers failed: {error}")
         }
+    }
+}
+
+/// A resolution's outcome in words, for the summary of suppressed lines.
+fn describe(outcome: &ResolutionOutcome) -> String {
+    match outcome {
+        ResolutionOutcome::Workers { .. } => "answering with workers".to_owned(),
+        ResolutionOutcome::Empty(why) => format!("answering empty ({why})"),
+        ResolutionOutcome::Failed(why) => format!("failing ({why})"),
     }
 }
 

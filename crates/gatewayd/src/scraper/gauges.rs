@@ -49,6 +49,13 @@ pub const ENGINES: [Engine; 5] = [
     },
 ];
 
+/// The largest load (running + waiting requests, every series summed) a worker's gauges may
+/// report; a larger one is refused like NaN. A million requests is some thousand times what the
+/// largest engine batches hold in flight and queued today, so no real worker reaches it, while
+/// a broken or hostile exporter's 1e300 or 2^64 is not read as a load that makes every key
+/// preferring that worker spill (docs/replicas.md).
+pub const MAX_PLAUSIBLE_LOAD: u64 = 1_000_000;
+
 /// A worker's load as its gauges report it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reading {
@@ -67,8 +74,9 @@ pub enum GaugeError {
     /// A line of a recognised gauge does not parse as a Prometheus sample.
     #[error("a load gauge line does not parse")]
     Unparsable,
-    /// A recognised gauge has a negative, NaN or infinite value.
-    #[error("a load gauge is negative, NaN or infinite")]
+    /// A recognised gauge has a negative, NaN or infinite value, or the load is above
+    /// [`MAX_PLAUSIBLE_LOAD`].
+    #[error("a load gauge is negative, NaN, infinite or above 1000000 requests")]
     BadValue,
 }
 
@@ -110,6 +118,12 @@ impl Sums {
         }
         self.seen[slot] = true;
         self.sums[slot] += value;
+        // Checked on the running sum, not only on each sample: plausible series can add up to an
+        // implausible load, and the load is what the rule reads. A sum above the bound stays above
+        // it (every value is non-negative), so failing at once reads what failing at the end would.
+        if self.sums[slot].round() > MAX_PLAUSIBLE_LOAD as f64 {
+            return Err(GaugeError::BadValue);
+        }
         Ok(())
     }
 
@@ -124,10 +138,10 @@ impl Sums {
             0 => "custom",
             n => ENGINES[n - 1].name,
         };
-        // A sum of gauges is a whole number of requests up to float noise; round, and saturate
-        // far beyond any real load.
+        // A sum of gauges is a whole number of requests up to float noise; `add` kept it at or
+        // below the plausibility bound, so the conversion is exact.
         Ok(Reading {
-            load: self.sums[slot].round().min(u64::MAX as f64) as u64,
+            load: self.sums[slot].round() as u64,
             engine,
         })
     }
@@ -365,6 +379,19 @@ vllm:num_requests_running_total 99
     fn one_engine_only_even_if_two_spellings_are_exported() {
         let text = "sglang:num_running_reqs 4\nsglang_num_running_reqs 4\n";
         assert_eq!(read_load(text, None).unwrap().load, 4);
+    }
+
+    #[test]
+    fn implausible_loads_are_refused_like_nan() {
+        let running =
+            |value: &str| read_load(&format!("vllm:num_requests_running {value}\n"), None);
+        for absurd in ["1e300", "18446744073709551616", "1000001", "-1"] {
+            assert_eq!(running(absurd), Err(GaugeError::BadValue), "{absurd}");
+        }
+        assert_eq!(running("1000000").unwrap().load, MAX_PLAUSIBLE_LOAD);
+        // Series each plausible whose sum is not: the load is the sum, refused as a whole.
+        let split = "vllm:num_requests_running{engine=\"0\"} 600000\nvllm:num_requests_waiting{engine=\"0\"} 400001\n";
+        assert_eq!(read_load(split, None), Err(GaugeError::BadValue));
     }
 
     #[test]

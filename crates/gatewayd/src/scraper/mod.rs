@@ -34,6 +34,7 @@ pub use scrape::Failure;
 pub use status::ScrapeStats;
 
 use crate::config::{Config, Member, SharedConfig, SharedMembers};
+use crate::log_limit::{Component, LimitedLog, LineBudget, SuppressedLines};
 use crate::metrics::LabelValue;
 use crate::per_worker::{Check, TableKeys, Targets, WorkerKey};
 use status::{Change, Track};
@@ -67,12 +68,15 @@ struct Scraper {
     targets: Targets<Scrape>,
     tracks: HashMap<WorkerKey, Track>,
     scraping: bool,
+    /// Each worker's budget of state-change lines: one that flaps is not logged every round.
+    lines: LimitedLog<WorkerKey>,
 }
 
 /// Starts the scraper on a thread of its own (`bch-load-scraper`) that runs until `shutdown` is
 /// cancelled or the calling runtime shuts down, whichever comes first. It scrapes the workers of
 /// `members` (static and discovered, with their metrics paths) under the settings of `config`,
-/// publishes into the router's worker samples and counts in `stats`.
+/// publishes into the router's worker samples and counts in `stats`; state-change lines beyond
+/// each worker's `[log]` budget are counted in `suppressed`.
 ///
 /// # Errors
 /// The thread or its runtime could not be created (the OS refused a thread or an epoll handle).
@@ -81,6 +85,7 @@ pub fn spawn(
     config: SharedConfig,
     members: SharedMembers,
     stats: Arc<ScrapeStats>,
+    suppressed: Arc<SuppressedLines>,
     shutdown: &CancellationToken,
 ) -> std::io::Result<()> {
     // Tied to the caller's runtime as well as to `shutdown`: a gateway whose runtime is dropped
@@ -99,7 +104,7 @@ pub fn spawn(
         .name("bch-load-scraper".to_owned())
         .spawn(move || {
             let _on_panic = ClearSamplesOnPanic(Arc::clone(&router));
-            runtime.block_on(run(router, config, members, stats, stop));
+            runtime.block_on(run(router, config, members, stats, suppressed, stop));
         })?;
     Ok(())
 }
@@ -128,9 +133,13 @@ async fn run(
     config: SharedConfig,
     members: SharedMembers,
     stats: Arc<ScrapeStats>,
+    suppressed: Arc<SuppressedLines>,
     shutdown: CancellationToken,
 ) {
+    // `[log]` takes effect at a restart, like the rest of the section.
+    let budget = LineBudget::of(&config.load().log);
     let mut scraper = Scraper {
+        lines: LimitedLog::new(Component::Scraper, budget, suppressed),
         router,
         config,
         stats,
@@ -183,9 +192,17 @@ impl Scraper {
             let track = self.tracks.entry(key.clone()).or_default();
             if track.went_stale(now, stale_after) {
                 worker.stats.fleet_sample().mark_stale();
-                tracing::warn!(worker = %worker.spec.name, stale_after_ms = crate::config::millis::as_millis(stale_after), "no good load scrape for stale_after_ms: routing on local load for this worker");
+                if self.lines.admit(key, &worker.spec.name, now.into_std()) {
+                    tracing::warn!(worker = %worker.spec.name, stale_after_ms = crate::config::millis::as_millis(stale_after), "no good load scrape for stale_after_ms: routing on local load for this worker");
+                }
             }
         }
+        let tracks = &self.tracks;
+        self.lines.flush(now.into_std(), |key| {
+            let worker = workers.iter().find(|(_, k)| k == key);
+            let name = worker.map_or_else(|| key.to_string(), |(w, _)| w.spec.name.clone());
+            (name, tracks.get(key).map(Track::describe))
+        });
         let outcomes = workers.iter().zip(&results).map(|((_, key), r)| (key, *r));
         let members = TableKeys::of(&table);
         self.stats
@@ -234,7 +251,7 @@ impl Scraper {
                 next = scrapes.next() => match next {
                     Some((index, sample, connection)) => {
                         let (worker, key) = &workers[index];
-                        observe(&mut self.tracks, worker, key, sent_at, sample, config);
+                        observe(&mut self.tracks, &mut self.lines, worker, key, sent_at, sample, config);
                         outcomes[index] = Some(sample.map(|_| ()));
                         if let Some(connection) = connection {
                             self.connections.insert(key.clone(), connection);
@@ -246,13 +263,21 @@ impl Scraper {
             }
         }
         drop(scrapes);
-        let tracks = &mut self.tracks;
+        let (tracks, lines) = (&mut self.tracks, &mut self.lines);
         workers
             .iter()
             .zip(outcomes)
             .map(|((worker, key), outcome)| {
                 outcome.unwrap_or_else(|| {
-                    observe(tracks, worker, key, sent_at, Err(Failure::Timeout), config);
+                    observe(
+                        tracks,
+                        lines,
+                        worker,
+                        key,
+                        sent_at,
+                        Err(Failure::Timeout),
+                        config,
+                    );
                     Err(Failure::Timeout)
                 })
             })
@@ -278,9 +303,11 @@ impl Scraper {
     }
 }
 
-/// Publishes a good sample and logs a change of the worker's scrape state (kept in `tracks`).
+/// Publishes a good sample and logs a change of the worker's scrape state (kept in `tracks`)
+/// within the worker's budget of lines (`lines`).
 fn observe(
     tracks: &mut HashMap<WorkerKey, Track>,
+    lines: &mut LimitedLog<WorkerKey>,
     worker: &Worker,
     key: &WorkerKey,
     sent_at: Instant,
@@ -295,6 +322,10 @@ fn observe(
     let never_good = track.never_good();
     for change in track.observe(sent_at, result.map(|_| ())) {
         let name = &worker.spec.name;
+        // The debug line of a fresh sample is no state an operator reads at `info`: not counted.
+        if change != Change::UsingSample && !lines.admit(key, name, sent_at.into_std()) {
+            continue;
+        }
         match change {
             Change::Failing(failure) if never_good => {
                 tracing::warn!(worker = %name, reason = %failure.reason().as_str(), error = %failure, "load scrape failed: routing on local load for this worker");

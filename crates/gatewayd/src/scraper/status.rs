@@ -147,6 +147,22 @@ impl Track {
         self.using_sample
     }
 
+    /// The state in words, for the summary of suppressed lines.
+    pub(super) fn describe(&self) -> String {
+        match (self.outcome, self.using_sample) {
+            (Outcome::Unknown, _) => "not scraped yet".to_owned(),
+            (Outcome::Good, _) => "scraped well".to_owned(),
+            (Outcome::Failing(failure), true) => format!(
+                "failing ({}: {failure}), its last good sample still fresh",
+                failure.reason().as_str()
+            ),
+            (Outcome::Failing(failure), false) => format!(
+                "failing ({}: {failure}), routed on local load",
+                failure.reason().as_str()
+            ),
+        }
+    }
+
     /// Whether this worker never scraped well.
     pub(super) fn never_good(&self) -> bool {
         self.last_good.is_none()

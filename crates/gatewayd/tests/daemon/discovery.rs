@@ -227,7 +227,8 @@ async fn a_dead_resolver_keeps_the_fleet_reports_once_and_its_changed_set_applie
         .wait_names(&["w0.llm.test", "w1.llm.test", "w2.llm.test"])
         .await;
     dns.kill();
-    let errors = format!("bch_discovery_errors_total{{source=\"dns:{SRV}\"}}");
+    // A killed resolver does not answer: every resolution times out.
+    let errors = format!("bch_discovery_errors_total{{source=\"dns:{SRV}\",reason=\"timeout\"}}");
     daemon.wait_metric(&errors, 3.0).await;
     assert_eq!(daemon.workers().await.len(), 3, "the last good set stays");
     for i in 0..10 {
@@ -361,6 +362,110 @@ async fn an_a_record_name_from_the_command_line_takes_the_discover_port() {
     assert_eq!(workers[0]["source"], "dns:one.llm.test");
 }
 
+/// A name whose address flips at every refresh changes the membership every time, but the source
+/// logs at most `[log] state_change_lines` lines per `state_change_period_ms`, over several
+/// periods; `bch_log_lines_suppressed_total{component="discovery"}` and the summary lines account
+/// for the rest.
+#[tokio::test]
+async fn a_flapping_name_logs_a_bounded_number_of_lines_and_counts_the_rest() {
+    const NAME: &str = "flap.llm.test";
+    const FLIPS: usize = 30;
+    const LINES: usize = 3;
+    const PERIOD: Duration = Duration::from_millis(500);
+    let addresses =
+        ["127.0.0.2", "127.0.0.3"].map(|a| (a.parse::<IpAddr>().unwrap(), NAME.to_owned()));
+    let Some(mut dns) = Dnsmasq::start(&Zone::addresses(vec![addresses[0].clone()])) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gatewayd.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[log]\nstate_change_lines = {LINES}\nstate_change_period_ms = {}\n[health]\ninterval_ms = 60000\n",
+            PERIOD.as_millis()
+        ),
+    )
+    .unwrap();
+    let resolver = dns.address().to_string();
+    let daemon = Daemon::start(&[
+        "--config",
+        file.to_str().unwrap(),
+        "--discover-dns",
+        NAME,
+        "--discover-port",
+        "8000",
+        "--dns-resolver",
+        &resolver,
+        "--discovery-interval-ms",
+        "100",
+    ])
+    .await;
+    daemon.wait_names(&["127.0.0.2:8000"]).await;
+    let began = Instant::now();
+    for flip in 1..=FLIPS {
+        let address = &addresses[flip % 2];
+        dns.set_addresses(std::slice::from_ref(address));
+        // The membership follows every flip: only the lines are limited.
+        daemon.wait_names(&[&format!("{}:8000", address.0)]).await;
+    }
+    let lasted = began.elapsed();
+    assert!(
+        lasted > 2 * PERIOD,
+        "the flapping outlasts several periods: {lasted:?}"
+    );
+    let suppressed_metric = "bch_log_lines_suppressed_total{component=\"discovery\"}";
+    let summarised = |daemon: &Daemon| -> f64 {
+        daemon
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| {
+                l.contains(&format!(
+                    "repeated state-change lines of dns:{NAME} were not logged"
+                ))
+            })
+            .map(|l| {
+                let count = l.split("suppressed=").nth(1).unwrap();
+                count
+                    .split_whitespace()
+                    .next()
+                    .unwrap()
+                    .parse::<f64>()
+                    .unwrap()
+            })
+            .sum()
+    };
+    // The last period's suppressed lines are summed up when it ends (the refreshes go on).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let suppressed = loop {
+        let suppressed = daemon.metric(suppressed_metric).await;
+        if suppressed > 0.0 && summarised(&daemon) == suppressed {
+            break suppressed;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "suppressed {suppressed}, summarised {}",
+            summarised(&daemon)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let changed = daemon.logged("discovered workers changed");
+    let periods = (lasted.as_millis() / PERIOD.as_millis()) as usize + 2;
+    assert!(
+        changed <= LINES * periods,
+        "{changed} membership lines in {lasted:?}: {:#?}",
+        daemon.log.lock().unwrap()
+    );
+    // Every flip was a change to log: each was logged or counted.
+    assert!(
+        changed as f64 + suppressed >= FLIPS as f64,
+        "{changed} logged + {suppressed} suppressed of {FLIPS} flips"
+    );
+    assert_eq!(daemon.logged("panicked"), 0);
+}
+
 /// dnsmasq without upstream servers refuses AAAA for a name of its hosts file outside its local
 /// domains: the refusal is warned about once. An outage of the whole resolver in between is an
 /// outage, not "both families answer again", and the refusal after it is no news.
@@ -387,7 +492,7 @@ async fn a_refused_family_is_reported_once_across_a_resolver_outage() {
     const REFUSED: &str = "address lookup failed, the other family answered";
     assert_eq!(daemon.logged_at_least(REFUSED, 1).await, 1);
     dns.kill();
-    let errors = format!("bch_discovery_errors_total{{source=\"dns:{NAME}\"}}");
+    let errors = format!("bch_discovery_errors_total{{source=\"dns:{NAME}\",reason=\"timeout\"}}");
     daemon.wait_metric(&errors, 2.0).await;
     dns.restart(&zone);
     assert_eq!(

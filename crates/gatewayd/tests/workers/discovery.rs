@@ -124,6 +124,19 @@ pub(super) fn metric(gateway: &RunningGateway, prefix: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Failed resolutions of `name`, whatever their reason.
+pub(super) fn discovery_errors(gateway: &RunningGateway, name: &str) -> f64 {
+    ["timeout", "truncated", "error"]
+        .iter()
+        .map(|reason| {
+            metric(
+                gateway,
+                &format!("bch_discovery_errors_total{{source=\"dns:{name}\",reason=\"{reason}\"}}"),
+            )
+        })
+        .sum()
+}
+
 fn refreshes(gateway: &RunningGateway, name: &str) -> f64 {
     metric(
         gateway,
@@ -417,8 +430,7 @@ async fn an_empty_answer_keeps_the_fleet_until_empty_after_ms_then_the_503_says_
     }]))
     .await;
     wait_workers(&gateway, "two workers", |w| w.len() == 2).await;
-    let errors = format!("bch_discovery_errors_total{{source=\"dns:{SRV}\"}}");
-    let errors_before = metric(&gateway, &errors);
+    let errors_before = discovery_errors(&gateway, SRV);
     let emptied_at = Instant::now();
     dns.restart(&Zone::default());
     // Two NXDOMAIN answers later the fleet is still there, and serves.
@@ -430,7 +442,7 @@ async fn an_empty_answer_keeps_the_fleet_until_empty_after_ms_then_the_503_says_
         served_by(&gateway, "session-1").await;
     }
     assert_eq!(
-        metric(&gateway, &errors),
+        discovery_errors(&gateway, SRV),
         errors_before,
         "NXDOMAIN is an answer, not an error"
     );
@@ -730,4 +742,90 @@ where
             return serde_json::from_str(&text).unwrap();
         }
     }
+}
+
+/// An SRV target that is this gateway's own data-plane listener is skipped (requests to it would
+/// loop) and counted in `bch_discovery_skipped_records` with the records the parser skipped.
+#[tokio::test]
+async fn a_target_that_is_the_gateways_own_listener_is_counted_as_skipped() {
+    let (_sims, zone) = srv_fleet(1).await;
+    let Some(mut dns) = Dnsmasq::start(&zone) else {
+        return;
+    };
+    let gateway = common::start(config_with(vec![source(&dns, SRV)])).await;
+    wait_workers(&gateway, "the simulated worker", |w| w.len() == 1).await;
+    let skipped = format!("bch_discovery_skipped_records{{source=\"dns:{SRV}\"}}");
+    assert_eq!(metric(&gateway, &skipped), 0.0);
+    let own = gateway.data_addr.port();
+    dns.kill();
+    dns.restart(&zone.srv(SRV, "self.llm.test", own, Some(LOOPBACK)));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while metric(&gateway, &skipped) < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the gateway's own listener is not counted as skipped: {}",
+            gateway.metrics_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(metric(&gateway, &skipped), 1.0);
+    let listed = workers(&gateway).await;
+    assert_eq!(field(&listed, "name"), BTreeSet::from(["w0.llm.test"]));
+    gateway.shutdown().await;
+}
+
+/// An answer too large for one DNS message (5,000 A records, 5,000 SRV targets: truncated over
+/// UDP, and more than TCP's 65,535 bytes) is reported as what it is, in `/admin/discovery` and as
+/// the `truncated` reason of `bch_discovery_errors_total`, not as a resolver that did not answer.
+#[tokio::test]
+async fn an_answer_too_large_for_one_dns_message_is_reported_as_truncated() {
+    let address =
+        |block: u8, i: u32| IpAddr::from([127, block, (i / 250) as u8, (i % 250 + 1) as u8]);
+    let mut zone = Zone::addresses(
+        (0..5000)
+            .map(|i| (address(1, i), "huge.llm.test".to_owned()))
+            .collect(),
+    );
+    for i in 0..5000 {
+        let target = format!("t{i}.llm.test");
+        zone = zone.srv("_huge._tcp.llm.test", &target, 10_000, Some(address(3, i)));
+    }
+    let Some(dns) = Dnsmasq::start(&zone) else {
+        return;
+    };
+    let names = ["huge.llm.test", "_huge._tcp.llm.test"];
+    let mut config = config_with(vec![
+        DiscoveryConfig {
+            port: Some(8000),
+            ..source(&dns, names[0])
+        },
+        source(&dns, names[1]),
+    ]);
+    config.health.interval = Duration::from_millis(60_000);
+    let gateway = common::start(config).await;
+    let sources = wait_admin_list(
+        &gateway,
+        ("/admin/discovery", "sources"),
+        "both sources failing",
+        |s| s.iter().all(|s| s["state"] == "failing"),
+    )
+    .await;
+    for source in &sources {
+        let error = source["last_error"].as_str().unwrap();
+        assert!(
+            error.contains("truncated") && error.contains("too large for one DNS message"),
+            "{source}"
+        );
+    }
+    for name in names {
+        let truncated =
+            format!("bch_discovery_errors_total{{source=\"dns:{name}\",reason=\"truncated\"}}");
+        assert!(
+            metric(&gateway, &truncated) >= 1.0,
+            "{}",
+            gateway.metrics_text()
+        );
+    }
+    assert_eq!(workers(&gateway).await.len(), 0);
+    gateway.shutdown().await;
 }

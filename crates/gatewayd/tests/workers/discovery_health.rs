@@ -3,7 +3,7 @@
 //! in `GET /admin/discovery` and in the telemetry snapshot.
 
 use crate::common;
-use crate::discovery::{admin_list, metric, wait_admin_list};
+use crate::discovery::{admin_list, discovery_errors, metric, wait_admin_list};
 use crate::dnsmasq;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
@@ -96,10 +96,7 @@ async fn an_address_source_uses_the_a_answer_when_aaaa_is_refused() {
         "the A series exists at 0"
     );
     assert_eq!(
-        metric(
-            &gateway,
-            &format!("bch_discovery_errors_total{{source=\"dns:{NAME}\"}}")
-        ),
+        discovery_errors(&gateway, NAME),
         0.0,
         "a refused family is not a failed resolution"
     );
@@ -229,7 +226,8 @@ async fn a_restarted_sources_old_task_does_not_report_its_late_failure_as_the_st
         .unwrap();
     assert_eq!(reload.status(), 200);
     wait_discovery(&gateway, "the new task's answer", |s| s[0]["state"] == "ok").await;
-    let errors = format!("bch_discovery_errors_total{{source=\"dns:{NAME}\"}}");
+    // A resolver that never answers: a timeout.
+    let errors = format!("bch_discovery_errors_total{{source=\"dns:{NAME}\",reason=\"timeout\"}}");
     let refreshes = format!("bch_discovery_refreshes_total{{source=\"dns:{NAME}\"}}");
     let deadline = Instant::now() + Duration::from_secs(15);
     while metric(&gateway, &errors) < 1.0 {

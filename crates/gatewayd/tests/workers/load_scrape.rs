@@ -1,7 +1,8 @@
 //! The load scraper against real HTTP servers that misbehave on `/metrics`: 404, garbage, a gauge
 //! line that does not parse, a huge body (declared and chunked), a hang. Each falls back to local
 //! load, counts the failure in `/metrics` by reason, keeps routing (which never waits for a scrape)
-//! and recovers when the worker answers well again. The real binary logs each change once.
+//! and recovers when the worker answers well again. The real binary logs each change once, and
+//! a worker whose scrapes or probes flap every round within a budget of lines per period.
 
 use crate::common;
 
@@ -36,22 +37,28 @@ enum Mode {
     Garbage,
     /// A 200 with a vLLM gauge whose value is not a number.
     Unparsable,
+    /// A 200 with a vLLM gauge of 1e300 running requests (above the plausibility bound).
+    Absurd,
     /// A 200 declaring 8 MiB.
     HugeDeclared,
     /// A 200 streaming 2 MiB in chunks without a length.
     HugeChunked,
     /// Accepts, then never answers.
     Hang,
+    /// 404 and good answers by turns, `Reporting::flaps` of them (404 first), then `Good`.
+    Flapping,
 }
 
-const MODES: [Mode; 7] = [
+const MODES: [Mode; 9] = [
     Mode::Good,
     Mode::NotFound,
     Mode::Garbage,
     Mode::Unparsable,
+    Mode::Absurd,
     Mode::HugeDeclared,
     Mode::HugeChunked,
     Mode::Hang,
+    Mode::Flapping,
 ];
 
 struct Reporting {
@@ -59,6 +66,12 @@ struct Reporting {
     load: AtomicU64,
     scrapes: AtomicU64,
     hanging: AtomicUsize,
+    /// Answers left to flap (`Mode::Flapping`).
+    flaps: AtomicU64,
+    /// Health probes answered.
+    probes: AtomicU64,
+    /// Health answers left to flap: 503 and 200 by turns (503 first), then 200.
+    health_flaps: AtomicU64,
 }
 
 impl Reporting {
@@ -79,7 +92,21 @@ impl Drop for Hung {
 async fn metrics(State(state): State<Arc<Reporting>>) -> Response {
     state.scrapes.fetch_add(1, Ordering::SeqCst);
     let load = state.load.load(Ordering::SeqCst);
-    match MODES[state.mode.load(Ordering::SeqCst)] {
+    let mut mode = MODES[state.mode.load(Ordering::SeqCst)];
+    if mode == Mode::Flapping {
+        // An even count flaps 404 first and ends on a good answer, then stays good.
+        let left = state.flaps.fetch_sub(1, Ordering::SeqCst);
+        if left == 1 {
+            state.set(Mode::Good);
+        }
+        mode = if left % 2 == 0 {
+            Mode::NotFound
+        } else {
+            Mode::Good
+        };
+    }
+    match mode {
+        Mode::Flapping => unreachable!("resolved above"),
         Mode::Good => format!(
             "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"m\"}} {load}.0\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"m\"}} 0.0\n"
         )
@@ -87,6 +114,7 @@ async fn metrics(State(state): State<Arc<Reporting>>) -> Response {
         Mode::NotFound => (StatusCode::NOT_FOUND, "no metrics here").into_response(),
         Mode::Garbage => "<html><body>Welcome to nginx!</body></html>".into_response(),
         Mode::Unparsable => "vllm:num_requests_running lots\n".into_response(),
+        Mode::Absurd => "vllm:num_requests_running 1e300\n".into_response(),
         Mode::HugeDeclared => (
             [(header::CONTENT_LENGTH, (8u64 << 20).to_string())],
             Body::from_stream(futures_util::stream::repeat_with(|| {
@@ -109,6 +137,20 @@ async fn metrics(State(state): State<Arc<Reporting>>) -> Response {
     }
 }
 
+/// `GET /health`: 200, or 503 and 200 by turns while `Reporting::health_flaps` lasts.
+async fn health(State(state): State<Arc<Reporting>>) -> StatusCode {
+    state.probes.fetch_add(1, Ordering::SeqCst);
+    let flapping = state
+        .health_flaps
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+            left.checked_sub(1)
+        });
+    match flapping {
+        Ok(left) if left % 2 == 0 => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::OK,
+    }
+}
+
 /// A worker whose inference and health routes work and whose `/metrics` answers as told.
 async fn misbehaving_worker(mode: Mode) -> (SocketAddr, Arc<Reporting>) {
     let state = Arc::new(Reporting {
@@ -116,10 +158,13 @@ async fn misbehaving_worker(mode: Mode) -> (SocketAddr, Arc<Reporting>) {
         load: AtomicU64::new(0),
         scrapes: AtomicU64::new(0),
         hanging: AtomicUsize::new(0),
+        flaps: AtomicU64::new(0),
+        probes: AtomicU64::new(0),
+        health_flaps: AtomicU64::new(0),
     });
     let app = Router::new()
         .route("/metrics", get(metrics))
-        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/health", get(health))
         .route("/{*path}", any(|| async { "{\"ok\":true}" }))
         .with_state(Arc::clone(&state));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -197,6 +242,7 @@ async fn each_bad_answer_falls_back_to_local_load_and_is_counted() {
         (Mode::NotFound, "http_status"),
         (Mode::Garbage, "no_gauges"),
         (Mode::Unparsable, "unparsable"),
+        (Mode::Absurd, "bad_value"),
         (Mode::HugeDeclared, "too_large"),
         (Mode::HugeChunked, "too_large"),
         (Mode::Hang, "timeout"),
@@ -407,4 +453,265 @@ async fn the_daemon_warns_once_per_change_of_state() {
     assert_eq!(count("reason=no_gauges"), 1, "{lines:#?}");
     assert_eq!(count("load scrape works again"), 1, "{lines:#?}");
     assert!(lines.iter().all(|l| !l.contains("panicked")), "{lines:#?}");
+}
+
+/// The real binary started on `toml` (free ports), its stderr collected line by line.
+struct LoggedDaemon {
+    child: std::process::Child,
+    control: String,
+    stderr: std::sync::mpsc::Receiver<String>,
+    lines: Vec<String>,
+}
+
+impl LoggedDaemon {
+    async fn start(toml: &str) -> LoggedDaemon {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gatewayd.toml");
+        std::fs::write(
+            &path,
+            format!("[server]\nlisten = \"127.0.0.1:0\"\ncontrol_listen = \"127.0.0.1:0\"\n{toml}"),
+        )
+        .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gatewayd"))
+            .args(["--config", path.to_str().unwrap()])
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut daemon = LoggedDaemon {
+            child,
+            control: String::new(),
+            stderr: rx,
+            lines: Vec::new(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while daemon.control.is_empty() {
+            daemon.read();
+            if let Some(control) = daemon.lines.iter().find_map(|l| {
+                let rest = l.split("control_plane=http://").nth(1)?;
+                Some(rest.split_whitespace().next()?.to_owned())
+            }) {
+                daemon.control = control;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no start-up line: {:#?}",
+                daemon.lines
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        daemon
+    }
+
+    fn read(&mut self) {
+        self.lines.extend(self.stderr.try_iter());
+    }
+
+    /// Lines containing any of `needles`.
+    fn count(&self, needles: &[&str]) -> usize {
+        self.lines
+            .iter()
+            .filter(|l| needles.iter().any(|n| l.contains(n)))
+            .count()
+    }
+
+    /// The `/metrics` text.
+    async fn metrics(&self) -> String {
+        client()
+            .get(format!("http://{}/metrics", self.control))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// Waits (bounded) until `component`'s suppressed lines (a positive count) are all summed up
+    /// in the summary lines of worker `w` (the last period's when it ends); answers the count and
+    /// the `/metrics` text it was read from.
+    async fn all_suppressed_summed_up(&mut self, component: &str) -> (u64, String) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let text = self.metrics().await;
+            let suppressed = value_of(
+                &text,
+                &format!("bch_log_lines_suppressed_total{{component=\"{component}\"}}"),
+            );
+            self.read();
+            let summed: u64 = self
+                .lines
+                .iter()
+                .filter(|l| l.contains("repeated state-change lines of w were not logged"))
+                .map(|l| {
+                    let count = l.split("suppressed=").nth(1).unwrap();
+                    count
+                        .split_whitespace()
+                        .next()
+                        .unwrap()
+                        .parse::<u64>()
+                        .unwrap()
+                })
+                .sum();
+            if suppressed > 0 && summed == suppressed {
+                return (suppressed, text);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "suppressed {suppressed}, summed up {summed}: {:#?}",
+                self.lines
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn stop(mut self) -> Vec<String> {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        self.read();
+        assert!(
+            self.lines.iter().all(|l| !l.contains("panicked")),
+            "{:#?}",
+            self.lines
+        );
+        self.lines
+    }
+}
+
+/// The value of the series `needle` (name and labels) in a `/metrics` text; 0 when absent.
+fn value_of(text: &str, needle: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(needle)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits (bounded) until `done`; answers how long the wait took.
+async fn timed(what: &str, done: impl Fn() -> bool) -> Duration {
+    let began = Instant::now();
+    while !done() {
+        assert!(began.elapsed() < Duration::from_secs(30), "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    began.elapsed()
+}
+
+const FLAPS: u64 = 120;
+const LINES: usize = 2;
+const PERIOD: Duration = Duration::from_millis(500);
+
+/// Asserts that a flood of `FLAPS` changes over `lasted` logged at most `LINES` lines per
+/// `PERIOD` (`logged`), and that every change was logged or counted (`suppressed`). A late answer
+/// is a timeout, a change as well unless two in a row were late, and a check given up before the
+/// worker saw it is one more: the total is within a quarter of `FLAPS`.
+fn assert_bounded(logged: usize, suppressed: u64, lasted: Duration, lines: &[String]) {
+    assert!(
+        lasted > 2 * PERIOD,
+        "the flood outlasts several periods: {lasted:?}"
+    );
+    let periods = (lasted.as_millis() / PERIOD.as_millis()) as usize + 2;
+    assert!(
+        logged <= LINES * periods,
+        "{logged} lines in {lasted:?}: {lines:#?}"
+    );
+    let changes = logged as u64 + suppressed;
+    assert!(
+        (FLAPS * 3 / 4..=FLAPS * 5 / 4).contains(&changes),
+        "{logged} logged + {suppressed} suppressed of {FLAPS} changes"
+    );
+}
+
+/// A worker whose scrapes alternate 404 and good answers changes state every round; the real
+/// binary logs at most `[log] state_change_lines` of those changes per `state_change_period_ms`,
+/// over several periods, and `bch_log_lines_suppressed_total{component="scraper"}` and the
+/// summary lines account for every one it did not log. The worker's state still changes every
+/// round: every 404 is counted as a failure.
+#[tokio::test]
+async fn a_flapping_worker_logs_a_bounded_number_of_lines_and_counts_the_rest() {
+    let (addr, reporting) = misbehaving_worker(Mode::Good).await;
+    let mut daemon = LoggedDaemon::start(&format!(
+        "[log]\nstate_change_lines = {LINES}\nstate_change_period_ms = {}\n[load]\nsource = \"worker_metrics\"\nscrape_interval_ms = 25\nstale_after_ms = 2000\n[[workers]]\nname = \"w\"\nurl = \"http://{addr}\"\n",
+        PERIOD.as_millis()
+    ))
+    .await;
+    timed("the daemon does not scrape", || {
+        reporting.scrapes.load(Ordering::SeqCst) >= 3
+    })
+    .await;
+    reporting.flaps.store(FLAPS, Ordering::SeqCst);
+    reporting.set(Mode::Flapping);
+    let lasted = timed("the daemon stopped scraping", || {
+        MODES[reporting.mode.load(Ordering::SeqCst)] != Mode::Flapping
+    })
+    .await;
+    let (suppressed, text) = daemon.all_suppressed_summed_up("scraper").await;
+    let changes = ["load scrape failed", "load scrape works again"];
+    let logged = daemon.count(&changes);
+    let lines = daemon.stop();
+    assert_bounded(logged, suppressed, lasted, &lines);
+    let failed = value_of(
+        &text,
+        "bch_load_scrape_failures_total{worker=\"w\",reason=\"http_status\"}",
+    ) + value_of(
+        &text,
+        "bch_load_scrape_failures_total{worker=\"w\",reason=\"timeout\"}",
+    );
+    assert!(failed >= FLAPS / 2, "every 404 is counted: {failed}");
+    // The log's last word on the worker is the state it ended in: good (a line of its own, or
+    // the summary of the last period naming it).
+    let last = lines
+        .iter()
+        .rev()
+        .find(|l| changes.iter().any(|c| l.contains(c)) || l.contains("it is now"))
+        .unwrap();
+    assert!(
+        last.contains("load scrape works again") || last.contains("it is now scraped well"),
+        "{last}"
+    );
+}
+
+/// A worker whose health probes alternate 503 and 200 (thresholds of 1) flips its health every
+/// round; the prober's lines have the same budget per worker
+/// (`bch_log_lines_suppressed_total{component="prober"}`), and its health still flips each time.
+#[tokio::test]
+async fn a_worker_flapping_its_health_logs_a_bounded_number_of_lines_and_counts_the_rest() {
+    let (addr, reporting) = misbehaving_worker(Mode::Good).await;
+    let mut daemon = LoggedDaemon::start(&format!(
+        "[log]\nstate_change_lines = {LINES}\nstate_change_period_ms = {}\n[health]\ninterval_ms = 25\ntimeout_ms = 20\nunhealthy_threshold = 1\nhealthy_threshold = 1\n[[workers]]\nname = \"w\"\nurl = \"http://{addr}\"\n",
+        PERIOD.as_millis()
+    ))
+    .await;
+    timed("the daemon does not probe", || {
+        reporting.probes.load(Ordering::SeqCst) >= 3
+    })
+    .await;
+    reporting.health_flaps.store(FLAPS, Ordering::SeqCst);
+    let lasted = timed("the daemon stopped probing", || {
+        reporting.health_flaps.load(Ordering::SeqCst) == 0
+    })
+    .await;
+    let (suppressed, text) = daemon.all_suppressed_summed_up("prober").await;
+    let logged = daemon.count(&["worker marked unhealthy", "worker healthy again"]);
+    let lines = daemon.stop();
+    assert_bounded(logged, suppressed, lasted, &lines);
+    let failed: u64 = ["status", "timeout"]
+        .iter()
+        .map(|reason| {
+            value_of(
+                &text,
+                &format!("bch_probe_failures_total{{worker=\"w\",reason=\"{reason}\"}}"),
+            )
+        })
+        .sum();
+    assert!(failed >= FLAPS / 2, "every 503 is counted: {failed}");
 }
