@@ -151,9 +151,12 @@ def report(args):
           f"({meta['arrival']}) for {meta['duration_s']} s; unloaded TTFT p99 {float(meta['unloaded_ttft_p99_ms']):.0f} ms; "
           f"queue timeout {meta['queue_timeout_ms']} ms; TTFT SLO = limit = 2 x unloaded p99 + queue timeout "
           f"= {limit:.0f} ms; cap {meta['cap']} per worker (batch {meta['batch']})")
+    if "admission" in summary:
+        print(f"admission leg: {meta.get('admission_via')}")
     head = (f"{'leg':<24} {'goodput/s':>9} {'of cap':>7} {'TTFT p99':>9} {'first/last quarter':>19} "
             f"{'200':>6} {'503+RA':>6} {'other':>6} {'wait max':>8} {'held max':>8} {'waiting 1st/last q':>18}")
-    print(head)
+    if summary:
+        print(head)
     for target, s in summary.items():
         quarters = f"{fmt(s['ttft_p99_first_quarter_ms'], '.0f')}/{fmt(s['ttft_p99_last_quarter_ms'], '.0f')} ms"
         waiting = (f"{fmt(s['workers_mean_waiting_first_quarter'], '.1f')}/"
@@ -177,11 +180,14 @@ def report(args):
                                          "cached_token_fraction", "goodput_rps", "shed", "unclean",
                                          "hottest_worker_share", "throughput_rps", "significance"]}
             cells.append(cell)
-            print(f"{str(cell['label']):<48} {fmt(cell['spill_fraction'], '6.1%')} {fmt(cell['ttft_mean_ms'], '8.0f')}ms "
+            # Every cell carries the same admission settings: the policy names the cell.
+            name = str(cell["label"]).split(":", 1)[0] + (" + admission" if ":" in str(cell["label"]) else "")
+            print(f"{name:<48} {fmt(cell['spill_fraction'], '6.1%')} {fmt(cell['ttft_mean_ms'], '8.0f')}ms "
                   f"{fmt(cell['ttft_p99_ms'], '7.0f')}ms {fmt(cell['cached_token_fraction'], '7.1%')} "
                   f"{fmt(cell['goodput_rps'], '9.1f')} {fmt(cell['shed'], '6d')} {fmt(cell['unclean'], '7d')}")
-        if ab.get("verdict"):
-            print(f"  verdict: {ab['verdict']}")
+        verdict = ab.get("verdict") or []
+        for line in [verdict] if isinstance(verdict, str) else verdict:
+            print(f"  {line}")
         result["ab"] = {"cells": cells, "verdict": ab.get("verdict"), "report": ab}
     json.dump(result, open(args.out, "w"), indent=2)
 

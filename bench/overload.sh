@@ -163,7 +163,13 @@ start_gatewayd() { # config -> URL, CONTROL, CURRENT_PID
 start_target() { # leg -> URL, CONTROL, CURRENT_PID
   case $1 in
     gatewayd) start_gatewayd "$WORK/gatewayd.toml" ;;
-    admission) start_gatewayd "$WORK/admission.toml" ;;
+    admission)
+      if [[ $ADMISSION_VIA == PUT* ]]; then
+        start_gatewayd "$WORK/gatewayd.toml"
+        put_admission "$CONTROL" || die "gatewayd refused admission in PUT /admin/policy too"
+      else
+        start_gatewayd "$WORK/admission.toml"
+      fi ;;
     haproxy)
       local port; port=$(free_port)
       write_haproxy_config "$WORK/haproxy.cfg" "$port"
@@ -177,6 +183,17 @@ start_target() { # leg -> URL, CONTROL, CURRENT_PID
       wait_port "$port" 1
       URL="http://127.0.0.1:$port" CONTROL="" ;;
   esac
+}
+put_admission() { # control -> the admission leg's settings through the control plane
+  python3 - "$1" "$BATCH" "$QUEUE_TIMEOUT" "$MAX_QUEUED" "$RETRY_AFTER" <<'PY'
+import json, sys, urllib.request
+control, cap, timeout, queued, retry = sys.argv[1], *map(int, sys.argv[2:])
+body = {"admission": {"max_in_flight_per_worker": cap, "queue_timeout_ms": timeout, "max_queued": queued,
+                      "retry_after_ms": retry}}
+req = urllib.request.Request(f"{control}/admin/policy", data=json.dumps(body).encode(), method="PUT",
+                             headers={"Content-Type": "application/json"})
+urllib.request.urlopen(req, timeout=5).read()
+PY
 }
 stop_target() {
   [[ -n $CURRENT_PID ]] && { kill "$CURRENT_PID" 2>/dev/null || true; wait "$CURRENT_PID" 2>/dev/null || true; }
@@ -199,6 +216,19 @@ PY
 field() { # file dotted.key -> the JSON value
   python3 -c 'import functools, json, sys; print(functools.reduce(lambda d, k: d[k], sys.argv[2].split("."), json.load(open(sys.argv[1]))))' "$1" "$2"
 }
+
+ADMISSION_VIA="[admission] in the configuration file"
+if wants admission; then # before the calibration: a gatewayd without [admission] fails fast
+  given=$QUEUE_TIMEOUT; QUEUE_TIMEOUT=${QUEUE_TIMEOUT:-1000}
+  write_gatewayd_config "$WORK/admission.toml" 1
+  if ! "$GATEWAYD" check-config "$WORK/admission.toml" >"$WORK/check.txt" 2>&1; then
+    # A gatewayd that has the admission queue but not yet the section still takes the same
+    # settings hot, through the control plane; the report records which way they came.
+    ADMISSION_VIA="PUT /admin/policy"
+    log "this gatewayd refuses [admission] ($(tail -n 1 "$WORK/check.txt")): the admission leg puts it with PUT /admin/policy"
+  fi
+  QUEUE_TIMEOUT=$given
+fi
 
 # ---- unloaded TTFT and capacity, through gatewayd without admission -----------------------------
 write_gatewayd_config "$WORK/gatewayd.toml" 0
@@ -229,10 +259,6 @@ fi
 stop_target
 RATE=$(python3 -c "print(round($FACTOR * $CAPACITY, 1))")
 write_gatewayd_config "$WORK/admission.toml" 1
-if wants admission; then
-  "$GATEWAYD" check-config --config "$WORK/admission.toml" >"$WORK/check.txt" 2>&1 \
-    || die "this gatewayd refuses [admission] (needs the admission queue): $(tail -n 3 "$WORK/check.txt")"
-fi
 
 # ---- the legs, interleaved: repetition 1 in order, 2 reversed, ... -------------------------------
 : >"$WORK/trials.jsonl"
@@ -285,6 +311,6 @@ python3 bench/overload.py report --trials "$WORK/trials.jsonl" "${AB_ARGS[@]}" -
   "time_scale=$SCALE" "keys=$KEYS" "prefix_tokens=$PREFIX" "max_tokens=$MAX_TOKENS" "factor=$FACTOR" \
   "capacity_rps=$CAPACITY" "capacity_from=$CAPACITY_FROM" "rate=$RATE" "arrival=poisson" \
   "unloaded_ttft_p99_ms=$UNLOADED_P99" "queue_timeout_ms=$QUEUE_TIMEOUT" "ttft_limit_ms=$LIMIT" \
-  "max_queued=$MAX_QUEUED" "retry_after_ms=$RETRY_AFTER" "seed=$SEED" "profile=$PROFILE" "nproc=$(nproc)" \
+  "max_queued=$MAX_QUEUED" "retry_after_ms=$RETRY_AFTER" "admission_via=$ADMISSION_VIA" "seed=$SEED" "profile=$PROFILE" "nproc=$(nproc)" \
   "haproxy=$("$HAPROXY" -v 2>/dev/null | awk 'NR == 1 {print $3}')" "git=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 log "results written to $OUT"
