@@ -166,9 +166,10 @@ start_target() { # leg -> URL, CONTROL, CURRENT_PID
     admission)
       if [[ $ADMISSION_VIA == PUT* ]]; then
         start_gatewayd "$WORK/gatewayd.toml"
-        put_admission "$CONTROL" || die "gatewayd refused admission in PUT /admin/policy too"
+        ensure_admission "$CONTROL" put || die "gatewayd did not put admission in force through PUT /admin/policy"
       else
         start_gatewayd "$WORK/admission.toml"
+        ensure_admission "$CONTROL" check || die "gatewayd did not put [admission] in force"
       fi ;;
     haproxy)
       local port; port=$(free_port)
@@ -184,15 +185,19 @@ start_target() { # leg -> URL, CONTROL, CURRENT_PID
       URL="http://127.0.0.1:$port" CONTROL="" ;;
   esac
 }
-put_admission() { # control -> the admission leg's settings through the control plane
-  python3 - "$1" "$BATCH" "$QUEUE_TIMEOUT" "$MAX_QUEUED" "$RETRY_AFTER" <<'PY'
+ensure_admission() { # control put|check: (put the admission leg's settings, then) read them back
+  python3 - "$1" "$2" "$BATCH" "$QUEUE_TIMEOUT" "$MAX_QUEUED" "$RETRY_AFTER" <<'PY'
 import json, sys, urllib.request
-control, cap, timeout, queued, retry = sys.argv[1], *map(int, sys.argv[2:])
-body = {"admission": {"max_in_flight_per_worker": cap, "queue_timeout_ms": timeout, "max_queued": queued,
-                      "retry_after_ms": retry}}
-req = urllib.request.Request(f"{control}/admin/policy", data=json.dumps(body).encode(), method="PUT",
-                             headers={"Content-Type": "application/json"})
-urllib.request.urlopen(req, timeout=5).read()
+control, how, cap, timeout, queued, retry = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+want = {"max_in_flight_per_worker": cap, "queue_timeout_ms": timeout, "max_queued": queued, "retry_after_ms": retry}
+if how == "put":
+    req = urllib.request.Request(f"{control}/admin/policy", data=json.dumps({"admission": want}).encode(),
+                                 method="PUT", headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=5).read()
+# A gateway that answers a change but does not keep it would run this leg without admission.
+got = json.load(urllib.request.urlopen(f"{control}/admin/policy", timeout=5)).get("admission") or {}
+if any(got.get(k) != v for k, v in want.items()):
+    sys.exit(f"GET /admin/policy has admission {json.dumps(got)}, not {json.dumps(want)}")
 PY
 }
 stop_target() {
@@ -217,21 +222,25 @@ field() { # file dotted.key -> the JSON value
   python3 -c 'import functools, json, sys; print(functools.reduce(lambda d, k: d[k], sys.argv[2].split("."), json.load(open(sys.argv[1]))))' "$1" "$2"
 }
 
+# Before the calibration, so that a gatewayd without admission fails fast: the admission leg reads
+# [admission] from its file; a gatewayd that refuses the section gets the same settings hot,
+# through the control plane (the report records which way they came); ab always puts them so.
 ADMISSION_VIA="[admission] in the configuration file"
-if wants admission; then # before the calibration: a gatewayd without [admission] fails fast
-  given=$QUEUE_TIMEOUT; QUEUE_TIMEOUT=${QUEUE_TIMEOUT:-1000}
-  write_gatewayd_config "$WORK/admission.toml" 1
-  if ! "$GATEWAYD" check-config "$WORK/admission.toml" >"$WORK/check.txt" 2>&1; then
-    # A gatewayd that has the admission queue but not yet the section still takes the same
-    # settings hot, through the control plane; the report records which way they came.
-    ADMISSION_VIA="PUT /admin/policy"
-    log "this gatewayd refuses [admission] ($(tail -n 1 "$WORK/check.txt")): the admission leg puts it with PUT /admin/policy"
-  fi
-  QUEUE_TIMEOUT=$given
+given=$QUEUE_TIMEOUT; QUEUE_TIMEOUT=${QUEUE_TIMEOUT:-1000}
+write_gatewayd_config "$WORK/gatewayd.toml" 0
+write_gatewayd_config "$WORK/admission.toml" 1
+if wants admission && ! "$GATEWAYD" check-config "$WORK/admission.toml" >"$WORK/check.txt" 2>&1; then
+  ADMISSION_VIA="PUT /admin/policy"
+  log "this gatewayd refuses [admission] ($(tail -n 1 "$WORK/check.txt")): the admission leg puts it with PUT /admin/policy"
 fi
+if wants ab || [[ $ADMISSION_VIA == PUT* ]]; then
+  start_gatewayd "$WORK/gatewayd.toml"
+  ensure_admission "$CONTROL" put || die "this gatewayd does not keep admission set through PUT /admin/policy; run --targets gatewayd,haproxy"
+  stop_target
+fi
+QUEUE_TIMEOUT=$given
 
 # ---- unloaded TTFT and capacity, through gatewayd without admission -----------------------------
-write_gatewayd_config "$WORK/gatewayd.toml" 0
 start_gatewayd "$WORK/gatewayd.toml"
 log "unloaded: $UNLOADED requests one at a time"
 "$DRILL" storm --gateway "$URL" --groups "$UNLOADED" --siblings 1 --concurrency 1 "${STORM[@]}" \
@@ -294,6 +303,7 @@ AB_ARGS=()
 if wants ab; then
   # Each cell puts the whole admission object through PUT /admin/policy.
   start_gatewayd "$WORK/gatewayd.toml"
+  ensure_admission "$CONTROL" put || die "gatewayd does not keep admission set through PUT /admin/policy (run --targets gatewayd,haproxy)"
   adm="max_in_flight_per_worker=$BATCH:queue_timeout_ms=$QUEUE_TIMEOUT:max_queued=$MAX_QUEUED:retry_after_ms=$RETRY_AFTER"
   log "A/B: bounded vs consistent_hashing, admission on, $AB_REPS rep(s) of ${AB_DURATION} s at $RATE req/s"
   "$DRILL" ab --gateway "$URL" --control "$CONTROL" --cells "bounded:$adm,strict:$adm" --reps "$AB_REPS" \
