@@ -207,6 +207,7 @@ stop_target() {
 wait_workers_idle() { # every worker's running + waiting back at 0 (a leg's stragglers are gone)
   python3 - "${WORKER_URLS[@]}" <<'PY' || log "warning: the workers still hold requests after 60 s"
 import sys, time, urllib.request
+sys.dont_write_bytecode = True  # no bench/__pycache__ left in the tree
 sys.path.insert(0, "bench")
 from overload import gauges
 deadline = time.time() + 60
