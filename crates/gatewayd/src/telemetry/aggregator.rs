@@ -5,7 +5,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bch_core::decide::Decision;
+use bch_core::decide::{Decision, FleetView};
+use bch_core::policy::{BoundCheck, Branch, FleetLoad};
 use bch_core::router::{Router, RoutingTable};
 use bch_core::telemetry::{
     DiscoverySource, DrainedUpdate, PolicyUpdate, RingOwnership, RingUpdate, ServerMessage,
@@ -78,9 +79,16 @@ impl SpillLog {
         decision: &Decision,
         key: Option<&KeyTag>,
     ) {
-        let (Some(bound), Some(from), Some(to)) =
-            (decision.bound, decision.preferred, decision.worker)
-        else {
+        let (Some(from), Some(to)) = (decision.preferred, decision.worker) else {
+            return;
+        };
+        // A capacity spill under `consistent_hashing` has no bound check (the bound is not in
+        // force there); the log still shows the loads it left, read now, a moment after the
+        // decision.
+        let Some(bound) = decision.bound.or_else(|| {
+            (decision.branch == Branch::ExplicitRoutingKeyCapacitySpill)
+                .then(|| bound_now(table, from))
+        }) else {
             return;
         };
         let name = |w: usize| table.workers()[w].spec.name.clone();
@@ -107,6 +115,19 @@ impl SpillLog {
         }
         self.new.push(event);
     }
+}
+
+/// The bound check of a request preferring `preferred` on `table`'s loads now.
+fn bound_now(table: &RoutingTable, preferred: usize) -> BoundCheck {
+    let routable = (0..table.worker_count())
+        .filter(|&w| table.routable(w))
+        .map(|w| table.load(w));
+    let fleet = FleetLoad::of(routable).unwrap_or(FleetLoad {
+        min_load: 0,
+        mean_load: 0.0,
+        healthy: 0,
+    });
+    fleet.bound_for(table.load(preferred), table.policy())
 }
 
 /// All telemetry data, owned by one task.
@@ -261,6 +282,7 @@ impl Aggregator {
             spills: self.spills.kept.iter().cloned().collect(),
             totals: self.totals,
             discovery: self.discovery_at(now_ms()),
+            admission: None,
         }))
     }
 
@@ -304,6 +326,7 @@ impl Aggregator {
             totals: self.totals,
             dropped_events: 0,
             discovery,
+            admission: None,
         });
     }
 
@@ -342,6 +365,51 @@ impl Aggregator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Under `consistent_hashing` a capacity spill has no bound check; it is still a spill event,
+    /// and the log must show it (with its cause), not only count it.
+    #[test]
+    fn capacity_spills_without_a_bound_reach_the_spill_log() {
+        use bch_core::policy::PolicyKind;
+        use bch_core::router::{WorkerSource, WorkerSpec};
+        use bch_core::routing_key::{ExplicitKey, RoutingKey};
+
+        let spec = |name: &str, port: u16| WorkerSpec {
+            name: name.into(),
+            url: format!("http://127.0.0.1:{port}"),
+            ring_id: None,
+            source: WorkerSource::Static,
+            max_in_flight: Some(1),
+        };
+        let mut policy = bch_core::policy::PolicySettings {
+            kind: PolicyKind::ConsistentHashing,
+            ..Default::default()
+        };
+        policy.admission.max_in_flight_per_worker = 1;
+        let router = Arc::new(Router::new(vec![spec("a", 1), spec("b", 2)], policy).unwrap());
+        let mut aggregator = Aggregator::new(Arc::clone(&router), &TelemetryConfig::default());
+        let key = RoutingKey::Explicit(ExplicitKey::parse(b"tenant").unwrap());
+        let first = router.route(&key);
+        let second = router.route(&key);
+        assert_eq!(
+            second.decision.branch,
+            bch_core::policy::Branch::ExplicitRoutingKeyCapacitySpill
+        );
+        for routed in [&first, &second] {
+            aggregator.apply(Event::Routed {
+                ts_ms: 1,
+                table: Arc::clone(&routed.table),
+                decision: routed.decision,
+                key: KeyTag::from_key(&key, false),
+            });
+        }
+        assert_eq!(aggregator.spills_total, 1);
+        let logged: Vec<_> = aggregator.spills.kept.iter().collect();
+        assert_eq!(logged.len(), 1, "the capacity spill is in the log");
+        assert_eq!(logged[0].cause, SpillCause::Capacity);
+        assert_eq!(logged[0].preferred_load, 1, "the full worker's load");
+        assert_ne!(logged[0].from, logged[0].to);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn rates_average_over_a_second_not_one_tick() {
