@@ -9,16 +9,18 @@ use bch_core::decide::{Decision, FleetView};
 use bch_core::policy::{BoundCheck, Branch, FleetLoad};
 use bch_core::router::{Router, RoutingTable};
 use bch_core::telemetry::{
-    DiscoverySource, DrainedUpdate, PolicyUpdate, RingOwnership, RingUpdate, ServerMessage,
-    Snapshot, SpillCause, SpillEvent, Tick, Totals, WorkerRecord,
+    AdmissionSummary, DiscoverySource, DrainedUpdate, PolicyUpdate, RingOwnership, RingUpdate,
+    ServerMessage, Snapshot, SpillCause, SpillEvent, Tick, Totals, WorkerRecord,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::admission::AdmissionRates;
 use super::clients::Clients;
 use super::event::{Control, Event};
 use super::keys::{KeyTag, KeyTracker};
 use super::wire::{encode_message, ring_ownership};
+use crate::admission::AdmissionStats;
 use crate::clock::now_ms;
 use crate::config::TelemetryConfig;
 use crate::per_worker::{TableKeys, WorkerKey};
@@ -148,10 +150,18 @@ pub(super) struct Aggregator {
     discovery: Vec<DiscoverySource>,
     /// Whether they changed since the last tick.
     discovery_changed: bool,
+    /// The admission queue's counters, and their rates.
+    admission: AdmissionRates,
+    /// The last tick's admission summary (snapshots repeat it).
+    admission_summary: AdmissionSummary,
 }
 
 impl Aggregator {
-    pub(super) fn new(router: Arc<Router>, config: &TelemetryConfig) -> Self {
+    pub(super) fn new(
+        router: Arc<Router>,
+        config: &TelemetryConfig,
+        admission: Arc<AdmissionStats>,
+    ) -> Self {
         let table = router.table();
         let ring = ring_ownership(&table);
         Self {
@@ -173,6 +183,8 @@ impl Aggregator {
             totals: Totals::default(),
             discovery: Vec::new(),
             discovery_changed: false,
+            admission: AdmissionRates::new(admission, RATE_WINDOW),
+            admission_summary: AdmissionSummary::default(),
         }
     }
 
@@ -282,7 +294,7 @@ impl Aggregator {
             spills: self.spills.kept.iter().cloned().collect(),
             totals: self.totals,
             discovery: self.discovery_at(now_ms()),
-            admission: None,
+            admission: Some(self.admission_summary),
         }))
     }
 
@@ -296,11 +308,11 @@ impl Aggregator {
 
     fn tick(&mut self) {
         let table = self.router.table();
-        self.totals = self.rates.sample(
-            tokio::time::Instant::now(),
-            self.requests_total,
-            self.spills_total,
-        );
+        let now = tokio::time::Instant::now();
+        self.totals = self
+            .rates
+            .sample(now, self.requests_total, self.spills_total);
+        self.admission_summary = self.admission.sample(now);
         self.announce_ring_change(&table);
         let changed_workers = self.changed_workers(&table);
         if self.clients.is_empty() {
@@ -326,7 +338,7 @@ impl Aggregator {
             totals: self.totals,
             dropped_events: 0,
             discovery,
-            admission: None,
+            admission: Some(self.admission_summary),
         });
     }
 
@@ -387,7 +399,11 @@ mod tests {
         };
         policy.admission.max_in_flight_per_worker = 1;
         let router = Arc::new(Router::new(vec![spec("a", 1), spec("b", 2)], policy).unwrap());
-        let mut aggregator = Aggregator::new(Arc::clone(&router), &TelemetryConfig::default());
+        let mut aggregator = Aggregator::new(
+            Arc::clone(&router),
+            &TelemetryConfig::default(),
+            Default::default(),
+        );
         let key = RoutingKey::Explicit(ExplicitKey::parse(b"tenant").unwrap());
         let first = router.route(&key);
         let second = router.route(&key);
@@ -414,7 +430,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn rates_average_over_a_second_not_one_tick() {
         let router = Arc::new(Router::new(Vec::new(), Default::default()).unwrap());
-        let mut aggregator = Aggregator::new(router, &TelemetryConfig::default());
+        let mut aggregator =
+            Aggregator::new(router, &TelemetryConfig::default(), Default::default());
         aggregator.requests_total = 10;
         tokio::time::advance(Duration::from_millis(100)).await;
         aggregator.tick();
