@@ -349,3 +349,24 @@ fn explain_answers_for_full_workers() {
     assert_eq!(waits["branch"], "fleet_full", "{waits}");
     assert_eq!(waits["wait"], "for_any_worker", "{waits}");
 }
+
+/// A `--batch` line whose request would wait says for what; other lines keep their two fields.
+#[test]
+fn explain_batch_lines_say_what_a_request_waits_for() {
+    let workers = r#"["http://a:1","http://b:1"]"#;
+    let input = format!(
+        "{{\"workers\":{workers},\"routing_key\":\"k\",\"explicit\":true}}\n\
+         {{\"workers\":{workers},\"routing_key\":\"k\",\"explicit\":true,\
+         \"engine_full\":{{\"http://a:1\":true,\"http://b:1\":true}}}}\n"
+    );
+    let mut command = gatewayd();
+    command.args(["explain", "--batch"]);
+    let output = run_with_stdin(command, input);
+    assert!(output.status.success());
+    let answers = stdout_lines(&output);
+    assert_eq!(answers[0].as_object().unwrap().len(), 2, "{}", answers[0]);
+    assert_eq!(
+        answers[1],
+        json!({"worker": null, "branch": "fleet_full", "wait": "for_any_worker"})
+    );
+}
