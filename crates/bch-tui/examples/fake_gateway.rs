@@ -107,6 +107,7 @@ async fn serve(tcp: tokio::net::TcpStream) -> anyhow::Result<()> {
                     spills,
                     dropped_events: 0,
                     discovery: None,
+                    admission: None,
                 };
                 ws.send(send(ServerMessage::Tick(tick))).await?;
             }

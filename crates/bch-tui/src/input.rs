@@ -19,6 +19,12 @@ pub enum Action {
     SkewDown,
     /// Ask the gateway for `max_load_skew` + 0.05.
     SkewUp,
+    /// Ask the gateway for `max_in_flight_per_worker` − 1 (1 → 0 lifts the cap; not sent
+    /// at 0).
+    CapDown,
+    /// Ask the gateway for `max_in_flight_per_worker` + 1; from 0 (no cap), the busiest worker's
+    /// load now.
+    CapUp,
     /// Freeze or unfreeze the panels (data keeps flowing underneath).
     TogglePause,
     /// Move focus to the next panel.
@@ -119,6 +125,14 @@ pub(crate) const BINDINGS: &[Binding] = &[
         actions: &[
             (|k| is_char(k, 's'), Action::SkewDown),
             (|k| is_char(k, 'S'), Action::SkewUp),
+        ],
+    },
+    Binding {
+        keys: "c / C",
+        meaning: "capacity per worker −1 / +1 (0 = no cap)",
+        actions: &[
+            (|k| is_char(k, 'c'), Action::CapDown),
+            (|k| is_char(k, 'C'), Action::CapUp),
         ],
     },
     Binding {
@@ -313,6 +327,8 @@ mod tests {
             (shift('G'), Action::GapUp),
             (key(KeyCode::Char('s')), Action::SkewDown),
             (shift('S'), Action::SkewUp),
+            (key(KeyCode::Char('c')), Action::CapDown),
+            (shift('C'), Action::CapUp),
             (key(KeyCode::Char('p')), Action::TogglePause),
             (key(KeyCode::Char('d')), Action::Drain),
             (key(KeyCode::Char('u')), Action::Undrain),
@@ -346,7 +362,7 @@ mod tests {
         }
         let entries: usize = BINDINGS.iter().map(|b| b.actions.len()).sum();
         assert_eq!(
-            entries, 22,
+            entries, 24,
             "a binding was added without a key in this test"
         );
         for unbound in [

@@ -40,6 +40,7 @@ fn empty_tick(seq: u64, ts_ms: u64) -> ServerFrame {
             totals: Default::default(),
             dropped_events: 0,
             discovery: None,
+            admission: None,
         }),
     )
 }

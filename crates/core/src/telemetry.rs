@@ -9,7 +9,9 @@
 
 use serde::{Deserialize, Serialize};
 
+mod admission;
 mod discovery;
+pub use admission::{AdmissionSummary, ShedRates};
 pub use discovery::{DiscoveryKind, DiscoverySource, DiscoveryState};
 
 use crate::admission::AdmissionPatch;
@@ -76,6 +78,9 @@ pub struct Snapshot {
     /// Every DNS discovery source in force, in configuration order; absent without discovery.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub discovery: Vec<DiscoverySource>,
+    /// The admission queue and shedding now; absent from gateways that predate admission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<AdmissionSummary>,
 }
 
 /// Periodic update: complete records of what changed since the previous tick.
@@ -101,6 +106,10 @@ pub struct Tick {
     /// one; an empty list means no source is configured any more.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discovery: Option<Vec<DiscoverySource>>,
+    /// The admission queue and shedding now (in every tick); absent from gateways that predate
+    /// admission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<AdmissionSummary>,
 }
 
 /// Sent when worker membership changes.

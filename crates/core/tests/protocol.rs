@@ -106,6 +106,22 @@ fn totals() -> Totals {
     }
 }
 
+/// A gateway shedding about a third of a storm, with six requests waiting.
+fn admission() -> AdmissionSummary {
+    AdmissionSummary {
+        waiting: 6,
+        admitted_per_s: 20.0,
+        shed_per_s: 10.5,
+        shed_per_s_by_reason: ShedRates {
+            no_queue: 0.0,
+            queue_full: 0.5,
+            queue_timeout: 10.0,
+        },
+        admitted_total: 4_210,
+        shed_total: 96,
+    }
+}
+
 fn frames() -> Vec<(&'static str, ServerFrame)> {
     let ts_ms = 1_764_500_000_000;
     vec![
@@ -122,6 +138,7 @@ fn frames() -> Vec<(&'static str, ServerFrame)> {
                     spills: vec![spill()],
                     totals: totals(),
                     discovery: Vec::new(),
+                    admission: None,
                 }),
             ),
         ),
@@ -138,6 +155,7 @@ fn frames() -> Vec<(&'static str, ServerFrame)> {
                     totals: totals(),
                     dropped_events: 0,
                     discovery: None,
+                    admission: Some(admission()),
                 }),
             ),
         ),
@@ -177,6 +195,7 @@ fn frames() -> Vec<(&'static str, ServerFrame)> {
                             workers: 2,
                         },
                     ]),
+                    admission: None,
                 }),
             ),
         ),
@@ -344,4 +363,23 @@ fn capacity_spills_stay_readable_by_older_consoles() {
     assert_eq!(serde_json::from_value::<SpillEvent>(json).unwrap(), event);
     let bound = serde_json::to_value(spill()).unwrap();
     assert!(bound.get("cause").is_none(), "{bound}");
+}
+
+/// A tick from a gateway that predates admission has no summary; the summary of several replicas
+/// adds queue lengths, rates and totals.
+#[test]
+fn admission_summaries_are_optional_and_add_up_across_replicas() {
+    let json = r#"{"v":1,"seq":1,"type":"tick","ts_ms":1,"workers":[],"keys":[],"spills":[],
+        "totals":{"requests_per_s":0.0,"spills_per_s":0.0,"requests_total":0,"spills_total":0},
+        "dropped_events":0}"#;
+    let ServerMessage::Tick(tick) = serde_json::from_str::<ServerFrame>(json).unwrap().message
+    else {
+        panic!("a tick")
+    };
+    assert_eq!(tick.admission, None);
+    let sum = AdmissionSummary::sum([&admission(), &admission()]);
+    assert_eq!(sum.waiting, 12);
+    assert_eq!(sum.shed_per_s, 21.0);
+    assert_eq!(sum.shed_per_s_by_reason.queue_timeout, 20.0);
+    assert_eq!((sum.admitted_total, sum.shed_total), (8_420, 192));
 }

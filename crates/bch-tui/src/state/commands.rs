@@ -8,6 +8,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use bch_core::admission::AdmissionPatch;
 use bch_core::policy::PolicySettings;
 use bch_core::telemetry::{ClientCommand, CommandId, WorkerState};
 use tokio::time::Instant;
@@ -30,6 +31,8 @@ pub(crate) enum Threshold {
     MinLoadGap,
     /// `max_load_skew`, a factor over the fleet mean.
     MaxLoadSkew,
+    /// `max_in_flight_per_worker`, the fleet's default capacity in requests (0 = no cap).
+    Capacity,
 }
 
 /// One requested change: a threshold as `(from, to)` — `from` is what the change was computed
@@ -40,6 +43,8 @@ pub enum Change {
     Gap(u64, u64),
     /// `max_load_skew` from → to, as factors.
     Skew(f64, f64),
+    /// `max_in_flight_per_worker` from → to, in requests (0 = no cap).
+    Cap(u64, u64),
     /// Drain the named worker (no new requests; in-flight ones finish).
     Drain(String),
     /// Route new requests to the named worker again.
@@ -52,6 +57,7 @@ impl Change {
         match self {
             Change::Gap(..) => Some(Threshold::MinLoadGap),
             Change::Skew(..) => Some(Threshold::MaxLoadSkew),
+            Change::Cap(..) => Some(Threshold::Capacity),
             Change::Drain(_) | Change::Undrain(_) => None,
         }
     }
@@ -59,14 +65,30 @@ impl Change {
     /// The change one key press asks for: a step `up` or down from `pending` (the newest change to
     /// the same threshold still awaiting an answer) or, without one, from the policy in force. So
     /// pressing `G` three times quickly asks for +3, not for +1 three times. `Err` says why there
-    /// is no change to make.
+    /// is no change to make. `busiest` is the highest load a worker carries now: the first cap
+    /// set from "no cap" is that load, so one press caps the fleet where it stands rather than at
+    /// one request.
     pub(crate) fn step(
         threshold: Threshold,
         up: bool,
         pending: Option<Change>,
         policy: &PolicySettings,
+        busiest: u64,
     ) -> Result<Change, &'static str> {
         match threshold {
+            Threshold::Capacity => {
+                let from = match pending {
+                    Some(Change::Cap(_, to)) => to,
+                    _ => policy.admission.max_in_flight_per_worker,
+                };
+                let to = match (from, up) {
+                    (0, true) => busiest.max(1),
+                    (_, true) => from.saturating_add(1),
+                    (0, false) => return Err("max_in_flight_per_worker is already 0 (no cap)"),
+                    (_, false) => from - 1,
+                };
+                Ok(Change::Cap(from, to))
+            }
             Threshold::MinLoadGap => {
                 let from = match pending {
                     Some(Change::Gap(_, to)) => to,
@@ -97,9 +119,17 @@ impl Change {
     /// The command asking for this change under command id `id`.
     fn command(&self, id: u64) -> ClientCommand {
         let id = Some(CommandId::Number(id));
-        let (min_load_gap, max_load_skew) = match self {
-            Change::Gap(_, to) => (Some(*to), None),
-            Change::Skew(_, to) => (None, Some(*to)),
+        let (min_load_gap, max_load_skew, admission) = match self {
+            Change::Gap(_, to) => (Some(*to), None, None),
+            Change::Skew(_, to) => (None, Some(*to), None),
+            Change::Cap(_, to) => (
+                None,
+                None,
+                Some(AdmissionPatch {
+                    max_in_flight_per_worker: Some(*to),
+                    ..AdmissionPatch::default()
+                }),
+            ),
             Change::Drain(worker) => {
                 return ClientCommand::Drain {
                     id,
@@ -121,7 +151,7 @@ impl Change {
             max_load_skew,
             spill_order: None,
             load_source: None,
-            admission: None,
+            admission,
         }
     }
 }
@@ -195,6 +225,7 @@ impl CommandEntry {
         match (&self.change, fleet.policy) {
             (Change::Gap(_, to), Some(p)) => p.min_load_gap == *to,
             (Change::Skew(_, to), Some(p)) => (p.max_load_skew - to).abs() < 1e-9,
+            (Change::Cap(_, to), Some(p)) => p.admission.max_in_flight_per_worker == *to,
             (Change::Drain(name), _) => state_of(name) == Some(WorkerState::Draining),
             (Change::Undrain(name), _) => state_of(name) == Some(WorkerState::Active),
             _ => false,

@@ -8,11 +8,13 @@
 //! if every replica that knows it says so, draining if any replica drains it, and stale if any
 //! replica routes it on local load. Key counters at the last policy change are summed like the
 //! counters. Keys
-//! are summed per worker, the spill logs interleaved by time, rates and totals summed.
+//! are summed per worker, the spill logs interleaved by time, rates and totals summed. Capacity is
+//! per worker (the same on every replica: the highest is kept, in case a reload is half-way); a
+//! worker is full if any replica finds it full; the admission queues and sheds add up.
 
 use std::collections::BTreeMap;
 
-use bch_core::telemetry::{KeyRecord, WorkerRecord, WorkerState};
+use bch_core::telemetry::{AdmissionSummary, KeyRecord, WorkerRecord, WorkerState};
 
 use super::picture::{Baseline, FleetPicture, SPILL_LOG_CAP, Sample};
 
@@ -30,6 +32,10 @@ pub(super) fn merge(fleets: &[&FleetPicture]) -> FleetPicture {
     merged.keys = merge_keys(fleets);
     merged.dropped_events = fleets.iter().map(|f| f.dropped_events).sum();
     merged.history = merge_history(fleets);
+    merged.admission = fleets
+        .iter()
+        .any(|f| f.admission.is_some())
+        .then(|| AdmissionSummary::sum(fleets.iter().filter_map(|f| f.admission.as_ref())));
     for fleet in fleets {
         merged.totals.requests_per_s += fleet.totals.requests_per_s;
         merged.totals.spills_per_s += fleet.totals.spills_per_s;
@@ -74,6 +80,8 @@ fn merge_workers(fleets: &[&FleetPicture]) -> Vec<WorkerRecord> {
         slot.reported_load = slot.reported_load.max(record.reported_load);
         slot.scrape_age_ms = slot.scrape_age_ms.max(record.scrape_age_ms);
         slot.load_stale |= record.load_stale;
+        slot.capacity = slot.capacity.max(record.capacity);
+        slot.full |= record.full;
     }
     merged
 }
@@ -126,6 +134,8 @@ fn merge_history(fleets: &[&FleetPicture]) -> std::collections::VecDeque<Sample>
                 if let Some(s) = i.checked_sub(offset).and_then(|j| fleet.history.get(j)) {
                     sum.requests_per_s += s.requests_per_s;
                     sum.spills_per_s += s.spills_per_s;
+                    sum.shed_per_s += s.shed_per_s;
+                    sum.waiting += s.waiting;
                 }
             }
             sum

@@ -343,6 +343,8 @@ impl State {
             Action::GapUp => return self.nudge(Threshold::MinLoadGap, true),
             Action::SkewDown => return self.nudge(Threshold::MaxLoadSkew, false),
             Action::SkewUp => return self.nudge(Threshold::MaxLoadSkew, true),
+            Action::CapDown => return self.nudge(Threshold::Capacity, false),
+            Action::CapUp => return self.nudge(Threshold::Capacity, true),
             Action::TogglePause => {
                 self.frozen = match self.frozen {
                     Some(_) => None,
@@ -427,7 +429,8 @@ impl State {
             self.notice = Some("no policy known yet: wait for the gateway's snapshot".into());
             return Effect::None;
         };
-        if !self.live().bound_in_force() {
+        // Capacity applies under every policy; the thresholds only under the bounded one.
+        if threshold != Threshold::Capacity && !self.live().bound_in_force() {
             self.notice = Some(format!(
                 "{} never spills: the thresholds change nothing (PUT /admin/policy to switch kind)",
                 policy.kind
@@ -435,7 +438,14 @@ impl State {
             return Effect::None;
         }
         let pending = self.commands.newest_pending(threshold);
-        match Change::step(threshold, up, pending, &policy) {
+        let busiest = self
+            .live()
+            .workers
+            .iter()
+            .map(WorkerRecord::rule_load)
+            .max()
+            .unwrap_or(0);
+        match Change::step(threshold, up, pending, &policy, busiest) {
             Ok(change) => {
                 self.notice = None;
                 Effect::Send(self.commands.send(change, self.replicas.len()))

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use bch_core::policy::{BoundCheck, FleetLoad, PolicyKind, PolicySettings};
 use bch_core::telemetry::{
-    ChangeSource, DiscoverySource, KeyRecord, PolicyUpdate, RingOwnership, RingUpdate, Snapshot,
-    SpillEvent, Tick, Totals, WorkerRecord, WorkerState,
+    AdmissionSummary, ChangeSource, DiscoverySource, KeyRecord, PolicyUpdate, RingOwnership,
+    RingUpdate, Snapshot, SpillEvent, Tick, Totals, WorkerRecord, WorkerState,
 };
 
 /// Spill events kept for the log; older ones fall off the front. More than the tallest screen
@@ -61,6 +61,9 @@ pub struct FleetPicture {
     /// The gateway's DNS discovery sources and their health, configuration order (empty without
     /// discovery, or from a gateway too old to report it).
     pub discovery: Vec<DiscoverySource>,
+    /// The gateway's admission queue and shedding from the last snapshot or tick; `None` from a
+    /// gateway that predates admission.
+    pub admission: Option<AdmissionSummary>,
     /// Every arc of the ring as `(start, end, index into ring.workers)`, sorted by start, so the
     /// owner of any position is a binary search away.
     arcs: Vec<(f64, f64, usize)>,
@@ -115,6 +118,10 @@ pub struct Sample {
     pub requests_per_s: f64,
     /// Spills per second over all workers.
     pub spills_per_s: f64,
+    /// Requests shed per second (0 from a gateway without admission).
+    pub shed_per_s: f64,
+    /// Requests waiting in the gateway's queue.
+    pub waiting: u64,
 }
 
 /// The bound the bounded policy enforces right now: the healthy workers' load summary and the
@@ -178,6 +185,12 @@ impl FleetPicture {
         })
     }
 
+    /// The workers that are full (at their capacity, or their engine saturated): they take no new
+    /// request.
+    pub fn full(&self) -> usize {
+        self.workers.iter().filter(|w| w.full).count()
+    }
+
     /// The worker rows whose keys would spill on their next request (OVER).
     pub fn over(&self) -> usize {
         let Some(bound) = self.bound() else {
@@ -208,6 +221,7 @@ impl FleetPicture {
             keys: snap.keys.into_iter().map(|k| (k.key.clone(), k)).collect(),
             totals: snap.totals,
             discovery: snap.discovery,
+            admission: snap.admission,
             history,
             tick_interval_ms: self.tick_interval_ms,
             baseline: self.baseline.take(),
@@ -249,9 +263,13 @@ impl FleetPicture {
         self.push_spills(tick.spills);
         self.totals = tick.totals;
         self.dropped_events = tick.dropped_events;
+        self.admission = tick.admission;
+        let admission = tick.admission.unwrap_or_default();
         self.history.push_back(Sample {
             requests_per_s: tick.totals.requests_per_s,
             spills_per_s: tick.totals.spills_per_s,
+            shed_per_s: admission.shed_per_s,
+            waiting: admission.waiting,
         });
         while self.history.len() > HISTORY_CAP {
             self.history.pop_front();

@@ -223,6 +223,7 @@ mod tests {
                 spills: Vec::new(),
                 totals: Default::default(),
                 discovery: discovery.clone(),
+                admission: None,
             };
             let frame = ServerFrame::new(0, ServerMessage::Snapshot(snapshot));
             state.apply_replica_frame(ReplicaId(i), frame);

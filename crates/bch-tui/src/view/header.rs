@@ -179,26 +179,52 @@ enum Changed {
     Unsaid,
 }
 
-/// Request and spill rates side by side, newest sample at the right edge.
+/// Request and spill rates side by side, newest sample at the right edge; with a gateway that
+/// reports admission, a third: the queue length and shed rate now, and the shed rate's sparkline.
 fn sparklines(frame: &mut Frame, area: Rect, fleet: &FleetPicture, styles: &Styles) {
-    let [left, right] =
-        Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(area);
     type Get = fn(&Sample) -> f64;
-    let series: [(&str, Rect, Style, Get); 2] = [
-        (" req/s   ", left, styles.requests_sparkline(), |s| {
-            s.requests_per_s
-        }),
-        ("  spill/s ", right, styles.spills_sparkline(), |s| {
+    let queue_label;
+    // (label, its style, the sparkline's style, the sampled rate)
+    let mut series: Vec<(&str, Style, Style, Get)> = vec![
+        (
+            " req/s   ",
+            styles.dim(),
+            styles.requests_sparkline(),
+            |s| s.requests_per_s,
+        ),
+        ("  spill/s ", styles.dim(), styles.spills_sparkline(), |s| {
             s.spills_per_s
         }),
     ];
-    for (label, rect, style, get) in series {
+    if let Some(admission) = &fleet.admission {
+        queue_label = format!(
+            "  queue {} shed/s {:.1} ",
+            admission.waiting, admission.shed_per_s
+        );
+        // Waiting or shedding now is what an operator watching a storm looks for.
+        let busy = admission.waiting > 0 || admission.shed_per_s > 0.0;
+        let label_style = if busy {
+            styles.tone(Tone::Warning)
+        } else {
+            styles.dim()
+        };
+        series.push((&queue_label, label_style, styles.sheds_sparkline(), |s| {
+            s.shed_per_s
+        }));
+    }
+    let constraints = if series.len() == 2 {
+        vec![Constraint::Percentage(50); 2]
+    } else {
+        vec![Constraint::Ratio(1, series.len() as u32); series.len()]
+    };
+    let areas = Layout::horizontal(constraints).split(area);
+    for ((label, label_style, style, get), rect) in series.into_iter().zip(areas.iter()) {
         let [label_area, spark_area] = Layout::horizontal([
             Constraint::Length(label.chars().count() as u16),
             Constraint::Min(0),
         ])
-        .areas(rect);
-        frame.render_widget(Span::styled(label, styles.dim()), label_area);
+        .areas(*rect);
+        frame.render_widget(Span::styled(label.to_owned(), label_style), label_area);
         let skip = fleet
             .history
             .len()
@@ -269,11 +295,21 @@ fn replica_down_line(state: &State) -> Option<String> {
     ))
 }
 
+/// A capacity in requests, `none` for 0 (no cap).
+fn cap_text(cap: u64) -> String {
+    if cap == 0 {
+        "none".to_owned()
+    } else {
+        cap.to_string()
+    }
+}
+
 /// What a change asks for, in the status line's words.
 fn describe(change: &Change) -> String {
     match change {
         Change::Gap(from, to) => format!("gap {from} → {to}"),
         Change::Skew(from, to) => format!("skew {from:.2} → {to:.2}"),
+        Change::Cap(from, to) => format!("cap {} → {}", cap_text(*from), cap_text(*to)),
         Change::Drain(worker) => format!("drain {worker}"),
         Change::Undrain(worker) => format!("undrain {worker}"),
     }
@@ -289,6 +325,9 @@ fn command_line(cmd: &CommandEntry, state: &State, styles: &Styles) -> Line<'sta
         let what = match (&first.change, &last.change) {
             (Change::Gap(from, _), Change::Gap(_, to)) => format!("gap {from} → {to}"),
             (Change::Skew(from, _), Change::Skew(_, to)) => format!("skew {from:.2} → {to:.2}"),
+            (Change::Cap(from, _), Change::Cap(_, to)) => {
+                format!("cap {} → {}", cap_text(*from), cap_text(*to))
+            }
             _ => describe(&last.change),
         };
         return Line::from(vec![

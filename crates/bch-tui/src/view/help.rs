@@ -7,7 +7,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, BorderType, Clear, Paragraph};
 
 use super::styles::Styles;
-use super::workers::{GAP_MARKER, SKEW_MARKER};
+use super::workers::{CAP_MARKER, GAP_MARKER, SKEW_MARKER};
 use crate::input::BINDINGS;
 
 /// Widest the overlay gets, in columns: the longest line fits, and it stays a pop-up on a wide
@@ -38,8 +38,8 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, styles: &Styles) {
     frame.render_widget(Paragraph::new(lines).block(block), popup);
 }
 
-/// What the markers, `↷` and the compact spill numbers mean.
-fn legend(styles: &Styles) -> [Line<'static>; 6] {
+/// What the markers, FULL, `↷` and the compact spill numbers mean.
+fn legend(styles: &Styles) -> [Line<'static>; 7] {
     [
         Line::from(vec![
             Span::styled(format!(" {GAP_MARKER} "), styles.gap_marker()),
@@ -49,6 +49,10 @@ fn legend(styles: &Styles) -> [Line<'static>; 6] {
         ]),
         Line::raw(" A worker above both marks is OVER: its keys spill."),
         Line::raw(" DRAIN: no new requests (d); u takes it back."),
+        Line::from(vec![
+            Span::styled(format!(" {CAP_MARKER} "), styles.cap_marker()),
+            Span::raw("cap: FULL takes no new request; spill log: full@4."),
+        ]),
         Line::raw(" ↷ in the key table: served off its preferred worker."),
         Line::raw(" Narrow spill log: 9>2+2 9>3.50×1.50 = load > min+gap,"),
         Line::raw("   load > mean×skew."),

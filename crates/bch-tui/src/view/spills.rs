@@ -2,10 +2,12 @@
 //! when no worker was eligible and it stayed), and the numbers the bounded rule compared. Lines keep
 //! every number and shorten the key when the panel is narrow. When the kept log turns over in
 //! seconds (full, and spanning less than [`GROUP_BELOW_MS`]), single events scroll past unread:
-//! the log is then grouped per key and worker pair, with a count and the newest numbers.
+//! the log is then grouped per key and worker pair, with a count and the newest numbers. A
+//! capacity spill (the preferred worker was full) says `full` and the load it left instead of the
+//! bound's comparison.
 
 use bch_core::policy::Branch;
-use bch_core::telemetry::SpillEvent;
+use bch_core::telemetry::{SpillCause, SpillEvent};
 use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
@@ -85,6 +87,7 @@ fn groups(fleet: &FleetPicture) -> Vec<Group<'_>> {
                 && n.from == event.from
                 && n.to == event.to
                 && n.branch == event.branch
+                && n.cause == event.cause
         };
         match groups.iter_mut().find(same) {
             Some(group) => group.count += 1,
@@ -240,8 +243,12 @@ fn spill_line(s: &SpillEvent, width: usize, full: bool, styles: &Styles) -> Line
     ])
 }
 
-/// `9>2+2 9>3.50×1.50`: the preferred worker's load was above min + gap and above mean × skew.
+/// `9>2+2 9>3.50×1.50`: the preferred worker's load was above min + gap and above mean × skew;
+/// `full@4` for a capacity spill: the preferred worker was full at load 4.
 fn rule_text(s: &SpillEvent) -> String {
+    if s.cause == SpillCause::Capacity {
+        return format!("full@{}", s.preferred_load);
+    }
     format!(
         "{p}>{min}+{gap} {p}>{mean:.2}×{skew:.2}",
         p = s.preferred_load,
@@ -281,6 +288,16 @@ fn spill_line_full(s: &SpillEvent, styles: &Styles) -> Line<'static> {
     } else {
         Span::styled(format!("{} → {}", s.from, s.to), styles.tone(Tone::Warning))
     };
+    if s.cause == SpillCause::Capacity {
+        return Line::from(vec![
+            Span::styled(format!("{} ", clock(s.ts_ms)), dim),
+            Span::raw(format!("{} ", s.key)),
+            target,
+            Span::styled(" FULL", styles.status(Tone::Alert)),
+            Span::styled(" pref ", dim),
+            Span::raw(s.preferred_load.to_string()),
+        ]);
+    }
     Line::from(vec![
         Span::styled(format!("{} ", clock(s.ts_ms)), dim),
         Span::raw(format!("{} ", s.key)),

@@ -131,6 +131,11 @@ impl Styles {
         Style::new().fg(self.skew)
     }
 
+    /// The shed-rate sparkline: a shed request is an answer the client did not get.
+    pub(super) fn sheds_sparkline(&self) -> Style {
+        Style::new().fg(self.alert)
+    }
+
     /// The `min + min_load_gap` marker (`│`), also used where both markers share a cell.
     pub(super) fn gap_marker(&self) -> Style {
         Style::new().fg(self.warning)
@@ -139,6 +144,11 @@ impl Styles {
     /// The `mean × max_load_skew` marker (`┊`).
     pub(super) fn skew_marker(&self) -> Style {
         Style::new().fg(self.skew)
+    }
+
+    /// A worker's capacity marker (`┃`): at it the worker is full and takes no new request.
+    pub(super) fn cap_marker(&self) -> Style {
+        Style::new().fg(self.alert).bold()
     }
 
     /// The filled part of a load bar: dim for a worker that is down, alert over the bound, good

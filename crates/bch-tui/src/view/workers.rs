@@ -7,6 +7,11 @@
 //! bar: the counters are added (errors first) only while the bar keeps its room. When some workers
 //! were found by DNS discovery, the title counts workers by source and rows with room left after
 //! every counter end with each worker's source.
+//!
+//! A worker with a capacity (`max_in_flight`) has a `┃` in its bar at the cap, and the bar's scale
+//! reaches it; FULL marks a worker at its cap (or whose engine reported saturation): it takes no
+//! new request, and an explicit key preferring it moves on at once. The title counts the FULL
+//! workers and names the fleet's default cap.
 
 use bch_core::fleet_load::LoadSource;
 use bch_core::telemetry::WorkerRecord;
@@ -27,6 +32,8 @@ use crate::state::{FleetBound, FleetPicture, Panel, State, WorkerOrder, routable
 pub(super) const GAP_MARKER: char = '│';
 /// Marker drawn in a load bar at `mean × max_load_skew`.
 pub(super) const SKEW_MARKER: char = '┊';
+/// Marker drawn in a worker's load bar at its capacity.
+pub(super) const CAP_MARKER: char = '┃';
 /// Marker when both bounds fall in the same cell.
 const BOTH_MARKER: char = '╫';
 /// The bar keeps at least this many cells before a counter is added to the rows.
@@ -88,6 +95,13 @@ fn title(fleet: &FleetPicture, order: WorkerOrder, styles: &Styles) -> Line<'sta
             styles.dim(),
         ),
     ];
+    let full = fleet.full();
+    if full > 0 {
+        spans.push(Span::styled(
+            format!("{full} FULL "),
+            styles.status(Tone::Alert),
+        ));
+    }
     let over = fleet.over();
     if over > 0 {
         spans.push(Span::styled(
@@ -108,6 +122,13 @@ fn title(fleet: &FleetPicture, order: WorkerOrder, styles: &Styles) -> Line<'sta
     }
     if order == WorkerOrder::Load {
         spans.push(Span::styled("by load ", styles.dim()));
+    }
+    if let Some(cap) = fleet
+        .policy
+        .map(|p| p.admission.max_in_flight_per_worker)
+        .filter(|&cap| cap > 0)
+    {
+        spans.push(Span::styled(format!("· cap {cap} "), styles.value()));
     }
     if fleet
         .policy
@@ -139,7 +160,7 @@ fn legend(
     styles: &Styles,
 ) -> Line<'static> {
     let Some(b) = bound else {
-        return match fleet.policy {
+        let line = match fleet.policy {
             Some(policy) if !fleet.bound_in_force() => Line::from(Span::styled(
                 format!("no bound: {} never spills", policy.kind),
                 styles.dim(),
@@ -150,6 +171,7 @@ fn legend(
                 styles.tone(Tone::Alert),
             )),
         };
+        return with_cap_legend(fleet, line.spans, width, styles);
     };
     let mut spans = vec![
         Span::styled(format!("{GAP_MARKER} "), styles.gap_marker()),
@@ -171,6 +193,23 @@ fn legend(
     // The inputs are derivable from the bars; drop them rather than cut them mid-number.
     if used + inputs.chars().count() <= width as usize {
         spans.push(Span::styled(inputs, styles.dim()));
+    }
+    with_cap_legend(fleet, spans, width, styles)
+}
+
+/// `spans` and, when some worker has a capacity and the row has room, what its marker means.
+fn with_cap_legend(
+    fleet: &FleetPicture,
+    mut spans: Vec<Span<'static>>,
+    width: u16,
+    styles: &Styles,
+) -> Line<'static> {
+    let used: usize = spans.iter().map(|s| s.width()).sum();
+    // `  ┃ cap`
+    let legend_w = 7;
+    if fleet.workers.iter().any(|w| w.capacity.is_some()) && used + legend_w <= width as usize {
+        spans.push(Span::styled(format!("  {CAP_MARKER}"), styles.cap_marker()));
+        spans.push(Span::raw(" cap"));
     }
     Line::from(spans)
 }
@@ -270,7 +309,14 @@ impl Geometry {
             .map(WorkerRecord::rule_load)
             .max()
             .unwrap_or(0);
-        let mut scale = max_active as f64;
+        // The bar reaches every worker's cap, so the cap marker is always on it.
+        let max_cap = fleet
+            .workers
+            .iter()
+            .filter_map(|w| w.capacity)
+            .max()
+            .unwrap_or(0);
+        let mut scale = max_active.max(max_cap) as f64;
         if let Some(b) = bound {
             scale = scale.max(b.gap_bound() as f64).max(b.skew_bound());
         }
@@ -366,13 +412,23 @@ fn load_bar(
     geometry: &Geometry,
     styles: &Styles,
 ) -> Vec<Span<'static>> {
-    let bar_style = styles.load_bar(w.healthy, over);
+    let bar_style = styles.load_bar(w.healthy, over || w.full);
     let filled = geometry.filled(w.rule_load());
     let fill = if w.load_stale { STALE_CELL } else { '█' };
     let gap_col = bound.map(|b| geometry.cell_of(b.gap_bound() as f64));
     let skew_col = bound.map(|b| geometry.cell_of(b.skew_bound()));
+    let cap_col = w.capacity.map(|cap| geometry.cell_of(cap as f64));
     (0..geometry.bar_w)
         .map(|i| {
+            if cap_col == Some(i) {
+                // The cap is this worker's own limit: it wins the cell over the fleet's bounds.
+                let style = if i < filled {
+                    styles.marker_on_bar(styles.cap_marker(), bar_style)
+                } else {
+                    styles.cap_marker()
+                };
+                return Span::styled(CAP_MARKER.to_string(), style);
+            }
             let marker = (gap_col == Some(i), skew_col == Some(i));
             bar_cell(i < filled, fill, marker, bar_style, styles)
         })
@@ -403,12 +459,15 @@ fn bar_cell(
     Span::styled(ch.to_string(), style)
 }
 
-/// ` DOWN `, ` DRAIN`, ` OVER ` or blanks of the same width, so the counters stay in one column.
+/// ` DOWN `, ` DRAIN`, ` FULL `, ` OVER ` or blanks of the same width, so the counters stay in one
+/// column. FULL before OVER: a full worker takes nothing, whatever the bound says.
 fn flag(w: &WorkerRecord, over: bool, styles: &Styles) -> Span<'static> {
     if !w.healthy {
         Span::styled(" DOWN ", styles.status(Tone::Alert))
     } else if w.state == WorkerState::Draining {
         Span::styled(" DRAIN", styles.status(Tone::Warning))
+    } else if w.full {
+        Span::styled(" FULL ", styles.status(Tone::Alert))
     } else if over {
         Span::styled(" OVER ", styles.status(Tone::Alert))
     } else {

@@ -104,6 +104,7 @@ fn big_fleet() -> ServerFrame {
                 spills_total: 4_321,
             },
             discovery: Vec::new(),
+            admission: None,
         }),
     )
 }
@@ -127,6 +128,7 @@ pub fn big() -> State {
             },
             dropped_events: 0,
             discovery: None,
+            admission: None,
         };
         assert_eq!(
             s.apply_replica_frame(

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use bch_core::router::{Router, RouterError};
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::AdmissionStats;
 use crate::config::runtime::SharedSettings;
 use crate::config::{Config, Member};
 use crate::metrics::Metrics;
@@ -22,6 +23,9 @@ pub(crate) struct RoutingParts {
     pub(crate) metrics: Arc<Metrics>,
     /// The aggregator's handle.
     pub(crate) telemetry: Telemetry,
+    /// The admission queue's counters (the queue writes them; telemetry and `/metrics` read).
+    #[allow(dead_code)]
+    pub(crate) admission: Arc<AdmissionStats>,
 }
 
 /// Builds the router over `members` with `config`'s policy (workers start `initial_health`), the
@@ -39,16 +43,19 @@ pub(crate) fn assemble_routing(
         initial_health,
     )?);
     let metrics = Arc::new(Metrics::default());
+    let admission = Arc::new(AdmissionStats::default());
     let telemetry = Telemetry::start(
         Arc::clone(&router),
         &config.telemetry,
         Arc::clone(&metrics),
+        Arc::clone(&admission),
         shutdown.clone(),
     );
     Ok(RoutingParts {
         router,
         metrics,
         telemetry,
+        admission,
     })
 }
 

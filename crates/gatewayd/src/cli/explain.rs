@@ -17,7 +17,10 @@ use super::value_parsers::{parse_load, parse_load_source, parse_policy, parse_sp
 #[derive(Debug, Args)]
 pub struct ExplainArgs {
     /// Read one JSON scenario per line on stdin and write one `{"worker","branch"}` per line.
-    #[arg(long, conflicts_with_all = ["workers", "routing_key", "reported", "local_at_scrape"])]
+    #[arg(long, conflicts_with_all = [
+        "workers", "routing_key", "reported", "local_at_scrape", "max_in_flight_per_worker",
+        "max_in_flight", "engine_full",
+    ])]
     pub batch: bool,
     /// A worker URL, in configuration order; repeat for every worker.
     #[arg(long = "worker", value_name = "URL", required_unless_present = "batch")]
@@ -62,6 +65,18 @@ pub struct ExplainArgs {
     /// repeat. Defaults to the worker's --load value (nothing changed since the scrape).
     #[arg(long = "local-at-scrape", value_name = "URL=N", value_parser = parse_load)]
     pub local_at_scrape: Vec<(String, u64)>,
+    /// Requests in flight each worker may hold (`[admission] max_in_flight_per_worker`): a worker
+    /// whose load the rule reads is at or above it is full. 0 (the default) is no cap.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub max_in_flight_per_worker: u64,
+    /// One worker's own cap, as `URL=N` (0 = no cap for it); repeat. Overrides
+    /// --max-in-flight-per-worker for that worker.
+    #[arg(long = "max-in-flight", value_name = "URL=N", value_parser = parse_load)]
+    pub max_in_flight: Vec<(String, u64)>,
+    /// A worker (by URL) whose engine reports saturation (over `max_waiting` or `max_kv_usage`),
+    /// so it is full whatever its load; repeat for more.
+    #[arg(long = "engine-full", value_name = "URL")]
+    pub engine_full: Vec<String>,
 }
 
 /// Runs `gatewayd explain`: one scenario from the flags, or `--batch` scenarios from stdin.
@@ -83,9 +98,9 @@ pub fn explain(args: ExplainArgs) -> ExitCode {
         load_source: args.load_source,
         reported: args.reported.into_iter().collect(),
         local_at_scrape: args.local_at_scrape.into_iter().collect(),
-        max_in_flight_per_worker: 0,
-        max_in_flight: Default::default(),
-        engine_full: Default::default(),
+        max_in_flight_per_worker: args.max_in_flight_per_worker,
+        max_in_flight: args.max_in_flight.into_iter().collect(),
+        engine_full: args.engine_full.into_iter().map(|u| (u, true)).collect(),
     };
     match explainer.explain(&scenario) {
         Ok(answer) => {
@@ -102,11 +117,14 @@ pub fn explain(args: ExplainArgs) -> ExitCode {
     }
 }
 
-/// One `--batch` answer line: `{"worker","branch"}`.
+/// One `--batch` answer line: `{"worker","branch"}`, and `wait` when the request would wait for
+/// room (absent otherwise, so lines of scenarios without full workers are as they always were).
 #[derive(serde::Serialize)]
 struct BatchAnswer {
     worker: Option<String>,
     branch: bch_core::policy::Branch,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    wait: Option<bch_core::explain::WaitsFor>,
 }
 
 /// One answer line per input line, in order. A bad line gets `{"error":..,"line":N}` and the rest
@@ -131,6 +149,7 @@ fn explain_batch(explainer: &mut Explainer) -> ExitCode {
                 &BatchAnswer {
                     worker: a.worker,
                     branch: a.branch,
+                    wait: a.wait,
                 },
             ),
             Err(message) => {

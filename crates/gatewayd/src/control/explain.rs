@@ -1,21 +1,26 @@
 //! `GET /admin/explain`: what a key would get right now, and why, without reserving load. The
 //! decision is the router's own (`RoutingTable::explain`), so it is exactly what routing does;
 //! `fleet_loads` shows, per worker, the local and the fleet-wide numbers and which one the rule
-//! read.
+//! read. With capacity, the answer says what a request that finds no room waits for (`wait`),
+//! each worker's `capacity` and `full` flag, and `full=NAME` asks what would happen were NAME full.
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::response::{IntoResponse, Response};
+use bch_core::admission::Wait;
+use bch_core::decide::{Decision, FleetView, decide};
 use bch_core::explain::WorkerLoad;
+use bch_core::fleet_load::LoadSignal;
 use bch_core::router::RoutingTable;
 use bch_core::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource, RoutingKey};
 
 use super::handle::ControlPlane;
 use crate::error::GatewayError;
 
-/// `GET /admin/explain` query: `routing_key=K[&explicit=true|false]` or `target_worker=NAME`.
+/// `GET /admin/explain` query: `routing_key=K[&explicit=true|false]` or `target_worker=NAME`, and
+/// any number of `full=NAME` (workers assumed full).
 /// Values are kept as raw bytes after percent-decoding, so a key that is not UTF-8 is judged exactly
 /// as the data plane judges the same bytes in a header (ignored), not silently repaired.
 #[derive(Debug, Default)]
@@ -23,6 +28,8 @@ struct ExplainQuery {
     routing_key: Option<Vec<u8>>,
     explicit: bool,
     target_worker: Option<Vec<u8>>,
+    /// Workers to answer as if they were full (at their cap or saturated), by name.
+    full: Vec<String>,
 }
 
 impl ExplainQuery {
@@ -51,6 +58,9 @@ impl ExplainQuery {
                     once(&query.target_worker)?;
                     query.target_worker = Some(value);
                 }
+                "full" => query
+                    .full
+                    .push(String::from_utf8_lossy(&value).into_owned()),
                 "explicit" if seen_explicit => return Err("explicit given more than once".into()),
                 "explicit" => {
                     seen_explicit = true;
@@ -82,7 +92,7 @@ pub async fn explain(
 ) -> Result<Response, GatewayError> {
     let query = ExplainQuery::parse(raw.as_deref()).map_err(|message| {
         GatewayError::InvalidQuery(format!(
-            "{message}; expected ?routing_key=K[&explicit=true|false] or ?target_worker=NAME"
+            "{message}; expected ?routing_key=K[&explicit=true|false] or ?target_worker=NAME, and any full=NAME"
         ))
     })?;
     for (name, value) in [
@@ -111,7 +121,18 @@ pub async fn explain(
         }
         _ => RoutingKey::None,
     };
-    let decision = table.explain(&key);
+    let mut assumed = vec![false; table.workers().len()];
+    for worker in &query.full {
+        let index = table.index_of(worker).ok_or_else(|| {
+            GatewayError::InvalidQuery(format!("full={worker:?}: no worker has that name"))
+        })?;
+        assumed[index] = true;
+    }
+    let view = AssumingFull {
+        table: &table,
+        assumed: &assumed,
+    };
+    let decision: Decision = decide(table.ring(), table.policy(), &key, &view, 0, 0);
     let name = |w: usize| table.workers()[w].spec.name.clone();
     let loads: serde_json::Map<String, serde_json::Value> = table
         .workers()
@@ -126,7 +147,11 @@ pub async fn explain(
         "load_signal": decision.load_signal,
         "policy": table.policy(),
         "loads": loads,
-        "fleet_loads": fleet_loads(&table),
+        "fleet_loads": fleet_loads(&view),
+        "wait": decision.wait.map(|wait| match wait {
+            Wait::ForWorker(w) => serde_json::json!({"for_worker": name(w)}),
+            Wait::ForAnyWorker => serde_json::json!("for_any_worker"),
+        }),
         "note": match key {
             RoutingKey::None => Some("keyless requests pick the less loaded of two random healthy workers; explain shows one such pick"),
             _ => None,
@@ -145,18 +170,24 @@ struct FleetLoad {
     scrape_age_ms: Option<u64>,
     /// No fresh report: the rule reads this replica's local count.
     stale: bool,
+    /// Requests in flight the worker may hold (`null`: no cap).
+    capacity: Option<u64>,
+    /// At its capacity or saturated (or assumed full by `full=NAME`): takes no new request.
+    full: bool,
 }
 
 /// Per worker: this replica's count, the worker's last report and its age, the fleet-wide load and
 /// the load the rule read (docs/replicas.md).
-fn fleet_loads(table: &RoutingTable) -> Vec<FleetLoad> {
+fn fleet_loads(view: &AssumingFull<'_>) -> Vec<FleetLoad> {
+    let table = view.table;
     let source = table.policy().load_source;
     let records = table.worker_records(crate::clock::now_ms());
     table
         .workers()
         .iter()
         .zip(records)
-        .map(|(worker, record)| {
+        .enumerate()
+        .map(|(index, (worker, record))| {
             let sample = worker.stats.fleet_sample().fresh();
             let mut numbers =
                 WorkerLoad::new(worker.spec.name.clone(), record.active, sample, source);
@@ -166,7 +197,56 @@ fn fleet_loads(table: &RoutingTable) -> Vec<FleetLoad> {
                 numbers,
                 scrape_age_ms: record.scrape_age_ms,
                 stale: record.load_stale,
+                capacity: record.capacity,
+                full: record.full || view.assumed[index],
             }
         })
         .collect()
+}
+
+/// The live table, with some workers assumed full (`full=NAME`): the decision is the router's own
+/// over it, so the answer is what routing would do were those workers at their cap.
+struct AssumingFull<'a> {
+    table: &'a RoutingTable,
+    /// Per worker, in the table's order.
+    assumed: &'a [bool],
+}
+
+impl FleetView for AssumingFull<'_> {
+    fn worker_count(&self) -> usize {
+        self.table.worker_count()
+    }
+
+    fn routable(&self, worker: usize) -> bool {
+        FleetView::routable(self.table, worker)
+    }
+
+    fn routable_count(&self) -> usize {
+        FleetView::routable_count(self.table)
+    }
+
+    fn load(&self, worker: usize) -> u64 {
+        self.table.load(worker)
+    }
+
+    fn load_with_signal(&self, worker: usize) -> (u64, LoadSignal) {
+        self.table.load_with_signal(worker)
+    }
+
+    fn resolve_target(&self, raw: &[u8]) -> Option<usize> {
+        self.table.resolve_target(raw)
+    }
+
+    fn limited(&self) -> bool {
+        self.table.limited() || self.assumed.contains(&true)
+    }
+
+    fn capacity(&self, worker: usize) -> Option<u64> {
+        FleetView::capacity(self.table, worker)
+    }
+
+    /// An assumed-full worker is full whatever its load, as a saturated engine is.
+    fn engine_full(&self, worker: usize) -> bool {
+        self.assumed[worker] || self.table.engine_full(worker)
+    }
 }

@@ -5,19 +5,22 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bch_core::decide::Decision;
+use bch_core::decide::{Decision, FleetView};
+use bch_core::policy::{BoundCheck, Branch, FleetLoad};
 use bch_core::router::{Router, RoutingTable};
 use bch_core::telemetry::{
-    DiscoverySource, DrainedUpdate, PolicyUpdate, RingOwnership, RingUpdate, ServerMessage,
-    Snapshot, SpillCause, SpillEvent, Tick, Totals, WorkerRecord,
+    AdmissionSummary, DiscoverySource, DrainedUpdate, PolicyUpdate, RingOwnership, RingUpdate,
+    ServerMessage, Snapshot, SpillCause, SpillEvent, Tick, Totals, WorkerRecord,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::admission::AdmissionRates;
 use super::clients::Clients;
 use super::event::{Control, Event};
 use super::keys::{KeyTag, KeyTracker};
 use super::wire::{encode_message, ring_ownership};
+use crate::admission::AdmissionStats;
 use crate::clock::now_ms;
 use crate::config::TelemetryConfig;
 use crate::per_worker::{TableKeys, WorkerKey};
@@ -78,9 +81,16 @@ impl SpillLog {
         decision: &Decision,
         key: Option<&KeyTag>,
     ) {
-        let (Some(bound), Some(from), Some(to)) =
-            (decision.bound, decision.preferred, decision.worker)
-        else {
+        let (Some(from), Some(to)) = (decision.preferred, decision.worker) else {
+            return;
+        };
+        // A capacity spill under `consistent_hashing` has no bound check (the bound is not in
+        // force there); the log still shows the loads it left, read now, a moment after the
+        // decision.
+        let Some(bound) = decision.bound.or_else(|| {
+            (decision.branch == Branch::ExplicitRoutingKeyCapacitySpill)
+                .then(|| bound_now(table, from))
+        }) else {
             return;
         };
         let name = |w: usize| table.workers()[w].spec.name.clone();
@@ -109,6 +119,19 @@ impl SpillLog {
     }
 }
 
+/// The bound check of a request preferring `preferred` on `table`'s loads now.
+fn bound_now(table: &RoutingTable, preferred: usize) -> BoundCheck {
+    let routable = (0..table.worker_count())
+        .filter(|&w| table.routable(w))
+        .map(|w| table.load(w));
+    let fleet = FleetLoad::of(routable).unwrap_or(FleetLoad {
+        min_load: 0,
+        mean_load: 0.0,
+        healthy: 0,
+    });
+    fleet.bound_for(table.load(preferred), table.policy())
+}
+
 /// All telemetry data, owned by one task.
 pub(super) struct Aggregator {
     router: Arc<Router>,
@@ -127,10 +150,18 @@ pub(super) struct Aggregator {
     discovery: Vec<DiscoverySource>,
     /// Whether they changed since the last tick.
     discovery_changed: bool,
+    /// The admission queue's counters, and their rates.
+    admission: AdmissionRates,
+    /// The last tick's admission summary (snapshots repeat it).
+    admission_summary: AdmissionSummary,
 }
 
 impl Aggregator {
-    pub(super) fn new(router: Arc<Router>, config: &TelemetryConfig) -> Self {
+    pub(super) fn new(
+        router: Arc<Router>,
+        config: &TelemetryConfig,
+        admission: Arc<AdmissionStats>,
+    ) -> Self {
         let table = router.table();
         let ring = ring_ownership(&table);
         Self {
@@ -152,6 +183,8 @@ impl Aggregator {
             totals: Totals::default(),
             discovery: Vec::new(),
             discovery_changed: false,
+            admission: AdmissionRates::new(admission, RATE_WINDOW),
+            admission_summary: AdmissionSummary::default(),
         }
     }
 
@@ -261,6 +294,7 @@ impl Aggregator {
             spills: self.spills.kept.iter().cloned().collect(),
             totals: self.totals,
             discovery: self.discovery_at(now_ms()),
+            admission: Some(self.admission_summary),
         }))
     }
 
@@ -274,11 +308,11 @@ impl Aggregator {
 
     fn tick(&mut self) {
         let table = self.router.table();
-        self.totals = self.rates.sample(
-            tokio::time::Instant::now(),
-            self.requests_total,
-            self.spills_total,
-        );
+        let now = tokio::time::Instant::now();
+        self.totals = self
+            .rates
+            .sample(now, self.requests_total, self.spills_total);
+        self.admission_summary = self.admission.sample(now);
         self.announce_ring_change(&table);
         let changed_workers = self.changed_workers(&table);
         if self.clients.is_empty() {
@@ -304,6 +338,7 @@ impl Aggregator {
             totals: self.totals,
             dropped_events: 0,
             discovery,
+            admission: Some(self.admission_summary),
         });
     }
 
@@ -343,10 +378,60 @@ impl Aggregator {
 mod tests {
     use super::*;
 
+    /// Under `consistent_hashing` a capacity spill has no bound check; it is still a spill event,
+    /// and the log must show it (with its cause), not only count it.
+    #[test]
+    fn capacity_spills_without_a_bound_reach_the_spill_log() {
+        use bch_core::policy::PolicyKind;
+        use bch_core::router::{WorkerSource, WorkerSpec};
+        use bch_core::routing_key::{ExplicitKey, RoutingKey};
+
+        let spec = |name: &str, port: u16| WorkerSpec {
+            name: name.into(),
+            url: format!("http://127.0.0.1:{port}"),
+            ring_id: None,
+            source: WorkerSource::Static,
+            max_in_flight: Some(1),
+        };
+        let mut policy = bch_core::policy::PolicySettings {
+            kind: PolicyKind::ConsistentHashing,
+            ..Default::default()
+        };
+        policy.admission.max_in_flight_per_worker = 1;
+        let router = Arc::new(Router::new(vec![spec("a", 1), spec("b", 2)], policy).unwrap());
+        let mut aggregator = Aggregator::new(
+            Arc::clone(&router),
+            &TelemetryConfig::default(),
+            Default::default(),
+        );
+        let key = RoutingKey::Explicit(ExplicitKey::parse(b"tenant").unwrap());
+        let first = router.route(&key);
+        let second = router.route(&key);
+        assert_eq!(
+            second.decision.branch,
+            bch_core::policy::Branch::ExplicitRoutingKeyCapacitySpill
+        );
+        for routed in [&first, &second] {
+            aggregator.apply(Event::Routed {
+                ts_ms: 1,
+                table: Arc::clone(&routed.table),
+                decision: routed.decision,
+                key: KeyTag::from_key(&key, false),
+            });
+        }
+        assert_eq!(aggregator.spills_total, 1);
+        let logged: Vec<_> = aggregator.spills.kept.iter().collect();
+        assert_eq!(logged.len(), 1, "the capacity spill is in the log");
+        assert_eq!(logged[0].cause, SpillCause::Capacity);
+        assert_eq!(logged[0].preferred_load, 1, "the full worker's load");
+        assert_ne!(logged[0].from, logged[0].to);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn rates_average_over_a_second_not_one_tick() {
         let router = Arc::new(Router::new(Vec::new(), Default::default()).unwrap());
-        let mut aggregator = Aggregator::new(router, &TelemetryConfig::default());
+        let mut aggregator =
+            Aggregator::new(router, &TelemetryConfig::default(), Default::default());
         aggregator.requests_total = 10;
         tokio::time::advance(Duration::from_millis(100)).await;
         aggregator.tick();

@@ -10,6 +10,7 @@
 //! Files: [`keys`] (key identities and the tracked-key table), `event` (what flows into the
 //! aggregator), `aggregator` (the task), `clients` (per-client queues), [`wire`] (encoding).
 
+mod admission;
 mod aggregator;
 mod clients;
 mod event;
@@ -25,6 +26,7 @@ use bch_core::telemetry::{ChangeSource, DiscoverySource};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::AdmissionStats;
 use crate::clock::now_ms;
 use crate::config::TelemetryConfig;
 use crate::metrics::Metrics;
@@ -47,17 +49,19 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    /// Starts the aggregator task over `router`'s tables; it stops when `shutdown` is cancelled.
-    /// Dropped events are counted in `metrics`.
+    /// Starts the aggregator task over `router`'s tables and the admission queue's counters
+    /// (`admission`, summarised in every tick); it stops when `shutdown` is cancelled. Dropped
+    /// events are counted in `metrics`.
     pub fn start(
         router: Arc<Router>,
         config: &TelemetryConfig,
         metrics: Arc<Metrics>,
+        admission: Arc<AdmissionStats>,
         shutdown: CancellationToken,
     ) -> Telemetry {
         let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
         let (control_tx, control_rx) = mpsc::unbounded_channel();
-        let aggregator = Aggregator::new(router, config);
+        let aggregator = Aggregator::new(router, config, admission);
         tokio::spawn(aggregator.run(events_rx, control_rx, shutdown));
         Telemetry {
             events: events_tx,
@@ -163,6 +167,7 @@ mod tests {
             Arc::clone(&router),
             &config,
             Arc::new(Metrics::default()),
+            Arc::new(AdmissionStats::default()),
             shutdown.clone(),
         );
         let (id, mut frames) = telemetry.register();

@@ -120,3 +120,74 @@ async fn explain_answers_without_reserving_load() {
     assert_eq!(total, 2, "only the two real requests were counted");
     gateway.shutdown().await;
 }
+
+/// `full=NAME` answers what a key would get were NAME full; the answer says what a request that
+/// finds no room waits for, and each worker's capacity and full flag.
+#[tokio::test]
+async fn explain_answers_for_full_workers() {
+    let (a, b, c) = (
+        fake_worker("a").await,
+        fake_worker("b").await,
+        fake_worker("c").await,
+    );
+    let mut config = test_config(&[&a, &b, &c]);
+    config.policy.kind = bch_core::policy::PolicyKind::BoundedConsistentHashing;
+    let gateway = start(config).await;
+    let client = client();
+
+    let free = get_json(&control(&gateway, "/admin/explain?routing_key=session-1")).await;
+    let preferred = free["worker"].as_str().unwrap().to_owned();
+    assert!(free["wait"].is_null(), "{free}");
+    for worker in free["fleet_loads"].as_array().unwrap() {
+        assert!(worker["capacity"].is_null(), "no cap configured: {worker}");
+        assert_eq!(worker["full"], false, "{worker}");
+    }
+
+    let path = format!("/admin/explain?routing_key=session-1&full={preferred}");
+    let moved = get_json(&control(&gateway, &path)).await;
+    assert_eq!(moved["branch"], "explicit_routing_key_capacity_spill");
+    assert_eq!(moved["preferred"], preferred.as_str());
+    assert_ne!(moved["worker"], preferred.as_str(), "{moved}");
+    let marked: Vec<&Value> = moved["fleet_loads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["full"] == true)
+        .collect();
+    assert_eq!(marked.len(), 1, "{moved}");
+
+    // An implicit key waits for its own worker.
+    let implicit = get_json(&control(
+        &gateway,
+        "/admin/explain?routing_key=Bearer%20abc&explicit=false",
+    ))
+    .await;
+    let own = implicit["worker"].as_str().unwrap().to_owned();
+    let held = get_json(&control(
+        &gateway,
+        &format!("/admin/explain?routing_key=Bearer%20abc&explicit=false&full={own}"),
+    ))
+    .await;
+    assert_eq!(held["branch"], "implicit_routing_key_full", "{held}");
+    assert!(held["worker"].is_null(), "{held}");
+    assert_eq!(held["wait"], serde_json::json!({"for_worker": own}));
+
+    // Every worker full: a keyless request waits for any.
+    let all = get_json(&control(&gateway, "/admin/explain?full=a&full=b&full=c")).await;
+    assert_eq!(all["branch"], "fleet_full", "{all}");
+    assert_eq!(all["wait"], "for_any_worker", "{all}");
+
+    let response = client
+        .get(control(&gateway, "/admin/explain?full=nobody"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    assert!(
+        error_message(&response.json().await.unwrap()).contains("nobody"),
+        "the unknown worker is named"
+    );
+    // Explaining reserved nothing.
+    assert!(wait_all_idle(&gateway).await.iter().all(|(_, n)| *n == 0));
+    gateway.shutdown().await;
+}

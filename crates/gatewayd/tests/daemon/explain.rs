@@ -283,3 +283,90 @@ fn explain_batch_answers_ten_thousand_lines() {
         assert_eq!(answer, &scenarios[i % scenarios.len()].1, "line {}", i + 1);
     }
 }
+
+/// The answer for `key` over workers `a`, `b`, `c` with `extra` flags.
+fn explain_full(key: &[&str], extra: &[&str]) -> Value {
+    let mut command = gatewayd();
+    command.arg("explain");
+    for w in ["http://a:1", "http://b:1", "http://c:1"] {
+        command.args(["--worker", w]);
+    }
+    let output = command.args(key).args(extra).output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("JSON on stdout")
+}
+
+/// With caps and saturated engines given as flags, explain says where a key goes when its worker
+/// is full: an explicit key moves at once, an implicit one waits for its worker, and with every
+/// worker full the explicit key waits for any.
+#[test]
+fn explain_answers_for_full_workers() {
+    let explicit = ["--routing-key", "tenant-1"];
+    let free = explain_full(&explicit, &[]);
+    let preferred = free["worker"].as_str().unwrap().to_owned();
+    let cap = ["--max-in-flight-per-worker", "2"];
+    let at_cap = format!("{preferred}=2");
+
+    let moved = explain_full(&explicit, &[&cap[..], &["--load", &at_cap]].concat());
+    assert_eq!(
+        moved["branch"], "explicit_routing_key_capacity_spill",
+        "{moved}"
+    );
+    assert_eq!(moved["preferred"], preferred.as_str());
+    assert_ne!(moved["worker"], preferred.as_str(), "{moved}");
+    assert!(moved.get("wait").is_none(), "{moved}");
+
+    // The same key as an implicit one waits for its worker; a per-worker cap alone does it too.
+    let own_cap = format!("{preferred}=2");
+    let implicit = [
+        "--routing-key",
+        "tenant-1",
+        "--implicit",
+        "--max-in-flight",
+        &own_cap,
+        "--load",
+        &at_cap,
+    ];
+    let held = explain_full(&implicit, &[]);
+    assert_eq!(held["branch"], "implicit_routing_key_full", "{held}");
+    assert!(held["worker"].is_null(), "{held}");
+    assert_eq!(held["wait"], json!({"for_worker": preferred}));
+
+    // Every engine saturated: the explicit key waits for any worker with room.
+    let all_full = [
+        "--engine-full",
+        "http://a:1",
+        "--engine-full",
+        "http://b:1",
+        "--engine-full",
+        "http://c:1",
+    ];
+    let waits = explain_full(&explicit, &all_full);
+    assert_eq!(waits["branch"], "fleet_full", "{waits}");
+    assert_eq!(waits["wait"], "for_any_worker", "{waits}");
+}
+
+/// A `--batch` line whose request would wait says for what; other lines keep their two fields.
+#[test]
+fn explain_batch_lines_say_what_a_request_waits_for() {
+    let workers = r#"["http://a:1","http://b:1"]"#;
+    let input = format!(
+        "{{\"workers\":{workers},\"routing_key\":\"k\",\"explicit\":true}}\n\
+         {{\"workers\":{workers},\"routing_key\":\"k\",\"explicit\":true,\
+         \"engine_full\":{{\"http://a:1\":true,\"http://b:1\":true}}}}\n"
+    );
+    let mut command = gatewayd();
+    command.args(["explain", "--batch"]);
+    let output = run_with_stdin(command, input);
+    assert!(output.status.success());
+    let answers = stdout_lines(&output);
+    assert_eq!(answers[0].as_object().unwrap().len(), 2, "{}", answers[0]);
+    assert_eq!(
+        answers[1],
+        json!({"worker": null, "branch": "fleet_full", "wait": "for_any_worker"})
+    );
+}
