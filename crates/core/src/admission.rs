@@ -166,8 +166,12 @@ impl AdmissionSettings {
     /// Whether a worker whose engine reported `report` is full under these limits: more waiting
     /// requests than `max_waiting`, or KV usage at or above `max_kv_usage` (each only when on).
     pub fn engine_full(&self, report: EngineReport) -> bool {
+        // Compared at the precision an [`EngineCell`] keeps (f32): the report read back from the
+        // cell is the engine's value rounded to the nearest f32, which for 0.9 is just below 0.9
+        // as an f64, and "at the limit" must stay full. Rounding is monotone, so nothing at or
+        // above the limit reads as below it.
         (self.max_waiting > 0 && report.waiting > self.max_waiting)
-            || (self.max_kv_usage > 0.0 && report.kv_usage >= self.max_kv_usage)
+            || (self.max_kv_usage > 0.0 && report.kv_usage as f32 >= self.max_kv_usage as f32)
     }
 
     /// `retry_after_ms` in whole seconds, rounded up: the `Retry-After` header's value.
@@ -340,6 +344,29 @@ mod tests {
         assert!(limits.engine_full(report(0, 0.9)));
         assert!(!AdmissionSettings::default().engine_full(report(1000, 1.0)));
         assert!(!AdmissionSettings::default().engine_limits());
+    }
+
+    #[test]
+    fn a_kv_usage_at_the_limit_is_full_after_the_cell() {
+        // The cell keeps KV usage as an f32: 0.9 reads back as 0.89999997…, which must still be
+        // "at or above" a max_kv_usage of 0.9.
+        let limits = AdmissionSettings {
+            max_kv_usage: 0.9,
+            ..Default::default()
+        };
+        let cell = EngineCell::default();
+        for (kv_usage, full) in [
+            (0.9, true),
+            (0.9 + 1e-12, true),
+            (0.95, true),
+            (0.899, false),
+        ] {
+            cell.publish(EngineReport {
+                waiting: 0,
+                kv_usage,
+            });
+            assert_eq!(limits.engine_full(cell.get()), full, "{kv_usage}");
+        }
     }
 
     #[test]

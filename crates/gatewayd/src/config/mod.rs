@@ -34,6 +34,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use bch_core::admission::AdmissionSettings;
 use bch_core::policy::PolicySettings;
 use bch_core::router::WorkerSpec;
 use serde::{Deserialize, Serialize};
@@ -70,6 +71,9 @@ pub struct Config {
     pub policy: PolicyConfig,
     /// Which load the rule reads, and how workers' own gauges are scraped.
     pub load: LoadConfig,
+    /// `[admission]`: capacity per worker, engine-reported saturation, the gateway's queue
+    /// (docs/policy.md, "Capacity"); checked with the policy.
+    pub admission: AdmissionSettings,
     /// Active health probes.
     pub health: HealthConfig,
     /// Websocket telemetry.
@@ -85,7 +89,7 @@ pub struct Config {
 }
 
 impl Config {
-    /// The router's policy settings: `[policy]` plus `[load] source`.
+    /// The router's policy settings: `[policy]`, `[load] source` and `[admission]`.
     pub fn policy_settings(&self) -> PolicySettings {
         PolicySettings {
             kind: self.policy.kind,
@@ -94,11 +98,12 @@ impl Config {
             spill_order: self.policy.spill_order,
             virtual_nodes: self.policy.virtual_nodes,
             load_source: self.load.source,
-            admission: Default::default(),
+            admission: self.admission,
         }
     }
 
-    /// Puts `settings` in force in this configuration: `[policy]` and `[load] source`.
+    /// Puts `settings` in force in this configuration: `[policy]`, `[load] source` and
+    /// `[admission]`.
     pub fn set_policy_settings(&mut self, settings: PolicySettings) {
         self.policy.kind = settings.kind;
         self.policy.min_load_gap = settings.min_load_gap;
@@ -106,6 +111,7 @@ impl Config {
         self.policy.spill_order = settings.spill_order;
         self.policy.virtual_nodes = settings.virtual_nodes;
         self.load.source = settings.load_source;
+        self.admission = settings.admission;
     }
 }
 

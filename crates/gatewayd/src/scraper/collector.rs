@@ -1,6 +1,7 @@
 //! The scraper's own metrics, registered by the scraper: the fleet-wide load of every worker
 //! (docs/replicas.md): what the rule reads, what the worker reported, how old that is, whether
-//! the rule fell back to local load, and how scrapes went.
+//! the rule fell back to local load, how scrapes went, and the engine report the capacity rule
+//! compares with `[admission] max_waiting` and `max_kv_usage`.
 
 use std::sync::Arc;
 
@@ -82,6 +83,28 @@ impl Collector for LoadCollector {
                 .map(|r| (label(&r.name), i64::from(r.load_stale))),
         )?;
         // A record's URL is its worker's key.
+        let reports: Vec<_> = records
+            .iter()
+            .map(|r| self.scrapes.engine_report(&r.url))
+            .collect();
+        gauge(
+            &mut encoder,
+            "bch_worker_engine_waiting",
+            "Requests waiting in the worker's engine at its last good scrape, as the capacity rule reads them against max_waiting (absent when no report is held)",
+            records
+                .iter()
+                .zip(&reports)
+                .filter_map(|(r, e)| Some((label(&r.name), e.as_ref()?.waiting as i64))),
+        )?;
+        gauge(
+            &mut encoder,
+            "bch_worker_engine_kv_usage",
+            "KV-cache usage (0..1) of the worker's engine at its last good scrape, as the capacity rule reads it against max_kv_usage (absent when no report is held or the engine exports none)",
+            records
+                .iter()
+                .zip(&reports)
+                .filter_map(|(r, e)| Some((label(&r.name), e.as_ref()?.kv_usage?))),
+        )?;
         let counts: Vec<_> = records
             .iter()
             .map(|r| self.scrapes.counts(&r.url))

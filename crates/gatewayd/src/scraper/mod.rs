@@ -1,13 +1,17 @@
 //! The fleet-wide load scraper: while `[load] source` is `worker_metrics`, every
 //! `scrape_interval_ms` it reads each worker's Prometheus text and publishes the reported load
 //! into the worker's sample cell, which the routing decision reads without a lock
-//! (docs/replicas.md).
+//! (docs/replicas.md). It also publishes what the engine says of its saturation (waiting
+//! requests, KV-cache usage) into the worker's engine cell, which the capacity rule compares with
+//! `[admission] max_waiting` and `max_kv_usage`; while either is set it scrapes under `local` too,
+//! for the engine report alone.
 //!
 //! Off the request path in every way: its own thread with a single-threaded runtime (640
 //! scrapes a second never take a data-plane worker thread from a request), its own HTTP
 //! connections, each round bounded by a timeout below the interval and each body by a cap.
-//! Routing never waits for it; a worker whose scrapes fail keeps its last good sample until it is
-//! `stale_after_ms` old and then falls back to local load. Each change of a worker's scrape state is logged once, and counted in `/metrics`.
+//! Routing never waits for it; a worker whose scrapes fail keeps its last good sample and engine
+//! report until they are `stale_after_ms` old, then falls back to local load and forgets the
+//! report (a worker is never held full by a report nobody renews). Each change of a worker's scrape state is logged once, and counted in `/metrics`.
 //!
 //! Files: `gauges` (the recognised engines and the text), `scrape` (one HTTP scrape and its
 //! failures), `status` (per-worker history and counters), `collector` (the scraper's families on
@@ -23,6 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bch_core::fleet_load::{FleetSample, LoadSource};
+use bch_core::policy::PolicySettings;
 use bch_core::router::{Router, Worker};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -37,7 +42,8 @@ use crate::config::{Config, Member, SharedConfig, SharedMembers};
 use crate::log_limit::{Component, LimitedLog, LineBudget, SuppressedLines};
 use crate::metrics::LabelValue;
 use crate::per_worker::{Check, TableKeys, Targets, WorkerKey};
-use status::{Change, Track};
+use gauges::Reading;
+use status::{Change, EngineReading, Track};
 
 /// The scrape check: a worker's metrics path (its own, else `[load] metrics_path`) on its URL.
 struct Scrape;
@@ -67,9 +73,34 @@ struct Scraper {
     connections: HashMap<WorkerKey, scrape::Connection>,
     targets: Targets<Scrape>,
     tracks: HashMap<WorkerKey, Track>,
-    scraping: bool,
+    /// What the scraper is doing, `None` when it does not scrape.
+    scraping: Option<Purpose>,
     /// Each worker's budget of state-change lines: one that flaps is not logged every round.
     lines: LimitedLog<WorkerKey>,
+}
+
+/// Why the scraper scrapes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    /// `worker_metrics`: the fleet-wide load, and the engine reports with it.
+    FleetLoad,
+    /// `local` with an engine limit (`max_waiting` or `max_kv_usage`) on: the engine reports only;
+    /// the rule reads local load, so no load sample is published.
+    EngineReports,
+}
+
+impl Purpose {
+    /// Why to scrape under `policy` (the policy in force: its load source and admission), if at
+    /// all.
+    fn of(policy: &PolicySettings) -> Option<Purpose> {
+        if policy.load_source == LoadSource::WorkerMetrics {
+            Some(Purpose::FleetLoad)
+        } else if policy.admission.engine_limits() {
+            Some(Purpose::EngineReports)
+        } else {
+            None
+        }
+    }
 }
 
 /// Starts the scraper on a thread of its own (`bch-load-scraper`) that runs until `shutdown` is
@@ -118,9 +149,10 @@ impl Drop for ClearSamplesOnPanic {
         if std::thread::panicking() {
             for worker in self.0.table().workers() {
                 worker.stats.fleet_sample().clear();
+                worker.stats.engine_report().clear();
             }
             tracing::error!(
-                "the load scraper stopped on a panic: every worker is routed on local load until gatewayd restarts"
+                "the load scraper stopped on a panic: every worker is routed on local load, without engine reports, until gatewayd restarts"
             );
         }
     }
@@ -146,7 +178,7 @@ async fn run(
         connections: HashMap::new(),
         targets: Targets::new(members),
         tracks: HashMap::new(),
-        scraping: false,
+        scraping: None,
     };
     loop {
         let started = Instant::now();
@@ -159,25 +191,20 @@ async fn run(
 }
 
 impl Scraper {
-    /// One round: scrape every worker (or stop scraping in `local` mode); answers the interval
-    /// until the next.
+    /// One round: scrape every worker (or stop scraping when neither the load source nor an
+    /// engine limit needs it); answers the interval until the next.
     async fn round(&mut self) -> Duration {
         let current = self.config.load_full();
         let interval = current.load.scrape_interval;
-        if current.load.source != LoadSource::WorkerMetrics {
+        // The table first: the admin owner stores the membership before the router's table, so
+        // the membership read after it has every worker of the table but one that just left. Its
+        // policy is the one in force, admission included.
+        let table = self.router.table();
+        let Some(purpose) = Purpose::of(table.policy()) else {
             self.stop();
             return interval;
-        }
-        if !self.scraping {
-            tracing::info!(
-                interval_ms = crate::config::millis::as_millis(interval),
-                "load source worker_metrics: scraping every worker's metrics"
-            );
-            self.scraping = true;
-        }
-        // The table first: the admin owner stores the membership before the router's table, so
-        // the membership read after it has every worker of the table but one that just left.
-        let table = self.router.table();
+        };
+        self.start(purpose, interval);
         if self.targets.refresh(&current) {
             // A connection is to the worker's address, whatever path is asked on it; a worker
             // that left has its connection closed.
@@ -185,13 +212,15 @@ impl Scraper {
             self.connections.retain(|key, _| targets.contains(key));
         }
         let workers = self.targets.of_table(&table);
-        let results = self.scrape_all(&workers, &current).await;
+        let results = self.scrape_all(&workers, &current, purpose).await;
         let stale_after = current.load.stale_after;
         let now = Instant::now();
         for (worker, key) in &workers {
             let track = self.tracks.entry(key.clone()).or_default();
             if track.went_stale(now, stale_after) {
                 worker.stats.fleet_sample().mark_stale();
+                worker.stats.engine_report().clear();
+                self.stats.set_engine_report(key, None);
                 if self.lines.admit(key, &worker.spec.name, now.into_std()) {
                     tracing::warn!(worker = %worker.spec.name, stale_after_ms = crate::config::millis::as_millis(stale_after), "no good load scrape for stale_after_ms: routing on local load for this worker");
                 }
@@ -212,14 +241,15 @@ impl Scraper {
     }
 
     /// Scrapes `workers` at once, all within one deadline (`scrape_timeout`, below the
-    /// interval), and publishes each good sample as soon as it is in (the reported load and this
-    /// replica's in-flight count on the worker when its scrape was sent), so one hung worker does
-    /// not age the others' samples. A scrape still running at the deadline is a `Timeout`, and
+    /// interval), and publishes each good sample as soon as it is in (the engine report, and for
+    /// [`Purpose::FleetLoad`] the reported load and this replica's in-flight count on the worker
+    /// when its scrape was sent), so one hung worker does not age the others' samples. A scrape still running at the deadline is a `Timeout`, and
     /// its connection is dropped with it. Answers each worker's outcome.
     async fn scrape_all(
         &mut self,
         workers: &[(&Worker, WorkerKey)],
         config: &Config,
+        purpose: Purpose,
     ) -> Vec<Result<(), Failure>> {
         let sent_at = Instant::now();
         let deadline = tokio::time::sleep(config.load.scrape_timeout());
@@ -236,11 +266,7 @@ impl Scraper {
                     let local_at_scrape = worker.stats.active();
                     let (reading, connection) =
                         scrape::scrape(target, reuse, max_bytes, custom).await;
-                    let sample = reading.map(|reading| FleetSample {
-                        reported: reading.load,
-                        local_at_scrape,
-                    });
-                    (index, sample, connection)
+                    (index, reading, local_at_scrape, connection)
                 }
             })
             .collect();
@@ -249,10 +275,14 @@ impl Scraper {
         loop {
             tokio::select! {
                 next = scrapes.next() => match next {
-                    Some((index, sample, connection)) => {
+                    Some((index, reading, local_at_scrape, connection)) => {
                         let (worker, key) = &workers[index];
-                        observe(&mut self.tracks, &mut self.lines, worker, key, sent_at, sample, config);
-                        outcomes[index] = Some(sample.map(|_| ()));
+                        if let Ok(reading) = &reading {
+                            publish(&self.stats, worker, key, sent_at, reading, local_at_scrape, purpose);
+                        }
+                        let outcome = reading.map(|_| ());
+                        observe(&mut self.tracks, &mut self.lines, worker, key, sent_at, outcome, config);
+                        outcomes[index] = Some(outcome);
                         if let Some(connection) = connection {
                             self.connections.insert(key.clone(), connection);
                         }
@@ -269,58 +299,108 @@ impl Scraper {
             .zip(outcomes)
             .map(|((worker, key), outcome)| {
                 outcome.unwrap_or_else(|| {
-                    observe(
-                        tracks,
-                        lines,
-                        worker,
-                        key,
-                        sent_at,
-                        Err(Failure::Timeout),
-                        config,
-                    );
+                    let timeout = Err(Failure::Timeout);
+                    observe(tracks, lines, worker, key, sent_at, timeout, config);
                     Err(Failure::Timeout)
                 })
             })
             .collect()
     }
 
-    /// `local` mode: no scraping, and no sample left for the rule to read if the source comes
-    /// back (it starts from fresh scrapes).
-    fn stop(&mut self) {
-        if !self.scraping {
+    /// Scraping for `purpose` from this round on, said once per change. Leaving `worker_metrics`
+    /// for engine reports alone forgets every load sample, as stopping does.
+    fn start(&mut self, purpose: Purpose, interval: Duration) {
+        if self.scraping == Some(purpose) {
             return;
         }
-        self.scraping = false;
-        for worker in self.router.table().workers() {
-            worker.stats.fleet_sample().clear();
+        let interval_ms = crate::config::millis::as_millis(interval);
+        match purpose {
+            Purpose::FleetLoad => tracing::info!(
+                interval_ms,
+                "load source worker_metrics: scraping every worker's metrics"
+            ),
+            Purpose::EngineReports => {
+                if self.scraping.is_some() {
+                    self.clear_samples();
+                }
+                tracing::info!(
+                    interval_ms,
+                    "load source local with an engine limit (max_waiting or max_kv_usage): scraping every worker's metrics for its engine report only"
+                );
+            }
         }
+        self.scraping = Some(purpose);
+    }
+
+    /// `local` mode without engine limits: no scraping, and no sample or engine report left for
+    /// the rules to read if scraping comes back (it starts from fresh scrapes).
+    fn stop(&mut self) {
+        if self.scraping.is_none() {
+            return;
+        }
+        self.scraping = None;
+        self.clear_samples();
+        for worker in self.router.table().workers() {
+            worker.stats.engine_report().clear();
+        }
+        self.stats.clear_engine_reports();
         self.tracks.clear();
         // Nobody polls an idle connection in `local` mode: one a worker closed would sit in
         // CLOSE-WAIT until the source came back.
         self.connections.clear();
         self.targets.clear();
-        tracing::info!("load source local: scraping stopped");
+        tracing::info!("load source local, no engine limit: scraping stopped");
+    }
+
+    /// Forgets every worker's load sample: the rule reads local load.
+    fn clear_samples(&self) {
+        for worker in self.router.table().workers() {
+            worker.stats.fleet_sample().clear();
+        }
     }
 }
 
-/// Publishes a good sample and logs a change of the worker's scrape state (kept in `tracks`)
-/// within the worker's budget of lines (`lines`).
+/// Publishes a good scrape of `worker` (sent at `sent_at`) for the rules: its engine report always,
+/// and its load sample when the rule reads samples (`purpose`), stamped with the wall-clock time
+/// the scrape was sent.
+fn publish(
+    stats: &ScrapeStats,
+    worker: &Worker,
+    key: &WorkerKey,
+    sent_at: Instant,
+    reading: &Reading,
+    local_at_scrape: u64,
+    purpose: Purpose,
+) {
+    worker
+        .stats
+        .engine_report()
+        .publish(reading.engine_report());
+    stats.set_engine_report(key, Some(EngineReading::of(reading)));
+    if purpose == Purpose::FleetLoad {
+        let sample = FleetSample {
+            reported: reading.load,
+            local_at_scrape,
+        };
+        let wall_ms = crate::clock::now_ms().saturating_sub(sent_at.elapsed().as_millis() as u64);
+        worker.stats.fleet_sample().publish(sample, wall_ms);
+    }
+}
+
+/// Logs a change of the worker's scrape state (kept in `tracks`) within the worker's budget of
+/// lines (`lines`).
 fn observe(
     tracks: &mut HashMap<WorkerKey, Track>,
     lines: &mut LimitedLog<WorkerKey>,
     worker: &Worker,
     key: &WorkerKey,
     sent_at: Instant,
-    result: Result<FleetSample, Failure>,
+    result: Result<(), Failure>,
     config: &Config,
 ) {
-    if let Ok(sample) = result {
-        let wall_ms = crate::clock::now_ms().saturating_sub(sent_at.elapsed().as_millis() as u64);
-        worker.stats.fleet_sample().publish(sample, wall_ms);
-    }
     let track = tracks.entry(key.clone()).or_default();
     let never_good = track.never_good();
-    for change in track.observe(sent_at, result.map(|_| ())) {
+    for change in track.observe(sent_at, result) {
         let name = &worker.spec.name;
         // The debug line of a fresh sample is no state an operator reads at `info`: not counted.
         if change != Change::UsingSample && !lines.admit(key, name, sent_at.into_std()) {

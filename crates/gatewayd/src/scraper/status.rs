@@ -1,12 +1,13 @@
 //! What the scraper knows about each worker beyond its sample: when it last scraped well, how its
-//! scrapes have been going (so a change is logged once, not every round) and the counters
-//! `/metrics` shows.
+//! scrapes have been going (so a change is logged once, not every round), and the counters and
+//! engine reports `/metrics` shows.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tokio::time::Instant;
 
+use super::gauges::Reading;
 use super::scrape::{Failure, ScrapeReason};
 use crate::metrics::LabelValue;
 use crate::per_worker::WorkerKey;
@@ -20,24 +21,70 @@ pub struct ScrapeCounts {
     pub failures: [u64; ScrapeReason::ALL.len()],
 }
 
-/// Scrape counters of every worker, written by the scraper once per round and read by `/metrics`.
-/// A plain mutex: neither side is the data path, and each holds it for a copy or a few additions.
+/// A worker's engine report as `/metrics` shows it: what the capacity rule reads, except that a
+/// KV-cache usage the engine does not export is absent rather than 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineReading {
+    /// Requests waiting in the engine's own queue, every series summed.
+    pub waiting: u64,
+    /// KV-cache usage, 0..1; `None` when the engine exports no recognised KV gauge.
+    pub kv_usage: Option<f64>,
+}
+
+impl EngineReading {
+    /// The engine report of a good scrape.
+    pub fn of(reading: &Reading) -> EngineReading {
+        EngineReading {
+            waiting: reading.waiting,
+            kv_usage: reading.kv_usage,
+        }
+    }
+}
+
+/// Scrape counters of every worker, written by the scraper once per round and read by `/metrics`,
+/// and the engine report each worker's rule reads. A plain mutex: neither side is the data path
+/// (routing reads the report from the worker's own atomic cell), and each holds it for a copy or a
+/// few additions.
 #[derive(Debug, Default)]
 pub struct ScrapeStats {
     by_worker: Mutex<HashMap<WorkerKey, ScrapeCounts>>,
+    engine_reports: Mutex<HashMap<WorkerKey, EngineReading>>,
 }
 
 impl ScrapeStats {
+    /// The engine report the capacity rule reads for the worker whose key is `key` (a
+    /// [`WorkerKey`] or its URL); `None` when it holds none (never scraped well, gone stale, or
+    /// not scraping).
+    pub fn engine_report(&self, key: &str) -> Option<EngineReading> {
+        lock(&self.engine_reports).get(key).copied()
+    }
+
+    /// Notes the report the worker's engine cell now holds (`None`: cleared).
+    pub(super) fn set_engine_report(&self, key: &WorkerKey, report: Option<EngineReading>) {
+        let mut reports = lock(&self.engine_reports);
+        match report {
+            Some(report) => {
+                reports.insert(key.clone(), report);
+            }
+            None => {
+                reports.remove(key);
+            }
+        }
+    }
+
+    /// Forgets every engine report (scraping stopped, every cell cleared).
+    pub(super) fn clear_engine_reports(&self) {
+        lock(&self.engine_reports).clear();
+    }
+
     /// The counters of the worker whose key is `key` (a [`WorkerKey`] or its URL; zero for one
     /// never scraped).
     pub fn counts(&self, key: &str) -> ScrapeCounts {
         self.lock().get(key).copied().unwrap_or_default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<WorkerKey, ScrapeCounts>> {
-        self.by_worker
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, HashMap<WorkerKey, ScrapeCounts>> {
+        lock(&self.by_worker)
     }
 
     /// Adds one round's outcomes and forgets workers no longer registered.
@@ -55,7 +102,14 @@ impl ScrapeStats {
             }
         }
         by_worker.retain(|key, _| keep(key));
+        drop(by_worker);
+        lock(&self.engine_reports).retain(|key, _| keep(key));
     }
+}
+
+/// Locks `mutex`, poisoned or not: the maps hold plain numbers, valid after any panic.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// How one worker's scrapes are going, as far as logging is concerned.

@@ -8,6 +8,7 @@ mod dnsmasq;
 
 mod discovery;
 mod discovery_health;
+mod engine_saturation;
 mod health;
 mod load_scrape;
 mod scrape_connections;
