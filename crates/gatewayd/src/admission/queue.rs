@@ -35,6 +35,7 @@ use std::time::Duration;
 use bch_core::admission::{AdmissionSettings, ShedReason};
 use bch_core::router::{Routed, Router};
 use bch_core::routing_key::{ExplicitKey, ImplicitKey, RoutingKey};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -145,6 +146,8 @@ pub struct AdmissionQueue {
     buckets: Mutex<Buckets>,
     /// Wakes the re-check task when the queue stops being empty.
     not_empty: Notify,
+    /// Time admitted requests waited, seconds.
+    wait_seconds: Histogram,
 }
 
 impl std::fmt::Debug for AdmissionQueue {
@@ -166,6 +169,8 @@ impl AdmissionQueue {
             queued: AtomicUsize::new(0),
             buckets: Mutex::new(Buckets::default()),
             not_empty: Notify::new(),
+            // 1 ms .. ~65 s: a wait is bounded by `queue_timeout_ms`.
+            wait_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
         })
     }
 
@@ -191,6 +196,11 @@ impl AdmissionQueue {
     /// The counters this queue keeps.
     pub fn stats(&self) -> &Arc<AdmissionStats> {
         &self.stats
+    }
+
+    /// The wait-time histogram of admitted requests, seconds.
+    pub fn wait_seconds(&self) -> &Histogram {
+        &self.wait_seconds
     }
 
     /// Requests waiting now.
@@ -242,10 +252,11 @@ impl AdmissionQueue {
             };
             ticket.done = true;
             match routed {
-                Some(routed) => Ok(Admitted {
-                    routed,
-                    waited: started.elapsed(),
-                }),
+                Some(routed) => {
+                    let waited = started.elapsed();
+                    queue.wait_seconds.observe(waited.as_secs_f64());
+                    Ok(Admitted { routed, waited })
+                }
                 None => {
                     queue.stats.record_shed(ShedReason::QueueTimeout);
                     Err(ShedReason::QueueTimeout)

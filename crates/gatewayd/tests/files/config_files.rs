@@ -97,6 +97,7 @@ fn the_reference_mentions_every_field() {
         ring_id: Some("r".into()),
         health_path: Some("/h".into()),
         metrics_path: None,
+        max_in_flight: None,
     });
     config.discovery.push(DiscoveryConfig {
         port: Some(8000),
