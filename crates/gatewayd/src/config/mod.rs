@@ -433,6 +433,33 @@ mod tests {
     }
 
     #[test]
+    fn admission_is_strict_defaults_what_is_unset_and_reaches_the_policy_and_workers() {
+        let config = parse(
+            "[admission]\nmax_in_flight_per_worker = 4\nqueue_timeout_ms = 250\n\n\
+             [[workers]]\nurl = \"http://10.0.0.1:80\"\nmax_in_flight = 0\n\n\
+             [[workers]]\nurl = \"http://10.0.0.2:80\"\n",
+        )
+        .unwrap();
+        let admission = config.policy_settings().admission;
+        assert_eq!(admission.max_in_flight_per_worker, 4);
+        assert_eq!(admission.queue_timeout_ms, 250);
+        assert_eq!(
+            admission.max_queued, 1024,
+            "unset fields keep their defaults"
+        );
+        let members = config.members().unwrap();
+        assert_eq!(members[0].spec.max_in_flight, Some(0));
+        assert_eq!(members[1].spec.max_in_flight, None);
+        let unknown = parse("[admission]\nmax_inflight = 4\n").unwrap_err();
+        assert!(unknown.to_string().contains("max_inflight"), "{unknown}");
+        let invalid = parse("[admission]\nmax_kv_usage = 1.5\n").unwrap_err();
+        assert!(
+            invalid.to_string().contains("admission.max_kv_usage"),
+            "{invalid}"
+        );
+    }
+
+    #[test]
     fn empty_file_gives_defaults() {
         let config = parse("").unwrap();
         assert_eq!(config, Config::default());

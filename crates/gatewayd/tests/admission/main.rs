@@ -19,10 +19,10 @@ const TARGET: &str = "x-smg-target-worker";
 /// `max_queued` as given.
 async fn capped(workers: &[&FakeWorker], queue_timeout_ms: u64, max_queued: u64) -> RunningGateway {
     let mut config: Config = test_config(workers);
-    config.admission.max_in_flight_per_worker = Some(1);
-    config.admission.queue_timeout_ms = Some(queue_timeout_ms);
-    config.admission.max_queued = Some(max_queued);
-    config.admission.retry_after_ms = Some(1500);
+    config.admission.max_in_flight_per_worker = 1;
+    config.admission.queue_timeout_ms = queue_timeout_ms;
+    config.admission.max_queued = max_queued;
+    config.admission.retry_after_ms = 1500;
     start(config).await
 }
 

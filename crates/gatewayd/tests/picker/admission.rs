@@ -15,8 +15,8 @@ use gatewayd::RunningGateway;
 async fn capped_picker(worker: &FakeWorker, queue_timeout_ms: u64) -> RunningGateway {
     let mut config = test_config(&[worker]);
     config.picker.listen = Some("127.0.0.1:0".parse().unwrap());
-    config.admission.max_in_flight_per_worker = Some(1);
-    config.admission.queue_timeout_ms = Some(queue_timeout_ms);
+    config.admission.max_in_flight_per_worker = 1;
+    config.admission.queue_timeout_ms = queue_timeout_ms;
     start(config).await
 }
 
