@@ -5,6 +5,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod storm;
+
 use std::time::Duration;
 
 use bch_core::routing_key::{ImplicitKey, ImplicitSource, RoutingKey};
