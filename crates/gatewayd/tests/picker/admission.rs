@@ -11,9 +11,13 @@ use envoy_types::pb::envoy::service::ext_proc::v3::ProcessingResponse;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response;
 use gatewayd::RunningGateway;
 
-/// A picker over `worker` with room for one request, and `queue_timeout_ms`.
+const SILENCE: Duration = Duration::from_millis(300);
+
+/// A picker over `worker` with room for one request, and `queue_timeout_ms`; a stream silent for
+/// 300 ms is ended (so a wait longer than that shows the silence is counted from the answer).
 async fn capped_picker(worker: &FakeWorker, queue_timeout_ms: u64) -> RunningGateway {
     let mut config = test_config(&[worker]);
+    config.picker.silent_stream_timeout = SILENCE;
     config.picker.listen = Some("127.0.0.1:0".parse().unwrap());
     config.admission.max_in_flight_per_worker = 1;
     config.admission.queue_timeout_ms = queue_timeout_ms;
@@ -95,8 +99,15 @@ async fn a_request_without_room_waits_for_its_pick_and_a_leaver_leaves_nothing()
     let w0 = fake_worker("w0").await;
     let gateway = capped_picker(&w0, 10_000).await;
     let picker = gateway.picker_addr.unwrap();
-    let mut holder = FakeEnvoy::open(picker).await;
-    holder.exchange(request_headers(&[])).await;
+    // The one slot is taken through the data plane, which has no silence bound.
+    let hold = client()
+        .post(format!("http://{}/hold", gateway.data_addr))
+        .send();
+    let holder = tokio::spawn(hold);
+    wait_for(&w0.state, |s| {
+        s.requests.load(std::sync::atomic::Ordering::SeqCst) == 1
+    })
+    .await;
     let mut leaver = FakeEnvoy::open(picker).await;
     leaver.send(request_headers(&[])).await;
     wait_queued(&gateway, "1").await;
@@ -106,9 +117,11 @@ async fn a_request_without_room_waits_for_its_pick_and_a_leaver_leaves_nothing()
     let mut waiter = FakeEnvoy::open(picker).await;
     waiter.send(request_headers(&[])).await;
     wait_queued(&gateway, "1").await;
+    // Longer than the silence bound: the waiting is the picker's, and must not end the stream.
+    tokio::time::sleep(SILENCE * 2).await;
     // The holder's response ends: its slot goes to the waiting stream, which gets its pick now.
-    holder.send(response_headers(None, true)).await;
-    holder.answer().await;
+    w0.release_all();
+    assert_eq!(holder.await.unwrap().unwrap().status(), 200);
     let pick = waiter.answer().await;
     assert!(
         matches!(pick.response, Some(Response::RequestHeaders(_))),
