@@ -317,13 +317,13 @@ impl Drop for Exchange {
             headers_ms = logged_millis(self.headers_after),
             ttfb_ms = logged_millis(self.first_byte_after.or(self.headers_after)),
             duration_ms = elapsed.as_millis() as u64,
+            queue_ms = logged_millis(self.queue_wait),
+            shed = %self.shed.map_or("-", ShedReason::as_str),
             error = self.errored,
             client_fault = %self.client_fault.map_or(
                 if stalled { "client_stall" } else { "-" },
                 ClientBodyFault::as_str
             ),
-            queue_ms = logged_millis(self.queue_wait),
-            shed = %self.shed.map_or("-", ShedReason::as_str),
             "request"
         );
     }
