@@ -80,6 +80,7 @@ pub async fn run(
         ring_id: Some(w.name().to_owned()),
         health_path: None,
         metrics_path: None,
+        max_in_flight: None,
     }));
     // The default ports may be taken (another gatewayd, a previous demo): fall back to free ones
     // rather than failing a newcomer's first command.

@@ -27,8 +27,6 @@
 #![forbid(unsafe_code)]
 
 mod admin;
-// Wired by the admission queue and the telemetry aggregator, which read and write its counters.
-#[allow(dead_code, unused_imports)]
 mod admission;
 mod app;
 pub mod cli;

@@ -32,6 +32,7 @@ fn config_for(workers: &[WorkerHandle], kind: PolicyKind, gap: u64) -> Config {
             ring_id: None,
             health_path: None,
             metrics_path: None,
+            max_in_flight: None,
         })
         .collect();
     config

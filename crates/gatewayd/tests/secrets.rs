@@ -126,6 +126,7 @@ async fn credentials_never_leak() {
         ring_id: None,
         health_path: None,
         metrics_path: None,
+        max_in_flight: None,
     });
     let gateway = start(config).await;
     let data = format!("http://{}", gateway.data_addr);

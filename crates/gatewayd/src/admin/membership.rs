@@ -180,6 +180,7 @@ fn discovered_member(
         ring_id: None,
         health_path: source.health_path.clone(),
         metrics_path: source.metrics_path.clone(),
+        max_in_flight: source.max_in_flight,
     };
     let mut member = entry.member()?;
     member.spec.source = source.source();

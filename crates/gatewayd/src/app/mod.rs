@@ -327,6 +327,7 @@ fn assemble(
     discovery.register(&mut registry, Arc::clone(&router));
     picker_metrics.register(&mut registry);
     suppressed.register(&mut registry);
+    parts.queue.register(&mut registry, Arc::clone(&router));
     let registry = Arc::new(registry);
     let upstreams = Arc::new(Upstreams::new(
         config.server.timeouts.connect,

@@ -66,7 +66,10 @@ impl SessionProbe {
         let head = crate::picker::messages::head(headers);
         let mut exchange = Exchange::begin(Arc::clone(routing), std::time::Instant::now(), head);
         let settings = routing.settings.load();
-        crate::routing::route(routing, &settings, headers, &mut exchange).is_ok()
+        matches!(
+            crate::routing::route_now(routing, &settings, headers, &mut exchange),
+            Ok(crate::routing::Placement::Chosen(_))
+        )
     }
 }
 

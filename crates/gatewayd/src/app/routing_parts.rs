@@ -1,5 +1,5 @@
-//! The routing core both front ends share (router, metrics, telemetry, and the `Routing` handle
-//! over them), built one way for start-up and for the picker's test harness, so the two cannot
+//! The routing core both front ends share (router, metrics, telemetry, the admission queue, and
+//! the `Routing` handle over them), built one way for start-up and for the picker's test harness, so the two cannot
 //! drift apart.
 
 use std::sync::Arc;
@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bch_core::router::{Router, RouterError};
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::AdmissionStats;
+use crate::admission::{AdmissionQueue, AdmissionStats};
 use crate::config::runtime::SharedSettings;
 use crate::config::{Config, Member};
 use crate::metrics::Metrics;
@@ -26,6 +26,8 @@ pub(crate) struct RoutingParts {
     /// The admission queue's counters (the queue writes them; telemetry and `/metrics` read).
     #[allow(dead_code)]
     pub(crate) admission: Arc<AdmissionStats>,
+    /// The admission queue both front ends wait in.
+    pub(crate) queue: Arc<AdmissionQueue>,
 }
 
 /// Builds the router over `members` with `config`'s policy (workers start `initial_health`), the
@@ -44,6 +46,8 @@ pub(crate) fn assemble_routing(
     )?);
     let metrics = Arc::new(Metrics::default());
     let admission = Arc::new(AdmissionStats::default());
+    let queue = AdmissionQueue::new(Arc::clone(&router), Arc::clone(&admission));
+    queue.start_recheck(shutdown.clone());
     let telemetry = Telemetry::start(
         Arc::clone(&router),
         &config.telemetry,
@@ -56,6 +60,7 @@ pub(crate) fn assemble_routing(
         metrics,
         telemetry,
         admission,
+        queue,
     })
 }
 
@@ -67,6 +72,7 @@ impl RoutingParts {
             settings,
             metrics: Arc::clone(&self.metrics),
             telemetry: self.telemetry.clone(),
+            queue: Arc::clone(&self.queue),
         })
     }
 }

@@ -58,6 +58,10 @@ pub struct EnvoyPlan {
     pub connect_timeout: Duration,
     /// Longest silence on a request's stream.
     pub stream_idle_timeout: Duration,
+    /// How long Envoy waits for the picker's answer to one message: a second more than
+    /// `[admission] queue_timeout_ms`, since the picker holds the answer while a request waits for
+    /// a slot; at least one second.
+    pub message_timeout: Duration,
     /// The request and response headers the picker reads (lower case): Envoy sends it only these.
     pub forwarded_headers: Vec<String>,
     /// The `[[discovery]]` names: workers found there are picked too, but are not in the
@@ -92,10 +96,17 @@ impl EnvoyPlan {
             fallbacks: config.picker.fallbacks,
             connect_timeout: config.server.timeouts.connect,
             stream_idle_timeout: config.server.timeouts.stream_idle,
+            message_timeout: message_timeout(&config),
             forwarded_headers: forwarded_headers(&config),
             discovery: config.discovery.iter().map(|d| d.dns.clone()).collect(),
         })
     }
+}
+
+/// Envoy's ext_proc `message_timeout`: one second, plus the longest a request may wait in the
+/// picker's admission queue before its answer.
+fn message_timeout(config: &Config) -> Duration {
+    Duration::from_secs(1) + Duration::from_millis(config.admission.queue_timeout_ms)
 }
 
 /// The headers the picker reads: the routing headers (explicit key, target worker, the implicit
@@ -183,6 +194,7 @@ pub fn bootstrap(plan: &EnvoyPlan) -> String {
 
 fn listener(yaml: &mut String, plan: &EnvoyPlan) {
     let idle = seconds(plan.stream_idle_timeout);
+    let message_timeout = seconds(plan.message_timeout);
     let _ = write!(
         yaml,
         r#"  - name: bch
@@ -247,7 +259,9 @@ fn listener(yaml: &mut String, plan: &EnvoyPlan) {
                   cluster_name: bch_picker
               # Without the picker, requests fail (500) rather than bypass the policy.
               failure_mode_allow: false
-              message_timeout: 1s
+              # The picker holds its answer while a request waits for a slot ([admission]).
+              message_timeout: {message_timeout}
+              max_message_timeout: {message_timeout}
               # Request headers: the pick. Response headers: the served endpoint and the x-bch-*
               # headers. No body passes through the picker. Response trailers SEND keeps the
               # ext_proc stream open until the response ends (a response without trailers costs
@@ -408,6 +422,7 @@ mod tests {
             fallbacks: 2,
             connect_timeout: Duration::from_millis(2000),
             stream_idle_timeout: Duration::from_millis(300_500),
+            message_timeout: Duration::from_millis(3_000),
             forwarded_headers: forwarded_headers(&Config::default()),
             discovery: Vec::new(),
         }
@@ -436,6 +451,7 @@ mod tests {
         assert!(yaml.contains(r#"inline_string: '{"error":{"message":"the endpoint picker is unavailable","type":"gateway_error","code":"picker_unavailable"}}'"#));
         assert!(yaml.contains("num_retries: 2"));
         assert!(yaml.contains("stream_idle_timeout: 300.500s"));
+        assert!(yaml.contains("message_timeout: 3s"), "{yaml}");
         assert!(!yaml.contains("admin:"));
         assert!(!yaml.contains('\t'));
     }

@@ -60,6 +60,10 @@ pub struct DiscoveryConfig {
     /// metrics_path`.
     #[serde(default)]
     pub metrics_path: Option<String>,
+    /// Requests in flight each discovered worker may hold, overriding `[admission]
+    /// max_in_flight_per_worker`; 0 = no cap. Unset: the fleet default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u64>,
     /// `empty_after_ms`: how long an empty answer (NXDOMAIN or no records) must persist before
     /// this source's workers are removed. A resolver *failure* never removes them.
     #[serde(
@@ -104,6 +108,7 @@ impl DiscoveryConfig {
             resolver: None,
             health_path: None,
             metrics_path: None,
+            max_in_flight: None,
             empty_after: DEFAULT_EMPTY_AFTER,
             timeout: DEFAULT_TIMEOUT,
         }

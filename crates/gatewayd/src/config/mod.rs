@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use bch_core::admission::AdmissionSettings;
+use bch_core::admission::{AdmissionPatch, AdmissionSettings};
 use bch_core::policy::PolicySettings;
 use bch_core::router::WorkerSpec;
 use serde::{Deserialize, Serialize};
@@ -72,7 +72,9 @@ pub struct Config {
     /// Which load the rule reads, and how workers' own gauges are scraped.
     pub load: LoadConfig,
     /// `[admission]`: capacity per worker, engine-reported saturation, the gateway's queue
-    /// (docs/policy.md, "Capacity"); checked with the policy.
+    /// (docs/overload.md). Read strictly (an unknown key is an error, like every section);
+    /// unset fields keep their defaults.
+    #[serde(deserialize_with = "strict_admission")]
     pub admission: AdmissionSettings,
     /// Active health probes.
     pub health: HealthConfig,
@@ -113,6 +115,25 @@ impl Config {
         self.load.source = settings.load_source;
         self.admission = settings.admission;
     }
+}
+
+/// `[admission]` read as the strict patch the admin API takes (same names, unknown keys refused),
+/// every unset field at its default. Not validated here: [`Config::problems`] reports the values.
+fn strict_admission<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<AdmissionSettings, D::Error> {
+    let set = AdmissionPatch::deserialize(deserializer)?;
+    let default = AdmissionSettings::default();
+    Ok(AdmissionSettings {
+        max_in_flight_per_worker: set
+            .max_in_flight_per_worker
+            .unwrap_or(default.max_in_flight_per_worker),
+        queue_timeout_ms: set.queue_timeout_ms.unwrap_or(default.queue_timeout_ms),
+        max_queued: set.max_queued.unwrap_or(default.max_queued),
+        retry_after_ms: set.retry_after_ms.unwrap_or(default.retry_after_ms),
+        max_waiting: set.max_waiting.unwrap_or(default.max_waiting),
+        max_kv_usage: set.max_kv_usage.unwrap_or(default.max_kv_usage),
+    })
 }
 
 /// A configuration error, naming the file and the field.
@@ -183,9 +204,24 @@ impl Config {
         let mut section = |name: &str, found: Vec<FieldError>| {
             problems.extend(found.into_iter().map(|e| e.within(name)));
         };
+        let admission = self.admission;
+        section(
+            "admission",
+            admission
+                .validate()
+                .err()
+                .map(|e| FieldError::new(e.field(), e.to_string()))
+                .into_iter()
+                .collect(),
+        );
+        let policy = PolicySettings {
+            // Reported under `admission` above.
+            admission: AdmissionSettings::default(),
+            ..self.policy_settings()
+        };
         section(
             "policy",
-            self.policy_settings()
+            policy
                 .validate()
                 .err()
                 .map(FieldError::from)
@@ -394,6 +430,33 @@ mod tests {
         })?;
         config.validate()?;
         Ok(config)
+    }
+
+    #[test]
+    fn admission_is_strict_defaults_what_is_unset_and_reaches_the_policy_and_workers() {
+        let config = parse(
+            "[admission]\nmax_in_flight_per_worker = 4\nqueue_timeout_ms = 250\n\n\
+             [[workers]]\nurl = \"http://10.0.0.1:80\"\nmax_in_flight = 0\n\n\
+             [[workers]]\nurl = \"http://10.0.0.2:80\"\n",
+        )
+        .unwrap();
+        let admission = config.policy_settings().admission;
+        assert_eq!(admission.max_in_flight_per_worker, 4);
+        assert_eq!(admission.queue_timeout_ms, 250);
+        assert_eq!(
+            admission.max_queued, 1024,
+            "unset fields keep their defaults"
+        );
+        let members = config.members().unwrap();
+        assert_eq!(members[0].spec.max_in_flight, Some(0));
+        assert_eq!(members[1].spec.max_in_flight, None);
+        let unknown = parse("[admission]\nmax_inflight = 4\n").unwrap_err();
+        assert!(unknown.to_string().contains("max_inflight"), "{unknown}");
+        let invalid = parse("[admission]\nmax_kv_usage = 1.5\n").unwrap_err();
+        assert!(
+            invalid.to_string().contains("admission.max_kv_usage"),
+            "{invalid}"
+        );
     }
 
     #[test]

@@ -32,6 +32,10 @@ pub struct WorkerConfig {
     /// Where this worker serves its Prometheus text, when not at `[load] metrics_path`.
     #[serde(default)]
     pub metrics_path: Option<String>,
+    /// Requests in flight this worker may hold, overriding `[admission]
+    /// max_in_flight_per_worker`; 0 = no cap for this worker. Unset: the fleet default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u64>,
 }
 
 /// Why a worker URL was refused; the message quotes the URL.
@@ -271,6 +275,7 @@ impl WorkerConfig {
             ring_id: None,
             health_path: None,
             metrics_path: None,
+            max_in_flight: None,
         }
     }
 
@@ -301,7 +306,7 @@ impl WorkerConfig {
                 url: self.url.clone(),
                 ring_id: self.ring_id.clone(),
                 source: WorkerSource::Static,
-                max_in_flight: None,
+                max_in_flight: self.max_in_flight,
             },
             url,
             health_path: self.health_path.clone(),

@@ -14,8 +14,15 @@
 
 use std::sync::LazyLock;
 
+use bch_core::admission::{SHED_ERROR_CODE, ShedReason};
 use bytes::Bytes;
 use http::StatusCode;
+
+/// The response header naming a shed's machine-readable cause (SGLang Model Gateway's name),
+/// `worker_overload_protection_shed`; both front ends send it with `Retry-After`.
+pub const ERROR_CODE_HEADER_NAME: &str = "x-smg-error-code";
+/// The response header of a request admitted after waiting: whole milliseconds in the queue.
+pub const QUEUE_WAIT_HEADER_NAME: &str = "x-bch-queue-wait-ms";
 
 /// Who caused a refusal: what it is counted against, and what an operator looks at first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,6 +203,18 @@ pub enum GatewayError {
         /// The timeout in force, ms.
         timeout_ms: u64,
     },
+    /// Every worker the request may use is at capacity and it could not wait for a slot (503 with
+    /// `Retry-After` and `X-SMG-Error-Code`): no queue, the queue full, or its wait timed out.
+    /// Never counted against a worker.
+    #[error(
+        "every worker this request may use is at capacity ({reason}); retry after {retry_after_secs} s"
+    )]
+    Shed {
+        /// Why it could not wait (the `reason` label of the shed counters).
+        reason: ShedReason,
+        /// The `Retry-After` value, whole seconds.
+        retry_after_secs: u64,
+    },
     /// The data plane is at `max_connections` (503, then the connection is closed).
     #[error("gateway connection limit reached")]
     TooManyConnections,
@@ -306,6 +325,7 @@ impl GatewayError {
             GatewayError::NoHealthyWorkers
             | GatewayError::NoWorkers
             | GatewayError::TargetWorkerMiss
+            | GatewayError::Shed { .. }
             | GatewayError::TooManyConnections
             | GatewayError::PickerUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::WorkerGone(_)
@@ -355,6 +375,7 @@ impl GatewayError {
             GatewayError::WorkerGone(_) | GatewayError::BadUpstreamUri(_) => "bad_worker_url",
             GatewayError::WorkerUnreachable(_) => "worker_unreachable",
             GatewayError::FirstByteTimeout { .. } => "first_byte_timeout",
+            GatewayError::Shed { .. } => SHED_ERROR_CODE,
             GatewayError::TooManyConnections => "too_many_connections",
             GatewayError::PickerUnavailable => "picker_unavailable",
             GatewayError::UpstreamStreamError => "upstream_stream_error",
@@ -401,6 +422,7 @@ impl GatewayError {
             | GatewayError::TunnelNotSupported
             | GatewayError::LoopDetected
             | GatewayError::FirstByteTimeout { .. }
+            | GatewayError::Shed { .. }
             | GatewayError::TooManyConnections
             | GatewayError::PickerUnavailable
             | GatewayError::UpstreamStreamError => Plane::Data,
@@ -467,6 +489,7 @@ impl GatewayError {
             | GatewayError::WorkerGone(_)
             | GatewayError::BadUpstreamUri(_)
             | GatewayError::LoopDetected
+            | GatewayError::Shed { .. }
             | GatewayError::TooManyConnections
             | GatewayError::PickerUnavailable
             | GatewayError::ConfigNotRendered(_) => Source::Gateway,
@@ -481,6 +504,17 @@ impl GatewayError {
             GatewayError::IncompleteRequestBody => Some(ClientBodyFault::Incomplete),
             GatewayError::InvalidRequestBody(_) => Some(ClientBodyFault::Malformed),
             GatewayError::RequestBodyTimeout { .. } => Some(ClientBodyFault::Timeout),
+            _ => None,
+        }
+    }
+
+    /// The `Retry-After` value (whole seconds) of a shed request, which also carries
+    /// `X-SMG-Error-Code` ([`SHED_ERROR_CODE`]); `None` for every other refusal.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            GatewayError::Shed {
+                retry_after_secs, ..
+            } => Some(*retry_after_secs),
             _ => None,
         }
     }

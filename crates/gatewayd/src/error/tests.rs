@@ -49,6 +49,7 @@ fn every_variant_keeps_its_status_type_and_code() {
         (E::TunnelNotSupported, 405, "gateway_error", "method_not_allowed", Client),
         (E::LoopDetected, 508, "gateway_error", "loop_detected", Gateway),
         (E::FirstByteTimeout { worker: w(), timeout_ms: 1 }, 504, "gateway_error", "first_byte_timeout", Worker),
+        (E::Shed { reason: bch_core::admission::ShedReason::QueueFull, retry_after_secs: 1 }, 503, "gateway_error", "worker_overload_protection_shed", Gateway),
         (E::TooManyConnections, 503, "gateway_error", "too_many_connections", Gateway),
         (E::PickerUnavailable, 503, "gateway_error", "picker_unavailable", Gateway),
         (E::UpstreamStreamError, 502, "gateway_error", "upstream_stream_error", Worker),

@@ -107,7 +107,7 @@ impl AddressBook {
 }
 
 /// Writes the answer's endpoint list into `out`: the chosen worker's `IP:PORT`, then up to
-/// `fallbacks` other routable workers (healthy and not draining), comma-separated. The fallbacks
+/// `fallbacks` other routable workers (healthy, not draining, not full), comma-separated. The fallbacks
 /// are the workers the data plane's retry would go to, from core's one walk: keyed requests in
 /// ring order from the key ([`RoutingTable::routable_from`]), keyless ones the least loaded
 /// others ([`RoutingTable::least_loaded_routable`]); target-worker requests never move. Returns
@@ -124,7 +124,8 @@ pub fn endpoint_list(
     let chosen = addresses.get(choice.worker)?;
     out.push_str(&chosen.text);
     let mut listed = Listed::new(choice.worker);
-    let listable = |w: usize| w != choice.worker && addresses.get(w).is_some();
+    // A full worker is no fallback: the data plane's retry skips it too.
+    let listable = |w: usize| w != choice.worker && addresses.get(w).is_some() && !table.full(w);
     // Capped by the workers there are, so a walk for more fallbacks than exist ends early instead
     // of turning the whole ring.
     let others = (0..table.workers().len())
@@ -202,6 +203,10 @@ mod tests {
     use super::*;
 
     fn router(workers: u16) -> Router {
+        router_with(workers, PolicySettings::default())
+    }
+
+    fn router_with(workers: u16, policy: PolicySettings) -> Router {
         let specs = (1..=workers)
             .map(|n| WorkerSpec {
                 name: format!("w{n}"),
@@ -211,7 +216,7 @@ mod tests {
                 max_in_flight: None,
             })
             .collect();
-        Router::new(specs, PolicySettings::default()).unwrap()
+        Router::new(specs, policy).unwrap()
     }
 
     /// Envoy retries a failed connect on the listed fallbacks: a draining worker must never be one,
@@ -252,5 +257,30 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_full_worker_is_never_listed_as_a_fallback() {
+        let mut policy = PolicySettings::default();
+        policy.admission.max_in_flight_per_worker = 1;
+        let router = router_with(3, policy);
+        let full = router.route(&bch_core::routing_key::RoutingKey::Target(b"w2"));
+        assert_eq!(full.decision.worker, Some(1));
+        let table = router.table();
+        for key in ["a", "b", "c", "session-7", "user-42", ""] {
+            let position = (!key.is_empty()).then(|| hash_position(key.as_bytes()));
+            let choice = Choice {
+                table: Arc::clone(&table),
+                worker: 0,
+                branch: Branch::ExplicitRoutingKeyHit,
+                position,
+            };
+            let addresses = Addresses::of(&table, &[]);
+            let mut out = String::new();
+            let listed = endpoint_list(&table, &addresses, &choice, 2, &mut out).unwrap();
+            assert!(!listed.contains(1), "the full w2 listed: {out}");
+            assert_eq!(listed.fallbacks(), 1, "only w3 has room: {out}");
+        }
+        drop(full);
     }
 }

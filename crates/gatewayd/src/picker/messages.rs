@@ -23,7 +23,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
 
-use crate::error::GatewayError;
+use crate::error::{ERROR_CODE_HEADER_NAME, GatewayError, QUEUE_WAIT_HEADER_NAME};
 use crate::routing::HeaderLookup;
 
 /// Request header carrying the picked endpoints, for Envoy's `override_host` policy.
@@ -127,9 +127,19 @@ pub fn pick(endpoints: String) -> ProcessingResponse {
 }
 
 /// The answer to the response headers: continue, with `x-bch-worker` (the worker that served,
-/// when known) and `x-bch-branch`.
-pub fn annotate(worker: Option<&str>, branch: Branch) -> ProcessingResponse {
-    let mut set_headers = Vec::with_capacity(2);
+/// when known), `x-bch-branch`, and `x-bch-queue-wait-ms` when the request waited for a slot.
+pub fn annotate(
+    worker: Option<&str>,
+    branch: Branch,
+    queue_wait_ms: Option<u64>,
+) -> ProcessingResponse {
+    let mut set_headers = Vec::with_capacity(2 + usize::from(queue_wait_ms.is_some()));
+    if let Some(waited) = queue_wait_ms {
+        set_headers.push(header_option(
+            QUEUE_WAIT_HEADER_NAME,
+            waited.to_string().into_bytes(),
+        ));
+    }
     if let Some(name) = worker {
         set_headers.push(header_option(WORKER_HEADER, name.as_bytes().to_vec()));
     }
@@ -152,7 +162,8 @@ pub fn annotate(worker: Option<&str>, branch: Branch) -> ProcessingResponse {
 }
 
 /// The refusal Envoy sends the client instead of proxying: the gateway's status and OpenAI error
-/// body, `content-type: application/json`, and `x-bch-branch` when the request was routed.
+/// body, `content-type: application/json`, `x-bch-branch` when the request was routed, and for a
+/// shed request `retry-after` and `x-smg-error-code`, as the data plane answers.
 pub fn refuse(error: &GatewayError, branch: Option<Branch>) -> ProcessingResponse {
     let mut set_headers = vec![header_option(
         http::header::CONTENT_TYPE.as_str(),
@@ -162,6 +173,16 @@ pub fn refuse(error: &GatewayError, branch: Option<Branch>) -> ProcessingRespons
         set_headers.push(header_option(
             BRANCH_HEADER,
             branch.as_str().as_bytes().to_vec(),
+        ));
+    }
+    if let Some(seconds) = error.retry_after_secs() {
+        set_headers.push(header_option(
+            http::header::RETRY_AFTER.as_str(),
+            seconds.to_string().into_bytes(),
+        ));
+        set_headers.push(header_option(
+            ERROR_CODE_HEADER_NAME,
+            error.code().as_bytes().to_vec(),
         ));
     }
     ProcessingResponse {

@@ -108,6 +108,14 @@ impl Stream for Answers {
             let Some(session) = this.session.as_mut() else {
                 return Poll::Ready(None);
             };
+            if session.is_waiting() {
+                // The request waits for a slot; Envoy sends nothing before the answer, and a reset
+                // stream drops this stream (and the session's place in the queue) meanwhile. The
+                // silence is the picker's, not Envoy's: it is counted from the answer.
+                let answer = std::task::ready!(session.poll_admitted(cx));
+                this.last_message = Instant::now();
+                return Poll::Ready(Some(Ok(answer)));
+            }
             match Pin::new(&mut this.inbound).poll_next(cx) {
                 Poll::Ready(Some(Ok(message))) => {
                     this.last_message = Instant::now();

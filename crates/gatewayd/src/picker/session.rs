@@ -4,7 +4,10 @@
 //!   the step the data plane uses ([`crate::routing::route`]): the decision reserves load on the
 //!   chosen worker, and the answer names it and its fallbacks. A refusal (no healthy worker, a
 //!   target-worker miss, a declared body over the limit) is an immediate response in the OpenAI
-//!   shape, and the request ends there.
+//!   shape, and the request ends there. A request that finds no worker with room waits in the
+//!   admission queue with its answer held back (Envoy waits for it, up to its ext_proc
+//!   `message_timeout`): the pick once admitted, an immediate 503 with `Retry-After` if shed, so
+//!   the picker is Envoy's flow control.
 //! - The response headers say which endpoint Envoy served from. If it is a listed fallback, Envoy
 //!   says the chosen worker's connect failed (Envoy retries only connect failures onto
 //!   fallbacks). Anyone who reaches the picker port can say so, so the report alone counts
@@ -19,9 +22,12 @@
 //!
 //! Every message Envoy sends gets exactly one answer, in the shape its kind needs.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
+use bch_core::admission::ShedReason;
 use bch_core::policy::Branch;
 use bch_core::router::RoutingTable;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request;
@@ -32,9 +38,11 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use super::endpoints::{Addresses, Listed, endpoint_list};
 use super::handle::PickerPlane;
 use super::messages;
+use crate::admission::Admitted;
+use crate::config::runtime::RuntimeSettings;
 use crate::error::GatewayError;
 use crate::per_worker::WorkerKey;
-use crate::routing::{Choice, Exchange};
+use crate::routing::{Choice, Exchange, Placement, Waiting};
 
 /// The state of one ext_proc stream. Dropping it ends the request (see the module docs).
 pub struct Session {
@@ -43,6 +51,20 @@ pub struct Session {
     seen_request: bool,
     /// The routed request holding load, until the response ends.
     held: Option<Held>,
+    /// The request waiting in the admission queue, its headers' answer held back until it is
+    /// admitted or shed.
+    queued: Option<Queued>,
+}
+
+/// The future of a request waiting in the admission queue.
+type AdmissionWait = Pin<Box<dyn Future<Output = Result<Admitted, ShedReason>> + Send>>;
+
+/// A request waiting for a slot: its exchange (record, no load), what the router said, and its
+/// place in the queue (dropping it leaves the queue).
+struct Queued {
+    exchange: Exchange,
+    waiting: Waiting,
+    admission: AdmissionWait,
 }
 
 /// A routed request: its exchange (record and load guard) and where the load is.
@@ -63,6 +85,36 @@ impl Session {
             plane,
             seen_request: false,
             held: None,
+            queued: None,
+        }
+    }
+
+    /// Whether the request waits in the admission queue: the answer to its headers is held back
+    /// until [`Session::poll_admitted`] gives it, and no other message is read meanwhile (Envoy
+    /// sends none before that answer).
+    pub fn is_waiting(&self) -> bool {
+        self.queued.is_some()
+    }
+
+    /// The answer to the request headers of a waiting request, once it is admitted (the pick) or
+    /// shed (an immediate 503). `Pending` while it waits; only call while [`Session::is_waiting`].
+    pub fn poll_admitted(&mut self, cx: &mut Context<'_>) -> Poll<ProcessingResponse> {
+        let Some(queued) = self.queued.as_mut() else {
+            return Poll::Pending;
+        };
+        let Poll::Ready(outcome) = queued.admission.as_mut().poll(cx) else {
+            return Poll::Pending;
+        };
+        let Queued {
+            mut exchange,
+            waiting,
+            ..
+        } = self.queued.take().expect("checked above");
+        let routing = &self.plane.routing;
+        let settings = routing.settings.load();
+        match crate::routing::admit(routing, &settings, waiting, outcome, &mut exchange) {
+            Ok(choice) => Poll::Ready(self.pick(exchange, choice, &settings)),
+            Err(error) => Poll::Ready(refuse(exchange, &error)),
         }
     }
 
@@ -73,7 +125,7 @@ impl Session {
         match request {
             Request::RequestHeaders(headers) if !self.seen_request => {
                 self.seen_request = true;
-                return Some(self.on_request_headers(headers));
+                return self.on_request_headers(headers);
             }
             Request::ResponseHeaders(headers) => {
                 if let Some(held) = self.held.as_mut() {
@@ -93,16 +145,37 @@ impl Session {
         messages::continue_unchanged(message)
     }
 
-    fn on_request_headers(&mut self, message: &HttpHeaders) -> ProcessingResponse {
+    /// Routes the request; `None` when it waits for a slot (see [`Session::poll_admitted`]).
+    fn on_request_headers(&mut self, message: &HttpHeaders) -> Option<ProcessingResponse> {
         let routing = &self.plane.routing;
         let headers = messages::headers(message);
         let head = messages::head(headers);
         let mut exchange = Exchange::begin(Arc::clone(routing), Instant::now(), head);
         let settings = routing.settings.load();
-        let choice = match crate::routing::route(routing, &settings, headers, &mut exchange) {
-            Ok(choice) => choice,
-            Err(error) => return refuse(exchange, &error),
-        };
+        match crate::routing::route_now(routing, &settings, headers, &mut exchange) {
+            Ok(Placement::Chosen(choice)) => Some(self.pick(exchange, choice, &settings)),
+            Ok(Placement::Wait(waiting)) => {
+                let admission = waiting.routed.table.policy().admission;
+                let wait = routing.queue.wait(waiting.key.clone(), &admission);
+                self.queued = Some(Queued {
+                    exchange,
+                    waiting,
+                    admission: Box::pin(wait),
+                });
+                None
+            }
+            Err(error) => Some(refuse(exchange, &error)),
+        }
+    }
+
+    /// The pick for a routed request: the chosen worker and its fallbacks; the session holds the
+    /// request (and its load) until the response ends.
+    fn pick(
+        &mut self,
+        exchange: Exchange,
+        choice: Choice,
+        settings: &RuntimeSettings,
+    ) -> ProcessingResponse {
         let addresses = self.plane.addresses.for_table(&choice.table);
         let mut endpoints = String::with_capacity(24 * (1 + settings.picker_fallbacks));
         let Some(listed) = endpoint_list(
@@ -162,7 +235,7 @@ impl Held {
             .exchange
             .holds_load()
             .then(|| self.table.workers()[self.worker].spec.name.as_str());
-        messages::annotate(worker, self.branch)
+        messages::annotate(worker, self.branch, self.exchange.queue_wait_ms())
     }
 
     /// Envoy served the request from `served`, not the chosen worker. A listed fallback is

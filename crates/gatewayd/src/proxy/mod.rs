@@ -35,7 +35,7 @@ pub use body::ProxyBody;
 pub use handle::DataPlane;
 
 use crate::config::runtime::RuntimeSettings;
-use crate::error::{GatewayError, display_chain};
+use crate::error::{ERROR_CODE_HEADER_NAME, GatewayError, QUEUE_WAIT_HEADER_NAME, display_chain};
 use crate::routing::exchange::Head;
 use crate::routing::key::extract_key;
 use crate::routing::request_id::REQUEST_ID_HEADER;
@@ -48,6 +48,11 @@ use request::{check_header_budget, point_at, refuse_early, strip_hop_by_hop, ups
 pub const WORKER_HEADER: HeaderName = HeaderName::from_static(routing_key::WORKER_HEADER);
 /// `x-bch-branch`: the routing branch taken.
 pub const BRANCH_HEADER: HeaderName = HeaderName::from_static(routing_key::BRANCH_HEADER);
+/// `x-bch-queue-wait-ms`: whole milliseconds an admitted request waited in the admission queue
+/// (only on requests that waited).
+pub const QUEUE_WAIT_HEADER: HeaderName = HeaderName::from_static(QUEUE_WAIT_HEADER_NAME);
+/// `x-smg-error-code`: the machine-readable cause of a shed (SGLang Model Gateway's name).
+pub const ERROR_CODE_HEADER: HeaderName = HeaderName::from_static(ERROR_CODE_HEADER_NAME);
 
 /// Serves one data plane request. Never fails: gateway errors are OpenAI-shaped JSON responses.
 pub async fn serve(
@@ -86,7 +91,7 @@ async fn proxy(plane: Arc<DataPlane>, request: Request<Incoming>) -> Response<Pr
     let mut exchange = Exchange::begin(Arc::clone(&plane.routing), Instant::now(), head);
     exchange.watch_client_stall(request.extensions().get::<ClientStall>().cloned());
     let settings = plane.routing.settings.load();
-    let forwarded = match route(&plane, &settings, request, &mut exchange) {
+    let forwarded = match route(&plane, &settings, request, &mut exchange).await {
         Ok(routed) => send_with_retry(&plane, &settings, routed, &mut exchange).await,
         Err(error) => Err(error),
     };
@@ -132,7 +137,7 @@ impl Answered {
 /// Refuses what may not be forwarded ([`refuse_early`]), then the shared routing step
 /// ([`crate::routing::route`]: size, key, decision, load), then the request made into one for the
 /// chosen worker.
-fn route(
+async fn route(
     plane: &DataPlane,
     settings: &RuntimeSettings,
     request: Request<Incoming>,
@@ -154,7 +159,7 @@ fn route(
         worker,
         branch,
         ..
-    } = crate::routing::route(&plane.routing, settings, &parts.headers, exchange)?;
+    } = crate::routing::route(&plane.routing, settings, &parts.headers, exchange).await?;
     let body_deadline =
         tokio::time::Instant::from_std(exchange.started()) + settings.request_body_timeout;
     Ok(Routed {
@@ -340,6 +345,11 @@ async fn respond(
     parts
         .headers
         .insert(REQUEST_ID_HEADER, exchange.request_id().clone());
+    if let Some(waited) = exchange.queue_wait_ms() {
+        parts
+            .headers
+            .insert(QUEUE_WAIT_HEADER, HeaderValue::from(waited));
+    }
     if body.is_end_stream() {
         // No body (204, 304, `Content-Length: 0`): hyper will not poll one, so the exchange ends
         // here and the connection can serve the next request.
@@ -380,6 +390,11 @@ fn refuse(mut exchange: Exchange, error: &GatewayError) -> Response<ProxyBody> {
         response
             .headers_mut()
             .insert(BRANCH_HEADER, HeaderValue::from_static(branch.as_str()));
+    }
+    if let Some(seconds) = error.retry_after_secs() {
+        let headers = response.headers_mut();
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        headers.insert(ERROR_CODE_HEADER, HeaderValue::from_static(error.code()));
     }
     response
 }

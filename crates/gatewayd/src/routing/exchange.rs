@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bch_core::admission::ShedReason;
 use bch_core::decide::Decision;
 use bch_core::load::{LoadGuard, StatusClass};
 use bch_core::policy::Branch;
@@ -80,6 +81,10 @@ pub struct Exchange {
     headers_after: Option<Duration>,
     /// When the first byte of the response body arrived.
     first_byte_after: Option<Duration>,
+    /// How long the request waited in the admission queue, when it waited.
+    queue_wait: Option<Duration>,
+    /// Why the request was shed, when it was.
+    shed: Option<ShedReason>,
 }
 
 impl Exchange {
@@ -104,6 +109,8 @@ impl Exchange {
             hold: None,
             headers_after: None,
             first_byte_after: None,
+            queue_wait: None,
+            shed: None,
         }
     }
 
@@ -141,6 +148,17 @@ impl Exchange {
             let routing = Arc::clone(&self.routing);
             self.hold = Some(Hold::new(routing, Arc::clone(table), worker, guard, key));
         }
+    }
+
+    /// The request was admitted after waiting `waited` in the admission queue (`None`: at once).
+    pub fn waited(&mut self, waited: Option<Duration>) {
+        self.queue_wait = waited;
+    }
+
+    /// Whole milliseconds the request waited in the admission queue, when it waited: the
+    /// `x-bch-queue-wait-ms` response header.
+    pub fn queue_wait_ms(&self) -> Option<u64> {
+        millis(self.queue_wait)
     }
 
     /// Moves the request's hold to `worker` (a retry after a failed connect): the first worker's
@@ -182,6 +200,9 @@ impl Exchange {
     /// ([`Exchange::record_error`]).
     pub fn fail(&mut self, error: &GatewayError) {
         self.status = Some(error.status());
+        if let GatewayError::Shed { reason, .. } = error {
+            self.shed = Some(*reason);
+        }
         match error.caused_by() {
             Source::Client => {
                 if let Some(fault) = error.client_body_fault() {
@@ -296,6 +317,8 @@ impl Drop for Exchange {
             headers_ms = logged_millis(self.headers_after),
             ttfb_ms = logged_millis(self.first_byte_after.or(self.headers_after)),
             duration_ms = elapsed.as_millis() as u64,
+            queue_ms = logged_millis(self.queue_wait),
+            shed = %self.shed.map_or("-", ShedReason::as_str),
             error = self.errored,
             client_fault = %self.client_fault.map_or(
                 if stalled { "client_stall" } else { "-" },

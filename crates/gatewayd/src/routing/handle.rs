@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use bch_core::router::Router;
 
+use crate::admission::AdmissionQueue;
 use crate::config::runtime::SharedSettings;
 use crate::metrics::Metrics;
 use crate::telemetry::Telemetry;
@@ -24,4 +25,6 @@ pub struct Routing {
     pub metrics: Arc<Metrics>,
     /// Routing events for the telemetry aggregator.
     pub telemetry: Telemetry,
+    /// Where requests that find no worker with room wait; told whenever load is released.
+    pub queue: Arc<AdmissionQueue>,
 }

@@ -1,7 +1,8 @@
 //! A routed request's hold on its worker: the load guard, the table and worker it was routed
 //! on, the key telemetry follows, and the worker a failed connect moved it away from. Ending the
 //! hold (early, on a move, or when it is dropped) ends the worker's load and tells telemetry the
-//! request finished there, exactly once per worker held.
+//! request finished there, exactly once per worker held, and offers the freed slot to the
+//! admission queue.
 
 use std::sync::Arc;
 
@@ -62,6 +63,8 @@ impl Hold {
             self.routing
                 .telemetry
                 .finished(&self.table, self.worker, self.key.as_ref());
+            // The one place load ends: a waiting request may take the slot.
+            self.routing.queue.slot_freed();
         }
     }
 

@@ -21,14 +21,19 @@ pub mod request_id;
 
 use std::sync::Arc;
 
+use std::time::Duration;
+
+use bch_core::admission::ShedReason;
 use bch_core::load::LoadGuard;
 use bch_core::policy::Branch;
-use bch_core::router::RoutingTable;
+use bch_core::router::{Routed, RoutingTable};
+use bch_core::routing_key::RoutingKey;
 
 pub use exchange::Exchange;
 pub use handle::Routing;
 pub use key::HeaderLookup;
 
+use crate::admission::{Admitted, QueueKey};
 use crate::config::runtime::RuntimeSettings;
 use crate::error::GatewayError;
 use crate::telemetry::keys::KeyTag;
@@ -50,17 +55,54 @@ pub struct Choice {
     pub position: Option<u64>,
 }
 
+/// A request the router found no room for, waiting for its turn in the admission queue: its key
+/// and the decision that said "wait" (for the answer's branch if it is shed).
+pub struct Waiting {
+    /// The request's key, owned, as the queue keeps it.
+    pub key: QueueKey,
+    /// The waiting decision and the table it was taken on (no load is held).
+    pub routed: Routed,
+}
+
+/// What the synchronous part of routing found: a worker (or a refusal, as the error), or no room.
+pub enum Placement {
+    /// Routed (load taken on the worker).
+    Chosen(Choice),
+    /// No worker it may use has room: the request waits ([`admit`]) or is shed.
+    Wait(Waiting),
+}
+
 /// Checks the declared body size against `max_body_bytes` (413), extracts the routing key, decides
 /// and takes load on the chosen worker in one step, counts the branch, tells telemetry, and hands
 /// the load guard to `exchange`. A refusal (413; no worker at all, no healthy worker, a
 /// target-worker miss) is the `GatewayError` to answer with, through [`Exchange::fail`]; the
-/// exchange already knows the branch.
-pub fn route<H: HeaderLookup + ?Sized>(
+/// exchange already knows the branch. A request that finds no worker with room waits in the
+/// admission queue and is decided again when a slot frees; one that cannot wait is shed
+/// ([`GatewayError::Shed`]).
+pub async fn route<H: HeaderLookup + ?Sized>(
     routing: &Routing,
     settings: &RuntimeSettings,
     headers: &H,
     exchange: &mut Exchange,
 ) -> Result<Choice, GatewayError> {
+    match route_now(routing, settings, headers, exchange)? {
+        Placement::Chosen(choice) => Ok(choice),
+        Placement::Wait(waiting) => {
+            let admission = waiting.routed.table.policy().admission;
+            let outcome = routing.queue.wait(waiting.key.clone(), &admission).await;
+            admit(routing, settings, waiting, outcome, exchange)
+        }
+    }
+}
+
+/// [`route`] up to the queue: everything that needs no waiting. The picker calls it directly, so
+/// a request that needs no queue costs no future of its own.
+pub fn route_now<H: HeaderLookup + ?Sized>(
+    routing: &Routing,
+    settings: &RuntimeSettings,
+    headers: &H,
+    exchange: &mut Exchange,
+) -> Result<Placement, GatewayError> {
     let limit = settings.max_body_bytes;
     if let Some(length) = content_length(headers).filter(|l| *l > limit) {
         return Err(GatewayError::PayloadTooLarge {
@@ -72,14 +114,76 @@ pub fn route<H: HeaderLookup + ?Sized>(
     if let Some(reason) = extracted.ignored_explicit {
         routing.metrics.record_ignored_key(reason);
     }
-    let mut routed = routing.router.route(&extracted.key);
-    let decision = routed.decision;
+    let routed = routing.router.route(&extracted.key);
+    if routed.decision.worker.is_none() && routed.decision.wait.is_some() {
+        return Ok(Placement::Wait(Waiting {
+            key: QueueKey::of(&extracted.key),
+            routed,
+        }));
+    }
+    settle(routing, settings, &extracted.key, routed, None, exchange).map(Placement::Chosen)
+}
+
+/// The end of a wait: the request admitted with the decision taken at admission, or shed with
+/// `reason` (503 with `Retry-After`, the waiting decision's branch).
+pub fn admit(
+    routing: &Routing,
+    settings: &RuntimeSettings,
+    waiting: Waiting,
+    outcome: Result<Admitted, ShedReason>,
+    exchange: &mut Exchange,
+) -> Result<Choice, GatewayError> {
+    let key = waiting.key.routing_key();
+    match outcome {
+        Ok(admitted) => settle(
+            routing,
+            settings,
+            &key,
+            admitted.routed,
+            Some(admitted.waited),
+            exchange,
+        ),
+        Err(reason) => {
+            let mut routed = waiting.routed;
+            let retry_after_secs = routed.table.policy().admission.retry_after_secs();
+            account(routing, settings, &key, &mut routed, exchange);
+            Err(GatewayError::Shed {
+                reason,
+                retry_after_secs,
+            })
+        }
+    }
+}
+
+/// Counts the final decision's branch, tells telemetry, and hands its load guard (when a worker
+/// was chosen) to the exchange, which also learns the branch.
+fn account(
+    routing: &Routing,
+    settings: &RuntimeSettings,
+    key: &RoutingKey<'_>,
+    routed: &mut Routed,
+    exchange: &mut Exchange,
+) {
+    let decision = &routed.decision;
     routing.metrics.record_branch(decision.branch);
-    let key = KeyTag::from_key(&extracted.key, settings.redact_keys);
+    let tag = KeyTag::from_key(key, settings.redact_keys);
     routing
         .telemetry
-        .routed(&routed.table, &decision, key.clone());
-    exchange.routed(&routed.table, &decision, routed.guard.take(), key);
+        .routed(&routed.table, decision, tag.clone());
+    exchange.routed(&routed.table, decision, routed.guard.take(), tag);
+}
+
+/// Accounts the final decision ([`account`]) and turns it into the choice or the refusal.
+fn settle(
+    routing: &Routing,
+    settings: &RuntimeSettings,
+    key: &RoutingKey<'_>,
+    mut routed: Routed,
+    waited: Option<Duration>,
+    exchange: &mut Exchange,
+) -> Result<Choice, GatewayError> {
+    account(routing, settings, key, &mut routed, exchange);
+    let decision = routed.decision;
     let Some(worker) = decision.worker else {
         return Err(match decision.branch {
             Branch::TargetWorkerMiss => GatewayError::TargetWorkerMiss,
@@ -87,11 +191,13 @@ pub fn route<H: HeaderLookup + ?Sized>(
             _ => GatewayError::NoHealthyWorkers,
         });
     };
+    routing.queue.stats().record_admitted(waited.is_some());
+    exchange.waited(waited);
     Ok(Choice {
         table: routed.table,
         worker,
         branch: decision.branch,
-        position: extracted.key.position(),
+        position: key.position(),
     })
 }
 

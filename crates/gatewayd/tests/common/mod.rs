@@ -352,6 +352,7 @@ pub fn test_config(workers: &[&FakeWorker]) -> Config {
             ring_id: None,
             health_path: None,
             metrics_path: None,
+            max_in_flight: None,
         })
         .collect();
     config

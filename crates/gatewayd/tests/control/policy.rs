@@ -177,3 +177,94 @@ async fn changing_virtual_nodes_rebuilds_the_ring() {
     assert_eq!(restored, before);
     gateway.shutdown().await;
 }
+
+#[tokio::test]
+async fn admission_changes_hot_and_persists_with_per_worker_caps() {
+    let (a, b) = (fake_worker("a").await, fake_worker("b").await);
+    let gateway = start(test_config(&[&a])).await;
+    let client = client();
+    let put = |body: &str| {
+        client
+            .put(control(&gateway, "/admin/policy"))
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+    };
+    for (body, field) in [
+        (r#"{"admission": {"max_kv_usage": 2}}"#, "max_kv_usage"),
+        (
+            r#"{"admission": {"queue_timeout_ms": 600001}}"#,
+            "queue_timeout_ms",
+        ),
+        (r#"{"admission": {"max_inflight": 1}}"#, "max_inflight"),
+    ] {
+        let response = put(body).await.unwrap();
+        assert_eq!(response.status(), 400, "{body}");
+        let message = error_message(&response.json().await.unwrap());
+        assert!(message.contains(field), "{body}: {message:?}");
+    }
+    let response = put(r#"{"admission": {"max_in_flight_per_worker": 1}}"#)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let admission = policy(&gateway).await["admission"].clone();
+    assert_eq!(admission["max_in_flight_per_worker"], 1);
+    assert_eq!(admission["max_queued"], 1024, "the rest unchanged");
+
+    // The cap is in force at once: a second request while the first holds a is shed.
+    let hold = client.post(data(&gateway, "/hold")).send();
+    let held = tokio::spawn(hold);
+    wait_for(&a.state, |s| {
+        s.held.load(std::sync::atomic::Ordering::SeqCst) == 1
+    })
+    .await;
+    let shed = client
+        .get(data(&gateway, "/v1/models"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(shed.status(), 503);
+    assert_eq!(shed.headers()["retry-after"], "1");
+    assert_eq!(shed.headers()["x-bch-branch"], "fleet_full");
+
+    // A worker added with its own cap (0: none) takes what a cannot.
+    let added = client
+        .post(control(&gateway, "/admin/workers"))
+        .json(&json!({"name": "b", "url": b.url(), "max_in_flight": 0}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 201);
+    let served = client
+        .get(data(&gateway, "/v1/models"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(served.status(), 200);
+    assert_eq!(served.headers()["x-bch-worker"], "b");
+    let record = worker_record(&gateway, "a").await.unwrap();
+    assert_eq!(
+        (record["capacity"].clone(), record["full"].clone()),
+        (json!(1), json!(true))
+    );
+
+    // The configuration in force carries both.
+    let text = client
+        .get(control(&gateway, "/admin/config"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let config: gatewayd::config::Config = toml::from_str(&text).unwrap();
+    assert_eq!(config.admission.max_in_flight_per_worker, 1);
+    let b_entry = config
+        .workers
+        .iter()
+        .find(|w| w.name.as_deref() == Some("b"));
+    assert_eq!(b_entry.unwrap().max_in_flight, Some(0));
+    a.release_all();
+    assert_eq!(held.await.unwrap().unwrap().status(), 200);
+    gateway.shutdown().await;
+}

@@ -139,3 +139,38 @@ async fn reload_without_a_config_file_is_a_conflict() {
     assert!(message.contains("--config"), "{message}");
     gateway.shutdown().await;
 }
+
+#[tokio::test]
+async fn reload_applies_admission_and_per_worker_caps() {
+    let (a, b) = (fake_worker("a").await, fake_worker("b").await);
+    let workers = [("a", &a), ("b", &b)];
+    let file = TempFile::new("reload-admission", &config_text(2, "1.5", &workers));
+    let config = Config::load(file.path()).unwrap();
+    let gateway =
+        gatewayd::start(gatewayd::StartOptions::new(config).config_file(file.path().to_owned()))
+            .await
+            .unwrap();
+    assert_eq!(gateway.routing_table().capacity(0), None);
+    let text = config_text(2, "1.5", &workers)
+        .replacen(
+            "[policy]\n",
+            "[admission]\nmax_in_flight_per_worker = 4\n\n[policy]\n",
+            1,
+        )
+        .replacen("name = \"b\"\n", "name = \"b\"\nmax_in_flight = 1\n", 1);
+    file.write(&text);
+    let response = client()
+        .post(control(&gateway, "/admin/reload"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+    let table = gateway.routing_table();
+    let capacity = |name: &str| table.capacity(table.index_of(name).unwrap());
+    assert_eq!((capacity("a"), capacity("b")), (Some(4), Some(1)));
+    assert_eq!(
+        policy(&gateway).await["admission"]["max_in_flight_per_worker"],
+        4
+    );
+    gateway.shutdown().await;
+}

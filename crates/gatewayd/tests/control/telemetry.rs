@@ -401,3 +401,44 @@ async fn implicit_keys_are_shown_only_as_hashes() {
     }
     gateway.shutdown().await;
 }
+
+#[tokio::test]
+async fn set_policy_changes_admission_with_the_tomls_names() {
+    let a = fake_worker("a").await;
+    let gateway = start(bounded_config(&[&a])).await;
+    let mut client = Client::connect(&gateway).await;
+    client.frame().await;
+    let policy_url = format!("http://{}/admin/policy", gateway.control_addr);
+    client
+        .send(serde_json::json!({"type":"set_policy","id":9,
+            "admission":{"max_in_flight_per_worker":3,"queue_timeout_ms":250}}))
+        .await;
+    let ack = client
+        .until(|m| match m {
+            ServerMessage::Ack(ack) => Some(ack.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(ack.policy.admission.max_in_flight_per_worker, 3);
+    assert_eq!(ack.policy.admission.queue_timeout_ms, 250);
+    let policy: serde_json::Value = reqwest::get(&policy_url)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(policy["admission"]["max_in_flight_per_worker"], 3);
+    assert_eq!(gateway.routing_table().capacity(0), Some(3));
+    client
+        .send(serde_json::json!({"type":"set_policy","id":"bad","admission":{"max_kv_usage":2.0}}))
+        .await;
+    let error = client
+        .until(|m| match m {
+            ServerMessage::Error(e) => Some(e.clone()),
+            _ => None,
+        })
+        .await;
+    assert!(error.message.contains("max_kv_usage"), "{error:?}");
+    assert_eq!(gateway.routing_table().policy().admission.max_kv_usage, 0.0);
+    gateway.shutdown().await;
+}

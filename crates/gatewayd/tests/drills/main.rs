@@ -182,6 +182,7 @@ fn config_for(workers: &[(String, String)]) -> Config {
             ring_id: None,
             health_path: None,
             metrics_path: None,
+            max_in_flight: None,
         })
         .collect();
     config

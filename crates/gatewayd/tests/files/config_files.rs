@@ -97,11 +97,13 @@ fn the_reference_mentions_every_field() {
         ring_id: Some("r".into()),
         health_path: Some("/h".into()),
         metrics_path: None,
+        max_in_flight: Some(4),
     });
     config.discovery.push(DiscoveryConfig {
         port: Some(8000),
         resolver: Some("127.0.0.1:53".parse().unwrap()),
         health_path: Some("/h".into()),
+        max_in_flight: Some(4),
         ..DiscoveryConfig::new("llm.test")
     });
     let value = serde_json::to_value(&config).unwrap();

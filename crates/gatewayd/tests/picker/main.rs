@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod admission;
 mod allocations;
 mod bounds;
 mod health;

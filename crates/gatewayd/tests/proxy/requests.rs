@@ -331,6 +331,7 @@ async fn removing_a_worker_stops_traffic_and_re_adding_keeps_counters() {
             ring_id: None,
             health_path: None,
             metrics_path: None,
+            max_in_flight: None,
         })
         .send()
         .await

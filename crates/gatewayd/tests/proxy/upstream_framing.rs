@@ -377,6 +377,7 @@ fn config_for(urls: &[(&str, String)]) -> Config {
             ring_id: None,
             health_path: None,
             metrics_path: None,
+            max_in_flight: None,
         })
         .collect();
     // A request put on a connection that can never answer shows up as a 504, quickly.
