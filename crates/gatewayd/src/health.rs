@@ -18,7 +18,7 @@
 //! a failed probe of a worker asked about marks it unhealthy at once, as a failed connect the
 //! gateway saw itself would.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -33,7 +33,7 @@ use hyper_util::rt::TokioExecutor;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -183,34 +183,65 @@ impl Collector for ProbeFailureCollector {
     }
 }
 
-/// How many probe requests may wait for the prober; more are dropped (the next full round probes
-/// the worker anyway), so a peer that reports without end holds a bounded queue.
-const PROBE_REQUEST_QUEUE: usize = 64;
-
 /// A worker is probed on request at most once per this time; requests in between are dropped,
 /// so reports cannot turn the prober into a flood of requests to a worker.
 pub const PROBE_REQUEST_GAP: Duration = Duration::from_secs(1);
 
-/// Asks the prober to probe one worker now. Cheap and never waits: a full queue drops the
-/// request. Cloned by each front end that reports doubts.
+/// Asks the prober to probe one worker now. Cheap and never waits. The requests waiting are a
+/// set, one per worker: a peer reporting without end about some workers coalesces into one
+/// request each and never crowds out the request about another (a bounded queue of reports
+/// would drop it, and a worker really failing would wait for the next full round). The set holds
+/// at most one key per worker reported about, and the prober empties it every round. Cloned by
+/// each front end that reports doubts.
 #[derive(Debug, Clone)]
-pub struct ProbeRequests(mpsc::Sender<WorkerKey>);
+pub struct ProbeRequests(Arc<PendingProbes>);
 
 /// The prober's end of [`ProbeRequests`].
 #[derive(Debug)]
-pub struct ProbeRequestQueue(mpsc::Receiver<WorkerKey>);
+pub struct ProbeRequestQueue(Arc<PendingProbes>);
 
-impl ProbeRequests {
-    /// A bounded queue of probe requests: the front ends' end and the prober's.
-    pub fn channel() -> (Self, ProbeRequestQueue) {
-        let (sender, receiver) = mpsc::channel(PROBE_REQUEST_QUEUE);
-        (Self(sender), ProbeRequestQueue(receiver))
+/// The workers asked about and not yet taken by the prober, and its wake-up.
+#[derive(Debug, Default)]
+struct PendingProbes {
+    /// Held only to insert one key or to take them all, never across an await.
+    workers: Mutex<HashSet<WorkerKey>>,
+    wake: Notify,
+}
+
+impl PendingProbes {
+    fn lock(&self) -> MutexGuard<'_, HashSet<WorkerKey>> {
+        self.workers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl ProbeRequestQueue {
+    /// Waits until some request arrives (at once if one arrived since the last wait).
+    async fn arrived(&self) {
+        self.0.wake.notified().await;
     }
 
-    /// Asks for a probe of `worker` now; `false` when the queue was full (or the prober gone)
-    /// and the request was dropped.
+    /// The workers asked about since the last call, each once.
+    fn take(&mut self) -> Vec<WorkerKey> {
+        self.0.lock().drain().collect()
+    }
+}
+
+impl ProbeRequests {
+    /// The front ends' end of the requests and the prober's.
+    pub fn channel() -> (Self, ProbeRequestQueue) {
+        let pending = Arc::new(PendingProbes::default());
+        (Self(Arc::clone(&pending)), ProbeRequestQueue(pending))
+    }
+
+    /// Asks for a probe of `worker` now; `false` when a request about it was already waiting
+    /// (this one joins it).
     pub fn probe(&self, worker: WorkerKey) -> bool {
-        self.0.try_send(worker).is_ok()
+        let added = self.0.lock().insert(worker);
+        if added {
+            // A permit is stored when the prober is busy probing, so the request is not lost.
+            self.0.wake.notify_one();
+        }
+        added
     }
 }
 
@@ -308,7 +339,7 @@ pub async fn run(prober: Prober) {
         config,
         members,
         probe_now,
-        requests: ProbeRequestQueue(mut requests),
+        mut requests,
         failures,
         suppressed,
         rounds,
@@ -346,13 +377,11 @@ pub async fn run(prober: Prober) {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = probe_now.notified() => {}
-            Some(worker) = requests.recv() => asked.push(worker),
+            _ = requests.arrived() => {}
             _ = tokio::time::sleep_until(next_full) => {}
         }
-        // Every request already waiting joins this round (the queue is bounded).
-        while let Ok(worker) = requests.try_recv() {
-            asked.push(worker);
-        }
+        // Every request waiting joins this round (at most one per worker).
+        asked.extend(requests.take());
     }
 }
 
@@ -506,6 +535,39 @@ async fn probe_once(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn key(url: &str) -> WorkerKey {
+        WorkerKey::of(&bch_core::router::WorkerSpec {
+            name: url.to_owned(),
+            url: url.to_owned(),
+            ring_id: None,
+            source: bch_core::telemetry::WorkerSource::Static,
+            max_in_flight: None,
+        })
+    }
+
+    #[test]
+    fn a_flood_of_probe_requests_about_other_workers_never_crowds_one_out() {
+        let (requests, mut queue) = ProbeRequests::channel();
+        // A picker peer claiming fallbacks for other workers as fast as it can, before the
+        // prober takes the next round's requests.
+        for _ in 0..10 {
+            for other in 0..100 {
+                requests.probe(key(&format!("http://10.0.0.{other}:8000")));
+            }
+        }
+        let real = key("http://10.0.1.1:8000");
+        assert!(
+            requests.probe(real.clone()),
+            "the request about a worker really failing was dropped"
+        );
+        let asked = queue.take();
+        assert!(asked.contains(&real));
+        // One request per worker however often it was asked: the queue stays bounded by the
+        // membership.
+        assert_eq!(asked.len(), 101);
+        assert!(queue.take().is_empty());
+    }
 
     #[test]
     fn every_reason_has_its_slot_and_its_label() {
