@@ -715,3 +715,55 @@ async fn a_half_closed_client_is_a_client_that_left() {
     assert_eq!(worker_record(&gateway, "streamer"), (0, true));
     gateway.shutdown().await;
 }
+
+/// A client that closes its connection in the middle of a streamed response is logged as such:
+/// `error=true client_fault=client_left`, with the status already sent, never like a response
+/// that was delivered whole, and never against the worker.
+#[tokio::test]
+async fn a_client_that_leaves_mid_stream_is_logged_as_having_left() {
+    let worker = fake_worker("leaver").await;
+    let gateway = gateway(&[&worker], |_| {}).await;
+    let data = gateway.data_addr;
+    let mut stream = TcpStream::connect(data).await.unwrap();
+    stream
+        .write_all(
+            format!(
+                "GET /sse?n=1000&gap_ms=20 HTTP/1.1\r\nhost: {data}\r\nx-smg-routing-key: k\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !String::from_utf8_lossy(&seen).contains("\"chunk\":0") {
+        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut chunk))
+            .await
+            .expect("the first event in time")
+            .unwrap();
+        assert!(n > 0, "stream ended early");
+        seen.extend_from_slice(&chunk[..n]);
+    }
+    drop(stream);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let line = loop {
+        let line = logs()
+            .lines()
+            .find(|l| l.contains(" request ") && l.contains("worker=leaver"))
+            .map(str::to_owned);
+        if let Some(line) = line {
+            break line;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no request line for the abandoned stream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(line.contains(" status=200 "), "{line}");
+    assert!(line.contains(" error=true "), "{line}");
+    assert!(line.ends_with(" client_fault=client_left"), "{line}");
+    assert_eq!(worker_record(&gateway, "leaver"), (0, true));
+    assert!(warnings_naming("leaver").is_empty());
+    gateway.shutdown().await;
+}
