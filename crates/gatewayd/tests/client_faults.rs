@@ -767,3 +767,51 @@ async fn a_client_that_leaves_mid_stream_is_logged_as_having_left() {
     assert!(warnings_naming("leaver").is_empty());
     gateway.shutdown().await;
 }
+
+/// A stream still running when the shutdown grace expires is cut by the gateway, not by its
+/// client (who is still reading): its line says `error=true` and names no client fault.
+#[test]
+fn a_stream_cut_when_the_shutdown_grace_expires_is_not_the_clients_doing() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (client, _worker) = runtime.block_on(async {
+        let worker = fake_worker("cut-at-exit").await;
+        let gateway = gateway(&[&worker], |config| {
+            config.server.timeouts.shutdown_grace = Duration::from_millis(100);
+        })
+        .await;
+        let data = gateway.data_addr;
+        let mut stream = TcpStream::connect(data).await.unwrap();
+        stream
+            .write_all(
+                format!(
+                    "GET /sse?n=1000&gap_ms=20 HTTP/1.1\r\nhost: {data}\r\nx-smg-routing-key: k\r\n\r\n"
+                )
+                .as_bytes(),
+            )
+            .await
+            .unwrap();
+        let mut seen = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !String::from_utf8_lossy(&seen).contains("\"chunk\":0") {
+            let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut chunk))
+                .await
+                .expect("the first event in time")
+                .unwrap();
+            assert!(n > 0, "stream ended early");
+            seen.extend_from_slice(&chunk[..n]);
+        }
+        gateway.shutdown().await;
+        (stream.into_std().unwrap(), worker)
+    });
+    // The process ends: its runtime drops the connections still open.
+    drop(runtime);
+    let line = logs()
+        .lines()
+        .find(|l| l.contains(" request ") && l.contains("worker=cut-at-exit"))
+        .map(str::to_owned)
+        .expect("the cut stream's request line");
+    assert!(line.contains(" status=200 "), "{line}");
+    assert!(line.contains(" error=true "), "{line}");
+    assert!(line.ends_with(" client_fault=-"), "{line}");
+    drop(client);
+}

@@ -293,10 +293,16 @@ impl Drop for Exchange {
             self.errored = true;
             self.routing.metrics.record_client_stall();
         }
+        // Cut because the gateway's process stopped with it still running (the shutdown grace
+        // expired): an error, but not the client's.
+        let dropped = self
+            .client_stall
+            .as_ref()
+            .is_some_and(ClientStall::dropped_by_gateway);
         // A response that already failed (the worker broke it, the gateway ended it) says so;
         // only an intact one cut short by the client is the client's doing.
-        let left = !stalled && self.client_left && !self.errored;
-        if left {
+        let left = !stalled && !dropped && self.client_left && !self.errored;
+        if left || dropped {
             self.errored = true;
         }
         let elapsed = self.started.elapsed();
