@@ -815,3 +815,39 @@ fn a_stream_cut_when_the_shutdown_grace_expires_is_not_the_clients_doing() {
     assert!(line.ends_with(" client_fault=-"), "{line}");
     drop(client);
 }
+
+/// The endpoint picker ending a stream Envoy left silent logs its request as an error (it did not
+/// end as Envoy would have ended it), blaming neither the client nor the worker.
+#[tokio::test]
+async fn a_picker_stream_ended_for_its_silence_is_logged_as_an_error() {
+    let worker = fake_worker("silent-picked").await;
+    let gateway = gateway(&[&worker], |config| {
+        config.picker.listen = Some("127.0.0.1:0".parse().unwrap());
+        config.picker.silent_stream_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let mut envoy = common::envoy::FakeEnvoy::open(gateway.picker_addr.unwrap()).await;
+    envoy
+        .exchange(common::envoy::request_headers(&[("x-smg-routing-key", "quiet")]))
+        .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let line = loop {
+        let line = logs()
+            .lines()
+            .find(|l| l.contains(" request ") && l.contains("worker=silent-picked"))
+            .map(str::to_owned);
+        if let Some(line) = line {
+            break line;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no request line for the silent stream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(line.contains(" error=true "), "{line}");
+    assert!(line.ends_with(" client_fault=-"), "{line}");
+    assert_eq!(worker_record(&gateway, "silent-picked"), (0, true));
+    drop(envoy);
+    gateway.shutdown().await;
+}

@@ -34,7 +34,7 @@ impl SessionProbe {
         let parts = assemble_routing(config, &members, true, &shutdown)?;
         let settings = Arc::new(ArcSwap::from_pointee(RuntimeSettings::from_config(config)));
         let routing = parts.routing(settings);
-        // No prober here: a probe request finds its queue closed and is dropped.
+        // No prober here: a probe request waits in a set nothing empties (one per worker).
         let (probe_requests, _) = crate::health::ProbeRequests::channel();
         let plane = Arc::new(PickerPlane::new(
             routing,

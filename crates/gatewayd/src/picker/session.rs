@@ -206,6 +206,15 @@ impl Session {
         messages::pick(endpoints)
     }
 
+    /// The picker ends the stream because Envoy left it silent too long: the request is logged
+    /// `error=true` (it did not end as Envoy would have ended it), blaming no worker.
+    pub fn end_silent(&mut self) {
+        if let Some(held) = self.held.as_mut() {
+            held.exchange.cut_by_gateway();
+        }
+        self.finish();
+    }
+
     /// The response ended: the exchange ends (load released, telemetry told, request logged).
     fn finish(&mut self) {
         self.held = None;

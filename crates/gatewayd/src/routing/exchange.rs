@@ -141,6 +141,13 @@ impl Exchange {
         self.client_left = true;
     }
 
+    /// The gateway ended the request before its end for a reason that is nobody's fault it can
+    /// name (the picker ending a stream Envoy left silent): logged `error=true`, counted against
+    /// no worker.
+    pub fn cut_by_gateway(&mut self) {
+        self.errored = true;
+    }
+
     /// The request id, for the response to the client.
     pub fn request_id(&mut self) -> &HeaderValue {
         self.request_id.header_value()
