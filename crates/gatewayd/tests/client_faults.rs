@@ -828,7 +828,10 @@ async fn a_picker_stream_ended_for_its_silence_is_logged_as_an_error() {
     .await;
     let mut envoy = common::envoy::FakeEnvoy::open(gateway.picker_addr.unwrap()).await;
     envoy
-        .exchange(common::envoy::request_headers(&[("x-smg-routing-key", "quiet")]))
+        .exchange(common::envoy::request_headers(&[(
+            "x-smg-routing-key",
+            "quiet",
+        )]))
         .await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let line = loop {
