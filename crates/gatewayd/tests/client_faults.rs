@@ -854,3 +854,45 @@ async fn a_picker_stream_ended_for_its_silence_is_logged_as_an_error() {
     drop(envoy);
     gateway.shutdown().await;
 }
+
+/// A picker peer that claims, stream after stream, that Envoy served an endpoint it was never
+/// given writes a bounded number of warnings (`[log]` budget), and the rest are counted.
+#[tokio::test]
+async fn a_peer_claiming_unlisted_endpoints_cannot_flood_the_log() {
+    let worker = fake_worker("unlisted-claims").await;
+    let gateway = gateway(&[&worker], |config| {
+        config.picker.listen = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let picker = gateway.picker_addr.unwrap();
+    let claims = 60;
+    for i in 0..claims {
+        let mut envoy = common::envoy::FakeEnvoy::open(picker).await;
+        envoy
+            .exchange(common::envoy::request_headers(&[(
+                "x-smg-routing-key",
+                &format!("k{i}"),
+            )]))
+            .await;
+        envoy
+            .exchange(common::envoy::response_headers(Some("192.0.2.1:9"), true))
+            .await;
+    }
+    let warnings = logs()
+        .lines()
+        .filter(|l| l.contains(" WARN ") && l.contains("endpoint it was not given"))
+        .count();
+    let budget = gatewayd::config::LogConfig::default().state_change_lines as usize;
+    assert!(
+        warnings <= budget,
+        "{warnings} warnings for {claims} claims"
+    );
+    let suppressed = gateway.metrics_text().lines().find_map(|l| {
+        l.strip_prefix("bch_log_lines_suppressed_total{component=\"picker\"} ")?
+            .trim()
+            .parse::<usize>()
+            .ok()
+    });
+    assert_eq!(suppressed, Some(claims - warnings));
+    gateway.shutdown().await;
+}

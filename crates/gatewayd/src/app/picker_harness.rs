@@ -41,6 +41,11 @@ impl SessionProbe {
             Arc::new(ArcSwap::from_pointee(members)),
             probe_requests,
             Arc::default(),
+            crate::log_limit::LimitedLog::new(
+                crate::log_limit::Component::Picker,
+                crate::log_limit::LineBudget::of(&config.log),
+                Arc::default(),
+            ),
         ));
         Ok(Self {
             session: Session::new(Arc::clone(&plane)),

@@ -262,7 +262,7 @@ impl Held {
             let chosen = &self.table.workers()[self.worker];
             let asked = plane.probe_requests.probe(WorkerKey::of_worker(chosen));
             tracing::debug!(worker = %chosen.spec.name, %served, asked, "Envoy reports serving a fallback; probing the chosen worker");
-        } else {
+        } else if plane.admit_claim_warning() {
             tracing::warn!(%served, "Envoy served an endpoint it was not given (does its cluster hold every worker?)");
         }
         let moved = next.and_then(|next| Some((next, routing.router.reserve(&self.table, next)?)));
