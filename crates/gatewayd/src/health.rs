@@ -18,7 +18,7 @@
 //! a failed probe of a worker asked about marks it unhealthy at once, as a failed connect the
 //! gateway saw itself would.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -33,7 +33,7 @@ use hyper_util::rt::TokioExecutor;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -183,34 +183,65 @@ impl Collector for ProbeFailureCollector {
     }
 }
 
-/// How many probe requests may wait for the prober; more are dropped (the next full round probes
-/// the worker anyway), so a peer that reports without end holds a bounded queue.
-const PROBE_REQUEST_QUEUE: usize = 64;
-
 /// A worker is probed on request at most once per this time; requests in between are dropped,
 /// so reports cannot turn the prober into a flood of requests to a worker.
 pub const PROBE_REQUEST_GAP: Duration = Duration::from_secs(1);
 
-/// Asks the prober to probe one worker now. Cheap and never waits: a full queue drops the
-/// request. Cloned by each front end that reports doubts.
+/// Asks the prober to probe one worker now. Cheap and never waits. The requests waiting are a
+/// set, one per worker: a peer reporting without end about some workers coalesces into one
+/// request each and never crowds out the request about another (a bounded queue of reports
+/// would drop it, and a worker really failing would wait for the next full round). The set holds
+/// at most one key per worker reported about, and the prober empties it every round. Cloned by
+/// each front end that reports doubts.
 #[derive(Debug, Clone)]
-pub struct ProbeRequests(mpsc::Sender<WorkerKey>);
+pub struct ProbeRequests(Arc<PendingProbes>);
 
 /// The prober's end of [`ProbeRequests`].
 #[derive(Debug)]
-pub struct ProbeRequestQueue(mpsc::Receiver<WorkerKey>);
+pub struct ProbeRequestQueue(Arc<PendingProbes>);
 
-impl ProbeRequests {
-    /// A bounded queue of probe requests: the front ends' end and the prober's.
-    pub fn channel() -> (Self, ProbeRequestQueue) {
-        let (sender, receiver) = mpsc::channel(PROBE_REQUEST_QUEUE);
-        (Self(sender), ProbeRequestQueue(receiver))
+/// The workers asked about and not yet taken by the prober, and its wake-up.
+#[derive(Debug, Default)]
+struct PendingProbes {
+    /// Held only to insert one key or to take them all, never across an await.
+    workers: Mutex<HashSet<WorkerKey>>,
+    wake: Notify,
+}
+
+impl PendingProbes {
+    fn lock(&self) -> MutexGuard<'_, HashSet<WorkerKey>> {
+        self.workers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl ProbeRequestQueue {
+    /// Waits until some request arrives (at once if one arrived since the last wait).
+    async fn arrived(&self) {
+        self.0.wake.notified().await;
     }
 
-    /// Asks for a probe of `worker` now; `false` when the queue was full (or the prober gone)
-    /// and the request was dropped.
+    /// The workers asked about since the last call, each once.
+    fn take(&mut self) -> Vec<WorkerKey> {
+        self.0.lock().drain().collect()
+    }
+}
+
+impl ProbeRequests {
+    /// The front ends' end of the requests and the prober's.
+    pub fn channel() -> (Self, ProbeRequestQueue) {
+        let pending = Arc::new(PendingProbes::default());
+        (Self(Arc::clone(&pending)), ProbeRequestQueue(pending))
+    }
+
+    /// Asks for a probe of `worker` now; `false` when a request about it was already waiting
+    /// (this one joins it).
     pub fn probe(&self, worker: WorkerKey) -> bool {
-        self.0.try_send(worker).is_ok()
+        let added = self.0.lock().insert(worker);
+        if added {
+            // A permit is stored when the prober is busy probing, so the request is not lost.
+            self.0.wake.notify_one();
+        }
+        added
     }
 }
 
@@ -308,7 +339,7 @@ pub async fn run(prober: Prober) {
         config,
         members,
         probe_now,
-        requests: ProbeRequestQueue(mut requests),
+        mut requests,
         failures,
         suppressed,
         rounds,
@@ -346,13 +377,11 @@ pub async fn run(prober: Prober) {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = probe_now.notified() => {}
-            Some(worker) = requests.recv() => asked.push(worker),
+            _ = requests.arrived() => {}
             _ = tokio::time::sleep_until(next_full) => {}
         }
-        // Every request already waiting joins this round (the queue is bounded).
-        while let Ok(worker) = requests.try_recv() {
-            asked.push(worker);
-        }
+        // Every request waiting joins this round (at most one per worker).
+        asked.extend(requests.take());
     }
 }
 
@@ -504,55 +533,4 @@ async fn probe_once(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_reason_has_its_slot_and_its_label() {
-        let labels: Vec<&str> = ProbeReason::ALL.iter().map(|r| r.as_str()).collect();
-        assert_eq!(labels, ["refused", "timeout", "status", "error"]);
-        for (index, reason) in ProbeReason::ALL.iter().enumerate() {
-            assert_eq!(reason.index(), index);
-        }
-        assert_eq!(ProbeFailure::Status(503).to_string(), "status 503");
-        assert_eq!(ProbeFailure::Timeout.to_string(), "timeout");
-    }
-
-    #[test]
-    fn streak_flips_at_thresholds_and_restarts_when_health_changed_elsewhere() {
-        let thresholds = HealthConfig {
-            unhealthy_threshold: 3,
-            healthy_threshold: 2,
-            ..HealthConfig::default()
-        };
-        let mut streak = Streak::default();
-        assert_eq!(streak.observe(false, true, &thresholds), None);
-        assert_eq!(streak.observe(false, true, &thresholds), None);
-        assert_eq!(streak.observe(false, true, &thresholds), Some(false));
-        // A new worker waiting for its first probe: one success lets it in, a failure keeps it
-        // out until the normal threshold of successes.
-        let mut waiting = Streak::default();
-        assert_eq!(waiting.observe(true, false, &thresholds), Some(true));
-        let mut waiting = Streak::default();
-        assert_eq!(waiting.observe(false, false, &thresholds), None);
-        assert_eq!(waiting.observe(true, false, &thresholds), None);
-        assert_eq!(waiting.observe(true, false, &thresholds), Some(true));
-        streak.seen_healthy = Some(false);
-        assert_eq!(streak.observe(true, false, &thresholds), None);
-        assert_eq!(streak.observe(true, false, &thresholds), Some(true));
-        // Passive marking flipped the worker to unhealthy behind the prober's back: the two
-        // successes seen while it was unhealthy do not count, it needs two fresh ones.
-        let mut streak = Streak::default();
-        assert_eq!(streak.observe(true, true, &thresholds), None);
-        assert_eq!(streak.observe(true, false, &thresholds), None);
-        assert_eq!(streak.observe(true, false, &thresholds), Some(true));
-        // A failure resets the successes (of a worker probed before).
-        let mut streak = Streak {
-            seen_healthy: Some(false),
-            ..Streak::default()
-        };
-        streak.observe(true, false, &thresholds);
-        streak.observe(false, false, &thresholds);
-        assert_eq!(streak.observe(true, false, &thresholds), None);
-    }
-}
+mod tests;

@@ -201,10 +201,18 @@ pub enum Component {
     Scraper,
     /// The health prober, per worker.
     Prober,
+    /// The endpoint picker: warnings about what a peer on the picker port claims, which any
+    /// peer can repeat at will (one source for all of them).
+    Picker,
 }
 
 impl LabelValue for Component {
-    const ALL: &'static [Self] = &[Component::Discovery, Component::Scraper, Component::Prober];
+    const ALL: &'static [Self] = &[
+        Component::Discovery,
+        Component::Scraper,
+        Component::Prober,
+        Component::Picker,
+    ];
 
     fn index(self) -> usize {
         self as usize
@@ -215,6 +223,7 @@ impl LabelValue for Component {
             Component::Discovery => "discovery",
             Component::Scraper => "scraper",
             Component::Prober => "prober",
+            Component::Picker => "picker",
         }
     }
 }
@@ -223,8 +232,8 @@ impl LabelValue for Component {
 /// (`bch_log_lines_suppressed_total{component}`).
 #[derive(Debug, Default)]
 pub struct SuppressedLines {
-    /// By [`LabelValue::index`] of the three components.
-    counts: [AtomicU64; 3],
+    /// By [`LabelValue::index`] of the four components.
+    counts: [AtomicU64; 4],
 }
 
 impl SuppressedLines {
@@ -252,7 +261,7 @@ impl Collector for SuppressedCollector {
         counter(
             &mut encoder,
             "bch_log_lines_suppressed",
-            "Repeated state-change log lines not written because their source (a discovery source, a worker) had used up its budget of [log] state_change_lines per state_change_period_ms",
+            "Repeated state-change log lines not written because their source (a discovery source, a worker, the picker's peers) had used up its budget of [log] state_change_lines per state_change_period_ms",
             by_label("component", |component: Component| self.0.count(component)),
         )
     }

@@ -11,7 +11,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -47,13 +47,51 @@ pub struct Listening {
 /// connection carries its connection's flag as a request extension: the response a stall cut
 /// ends after the flag is set (the failed connection drops it), so it can be recorded as what it
 /// is rather than as a completed one.
+///
+/// It also says when the gateway itself dropped the connection unfinished: the process stopping
+/// with the connection still open once the shutdown grace expired. The responses it cuts then are
+/// neither the client's doing nor complete.
 #[derive(Debug, Clone, Default)]
-pub struct ClientStall(Arc<AtomicBool>);
+pub struct ClientStall(Arc<AtomicU8>);
+
+/// [`ClientStall`]'s states; the first one set stays.
+const STALLED: u8 = 1;
+const DROPPED_BY_GATEWAY: u8 = 2;
 
 impl ClientStall {
     /// Whether the connection's client stalled and the connection was failed for it.
     pub fn stalled(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.0.load(Ordering::Relaxed) == STALLED
+    }
+
+    /// Whether the gateway dropped the connection before it ended (the shutdown grace expired).
+    pub fn dropped_by_gateway(&self) -> bool {
+        self.0.load(Ordering::Relaxed) == DROPPED_BY_GATEWAY
+    }
+
+    fn set(&self, state: u8) {
+        let _ = self
+            .0
+            .compare_exchange(0, state, Ordering::Relaxed, Ordering::Relaxed);
+    }
+}
+
+/// Marks its connection [`ClientStall::dropped_by_gateway`] when dropped before
+/// [`UnfinishedConnection::finished`]: its connection task was dropped mid-way, which only the
+/// runtime stopping does.
+struct UnfinishedConnection(Option<ClientStall>);
+
+impl UnfinishedConnection {
+    fn finished(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for UnfinishedConnection {
+    fn drop(&mut self) {
+        if let Some(flag) = self.0.take() {
+            flag.set(DROPPED_BY_GATEWAY);
+        }
     }
 }
 
@@ -110,6 +148,7 @@ pub async fn serve_capped<S, B>(
         let stream = WriteStallGuard::new(stream, cap.write_stall_timeout, stall.clone());
         let service = make_service(peer);
         // Every request carries its connection's stall flag: the one a stall cuts says so.
+        let unfinished = UnfinishedConnection(Some(stall.clone()));
         let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
             request.extensions_mut().insert(stall.clone());
             service.call(request)
@@ -118,6 +157,9 @@ pub async fn serve_capped<S, B>(
         let shutdown = listening.shutdown.clone();
         listening.tasks.spawn(async move {
             tokio::pin!(connection);
+            // Declared after the pinned connection, so dropped before it when the task is
+            // dropped unfinished: the exchanges the connection holds see the flag as they end.
+            let unfinished = unfinished;
             tokio::select! {
                 result = connection.as_mut() => log_connection_error(result),
                 _ = shutdown.cancelled() => {
@@ -125,6 +167,7 @@ pub async fn serve_capped<S, B>(
                     log_connection_error(connection.await);
                 }
             }
+            unfinished.finished();
             drop(permit);
         });
     }
@@ -204,7 +247,7 @@ impl WriteStallGuard {
         }
         match self.timer.as_mut().map(|t| t.as_mut().poll(cx)) {
             Some(Poll::Ready(())) => {
-                self.stall.0.store(true, Ordering::Relaxed);
+                self.stall.set(STALLED);
                 Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "the client stopped reading its response",

@@ -715,3 +715,184 @@ async fn a_half_closed_client_is_a_client_that_left() {
     assert_eq!(worker_record(&gateway, "streamer"), (0, true));
     gateway.shutdown().await;
 }
+
+/// A client that closes its connection in the middle of a streamed response is logged as such:
+/// `error=true client_fault=client_left`, with the status already sent, never like a response
+/// that was delivered whole, and never against the worker.
+#[tokio::test]
+async fn a_client_that_leaves_mid_stream_is_logged_as_having_left() {
+    let worker = fake_worker("leaver").await;
+    let gateway = gateway(&[&worker], |_| {}).await;
+    let data = gateway.data_addr;
+    let mut stream = TcpStream::connect(data).await.unwrap();
+    stream
+        .write_all(
+            format!(
+                "GET /sse?n=1000&gap_ms=20 HTTP/1.1\r\nhost: {data}\r\nx-smg-routing-key: k\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !String::from_utf8_lossy(&seen).contains("\"chunk\":0") {
+        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut chunk))
+            .await
+            .expect("the first event in time")
+            .unwrap();
+        assert!(n > 0, "stream ended early");
+        seen.extend_from_slice(&chunk[..n]);
+    }
+    drop(stream);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let line = loop {
+        let line = logs()
+            .lines()
+            .find(|l| l.contains(" request ") && l.contains("worker=leaver"))
+            .map(str::to_owned);
+        if let Some(line) = line {
+            break line;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no request line for the abandoned stream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(line.contains(" status=200 "), "{line}");
+    assert!(line.contains(" error=true "), "{line}");
+    assert!(line.ends_with(" client_fault=client_left"), "{line}");
+    assert_eq!(worker_record(&gateway, "leaver"), (0, true));
+    assert!(warnings_naming("leaver").is_empty());
+    gateway.shutdown().await;
+}
+
+/// A stream still running when the shutdown grace expires is cut by the gateway, not by its
+/// client (who is still reading): its line says `error=true` and names no client fault.
+#[test]
+fn a_stream_cut_when_the_shutdown_grace_expires_is_not_the_clients_doing() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (client, _worker) = runtime.block_on(async {
+        let worker = fake_worker("cut-at-exit").await;
+        let gateway = gateway(&[&worker], |config| {
+            config.server.timeouts.shutdown_grace = Duration::from_millis(100);
+        })
+        .await;
+        let data = gateway.data_addr;
+        let mut stream = TcpStream::connect(data).await.unwrap();
+        stream
+            .write_all(
+                format!(
+                    "GET /sse?n=1000&gap_ms=20 HTTP/1.1\r\nhost: {data}\r\nx-smg-routing-key: k\r\n\r\n"
+                )
+                .as_bytes(),
+            )
+            .await
+            .unwrap();
+        let mut seen = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !String::from_utf8_lossy(&seen).contains("\"chunk\":0") {
+            let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut chunk))
+                .await
+                .expect("the first event in time")
+                .unwrap();
+            assert!(n > 0, "stream ended early");
+            seen.extend_from_slice(&chunk[..n]);
+        }
+        gateway.shutdown().await;
+        (stream.into_std().unwrap(), worker)
+    });
+    // The process ends: its runtime drops the connections still open.
+    drop(runtime);
+    let line = logs()
+        .lines()
+        .find(|l| l.contains(" request ") && l.contains("worker=cut-at-exit"))
+        .map(str::to_owned)
+        .expect("the cut stream's request line");
+    assert!(line.contains(" status=200 "), "{line}");
+    assert!(line.contains(" error=true "), "{line}");
+    assert!(line.ends_with(" client_fault=-"), "{line}");
+    drop(client);
+}
+
+/// The endpoint picker ending a stream Envoy left silent logs its request as an error (it did not
+/// end as Envoy would have ended it), blaming neither the client nor the worker.
+#[tokio::test]
+async fn a_picker_stream_ended_for_its_silence_is_logged_as_an_error() {
+    let worker = fake_worker("silent-picked").await;
+    let gateway = gateway(&[&worker], |config| {
+        config.picker.listen = Some("127.0.0.1:0".parse().unwrap());
+        config.picker.silent_stream_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let mut envoy = common::envoy::FakeEnvoy::open(gateway.picker_addr.unwrap()).await;
+    envoy
+        .exchange(common::envoy::request_headers(&[(
+            "x-smg-routing-key",
+            "quiet",
+        )]))
+        .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let line = loop {
+        let line = logs()
+            .lines()
+            .find(|l| l.contains(" request ") && l.contains("worker=silent-picked"))
+            .map(str::to_owned);
+        if let Some(line) = line {
+            break line;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no request line for the silent stream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(line.contains(" error=true "), "{line}");
+    assert!(line.ends_with(" client_fault=-"), "{line}");
+    assert_eq!(worker_record(&gateway, "silent-picked"), (0, true));
+    drop(envoy);
+    gateway.shutdown().await;
+}
+
+/// A picker peer that claims, stream after stream, that Envoy served an endpoint it was never
+/// given writes a bounded number of warnings (`[log]` budget), and the rest are counted.
+#[tokio::test]
+async fn a_peer_claiming_unlisted_endpoints_cannot_flood_the_log() {
+    let worker = fake_worker("unlisted-claims").await;
+    let gateway = gateway(&[&worker], |config| {
+        config.picker.listen = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let picker = gateway.picker_addr.unwrap();
+    let claims = 60;
+    for i in 0..claims {
+        let mut envoy = common::envoy::FakeEnvoy::open(picker).await;
+        envoy
+            .exchange(common::envoy::request_headers(&[(
+                "x-smg-routing-key",
+                &format!("k{i}"),
+            )]))
+            .await;
+        envoy
+            .exchange(common::envoy::response_headers(Some("192.0.2.1:9"), true))
+            .await;
+    }
+    let warnings = logs()
+        .lines()
+        .filter(|l| l.contains(" WARN ") && l.contains("endpoint it was not given"))
+        .count();
+    let budget = gatewayd::config::LogConfig::default().state_change_lines as usize;
+    assert!(
+        warnings <= budget,
+        "{warnings} warnings for {claims} claims"
+    );
+    let suppressed = gateway.metrics_text().lines().find_map(|l| {
+        l.strip_prefix("bch_log_lines_suppressed_total{component=\"picker\"} ")?
+            .trim()
+            .parse::<usize>()
+            .ok()
+    });
+    assert_eq!(suppressed, Some(claims - warnings));
+    gateway.shutdown().await;
+}

@@ -48,7 +48,7 @@ use crate::control::ControlPlane;
 use crate::control::guard::BrowserGuard;
 use crate::discovery::DiscoveryMetrics;
 use crate::health::{ProbeFailures, ProbeRequestQueue, ProbeRequests};
-use crate::log_limit::SuppressedLines;
+use crate::log_limit::{Component, LimitedLog, LineBudget, SuppressedLines};
 use crate::metrics::Metrics;
 use crate::picker::{PickerMetrics, PickerPlane};
 use crate::proxy::DataPlane;
@@ -352,6 +352,11 @@ fn assemble(
         admin.members(),
         probe_requests,
         picker_metrics,
+        LimitedLog::new(
+            Component::Picker,
+            LineBudget::of(&admin.config().load().log),
+            Arc::clone(&suppressed),
+        ),
     ));
     let in_force = admin.config().load_full();
     let guard = BrowserGuard::new(

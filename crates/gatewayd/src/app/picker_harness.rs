@@ -34,13 +34,18 @@ impl SessionProbe {
         let parts = assemble_routing(config, &members, true, &shutdown)?;
         let settings = Arc::new(ArcSwap::from_pointee(RuntimeSettings::from_config(config)));
         let routing = parts.routing(settings);
-        // No prober here: a probe request finds its queue closed and is dropped.
+        // No prober here: a probe request waits in a set nothing empties (one per worker).
         let (probe_requests, _) = crate::health::ProbeRequests::channel();
         let plane = Arc::new(PickerPlane::new(
             routing,
             Arc::new(ArcSwap::from_pointee(members)),
             probe_requests,
             Arc::default(),
+            crate::log_limit::LimitedLog::new(
+                crate::log_limit::Component::Picker,
+                crate::log_limit::LineBudget::of(&config.log),
+                Arc::default(),
+            ),
         ));
         Ok(Self {
             session: Session::new(Arc::clone(&plane)),

@@ -130,6 +130,9 @@ impl Stream for Answers {
                 }
                 Poll::Ready(None) => this.session = None,
                 Poll::Pending if this.silent_too_long(cx) => {
+                    if let Some(session) = this.session.as_mut() {
+                        session.end_silent();
+                    }
                     // Ended with gRPC OK: Envoy goes on with the request without the picker.
                     tracing::warn!(
                         silent_ms = this.silence.as_millis() as u64,

@@ -206,6 +206,15 @@ impl Session {
         messages::pick(endpoints)
     }
 
+    /// The picker ends the stream because Envoy left it silent too long: the request is logged
+    /// `error=true` (it did not end as Envoy would have ended it), blaming no worker.
+    pub fn end_silent(&mut self) {
+        if let Some(held) = self.held.as_mut() {
+            held.exchange.cut_by_gateway();
+        }
+        self.finish();
+    }
+
     /// The response ended: the exchange ends (load released, telemetry told, request logged).
     fn finish(&mut self) {
         self.held = None;
@@ -253,7 +262,7 @@ impl Held {
             let chosen = &self.table.workers()[self.worker];
             let asked = plane.probe_requests.probe(WorkerKey::of_worker(chosen));
             tracing::debug!(worker = %chosen.spec.name, %served, asked, "Envoy reports serving a fallback; probing the chosen worker");
-        } else {
+        } else if plane.admit_claim_warning() {
             tracing::warn!(%served, "Envoy served an endpoint it was not given (does its cluster hold every worker?)");
         }
         let moved = next.and_then(|next| Some((next, routing.router.reserve(&self.table, next)?)));

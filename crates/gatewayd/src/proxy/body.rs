@@ -52,6 +52,20 @@ struct StreamState {
     idle: Option<Pin<Box<Sleep>>>,
 }
 
+impl Drop for StreamState {
+    /// A body dropped while it still holds its exchange was not read to its end: the client's
+    /// connection went away (a body that ended, failed or timed out gave its exchange up first).
+    /// An empty body hyper never needed to poll is not one.
+    fn drop(&mut self) {
+        let unread = self.prefetched.is_some() || self.deferred.is_some();
+        if let Some(exchange) = &mut self.exchange
+            && (unread || !self.inner.is_end_stream())
+        {
+            exchange.client_left();
+        }
+    }
+}
+
 /// Most bytes [`StreamState::gather`] merges into one frame.
 const GATHER_LIMIT: usize = 16 * 1024;
 

@@ -73,6 +73,8 @@ pub struct Exchange {
     client_fault: Option<ClientBodyFault>,
     /// The client connection's stall flag, when it has one (the data plane's).
     client_stall: Option<ClientStall>,
+    /// The client closed its connection before the response's end ([`Exchange::client_left`]).
+    client_left: bool,
     branch: Option<Branch>,
     /// The request's hold on its worker, once routed to one; kept after the load ends, for the
     /// worker's name and response counts.
@@ -105,6 +107,7 @@ impl Exchange {
             errored: false,
             client_fault: None,
             client_stall: None,
+            client_left: false,
             branch: None,
             hold: None,
             headers_after: None,
@@ -128,6 +131,21 @@ impl Exchange {
     /// `client_fault=client_stall`, `bch_client_stalls_total`), never against the worker.
     pub fn watch_client_stall(&mut self, stall: Option<ClientStall>) {
         self.client_stall = stall;
+    }
+
+    /// The client went away while the response was still being sent (its connection closed, so
+    /// the body was dropped before its end): logged `error=true client_fault=client_left` with the
+    /// status already sent, unless the response had already failed for another reason. Like a
+    /// stall, it is never counted against the worker.
+    pub fn client_left(&mut self) {
+        self.client_left = true;
+    }
+
+    /// The gateway ended the request before its end for a reason that is nobody's fault it can
+    /// name (the picker ending a stream Envoy left silent): logged `error=true`, counted against
+    /// no worker.
+    pub fn cut_by_gateway(&mut self) {
+        self.errored = true;
     }
 
     /// The request id, for the response to the client.
@@ -282,6 +300,18 @@ impl Drop for Exchange {
             self.errored = true;
             self.routing.metrics.record_client_stall();
         }
+        // Cut because the gateway's process stopped with it still running (the shutdown grace
+        // expired): an error, but not the client's.
+        let dropped = self
+            .client_stall
+            .as_ref()
+            .is_some_and(ClientStall::dropped_by_gateway);
+        // A response that already failed (the worker broke it, the gateway ended it) says so;
+        // only an intact one cut short by the client is the client's doing.
+        let left = !stalled && !dropped && self.client_left && !self.errored;
+        if left || dropped {
+            self.errored = true;
+        }
         let elapsed = self.started.elapsed();
         let seconds = elapsed.as_secs_f64();
         self.routing.metrics.request_duration.observe(seconds);
@@ -321,7 +351,13 @@ impl Drop for Exchange {
             shed = %self.shed.map_or("-", ShedReason::as_str),
             error = self.errored,
             client_fault = %self.client_fault.map_or(
-                if stalled { "client_stall" } else { "-" },
+                if stalled {
+                    "client_stall"
+                } else if left {
+                    "client_left"
+                } else {
+                    "-"
+                },
                 ClientBodyFault::as_str
             ),
             "request"
