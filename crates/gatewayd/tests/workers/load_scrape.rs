@@ -550,20 +550,7 @@ impl LoggedDaemon {
                 &format!("bch_log_lines_suppressed_total{{component=\"{component}\"}}"),
             );
             self.read();
-            let summed: u64 = self
-                .lines
-                .iter()
-                .filter(|l| l.contains("repeated state-change lines of w were not logged"))
-                .map(|l| {
-                    let count = l.split("suppressed=").nth(1).unwrap();
-                    count
-                        .split_whitespace()
-                        .next()
-                        .unwrap()
-                        .parse::<u64>()
-                        .unwrap()
-                })
-                .sum();
+            let summed = common::suppressed_in_summaries(&self.lines, "w");
             if suppressed > 0 && summed == suppressed {
                 return (suppressed, text);
             }
@@ -631,6 +618,29 @@ fn assert_bounded(logged: usize, suppressed: u64, lasted: Duration, lines: &[Str
     );
 }
 
+/// The real binary with the flood tests' log budget (`LINES` per `PERIOD`), `section` (the
+/// scraper's or prober's settings, TOML) and the one worker `w` at `addr`.
+async fn flood_daemon(section: &str, addr: SocketAddr) -> LoggedDaemon {
+    LoggedDaemon::start(&format!(
+        "[log]\nstate_change_lines = {LINES}\nstate_change_period_ms = {}\n{section}[[workers]]\nname = \"w\"\nurl = \"http://{addr}\"\n",
+        PERIOD.as_millis()
+    ))
+    .await
+}
+
+/// Worker `w`'s failures in the metrics `text`: the counter `family` summed over `reasons`.
+fn failures_of_w(text: &str, family: &str, reasons: &[&str]) -> u64 {
+    reasons
+        .iter()
+        .map(|reason| {
+            value_of(
+                text,
+                &format!("{family}{{worker=\"w\",reason=\"{reason}\"}}"),
+            )
+        })
+        .sum()
+}
+
 /// A worker whose scrapes alternate 404 and good answers changes state every round; the real
 /// binary logs at most `[log] state_change_lines` of those changes per `state_change_period_ms`,
 /// over several periods, and `bch_log_lines_suppressed_total{component="scraper"}` and the
@@ -639,10 +649,10 @@ fn assert_bounded(logged: usize, suppressed: u64, lasted: Duration, lines: &[Str
 #[tokio::test]
 async fn a_flapping_worker_logs_a_bounded_number_of_lines_and_counts_the_rest() {
     let (addr, reporting) = misbehaving_worker(Mode::Good).await;
-    let mut daemon = LoggedDaemon::start(&format!(
-        "[log]\nstate_change_lines = {LINES}\nstate_change_period_ms = {}\n[load]\nsource = \"worker_metrics\"\nscrape_interval_ms = 25\nstale_after_ms = 2000\n[[workers]]\nname = \"w\"\nurl = \"http://{addr}\"\n",
-        PERIOD.as_millis()
-    ))
+    let mut daemon = flood_daemon(
+        "[load]\nsource = \"worker_metrics\"\nscrape_interval_ms = 25\nstale_after_ms = 2000\n",
+        addr,
+    )
     .await;
     timed("the daemon does not scrape", || {
         reporting.scrapes.load(Ordering::SeqCst) >= 3
@@ -659,12 +669,10 @@ async fn a_flapping_worker_logs_a_bounded_number_of_lines_and_counts_the_rest() 
     let logged = daemon.count(&changes);
     let lines = daemon.stop();
     assert_bounded(logged, suppressed, lasted, &lines);
-    let failed = value_of(
+    let failed = failures_of_w(
         &text,
-        "bch_load_scrape_failures_total{worker=\"w\",reason=\"http_status\"}",
-    ) + value_of(
-        &text,
-        "bch_load_scrape_failures_total{worker=\"w\",reason=\"timeout\"}",
+        "bch_load_scrape_failures_total",
+        &["http_status", "timeout"],
     );
     assert!(failed >= FLAPS / 2, "every 404 is counted: {failed}");
     // The log's last word on the worker is the state it ended in: good (a line of its own, or
@@ -686,10 +694,10 @@ async fn a_flapping_worker_logs_a_bounded_number_of_lines_and_counts_the_rest() 
 #[tokio::test]
 async fn a_worker_flapping_its_health_logs_a_bounded_number_of_lines_and_counts_the_rest() {
     let (addr, reporting) = misbehaving_worker(Mode::Good).await;
-    let mut daemon = LoggedDaemon::start(&format!(
-        "[log]\nstate_change_lines = {LINES}\nstate_change_period_ms = {}\n[health]\ninterval_ms = 25\ntimeout_ms = 20\nunhealthy_threshold = 1\nhealthy_threshold = 1\n[[workers]]\nname = \"w\"\nurl = \"http://{addr}\"\n",
-        PERIOD.as_millis()
-    ))
+    let mut daemon = flood_daemon(
+        "[health]\ninterval_ms = 25\ntimeout_ms = 20\nunhealthy_threshold = 1\nhealthy_threshold = 1\n",
+        addr,
+    )
     .await;
     timed("the daemon does not probe", || {
         reporting.probes.load(Ordering::SeqCst) >= 3
@@ -704,14 +712,6 @@ async fn a_worker_flapping_its_health_logs_a_bounded_number_of_lines_and_counts_
     let logged = daemon.count(&["worker marked unhealthy", "worker healthy again"]);
     let lines = daemon.stop();
     assert_bounded(logged, suppressed, lasted, &lines);
-    let failed: u64 = ["status", "timeout"]
-        .iter()
-        .map(|reason| {
-            value_of(
-                &text,
-                &format!("bch_probe_failures_total{{worker=\"w\",reason=\"{reason}\"}}"),
-            )
-        })
-        .sum();
+    let failed = failures_of_w(&text, "bch_probe_failures_total", &["status", "timeout"]);
     assert!(failed >= FLAPS / 2, "every 503 is counted: {failed}");
 }
