@@ -176,6 +176,14 @@ impl Fleet {
         );
     }
 
+    /// Sends `key` and asserts that `worker`, its preferred worker, was skipped as full (`why`)
+    /// and another served it as the key's capacity spill.
+    async fn assert_spilled(&self, key: &str, worker: &str, why: &str) {
+        let (served, branch) = self.send(key).await;
+        assert_ne!(served, worker, "{why}");
+        assert_eq!(branch, SPILL, "{why}");
+    }
+
     /// Waits (bounded) until `/metrics` counts at least `at_least` failed scrapes of `worker`
     /// for `reason`.
     async fn until_failures(&self, worker: &str, reason: &str, at_least: u64) {
@@ -235,9 +243,9 @@ async fn max_waiting_moves_an_explicit_key_and_brings_it_back() {
         .until_metric("bch_worker_engine_waiting", &preferred, Some(5.0))
         .await;
     for _ in 0..3 {
-        let (served, branch) = fleet.send("k").await;
-        assert_ne!(served, preferred, "5 waiting > max_waiting 2: full");
-        assert_eq!(branch, SPILL);
+        fleet
+            .assert_spilled("k", &preferred, "5 waiting > max_waiting 2: full")
+            .await;
     }
     // The rule reads local load: no load sample is published for engine reports alone.
     let metrics = fleet.gateway.metrics_text();
@@ -272,9 +280,9 @@ async fn max_kv_usage_moves_an_explicit_key_and_brings_it_back() {
     fleet
         .until_metric("bch_worker_engine_kv_usage", &preferred, Some(0.9))
         .await;
-    let (served, branch) = fleet.send("k").await;
-    assert_ne!(served, preferred, "KV usage 0.9 at max_kv_usage 0.9: full");
-    assert_eq!(branch, SPILL);
+    fleet
+        .assert_spilled("k", &preferred, "KV usage 0.9 at max_kv_usage 0.9: full")
+        .await;
     assert_eq!(
         fleet.metric("bch_worker_engine_waiting", &preferred),
         Some(0.0)
@@ -307,9 +315,9 @@ async fn a_report_nobody_renews_stops_holding_its_worker_full() {
         .answer
         .store(Answer::NotFound as usize, Ordering::SeqCst);
     fleet.until_failures(&preferred, "http_status", 3).await;
-    let (served, branch) = fleet.send("k").await;
-    assert_ne!(served, preferred, "the last report is still fresh");
-    assert_eq!(branch, SPILL);
+    fleet
+        .assert_spilled("k", &preferred, "the last report is still fresh")
+        .await;
     fleet.gateway.shutdown().await;
 
     // A short one: the report is forgotten, and the worker takes its key again.
@@ -322,7 +330,9 @@ async fn a_report_nobody_renews_stops_holding_its_worker_full() {
     fleet
         .until_metric("bch_worker_engine_waiting", &preferred, Some(3.0))
         .await;
-    assert_eq!(fleet.send("k").await.1, SPILL);
+    fleet
+        .assert_spilled("k", &preferred, "3 waiting > max_waiting 1: full")
+        .await;
     fleet
         .engine(&preferred)
         .answer
