@@ -301,12 +301,13 @@ fn client_commands_have_a_stable_shape() {
 }
 
 #[test]
-fn a_worker_record_without_a_state_is_active() {
-    // Frames of a gateway from before drain existed.
+fn a_worker_record_without_a_state_or_source_is_active_and_static() {
+    // Frames of a gateway from before drain and discovery existed.
     let json = r#"{"name":"w","url":"http://w:1","healthy":true,"active":0,"requests_total":0,
         "spilled_in_total":0,"spilled_out_total":0,"errors_total":0}"#;
     let record: WorkerRecord = serde_json::from_str(json).unwrap();
     assert_eq!(record.state, WorkerState::Active);
+    assert_eq!(record.source, WorkerSource::Static);
 }
 
 #[test]

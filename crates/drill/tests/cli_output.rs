@@ -46,6 +46,14 @@ fn storm_command(gateway: &str, out: Option<&std::path::Path>) -> Command {
     command
 }
 
+/// Runs `command` to its end on a blocking thread (the test's runtime keeps serving the worker)
+/// and answers its output.
+async fn output_of(mut command: Command) -> Output {
+    tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap()
+}
+
 /// Runs a small storm at `gateway` with `--out out`; with `close_stdout` the pipe's reader is
 /// dropped before the binary writes anything.
 async fn storm(gateway: String, out: std::path::PathBuf, close_stdout: bool) -> Output {
@@ -160,17 +168,12 @@ async fn an_open_loop_storm_writes_its_records_and_a_sweep_prints_its_steps() {
     let w = worker().await;
     let dir = tempfile::tempdir().unwrap();
     let (out, records) = (dir.path().join("storm.json"), dir.path().join("r.jsonl"));
-    let (url, records_path) = (w.url(), records.clone());
-    let output = tokio::task::spawn_blocking(move || {
-        storm_command(&url, Some(&out))
-            .args(["--rate", "40", "--arrival", "constant", "--duration", "0.5"])
-            .args(["--slo-ttft-ms", "1000", "--records"])
-            .arg(&records_path)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let mut open_loop = storm_command(&w.url(), Some(&out));
+    open_loop
+        .args(["--rate", "40", "--arrival", "constant", "--duration", "0.5"])
+        .args(["--slo-ttft-ms", "1000", "--records"])
+        .arg(&records);
+    let output = output_of(open_loop).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}");
     assert!(
@@ -190,18 +193,14 @@ async fn an_open_loop_storm_writes_its_records_and_a_sweep_prints_its_steps() {
     );
 
     let url = w.url();
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_bch-drill"))
-            .args(["sweep", "--gateway", &url, "--slo-ttft-ms", "1000"])
-            .args(["--start-rate", "20", "--step", "20", "--max-steps", "2"])
-            .args(["--arrival", "constant", "--duration", "0.25"])
-            .args(["--prefix-tokens", "16", "--max-tokens", "2"])
-            .env_remove("BCH_CONTROL")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let mut sweep = Command::new(env!("CARGO_BIN_EXE_bch-drill"));
+    sweep
+        .args(["sweep", "--gateway", &url, "--slo-ttft-ms", "1000"])
+        .args(["--start-rate", "20", "--step", "20", "--max-steps", "2"])
+        .args(["--arrival", "constant", "--duration", "0.25"])
+        .args(["--prefix-tokens", "16", "--max-tokens", "2"])
+        .env_remove("BCH_CONTROL");
+    let output = output_of(sweep).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}");
     let steps: Vec<&str> = stdout.lines().skip(1).take(2).collect();

@@ -17,7 +17,7 @@ use bch_drill::sim::SimConfig;
 use bch_drill::storm::{
     Arrival, OpenLoop, RateStep, StormConfig, SweepConfig, run_storm, run_sweep,
 };
-use bch_drill::worker::spawn_worker;
+use bch_drill::worker::{WorkerHandle, spawn_worker};
 use reqwest::Url;
 use tokio_util::sync::CancellationToken;
 
@@ -39,18 +39,23 @@ fn open_loop(gateway: Url, rate: f64, seconds: f64) -> StormConfig {
     }
 }
 
-#[tokio::test]
-async fn an_open_loop_storm_keeps_its_rate_whatever_is_outstanding() {
-    // One request at a time, about 50 ms each: the worker serves some 20 a second, and a storm
-    // at 50 a second piles up behind it. A closed loop would never have more in flight than its
-    // concurrency; the open loop keeps sending.
+/// A simulated worker that serves one request at a time, about 50 ms each: some 20 requests a
+/// second, so a storm at a higher rate piles up behind it.
+async fn one_at_a_time_worker() -> WorkerHandle {
     let slow = SimConfig {
         max_batch: 1,
         ..SimConfig::default()
     };
-    let worker = spawn_worker(SocketAddr::from(([127, 0, 0, 1], 0)), "w", slow)
+    spawn_worker(SocketAddr::from(([127, 0, 0, 1], 0)), "w", slow)
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_open_loop_storm_keeps_its_rate_whatever_is_outstanding() {
+    // The worker serves some 20 a second, and a storm at 50 a second piles up behind it. A closed
+    // loop would never have more in flight than its concurrency; the open loop keeps sending.
+    let worker = one_at_a_time_worker().await;
     let config = StormConfig {
         slo_ttft: Some(Duration::from_millis(200)),
         concurrency: 1,
@@ -184,14 +189,7 @@ async fn the_report_splits_answers_clean_sheds_and_unclean_ones() {
 
 #[tokio::test]
 async fn a_sweep_ramps_the_rate_until_the_fleet_saturates_and_estimates_its_capacity() {
-    // One request at a time, about 50 ms each: some 20 requests a second.
-    let slow = SimConfig {
-        max_batch: 1,
-        ..SimConfig::default()
-    };
-    let worker = spawn_worker(SocketAddr::from(([127, 0, 0, 1], 0)), "w", slow)
-        .await
-        .unwrap();
+    let worker = one_at_a_time_worker().await;
     let config = SweepConfig {
         storm: StormConfig {
             slo_ttft: Some(Duration::from_millis(250)),

@@ -546,6 +546,69 @@ async fn keep_alive_streams_are_not_delayed_by_nagle() {
     assert!(elapsed < Duration::from_millis(300), "{elapsed:?}");
 }
 
+/// Opens one held chat stream per prompt on `w` (each asks for 100 tokens), all answered 200; the
+/// requests stay in the engine until their responses are dropped.
+async fn hold_streams(
+    w: &WorkerHandle,
+    prompts: impl IntoIterator<Item = String>,
+) -> Vec<reqwest::Response> {
+    let client = reqwest::Client::new();
+    let mut held = Vec::new();
+    for prompt in prompts {
+        let response = client
+            .post(format!("{}/v1/chat/completions", w.url()))
+            .json(&json!({
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": 100,
+                "stream": true,
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        held.push(response);
+    }
+    held
+}
+
+/// The worker's engine gauges from its `/metrics`: (running, waiting, KV usage); NaN for one it
+/// does not show.
+async fn engine_gauges(w: &WorkerHandle) -> (f64, f64, f64) {
+    let text = reqwest::get(format!("{}/metrics", w.url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    (
+        value("vllm:num_requests_running "),
+        value("vllm:num_requests_waiting "),
+        value("vllm:kv_cache_usage_perc "),
+    )
+}
+
+/// Polls (bounded) until the worker's gauges read `expected` (running, waiting); answers the KV
+/// usage they read with.
+async fn until_gauges(w: &WorkerHandle, expected: (f64, f64)) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (running, waiting, kv) = engine_gauges(w).await;
+        if (running, waiting) == expected {
+            return kv;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "gauges ({running}, {waiting}), expected {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// The two gauges a gateway scrapes for fleet-wide load (docs/replicas.md) count every request in
 /// the engine: held streams in the batch as running, the ones beyond `max_batch` as waiting, and
 /// both go back to 0 when the clients abort.
@@ -557,52 +620,10 @@ async fn held_streams_are_reported_as_running_plus_waiting() {
         ..SimConfig::default()
     })
     .await;
-    let client = reqwest::Client::new();
-    let mut held = Vec::new();
-    for i in 0..3 {
-        let response = client
-            .post(format!("{}/v1/chat/completions", w.url()))
-            .json(&json!({
-                "messages": [{"role": "user", "content": format!("held {i}")}],
-                "max_tokens": 100,
-                "stream": true,
-            }))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 200);
-        held.push(response);
-    }
-    let gauges = |text: &str| -> (u64, u64) {
-        let value = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
-                .unwrap_or(u64::MAX)
-        };
-        (
-            value("vllm:num_requests_running "),
-            value("vllm:num_requests_waiting "),
-        )
-    };
-    let metrics = || async {
-        let text = reqwest::get(format!("{}/metrics", w.url()))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        gauges(&text)
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metrics().await != (2, 1) {
-        assert!(Instant::now() < deadline, "gauges {:?}", metrics().await);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let held = hold_streams(&w, (0..3).map(|i| format!("held {i}"))).await;
+    until_gauges(&w, (2.0, 1.0)).await;
     drop(held);
-    while metrics().await != (0, 0) {
-        assert!(Instant::now() < deadline, "gauges {:?}", metrics().await);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_gauges(&w, (0.0, 0.0)).await;
     assert_eq!((w.stats().running, w.stats().waiting), (0, 0));
 }
 
@@ -618,66 +639,15 @@ async fn the_gauges_follow_a_known_load_exactly() {
         ..SimConfig::default()
     })
     .await;
-    let client = reqwest::Client::new();
-    let mut held = Vec::new();
-    for i in 0..5 {
-        let response = client
-            .post(format!("{}/v1/chat/completions", w.url()))
-            .json(&json!({
-                "messages": [{"role": "user", "content": filler_text(i, 64)}],
-                "max_tokens": 100,
-                "stream": true,
-            }))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 200);
-        held.push(response);
-    }
-    let metrics = || async {
-        let text = reqwest::get(format!("{}/metrics", w.url()))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let value = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
-                .unwrap_or(f64::NAN)
-        };
-        (
-            value("vllm:num_requests_running "),
-            value("vllm:num_requests_waiting "),
-            value("vllm:kv_cache_usage_perc "),
-        )
-    };
-    // Polls until the gauges read `expected` (running, waiting), and answers the KV usage.
-    let until = |expected: (f64, f64)| {
-        let metrics = &metrics;
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                let (running, waiting, kv) = metrics().await;
-                if (running, waiting) == expected {
-                    return kv;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "gauges ({running}, {waiting}), expected {expected:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    };
+    let mut held = hold_streams(&w, (0..5).map(|i| filler_text(i, 64))).await;
     // 64-token prompts of 16-token blocks plus the first token: 5 blocks each, of 4096.
-    let kv = until((2.0, 3.0)).await;
+    let kv = until_gauges(&w, (2.0, 3.0)).await;
     assert!(kv > 0.0 && kv <= 10.0 / 4096.0 + 1e-9, "{kv}");
     drop(held.pop());
-    until((2.0, 2.0)).await;
+    until_gauges(&w, (2.0, 2.0)).await;
     drop(held.remove(0));
-    until((2.0, 1.0)).await;
+    until_gauges(&w, (2.0, 1.0)).await;
     drop(held);
-    assert_eq!(until((0.0, 0.0)).await, 0.0);
+    assert_eq!(until_gauges(&w, (0.0, 0.0)).await, 0.0);
     assert_eq!((w.stats().running, w.stats().waiting), (0, 0));
 }

@@ -2,12 +2,13 @@
 //! `strict,gap=1,gap=2:skew=1.25`, and the `PUT /admin/policy` body each one sends.
 
 use anyhow::Context as _;
+use bch_core::admission::AdmissionSettings;
 use bch_core::fleet_load::LoadSource;
 use bch_core::policy::{PolicyKind, PolicyPatch, SpillOrder};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::admission::AdmissionSettings;
+use super::admission::set_field;
 
 /// One policy setting under test.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -194,7 +195,7 @@ impl CellOptions {
             other => {
                 let mut admission = self.admission.unwrap_or_default();
                 anyhow::ensure!(
-                    admission.set(other, value)?,
+                    set_field(&mut admission, other, value)?,
                     "unknown option {other:?}; expected gap, skew, order, vnodes, load, \
                      admission=off or an admission field (max_in_flight_per_worker, \
                      queue_timeout_ms, max_queued, retry_after_ms, max_waiting, max_kv_usage)"
@@ -327,7 +328,9 @@ mod tests {
         let err = |s: &str| format!("{:#}", parse_cells(s).unwrap_err());
         assert!(err("strict,max_queued=5").contains("no policy, while other cells name one"));
         assert!(err("admission=on").contains("admission takes only off"));
-        assert!(err("max_kv_usage=1.5").contains("between 0 and 1"));
+        // The gateway's own rules and words (bch-core's `AdmissionSettings::validate`).
+        assert!(err("max_kv_usage=1.5").contains("between 0.0 and 1.0"));
+        assert!(err("queue_timeout_ms=600001").contains("queue_timeout_ms must be at most"));
         assert!(err("queue_timeout_ms=-1").contains("queue_timeout_ms must be an integer"));
     }
 }

@@ -12,8 +12,8 @@
 //! favouring the cells that happen to run first. Each run uses its own prompt seed, so every run starts
 //! with prompts that no worker has cached: a cell never inherits a warm cache from the run before it.
 //!
-//! The pieces, each depending only on those listed before it: `admission` (the gateway's
-//! admission settings as cell options), `cells` (parsing the cells), `report`
+//! The pieces, each depending only on those listed before it: `admission` (bch-core's
+//! admission settings set from cell options), `cells` (parsing the cells), `report`
 //! (the report's types), `verdict` (the conclusions in words), `summary` (summaries and comparisons
 //! from the runs), `table` (the printed tables), `run` (driving the gateway through the runs), `plot`
 //! (the chart).
@@ -27,7 +27,6 @@ mod summary;
 mod table;
 mod verdict;
 
-pub use admission::AdmissionSettings;
 pub use cells::{Cell, parse_cells};
 pub use plot::write_plot;
 pub use report::{AbMeta, AbReport, AbRun, CellSummary, Comparison, WorkerInfo};

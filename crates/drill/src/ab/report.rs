@@ -6,10 +6,10 @@ use bch_core::policy::PolicyPatch;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::admission::AdmissionSettings;
 use crate::sim::SimConfig;
 use crate::stats::{PairedDifference, PairedRatio, Significance};
 use crate::storm::{StormReport, StormShape};
+use bch_core::admission::AdmissionSettings;
 
 /// One storm of one cell in one repetition.
 #[derive(Clone, Debug, Serialize)]

@@ -10,8 +10,9 @@ use bch_core::router::{PreparedTable, WorkerSpec, validate_membership};
 
 use super::membership::merge;
 use super::{Actor, Admin, AdminError, InForce, Next};
+use crate::config::members::{alias_of, loop_of};
 use crate::config::runtime::RuntimeSettings;
-use crate::config::{ConfigError, Member, alias_of, loop_of};
+use crate::config::{ConfigError, Member};
 use crate::per_worker::TableKeys;
 
 impl Admin {

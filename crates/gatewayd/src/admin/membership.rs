@@ -10,9 +10,8 @@
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 
-use crate::config::{
-    Config, DiscoveryConfig, Member, WorkerConfig, WorkerUrl, check_name, loop_of,
-};
+use crate::config::members::loop_of;
+use crate::config::{Config, DiscoveryConfig, Member, WorkerConfig, WorkerUrl, check_name};
 
 /// One worker as a DNS answer gave it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]

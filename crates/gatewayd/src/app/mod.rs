@@ -297,7 +297,7 @@ fn assemble(
     } = prepared;
     let own = listeners.own_addresses();
     for (index, member) in members.iter().enumerate() {
-        if let Some(message) = crate::config::loop_of(member, &own) {
+        if let Some(message) = crate::config::members::loop_of(member, &own) {
             return Err(StartError::Config(ConfigError::Invalid {
                 path: origin.path.clone(),
                 error: FieldError::new("url", message).within(&format!("workers[{index}]")),

@@ -460,3 +460,26 @@ pub async fn wait_for(state: &WorkerState, cond: impl Fn(&WorkerState) -> bool) 
 pub fn headers_of(response: &reqwest::Response) -> HeaderMap {
     response.headers().clone()
 }
+
+/// The state-change lines the real binary's log budget left out for `subject` (a worker's name,
+/// or `dns:NAME` for a discovery source), as its summary lines (`repeated state-change lines of
+/// SUBJECT were not logged`, with `suppressed=N`) count them, summed over `lines`.
+pub fn suppressed_in_summaries<'a>(
+    lines: impl IntoIterator<Item = &'a String>,
+    subject: &str,
+) -> u64 {
+    let summary = format!("repeated state-change lines of {subject} were not logged");
+    lines
+        .into_iter()
+        .filter(|l| l.contains(&summary))
+        .map(|l| {
+            let count = l.split("suppressed=").nth(1).unwrap();
+            count
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum()
+}

@@ -66,6 +66,24 @@ impl Client {
         .await
     }
 
+    /// The next `ack` frame: a command of this client's was applied.
+    pub async fn next_ack(&mut self) -> bch_core::telemetry::Ack {
+        self.until(|m| match m {
+            ServerMessage::Ack(ack) => Some(ack.clone()),
+            _ => None,
+        })
+        .await
+    }
+
+    /// The next `error` frame: a command of this client's was refused.
+    pub async fn next_error(&mut self) -> bch_core::telemetry::CommandError {
+        self.until(|m| match m {
+            ServerMessage::Error(e) => Some(e.clone()),
+            _ => None,
+        })
+        .await
+    }
+
     pub async fn send(&mut self, json: serde_json::Value) {
         self.socket
             .send(Message::Text(json.to_string().into()))

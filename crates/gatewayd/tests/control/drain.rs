@@ -240,12 +240,7 @@ async fn the_console_drains_and_undrains_over_the_websocket() {
     let mut ws = Client::connect(&gateway).await;
     ws.send(json!({"type": "drain", "id": 5, "worker": "b"}))
         .await;
-    let ack = ws
-        .until(|m| match m {
-            ServerMessage::Ack(ack) => Some(ack.clone()),
-            _ => None,
-        })
-        .await;
+    let ack = ws.next_ack().await;
     assert_eq!(ack.id, Some(bch_core::telemetry::CommandId::Number(5)));
     let worker = ack.worker.expect("the worker's record");
     assert_eq!(worker.state, bch_core::telemetry::WorkerState::Draining);
@@ -253,12 +248,7 @@ async fn the_console_drains_and_undrains_over_the_websocket() {
     assert!(!drained(&mut ws, "b").await);
     ws.send(json!({"type": "undrain", "id": 6, "worker": "nobody"}))
         .await;
-    let refused = ws
-        .until(|m| match m {
-            ServerMessage::Error(e) => Some(e.clone()),
-            _ => None,
-        })
-        .await;
+    let refused = ws.next_error().await;
     assert!(refused.message.contains("nobody"), "{}", refused.message);
     gateway.shutdown().await;
 }

@@ -157,12 +157,7 @@ async fn set_policy_is_acked_validated_and_announced_both_ways() {
     client
         .send(serde_json::json!({"type":"set_policy","id":7,"min_load_gap":5,"max_load_skew":2.0}))
         .await;
-    let ack = client
-        .until(|m| match m {
-            ServerMessage::Ack(ack) => Some(ack.clone()),
-            _ => None,
-        })
-        .await;
+    let ack = client.next_ack().await;
     assert_eq!(ack.id, Some(bch_core::telemetry::CommandId::Number(7)));
     assert_eq!(
         (ack.policy.min_load_gap, ack.policy.max_load_skew),
@@ -180,12 +175,7 @@ async fn set_policy_is_acked_validated_and_announced_both_ways() {
         serde_json::json!({"type":"set_policy","id":"o","spill_order":"next"}),
     ] {
         client.send(bad).await;
-        let error = client
-            .until(|m| match m {
-                ServerMessage::Error(e) => Some(e.clone()),
-                _ => None,
-            })
-            .await;
+        let error = client.next_error().await;
         assert!(
             error.id.is_some(),
             "the error echoes the command id: {error:?}"
@@ -201,12 +191,7 @@ async fn set_policy_is_acked_validated_and_announced_both_ways() {
     client
         .send(serde_json::json!({"type":"set_policy","id":8,"spill_order":"hash_seeded"}))
         .await;
-    let ack = client
-        .until(|m| match m {
-            ServerMessage::Ack(ack) => Some(ack.clone()),
-            _ => None,
-        })
-        .await;
+    let ack = client.next_ack().await;
     assert_eq!(
         ack.policy.spill_order,
         bch_core::policy::SpillOrder::HashSeeded
@@ -413,12 +398,7 @@ async fn set_policy_changes_admission_with_the_tomls_names() {
         .send(serde_json::json!({"type":"set_policy","id":9,
             "admission":{"max_in_flight_per_worker":3,"queue_timeout_ms":250}}))
         .await;
-    let ack = client
-        .until(|m| match m {
-            ServerMessage::Ack(ack) => Some(ack.clone()),
-            _ => None,
-        })
-        .await;
+    let ack = client.next_ack().await;
     assert_eq!(ack.policy.admission.max_in_flight_per_worker, 3);
     assert_eq!(ack.policy.admission.queue_timeout_ms, 250);
     let policy: serde_json::Value = reqwest::get(&policy_url)
@@ -432,12 +412,7 @@ async fn set_policy_changes_admission_with_the_tomls_names() {
     client
         .send(serde_json::json!({"type":"set_policy","id":"bad","admission":{"max_kv_usage":2.0}}))
         .await;
-    let error = client
-        .until(|m| match m {
-            ServerMessage::Error(e) => Some(e.clone()),
-            _ => None,
-        })
-        .await;
+    let error = client.next_error().await;
     assert!(error.message.contains("max_kv_usage"), "{error:?}");
     assert_eq!(gateway.routing_table().policy().admission.max_kv_usage, 0.0);
     gateway.shutdown().await;

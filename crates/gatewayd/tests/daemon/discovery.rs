@@ -416,26 +416,8 @@ async fn a_flapping_name_logs_a_bounded_number_of_lines_and_counts_the_rest() {
     );
     let suppressed_metric = "bch_log_lines_suppressed_total{component=\"discovery\"}";
     let summarised = |daemon: &Daemon| -> f64 {
-        daemon
-            .log
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| {
-                l.contains(&format!(
-                    "repeated state-change lines of dns:{NAME} were not logged"
-                ))
-            })
-            .map(|l| {
-                let count = l.split("suppressed=").nth(1).unwrap();
-                count
-                    .split_whitespace()
-                    .next()
-                    .unwrap()
-                    .parse::<f64>()
-                    .unwrap()
-            })
-            .sum()
+        common::suppressed_in_summaries(daemon.log.lock().unwrap().iter(), &format!("dns:{NAME}"))
+            as f64
     };
     // The last period's suppressed lines are summed up when it ends (the refreshes go on).
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -167,6 +167,47 @@ impl Fleet {
         (header("x-bch-worker"), header("x-bch-branch"))
     }
 
+    /// Sends `key` and asserts that `worker` served it as the key's plain hit (not full).
+    async fn assert_hit(&self, key: &str, worker: &str) {
+        let (served, branch) = self.send(key).await;
+        assert_eq!(
+            (served.as_str(), branch.as_str()),
+            (worker, "explicit_routing_key_hit")
+        );
+    }
+
+    /// Sends `key` and asserts that `worker`, its preferred worker, was skipped as full (`why`)
+    /// and another served it as the key's capacity spill.
+    async fn assert_spilled(&self, key: &str, worker: &str, why: &str) {
+        let (served, branch) = self.send(key).await;
+        assert_ne!(served, worker, "{why}");
+        assert_eq!(branch, SPILL, "{why}");
+    }
+
+    /// Waits (bounded) until `/metrics` counts at least `at_least` failed scrapes of `worker`
+    /// for `reason`.
+    async fn until_failures(&self, worker: &str, reason: &str, at_least: u64) {
+        let needle =
+            format!("bch_load_scrape_failures_total{{worker=\"{worker}\",reason=\"{reason}\"}} ");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let metrics = self.gateway.metrics_text();
+            let counted = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(&needle)?.parse::<u64>().ok())
+                .unwrap_or(0);
+            if counted >= at_least {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{reason} failures of {worker} never reached {at_least}: {metrics}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Puts `json` in force as the admission patch (`PUT /admin/policy`).
     async fn set_admission(&self, json: &str) {
         let response = client()
             .put(format!("http://{}/admin/policy", self.gateway.control_addr))
@@ -189,11 +230,7 @@ async fn max_waiting_moves_an_explicit_key_and_brings_it_back() {
     let fleet = Fleet::start(LoadSource::Local, 500, |_| {}).await;
     let preferred = common::preferred_worker(&fleet.gateway, "k").await;
     fleet.engine(&preferred).report(5, 0.0);
-    let (served, branch) = fleet.send("k").await;
-    assert_eq!(
-        (served.as_str(), branch.as_str()),
-        (preferred.as_str(), "explicit_routing_key_hit")
-    );
+    fleet.assert_hit("k", &preferred).await;
     for (name, engine) in &fleet.engines {
         assert_eq!(
             engine.scrapes.load(Ordering::SeqCst),
@@ -206,9 +243,9 @@ async fn max_waiting_moves_an_explicit_key_and_brings_it_back() {
         .until_metric("bch_worker_engine_waiting", &preferred, Some(5.0))
         .await;
     for _ in 0..3 {
-        let (served, branch) = fleet.send("k").await;
-        assert_ne!(served, preferred, "5 waiting > max_waiting 2: full");
-        assert_eq!(branch, SPILL);
+        fleet
+            .assert_spilled("k", &preferred, "5 waiting > max_waiting 2: full")
+            .await;
     }
     // The rule reads local load: no load sample is published for engine reports alone.
     let metrics = fleet.gateway.metrics_text();
@@ -218,11 +255,7 @@ async fn max_waiting_moves_an_explicit_key_and_brings_it_back() {
     fleet
         .until_metric("bch_worker_engine_waiting", &preferred, Some(2.0))
         .await;
-    let (served, branch) = fleet.send("k").await;
-    assert_eq!(
-        (served, branch.as_str()),
-        (preferred, "explicit_routing_key_hit")
-    );
+    fleet.assert_hit("k", &preferred).await;
     // No engine limit any more: scraping stops and the reports are forgotten.
     fleet.set_admission(r#"{"max_waiting":0}"#).await;
     let workers = fleet.engines.iter().map(|(n, _)| n.clone());
@@ -247,9 +280,9 @@ async fn max_kv_usage_moves_an_explicit_key_and_brings_it_back() {
     fleet
         .until_metric("bch_worker_engine_kv_usage", &preferred, Some(0.9))
         .await;
-    let (served, branch) = fleet.send("k").await;
-    assert_ne!(served, preferred, "KV usage 0.9 at max_kv_usage 0.9: full");
-    assert_eq!(branch, SPILL);
+    fleet
+        .assert_spilled("k", &preferred, "KV usage 0.9 at max_kv_usage 0.9: full")
+        .await;
     assert_eq!(
         fleet.metric("bch_worker_engine_waiting", &preferred),
         Some(0.0)
@@ -258,11 +291,7 @@ async fn max_kv_usage_moves_an_explicit_key_and_brings_it_back() {
     fleet
         .until_metric("bch_worker_engine_kv_usage", &preferred, Some(0.5))
         .await;
-    let (served, branch) = fleet.send("k").await;
-    assert_eq!(
-        (served, branch.as_str()),
-        (preferred, "explicit_routing_key_hit")
-    );
+    fleet.assert_hit("k", &preferred).await;
     fleet.gateway.shutdown().await;
 }
 
@@ -285,24 +314,10 @@ async fn a_report_nobody_renews_stops_holding_its_worker_full() {
         .engine(&preferred)
         .answer
         .store(Answer::NotFound as usize, Ordering::SeqCst);
-    let failures =
-        format!("bch_load_scrape_failures_total{{worker=\"{preferred}\",reason=\"http_status\"}} ");
-    let failed = |fleet: &Fleet| {
-        fleet
-            .gateway
-            .metrics_text()
-            .lines()
-            .find_map(|l| l.strip_prefix(&failures)?.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while failed(&fleet) < 3 {
-        assert!(Instant::now() < deadline, "no failed scrapes counted");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let (served, branch) = fleet.send("k").await;
-    assert_ne!(served, preferred, "the last report is still fresh");
-    assert_eq!(branch, SPILL);
+    fleet.until_failures(&preferred, "http_status", 3).await;
+    fleet
+        .assert_spilled("k", &preferred, "the last report is still fresh")
+        .await;
     fleet.gateway.shutdown().await;
 
     // A short one: the report is forgotten, and the worker takes its key again.
@@ -315,7 +330,9 @@ async fn a_report_nobody_renews_stops_holding_its_worker_full() {
     fleet
         .until_metric("bch_worker_engine_waiting", &preferred, Some(3.0))
         .await;
-    assert_eq!(fleet.send("k").await.1, SPILL);
+    fleet
+        .assert_spilled("k", &preferred, "3 waiting > max_waiting 1: full")
+        .await;
     fleet
         .engine(&preferred)
         .answer
@@ -323,11 +340,7 @@ async fn a_report_nobody_renews_stops_holding_its_worker_full() {
     fleet
         .until_metric("bch_worker_engine_waiting", &preferred, None)
         .await;
-    let (served, branch) = fleet.send("k").await;
-    assert_eq!(
-        (served, branch.as_str()),
-        (preferred, "explicit_routing_key_hit")
-    );
+    fleet.assert_hit("k", &preferred).await;
     fleet.gateway.shutdown().await;
 }
 
@@ -338,21 +351,7 @@ async fn a_kv_usage_outside_zero_to_one_is_a_bad_value() {
     let fleet = Fleet::start(LoadSource::WorkerMetrics, 500, |_| {}).await;
     let name = fleet.engines[0].0.clone();
     fleet.engine(&name).report(0, 42.0);
-    let needle =
-        format!("bch_load_scrape_failures_total{{worker=\"{name}\",reason=\"bad_value\"}} ");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let metrics = fleet.gateway.metrics_text();
-        let counted = metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(&needle)?.parse::<u64>().ok())
-            .unwrap_or(0);
-        if counted >= 2 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{metrics}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    fleet.until_failures(&name, "bad_value", 2).await;
     // The report of a scrape before the bad value stays until it is stale, then goes: a bad
     // value never renews it.
     fleet

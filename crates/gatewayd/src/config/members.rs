@@ -1,0 +1,138 @@
+//! The worker list checked as a whole: every entry parsed into a [`Member`], and refused when its
+//! name, URL or ring identity clashes with an earlier one, when its URL reaches an earlier
+//! worker's backend ([`alias_of`]), is the gateway's own listener ([`loop_of`]), or cannot be
+//! named by the endpoint picker. Per-entry checks live in [`super::worker`].
+
+use std::net::SocketAddr;
+
+use bch_core::router::WorkerSpec;
+
+use super::field_error::FieldError;
+use super::worker::Member;
+use super::{Config, ConfigError};
+
+impl Config {
+    /// With the endpoint picker on, every worker must be an `http://IP:PORT` URL: Envoy finds the
+    /// picked endpoint among its cluster's hosts by address. The error names `workers[N].url`.
+    pub fn picker_workers(&self, members: &[Member]) -> Result<(), FieldError> {
+        match self
+            .picker_worker_problems(members.iter().enumerate())
+            .into_iter()
+            .next()
+        {
+            Some(problem) => Err(problem),
+            None => Ok(()),
+        }
+    }
+
+    /// Every worker of `members` (each with its index in the worker list) that the endpoint
+    /// picker cannot name, one problem each; none when the picker is off.
+    pub(super) fn picker_worker_problems<'a>(
+        &self,
+        members: impl Iterator<Item = (usize, &'a Member)>,
+    ) -> Vec<FieldError> {
+        if self.picker.listen.is_none() {
+            return Vec::new();
+        }
+        members
+            .filter_map(|(index, member)| {
+                let message = member.url.picker_endpoint().err()?;
+                Some(
+                    FieldError::new("url", format!("worker {}: {message}", member.spec.name))
+                        .within(&format!("workers[{index}]")),
+                )
+            })
+            .collect()
+    }
+
+    /// The worker list validated: names defaulted, URLs parsed, duplicate names, URLs and ring
+    /// identities refused, and so is a URL that reaches the same backend as an earlier one (an
+    /// alias would give one backend two shares of the ring). The error names the entry and field,
+    /// e.g. `workers[2].url`.
+    pub fn members(&self) -> Result<Vec<Member>, ConfigError> {
+        let (members, problems) = self.collect_members();
+        match problems.into_iter().next() {
+            Some(error) => Err(ConfigError::Invalid { path: None, error }),
+            None => Ok(members),
+        }
+    }
+
+    /// The valid members and every problem of the worker list. A clash over a name or ring id
+    /// the entry did not write (the defaults, derived from the URL) is reported under the entry's
+    /// `url`, which is what the operator wrote.
+    pub(super) fn collect_members(&self) -> (Vec<Member>, Vec<FieldError>) {
+        let mut members: Vec<(usize, Member)> = Vec::with_capacity(self.workers.len());
+        let mut problems = Vec::new();
+        for (index, worker) in self.workers.iter().enumerate() {
+            let entry = format!("workers[{index}]");
+            let invalid =
+                |field: &str, message: String| FieldError::new(field, message).within(&entry);
+            let member = match worker.member() {
+                Ok(member) => member,
+                Err(e) => {
+                    problems.push(e.within(&entry));
+                    continue;
+                }
+            };
+            let spec = &member.spec;
+            type Field = fn(&WorkerSpec) -> &str;
+            let fields: [(&str, &str, Field, bool); 3] = [
+                ("name", &spec.name, |s| &s.name, worker.name.is_none()),
+                ("url", &spec.url, |s| &s.url, false),
+                (
+                    "ring_id",
+                    spec.ring_id(),
+                    WorkerSpec::ring_id,
+                    worker.ring_id.is_none(),
+                ),
+            ];
+            let clash = fields.into_iter().find_map(|(field, value, of, defaulted)| {
+                let (other, m) = members.iter().find(|(_, m)| of(&m.spec) == value)?;
+                Some(if defaulted {
+                    invalid(
+                        "url",
+                        format!(
+                            "{:?} gets the default {field} {value:?}, already the {field} of workers[{other}] ({:?}); set a distinct {field}",
+                            worker.url, m.spec.url
+                        ),
+                    )
+                } else {
+                    invalid(
+                        field,
+                        format!("duplicate worker {field} {value:?} (also workers[{other}])"),
+                    )
+                })
+            });
+            let earlier: Vec<Member> = members.iter().map(|(_, m)| m.clone()).collect();
+            let alias = || alias_of(&member, &earlier).map(|message| invalid("url", message));
+            match clash.or_else(alias) {
+                Some(problem) => problems.push(problem),
+                None => members.push((index, member)),
+            }
+        }
+        (members.into_iter().map(|(_, m)| m).collect(), problems)
+    }
+}
+
+/// Why `member` may not join `members`, when its URL reaches the backend of one of them.
+pub fn alias_of(member: &Member, members: &[Member]) -> Option<String> {
+    let twin = members
+        .iter()
+        .find(|m| m.url.backend == member.url.backend)?;
+    Some(format!(
+        "{:?} reaches the same backend ({}) as worker {:?} ({:?}); one backend registered twice would get two shares of the ring",
+        member.spec.url, member.url.backend, twin.spec.name, twin.spec.url
+    ))
+}
+
+/// Why `member` may not be a worker of a gateway listening on `listeners`: its URL is one of them,
+/// so every request routed to it would come back in and loop.
+pub fn loop_of(member: &Member, listeners: &[SocketAddr]) -> Option<String> {
+    let listener = listeners
+        .iter()
+        .find(|l| member.url.backend.is_listener(**l))?;
+    Some(format!(
+        "{:?} is this gateway's own listener {listener}; requests routed to it would loop",
+        member.spec.url
+    ))
+}
