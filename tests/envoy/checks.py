@@ -11,6 +11,9 @@ plane; Envoy with the bootstrap `gatewayd envoy-config` prints) and runs, in ord
   burst        eight held same-key streams land 6:2 at gaps 0, 1, 2, 4 and 8:0 when strict
   worker-kill  a killed worker: the request reaches the next fallback and the load follows it
   target-miss  an unknown target worker: an immediate 503 in the OpenAI shape
+  overload     a cap of 1 on a one-worker fleet: without a queue the second of two concurrent
+               requests is shed (503, Retry-After, x-smg-error-code, x-bch-branch, OpenAI body);
+               with a queue timeout its pick is held and it is admitted when the first ends
   picker-kill  a killed picker: requests get Envoy's 503 picker_unavailable, streams are cut;
                after a restart requests flow and the counters add up
   empty-fleet  no workers: an immediate 503 no_healthy_workers in the OpenAI shape
@@ -483,6 +486,60 @@ def target_miss(fleet):
     fleet.wait_idle()
 
 
+def admission(fleet, **settings):
+    status, _, body = request(fleet.control_port, "/admin/policy", "PUT", {"admission": settings})
+    assert status == 200, body
+
+
+@check("overload")
+def overload(fleet):
+    # One worker with room for one request: keep a healthy one (w0, killed and restarted by the
+    # worker-kill check, may still wait for its probes) and take the others out of the picker's
+    # membership.
+    keep = next(name for name, w in sorted(fleet.workers_now().items()) if w["healthy"])
+    for name in list(fleet.workers_now()):
+        if name != keep:
+            status, _, body = request(fleet.control_port, f"/admin/workers/{name}", "DELETE")
+            assert status == 200, body
+    # The queue timeout stays under the 1 s ext_proc message_timeout of the configuration
+    # `gatewayd envoy-config` printed for queue_timeout_ms = 0: Envoy waits that long for a held pick.
+    admission(fleet, max_in_flight_per_worker=1, queue_timeout_ms=0, retry_after_ms=1500)
+    shed_before = fleet.metric('bch_admission_shed_total{reason="no_queue"}')
+    try:
+        first = Held(fleet.envoy_port, "overload-a")
+        assert first.status == 200 and first.headers["x-bch-worker"] == keep, first.headers
+        fleet.wait_active(1)
+        body, headers = chat("overload-b")
+        status, got, payload = request(fleet.envoy_port, "/v1/chat/completions", "POST", body, headers)
+        assert_openai_error(status, got, payload, 503, "worker_overload_protection_shed")
+        assert got.get("retry-after") == "2", got  # 1500 ms, in whole seconds rounded up
+        assert got.get("x-smg-error-code") == "worker_overload_protection_shed", got
+        assert got.get("x-bch-branch"), got
+        assert "x-bch-worker" not in got, got
+        assert fleet.metric('bch_admission_shed_total{reason="no_queue"}') == shed_before + 1
+        assert fleet.active() == {keep: 1}, fleet.active()  # the shed held no load
+        shed_branch = got["x-bch-branch"]
+
+        # With a queue: the second request's pick is held until the first ends.
+        admission(fleet, queue_timeout_ms=800)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            second = pool.submit(request, fleet.envoy_port, "/v1/chat/completions", "POST", body, headers)
+            deadline = time.time() + 5
+            while fleet.metric("bch_admission_queue_length") != 1:
+                assert time.time() < deadline and not second.done(), "the second request never queued"
+                time.sleep(0.005)
+            first.close()
+            status, got, payload = second.result(10)
+        assert status == 200, (status, payload[:200])
+        assert got["x-bch-worker"] == keep and "x-bch-queue-wait-ms" in got, got
+        assert fleet.metric("bch_admission_queue_length") == 0
+        fleet.wait_idle()
+        waited = got["x-bch-queue-wait-ms"]
+    finally:
+        admission(fleet, max_in_flight_per_worker=0, queue_timeout_ms=0, retry_after_ms=1000)
+    return f"shed 503 ({shed_branch}), then a held pick admitted after {waited} ms"
+
+
 @check("picker-kill")
 def picker_kill(fleet):
     held = Held(fleet.envoy_port, "session-b")
@@ -538,7 +595,7 @@ def main():
         RESULTS.append(("setup", False))
         fleet = None
     if fleet is not None:
-        for run in (landing, correlation, sse, aborts, burst, worker_kill, target_miss, picker_kill, empty_fleet):
+        for run in (landing, correlation, sse, aborts, burst, worker_kill, target_miss, overload, picker_kill, empty_fleet):
             run(fleet)
     for proc in reversed(PROCS):
         proc.stop()

@@ -5,15 +5,18 @@
 //! It replays the recorded snapshot from `tests/fixtures/`, then sends a tick every 100 ms in which
 //! one worker's load swells and ebbs (so the bound markers, the OVER flag and the spill log move),
 //! and answers `set_policy` and `resync` the way the protocol says, validating `max_load_skew`
-//! like the gateway does.
+//! like the gateway does. It plays a gateway with admission on (a cap of 8 per worker, a 2 s
+//! queue): while w0's demand is over its cap the excess waits in the queue (and, past two waiting,
+//! some of it is shed), w0 shows FULL, its spills are capacity spills, and the header's queue row
+//! and shed sparkline move; a cap changed from the console applies to the next tick.
 #![forbid(unsafe_code)]
 
 use std::time::Duration;
 
 use bch_core::policy::{Branch, PolicyPatch, PolicySettings};
 use bch_core::telemetry::{
-    Ack, ChangeSource, ClientCommand, CommandError, PolicyUpdate, ServerFrame, ServerMessage,
-    SpillEvent, Tick, Totals,
+    Ack, AdmissionSummary, ChangeSource, ClientCommand, CommandError, PolicyUpdate, ServerFrame,
+    ServerMessage, ShedRates, SpillEvent, Tick, Totals,
 };
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpListener;
@@ -46,7 +49,13 @@ async fn serve(tcp: tokio::net::TcpStream) -> anyhow::Result<()> {
     let ServerMessage::Snapshot(mut snap) = snapshot().message else {
         anyhow::bail!("fixture is not a snapshot");
     };
+    // A gateway with admission on, so the console shows capacities and the queue.
+    snap.policy.admission.max_in_flight_per_worker = 8;
+    snap.policy.admission.queue_timeout_ms = 2000;
+    snap.admission = Some(AdmissionSummary::default());
     let mut policy: PolicySettings = snap.policy;
+    let mut admitted_total = 0u64;
+    let mut shed_total = 0u64;
     let mut seq = 0u64;
     let mut step = 0u64;
     let mut send = |message: ServerMessage| {
@@ -64,22 +73,36 @@ async fn serve(tcp: tokio::net::TcpStream) -> anyhow::Result<()> {
                 // w0 swells to 12 in-flight requests and back over 12 s; the others hum along.
                 let phase = (step % 120) as i64;
                 let hot = (12 - (phase - 60).abs() / 5).max(0) as u64;
-                let loads = [hot, 1 + step % 3, 1 + (step / 3) % 2, 2];
+                let demand = [hot, 1 + step % 3, 1 + (step / 3) % 2, 2];
+                // Demand over a worker's cap waits at the gateway instead of reaching it.
+                let cap = policy.admission.max_in_flight_per_worker;
+                let capped = |d: u64| if cap == 0 { d } else { d.min(cap) };
+                let loads = demand.map(capped);
+                let waiting_now: u64 = demand.iter().map(|d| d - capped(*d)).sum();
                 let mut workers = snap.workers.clone();
                 for (w, load) in workers.iter_mut().zip(loads) {
                     w.active = load;
+                    w.load = Some(load);
                     w.requests_total += load;
+                    w.capacity = (cap > 0).then_some(cap);
+                    w.full = cap > 0 && load >= cap;
                 }
+                let hot = loads[0];
                 let healthy: Vec<u64> = loads.to_vec();
                 let min = *healthy.iter().min().unwrap_or(&0);
                 let mean = healthy.iter().sum::<u64>() as f64 / healthy.len() as f64;
                 let over = hot.saturating_sub(min) > policy.min_load_gap
                     && hot as f64 > mean * policy.max_load_skew;
-                let spills = if over {
+                let hot_full = workers[0].full;
+                let spills = if over || hot_full {
                     vec![SpillEvent {
                         ts_ms: snap.ts_ms,
                         key: "chat-session-0001".into(),
-                        branch: Branch::ExplicitRoutingKeySpillover,
+                        branch: if hot_full {
+                            Branch::ExplicitRoutingKeyCapacitySpill
+                        } else {
+                            Branch::ExplicitRoutingKeySpillover
+                        },
                         from: "w0".into(),
                         to: "w1".into(),
                         preferred_load: hot,
@@ -93,6 +116,27 @@ async fn serve(tcp: tokio::net::TcpStream) -> anyhow::Result<()> {
                 } else {
                     vec![]
                 };
+                // Without a queue the excess is shed at once; with one, what waits beyond two
+                // requests times out now and then.
+                let (waiting, shed_rates) = if policy.admission.queue_timeout_ms == 0 {
+                    (0, ShedRates { no_queue: waiting_now as f64 * 5.0, ..ShedRates::default() })
+                } else {
+                    let timeouts = waiting_now.saturating_sub(2) as f64 * 3.0;
+                    (waiting_now, ShedRates { queue_timeout: timeouts, ..ShedRates::default() })
+                };
+                let shed_per_s = shed_rates.no_queue + shed_rates.queue_timeout;
+                let admitted_per_s = 40.0 + hot as f64 * 6.0;
+                admitted_total += (admitted_per_s / 10.0) as u64;
+                shed_total += (shed_per_s / 10.0).round() as u64;
+                let admission = AdmissionSummary {
+                    waiting,
+                    admitted_per_s,
+                    shed_per_s,
+                    shed_per_s_by_reason: shed_rates,
+                    admitted_total,
+                    shed_total,
+                };
+                snap.admission = Some(admission);
                 let tick = Tick {
                     ts_ms: snap.ts_ms,
                     workers,
@@ -107,7 +151,7 @@ async fn serve(tcp: tokio::net::TcpStream) -> anyhow::Result<()> {
                     spills,
                     dropped_events: 0,
                     discovery: None,
-                    admission: None,
+                    admission: Some(admission),
                 };
                 ws.send(send(ServerMessage::Tick(tick))).await?;
             }

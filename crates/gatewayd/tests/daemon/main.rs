@@ -15,6 +15,7 @@ mod discovery;
 mod explain;
 mod logs;
 mod replicas;
+mod replicas_admission;
 mod signals;
 
 use std::io::{BufRead, BufReader, Write};

@@ -22,10 +22,12 @@ const REPLICAS: usize = 3;
 const REQUESTS: usize = 8;
 
 /// A running `gatewayd`; killed on drop.
-struct Replica {
+pub(crate) struct Replica {
     child: Child,
-    data: String,
-    control: String,
+    /// Its data plane's `host:port`.
+    pub(crate) data: String,
+    /// Its control plane's `host:port`.
+    pub(crate) control: String,
     _config: tempfile::TempDir,
 }
 
@@ -38,13 +40,24 @@ impl Drop for Replica {
 
 impl Replica {
     fn start(workers: &[WorkerHandle], source: &str) -> Replica {
+        Replica::start_with(workers, source, 100, "")
+    }
+
+    /// Starts a replica over `workers` with load source `source`, scraping every
+    /// `scrape_interval_ms`, with `extra` (whole TOML tables) appended to its configuration.
+    pub(crate) fn start_with(
+        workers: &[WorkerHandle],
+        source: &str,
+        scrape_interval_ms: u64,
+        extra: &str,
+    ) -> Replica {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("gatewayd.toml");
         let mut text = format!(
             "[server]\nlisten = \"127.0.0.1:0\"\ncontrol_listen = \"127.0.0.1:0\"\n\
              [policy]\nkind = \"bounded_consistent_hashing\"\nmin_load_gap = 2\nmax_load_skew = 1.5\n\
-             [load]\nsource = \"{source}\"\nscrape_interval_ms = 100\nstale_after_ms = 500\n\
-             [log]\nlevel = \"warn\"\n"
+             [load]\nsource = \"{source}\"\nscrape_interval_ms = {scrape_interval_ms}\nstale_after_ms = 500\n\
+             [log]\nlevel = \"warn\"\n{extra}"
         );
         for w in workers {
             text.push_str(&format!(
@@ -92,7 +105,8 @@ impl Replica {
         }
     }
 
-    async fn get(&self, path: &str) -> Value {
+    /// The JSON answer of `GET path` on its control plane.
+    pub(crate) async fn get(&self, path: &str) -> Value {
         reqwest::get(format!("http://{}{path}", self.control))
             .await
             .unwrap()
