@@ -255,14 +255,18 @@ pub enum ShedReason {
     QueueFull,
     /// The request waited `queue_timeout_ms` without a slot freeing.
     QueueTimeout,
+    /// The gateway is shutting down: a waiting request is answered at once rather than cut off
+    /// without an answer when the shutdown grace ends, and no request starts waiting.
+    Shutdown,
 }
 
 impl ShedReason {
     /// Every reason, in documentation order (for metrics pre-registration).
-    pub const ALL: [ShedReason; 3] = [
+    pub const ALL: [ShedReason; 4] = [
         ShedReason::NoQueue,
         ShedReason::QueueFull,
         ShedReason::QueueTimeout,
+        ShedReason::Shutdown,
     ];
 
     /// The snake-case name used in metrics and logs.
@@ -271,6 +275,7 @@ impl ShedReason {
             ShedReason::NoQueue => "no_queue",
             ShedReason::QueueFull => "queue_full",
             ShedReason::QueueTimeout => "queue_timeout",
+            ShedReason::Shutdown => "shutdown",
         }
     }
 }

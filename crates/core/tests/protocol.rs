@@ -116,6 +116,7 @@ fn admission() -> AdmissionSummary {
             no_queue: 0.0,
             queue_full: 0.5,
             queue_timeout: 10.0,
+            shutdown: 0.0,
         },
         admitted_total: 4_210,
         shed_total: 96,

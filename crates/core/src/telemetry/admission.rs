@@ -33,6 +33,10 @@ pub struct ShedRates {
     pub queue_full: f64,
     /// `queue_timeout`: waited `queue_timeout_ms` without a slot freeing.
     pub queue_timeout: f64,
+    /// `shutdown`: waiting (or about to wait) when the gateway began shutting down. Absent from
+    /// gateways that predate it (read as 0).
+    #[serde(default)]
+    pub shutdown: f64,
 }
 
 impl ShedRates {
@@ -42,6 +46,7 @@ impl ShedRates {
             ShedReason::NoQueue => self.no_queue,
             ShedReason::QueueFull => self.queue_full,
             ShedReason::QueueTimeout => self.queue_timeout,
+            ShedReason::Shutdown => self.shutdown,
         }
     }
 
@@ -51,6 +56,7 @@ impl ShedRates {
             ShedReason::NoQueue => &mut self.no_queue,
             ShedReason::QueueFull => &mut self.queue_full,
             ShedReason::QueueTimeout => &mut self.queue_timeout,
+            ShedReason::Shutdown => &mut self.shutdown,
         }
     }
 }

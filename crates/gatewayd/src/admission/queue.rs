@@ -148,6 +148,9 @@ pub struct AdmissionQueue {
     not_empty: Notify,
     /// Time admitted requests waited, seconds.
     wait_seconds: Histogram,
+    /// Cancelled when the gateway shuts down: waiting requests are shed at once (`shutdown`) and
+    /// none starts waiting, so each gets a clean answer before the shutdown grace ends.
+    closed: CancellationToken,
 }
 
 impl std::fmt::Debug for AdmissionQueue {
@@ -171,10 +174,12 @@ impl AdmissionQueue {
             not_empty: Notify::new(),
             // 1 ms .. ~65 s: a wait is bounded by `queue_timeout_ms`.
             wait_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
+            closed: CancellationToken::new(),
         })
     }
 
-    /// Runs the periodic re-check (every [`RECHECK`] while requests wait) until `shutdown`.
+    /// Runs the periodic re-check (every [`RECHECK`] while requests wait) until `shutdown`, which
+    /// also closes the queue ([`AdmissionQueue::close`]).
     pub fn start_recheck(self: &Arc<Self>, shutdown: CancellationToken) {
         let queue = Arc::clone(self);
         tokio::spawn(async move {
@@ -182,15 +187,23 @@ impl AdmissionQueue {
                 if queue.is_empty() {
                     tokio::select! {
                         () = queue.not_empty.notified() => {}
-                        () = shutdown.cancelled() => return,
+                        () = shutdown.cancelled() => break,
                     }
                 }
                 tokio::select! {
                     () = tokio::time::sleep(RECHECK) => queue.hand_out(),
-                    () = shutdown.cancelled() => return,
+                    () = shutdown.cancelled() => break,
                 }
             }
+            queue.close();
         });
+    }
+
+    /// Sheds every waiting request at once (reason `shutdown`) and every later one that would
+    /// wait: on shutdown nothing is worth waiting for, and a request still waiting when the grace
+    /// ends would lose its connection without an answer.
+    pub fn close(&self) {
+        self.closed.cancel();
     }
 
     /// The counters this queue keeps.
@@ -241,14 +254,20 @@ impl AdmissionQueue {
                 }
             };
             let started = Instant::now();
-            let outcome = tokio::time::timeout_at(started + timeout, &mut ticket.handed).await;
+            // Why it gives up if it does: its time ran out, or the gateway is shutting down.
+            let (outcome, reason) = tokio::select! {
+                outcome = tokio::time::timeout_at(started + timeout, &mut ticket.handed) => {
+                    (outcome.map_err(|_| ()), ShedReason::QueueTimeout)
+                }
+                () = queue.closed.cancelled() => (Err(()), ShedReason::Shutdown),
+            };
             let routed = match outcome {
                 Ok(Ok(routed)) => Some(routed),
                 // The sender is only dropped with the queue: nothing will hand it a slot.
                 Ok(Err(_)) => None,
-                Err(_) if ticket.leave() => None,
-                // Handed a decision just as its time ran out: take it.
-                Err(_) => ticket.handed.try_recv().ok(),
+                Err(()) if ticket.leave() => None,
+                // Handed a decision just as it gave up: take it.
+                Err(()) => ticket.handed.try_recv().ok(),
             };
             ticket.done = true;
             match routed {
@@ -258,8 +277,8 @@ impl AdmissionQueue {
                     Ok(Admitted { routed, waited })
                 }
                 None => {
-                    queue.stats.record_shed(ShedReason::QueueTimeout);
-                    Err(ShedReason::QueueTimeout)
+                    queue.stats.record_shed(reason);
+                    Err(reason)
                 }
             }
         }
@@ -274,6 +293,9 @@ impl AdmissionQueue {
     ) -> Result<Ticket, ShedReason> {
         if timeout.is_zero() {
             return Err(ShedReason::NoQueue);
+        }
+        if self.closed.is_cancelled() {
+            return Err(ShedReason::Shutdown);
         }
         let (sender, receiver) = oneshot::channel();
         let id = {

@@ -425,6 +425,11 @@ mod tests {
         assert_eq!(logged[0].cause, SpillCause::Capacity);
         assert_eq!(logged[0].preferred_load, 1, "the full worker's load");
         assert_ne!(logged[0].from, logged[0].to);
+        // The key's own spill count agrees with the log: the console's key table must not say a
+        // key never left home while every other request of it goes elsewhere for want of room.
+        let records = aggregator.keys.records();
+        assert_eq!(records.len(), 1);
+        assert_eq!(records[0].spills_total, 1, "the key's capacity spill");
     }
 
     #[tokio::test(start_paused = true)]

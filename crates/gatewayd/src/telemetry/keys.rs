@@ -7,7 +7,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use bch_core::decide::Decision;
-use bch_core::policy::Branch;
 use bch_core::router::RoutingTable;
 use bch_core::routing_key::{ExplicitKey, ImplicitKey, MAX_EXPLICIT_KEY_BYTES, RoutingKey};
 use bch_core::telemetry::{KeyKind, KeyRecord};
@@ -169,7 +168,9 @@ impl KeyTracker {
         }
         copy_if_changed(&mut state.current, worker_name);
         state.requests_total += 1;
-        if decision.branch == Branch::ExplicitRoutingKeySpillover {
+        // A spill by the bound or for want of room: either way the request left its preferred
+        // worker, and the key's count must agree with the spill log.
+        if decision.branch.moved() {
             state.spills_total += 1;
         }
         state.last_seen_ms = ts_ms;

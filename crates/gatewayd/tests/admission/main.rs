@@ -330,3 +330,31 @@ async fn a_hot_key_cannot_starve_a_cold_one_in_the_queue() {
     assert_eq!(wait_all_idle(&gateway).await, [("w0".to_owned(), 0)]);
     gateway.shutdown().await;
 }
+
+/// Shutdown answers the requests waiting in the queue at once with a clean shed (reason
+/// `shutdown`), while the request in flight runs on within the grace; before, the waiting ones
+/// kept waiting and lost their connections without an answer when the grace ended.
+#[tokio::test]
+async fn shutdown_sheds_the_waiting_requests_at_once() {
+    let w0 = fake_worker("w0").await;
+    let gateway = capped(&[&w0], 60_000, 16).await;
+    let held = send(&gateway, &[]);
+    wait_requests(&w0, 1).await;
+    let waiting = send(&gateway, &[]);
+    wait_queued(&gateway, 1.0).await;
+    let metrics = gateway.metrics_text();
+    let stopping = tokio::spawn(gateway.shutdown());
+    let shed = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiting request is answered during the shutdown grace")
+        .unwrap();
+    assert_shed(&shed, "fleet_full");
+    assert!(metrics.contains("bch_admission_shed_total{reason=\"shutdown\"} 0"));
+    w0.release_all();
+    assert_eq!(
+        held.await.unwrap().status(),
+        200,
+        "the request in flight ends well"
+    );
+    stopping.await.unwrap();
+}

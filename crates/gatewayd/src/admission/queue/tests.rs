@@ -146,8 +146,36 @@ async fn bounds_shed_with_their_reasons() {
     assert_eq!(waiting.await.unwrap_err(), ShedReason::QueueTimeout);
     assert_eq!(queue.len(), 0);
     let stats = queue.stats();
-    for reason in ShedReason::ALL {
+    for reason in [
+        ShedReason::NoQueue,
+        ShedReason::QueueFull,
+        ShedReason::QueueTimeout,
+    ] {
         assert_eq!(stats.shed_total(reason), 1, "{reason}");
     }
     assert_eq!(stats.waiting(), 0);
+}
+
+/// Shutdown sheds the waiting requests at once (a clean 503 with `Retry-After` a client can retry
+/// on another replica) instead of leaving them to the grace period's end, when their connections
+/// are cut without an answer; a request arriving after it cannot wait either.
+#[tokio::test(start_paused = true)]
+async fn shutdown_sheds_the_waiting_at_once() {
+    let (router, queue, settings) = one_slot(60_000, 100);
+    let shutdown = CancellationToken::new();
+    queue.start_recheck(shutdown.clone());
+    let _held = router.route(&RoutingKey::None).guard.expect("the one slot");
+    let waiting = queued(&queue, explicit("a"), &settings).await;
+    shutdown.cancel();
+    let outcome = tokio::time::timeout(Duration::from_secs(1), waiting)
+        .await
+        .expect("shutdown answers a waiting request at once, not at its queue timeout");
+    assert_eq!(outcome.unwrap_err(), ShedReason::Shutdown);
+    let late = tokio::time::timeout(Duration::from_secs(1), queue.wait(explicit("b"), &settings))
+        .await
+        .expect("a request arriving during shutdown does not wait");
+    assert_eq!(late.unwrap_err(), ShedReason::Shutdown);
+    assert_eq!(queue.len(), 0);
+    assert_eq!(queue.stats().waiting(), 0);
+    assert_eq!(queue.stats().shed_total(ShedReason::Shutdown), 2);
 }
