@@ -439,3 +439,13 @@ async fn the_spill_fraction_is_over_the_requests_a_worker_served() {
     assert_eq!(report.outcomes.http_status[&503], 12);
     assert_eq!(report.spill_fraction, 1.0, "{report}");
 }
+
+#[tokio::test]
+async fn capacity_spills_count_as_spills() {
+    // A request moved off its full preferred worker left home like a spill by the bound: the
+    // overload A/B's spill column must not read 0 while every answer came from elsewhere.
+    let gateway = serve(half_refused_gateway("explicit_routing_key_capacity_spill")).await;
+    let report = run_storm(&small(gateway, false)).await.unwrap();
+    assert_eq!(report.branches["explicit_routing_key_capacity_spill"], 12);
+    assert_eq!(report.spill_fraction, 1.0, "{report}");
+}

@@ -100,8 +100,10 @@ pub struct StormReport {
     pub second_hottest_worker_share: f64,
     /// Per branch (from `x-bch-branch`, `unknown` when absent): responses.
     pub branches: BTreeMap<String, u64>,
-    /// Share of the placed responses (those a worker answered), 0 to 1, whose branch is
-    /// `explicit_routing_key_spillover`; a gateway's own error (no worker) routed nothing.
+    /// Share of the placed responses (those a worker answered), 0 to 1, whose branch moved them
+    /// off their preferred worker: `explicit_routing_key_spillover` (the bound) or
+    /// `explicit_routing_key_capacity_spill` (a full worker); a gateway's own error (no worker)
+    /// routed nothing.
     pub spill_fraction: f64,
     /// Sum of `usage.prompt_tokens` over successful requests, in tokens.
     pub prompt_tokens: u64,
@@ -191,7 +193,13 @@ impl Tally {
             *self.per_worker.entry(worker).or_insert(0) += 1;
         }
         let branch = o.branch.as_deref().unwrap_or(UNKNOWN);
-        if branch == Branch::ExplicitRoutingKeySpillover.as_str() {
+        // Spills by the bound and capacity spills both moved the request off its preferred
+        // worker (bch-core's `Branch::moved`); an unknown name from a newer gateway moved nothing
+        // we can tell.
+        if Branch::ALL
+            .iter()
+            .any(|b| b.moved() && b.as_str() == branch)
+        {
             self.spilled += 1;
         }
         *self.branches.entry(branch.to_owned()).or_insert(0) += 1;
