@@ -23,6 +23,13 @@ pub const DEFAULT_RETRY_AFTER_MS: u64 = 1000;
 /// and no client waits longer for a first byte.
 pub const MAX_QUEUE_TIMEOUT_MS: u64 = 600_000;
 
+/// The largest cap a setting may name, in requests: `max_in_flight_per_worker`, a worker's own
+/// `max_in_flight` and `max_waiting`. No engine runs a million requests at once (the gateway's
+/// scraper refuses gauges above the same figure as implausible), so a larger cap is a typo, and
+/// refusing it keeps every count the gateway derives from a cap (gauges, the console's bars)
+/// within range.
+pub const MAX_CAP: u64 = 1_000_000;
+
 /// The `[admission]` settings, with the TOML's names and units. Published in the routing table
 /// with the policy ([`crate::policy::PolicySettings::admission`]), so one decision reads one
 /// consistent set. The defaults change nothing: no cap, no engine limits, no queue.
@@ -111,6 +118,14 @@ pub enum AdmissionError {
     /// `queue_timeout_ms` was above [`MAX_QUEUE_TIMEOUT_MS`].
     #[error("queue_timeout_ms must be at most {MAX_QUEUE_TIMEOUT_MS}, got {0}")]
     InvalidQueueTimeout(u64),
+    /// A cap (`max_in_flight_per_worker`, `max_waiting`) was above [`MAX_CAP`].
+    #[error("{field} must be at most {MAX_CAP} requests (0 = no cap), got {value}")]
+    CapTooLarge {
+        /// The field, as `[admission]` spells it.
+        field: &'static str,
+        /// The value refused.
+        value: u64,
+    },
 }
 
 impl AdmissionError {
@@ -119,8 +134,17 @@ impl AdmissionError {
         match self {
             AdmissionError::InvalidKvUsage(_) => "max_kv_usage",
             AdmissionError::InvalidQueueTimeout(_) => "queue_timeout_ms",
+            AdmissionError::CapTooLarge { field, .. } => field,
         }
     }
+}
+
+/// Refuses a cap above [`MAX_CAP`], naming `field`; also for a worker's own `max_in_flight`.
+pub fn check_cap(field: &'static str, value: u64) -> Result<(), AdmissionError> {
+    if value > MAX_CAP {
+        return Err(AdmissionError::CapTooLarge { field, value });
+    }
+    Ok(())
 }
 
 impl AdmissionSettings {
@@ -131,6 +155,12 @@ impl AdmissionSettings {
         }
         if self.queue_timeout_ms > MAX_QUEUE_TIMEOUT_MS {
             return Err(AdmissionError::InvalidQueueTimeout(self.queue_timeout_ms));
+        }
+        for (field, value) in [
+            ("max_in_flight_per_worker", self.max_in_flight_per_worker),
+            ("max_waiting", self.max_waiting),
+        ] {
+            check_cap(field, value)?;
         }
         Ok(())
     }
@@ -292,6 +322,38 @@ pub const SHED_ERROR_CODE: &str = "worker_overload_protection_shed";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn caps_above_a_million_are_refused_naming_the_field() {
+        let base = AdmissionSettings::default();
+        for (field, patch) in [
+            (
+                "max_in_flight_per_worker",
+                AdmissionPatch {
+                    max_in_flight_per_worker: Some(MAX_CAP + 1),
+                    ..Default::default()
+                },
+            ),
+            (
+                "max_waiting",
+                AdmissionPatch {
+                    max_waiting: Some(u64::MAX),
+                    ..Default::default()
+                },
+            ),
+        ] {
+            let err = base.patched(&patch).unwrap_err();
+            assert_eq!(err.field(), field);
+            assert!(err.to_string().contains("at most 1000000"), "{err}");
+        }
+        let at_the_bound = AdmissionPatch {
+            max_in_flight_per_worker: Some(MAX_CAP),
+            max_waiting: Some(MAX_CAP),
+            ..Default::default()
+        };
+        assert!(base.patched(&at_the_bound).is_ok());
+        assert!(check_cap("max_in_flight", MAX_CAP + 1).is_err());
+    }
 
     #[test]
     fn validation_names_the_field() {

@@ -139,6 +139,12 @@ impl DiscoveryConfig {
         if let Err(message) = check_dns_name(&self.dns) {
             return invalid("dns", message);
         }
+        if let Some(Err(error)) = self
+            .max_in_flight
+            .map(|cap| bch_core::admission::check_cap("max_in_flight", cap))
+        {
+            return invalid("max_in_flight", error.to_string());
+        }
         match (self.kind(), self.port) {
             (DnsKind::Srv, Some(_)) => {
                 return invalid(

@@ -300,6 +300,10 @@ impl WorkerConfig {
         if self.ring_id.as_ref().is_some_and(String::is_empty) {
             return Err(invalid("ring_id", "must not be empty".into()));
         }
+        if let Some(cap) = self.max_in_flight {
+            bch_core::admission::check_cap("max_in_flight", cap)
+                .map_err(|e| invalid("max_in_flight", e.to_string()))?;
+        }
         Ok(Member {
             spec: WorkerSpec {
                 name,
@@ -318,6 +322,17 @@ impl WorkerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cap_above_a_million_is_refused_naming_the_field() {
+        let mut worker = WorkerConfig::from_url("http://127.0.0.1:9000");
+        worker.max_in_flight = Some(1_000_001);
+        let error = worker.member().unwrap_err();
+        assert_eq!(error.field, "max_in_flight");
+        assert!(error.message.contains("at most 1000000"), "{error:?}");
+        worker.max_in_flight = Some(1_000_000);
+        assert!(worker.member().is_ok());
+    }
 
     #[test]
     fn names_default_to_authority_and_urls_join() {
