@@ -96,26 +96,13 @@ async fn an_open_loop_storm_at_twice_capacity_never_queues_at_the_workers() {
         answers
     };
     let ((), answers) = tokio::join!(sample, storm);
-    let (mut ok, mut shed, mut other) = (0, 0, Vec::new());
-    for answer in answers {
-        match answer {
-            (200, _) => ok += 1,
-            (503, true) => shed += 1,
-            unexpected => other.push(unexpected),
-        }
-    }
+    let answers = StormAnswers::of(answers);
+    let (ok, shed) = (answers.ok, answers.shed);
     eprintln!(
         "STORM unloaded {unloaded:?}, interval {interval:?}: {ok} ok, {shed} shed; worker running+waiting \
          worst {worst}, over the cap in {over_cap} of {samples} samples"
     );
-    assert!(
-        other.is_empty(),
-        "answers other than 200 and 503 with Retry-After: {other:?}"
-    );
-    assert!(
-        ok > 0 && shed > 0,
-        "{ok} ok, {shed} shed: the storm was not over capacity"
-    );
+    answers.assert_clean_overload();
     // Over the cap only in the instant between a response's last byte and the worker retiring it.
     assert!(worst <= CAP as u64 + 1, "a worker queued {worst}");
     assert!(

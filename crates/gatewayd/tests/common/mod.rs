@@ -483,3 +483,46 @@ pub fn suppressed_in_summaries<'a>(
         })
         .sum()
 }
+
+/// The answers of an overload storm, as `(status, has Retry-After)`, sorted into the two a clean
+/// shed allows and the rest.
+#[derive(Debug, Default)]
+pub struct StormAnswers {
+    /// `200`s.
+    pub ok: usize,
+    /// `503`s with `Retry-After`: clean sheds.
+    pub shed: usize,
+    /// Anything else, as received.
+    pub other: Vec<(u16, bool)>,
+}
+
+impl StormAnswers {
+    /// Sorts `answers`.
+    pub fn of(answers: impl IntoIterator<Item = (u16, bool)>) -> StormAnswers {
+        let mut sorted = StormAnswers::default();
+        for answer in answers {
+            match answer {
+                (200, _) => sorted.ok += 1,
+                (503, true) => sorted.shed += 1,
+                unexpected => sorted.other.push(unexpected),
+            }
+        }
+        sorted
+    }
+
+    /// Asserts a clean overload: nothing but 200 and 503 with `Retry-After`, and some of each
+    /// (a storm that shed nothing was not over capacity).
+    pub fn assert_clean_overload(&self) {
+        assert!(
+            self.other.is_empty(),
+            "answers other than 200 and 503 with Retry-After: {:?}",
+            self.other
+        );
+        assert!(
+            self.ok > 0 && self.shed > 0,
+            "{} ok, {} shed: the storm was not over capacity",
+            self.ok,
+            self.shed
+        );
+    }
+}

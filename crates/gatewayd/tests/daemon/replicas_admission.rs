@@ -19,6 +19,7 @@ use bch_drill::sim::SimConfig;
 use bch_drill::worker::{WorkerHandle, spawn_workers};
 use serde_json::{Value, json};
 
+use crate::common::StormAnswers;
 use crate::replicas::Replica;
 
 const REPLICAS: usize = 3;
@@ -141,14 +142,8 @@ async fn worker_metrics_replicas_keep_a_worker_under_its_cap_within_one_scrape_i
     };
     let ((), answers) = tokio::join!(sample, storm);
 
-    let (mut ok, mut shed, mut other) = (0, 0, Vec::new());
-    for answer in answers {
-        match answer {
-            (200, _) => ok += 1,
-            (503, true) => shed += 1,
-            unexpected => other.push(unexpected),
-        }
-    }
+    let answers = StormAnswers::of(answers);
+    let (ok, shed) = (answers.ok, answers.shed);
     let worst = samples.iter().map(|s| s.queued).max().unwrap_or(0);
     let over = samples.iter().filter(|s| s.queued > CAP).count();
     let stretches = stretches_over_cap(&samples);
@@ -164,14 +159,7 @@ async fn worker_metrics_replicas_keep_a_worker_under_its_cap_within_one_scrape_i
         samples.len(),
         stretches.len()
     );
-    assert!(
-        other.is_empty(),
-        "answers other than 200 and 503 with Retry-After: {other:?}"
-    );
-    assert!(
-        ok > 0 && shed > 0,
-        "{ok} ok, {shed} shed: the storm was not over capacity"
-    );
+    answers.assert_clean_overload();
     // Each replica alone never puts more than the cap on a worker.
     assert!(
         worst <= REPLICAS as u64 * CAP,
