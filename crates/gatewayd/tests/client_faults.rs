@@ -676,27 +676,7 @@ async fn a_half_closed_client_is_a_client_that_left() {
     let worker = fake_worker("streamer").await;
     let gateway = gateway(&[&worker], |_| {}).await;
     let data = gateway.data_addr;
-    let mut stream = TcpStream::connect(data).await.unwrap();
-    // A 20 s stream.
-    stream
-        .write_all(
-            format!(
-                "GET /sse?n=1000&gap_ms=20 HTTP/1.1\r\nhost: {data}\r\nx-smg-routing-key: k\r\n\r\n"
-            )
-            .as_bytes(),
-        )
-        .await
-        .unwrap();
-    let mut seen = Vec::new();
-    let mut chunk = [0u8; 1024];
-    while !String::from_utf8_lossy(&seen).contains("\"chunk\":0") {
-        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut chunk))
-            .await
-            .expect("the first event in time")
-            .unwrap();
-        assert!(n > 0, "stream ended early");
-        seen.extend_from_slice(&chunk[..n]);
-    }
+    let mut stream = streaming_client(data).await;
     stream.shutdown().await.unwrap();
     let ended = tokio::time::timeout(Duration::from_secs(5), async {
         while gateway.routing_table().workers()[0].stats.active() != 0 {
@@ -724,26 +704,7 @@ async fn a_client_that_leaves_mid_stream_is_logged_as_having_left() {
     let worker = fake_worker("leaver").await;
     let gateway = gateway(&[&worker], |_| {}).await;
     let data = gateway.data_addr;
-    let mut stream = TcpStream::connect(data).await.unwrap();
-    stream
-        .write_all(
-            format!(
-                "GET /sse?n=1000&gap_ms=20 HTTP/1.1\r\nhost: {data}\r\nx-smg-routing-key: k\r\n\r\n"
-            )
-            .as_bytes(),
-        )
-        .await
-        .unwrap();
-    let mut seen = Vec::new();
-    let mut chunk = [0u8; 1024];
-    while !String::from_utf8_lossy(&seen).contains("\"chunk\":0") {
-        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut chunk))
-            .await
-            .expect("the first event in time")
-            .unwrap();
-        assert!(n > 0, "stream ended early");
-        seen.extend_from_slice(&chunk[..n]);
-    }
+    let stream = streaming_client(data).await;
     drop(stream);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let line = loop {
@@ -780,26 +741,7 @@ fn a_stream_cut_when_the_shutdown_grace_expires_is_not_the_clients_doing() {
         })
         .await;
         let data = gateway.data_addr;
-        let mut stream = TcpStream::connect(data).await.unwrap();
-        stream
-            .write_all(
-                format!(
-                    "GET /sse?n=1000&gap_ms=20 HTTP/1.1\r\nhost: {data}\r\nx-smg-routing-key: k\r\n\r\n"
-                )
-                .as_bytes(),
-            )
-            .await
-            .unwrap();
-        let mut seen = Vec::new();
-        let mut chunk = [0u8; 1024];
-        while !String::from_utf8_lossy(&seen).contains("\"chunk\":0") {
-            let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut chunk))
-                .await
-                .expect("the first event in time")
-                .unwrap();
-            assert!(n > 0, "stream ended early");
-            seen.extend_from_slice(&chunk[..n]);
-        }
+        let stream = streaming_client(data).await;
         gateway.shutdown().await;
         (stream.into_std().unwrap(), worker)
     });
@@ -895,4 +837,30 @@ async fn a_peer_claiming_unlisted_endpoints_cannot_flood_the_log() {
     });
     assert_eq!(suppressed, Some(claims - warnings));
     gateway.shutdown().await;
+}
+
+/// A raw client of a 20 s keyed SSE stream (1,000 events 20 ms apart) through `data`, once it
+/// has read the first event: the stream is under way, the worker's load taken.
+async fn streaming_client(data: std::net::SocketAddr) -> TcpStream {
+    let mut stream = TcpStream::connect(data).await.unwrap();
+    stream
+        .write_all(
+            format!(
+                "GET /sse?n=1000&gap_ms=20 HTTP/1.1\r\nhost: {data}\r\nx-smg-routing-key: k\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !String::from_utf8_lossy(&seen).contains("\"chunk\":0") {
+        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut chunk))
+            .await
+            .expect("the first event in time")
+            .unwrap();
+        assert!(n > 0, "stream ended early");
+        seen.extend_from_slice(&chunk[..n]);
+    }
+    stream
 }
