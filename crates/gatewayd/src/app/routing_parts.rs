@@ -23,10 +23,8 @@ pub(crate) struct RoutingParts {
     pub(crate) metrics: Arc<Metrics>,
     /// The aggregator's handle.
     pub(crate) telemetry: Telemetry,
-    /// The admission queue's counters (the queue writes them; telemetry and `/metrics` read).
-    #[allow(dead_code)]
-    pub(crate) admission: Arc<AdmissionStats>,
-    /// The admission queue both front ends wait in.
+    /// The admission queue both front ends wait in; it owns the counters telemetry also reads
+    /// (`AdmissionQueue::stats`).
     pub(crate) queue: Arc<AdmissionQueue>,
 }
 
@@ -59,7 +57,6 @@ pub(crate) fn assemble_routing(
         router,
         metrics,
         telemetry,
-        admission,
         queue,
     })
 }
