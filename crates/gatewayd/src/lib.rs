@@ -22,6 +22,7 @@
 //! - `discovery`: workers from DNS (SRV, A/AAAA), handed to the admin owner;
 //! - `drain_watch`: notices when a draining worker is idle (and removes it if asked);
 //! - `scraper`: the scraper of the workers' own load gauges (`[load] source = "worker_metrics"`);
+//! - `tls`: TLS configuration for the listeners and for https workers (docs/tls.md);
 //! - `health`: active probes; `server`: accept loops; `metrics`: Prometheus; `error`: the one
 //!   error type of gateway answers; `demo`: `gatewayd --demo` (cargo feature `demo`).
 #![forbid(unsafe_code)]
@@ -48,6 +49,11 @@ mod routing;
 mod scraper;
 mod server;
 mod telemetry;
+#[allow(
+    dead_code,
+    reason = "the listeners and the https worker connections build on it as they land"
+)]
+mod tls;
 mod upstream;
 
 pub use admin::ConfigOverrides;

@@ -1,0 +1,17 @@
+//! TLS for gatewayd's sockets (docs/tls.md): one crypto provider (rustls with `ring`) and the
+//! reading of PEM certificate and key files that the listeners (server side) and the connections
+//! to https workers (client side) share.
+
+pub(crate) mod pem;
+
+use std::sync::{Arc, OnceLock};
+
+use rustls::crypto::CryptoProvider;
+
+/// The one crypto provider every TLS configuration of the process is built with: rustls' `ring`
+/// provider, chosen explicitly rather than installed as the process default so that a library
+/// that installs another cannot change what gatewayd negotiates.
+pub(crate) fn provider() -> Arc<CryptoProvider> {
+    static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
+    Arc::clone(PROVIDER.get_or_init(|| Arc::new(rustls::crypto::ring::default_provider())))
+}
