@@ -10,10 +10,24 @@
 //! * `decide/64_workers_worst_of_1000_keys`: as above, for the key (of 1000 candidates) whose walk to
 //!   its last distinct worker is longest: an adversarial upper bound, reported for information.
 //! * `ring/build_64x150`: `Ring::build` for 64 workers × 150 virtual nodes. Target: ≤ 2 ms.
+//! * `scale/{16,1000,10000,100000}_workers/{idle,loaded,worst_walk}`: route plus release (so the
+//!   upkeep of the fleet aggregates is counted) of explicit keys on large fleets, 150 virtual
+//!   nodes each. `idle`: every worker idle, 1024 keys in turn (all hits). `loaded`: worker `w`
+//!   holds `w mod 5` requests (mean 2, minimum 0), the same keys: hits, and spills of the keys
+//!   whose worker holds 4 to a nearby worker under the bound. `worst_walk`: every worker but the
+//!   last distinct one clockwise from the key holds 4 requests (skew 1.0, gap 2), so the spill
+//!   search walks the ring to that one worker: O(ring points) by construction, reported for
+//!   information. Goal: `10000_workers/idle` ≤ 1.5 × `16_workers/idle`.
+//! * `threads/{1,2}x/{16,10000}_workers`: route plus release of the `idle` keys from 1 or 2
+//!   threads at once on one router (each thread does `iters / threads`), time per decision: the
+//!   selection lock's cost under contention. The time reported is wall time divided by all the
+//!   threads' decisions, so decisions per second of the router = 1 / that time.
 //!
-//! Run: `cargo bench -p bch-core -- --warm-up-time 1 --measurement-time 3`.
+//! Run: `cargo bench -p bch-core -- --warm-up-time 1 --measurement-time 3` (add a filter, e.g.
+//! `scale/`, for one group; the 100,000-worker router takes seconds to build).
 
 use std::hint::black_box;
+use std::time::{Duration, Instant};
 
 use bch_core::load::LoadGuard;
 use bch_core::policy::{Branch, PolicySettings};
@@ -139,5 +153,91 @@ fn ring_build(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, decisions, ring_build);
+/// 1024 keys, parsed once per route like a request's.
+fn keys() -> Vec<[u8; 32]> {
+    (0..1024).map(key32).collect()
+}
+
+/// Routes `keys[i % 1024]` and drops the guard, for `i` from `start`.
+fn route_keys(router: &Router, keys: &[[u8; 32]], start: usize, count: u64) {
+    for i in 0..count as usize {
+        route_once(router, &keys[(start + i) % keys.len()]);
+    }
+}
+
+/// Holds `load(w)` requests on every worker `w` (reserved directly, without a decision).
+fn hold(router: &Router, load: impl Fn(usize) -> usize) -> Vec<LoadGuard> {
+    let table = router.table();
+    (0..table.workers().len())
+        .flat_map(|w| (0..load(w)).map(move |_| w))
+        .map(|w| router.reserve(&table, w).unwrap())
+        .collect()
+}
+
+fn scale(c: &mut Criterion) {
+    let keys = keys();
+    for n in [16, 1_000, 10_000, 100_000] {
+        let mut group = c.benchmark_group(format!("scale/{n}_workers"));
+        let router = router(n, PolicySettings::default());
+        let mut turn = 0usize;
+        group.bench_function("idle", |b| {
+            b.iter(|| {
+                turn += 1;
+                route_once(&router, &keys[turn % keys.len()])
+            })
+        });
+        let held = hold(&router, |w| w % 5);
+        group.bench_function("loaded", |b| {
+            b.iter(|| {
+                turn += 1;
+                route_once(&router, &keys[turn % keys.len()])
+            })
+        });
+        drop(held);
+        drop(router);
+        let strict = PolicySettings {
+            min_load_gap: 2,
+            max_load_skew: 1.0,
+            ..PolicySettings::default()
+        };
+        let router = router(n, strict);
+        let raw = key32(0);
+        let (last, steps) = walk_to_last(router.table().ring(), &raw);
+        let _held = hold(&router, |w| if w == last { 0 } else { 4 });
+        let key = RoutingKey::Explicit(ExplicitKey::parse(&raw).unwrap());
+        assert_eq!(router.route(&key).decision.worker, Some(last));
+        eprintln!(
+            "scale/{n}_workers/worst_walk: the spill search walks {steps} of {} points",
+            router.table().ring().len()
+        );
+        group.bench_function("worst_walk", |b| b.iter(|| route_once(&router, &raw)));
+        group.finish();
+    }
+}
+
+/// Route plus release from `threads` threads at once, `iters` in all: wall time.
+fn routed_by(router: &Router, keys: &[[u8; 32]], threads: usize, iters: u64) -> Duration {
+    let per_thread = iters.div_ceil(threads as u64);
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            scope.spawn(move || route_keys(router, keys, t * 512, per_thread));
+        }
+    });
+    start.elapsed()
+}
+
+fn threads(c: &mut Criterion) {
+    let keys = keys();
+    for n in [16, 10_000] {
+        let router = router(n, PolicySettings::default());
+        for threads in [1, 2] {
+            c.bench_function(&format!("threads/{threads}x/{n}_workers"), |b| {
+                b.iter_custom(|iters| routed_by(&router, &keys, threads, iters))
+            });
+        }
+    }
+}
+
+criterion_group!(benches, decisions, ring_build, scale, threads);
 criterion_main!(benches);

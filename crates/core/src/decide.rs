@@ -230,8 +230,8 @@ fn decide_unkeyed<F: FleetView>(
     turn: u64,
 ) -> Decision {
     let pick = match kind {
-        PolicyKind::RoundRobin => nth_routable(fleet, (turn % routable_count as u64) as usize),
-        PolicyKind::Random => nth_routable(fleet, (entropy % routable_count as u64) as usize),
+        PolicyKind::RoundRobin => fleet.nth_routable((turn % routable_count as u64) as usize),
+        PolicyKind::Random => fleet.nth_routable((entropy % routable_count as u64) as usize),
         PolicyKind::ConsistentHashing | PolicyKind::BoundedConsistentHashing => {
             power_of_two_choices(fleet, routable_count, entropy)
         }
@@ -274,13 +274,20 @@ pub fn first_routable<F: FleetView>(ring: &Ring, fleet: &F, position: u64) -> Op
 }
 
 /// The bound for `preferred` over the routable workers' loads, and which signal those loads came
-/// from (always local in `local` mode, without asking the view).
+/// from (always local in `local` mode, without asking the view). In `local` mode the view's kept
+/// aggregates are read when it has them (O(1)); otherwise, and always in `worker_metrics` mode
+/// (whose loads also change when a scrape lands, which the view is not told of), the minimum and
+/// mean are computed over the workers.
 fn bound_check<F: FleetView>(
     fleet: &F,
     preferred: usize,
     policy: &PolicySettings,
 ) -> (BoundCheck, LoadSignal) {
     let per_worker = policy.load_source == LoadSource::WorkerMetrics;
+    if !per_worker && let Some(fleet_load) = fleet.kept_fleet_load() {
+        let bound = fleet_load.bound_for(fleet.load(preferred), policy);
+        return (bound, LoadSignal::Local);
+    }
     let mut signal: Option<LoadSignal> = None;
     let routable_loads = (0..fleet.worker_count())
         .filter(|&worker| fleet.routable(worker))
@@ -356,13 +363,6 @@ fn eligible_mask<F: FleetView>(
 /// Integers up to this convert to `f64` exactly.
 const EXACT_IN_F64: f64 = (1u64 << 53) as f64;
 
-/// The `n`-th routable worker in configuration order (0-based).
-fn nth_routable<F: FleetView>(fleet: &F, n: usize) -> Option<usize> {
-    (0..fleet.worker_count())
-        .filter(|&w| fleet.routable(w))
-        .nth(n)
-}
-
 /// Keyless requests: the less loaded of two distinct random routable workers (ties to the first),
 /// the classic "power of two choices" that avoids herding onto one idle worker.
 fn power_of_two_choices<F: FleetView>(
@@ -376,8 +376,8 @@ fn power_of_two_choices<F: FleetView>(
     if second == first && n > 1 {
         second = (second + 1) % n;
     }
-    let a = nth_routable(fleet, first as usize)?;
-    let b = nth_routable(fleet, second as usize)?;
+    let a = fleet.nth_routable(first as usize)?;
+    let b = fleet.nth_routable(second as usize)?;
     Some(if fleet.load(b) < fleet.load(a) { b } else { a })
 }
 

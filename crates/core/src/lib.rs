@@ -35,6 +35,7 @@
 pub mod admission;
 pub mod decide;
 pub mod explain;
+pub mod fleet_aggregates;
 pub mod fleet_load;
 pub mod generation_cache;
 pub mod load;

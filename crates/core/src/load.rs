@@ -12,7 +12,7 @@
 //! are still in flight.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::admission::EngineCell;
 use crate::fleet_load::SampleCell;
@@ -30,6 +30,18 @@ pub struct WorkerStats {
     health_changes_total: AtomicU64,
     responses: [AtomicU64; StatusClass::ALL.len()],
     durations: DurationHistogram,
+    /// The worker's index in its router's table in force, plus one; 0 when it is in none (removed,
+    /// or never in a router). Written and read only under the router's selection lock, so a
+    /// release finds which worker of the current table it lowers.
+    slot: AtomicUsize,
+}
+
+/// What a guard calls instead of lowering the counter itself: the router lowers it inside its
+/// selection step, so the fleet aggregates it keeps move with the load (see the router's module
+/// documentation).
+pub(crate) trait Release: Send + Sync + std::fmt::Debug {
+    /// Lowers `stats`' load by one (saturating at zero) and reports the change.
+    fn release(&self, stats: &WorkerStats);
 }
 
 /// The class of the HTTP status a client was answered with, the label of per-status counters.
@@ -224,22 +236,37 @@ impl WorkerStats {
         self.spilled_in_total.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Takes one unit of load. Only the router calls this, inside its selection step, so that
-    /// concurrent selections see each other's load.
-    pub(crate) fn acquire(self: &Arc<Self>) -> LoadGuard {
-        self.active.fetch_add(1, Ordering::Relaxed);
+    /// Takes one unit of load and returns the guard with the load before it. Only the router
+    /// calls this, inside its selection step, so that concurrent selections see each other's
+    /// load; `release`, when given, lowers it again when the guard drops.
+    pub(crate) fn acquire(self: &Arc<Self>, release: Option<Arc<dyn Release>>) -> (LoadGuard, u64) {
+        let before = self.active.fetch_add(1, Ordering::Relaxed);
         self.requests_total.fetch_add(1, Ordering::Relaxed);
-        LoadGuard {
+        let guard = LoadGuard {
             stats: Arc::clone(self),
-        }
+            release,
+        };
+        (guard, before)
     }
 
     /// Lowers the load by one, saturating at zero: a counter never underflows even if a bug elsewhere
-    /// released twice (a guard releases exactly once, so in practice this never saturates).
-    fn release(&self) {
-        let _ = self
-            .active
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    /// released twice (a guard releases exactly once, so in practice this never saturates). Returns
+    /// the load before, `None` when it was already zero.
+    pub(crate) fn release(&self) -> Option<u64> {
+        self.active
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .ok()
+    }
+
+    /// The worker's index in its router's table in force; `None` when it is in none.
+    pub(crate) fn slot(&self) -> Option<usize> {
+        self.slot.load(Ordering::Relaxed).checked_sub(1)
+    }
+
+    /// Records the worker's index in its router's table in force (`None`: in none).
+    pub(crate) fn set_slot(&self, slot: Option<usize>) {
+        self.slot
+            .store(slot.map_or(0, |index| index + 1), Ordering::Relaxed);
     }
 }
 
@@ -249,6 +276,8 @@ impl WorkerStats {
 #[derive(Debug)]
 pub struct LoadGuard {
     stats: Arc<WorkerStats>,
+    /// Who lowers the counter on drop (the router that took the load); `None`: the guard does.
+    release: Option<Arc<dyn Release>>,
 }
 
 impl LoadGuard {
@@ -260,7 +289,12 @@ impl LoadGuard {
 
 impl Drop for LoadGuard {
     fn drop(&mut self) {
-        self.stats.release();
+        match &self.release {
+            Some(release) => release.release(&self.stats),
+            None => {
+                self.stats.release();
+            }
+        }
     }
 }
 
@@ -271,8 +305,9 @@ mod tests {
     #[test]
     fn guard_releases_once_and_never_underflows() {
         let stats = Arc::new(WorkerStats::default());
-        let a = stats.acquire();
-        let b = stats.acquire();
+        let (a, _) = stats.acquire(None);
+        let (b, before) = stats.acquire(None);
+        assert_eq!(before, 1);
         assert_eq!(stats.active(), 2);
         drop(a);
         assert_eq!(stats.active(), 1);
@@ -320,7 +355,7 @@ mod tests {
         let stats = Arc::new(WorkerStats::default());
         let s = Arc::clone(&stats);
         let result = std::panic::catch_unwind(move || {
-            let _guard = s.acquire();
+            let _guard = s.acquire(None);
             panic!("request handler failed");
         });
         assert!(result.is_err());

@@ -6,16 +6,25 @@
 //! `virtual_nodes` change rebuilds the ring, health and threshold changes reuse the same `Arc<Ring>`.
 //!
 //! Selection and the load increment are one atomic step with respect to other selections: a short
-//! `std::sync::Mutex` serialises them, so a burst of same-key requests sees each other's load (the
-//! 6:2 burst vectors depend on it). The lock is held only for the pure, allocation-free decision and
-//! one atomic increment — never across an `.await` or I/O — so no slow task can hold it. Releasing
-//! load (guard drop) takes no lock.
+//! `std::sync::Mutex` (the selection lock) serialises them, so a burst of same-key requests sees
+//! each other's load (the 6:2 burst vectors depend on it). Under the same lock the router keeps
+//! the fleet aggregates of the table in force — routable count, sum and minimum of the routable
+//! workers' local loads ([`crate::fleet_aggregates`]) — so a bounded decision reads them in O(1)
+//! instead of summing the fleet: every change to a load goes through the lock (a release, on
+//! guard drop, takes it too), and so does every table put in force (a health, drain or policy
+//! change updates the workers that flipped; a new membership recounts, O(n), off the request
+//! path). The lock is held only for the pure, allocation-free decision and O(1) counter and
+//! aggregate steps — never across an `.await` or I/O — so no slow task can hold it. A guard
+//! released after its worker left the table in force lowers the counter and leaves the
+//! aggregates alone (they no longer count that worker).
 //!
 //! A configuration change is two steps: [`Router::prepare`] takes every fallible one (checks, the
 //! new ring) and changes nothing, [`Router::commit`] swaps and cannot fail, so a caller that
 //! prepares more between the two never has anything to roll back. Files: `table` (the snapshot,
-//! its walk over routable workers and how it is built), `tests`.
+//! its walk over routable workers and how it is built), `selection` (the selection lock's state:
+//! the table decisions use and its aggregates), `tests`.
 
+mod selection;
 mod table;
 #[cfg(test)]
 mod tests;
@@ -27,11 +36,12 @@ use arc_swap::ArcSwap;
 
 use crate::decide::{Decision, decide};
 use crate::load::LoadGuard;
-use crate::policy::{PolicyError, PolicyPatch, PolicySettings};
+use crate::policy::{FleetLoad, PolicyError, PolicyPatch, PolicySettings};
 use crate::ring::Ring;
 use crate::routing_key::RoutingKey;
 pub use crate::telemetry::WorkerSource;
 use crate::telemetry::WorkerState;
+use selection::Selection;
 use table::{CounterRegistry, build_ring, build_table, same_workers};
 pub use table::{
     MembershipError, RoutingTable, Worker, WorkerSpec, resolve_target, validate_membership,
@@ -53,7 +63,7 @@ pub struct Routed {
 #[derive(Debug)]
 pub struct Router {
     table: ArcSwap<RoutingTable>,
-    select: Mutex<()>,
+    selection: Arc<Selection>,
     writer: Mutex<CounterRegistry>,
     turn: AtomicU64,
     entropy: AtomicU64,
@@ -92,10 +102,10 @@ impl Router {
             new_workers_unhealthy: !healthy,
             ..CounterRegistry::default()
         };
-        let table = build_table(&mut registry, workers, policy, None, 0, None);
+        let table = Arc::new(build_table(&mut registry, workers, policy, None, 0, None));
         Ok(Router {
-            table: ArcSwap::from_pointee(table),
-            select: Mutex::new(()),
+            selection: Arc::new(Selection::new(Arc::clone(&table))),
+            table: ArcSwap::new(table),
             writer: Mutex::new(registry),
             turn: AtomicU64::new(0),
             entropy: AtomicU64::new(0x9E37_79B9_7F4A_7C15),
@@ -120,10 +130,16 @@ impl Router {
         true
     }
 
-    /// Puts `table` in force and tells the observer; callers hold the writer's lock, so observers
-    /// see tables in the order they were put in force.
+    /// Puts `table` in force — for decisions, with the fleet aggregates brought up to date (the
+    /// workers whose routable flag flipped, or a recount on a new membership), and for readers —
+    /// and tells the observer; callers hold the writer's lock, so observers see tables in the
+    /// order they were put in force. Every table goes in force through here.
     fn publish(&self, table: Arc<RoutingTable>) {
-        self.table.store(Arc::clone(&table));
+        {
+            let mut selection = self.selection.lock();
+            selection.install(Arc::clone(&table));
+            self.table.store(Arc::clone(&table));
+        }
         if let Some(Observer(observer)) = self.observer.get() {
             observer(&table);
         }
@@ -140,14 +156,23 @@ impl Router {
     /// with [`Decision::wait`] set found every worker it may use full: the caller queues the
     /// request (or sheds it) and calls `route` again when a slot may have freed.
     pub fn route(&self, key: &RoutingKey<'_>) -> Routed {
-        let table = self.table.load_full();
         let entropy = self.next_entropy();
         let turn = self.turn.fetch_add(1, Ordering::Relaxed);
-        let (decision, guard) = {
-            let _selection = self.select.lock().unwrap_or_else(PoisonError::into_inner);
-            let decision = decide(&table.ring, &table.policy, key, &*table, entropy, turn);
-            let guard = decision.worker.map(|w| table.workers[w].stats.acquire());
-            (decision, guard)
+        let (table, decision, guard) = {
+            let mut selection = self.selection.lock();
+            let table = Arc::clone(&selection.table);
+            let decision = decide(
+                &table.ring,
+                &table.policy,
+                key,
+                &selection.view(),
+                entropy,
+                turn,
+            );
+            let guard = decision
+                .worker
+                .map(|w| selection.acquire(&table.workers[w].stats, &self.selection));
+            (table, decision, guard)
         };
         if decision.branch.moved()
             && let (Some(from), Some(to)) = (decision.preferred, decision.worker)
@@ -172,13 +197,14 @@ impl Router {
         key: &RoutingKey<'_>,
         failed: usize,
     ) -> Option<(usize, LoadGuard)> {
-        let _selection = self.select.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut selection = self.selection.lock();
         let skip = |w: usize| w == failed || table.full(w);
         let next = match key.position() {
             Some(position) => table.routable_from(position, skip).next(),
             None => table.least_loaded_routable(skip),
         }?;
-        Some((next, table.workers[next].stats.acquire()))
+        let guard = selection.acquire(&table.workers[next].stats, &self.selection);
+        Some((next, guard))
     }
 
     /// Takes load on `worker` of `table`, a worker chosen outside the router: the fallback an
@@ -187,8 +213,16 @@ impl Router {
     /// concurrent selections see it. `None` when `worker` is not an index of `table`.
     pub fn reserve(&self, table: &RoutingTable, worker: usize) -> Option<LoadGuard> {
         let stats = &table.workers.get(worker)?.stats;
-        let _selection = self.select.lock().unwrap_or_else(PoisonError::into_inner);
-        Some(stats.acquire())
+        let mut selection = self.selection.lock();
+        Some(selection.acquire(stats, &self.selection))
+    }
+
+    /// The minimum and mean in-flight requests (this process's own, the `local` load) over the
+    /// routable workers of the table in force, as the router keeps them for the bounded rule:
+    /// always equal to [`FleetLoad::of`] over those loads. `None` when no worker is routable.
+    /// Takes the selection lock; O(1).
+    pub fn fleet_load(&self) -> Option<FleetLoad> {
+        self.selection.lock().fleet_load()
     }
 
     /// Marks a worker healthy or unhealthy by name. Reuses the ring. Returns `true` if the health

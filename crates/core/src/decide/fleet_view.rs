@@ -3,7 +3,7 @@
 //! room, and the first worker with room in a key's spill order.
 
 use crate::fleet_load::LoadSignal;
-use crate::policy::SpillOrder;
+use crate::policy::{FleetLoad, SpillOrder};
 use crate::ring::Ring;
 
 /// Fleets of at most this many workers get the bitmask searches (the spill's eligible set, the
@@ -27,6 +27,21 @@ pub trait FleetView {
     /// Views without worker samples keep the default: local.
     fn load_with_signal(&self, worker: usize) -> (u64, LoadSignal) {
         (self.load(worker), LoadSignal::Local)
+    }
+    /// The `n`-th routable worker in configuration order (0-based), `None` past the last. The
+    /// default counts through the workers (O(n)); a view that keeps a list of its routable
+    /// workers answers in O(1).
+    fn nth_routable(&self, n: usize) -> Option<usize> {
+        (0..self.worker_count())
+            .filter(|&w| self.routable(w))
+            .nth(n)
+    }
+    /// The minimum and mean of [`FleetView::load`] over the routable workers, when the view keeps
+    /// them up to date as loads, health and membership change (then the bounded rule reads them
+    /// in O(1)); they must equal [`FleetLoad::of`] over those loads exactly. `None`, the default:
+    /// the rule computes them over the workers.
+    fn kept_fleet_load(&self) -> Option<FleetLoad> {
+        None
     }
     /// Resolves a target worker header value: a worker's name, else its exact URL, else a decimal
     /// 0-based index. `None` when nothing matches.

@@ -78,6 +78,9 @@ pub struct RoutingTable {
     /// `healthy && active` per worker: what routing asks, computed once per table.
     pub(super) routable: Vec<bool>,
     pub(super) routable_count: usize,
+    /// The routable workers' indices in configuration order: the keyless pick and the baselines
+    /// take the `n`-th in O(1).
+    pub(super) routable_indices: Vec<usize>,
     /// Each worker's capacity under the policy's admission settings (`None` = no cap).
     pub(super) capacity: Vec<Option<u64>>,
     /// Whether any cap or engine limit is set: without one, no worker is ever full and the
@@ -230,6 +233,10 @@ impl FleetView for RoutingTable {
         self.routable_count
     }
 
+    fn nth_routable(&self, n: usize) -> Option<usize> {
+        self.routable_indices.get(n).copied()
+    }
+
     fn load(&self, worker: usize) -> u64 {
         self.load_with_signal(worker).0
     }
@@ -357,6 +364,7 @@ impl RoutingTable {
             .iter()
             .map(|w| policy.admission.capacity(w.spec.max_in_flight))
             .collect();
+        let routable_indices: Vec<usize> = (0..routable.len()).filter(|&w| routable[w]).collect();
         RoutingTable {
             limited: policy.admission.engine_limits() || capacity.iter().any(Option::is_some),
             capacity,
@@ -364,7 +372,8 @@ impl RoutingTable {
             ring,
             healthy,
             states,
-            routable_count: routable.iter().filter(|r| **r).count(),
+            routable_count: routable_indices.len(),
+            routable_indices,
             routable,
             policy,
             membership_generation,
