@@ -200,7 +200,7 @@ fn scale(c: &mut Criterion) {
             max_load_skew: 1.0,
             ..PolicySettings::default()
         };
-        let router = router(n, strict);
+        let router = crate::router(n, strict);
         let raw = key32(0);
         let (last, steps) = walk_to_last(router.table().ring(), &raw);
         let _held = hold(&router, |w| if w == last { 0 } else { 4 });

@@ -2,7 +2,8 @@
 //!
 //! The pure heart of bch: the consistent-hash [`ring`], [`routing_key`] extraction, the routing
 //! [`policy`] with its bounded spill rule, the [`decide`] function, [`load`] accounting, the
-//! fleet-wide load formula of [`fleet_load`], the atomically swapped routing snapshot in
+//! [`fleet_aggregates`] a decision reads in O(1), the fleet-wide load formula of [`fleet_load`],
+//! the atomically swapped routing snapshot in
 //! [`router`], the offline [`explain`] what-if, the [`telemetry`] wire types shared by gatewayd
 //! and bch-tui, and the [`token`] file format every binary reads.
 //!
