@@ -1,8 +1,8 @@
 //! TLS on gatewayd's listeners, with certificates made here by rcgen (a CA, server and client
 //! certificates it signs, and a rogue CA's), real rustls clients that always verify, and the
 //! gateway started in-process: the data plane, the control plane and `/ws`, the picker over h2,
-//! mutual TLS accepted and refused, plain HTTP and stalled handshakes, rotation by reload, and
-//! `check-config`'s findings.
+//! mutual TLS accepted and refused, plain HTTP and stalled handshakes, rotation by reload and by
+//! SIGHUP on the daemon, and `check-config`'s findings.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -10,6 +10,7 @@ mod common;
 mod checks;
 mod listeners;
 mod rotation;
+mod signals;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
