@@ -49,10 +49,6 @@ mod routing;
 mod scraper;
 mod server;
 mod telemetry;
-#[allow(
-    dead_code,
-    reason = "the listeners and the https worker connections build on it as they land"
-)]
 mod tls;
 mod upstream;
 

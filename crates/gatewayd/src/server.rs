@@ -1,6 +1,8 @@
 //! Accept loops: HTTP/1.1 connections served by hyper with a header read timeout, an optional
-//! connection cap, a bound on clients that stop reading ([`WriteStallGuard`]), and graceful
-//! shutdown. They know nothing of what they serve: the composition root hands each loop a service.
+//! connection cap, a bound on clients that stop reading ([`WriteStallGuard`]), TLS when the
+//! listener has it (the handshake runs in the connection's task, after the cap's permit is
+//! taken), and graceful shutdown. They know nothing of what they serve: the composition root
+//! hands each loop a service.
 //!
 //! Connections are served by hyper directly rather than `axum::serve` because the data plane needs
 //! a connection cap with a clean 503 and a header read timeout (slow-loris protection), and both
@@ -26,8 +28,11 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::time::Sleep;
+use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+use crate::tls::accept::TlsAcceptance;
 
 /// How a listener serves its connections.
 #[derive(Clone)]
@@ -40,6 +45,8 @@ pub struct Listening {
     pub tasks: TaskTracker,
     /// Which plane, for log lines.
     pub plane: &'static str,
+    /// The listener's TLS; `None` = plain HTTP.
+    pub tls: Option<TlsAcceptance>,
 }
 
 /// Whether a connection was failed because its client stopped reading its response for longer
@@ -145,17 +152,29 @@ pub async fn serve_capped<S, B>(
             continue;
         };
         let stall = ClientStall::default();
-        let stream = WriteStallGuard::new(stream, cap.write_stall_timeout, stall.clone());
         let service = make_service(peer);
-        // Every request carries its connection's stall flag: the one a stall cuts says so.
+        // Every request carries its connection's stall flag: the one a stall cut says so.
         let unfinished = UnfinishedConnection(Some(stall.clone()));
+        let guard_stall = stall.clone();
         let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
             request.extensions_mut().insert(stall.clone());
             service.call(request)
         });
-        let connection = builder.serve_connection(TokioIo::new(stream), service);
-        let shutdown = listening.shutdown.clone();
+        let guard = move |tcp| WriteStallGuard::new(tcp, cap.write_stall_timeout, guard_stall);
+        let (shutdown, tls, builder) = (
+            listening.shutdown.clone(),
+            listening.tls.clone(),
+            builder.clone(),
+        );
         listening.tasks.spawn(async move {
+            // The handshake holds the permit (it counts against the cap) but nothing routes
+            // before a request arrives.
+            let Some(stream) = handshake(tls, stream, guard).await else {
+                unfinished.finished();
+                drop(permit);
+                return;
+            };
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);
             // Declared after the pinned connection, so dropped before it when the task is
             // dropped unfinished: the exchanges the connection holds see the flag as they end.
@@ -170,6 +189,22 @@ pub async fn serve_capped<S, B>(
             unfinished.finished();
             drop(permit);
         });
+    }
+}
+
+/// `tcp` as served: plain, or after a completed TLS handshake (`None` when it failed), wrapped
+/// by `wrap` either way.
+async fn handshake<IO>(
+    tls: Option<TlsAcceptance>,
+    tcp: TcpStream,
+    wrap: impl FnOnce(TcpStream) -> IO,
+) -> Option<Either<IO, tokio_rustls::server::TlsStream<IO>>>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    match tls {
+        None => Some(Either::Left(wrap(tcp))),
+        Some(tls) => tls.handshake(tcp, wrap).await.map(Either::Right),
     }
 }
 
@@ -188,11 +223,19 @@ pub async fn serve_upgradable<S, B>(
 {
     let builder = listening.builder();
     while let Some((stream, peer)) = next_connection(&listener, &listening).await {
-        let connection = builder
-            .serve_connection(TokioIo::new(stream), make_service(peer))
-            .with_upgrades();
-        let shutdown = listening.shutdown.clone();
+        let service = make_service(peer);
+        let (shutdown, tls, builder) = (
+            listening.shutdown.clone(),
+            listening.tls.clone(),
+            builder.clone(),
+        );
         listening.tasks.spawn(async move {
+            let Some(stream) = handshake(tls, stream, |tcp| tcp).await else {
+                return;
+            };
+            let connection = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades();
             tokio::pin!(connection);
             tokio::select! {
                 result = connection.as_mut() => log_connection_error(result),

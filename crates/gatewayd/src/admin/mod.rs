@@ -43,6 +43,7 @@ use crate::config::{
 use crate::error::GatewayError;
 use crate::per_worker::WorkerKey;
 use crate::telemetry::Telemetry;
+use crate::tls::certificates::{ServedCertificates, TlsError};
 use crate::upstream::Upstreams;
 pub use actor::Actor;
 use departed::Departed;
@@ -94,6 +95,9 @@ pub enum AdminError {
     /// The configuration (file, or one built from the change) is invalid; names file and field.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// A reload's new certificate, key or client CA cannot be served; the old ones stay.
+    #[error("{0}; the certificates in force are kept")]
+    Tls(#[from] TlsError),
     /// A worker entry is invalid; names the field.
     #[error(transparent)]
     Worker(#[from] FieldError),
@@ -142,6 +146,7 @@ impl From<AdminError> for GatewayError {
     fn from(error: AdminError) -> Self {
         match error {
             AdminError::Config(e) => GatewayError::InvalidConfig(e.to_string()),
+            AdminError::Tls(_) => GatewayError::InvalidConfig(error.to_string()),
             AdminError::Worker(e) => GatewayError::InvalidWorker(e.to_string()),
             AdminError::Membership(MembershipError::UnknownWorker(name))
             | AdminError::UnknownWorker(name) => GatewayError::UnknownWorker(name),
@@ -216,6 +221,8 @@ pub struct Admin {
     probe_now: Arc<Notify>,
     /// Each discovery source's health, as its task last reported.
     health_board: HealthBoard,
+    /// The TLS listeners' certificates, which a reload re-reads.
+    certificates: Arc<ServedCertificates>,
 }
 
 /// The parts the admin owner writes to or tells about a change, besides those it builds itself
@@ -268,7 +275,14 @@ impl Admin {
             in_force: Mutex::new(in_force),
             probe_now,
             health_board: HealthBoard::default(),
+            certificates: Arc::default(),
         }
+    }
+
+    /// Re-reads `certificates` on every reload (SIGHUP, `POST /admin/reload`).
+    pub fn serving_certificates(mut self, certificates: Arc<ServedCertificates>) -> Self {
+        self.certificates = certificates;
+        self
     }
 
     /// Refuses from now on any worker whose URL is one of `listeners` (this gateway's own bound
@@ -414,6 +428,9 @@ impl Admin {
         let path = self.origin.path.as_ref().ok_or(AdminError::NoConfigFile)?;
         let config = self.origin.effective(Config::load(path)?)?;
         let statics = config.members()?;
+        // Certificates first: a file that cannot be served refuses the whole reload, before
+        // anything changed.
+        let certificates = self.certificates.reload(&config)?;
         let mut in_force = self.lock();
         let mut discovered = in_force.discovered.clone();
         discovered.retain_configured(&config);
@@ -424,6 +441,7 @@ impl Admin {
         };
         let before = Arc::clone(&in_force.config);
         self.apply(&mut in_force, next, &Actor::reload())?;
+        certificates.put_in_force();
         let diff = crate::config::diff::describe(&before, &in_force.config);
         tracing::info!(path = %path.display(), changes = %diff, "configuration reloaded");
         Ok(())

@@ -11,6 +11,7 @@
 //! [`ControlPlane`](crate::control::ControlPlane), health probes the router and the configuration
 //! in force, and every change of membership or policy goes through the [`Admin`] owner.
 
+mod listener_tls;
 mod logging;
 mod options;
 #[doc(hidden)]
@@ -43,7 +44,7 @@ use prepare::{Prepared, prepare};
 use routing_parts::assemble_routing;
 
 use crate::admin::Admin;
-use crate::config::{Config, ConfigError, FieldError};
+use crate::config::{Config, ConfigError, FieldError, TlsListener};
 use crate::control::ControlPlane;
 use crate::control::guard::BrowserGuard;
 use crate::discovery::DiscoveryMetrics;
@@ -134,6 +135,8 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
     let (data_addr, control_addr) = (listeners.data_addr, listeners.control_addr);
     let picker_addr = listeners.picker.as_ref().map(|(_, addr)| *addr);
     let served_data_addr = listeners.data.is_some().then_some(data_addr);
+    let secure = |listener| prepared.tls.served.of(listener).is_some();
+    let tls = [TlsListener::Data, TlsListener::Control, TlsListener::Picker].map(secure);
     let parts = assemble(prepared, &listeners, &shutdown)?;
     let (router, registry) = (Arc::clone(&parts.router), Arc::clone(&parts.registry));
     let requires_token = parts.control_plane.token.is_some();
@@ -153,6 +156,7 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
         control_addr,
         picker_addr,
         requires_token,
+        tls,
     );
     Ok(RunningGateway {
         data_addr,
@@ -177,7 +181,15 @@ fn log_start_up(
     control_addr: SocketAddr,
     picker_addr: Option<SocketAddr>,
     requires_token: bool,
+    [data_tls, control_tls, picker_tls]: [bool; 3],
 ) {
+    let scheme = |tls: bool, plain: &'static str, secure: &'static str| {
+        if tls { secure } else { plain }
+    };
+    let (http, ws) = (
+        scheme(control_tls, "http", "https"),
+        scheme(control_tls, "ws", "wss"),
+    );
     let table = router.table();
     let policy = table.policy();
     let workers: Vec<&str> = table
@@ -187,10 +199,16 @@ fn log_start_up(
         .collect();
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
-        data_plane = %data_addr.map_or_else(|| "-".to_owned(), |a| format!("http://{a}")),
-        control_plane = %format!("http://{control_addr}"),
-        telemetry = %format!("ws://{control_addr}/ws"),
-        picker = %picker_addr.map_or_else(|| "-".to_owned(), |a| format!("grpc://{a}")),
+        data_plane = %data_addr.map_or_else(
+            || "-".to_owned(),
+            |a| format!("{}://{a}", scheme(data_tls, "http", "https"))
+        ),
+        control_plane = %format!("{http}://{control_addr}"),
+        telemetry = %format!("{ws}://{control_addr}/ws"),
+        picker = %picker_addr.map_or_else(
+            || "-".to_owned(),
+            |a| format!("{}://{a}", scheme(picker_tls, "grpc", "grpcs"))
+        ),
         token_required = requires_token,
         policy = %policy.kind,
         min_load_gap = policy.min_load_gap,
@@ -277,6 +295,7 @@ struct Parts {
     telemetry: Telemetry,
     probe_now: Arc<Notify>,
     probe_requests: ProbeRequestQueue,
+    tls: listener_tls::ListenerTlsParts,
 }
 
 /// Builds every part from the prepared configuration; the telemetry aggregator starts here and
@@ -293,6 +312,7 @@ fn assemble(
         members,
         token,
         metrics_token,
+        tls,
         ..
     } = prepared;
     let own = listeners.own_addresses();
@@ -328,6 +348,7 @@ fn assemble(
     picker_metrics.register(&mut registry);
     suppressed.register(&mut registry);
     parts.queue.register(&mut registry, Arc::clone(&router));
+    tls.register(&mut registry);
     let registry = Arc::new(registry);
     let upstreams = Arc::new(Upstreams::new(
         config.server.timeouts.connect,
@@ -340,7 +361,11 @@ fn assemble(
         telemetry: telemetry.clone(),
         probe_now: Arc::clone(&probe_now),
     };
-    let admin = Arc::new(Admin::new(owned, origin, config, members).listening_on(own));
+    let admin = Arc::new(
+        Admin::new(owned, origin, config, members)
+            .listening_on(own)
+            .serving_certificates(Arc::clone(&tls.served)),
+    );
     let routing = parts.routing(admin.settings());
     let data_plane = Arc::new(DataPlane {
         routing: Arc::clone(&routing),
@@ -391,6 +416,7 @@ fn assemble(
         telemetry,
         probe_now,
         probe_requests: probe_queue,
+        tls,
     })
 }
 
@@ -403,11 +429,12 @@ fn spawn_services(
     shutdown: &CancellationToken,
     tasks: &TaskTracker,
 ) -> Result<(), StartError> {
-    let listening = |plane| Listening {
+    let listening = |listener: TlsListener| Listening {
         header_read_timeout: listeners.header_read_timeout,
         shutdown: shutdown.clone(),
         tasks: tasks.clone(),
-        plane,
+        plane: listener.name(),
+        tls: parts.tls.acceptance(listener),
     };
     let metrics = Arc::clone(&parts.metrics);
     let refusals = RefusalLog::default();
@@ -424,7 +451,7 @@ fn spawn_services(
     if let Some(data) = listeners.data {
         tasks.spawn(crate::server::serve_capped(
             data,
-            listening("data"),
+            listening(TlsListener::Data),
             cap,
             move |_peer| {
                 let plane = Arc::clone(&data_plane);
@@ -440,6 +467,7 @@ fn spawn_services(
     if let Some((picker, _)) = listeners.picker {
         tasks.spawn(crate::picker::serve(
             picker,
+            parts.tls.acceptance(TlsListener::Picker),
             parts.picker_plane,
             shutdown.clone(),
         ));
@@ -447,7 +475,7 @@ fn spawn_services(
     let control_app = crate::control::router(parts.control_plane);
     tasks.spawn(crate::server::serve_upgradable(
         listeners.control,
-        listening("control"),
+        listening(TlsListener::Control),
         move |peer| {
             // Handlers name the client that changed something (`ConnectInfo`).
             TowerToHyperService::new(control_app.clone().map_request(

@@ -129,6 +129,9 @@ pub enum StartError {
     /// SIGTERM/SIGINT/SIGHUP handlers cannot be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
+    /// A listener's certificate, key or client CA cannot be served; names the section and file.
+    #[error("{0}")]
+    Tls(String),
     /// The load scraper's thread or its runtime cannot be created.
     #[error("cannot start the load scraper's thread: {0}")]
     Scraper(std::io::Error),

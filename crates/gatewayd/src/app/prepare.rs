@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use super::listener_tls::{ListenerTlsParts, tls_findings};
 use super::options::{StartError, StartOptions};
 use crate::admin::ConfigOrigin;
 use crate::config::token_file::{TokenFileError, read_token_file};
@@ -20,6 +21,7 @@ pub(super) struct Prepared {
     pub(super) token: Option<String>,
     pub(super) metrics_token: Option<String>,
     pub(super) handle_signals: bool,
+    pub(super) tls: ListenerTlsParts,
 }
 
 /// What [`check`] found: problems that refuse a start, and warnings that do not.
@@ -60,7 +62,8 @@ pub fn check(options: &StartOptions) -> Findings {
             StartError::UnprotectedControlPlane(base.server.listeners.control_listen).to_string(),
         );
     }
-    let mut warnings = Vec::new();
+    let (tls_errors, mut warnings) = tls_findings(&base);
+    errors.extend(tls_errors);
     if base.workers.is_empty() && base.discovery.is_empty() {
         warnings.push(
             "no workers configured: every request gets 503 until one is added (POST /admin/workers, --worker URL or --discover-dns NAME)"
@@ -82,6 +85,12 @@ pub(super) fn prepare(options: StartOptions) -> Result<Prepared, StartError> {
     let Some(config) = findings.config else {
         return Err(StartError::Invalid(findings.errors));
     };
+    // The TLS warnings (an expiring certificate, a picker open beyond loopback) are worth a
+    // line at every start, not only when someone runs check-config.
+    for warning in findings.warnings.iter().filter(|w| is_tls_warning(w)) {
+        tracing::warn!("{warning}");
+    }
+    let tls = ListenerTlsParts::new(&config).map_err(|e| StartError::Tls(e.to_string()))?;
     let members = config.members()?;
     let token = admin_token(&config)?;
     let metrics_token = config
@@ -98,7 +107,13 @@ pub(super) fn prepare(options: StartOptions) -> Result<Prepared, StartError> {
         token,
         metrics_token,
         handle_signals: options.handle_signals,
+        tls,
     })
+}
+
+/// Whether a warning of [`check`] is one of [`tls_findings`]'.
+fn is_tls_warning(warning: &str) -> bool {
+    warning.contains(".tls: certificate") || warning.starts_with("picker.listen")
 }
 
 /// The bearer token from `admin_token_file`, trimmed; `None` when no file is configured.

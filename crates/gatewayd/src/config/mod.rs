@@ -27,6 +27,7 @@ pub mod persist;
 pub mod runtime;
 pub mod sections;
 pub mod server;
+pub mod tls;
 pub mod token_file;
 pub mod worker;
 
@@ -47,6 +48,7 @@ pub use sections::{
     PolicyConfig, RoutingConfig, TelemetryConfig,
 };
 pub use server::{ControlAccess, Limits, Listeners, ServerConfig, Timeouts};
+pub use tls::{ControlConfig, ListenerTls, TlsListener};
 pub use worker::{
     MAX_WORKER_NAME_CHARS, Member, WorkerConfig, WorkerUrl, WorkerUrlError, check_name,
 };
@@ -65,6 +67,8 @@ pub type SharedMembers = Arc<ArcSwap<Vec<Member>>>;
 pub struct Config {
     /// Listeners, control access, limits and timeouts.
     pub server: ServerConfig,
+    /// The control plane's own listener settings (its TLS).
+    pub control: ControlConfig,
     /// Routing header names.
     pub routing: RoutingConfig,
     /// Policy and thresholds.
@@ -114,6 +118,20 @@ impl Config {
         self.policy.virtual_nodes = settings.virtual_nodes;
         self.load.source = settings.load_source;
         self.admission = settings.admission;
+    }
+}
+
+impl Config {
+    /// `listener`'s TLS settings in force, and whether they are `[server.tls]`'s (inherited by
+    /// the control plane and the picker when they have no override); `None` = plain.
+    pub fn listener_tls(&self, listener: TlsListener) -> Option<(&ListenerTls, bool)> {
+        let own = match listener {
+            TlsListener::Data => None,
+            TlsListener::Control => self.control.tls.as_ref(),
+            TlsListener::Picker => self.picker.tls.as_ref(),
+        };
+        own.map(|tls| (tls, false))
+            .or_else(|| self.server.tls.as_ref().map(|tls| (tls, true)))
     }
 }
 
@@ -232,6 +250,9 @@ impl Config {
         section("health", self.health.problems());
         section("telemetry", self.telemetry.problems());
         section("server", self.server.problems());
+        if let Some(tls) = &self.control.tls {
+            section("control.tls", tls.problems());
+        }
         section("load", self.load.validate().err().into_iter().collect());
         section("picker", self.picker.problems());
         section("log", self.log.problems());
@@ -492,5 +513,55 @@ mod tests {
                 "{text:?} gave {err:?}, expected {needle:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_control_plane_and_the_picker_inherit_server_tls_unless_they_override_it() {
+        let config: Config = toml::from_str(
+            "[server.tls]\ncert_file = \"s.crt\"\nkey_file = \"s.key\"\n\
+             [picker.tls]\ncert_file = \"p.crt\"\nkey_file = \"p.key\"\nclient_ca_file = \"ca.crt\"\n",
+        )
+        .unwrap();
+        let (data, inherited) = config.listener_tls(TlsListener::Data).unwrap();
+        assert_eq!(
+            (data.cert_file.as_path(), inherited),
+            (Path::new("s.crt"), true)
+        );
+        let (control, inherited) = config.listener_tls(TlsListener::Control).unwrap();
+        assert_eq!(
+            (control.cert_file.as_path(), inherited),
+            (Path::new("s.crt"), true)
+        );
+        assert_eq!(control.client_ca(), None);
+        let (picker, inherited) = config.listener_tls(TlsListener::Picker).unwrap();
+        assert_eq!(
+            (picker.cert_file.as_path(), inherited),
+            (Path::new("p.crt"), false)
+        );
+        assert_eq!(picker.client_ca(), Some(Path::new("ca.crt")));
+        assert!(
+            Config::default()
+                .listener_tls(TlsListener::Control)
+                .is_none()
+        );
+        let written = toml::to_string(&config).unwrap();
+        assert_eq!(toml::from_str::<Config>(&written).unwrap(), config);
+    }
+
+    #[test]
+    fn tls_without_a_certificate_or_key_is_refused_naming_the_key() {
+        let config: Config =
+            toml::from_str("[control.tls]\ncert_file = \"c.crt\"\nclient_ca_file = \"\"\n")
+                .unwrap();
+        let problems: Vec<String> = config
+            .problems(None)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(problems.len(), 1, "{problems:#?}");
+        assert!(
+            problems[0].contains("control.tls.key_file"),
+            "{problems:#?}"
+        );
     }
 }

@@ -110,6 +110,10 @@ pub struct PickerConfig {
     /// about 11 KB); more are refused with `RESOURCE_EXHAUSTED`. Also each connection's HTTP/2
     /// `MAX_CONCURRENT_STREAMS`.
     pub max_streams: usize,
+    /// `[picker.tls]`: the picker's own TLS (ALPN `h2`); unset = `[server.tls]`'s. With
+    /// `client_ca_file` set only Envoy's client certificate opens a stream.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<super::tls::ListenerTls>,
 }
 
 /// Default `[picker] silent_stream_timeout_ms`: one hour. The data plane bounds silence inside a
@@ -128,6 +132,7 @@ impl Default for PickerConfig {
             fallbacks: 2,
             silent_stream_timeout: DEFAULT_SILENT_STREAM_TIMEOUT,
             max_streams: DEFAULT_PICKER_MAX_STREAMS,
+            tls: None,
         }
     }
 }
@@ -284,6 +289,9 @@ impl PickerConfig {
                 "max_streams",
                 format!("must be at most {}", u32::MAX),
             ));
+        }
+        if let Some(tls) = &self.tls {
+            problems.extend(tls.problems().into_iter().map(|e| e.within("tls")));
         }
         problems
     }

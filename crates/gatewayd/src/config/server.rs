@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::field_error::FieldError;
 use super::sections::{zero_counts, zero_durations};
+use super::tls::ListenerTls;
 
 /// Default `[server] upstream_idle_timeout_ms`: below the 5 s after which uvicorn-based engines
 /// (vLLM, SGLang) close idle keep-alive connections. A request sent on a connection the worker is
@@ -34,6 +35,9 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// How long gatewayd waits for clients and workers.
     pub timeouts: Timeouts,
+    /// `[server.tls]`: TLS on the data plane, and on the control plane and the picker unless
+    /// `[control.tls]` / `[picker.tls]` override it; `None` = plain HTTP.
+    pub tls: Option<ListenerTls>,
 }
 
 /// Where gatewayd listens.
@@ -125,6 +129,11 @@ pub struct Timeouts {
     /// of reused. Must be below the workers' own idle timeout (uvicorn-based engines close after
     /// 5 s), or a request can meet a connection the worker is closing at that very moment.
     pub upstream_idle: Duration,
+    /// `tls_handshake_timeout_ms`: time a client has to complete its TLS handshake on a TLS
+    /// listener, counted from the accept; then the connection is closed (and its
+    /// `max_connections` slot freed). Separate from `header_read` because a handshake needs
+    /// round trips and CPU the header read does not.
+    pub tls_handshake: Duration,
 }
 
 impl Default for Timeouts {
@@ -138,6 +147,7 @@ impl Default for Timeouts {
             request_body: Duration::from_millis(60_000),
             client_stall: Duration::from_millis(60_000),
             upstream_idle: DEFAULT_UPSTREAM_IDLE_TIMEOUT,
+            tls_handshake: Duration::from_millis(10_000),
         }
     }
 }
@@ -145,7 +155,7 @@ impl Default for Timeouts {
 impl Timeouts {
     /// The timeouts that must be greater than zero, with their keys: all but `shutdown_grace`
     /// (0 = exit at once).
-    fn required(&self) -> [(&'static str, Duration); 7] {
+    fn required(&self) -> [(&'static str, Duration); 8] {
         [
             ("header_read_timeout_ms", self.header_read),
             ("connect_timeout_ms", self.connect),
@@ -154,6 +164,7 @@ impl Timeouts {
             ("request_body_timeout_ms", self.request_body),
             ("client_stall_timeout_ms", self.client_stall),
             ("upstream_idle_timeout_ms", self.upstream_idle),
+            ("tls_handshake_timeout_ms", self.tls_handshake),
         ]
     }
 }
@@ -209,6 +220,9 @@ impl ServerConfig {
                 ));
             }
         }
+        if let Some(tls) = &self.tls {
+            problems.extend(tls.problems().into_iter().map(|e| e.within("tls")));
+        }
         problems
     }
 }
@@ -253,9 +267,14 @@ struct ServerKeys {
     client_stall_timeout_ms: Duration,
     #[serde(with = "super::millis")]
     upstream_idle_timeout_ms: Duration,
+    #[serde(with = "super::millis")]
+    tls_handshake_timeout_ms: Duration,
     control_allowed_hosts: Vec<String>,
     control_allowed_origins: Vec<String>,
     data_plane: bool,
+    /// A table: written after every plain key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls: Option<ListenerTls>,
 }
 
 impl Default for ServerKeys {
@@ -291,7 +310,9 @@ impl From<ServerKeys> for ServerConfig {
                 request_body: keys.request_body_timeout_ms,
                 client_stall: keys.client_stall_timeout_ms,
                 upstream_idle: keys.upstream_idle_timeout_ms,
+                tls_handshake: keys.tls_handshake_timeout_ms,
             },
+            tls: keys.tls,
         }
     }
 }
@@ -303,6 +324,7 @@ impl From<ServerConfig> for ServerKeys {
             control_access,
             limits,
             timeouts,
+            tls,
         } = server;
         Self {
             listen: listeners.listen,
@@ -319,9 +341,11 @@ impl From<ServerConfig> for ServerKeys {
             request_body_timeout_ms: timeouts.request_body,
             client_stall_timeout_ms: timeouts.client_stall,
             upstream_idle_timeout_ms: timeouts.upstream_idle,
+            tls_handshake_timeout_ms: timeouts.tls_handshake,
             control_allowed_hosts: control_access.allowed_hosts,
             control_allowed_origins: control_access.allowed_origins,
             data_plane: listeners.data_plane,
+            tls,
         }
     }
 }

@@ -219,6 +219,7 @@ fn reload_refusal(error: AdminError) -> GatewayError {
     match error {
         AdminError::NoConfigFile => GatewayError::from(error),
         AdminError::Config(_)
+        | AdminError::Tls(_)
         | AdminError::Worker(_)
         | AdminError::Membership(_)
         | AdminError::Alias(_)

@@ -21,19 +21,49 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
+use futures_util::Stream;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::TcpIncoming;
+use tonic::transport::server::{Connected, TcpIncoming};
+
+use crate::tls::accept::TlsAcceptance;
+use crate::tls::incoming::tls_incoming;
 
 pub use handle::PickerPlane;
 pub use metrics::PickerMetrics;
 pub(crate) use session::Session;
 
-/// Serves the picker on `listener` (plaintext HTTP/2 gRPC), with the standard gRPC health
-/// service beside it, until `shutdown`; then stops accepting and waits for open streams to end
-/// (the caller bounds that wait; an open health `Watch` stream is one of them).
-pub async fn serve(listener: TcpListener, plane: Arc<PickerPlane>, shutdown: CancellationToken) {
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+/// Serves the picker on `listener` (HTTP/2 gRPC, over TLS with ALPN `h2` when `tls` is set),
+/// with the standard gRPC health service beside it, until `shutdown`; then stops accepting and
+/// waits for open streams to end (the caller bounds that wait; an open health `Watch` stream is
+/// one of them).
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<TlsAcceptance>,
+    plane: Arc<PickerPlane>,
+    shutdown: CancellationToken,
+) {
+    match tls {
+        None => {
+            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+            serve_incoming(incoming, plane, shutdown).await;
+        }
+        Some(tls) => {
+            let incoming = tls_incoming(listener, tls, shutdown.clone());
+            serve_incoming(incoming, plane, shutdown).await;
+        }
+    }
+}
+
+async fn serve_incoming<IO, E>(
+    incoming: impl Stream<Item = Result<IO, E>> + Send + 'static,
+    plane: Arc<PickerPlane>,
+    shutdown: CancellationToken,
+) where
+    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let (reporter, health_service) = tonic_health::server::health_reporter();
     // Not serving until the router says a worker is routable; set before the first probe can
     // connect (the reporter starts the whole server as serving).

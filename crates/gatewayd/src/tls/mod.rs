@@ -1,7 +1,12 @@
 //! TLS for gatewayd's sockets (docs/tls.md): one crypto provider (rustls with `ring`) and the
 //! reading of PEM certificate and key files that the listeners (server side) and the connections
-//! to https workers (client side) share.
+//! to https workers (client side) share. `certificates` builds each TLS listener's rustls
+//! configuration and swaps it on a reload; `accept` runs a listener's handshake (timeout, plain
+//! HTTP detection, failure counts, the TLS metrics).
 
+pub(crate) mod accept;
+pub(crate) mod certificates;
+pub(crate) mod incoming;
 pub(crate) mod pem;
 
 use std::sync::{Arc, OnceLock};
