@@ -33,6 +33,9 @@ pub struct Findings {
     pub warnings: Vec<String>,
     /// The configuration that would be in force, when it has no problem.
     pub config: Option<Config>,
+    /// The warnings (also in `warnings`) worth a line at every start, not only in check-config:
+    /// a TLS certificate expired or about to, a picker open beyond loopback.
+    pub start_up_warnings: Vec<String>,
 }
 
 /// Runs every start-up check that needs no socket on `options` and reports all it found.
@@ -62,8 +65,9 @@ pub fn check(options: &StartOptions) -> Findings {
             StartError::UnprotectedControlPlane(base.server.listeners.control_listen).to_string(),
         );
     }
-    let (tls_errors, mut warnings) = tls_findings(&base);
+    let (tls_errors, start_up_warnings) = tls_findings(&base);
     errors.extend(tls_errors);
+    let mut warnings = start_up_warnings.clone();
     if base.workers.is_empty() && base.discovery.is_empty() {
         warnings.push(
             "no workers configured: every request gets 503 until one is added (POST /admin/workers, --worker URL or --discover-dns NAME)"
@@ -75,6 +79,7 @@ pub fn check(options: &StartOptions) -> Findings {
         errors,
         warnings,
         config,
+        start_up_warnings,
     }
 }
 
@@ -87,7 +92,7 @@ pub(super) fn prepare(options: StartOptions) -> Result<Prepared, StartError> {
     };
     // The TLS warnings (an expiring certificate, a picker open beyond loopback) are worth a
     // line at every start, not only when someone runs check-config.
-    for warning in findings.warnings.iter().filter(|w| is_tls_warning(w)) {
+    for warning in &findings.start_up_warnings {
         tracing::warn!("{warning}");
     }
     let tls = ListenerTlsParts::new(&config).map_err(|e| StartError::Tls(e.to_string()))?;
@@ -109,11 +114,6 @@ pub(super) fn prepare(options: StartOptions) -> Result<Prepared, StartError> {
         handle_signals: options.handle_signals,
         tls,
     })
-}
-
-/// Whether a warning of [`check`] is one of [`tls_findings`]'.
-fn is_tls_warning(warning: &str) -> bool {
-    warning.contains(".tls: certificate") || warning.starts_with("picker.listen")
 }
 
 /// The bearer token from `admin_token_file`, trimmed; `None` when no file is configured.

@@ -240,7 +240,8 @@ impl ServedCertificates {
                 }
                 (None, None) => {}
                 (tls, _) => {
-                    let inherited = tls.is_none_or(|(_, inherited)| inherited);
+                    // Turned off: the listener's own section names it.
+                    let inherited = tls.is_some_and(|(_, inherited)| inherited);
                     return Err(TlsError::NeedsRestart {
                         section: listener.section(inherited),
                     });
@@ -269,5 +270,62 @@ impl Reloaded {
             );
             served.put(built);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(dir: &tempfile::TempDir) -> ListenerTls {
+        let made =
+            rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("certificate");
+        let (cert_file, key_file) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        std::fs::write(&cert_file, made.cert.pem()).expect("write");
+        std::fs::write(&key_file, made.signing_key.serialize_pem()).expect("write");
+        ListenerTls {
+            cert_file,
+            key_file,
+            client_ca_file: PathBuf::new(),
+        }
+    }
+
+    #[test]
+    fn each_listener_gets_its_alpn_and_a_reload_cannot_turn_tls_on_or_off() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut config = Config::default();
+        config.picker.listen = Some("127.0.0.1:0".parse().expect("address"));
+        config.picker.tls = Some(files(&dir));
+        let bound = [TlsListener::Data, TlsListener::Control, TlsListener::Picker];
+        let served = ServedCertificates::from_config(&config, &bound).expect("builds");
+        assert!(served.of(TlsListener::Data).is_none());
+        let picker = served.of(TlsListener::Picker).expect("picker speaks TLS");
+        assert_eq!(picker.config().alpn_protocols, [b"h2".to_vec()]);
+        served.reload(&config).expect("same files").put_in_force();
+
+        let mut on = config.clone();
+        on.server.tls = Some(files(&dir));
+        let error = served.reload(&on).err().expect("the data plane was plain");
+        assert!(
+            matches!(
+                error,
+                TlsError::NeedsRestart {
+                    section: "server.tls"
+                }
+            ),
+            "{error}"
+        );
+        let mut off = config;
+        off.picker.tls = None;
+        let error = served.reload(&off).err().expect("the picker spoke TLS");
+        assert!(
+            matches!(
+                error,
+                TlsError::NeedsRestart {
+                    section: "picker.tls"
+                }
+            ),
+            "{error}"
+        );
     }
 }
