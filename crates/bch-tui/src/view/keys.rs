@@ -50,12 +50,17 @@ fn longest_name(state: &State) -> u16 {
         .keys
         .values()
         .flat_map(|k| [k.preferred.as_str(), k.current.as_str()]);
-    workers
+    let cap = usize::from(MAX_NAME_W);
+    // Counting characters of 10,000 names every frame shows in the draw time: a name no longer in
+    // bytes than the widest so far cannot be wider (a character takes at least one byte), and
+    // none is counted past the cap.
+    let widest = workers
         .chain(placed)
-        .map(|name| name.chars().count())
-        .max()
-        .unwrap_or(4)
-        .clamp(2, usize::from(MAX_NAME_W)) as u16
+        .fold(None, |widest: Option<usize>, name| match widest {
+            Some(w) if name.len() <= w || w >= cap => Some(w),
+            _ => Some(widest.unwrap_or(0).max(name.chars().take(cap).count())),
+        });
+    widest.unwrap_or(4).clamp(2, cap) as u16
 }
 
 /// Width of the longest tracked key, capped at [`MAX_WANTED_KEY_W`]: what the layout makes room
