@@ -79,7 +79,8 @@ impl Census {
     }
 }
 
-/// `so_far`, or the width of `text` when it is wider, counted no further than `cap`.
+/// `so_far`, or the width of `text` when it is wider, counted no further than `cap` (the same
+/// shortcut as `text::widest`, one text at a time).
 fn widest(so_far: usize, text: &str, cap: usize) -> usize {
     if text.len() <= so_far || so_far >= cap {
         so_far
@@ -147,7 +148,8 @@ fn histogram(workers: &[WorkerRecord], max_load: u64, buckets: usize) -> String 
     let mut counts = vec![0usize; buckets];
     let span = max_load + 1;
     for w in workers {
-        let bucket = (w.rule_load() as u128 * buckets as u128 / span as u128) as usize;
+        // Loads are far below 2^58, so the product cannot saturate in practice.
+        let bucket = (w.rule_load().saturating_mul(buckets as u64) / span) as usize;
         counts[bucket.min(buckets - 1)] += 1;
     }
     let fullest = counts.iter().copied().max().unwrap_or(0).max(1);

@@ -15,7 +15,7 @@ use ratatui::widgets::{Block, Cell, Row, Table};
 
 use super::panel::{panel_block, scroll_window};
 use super::styles::{Styles, Tone};
-use super::text::{MAX_WANTED_KEY_W, clock, truncate_left, truncate_middle};
+use super::text::{MAX_WANTED_KEY_W, clock, truncate_left, truncate_middle, widest};
 use crate::state::{Baseline, Panel, State};
 
 /// Width of the `req` column: six digits.
@@ -51,15 +51,7 @@ fn longest_name(state: &State) -> u16 {
         .values()
         .flat_map(|k| [k.preferred.as_str(), k.current.as_str()]);
     let cap = usize::from(MAX_NAME_W);
-    // Counting characters of 10,000 names every frame shows in the draw time: a name no longer in
-    // bytes than the widest so far cannot be wider (a character takes at least one byte), and
-    // none is counted past the cap.
-    let widest = workers
-        .chain(placed)
-        .fold(None, |widest: Option<usize>, name| match widest {
-            Some(w) if name.len() <= w || w >= cap => Some(w),
-            _ => Some(widest.unwrap_or(0).max(name.chars().take(cap).count())),
-        });
+    let widest = widest(workers.chain(placed), cap);
     widest.unwrap_or(4).clamp(2, cap) as u16
 }
 
