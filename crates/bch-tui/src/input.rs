@@ -1,6 +1,6 @@
 //! Key presses → [`Action`]s. The panels' bindings are one table, [`BINDINGS`], that both the
 //! dispatcher and the help overlay read, so a key cannot work without being listed or be listed
-//! without working. The filter prompt and the help overlay take the keyboard with rules of their
+//! without working. The filter prompt, the worker search and the help overlay take the keyboard with rules of their
 //! own ([`Mode`]).
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
@@ -55,6 +55,18 @@ pub enum Action {
     FilterApply,
     /// Drop the filter and stop editing.
     FilterClear,
+    /// Open the `f` prompt on the workers panel, to find a worker by name.
+    StartSearch,
+    /// A character typed into the worker search; the selection follows the first match.
+    SearchChar(char),
+    /// Delete the worker search's last character.
+    SearchBackspace,
+    /// Close the worker search, keeping the worker it found selected.
+    SearchApply,
+    /// Close the worker search and go back to where the view was when it opened.
+    SearchCancel,
+    /// Select the worker with the highest load (the load the rule reads) and scroll to it.
+    JumpHottest,
     /// Open or close the help overlay.
     ToggleHelp,
 }
@@ -69,6 +81,8 @@ pub(crate) enum Mode {
     Normal,
     /// The `/` filter prompt has the keyboard: letters are text, not commands.
     Filter,
+    /// The `f` worker search prompt has the keyboard: letters are text, not commands.
+    Search,
     /// The help overlay is open: any other key closes it.
     Help,
 }
@@ -142,6 +156,16 @@ pub(crate) const BINDINGS: &[Binding] = &[
             (|k| is_char(k, 'd'), Action::Drain),
             (|k| is_char(k, 'u'), Action::Undrain),
         ],
+    },
+    Binding {
+        keys: "f",
+        meaning: "find a worker: type, Enter keep, Esc back",
+        actions: &[(|k| is_char(k, 'f'), Action::StartSearch)],
+    },
+    Binding {
+        keys: "h",
+        meaning: "jump to the hottest worker",
+        actions: &[(|k| is_char(k, 'h'), Action::JumpHottest)],
     },
     Binding {
         keys: "l",
@@ -234,6 +258,15 @@ pub(crate) fn map_key(mode: Mode, key: &KeyEvent) -> Option<Action> {
             }
             _ => None,
         },
+        Mode::Search => match key.code {
+            KeyCode::Esc => Some(Action::SearchCancel),
+            KeyCode::Enter => Some(Action::SearchApply),
+            KeyCode::Backspace => Some(Action::SearchBackspace),
+            KeyCode::Char(c) if !key.modifiers.contains(KeyModifiers::CONTROL) => {
+                Some(Action::SearchChar(c))
+            }
+            _ => None,
+        },
         Mode::Help if is_quit(key) => Some(Action::Quit),
         Mode::Help => Some(Action::ToggleHelp),
         Mode::Normal => BINDINGS
@@ -290,6 +323,26 @@ mod tests {
     }
 
     #[test]
+    fn search_mode_types_letters_and_esc_goes_back() {
+        assert_eq!(
+            map_key(Mode::Search, &key(KeyCode::Char('h'))),
+            Some(Action::SearchChar('h'))
+        );
+        assert_eq!(
+            map_key(Mode::Search, &key(KeyCode::Enter)),
+            Some(Action::SearchApply)
+        );
+        assert_eq!(
+            map_key(Mode::Search, &key(KeyCode::Esc)),
+            Some(Action::SearchCancel)
+        );
+        assert_eq!(
+            map_key(Mode::Search, &key(KeyCode::Backspace)),
+            Some(Action::SearchBackspace)
+        );
+    }
+
+    #[test]
     fn help_mode_closes_on_any_key_but_still_quits() {
         assert_eq!(
             map_key(Mode::Help, &key(KeyCode::Char('x'))),
@@ -333,6 +386,8 @@ mod tests {
             (key(KeyCode::Char('d')), Action::Drain),
             (key(KeyCode::Char('u')), Action::Undrain),
             (key(KeyCode::Char('l')), Action::ToggleWorkerOrder),
+            (key(KeyCode::Char('f')), Action::StartSearch),
+            (key(KeyCode::Char('h')), Action::JumpHottest),
             (key(KeyCode::Tab), Action::FocusNext),
             (key(KeyCode::BackTab), Action::FocusPrev),
             (key(KeyCode::Up), Action::Scroll(-1)),
@@ -362,7 +417,7 @@ mod tests {
         }
         let entries: usize = BINDINGS.iter().map(|b| b.actions.len()).sum();
         assert_eq!(
-            entries, 24,
+            entries, 26,
             "a binding was added without a key in this test"
         );
         for unbound in [

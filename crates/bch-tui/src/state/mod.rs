@@ -5,16 +5,18 @@
 //! [`State`] owns the parts: one [`Replica`] per gateway the console watches (`replica.rs`: its
 //! connection, seq, last frame time and [`FleetPicture`]), the picture merged across them
 //! (`merge.rs`), the frozen copy, the threshold changes and their fate (`commands.rs`) and the
-//! view-only [`Ui`] (`ui.rs`). Its fields
-//! are private: the app and the tests change it only through `apply_*` and
-//! [`State::set_viewports`], and read it through accessors. Events and frames name their replica
-//! with a [`ReplicaId`]; one that the state does not watch is a bug in the caller, and panics.
+//! view-only [`Ui`] (`ui.rs`); `worker_rows.rs` gives the workers panel its rows at any fleet
+//! size, the worker search and the jump to the hottest worker. Its fields are private: the app
+//! and the tests change it only through `apply_*` and [`State::set_viewports`], and read it
+//! through accessors. Events and frames name their replica with a [`ReplicaId`]; one that the
+//! state does not watch is a bug in the caller, and panics.
 
 mod commands;
 mod merge;
 mod picture;
 mod replica;
 mod ui;
+mod worker_rows;
 
 use bch_core::telemetry::{ClientCommand, CommandId, KeyRecord, ServerFrame, WorkerRecord};
 use tokio::time::{Duration, Instant};
@@ -376,6 +378,18 @@ impl State {
             Action::FilterBackspace => self.ui.erase_filter_char(),
             Action::FilterApply => self.ui.keep_filter(),
             Action::FilterClear => self.ui.clear_filter(),
+            Action::StartSearch => self.ui.start_search(),
+            Action::SearchChar(c) => {
+                let needle = self.ui.type_search(c).map(str::to_owned);
+                self.follow_search(needle);
+            }
+            Action::SearchBackspace => {
+                let needle = self.ui.erase_search_char().map(str::to_owned);
+                self.follow_search(needle);
+            }
+            Action::SearchApply => self.ui.keep_search(),
+            Action::SearchCancel => self.ui.cancel_search(),
+            Action::JumpHottest => self.jump_to_hottest(),
             Action::ToggleHelp => self.ui.toggle_help(),
         }
         Effect::None

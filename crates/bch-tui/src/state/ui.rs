@@ -1,5 +1,5 @@
 //! View-only state ([`Ui`]): which panel has focus, how far each panel is scrolled, the key table's
-//! sort column and filter, and whether the help overlay is open. Nothing here is sent to the
+//! sort column and filter, the worker search prompt, and whether the help overlay is open. Nothing here is sent to the
 //! gateway or changed by telemetry.
 
 use crate::input::Mode;
@@ -88,6 +88,14 @@ impl WorkerOrder {
     }
 }
 
+/// Where the view stood when the worker search opened; Esc goes back to it.
+#[derive(Debug, Clone, PartialEq)]
+struct SearchOrigin {
+    focus: Panel,
+    selected_worker: Option<String>,
+    scroll: usize,
+}
+
 /// View-only state: focus, scrolling, sorting, filter, overlays.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ui {
@@ -100,6 +108,11 @@ pub struct Ui {
     sort: SortColumn,
     filter: String,
     filter_editing: bool,
+    /// The worker search typed after `f`; empty when no search is open.
+    search: String,
+    /// While the search prompt is open: where the workers panel was when it opened (focus,
+    /// selected worker, scroll), so Esc puts it back.
+    search_origin: Option<SearchOrigin>,
     help: bool,
     /// Content rows each panel showed at the last draw (0 before the first), so scrolling stops
     /// at the last full page.
@@ -116,6 +129,8 @@ impl Default for Ui {
             sort: SortColumn::Recent,
             filter: String::new(),
             filter_editing: false,
+            search: String::new(),
+            search_origin: None,
             help: false,
             viewport: [0; 4],
         }
@@ -164,6 +179,12 @@ impl Ui {
         self.filter_editing
     }
 
+    /// The worker search being typed (a case-insensitive part of a worker's name), while the `f`
+    /// prompt is open; `None` otherwise.
+    pub fn search(&self) -> Option<&str> {
+        self.search_origin.as_ref().map(|_| self.search.as_str())
+    }
+
     /// Whether the help overlay is open.
     pub fn help_open(&self) -> bool {
         self.help
@@ -173,6 +194,8 @@ impl Ui {
     pub(crate) fn mode(&self) -> Mode {
         if self.help {
             Mode::Help
+        } else if self.search_origin.is_some() {
+            Mode::Search
         } else if self.filter_editing {
             Mode::Filter
         } else {
@@ -210,6 +233,11 @@ impl Ui {
         self.scroll[self.focus.index()] = row;
     }
 
+    /// Scrolls the workers panel to `row`, whichever panel has focus.
+    pub(super) fn scroll_workers_to(&mut self, row: usize) {
+        self.scroll[Panel::Workers.index()] = row;
+    }
+
     pub(super) fn cycle_sort(&mut self) {
         self.sort = self.sort.next();
     }
@@ -237,6 +265,52 @@ impl Ui {
     pub(super) fn clear_filter(&mut self) {
         self.filter_editing = false;
         self.filter.clear();
+    }
+
+    /// Opens the `f` prompt on the workers panel, remembering where the view stands for Esc.
+    pub(super) fn start_search(&mut self) {
+        self.search_origin = Some(SearchOrigin {
+            focus: self.focus,
+            selected_worker: self.selected_worker.clone(),
+            scroll: self.scroll[Panel::Workers.index()],
+        });
+        self.search.clear();
+        self.focus = Panel::Workers;
+    }
+
+    /// The search text after typing `c` (`None`: the prompt is not open).
+    pub(super) fn type_search(&mut self, c: char) -> Option<&str> {
+        self.search_origin.as_ref()?;
+        self.search.push(c);
+        Some(&self.search)
+    }
+
+    /// The search text after erasing its last character (`None`: the prompt is not open).
+    pub(super) fn erase_search_char(&mut self) -> Option<&str> {
+        self.search_origin.as_ref()?;
+        self.search.pop();
+        Some(&self.search)
+    }
+
+    /// Closes the prompt, keeping the worker it selected.
+    pub(super) fn keep_search(&mut self) {
+        self.search_origin = None;
+        self.search.clear();
+    }
+
+    /// Closes the prompt and puts focus, selection and scroll back as they were when it opened.
+    pub(super) fn cancel_search(&mut self) {
+        if let Some(origin) = self.search_origin.take() {
+            self.focus = origin.focus;
+            self.selected_worker = origin.selected_worker;
+            self.scroll[Panel::Workers.index()] = origin.scroll;
+        }
+        self.search.clear();
+    }
+
+    /// Gives the workers panel focus (a jump to a worker shows it there).
+    pub(super) fn focus_workers(&mut self) {
+        self.focus = Panel::Workers;
     }
 
     pub(super) fn toggle_help(&mut self) {

@@ -146,7 +146,7 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
     let inner_width = area.width - 2;
     // The legend's row, then one per worker, as the workers panel draws them.
     let rows_visible = area.height.saturating_sub(3) as usize;
-    let workers = state.worker_rows().len();
+    let workers = state.visible().workers.len();
     let free = rows_visible.saturating_sub(workers) as u16;
     let whole = warning.whole();
     let lines_needed = whole

@@ -15,7 +15,7 @@ use ratatui::widgets::{Block, Cell, Row, Table};
 
 use super::panel::{panel_block, scroll_window};
 use super::styles::{Styles, Tone};
-use super::text::{MAX_WANTED_KEY_W, clock, truncate_left, truncate_middle};
+use super::text::{MAX_WANTED_KEY_W, clock, truncate_left, truncate_middle, widest};
 use crate::state::{Baseline, Panel, State};
 
 /// Width of the `req` column: six digits.
@@ -50,12 +50,9 @@ fn longest_name(state: &State) -> u16 {
         .keys
         .values()
         .flat_map(|k| [k.preferred.as_str(), k.current.as_str()]);
-    workers
-        .chain(placed)
-        .map(|name| name.chars().count())
-        .max()
-        .unwrap_or(4)
-        .clamp(2, usize::from(MAX_NAME_W)) as u16
+    let cap = usize::from(MAX_NAME_W);
+    let widest = widest(workers.chain(placed), cap);
+    widest.unwrap_or(4).clamp(2, cap) as u16
 }
 
 /// Width of the longest tracked key, capped at [`MAX_WANTED_KEY_W`]: what the layout makes room

@@ -4,13 +4,15 @@
 //!
 //! This file owns the layout and [`draw`]; each panel has its own file (`header`, `workers`,
 //! `ring`, `keys`, `spills`, `help`), drawn in the common frame of `panel`, with every colour from
-//! `styles` and the text cutting of `text`; `discovery` warns on the workers panel's border.
+//! `styles` and the text cutting of `text`; `discovery` warns on the workers panel's border and
+//! `fleet_summary` sums up the whole fleet for the workers panel.
 //!
 //! Distinctions that matter to an operator (healthy or not, over the bound or not, spilled or not,
 //! focused panel) are carried by glyphs and words as well as colour, so they survive a monochrome
 //! terminal, a screen reader and a text snapshot.
 
 mod discovery;
+mod fleet_summary;
 mod header;
 mod help;
 mod keys;
@@ -135,7 +137,7 @@ pub fn viewports(area: Rect, state: &State) -> [usize; 4] {
     // Borders take two rows; workers, ring and keys also spend one on a legend, strip or header.
     let rows = |r: Rect, extra: u16| r.height.saturating_sub(2 + extra) as usize;
     [
-        rows(a.workers, 1),
+        workers::content_rows(state.visible().workers.len(), a.workers.height),
         rows(a.ring, 1),
         rows(a.keys, 1),
         rows(a.spills, 0),

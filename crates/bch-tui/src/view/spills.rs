@@ -15,7 +15,7 @@ use ratatui::widgets::Paragraph;
 
 use super::panel::{panel_block, scroll_window};
 use super::styles::{Styles, Tone};
-use super::text::{MAX_WANTED_KEY_W, clock, truncate_left, truncate_middle};
+use super::text::{MAX_WANTED_KEY_W, clock, truncate_left, truncate_middle, widest};
 use crate::state::{FleetPicture, Panel, SPILL_LOG_CAP, State};
 
 /// The compact line never cuts a key shorter than this.
@@ -42,12 +42,7 @@ pub(super) fn wanted_width(state: &State) -> u16 {
         .max()
         .unwrap_or(0)
         .min(usize::from(MAX_WANTED_KEY_W));
-    let name = fleet
-        .workers
-        .iter()
-        .map(|w| w.name.chars().count())
-        .max()
-        .unwrap_or(0);
+    let name = widest(fleet.workers.iter().map(|w| w.name.as_str()), usize::MAX).unwrap_or(0);
     let rule = fleet
         .spills
         .iter()

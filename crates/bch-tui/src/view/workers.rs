@@ -12,17 +12,21 @@
 //! reaches it; FULL marks a worker at its cap (or whose engine reported saturation): it takes no
 //! new request, and an explicit key preferring it moves on at once. The title counts the FULL
 //! workers and names the fleet's default cap.
+//!
+//! The panel costs about the same at 16 workers as at 10,000: one [`Census`] pass gives the title,
+//! the legend and the columns what they need from the whole fleet, and only the rows on screen are
+//! built ([`State::worker_window`]). When not every worker has a row, a fleet summary row follows
+//! the legend (`fleet_summary`). While the `f` search is typed, its prompt takes the legend's row.
 
 use bch_core::fleet_load::LoadSource;
-use bch_core::telemetry::WorkerRecord;
+use bch_core::telemetry::{WorkerRecord, WorkerState};
 use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::style::Style;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
-use bch_core::telemetry::WorkerState;
-
+use super::fleet_summary::{Census, summary_line};
 use super::panel::{panel_block, scroll_window};
 use super::styles::{Styles, Tone};
 use super::text::{truncate_left, truncate_middle};
@@ -48,17 +52,39 @@ const MIN_NAME_W: usize = 10;
 const STALE_CELL: char = '▒';
 /// Widest source label a row shows (`dns:_http._tcp.llm…cluster.local`).
 const SOURCE_W: usize = 24;
+/// Worker rows the fleet summary must leave: on a shorter panel the workers themselves matter more.
+const SUMMARY_MIN_ROWS: usize = 3;
 /// Narrowest cut of a source label worth showing (`dns:_htt…l.local`).
 const MIN_SOURCE: usize = 16;
 
-/// Draws the workers panel at `area`: the bound legend, then one row per worker from the scroll
-/// offset on.
+/// Worker rows a workers panel `height` rows tall (borders included) shows for a fleet of
+/// `workers`: all but the borders and the legend, and one fewer when they cannot all be shown and
+/// the fleet summary takes a row.
+pub(super) fn content_rows(workers: usize, height: u16) -> usize {
+    let rows = usize::from(height.saturating_sub(3));
+    if summary_shown(workers, rows) {
+        rows - 1
+    } else {
+        rows
+    }
+}
+
+/// Whether the fleet summary row is drawn: when `workers` do not all fit in `rows`, and the panel
+/// is tall enough that giving a row up still leaves [`SUMMARY_MIN_ROWS`] worker rows.
+fn summary_shown(workers: usize, rows: usize) -> bool {
+    workers > rows && rows > SUMMARY_MIN_ROWS
+}
+
+/// Draws the workers panel at `area`: the bound legend (or the search prompt), the fleet summary
+/// when not every worker fits, then one row per worker from the scroll offset on.
 pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles) {
     let fleet = state.visible();
     let focused = state.ui().focus() == Panel::Workers;
+    let bound = fleet.bound();
+    let census = Census::of(fleet, bound, MAX_NAME_W.max(SOURCE_W));
     let block = panel_block(
         focused,
-        title(fleet, state.ui().worker_order(), styles),
+        title(fleet, &census, state.ui().worker_order(), styles),
         styles,
     );
     let inner = block.inner(area);
@@ -66,28 +92,65 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
     if inner.height == 0 || inner.width < 12 {
         return;
     }
-    let bound = fleet.bound();
-    let geometry = Geometry::new(fleet, bound, inner.width);
-    let rows_h = inner.height.saturating_sub(1) as usize;
+    let geometry = Geometry::new(&census, bound, inner.width);
+    let summary = summary_shown(fleet.workers.len(), usize::from(inner.height - 1));
+    let rows_h = usize::from(inner.height - 1) - usize::from(summary);
     let scroll = state.scroll(Panel::Workers);
-    let rows = state.worker_rows();
-    let start = scroll_window(frame, area, scroll, rows.len(), rows_h, styles);
+    let start = scroll_window(frame, area, scroll, fleet.workers.len(), rows_h, styles);
+    let rows = state.worker_window(start, rows_h);
     // The selection shows only while the panel has focus, where the drain keys are meant for it.
-    let selected = focused
-        .then(|| state.selected_worker().map(|w| w.name.as_str()))
-        .flatten();
-    let mut lines = vec![legend(fleet, bound, inner.width, styles)];
-    lines.extend(rows.iter().skip(start).take(rows_h).map(|w| {
+    let selected = focused.then(|| selected_name(state)).flatten();
+    let first = match state.ui().search() {
+        Some(needle) => search_prompt(state, needle, styles),
+        None => legend(fleet, &census, bound, inner.width, styles),
+    };
+    let mut lines = vec![first];
+    if summary {
+        lines.push(summary_line(
+            fleet,
+            &census,
+            usize::from(inner.width),
+            styles,
+        ));
+    }
+    lines.extend(rows.iter().map(|w| {
         let picked = selected == Some(w.name.as_str());
         worker_line(w, bound, &geometry, picked, styles)
     }));
     frame.render_widget(Paragraph::new(lines), inner);
 }
 
+/// The name of the worker the drain keys act on ([`State::selected_worker`]), without ordering
+/// the fleet: the picked one while it exists, else the first row.
+fn selected_name(state: &State) -> Option<&str> {
+    match state.ui().selected_worker() {
+        Some(name) if state.visible().workers.iter().any(|w| w.name == name) => Some(name),
+        _ => state.worker_window(0, 1).first().map(|w| w.name.as_str()),
+    }
+}
+
+/// `find gpu-066▏  12 match · Enter keeps · Esc back`: the open search and what it finds.
+fn search_prompt(state: &State, needle: &str, styles: &Styles) -> Line<'static> {
+    let matches = match state.worker_matches(needle) {
+        _ if needle.is_empty() => "type part of a name".to_owned(),
+        0 => "no match".to_owned(),
+        n => format!("{n} match"),
+    };
+    Line::from(vec![
+        Span::styled(format!("find {needle}▏ "), styles.prompt()),
+        Span::styled(format!(" {matches} · Enter keeps · Esc back"), styles.dim()),
+    ])
+}
+
 /// ` Workers 3/4 healthy 2 OVER 1 draining by load `, plus `fleet load` when the rule reads the
 /// workers' own gauges, and ` 3 discovered, 1 static ` when discovery found some of them.
-fn title(fleet: &FleetPicture, order: WorkerOrder, styles: &Styles) -> Line<'static> {
-    let healthy = fleet.workers.iter().filter(|w| w.healthy).count();
+fn title(
+    fleet: &FleetPicture,
+    census: &Census,
+    order: WorkerOrder,
+    styles: &Styles,
+) -> Line<'static> {
+    let healthy = census.healthy;
     let mut spans = vec![
         Span::raw(" Workers "),
         Span::styled(
@@ -95,25 +158,21 @@ fn title(fleet: &FleetPicture, order: WorkerOrder, styles: &Styles) -> Line<'sta
             styles.dim(),
         ),
     ];
-    let full = fleet.full();
+    let full = census.full;
     if full > 0 {
         spans.push(Span::styled(
             format!("{full} FULL "),
             styles.status(Tone::Alert),
         ));
     }
-    let over = fleet.over();
+    let over = census.over;
     if over > 0 {
         spans.push(Span::styled(
             format!("{over} OVER "),
             styles.status(Tone::Alert),
         ));
     }
-    let draining = fleet
-        .workers
-        .iter()
-        .filter(|w| w.state == WorkerState::Draining)
-        .count();
+    let draining = census.draining;
     if draining > 0 {
         spans.push(Span::styled(
             format!("{draining} draining "),
@@ -136,11 +195,7 @@ fn title(fleet: &FleetPicture, order: WorkerOrder, styles: &Styles) -> Line<'sta
     {
         spans.push(Span::styled("· fleet load ", styles.value()));
     }
-    let discovered = fleet
-        .workers
-        .iter()
-        .filter(|w| w.source.is_discovered())
-        .count();
+    let discovered = census.discovered;
     if discovered > 0 {
         let configured = fleet.workers.len() - discovered;
         spans.push(Span::styled(
@@ -155,6 +210,7 @@ fn title(fleet: &FleetPicture, order: WorkerOrder, styles: &Styles) -> Line<'sta
 /// from when the row has room.
 fn legend(
     fleet: &FleetPicture,
+    census: &Census,
     bound: Option<FleetBound>,
     width: u16,
     styles: &Styles,
@@ -171,7 +227,7 @@ fn legend(
                 styles.tone(Tone::Alert),
             )),
         };
-        return with_cap_legend(fleet, line.spans, width, styles);
+        return with_cap_legend(census, line.spans, width, styles);
     };
     let mut spans = vec![
         Span::styled(format!("{GAP_MARKER} "), styles.gap_marker()),
@@ -181,8 +237,7 @@ fn legend(
     ];
     let load = b.load();
     let inputs = format!("  min {} mean {:.2}", load.min_load, load.mean_load);
-    let stale = fleet.workers.iter().any(|w| w.load_stale);
-    if stale {
+    if census.any_stale {
         // What the stale cells mean matters more than the inputs, which the bars show.
         spans.push(Span::styled(
             format!("  {STALE_CELL} stale: local load"),
@@ -194,12 +249,12 @@ fn legend(
     if used + inputs.chars().count() <= width as usize {
         spans.push(Span::styled(inputs, styles.dim()));
     }
-    with_cap_legend(fleet, spans, width, styles)
+    with_cap_legend(census, spans, width, styles)
 }
 
 /// `spans` and, when some worker has a capacity and the row has room, what its marker means.
 fn with_cap_legend(
-    fleet: &FleetPicture,
+    census: &Census,
     mut spans: Vec<Span<'static>>,
     width: u16,
     styles: &Styles,
@@ -207,7 +262,7 @@ fn with_cap_legend(
     let used: usize = spans.iter().map(|s| s.width()).sum();
     // `  ┃ cap`
     let legend_w = 7;
-    if fleet.workers.iter().any(|w| w.capacity.is_some()) && used + legend_w <= width as usize {
+    if census.any_capacity && used + legend_w <= width as usize {
         spans.push(Span::styled(format!("  {CAP_MARKER}"), styles.cap_marker()));
         spans.push(Span::raw(" cap"));
     }
@@ -274,14 +329,8 @@ struct Geometry {
 }
 
 impl Geometry {
-    fn new(fleet: &FleetPicture, bound: Option<FleetBound>, width: u16) -> Self {
-        let name_w = fleet
-            .workers
-            .iter()
-            .map(|w| w.name.chars().count())
-            .max()
-            .unwrap_or(0)
-            .clamp(4, MAX_NAME_W);
+    fn new(census: &Census, bound: Option<FleetBound>, width: u16) -> Self {
+        let name_w = census.name_w.clamp(4, MAX_NAME_W);
         // glyph + marker, space, active (5), flag (6): then the name, the bar and the counters.
         // Names stay whole while the bar keeps its least; below that they are cut from the left.
         let name_w = name_w
@@ -298,25 +347,13 @@ impl Geometry {
         }
         // Display order is the reverse of priority: `req … in … out … err`, errors at the edge.
         counters.reverse();
-        let source_w = source_width(fleet, counters.len(), left);
+        let source_w = source_width(census, counters.len(), left);
         if source_w > 0 {
             left -= 2 + source_w;
         }
         let bar_w = left.max(4);
-        let max_active = fleet
-            .workers
-            .iter()
-            .map(WorkerRecord::rule_load)
-            .max()
-            .unwrap_or(0);
         // The bar reaches every worker's cap, so the cap marker is always on it.
-        let max_cap = fleet
-            .workers
-            .iter()
-            .filter_map(|w| w.capacity)
-            .max()
-            .unwrap_or(0);
-        let mut scale = max_active.max(max_cap) as f64;
+        let mut scale = census.max_load.max(census.max_cap) as f64;
         if let Some(b) = bound {
             scale = scale.max(b.gap_bound() as f64).max(b.skew_bound());
         }
@@ -344,18 +381,11 @@ impl Geometry {
 /// Columns of the source label that rows end with (two spaces before it): the least urgent
 /// column, so only when some worker was discovered, all `shown` counters fit and `left` cells
 /// leave the bar its room; cut in the middle to what is left, but never below [`MIN_SOURCE`].
-fn source_width(fleet: &FleetPicture, shown: usize, left: usize) -> usize {
-    if shown < Counter::BY_PRIORITY.len() || !fleet.workers.iter().any(|w| w.source.is_discovered())
-    {
+fn source_width(census: &Census, shown: usize, left: usize) -> usize {
+    if shown < Counter::BY_PRIORITY.len() || census.discovered == 0 {
         return 0;
     }
-    let widest = fleet
-        .workers
-        .iter()
-        .map(|w| w.source.label().chars().count())
-        .max()
-        .unwrap_or(0)
-        .min(SOURCE_W);
+    let widest = census.source_w.min(SOURCE_W);
     let room = left.saturating_sub(MIN_BAR + 2).min(widest);
     if room >= MIN_SOURCE.min(widest) {
         room
