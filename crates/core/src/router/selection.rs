@@ -106,7 +106,11 @@ impl SelectionState {
     /// A removed worker's guards outlive its table; their releases change nothing here.
     fn counted(&self, stats: &WorkerStats) -> bool {
         stats.slot().is_some_and(|slot| {
-            self.table.routable[slot] && std::ptr::eq(&*self.table.workers[slot].stats, stats)
+            self.table
+                .workers
+                .get(slot)
+                .is_some_and(|worker| std::ptr::eq(&*worker.stats, stats))
+                && self.table.routable[slot]
         })
     }
 }
