@@ -137,7 +137,10 @@ fn describe_tls(error: &rustls::Error) -> String {
             | AlertDescription::BadCertificate
             | AlertDescription::UnknownCA
             | AlertDescription::CertificateUnknown
-            | AlertDescription::CertificateExpired,
+            | AlertDescription::CertificateExpired
+            // A client certificate whose signature does not verify against the server's CA.
+            | AlertDescription::DecryptError
+            | AlertDescription::AccessDenied,
         ) => "the server refused the client certificate (check --client-cert)",
         _ => "handshake failed",
     };
