@@ -38,11 +38,21 @@ pub struct Cli {
 
     /// PEM certificate chain presented to control planes that require client certificates
     /// (mutual TLS); needs --client-key.
-    #[arg(long, env = "BCH_CLIENT_CERT", value_name = "FILE", requires = "client_key")]
+    #[arg(
+        long,
+        env = "BCH_CLIENT_CERT",
+        value_name = "FILE",
+        requires = "client_key"
+    )]
     pub client_cert: Option<PathBuf>,
 
     /// PEM private key of --client-cert.
-    #[arg(long, env = "BCH_CLIENT_KEY", value_name = "FILE", requires = "client_cert")]
+    #[arg(
+        long,
+        env = "BCH_CLIENT_KEY",
+        value_name = "FILE",
+        requires = "client_cert"
+    )]
     pub client_key: Option<PathBuf>,
 }
 

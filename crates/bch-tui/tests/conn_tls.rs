@@ -91,10 +91,12 @@ fn server_config(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Arc<rustl
             for anchor in CertificateDer::pem_file_iter(ca).unwrap() {
                 roots.add(anchor.unwrap()).unwrap();
             }
-            let verifier =
-                rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider())
-                    .build()
-                    .unwrap();
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                roots.into(),
+                provider(),
+            )
+            .build()
+            .unwrap();
             builder.with_client_cert_verifier(verifier)
         }
     };
@@ -143,11 +145,7 @@ async fn gateway(tls: Option<Arc<rustls::ServerConfig>>) -> String {
 }
 
 /// The console's connection to `url` with the TLS configuration `bch-tui` builds from its flags.
-fn connect(
-    url: &str,
-    ca: Option<&Path>,
-    client: Option<&(PathBuf, PathBuf)>,
-) -> ConnHandle {
+fn connect(url: &str, ca: Option<&Path>, client: Option<&(PathBuf, PathBuf)>) -> ConnHandle {
     let mut config = ConnConfig::new(url);
     config.tls = Some(
         bch_tui::client_config(
@@ -241,14 +239,20 @@ async fn a_failed_handshake_says_what_failed() {
     let other = Pki::new();
     let mut handle = connect(&trusted, Some(&other.ca_file()), None);
     let reason = first_failure(&mut handle.events).await;
-    assert!(reason.starts_with("TLS: certificate not trusted"), "{reason}");
+    assert!(
+        reason.starts_with("TLS: certificate not trusted"),
+        "{reason}"
+    );
 
     // A certificate for another name.
     let (cert, key) = pki.issue("elsewhere", &["gateway.example"], false);
     let url = gateway(Some(server_config(&cert, &key, None))).await;
     let mut handle = connect(&url, Some(&pki.ca_file()), None);
     let reason = first_failure(&mut handle.events).await;
-    assert!(reason.starts_with("TLS: certificate name mismatch"), "{reason}");
+    assert!(
+        reason.starts_with("TLS: certificate name mismatch"),
+        "{reason}"
+    );
 
     // An expired certificate.
     let (cert, key) = pki.issue("expired", &["localhost"], true);

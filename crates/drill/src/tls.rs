@@ -102,20 +102,7 @@ pub fn http_client() -> reqwest::ClientBuilder {
 /// mismatch", "certificate expired", "client certificate refused"), when `error` or one of its
 /// causes is a TLS failure; `None` for any other failure.
 pub fn tls_failure(error: &(dyn std::error::Error + 'static)) -> Option<String> {
-    let mut cause = Some(error);
-    while let Some(e) = cause {
-        // tokio-rustls hands a handshake failure over as an I/O error wrapping rustls' error, and
-        // an I/O error's `source` skips what it wraps.
-        let wrapped = e
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>());
-        if let Some(tls) = e.downcast_ref::<rustls::Error>().or(wrapped) {
-            return Some(describe_tls(tls));
-        }
-        cause = e.source();
-    }
-    None
+    find_rustls(error).map(describe_tls)
 }
 
 /// One rustls error as `TLS: <what> (<rustls' words>)`.
@@ -194,4 +181,19 @@ fn system_roots() -> RootCertStore {
 /// reqwest's: the request could not be sent or no answer came.
 pub async fn get(url: impl reqwest::IntoUrl) -> reqwest::Result<reqwest::Response> {
     http_client().build()?.get(url).send().await
+}
+
+/// The rustls error in `error` or its causes. Looks inside I/O errors, whose `source` skips what
+/// they wrap (tokio-rustls hands a failed handshake over as one).
+fn find_rustls<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    if let Some(tls) = error.downcast_ref::<rustls::Error>() {
+        return Some(tls);
+    }
+    let inner: Option<&(dyn std::error::Error + 'static)> = error
+        .downcast_ref::<std::io::Error>()
+        .and_then(|io| io.get_ref())
+        .map(|inner| inner as _);
+    inner
+        .and_then(find_rustls)
+        .or_else(|| error.source().and_then(find_rustls))
 }

@@ -17,10 +17,20 @@ pub(crate) struct TlsFlags {
     ca_file: Option<PathBuf>,
     /// PEM certificate chain presented to control planes and gateways that require client
     /// certificates (mutual TLS); needs --client-key.
-    #[arg(long, env = "BCH_CLIENT_CERT", value_name = "FILE", requires = "client_key")]
+    #[arg(
+        long,
+        env = "BCH_CLIENT_CERT",
+        value_name = "FILE",
+        requires = "client_key"
+    )]
     client_cert: Option<PathBuf>,
     /// PEM private key of --client-cert.
-    #[arg(long, env = "BCH_CLIENT_KEY", value_name = "FILE", requires = "client_cert")]
+    #[arg(
+        long,
+        env = "BCH_CLIENT_KEY",
+        value_name = "FILE",
+        requires = "client_cert"
+    )]
     client_key: Option<PathBuf>,
 }
 

@@ -91,7 +91,9 @@ async fn stream_chat(url: &str, prompt: &str, max_tokens: u32) -> Streamed {
 }
 
 async fn chat(url: &str, prompt: &str, max_tokens: u32) -> (reqwest::StatusCode, Value) {
-    let response = bch_drill::tls::http_client().build().unwrap()
+    let response = bch_drill::tls::http_client()
+        .build()
+        .unwrap()
         .post(format!("{url}/v1/chat/completions"))
         .json(&json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}))
         .send()
@@ -213,7 +215,9 @@ async fn a_running_batch_slows_decode() {
 /// Arrival time of every SSE frame of a streamed chat completion, from just before it is sent.
 async fn frame_times(url: &str, prompt: &str, max_tokens: u32) -> Vec<Duration> {
     let start = Instant::now();
-    let response = bch_drill::tls::http_client().build().unwrap()
+    let response = bch_drill::tls::http_client()
+        .build()
+        .unwrap()
         .post(format!("{url}/v1/chat/completions"))
         .json(&json!({"messages": [{"role": "user", "content": prompt}],
             "max_tokens": max_tokens, "stream": true}))
@@ -369,7 +373,9 @@ async fn fault_500_answers_errors_until_cleared() {
     let (status, body) = chat(&w.url(), "x", 1).await;
     assert_eq!(status, 500);
     assert_eq!(body["error"]["code"], 500);
-    let health = bch_drill::tls::get(format!("{}/health", w.url())).await.unwrap();
+    let health = bch_drill::tls::get(format!("{}/health", w.url()))
+        .await
+        .unwrap();
     assert_eq!(health.status(), 500);
 
     w.set_fault(Fault::None);
@@ -508,7 +514,9 @@ async fn models_and_metrics_are_served() {
 #[tokio::test]
 async fn bad_json_is_a_400_in_openai_shape() {
     let w = worker(SimConfig::default().with_time_scale(0.0)).await;
-    let response = bch_drill::tls::http_client().build().unwrap()
+    let response = bch_drill::tls::http_client()
+        .build()
+        .unwrap()
         .post(format!("{}/v1/chat/completions", w.url()))
         .body("{not json")
         .send()

@@ -182,7 +182,9 @@ async fn the_spill_order_picks_the_ring_successor_or_the_hash_seeded_first() {
     .await;
     let policy_url = format!("http://{}/admin/policy", gateway.control_addr);
     for (order, expected) in [("ring", ring_next), ("hash_seeded", seeded_first)] {
-        let answer: serde_json::Value = bch_drill::tls::http_client().build().unwrap()
+        let answer: serde_json::Value = bch_drill::tls::http_client()
+            .build()
+            .unwrap()
             .put(&policy_url)
             .json(&serde_json::json!({"spill_order": order}))
             .send()

@@ -69,27 +69,15 @@ pub fn client_config(
 pub(super) fn system_config() -> Arc<rustls::ClientConfig> {
     static SYSTEM: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
     Arc::clone(SYSTEM.get_or_init(|| {
-        client_config(None, None, None).expect("the system roots without a client certificate build")
+        client_config(None, None, None)
+            .expect("the system roots without a client certificate build")
     }))
 }
 
 /// What went wrong in TLS, in words an operator acts on, when `error` or one of its causes is a
 /// TLS failure; `None` for any other failure.
 pub(super) fn tls_failure(error: &(dyn std::error::Error + 'static)) -> Option<String> {
-    let mut cause = Some(error);
-    while let Some(e) = cause {
-        // tokio-rustls hands a handshake failure over as an I/O error wrapping rustls' error, and
-        // an I/O error's `source` skips what it wraps.
-        let wrapped = e
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>());
-        if let Some(tls) = e.downcast_ref::<rustls::Error>().or(wrapped) {
-            return Some(describe(tls));
-        }
-        cause = e.source();
-    }
-    None
+    find_rustls(error).map(describe)
 }
 
 /// One rustls error as `TLS: <what> (<rustls' words>)`.
@@ -138,4 +126,19 @@ fn certificates(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
         path.display()
     );
     Ok(certificates)
+}
+
+/// The rustls error in `error` or its causes. Looks inside I/O errors, whose `source` skips what
+/// they wrap (tokio-rustls hands a failed handshake over as one).
+fn find_rustls<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    if let Some(tls) = error.downcast_ref::<rustls::Error>() {
+        return Some(tls);
+    }
+    let inner: Option<&(dyn std::error::Error + 'static)> = error
+        .downcast_ref::<std::io::Error>()
+        .and_then(|io| io.get_ref())
+        .map(|inner| inner as _);
+    inner
+        .and_then(find_rustls)
+        .or_else(|| error.source().and_then(find_rustls))
 }

@@ -15,9 +15,9 @@ use super::cells::Cell;
 use super::report::{AbMeta, AbReport, AbRun, WorkerInfo};
 use super::summary::summarise;
 use crate::control::ControlClient;
-use crate::tls::ClientTls;
 use crate::sim::SimConfig;
 use crate::storm::{StormConfig, StormShape, run_storm};
+use crate::tls::ClientTls;
 use crate::worker::SIM_CONFIG_PATH;
 
 /// How long to wait for the fleet to go idle before a run; a run starts anyway, with a warning.

@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::prompts::{PrefixScope, Prompts};
 use super::shooter::{Outcome, Shooter};
-use crate::tls::ClientTls;
 use crate::sim::DEFAULT_MODEL;
+use crate::tls::ClientTls;
 
 /// Prompt tokens of each request's own suffix: short, so the hot keys' prefixes dominate.
 const SUFFIX_TOKENS: usize = 16;

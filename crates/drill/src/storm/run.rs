@@ -21,8 +21,8 @@ use super::prompts::Prompts;
 use super::report::{Observed, StormReport, summarise};
 use super::shape::StormShape;
 use super::shooter::{Outcome, Shooter, describe, refused};
-use crate::tls::ClientTls;
 use crate::control::{ControlClient, DrainCheck};
+use crate::tls::ClientTls;
 
 /// Fires the storm described by `config` and measures it.
 ///
@@ -139,10 +139,7 @@ pub async fn run_storm_until(
 /// thousands of failed requests.
 async fn preflight(gateway: &Url, tls: &ClientTls) -> Result<(), reqwest::Error> {
     let url = format!("{}/health", gateway.as_str().trim_end_matches('/'));
-    let client = tls
-        .http_client()
-        .timeout(Duration::from_secs(5))
-        .build()?;
+    let client = tls.http_client().timeout(Duration::from_secs(5)).build()?;
     client.get(&url).send().await?;
     Ok(())
 }

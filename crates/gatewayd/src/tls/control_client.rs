@@ -68,34 +68,36 @@ pub(crate) fn http_client(
 /// TLS failure; `None` for any other failure.
 pub(crate) fn tls_failure(error: &(dyn std::error::Error + 'static)) -> Option<String> {
     use rustls::{CertificateError, Error};
-    let mut cause = Some(error);
-    while let Some(e) = cause {
-        // tokio-rustls hands a handshake failure over as an I/O error wrapping rustls' error, and
-        // an I/O error's `source` skips what it wraps.
-        let wrapped = e
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .and_then(|inner| inner.downcast_ref::<Error>());
-        if let Some(tls) = e.downcast_ref::<Error>().or(wrapped) {
-            let what = match tls {
-                Error::InvalidCertificate(
-                    CertificateError::UnknownIssuer | CertificateError::BadSignature,
-                ) => "server certificate not trusted (check --ca-file)",
-                Error::InvalidCertificate(
-                    CertificateError::NotValidForName
-                    | CertificateError::NotValidForNameContext { .. },
-                ) => "server certificate name mismatch",
-                Error::InvalidCertificate(
-                    CertificateError::Expired | CertificateError::ExpiredContext { .. },
-                ) => "server certificate expired",
-                Error::AlertReceived(_) => {
-                    "the server ended the handshake (a client certificate required or refused?)"
-                }
-                _ => "handshake failed",
-            };
-            return Some(format!("TLS: {what} ({tls})"));
+    let tls = find_rustls(error)?;
+    let what = match tls {
+        Error::InvalidCertificate(
+            CertificateError::UnknownIssuer | CertificateError::BadSignature,
+        ) => "server certificate not trusted (check --ca-file)",
+        Error::InvalidCertificate(
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+        ) => "server certificate name mismatch",
+        Error::InvalidCertificate(
+            CertificateError::Expired | CertificateError::ExpiredContext { .. },
+        ) => "server certificate expired",
+        Error::AlertReceived(_) => {
+            "the server ended the handshake (a client certificate required or refused?)"
         }
-        cause = e.source();
+        _ => "handshake failed",
+    };
+    Some(format!("TLS: {what} ({tls})"))
+}
+
+/// The rustls error in `error` or its causes. Looks inside I/O errors, whose `source` skips what
+/// they wrap (tokio-rustls hands a failed handshake over as one).
+fn find_rustls<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    if let Some(tls) = error.downcast_ref::<rustls::Error>() {
+        return Some(tls);
     }
-    None
+    let inner: Option<&(dyn std::error::Error + 'static)> = error
+        .downcast_ref::<std::io::Error>()
+        .and_then(|io| io.get_ref())
+        .map(|inner| inner as _);
+    inner
+        .and_then(find_rustls)
+        .or_else(|| error.source().and_then(find_rustls))
 }

@@ -49,7 +49,9 @@ async fn snapshot_first_then_ticks_follow_a_held_stream() {
     let share_sum: f64 = snapshot.ring.workers.iter().map(|w| w.share).sum();
     assert!((share_sum - 1.0).abs() < 1e-9);
 
-    let mut held = bch_drill::tls::http_client().build().unwrap()
+    let mut held = bch_drill::tls::http_client()
+        .build()
+        .unwrap()
         .get(format!("http://{}/hold", gateway.data_addr))
         .header("x-smg-routing-key", "watched-key")
         .send()
@@ -209,7 +211,9 @@ async fn set_policy_is_acked_validated_and_announced_both_ways() {
         .unwrap();
     assert_eq!(policy["spill_order"], "hash_seeded");
 
-    let put = bch_drill::tls::http_client().build().unwrap()
+    let put = bch_drill::tls::http_client()
+        .build()
+        .unwrap()
         .put(&policy_url)
         .json(&serde_json::json!({"min_load_gap": 1}))
         .send()
@@ -244,7 +248,9 @@ async fn resync_sends_a_fresh_snapshot_and_ring_changes_are_announced() {
     client
         .until(|m| matches!(m, ServerMessage::Snapshot(_)).then_some(()))
         .await;
-    let added = bch_drill::tls::http_client().build().unwrap()
+    let added = bch_drill::tls::http_client()
+        .build()
+        .unwrap()
         .post(format!("http://{}/admin/workers", gateway.control_addr))
         .json(&serde_json::json!({"name": "b", "url": b.url()}))
         .send()
@@ -354,7 +360,9 @@ async fn implicit_keys_are_shown_only_as_hashes() {
     let mut client = Client::connect(&gateway).await;
     client.frame().await;
     let secret = "Bearer sk-live-DO-NOT-LEAK";
-    bch_drill::tls::http_client().build().unwrap()
+    bch_drill::tls::http_client()
+        .build()
+        .unwrap()
         .get(format!("http://{}/echo", gateway.data_addr))
         .header("authorization", secret)
         .send()
