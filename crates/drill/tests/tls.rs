@@ -1,7 +1,8 @@
 //! The drill as a TLS client: a storm at an https gateway and its drain check on an https control
 //! plane that requires client certificates, both made here (tokio-rustls in front of a simulated
 //! worker and a tiny control plane, certificates from an rcgen CA). A wrong CA and a missing
-//! client certificate give errors that say TLS and what failed. Certificates are always verified.
+//! client certificate give errors that say TLS and what failed; the binary takes the CA from
+//! `--ca-file`. Certificates are always verified.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -201,6 +202,53 @@ async fn a_storm_at_an_https_gateway_with_an_mtls_control_plane() {
     assert!(
         error.contains("TLS: server certificate not trusted"),
         "{error}"
+    );
+    worker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_takes_the_ca_file() {
+    let pki = Pki::new("bch test CA");
+    let (cert, key) = pki.issue("gateway", &["localhost"]);
+    let worker = spawn_worker(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        "w",
+        SimConfig {
+            time_scale: 0.0,
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let gateway = terminate_tls(worker.local_addr(), server_config(&cert, &key, None)).await;
+    let storm = |ca: PathBuf| {
+        let gateway = gateway.to_string();
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_bch-drill"))
+                .args(["storm", "--gateway", &gateway, "--ca-file"])
+                .arg(ca)
+                .args(["--groups", "2", "--siblings", "2", "--keys", "1"])
+                .args(["--prefix-tokens", "16", "--max-tokens", "2", "--seed", "1"])
+                .env_remove("BCH_CONTROL")
+                .env_remove("BCH_CLIENT_CERT")
+                .env_remove("BCH_CLIENT_KEY")
+                .output()
+                .unwrap()
+        })
+    };
+
+    let output = storm(pki.ca_file()).await.unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(worker.stats().completed_total, 4);
+
+    let other = Pki::new("another CA");
+    let output = storm(other.ca_file()).await.unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("TLS: server certificate not trusted"),
+        "{stderr}"
     );
     worker.shutdown().await.unwrap();
 }
