@@ -1,8 +1,9 @@
-//! The command line: `--url` and `--token-file`, each also taken from the environment, checked
-//! before the terminal is touched so that a typo is a plain error message rather than a console
-//! stuck reconnecting.
+//! The command line: `--url`, `--token-file` and the TLS files, each also taken from the
+//! environment, checked before the terminal is touched so that a typo is a plain error message
+//! rather than a console stuck reconnecting.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, anyhow, bail};
 use clap::Parser;
@@ -13,10 +14,10 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "bch-tui", version)]
 pub struct Cli {
-    /// The URL of gatewayd's telemetry websocket, the control plane's `/ws` endpoint; only ws://
-    /// is supported. Repeat it (or separate URLs with commas) to watch several replicas of one
-    /// fleet: the console merges their fleets, shows one row per replica and sends every
-    /// threshold change to all of them.
+    /// The URL of gatewayd's telemetry websocket, the control plane's `/ws` endpoint: ws://, or
+    /// wss:// for a control plane with TLS. Repeat it (or separate URLs with commas) to watch
+    /// several replicas of one fleet, ws:// and wss:// mixed: the console merges their fleets,
+    /// shows one row per replica and sends every threshold change to all of them.
     #[arg(
         long,
         env = "BCH_TUI_URL",
@@ -29,6 +30,30 @@ pub struct Cli {
     /// sent as `Authorization: Bearer <token>` on the websocket upgrade.
     #[arg(long, env = "BCH_TOKEN_FILE", value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+
+    /// PEM file of the CA certificates that sign the wss:// control planes' certificates.
+    /// Without it the system's trust roots are used. Certificates are always verified.
+    #[arg(long, env = "BCH_CA_FILE", value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
+
+    /// PEM certificate chain presented to control planes that require client certificates
+    /// (mutual TLS); needs --client-key.
+    #[arg(
+        long,
+        env = "BCH_CLIENT_CERT",
+        value_name = "FILE",
+        requires = "client_key"
+    )]
+    pub client_cert: Option<PathBuf>,
+
+    /// PEM private key of --client-cert.
+    #[arg(
+        long,
+        env = "BCH_CLIENT_KEY",
+        value_name = "FILE",
+        requires = "client_cert"
+    )]
+    pub client_key: Option<PathBuf>,
 }
 
 impl Cli {
@@ -56,32 +81,35 @@ struct UrlCheck<'a> {
 }
 
 impl UrlCheck<'_> {
+    /// The URL after its `ws://` or `wss://`; `None` for any other scheme.
+    fn after_scheme(&self) -> Option<&str> {
+        self.url
+            .strip_prefix("ws://")
+            .or_else(|| self.url.strip_prefix("wss://"))
+    }
+
     fn check_scheme(&self) -> anyhow::Result<()> {
-        if self.url.starts_with("wss://") {
+        if self.after_scheme().is_none() {
             bail!(
-                "--url {}: wss:// is not supported by this build; reach the control plane over \
-                 loopback or an SSH tunnel",
-                self.url
-            );
-        }
-        if !self.url.starts_with("ws://") {
-            bail!(
-                "--url {}: expected a ws:// URL such as ws://127.0.0.1:9090/ws",
+                "--url {}: expected a ws:// or wss:// URL such as ws://127.0.0.1:9090/ws",
                 self.url
             );
         }
         Ok(())
     }
 
-    /// Called after `check_scheme`, so the URL starts with `ws://`.
+    /// Called after `check_scheme`, so the URL starts with `ws://` or `wss://`.
     fn check_host(&self) -> anyhow::Result<()> {
-        let authority = self.url["ws://".len()..]
+        let authority = self
+            .after_scheme()
+            .unwrap_or_default()
             .split(['/', '?'])
             .next()
             .unwrap_or_default();
         if authority.is_empty() || authority.starts_with(':') {
             bail!(
-                "--url {}: no host; expected ws://HOST:PORT/ws such as ws://127.0.0.1:9090/ws",
+                "--url {}: no host; expected ws://HOST:PORT/ws (or wss://) such as \
+                 ws://127.0.0.1:9090/ws",
                 self.url
             );
         }
@@ -123,6 +151,21 @@ impl Cli {
     pub fn token(&self) -> anyhow::Result<Option<String>> {
         self.token_file.as_deref().map(read_token).transpose()
     }
+
+    /// The TLS configuration every `wss://` replica's connection uses, from `--ca-file`,
+    /// `--client-cert` and `--client-key` (read once here, before the terminal is set up, so a
+    /// bad file is a plain error message).
+    ///
+    /// # Errors
+    ///
+    /// A file that cannot be read or holds nothing usable; the error names the flag and file.
+    pub fn tls(&self) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+        crate::conn::client_config(
+            self.ca_file.as_deref(),
+            self.client_cert.as_deref(),
+            self.client_key.as_deref(),
+        )
+    }
 }
 
 /// bch-tui's one token-file reader: the file read here, its contents parsed by
@@ -153,8 +196,10 @@ mod tests {
         cli.validate().unwrap();
         for bad in [
             "http://127.0.0.1:9090/ws",
-            "wss://gw:9090/ws",
+            "https://gw:9090/ws",
             "ws://",
+            "wss://",
+            "wss://gw:99999/ws",
             "ws://127.0.0.1:99999/ws",
             "ws://127.0.0.1:0/ws",
             "ws://127.0.0.1:90x/ws",
@@ -163,7 +208,7 @@ mod tests {
             let err = cli.validate().unwrap_err();
             assert!(format!("{err:#}").contains("--url"), "{bad}: {err:#}");
         }
-        for hostless in ["ws://", "ws:///ws", "ws://:9090/ws"] {
+        for hostless in ["ws://", "ws:///ws", "ws://:9090/ws", "wss://:9090/ws"] {
             let cli = Cli::try_parse_from(["bch-tui", "--url", hostless]).unwrap();
             let err = format!("{:#}", cli.validate().unwrap_err());
             assert!(err.contains("no host"), "{hostless}: {err}");
@@ -187,6 +232,8 @@ mod tests {
             "ws://[::1]:9090/ws",
             "ws://[::1]/ws",
             "ws://user:pw@gw:9090/ws",
+            "wss://gw.example:9090/ws",
+            "wss://[::1]:9443/ws",
         ] {
             let cli = Cli::try_parse_from(["bch-tui", "--url", good]).unwrap();
             cli.validate().unwrap_or_else(|e| panic!("{good}: {e:#}"));

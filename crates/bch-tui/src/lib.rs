@@ -25,7 +25,7 @@ mod view;
 
 pub use app::{App, ConnEvents, FRAME_BUDGET, run};
 pub use cli::Cli;
-pub use conn::{ConnConfig, ConnEvent, ConnHandle, ConnStatus};
+pub use conn::{ConnConfig, ConnEvent, ConnHandle, ConnStatus, client_config};
 pub use input::Action;
 pub use state::{
     Baseline, COMMAND_TIMEOUT, Change, CommandEntry, CommandState, Effect, FleetBound,

@@ -36,6 +36,8 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<Option<StopSignal>> {
     cli.validate()?;
     let token = cli.token()?;
+    // Built once, shared by every wss:// replica (ws:// ones ignore it).
+    let tls = cli.tls()?;
     // Before the terminal is set up, so no moment of raw mode is without them.
     let mut stop = StopSignals::install().context("cannot handle signals")?;
 
@@ -46,6 +48,7 @@ async fn run(cli: Cli) -> anyhow::Result<Option<StopSignal>> {
     for (index, url) in cli.url.iter().enumerate() {
         let mut config = ConnConfig::new(url.clone());
         config.token = token.clone();
+        config.tls = Some(tls.clone());
         let mut handle = ConnHandle::spawn(config);
         commands.push(handle.commands);
         let forward = events_tx.clone();

@@ -12,6 +12,8 @@ use tokio::time::Instant;
 /// One row of `GET /admin/workers`: the gateway's own wire type.
 use bch_core::telemetry::WorkerRecord as WorkerStatus;
 
+use crate::tls::{ClientTls, tls_failure};
+
 #[derive(Deserialize)]
 struct WorkersBody {
     workers: Vec<WorkerStatus>,
@@ -68,13 +70,14 @@ pub(crate) struct ControlClient {
 }
 
 impl ControlClient {
-    /// A client of the control plane at `base` (e.g. `http://127.0.0.1:9090`), sending
-    /// `Authorization: Bearer <token>` when a token is given.
-    pub(crate) fn new(base: &Url, token: Option<String>) -> Self {
-        let http = reqwest::Client::builder()
+    /// A client of the control plane at `base` (e.g. `http://127.0.0.1:9090`, or https reached
+    /// with `tls`), sending `Authorization: Bearer <token>` when a token is given.
+    pub(crate) fn new(base: &Url, token: Option<String>, tls: &ClientTls) -> Self {
+        let http = tls
+            .http_client()
             .timeout(Duration::from_secs(10))
             .build()
-            .expect("a client without TLS or proxies always builds");
+            .expect("a client with ready-made TLS and no proxies always builds");
         Self {
             url: base.as_str().to_owned(),
             base: base.as_str().trim_end_matches('/').to_owned(),
@@ -95,6 +98,10 @@ impl ControlClient {
         let response = request
             .send()
             .await
+            .map_err(|e| match tls_failure(&e) {
+                Some(tls) => anyhow::Error::from(e).context(tls),
+                None => anyhow::Error::from(e),
+            })
             .with_context(|| format!("control plane {} is unreachable", self.base))?;
         let status = response.status();
         let body = response

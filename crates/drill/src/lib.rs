@@ -33,13 +33,14 @@
 
 // Dependencies point one way, so each module can be read (and feature-gated) without those above
 // it: `ab` uses `storm`, `worker` (the simulator's config path), `control`, `stats` and `sim`;
-// `storm` uses `sim`, and with the harness `control` and `stats`; `worker` uses `cache` and `sim`;
-// `cache` uses `sim`; `sim`, `control` and `stats` use nothing of the crate.
+// `storm` uses `sim` and `tls`, and with the harness `control` and `stats`; `worker` uses `cache` and `sim`;
+// `cache` uses `sim`; `control` uses `tls`; `sim`, `tls` and `stats` use nothing of the crate.
 
 #[cfg(feature = "harness")]
 pub mod ab;
 pub mod sim;
 pub mod storm;
+pub mod tls;
 pub mod worker;
 
 mod cache;

@@ -5,6 +5,7 @@
 
 mod commands;
 mod rate;
+mod tls_flags;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -204,6 +205,8 @@ struct StormOpts {
     /// whitespace is ignored), so the token never shows in `ps`.
     #[arg(long, env = "BCH_CONTROL_TOKEN_FILE", conflicts_with = "control_token")]
     control_token_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    tls: tls_flags::TlsFlags,
 }
 
 fn parse_scope(s: &str) -> Result<PrefixScope, String> {

@@ -115,6 +115,7 @@ impl SweepArgs {
         // Each step draws its progress bar (on a terminal) between the lines of the steps.
         let mut storm = StormConfig {
             progress: true,
+            tls: self.storm.tls.client_tls()?,
             open_loop: Some(self.rate.open_loop(self.start_rate)?),
             slo_ttft: self.rate.slo_ttft(),
             ..self.storm.config(self.control.first().cloned(), seed)

@@ -48,7 +48,7 @@ impl Streamed {
 }
 
 async fn stream_chat(url: &str, prompt: &str, max_tokens: u32) -> Streamed {
-    let client = reqwest::Client::new();
+    let client = bch_drill::tls::http_client().build().unwrap();
     let start = Instant::now();
     let response = client
         .post(format!("{url}/v1/chat/completions"))
@@ -91,7 +91,9 @@ async fn stream_chat(url: &str, prompt: &str, max_tokens: u32) -> Streamed {
 }
 
 async fn chat(url: &str, prompt: &str, max_tokens: u32) -> (reqwest::StatusCode, Value) {
-    let response = reqwest::Client::new()
+    let response = bch_drill::tls::http_client()
+        .build()
+        .unwrap()
         .post(format!("{url}/v1/chat/completions"))
         .json(&json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}))
         .send()
@@ -213,7 +215,9 @@ async fn a_running_batch_slows_decode() {
 /// Arrival time of every SSE frame of a streamed chat completion, from just before it is sent.
 async fn frame_times(url: &str, prompt: &str, max_tokens: u32) -> Vec<Duration> {
     let start = Instant::now();
-    let response = reqwest::Client::new()
+    let response = bch_drill::tls::http_client()
+        .build()
+        .unwrap()
         .post(format!("{url}/v1/chat/completions"))
         .json(&json!({"messages": [{"role": "user", "content": prompt}],
             "max_tokens": max_tokens, "stream": true}))
@@ -369,13 +373,15 @@ async fn fault_500_answers_errors_until_cleared() {
     let (status, body) = chat(&w.url(), "x", 1).await;
     assert_eq!(status, 500);
     assert_eq!(body["error"]["code"], 500);
-    let health = reqwest::get(format!("{}/health", w.url())).await.unwrap();
+    let health = bch_drill::tls::get(format!("{}/health", w.url()))
+        .await
+        .unwrap();
     assert_eq!(health.status(), 500);
 
     w.set_fault(Fault::None);
     assert_eq!(chat(&w.url(), "x", 1).await.0, 200);
     assert_eq!(
-        reqwest::get(format!("{}/health", w.url()))
+        bch_drill::tls::get(format!("{}/health", w.url()))
             .await
             .unwrap()
             .status(),
@@ -395,7 +401,7 @@ async fn stall_holds_the_first_byte_until_cleared() {
     assert!(waited.is_err(), "a stalled worker answered");
     // The worker is alive meanwhile.
     assert_eq!(
-        reqwest::get(format!("{url}/health"))
+        bch_drill::tls::get(format!("{url}/health"))
             .await
             .unwrap()
             .status(),
@@ -424,7 +430,7 @@ async fn shutdown_releases_stalled_requests() {
 #[tokio::test(start_paused = true)]
 async fn completions_and_sglang_generate_report_usage() {
     let w = worker(SimConfig::default()).await;
-    let client = reqwest::Client::new();
+    let client = bch_drill::tls::http_client().build().unwrap();
     let v: Value = client
         .post(format!("{}/v1/completions", w.url()))
         .json(&json!({"prompt": "once upon a time", "max_tokens": 3}))
@@ -474,7 +480,7 @@ async fn completions_and_sglang_generate_report_usage() {
 #[tokio::test(start_paused = true)]
 async fn models_and_metrics_are_served() {
     let w = worker(SimConfig::default()).await;
-    let models: Value = reqwest::get(format!("{}/v1/models", w.url()))
+    let models: Value = bch_drill::tls::get(format!("{}/v1/models", w.url()))
         .await
         .unwrap()
         .json()
@@ -485,7 +491,7 @@ async fn models_and_metrics_are_served() {
     let prompt = filler_text(2, 64);
     chat(&w.url(), &prompt, 1).await;
     chat(&w.url(), &prompt, 1).await;
-    let text = reqwest::get(format!("{}/metrics", w.url()))
+    let text = bch_drill::tls::get(format!("{}/metrics", w.url()))
         .await
         .unwrap()
         .text()
@@ -508,7 +514,9 @@ async fn models_and_metrics_are_served() {
 #[tokio::test]
 async fn bad_json_is_a_400_in_openai_shape() {
     let w = worker(SimConfig::default().with_time_scale(0.0)).await;
-    let response = reqwest::Client::new()
+    let response = bch_drill::tls::http_client()
+        .build()
+        .unwrap()
         .post(format!("{}/v1/chat/completions", w.url()))
         .body("{not json")
         .send()
@@ -529,7 +537,7 @@ async fn bad_json_is_a_400_in_openai_shape() {
 #[tokio::test]
 async fn keep_alive_streams_are_not_delayed_by_nagle() {
     let w = worker(SimConfig::default().with_time_scale(0.0)).await;
-    let client = reqwest::Client::new();
+    let client = bch_drill::tls::http_client().build().unwrap();
     let url = format!("{}/v1/chat/completions", w.url());
     let body = json!({"messages": [{"role": "user", "content": "hello there"}],
         "max_tokens": 62, "stream": true});
@@ -552,7 +560,7 @@ async fn hold_streams(
     w: &WorkerHandle,
     prompts: impl IntoIterator<Item = String>,
 ) -> Vec<reqwest::Response> {
-    let client = reqwest::Client::new();
+    let client = bch_drill::tls::http_client().build().unwrap();
     let mut held = Vec::new();
     for prompt in prompts {
         let response = client
@@ -574,7 +582,7 @@ async fn hold_streams(
 /// The worker's engine gauges from its `/metrics`: (running, waiting, KV usage); NaN for one it
 /// does not show.
 async fn engine_gauges(w: &WorkerHandle) -> (f64, f64, f64) {
-    let text = reqwest::get(format!("{}/metrics", w.url()))
+    let text = bch_drill::tls::get(format!("{}/metrics", w.url()))
         .await
         .unwrap()
         .text()

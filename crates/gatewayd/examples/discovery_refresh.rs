@@ -99,7 +99,7 @@ struct Samples {
 
 /// Fires `rate` keyed requests per second until cancelled, each on its own task.
 async fn drive(args: Arc<Args>, samples: Arc<Mutex<Samples>>, stop: CancellationToken) {
-    let client = reqwest::Client::builder()
+    let client = bch_drill::tls::http_client()
         .pool_max_idle_per_host(256)
         .build()
         .expect("client builds");
@@ -327,7 +327,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Arc::new(Args::parse());
     let base = std::fs::read_to_string(&args.base_config)
         .with_context(|| format!("cannot read {}", args.base_config.display()))?;
-    let client = reqwest::Client::new();
+    let client = bch_drill::tls::http_client().build().unwrap();
     let samples = Arc::new(Mutex::new(Samples::default()));
     let rings = Arc::new(Mutex::new(0u64));
     let stop = CancellationToken::new();

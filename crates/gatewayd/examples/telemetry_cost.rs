@@ -86,7 +86,7 @@ const FAILURES_KEPT: usize = 5;
 
 /// Fires `rate` requests per second until cancelled, each on its own task.
 async fn drive(args: Arc<Args>, load: Arc<Load>, stop: CancellationToken) {
-    let client = reqwest::Client::builder()
+    let client = bch_drill::tls::http_client()
         .pool_max_idle_per_host(256)
         .build()
         .expect("client builds");

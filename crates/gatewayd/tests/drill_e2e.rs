@@ -74,7 +74,7 @@ async fn eight_held_same_key_requests_land_six_to_two_bounded_and_eight_to_zero_
         for i in 0..8u64 {
             let url = url.clone();
             requests.push(tokio::spawn(async move {
-                reqwest::Client::new()
+                bch_drill::tls::http_client().build().unwrap()
                     .post(url)
                     .header("x-smg-routing-key", "session-a")
                     .json(&serde_json::json!({"messages":[{"role":"user","content":"hello"}],"max_tokens":4}))
@@ -128,7 +128,7 @@ async fn fourth_request_target(
     for i in 0..4u64 {
         let (url, key) = (url.clone(), key.to_owned());
         requests.push(tokio::spawn(async move {
-            reqwest::Client::new()
+            bch_drill::tls::http_client().build().unwrap()
                 .post(url)
                 .header("x-smg-routing-key", key)
                 .json(&serde_json::json!({"messages":[{"role":"user","content":"hi"}],"max_tokens":1}))
@@ -182,7 +182,9 @@ async fn the_spill_order_picks_the_ring_successor_or_the_hash_seeded_first() {
     .await;
     let policy_url = format!("http://{}/admin/policy", gateway.control_addr);
     for (order, expected) in [("ring", ring_next), ("hash_seeded", seeded_first)] {
-        let answer: serde_json::Value = reqwest::Client::new()
+        let answer: serde_json::Value = bch_drill::tls::http_client()
+            .build()
+            .unwrap()
             .put(&policy_url)
             .json(&serde_json::json!({"spill_order": order}))
             .send()
@@ -246,7 +248,7 @@ async fn storm_accounting_matches_the_gateways_metrics() {
     let drain = report.drain.as_ref().expect("drain checked");
     assert!(drain.all_zero, "{drain:?}");
 
-    let metrics = reqwest::get(format!("{control}metrics"))
+    let metrics = bch_drill::tls::get(format!("{control}metrics"))
         .await
         .unwrap()
         .text()
@@ -304,7 +306,7 @@ async fn ab_produces_every_cell_through_a_real_gateway() {
         reps: 2,
     };
     let before: serde_json::Value =
-        reqwest::get(format!("http://{}/admin/policy", gateway.control_addr))
+        bch_drill::tls::get(format!("http://{}/admin/policy", gateway.control_addr))
             .await
             .unwrap()
             .json()
@@ -327,7 +329,7 @@ async fn ab_produces_every_cell_through_a_real_gateway() {
     assert!(!report.verdict.is_empty());
     // The gateway runs the policy it had before, not the last cell's.
     let after: serde_json::Value =
-        reqwest::get(format!("http://{}/admin/policy", gateway.control_addr))
+        bch_drill::tls::get(format!("http://{}/admin/policy", gateway.control_addr))
             .await
             .unwrap()
             .json()

@@ -1,5 +1,5 @@
-//! The connection to gatewayd's telemetry websocket: the network task ([`task`]) and the status and
-//! events it reports ([`status`]).
+//! The connection to gatewayd's telemetry websocket: the network task ([`task`]), the status and
+//! events it reports ([`status`]), and TLS for `wss://` gateways ([`tls`]).
 //!
 //! The network runs in its own task and talks to the UI only over channels, so a slow or dead
 //! gateway never delays a key press. The task owns the backoff; the UI only learns *when* the next
@@ -8,6 +8,8 @@
 
 mod status;
 mod task;
+mod tls;
 
 pub use self::status::{ConnEvent, ConnStatus};
 pub use self::task::{ConnConfig, ConnHandle};
+pub use self::tls::client_config;

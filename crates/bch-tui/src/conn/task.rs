@@ -4,12 +4,14 @@
 //! It owns the socket and the backoff; the UI only sees the [`ConnEvent`]s it sends, so a slow or
 //! dead gateway never delays a key press.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bch_core::telemetry::{ClientCommand, ServerFrame};
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_tungstenite::Connector;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::{self, Message};
@@ -23,8 +25,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How to reach the gateway: where, with which token, and how to space reconnect attempts.
 #[derive(Debug, Clone)]
 pub struct ConnConfig {
-    /// Websocket URL, e.g. `ws://127.0.0.1:9090/ws`.
+    /// Websocket URL, e.g. `ws://127.0.0.1:9090/ws` or `wss://gw.example:9090/ws`.
     pub url: String,
+    /// TLS for a `wss://` URL (from [`super::client_config`]); `None`: the system's trust roots,
+    /// no client certificate. Unused for `ws://`.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
     /// Bearer token sent as `Authorization: Bearer <token>` on the upgrade, if the control plane
     /// requires one.
     pub token: Option<String>,
@@ -33,11 +38,12 @@ pub struct ConnConfig {
 }
 
 impl ConnConfig {
-    /// A config for `url` without a token and with the default backoff.
+    /// A config for `url` without a token, with the system's trust roots and the default backoff.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
             token: None,
+            tls: None,
             backoff: Backoff::default(),
         }
     }
@@ -157,7 +163,7 @@ async fn refuse_until(
     }
 }
 
-/// The websocket as tokio-tungstenite hands it over (plain TCP: this build has no TLS).
+/// The websocket as tokio-tungstenite hands it over: plain TCP for `ws://`, TLS for `wss://`.
 type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
@@ -174,15 +180,29 @@ async fn connect(config: &ConnConfig) -> Result<Ws, String> {
             .map_err(|_| "token file holds characters not allowed in a header".to_owned())?;
         request.headers_mut().insert("authorization", value);
     }
-    match tokio::time::timeout(CONNECT_TIMEOUT, tokio_tungstenite::connect_async(request)).await {
+    let tls = config.tls.clone().unwrap_or_else(super::tls::system_config);
+    let connecting = tokio_tungstenite::connect_async_tls_with_config(
+        request,
+        None,
+        false,
+        Some(Connector::Rustls(tls)),
+    );
+    match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
         Ok(Ok((ws, _response))) => Ok(ws),
         Ok(Err(e)) => Err(describe(&e)),
         Err(_) => Err(format!("connect timed out after {CONNECT_TIMEOUT:?}")),
     }
 }
 
-/// A short reason for the header; a rejected token is the common case worth spelling out.
+/// A short reason for the header; a rejected token is the common case worth spelling out, and a
+/// TLS failure says what failed (an untrusted or expired certificate, a name mismatch).
 fn describe(e: &tungstenite::Error) -> String {
+    if let tungstenite::Error::Tls(tungstenite::error::TlsError::Rustls(tls)) = e {
+        return super::tls::describe(tls);
+    }
+    if let Some(tls) = super::tls::tls_failure(e) {
+        return tls;
+    }
     match e {
         tungstenite::Error::Http(resp) if resp.status() == 401 || resp.status() == 403 => {
             format!("{} (check --token-file)", resp.status())

@@ -17,6 +17,7 @@ use super::summary::summarise;
 use crate::control::ControlClient;
 use crate::sim::SimConfig;
 use crate::storm::{StormConfig, StormShape, run_storm};
+use crate::tls::ClientTls;
 use crate::worker::SIM_CONFIG_PATH;
 
 /// How long to wait for the fleet to go idle before a run; a run starts anyway, with a warning.
@@ -86,7 +87,7 @@ pub async fn run_ab(
         .collect();
     let controls: Vec<ControlClient> = urls
         .iter()
-        .map(|url| ControlClient::new(url, config.control_token.clone()))
+        .map(|url| ControlClient::new(url, config.control_token.clone(), &config.storm.tls))
         .collect();
     let started_at = now_text();
     // Every replica's policy as found, each put back on its own replica at the end.
@@ -94,7 +95,7 @@ pub async fn run_ab(
     for control in &controls {
         before.push(policy_in_force(control).await?);
     }
-    let workers = describe_workers(&controls[0]).await?;
+    let workers = describe_workers(&controls[0], &config.storm.tls).await?;
     let outcome = run_cells(config, &controls, cancel, &mut on_run).await;
     let restore_error = restore(&controls, &urls, &before).await;
     let runs = match (outcome, &restore_error) {
@@ -200,8 +201,12 @@ async fn run_cells(
 }
 
 /// The gateway's workers, each with its simulator settings when it is a simulated worker.
-async fn describe_workers(control: &ControlClient) -> anyhow::Result<Vec<WorkerInfo>> {
-    let http = reqwest::Client::builder()
+async fn describe_workers(
+    control: &ControlClient,
+    tls: &ClientTls,
+) -> anyhow::Result<Vec<WorkerInfo>> {
+    let http = tls
+        .http_client()
         .timeout(Duration::from_secs(2))
         .build()
         .context("building the HTTP client")?;

@@ -17,6 +17,7 @@ pub(crate) async fn run(args: AbArgs, cancel: CancellationToken) -> anyhow::Resu
     let seed = args.storm.seed();
     let mut storm = StormConfig {
         progress: false,
+        tls: args.storm.tls.client_tls()?,
         ..args.storm.config(None, seed)
     };
     args.open_loop.apply(&mut storm)?;

@@ -20,6 +20,7 @@ pub(crate) async fn run(args: StormArgs, cancel: CancellationToken) -> anyhow::R
     let mut config = args.storm.config(args.control.first().cloned(), seed);
     config.replica_controls = args.control.iter().skip(1).cloned().collect();
     config.eject_refused_replicas = args.eject_refused_replicas;
+    config.tls = args.storm.tls.client_tls()?;
     args.open_loop.apply(&mut config)?;
     cancel_on_signal(cancel.clone())?;
     let report = run_storm_until(&config, &cancel).await?;

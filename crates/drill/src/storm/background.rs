@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::prompts::{PrefixScope, Prompts};
 use super::shooter::{Outcome, Shooter};
 use crate::sim::DEFAULT_MODEL;
+use crate::tls::ClientTls;
 
 /// Prompt tokens of each request's own suffix: short, so the hot keys' prefixes dominate.
 const SUFFIX_TOKENS: usize = 16;
@@ -148,6 +149,8 @@ impl Storm {
             config.max_tokens,
             DEFAULT_MODEL,
             REQUEST_TIMEOUT,
+            // The demo's storm reaches its own gateway over loopback, in plain HTTP.
+            &ClientTls::system(),
         )?;
         let prompts = Prompts::new(
             config.seed,

@@ -9,6 +9,7 @@ use reqwest::Url;
 use super::arrivals::OpenLoop;
 use super::prompts::{PrefixScope, mix};
 use crate::sim::DEFAULT_MODEL;
+use crate::tls::ClientTls;
 
 /// What a measured storm fires and where. `Default` is the frozen eight-sibling pattern: 400 groups
 /// of 8 siblings over 8 keys, 4 groups in flight, streaming, 1,024-token shared prefixes.
@@ -61,6 +62,9 @@ pub struct StormConfig {
     pub replica_controls: Vec<Url>,
     /// Bearer token for the control plane, when it requires one.
     pub control_token: Option<String>,
+    /// Trust and client certificate for https gateways and control planes. Default: the
+    /// system's trust roots, no client certificate.
+    pub tls: ClientTls,
     /// Seed of the prompt text; routing keys themselves do not depend on it. Default 0.
     pub seed: u64,
     /// How long to wait for every worker's `active` to return to 0 after the storm. Default 2 s.
@@ -98,6 +102,7 @@ impl Default for StormConfig {
             control: None,
             replica_controls: Vec::new(),
             control_token: None,
+            tls: ClientTls::default(),
             seed: 0,
             drain_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(300),

@@ -9,7 +9,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use futures_util::StreamExt as _;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use reqwest::Url;
@@ -21,8 +20,9 @@ use super::open_loop::fire_open_loop;
 use super::prompts::Prompts;
 use super::report::{Observed, StormReport, summarise};
 use super::shape::StormShape;
-use super::shooter::{Outcome, Shooter, refused};
+use super::shooter::{Outcome, Shooter, describe, refused};
 use crate::control::{ControlClient, DrainCheck};
+use crate::tls::ClientTls;
 
 /// Fires the storm described by `config` and measures it.
 ///
@@ -51,13 +51,15 @@ pub async fn run_storm_until(
     config.check()?;
     let mut refused_at_start = Vec::new();
     for (replica, gateway) in config.gateways().enumerate() {
-        match preflight(gateway).await {
+        match preflight(gateway, &config.tls).await {
             Ok(()) => {}
             Err(e) if config.eject_refused_replicas && refused(&e) => {
                 tracing::warn!(%gateway, "the replica refuses connections: ejected before the storm");
                 refused_at_start.push(replica);
             }
-            Err(e) => return Err(e).with_context(|| format!("gateway {gateway} is unreachable")),
+            Err(e) => {
+                anyhow::bail!("gateway {gateway} is unreachable: {}", describe(e))
+            }
         }
     }
     anyhow::ensure!(
@@ -72,6 +74,7 @@ pub async fn run_storm_until(
             config.max_tokens,
             &config.model,
             config.request_timeout,
+            &config.tls,
         )?
         .ejecting_refused(config.eject_refused_replicas)
         .stopping_on(stop.clone()),
@@ -134,11 +137,9 @@ pub async fn run_storm_until(
 
 /// Checks that the gateway answers at all, so an unreachable URL is one clear error rather than
 /// thousands of failed requests.
-async fn preflight(gateway: &Url) -> Result<(), reqwest::Error> {
+async fn preflight(gateway: &Url, tls: &ClientTls) -> Result<(), reqwest::Error> {
     let url = format!("{}/health", gateway.as_str().trim_end_matches('/'));
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()?;
+    let client = tls.http_client().timeout(Duration::from_secs(5)).build()?;
     client.get(&url).send().await?;
     Ok(())
 }
@@ -195,7 +196,7 @@ async fn fire_groups(
 async fn check_drain(config: &StormConfig) -> Option<DrainCheck> {
     let clients: Vec<ControlClient> = config
         .controls()
-        .map(|control| ControlClient::new(control, config.control_token.clone()))
+        .map(|control| ControlClient::new(control, config.control_token.clone(), &config.tls))
         .collect();
     if clients.is_empty() {
         return None;

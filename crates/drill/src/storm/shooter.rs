@@ -19,6 +19,8 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::tls::{ClientTls, tls_failure};
+
 /// The header in which a gateway names why it refused a request (`worker_overload_protection_shed`
 /// for a shed), as SMG does.
 pub(super) const ERROR_CODE_HEADER: &str = "x-smg-error-code";
@@ -114,7 +116,8 @@ pub(super) struct Shooter {
 
 impl Shooter {
     /// A shooter at `{gateway}/v1/chat/completions` of each of `gateways` in turn, the routing key
-    /// in `key_header`, each request given up after `timeout` (headers to last byte).
+    /// in `key_header`, each request given up after `timeout` (headers to last byte), https
+    /// gateways reached with `tls`.
     ///
     /// # Errors
     ///
@@ -126,10 +129,12 @@ impl Shooter {
         max_tokens: u32,
         model: &str,
         timeout: Duration,
+        tls: &ClientTls,
     ) -> anyhow::Result<Self> {
         let key_header = HeaderName::try_from(key_header)
             .with_context(|| format!("invalid routing key header name {key_header:?}"))?;
-        let http = reqwest::Client::builder()
+        let http = tls
+            .http_client()
             .timeout(timeout)
             .build()
             .context("building the HTTP client")?;
@@ -362,9 +367,13 @@ pub(super) fn refused(error: &reqwest::Error) -> bool {
 }
 
 /// An HTTP error with its whole cause chain on one line ("error sending request: ...: connection
-/// refused"): reqwest's own message alone rarely says what went wrong.
-fn describe(error: reqwest::Error) -> String {
-    format!("{:#}", anyhow::Error::from(error))
+/// refused"): reqwest's own message alone rarely says what went wrong. A TLS failure leads with
+/// what it was ("TLS: server certificate not trusted ..."), which the chain buries.
+pub(super) fn describe(error: reqwest::Error) -> String {
+    match tls_failure(&error) {
+        Some(tls) => format!("{tls}: {:#}", anyhow::Error::from(error)),
+        None => format!("{:#}", anyhow::Error::from(error)),
+    }
 }
 
 /// Token counts from an answer or a stream chunk: `usage` as OpenAI and vLLM send it, and the cached

@@ -11,6 +11,7 @@ use clap::Args;
 
 use crate::app::terminal::{print_err, print_out};
 use crate::config::token_file::{TokenFileError, read_token_file};
+use crate::tls::control_client;
 
 /// Where the gateway's control plane is and how to authenticate.
 #[derive(Debug, Clone, Args)]
@@ -19,10 +20,22 @@ pub struct ReloadArgs {
     /// say where to send the reload and with which token.
     #[arg(long, short = 'c', env = "GATEWAYD_CONFIG")]
     pub config: Option<PathBuf>,
-    /// The control plane's base URL (e.g. http://127.0.0.1:9090), instead of the file's
-    /// control_listen.
+    /// The control plane's base URL (e.g. http://127.0.0.1:9090, or https://… for a control plane
+    /// with TLS), instead of the file's control_listen (reached over https when the file gives the
+    /// control plane a certificate).
     #[arg(long, value_name = "URL")]
     pub control: Option<String>,
+    /// PEM file of the CA that signs the control plane's certificate, for an https control
+    /// plane; without it the system's trust roots are used. The certificate is always verified.
+    #[arg(long, env = "GATEWAYD_CA_FILE", value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// PEM certificate chain presented to a control plane that requires client certificates
+    /// (mutual TLS); needs --client-key.
+    #[arg(long, value_name = "FILE", requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+    /// PEM private key of --client-cert.
+    #[arg(long, value_name = "FILE", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
     /// File holding the control plane's admin token, instead of the file's admin_token_file.
     #[arg(long, env = "GATEWAYD_ADMIN_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
@@ -31,45 +44,80 @@ pub struct ReloadArgs {
     pub timeout_secs: u64,
 }
 
-/// The control address and token file a configuration file names, read leniently: the file may
-/// be the very one that fails to reload, and the gateway's answer says why better than a local
-/// parse would.
-fn from_file(path: &PathBuf) -> (Option<SocketAddr>, Option<PathBuf>) {
+/// What a configuration file says about reaching its control plane.
+#[derive(Debug, Default, PartialEq)]
+struct FromFile {
+    /// `server.control_listen`.
+    listen: Option<SocketAddr>,
+    /// `server.admin_token_file`.
+    token_file: Option<PathBuf>,
+    /// The control plane has a certificate: `[control.tls]`, or `[server.tls]` which it
+    /// inherits, names a `cert_file`.
+    tls: bool,
+}
+
+/// The control address, token file and TLS a configuration file names, read leniently: the file
+/// may be the very one that fails to reload, and the gateway's answer says why better than a
+/// local parse would.
+fn from_file(path: &PathBuf) -> FromFile {
     let Ok(text) = std::fs::read_to_string(path) else {
-        return (None, None);
+        return FromFile::default();
     };
     let Ok(value) = text.parse::<toml::Table>() else {
-        return (None, None);
+        return FromFile::default();
     };
-    let server = value.get("server").and_then(toml::Value::as_table);
-    let field = |name: &str| {
-        server
+    let field = |section: &str, name: &str| {
+        value
+            .get(section)
             .and_then(|s| s.get(name))
             .and_then(toml::Value::as_str)
     };
-    (
-        field("control_listen").and_then(|a| a.parse().ok()),
-        field("admin_token_file").map(PathBuf::from),
-    )
+    let has_certificate = |section: &str| {
+        value
+            .get(section)
+            .and_then(|s| s.get("tls"))
+            .and_then(|tls| tls.get("cert_file"))
+            .and_then(toml::Value::as_str)
+            .is_some_and(|file| !file.is_empty())
+    };
+    FromFile {
+        listen: field("server", "control_listen").and_then(|a| a.parse().ok()),
+        token_file: field("server", "admin_token_file").map(PathBuf::from),
+        tls: has_certificate("control") || has_certificate("server"),
+    }
 }
 
-/// The base URL to reach `addr` from this host: a wildcard listen address is reached on loopback.
-fn base_url(addr: SocketAddr) -> String {
+/// The base URL to reach `addr` from this host (https when `tls`): a wildcard listen address is
+/// reached on loopback.
+fn base_url(addr: SocketAddr, tls: bool) -> String {
     let ip = match addr.ip() {
         std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
         std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
         ip => ip,
     };
-    format!("http://{}", SocketAddr::new(ip, addr.port()))
+    let scheme = if tls { "https" } else { "http" };
+    format!("{scheme}://{}", SocketAddr::new(ip, addr.port()))
 }
 
 /// Runs `gatewayd reload`: 0 when the gateway reloaded, 1 (with the gateway's reason) when not.
 pub fn reload(args: ReloadArgs) -> ExitCode {
-    let (listen, file_token) = args.config.as_ref().map(from_file).unwrap_or_default();
+    let file = args.config.as_ref().map(from_file).unwrap_or_default();
     let control = args.control.clone().unwrap_or_else(|| {
-        base_url(listen.unwrap_or_else(|| crate::config::Listeners::default().control_listen))
+        base_url(
+            file.listen
+                .unwrap_or_else(|| crate::config::Listeners::default().control_listen),
+            file.tls,
+        )
     });
-    let token = match args.token_file.clone().or(file_token) {
+    let client = match control_client::http_client(
+        args.ca_file.as_deref(),
+        args.client_cert.as_deref(),
+        args.client_key.as_deref(),
+    ) {
+        Ok(client) => client.timeout(Duration::from_secs(args.timeout_secs)),
+        Err(e) => return fail(&e.to_string()),
+    };
+    let token = match args.token_file.clone().or(file.token_file) {
         Some(path) => match read_token_file(&path) {
             Ok(token) => Some(token),
             Err(TokenFileError::Empty) => {
@@ -90,9 +138,7 @@ pub fn reload(args: ReloadArgs) -> ExitCode {
     };
     let url = format!("{}/admin/reload", control.trim_end_matches('/'));
     let outcome = runtime.block_on(async {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(args.timeout_secs))
-            .build()?;
+        let client = client.build()?;
         let mut request = client.post(&url);
         if let Some(token) = &token {
             request = request.bearer_auth(token);
@@ -119,10 +165,15 @@ pub fn reload(args: ReloadArgs) -> ExitCode {
             let message = answer["error"]["message"].as_str().unwrap_or(body.trim());
             fail(&format!("reload failed ({status}): {message}"))
         }
-        Err(e) => fail(&format!(
-            "cannot reach the control plane at {url}: {}",
-            crate::error::display_chain(&e)
-        )),
+        Err(e) => {
+            // A TLS failure leads with what it was: the chain buries it.
+            let tls = control_client::tls_failure(&e).map(|tls| format!("{tls}: "));
+            fail(&format!(
+                "cannot reach the control plane at {url}: {}{}",
+                tls.unwrap_or_default(),
+                crate::error::display_chain(&e)
+            ))
+        }
     }
 }
 
@@ -138,13 +189,32 @@ mod tests {
     #[test]
     fn wildcard_listen_addresses_are_reached_on_loopback() {
         assert_eq!(
-            base_url("0.0.0.0:9090".parse().unwrap()),
+            base_url("0.0.0.0:9090".parse().unwrap(), false),
             "http://127.0.0.1:9090"
         );
-        assert_eq!(base_url("[::]:9090".parse().unwrap()), "http://[::1]:9090");
         assert_eq!(
-            base_url("10.0.0.2:9090".parse().unwrap()),
-            "http://10.0.0.2:9090"
+            base_url("[::]:9090".parse().unwrap(), false),
+            "http://[::1]:9090"
         );
+        assert_eq!(
+            base_url("10.0.0.2:9090".parse().unwrap(), true),
+            "https://10.0.0.2:9090"
+        );
+    }
+
+    #[test]
+    fn a_control_plane_with_a_certificate_is_reached_over_https() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gatewayd.toml");
+        let read = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            from_file(&path)
+        };
+        let plain = read("[server]\ncontrol_listen = \"127.0.0.1:9191\"\n");
+        assert_eq!(plain.listen, Some("127.0.0.1:9191".parse().unwrap()));
+        assert!(!plain.tls);
+        assert!(read("[server.tls]\ncert_file = \"/etc/bch/tls.crt\"\n").tls);
+        assert!(read("[control.tls]\ncert_file = \"/etc/bch/control.crt\"\n").tls);
+        assert!(!read("[control.tls]\ncert_file = \"\"\n").tls);
     }
 }

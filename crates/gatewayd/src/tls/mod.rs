@@ -2,10 +2,12 @@
 //! reading of PEM certificate and key files that the listeners (server side) and the connections
 //! to https workers (client side) share. `certificates` builds each TLS listener's rustls
 //! configuration and swaps it on a reload; `accept` runs a listener's handshake (timeout, plain
-//! HTTP detection, failure counts, the TLS metrics).
+//! HTTP detection, failure counts, the TLS metrics); `control_client` is the client side of
+//! gatewayd's own commands that call a control plane (`gatewayd reload`).
 
 pub(crate) mod accept;
 pub(crate) mod certificates;
+pub(crate) mod control_client;
 pub(crate) mod incoming;
 pub(crate) mod pem;
 

@@ -384,7 +384,7 @@ pub async fn preferred_worker(gateway: &RunningGateway, key: &str) -> String {
 
 /// An HTTP client that opens a new connection per request (no pooling between test steps).
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
+    bch_drill::tls::http_client()
         .pool_max_idle_per_host(0)
         .build()
         .unwrap()
@@ -393,7 +393,7 @@ pub fn client() -> reqwest::Client {
 /// Every worker record of `GET /admin/workers`.
 pub async fn worker_records(gateway: &RunningGateway) -> Vec<serde_json::Value> {
     let mut body: serde_json::Value =
-        reqwest::get(format!("http://{}/admin/workers", gateway.control_addr))
+        bch_drill::tls::get(format!("http://{}/admin/workers", gateway.control_addr))
             .await
             .unwrap()
             .json()

@@ -12,7 +12,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 /// `(min_load_gap, max_load_skew)` as `GET /admin/policy` reports them.
 async fn http_thresholds(policy_url: &str) -> (Option<u64>, Option<f64>) {
-    let policy: serde_json::Value = reqwest::get(policy_url)
+    let policy: serde_json::Value = bch_drill::tls::get(policy_url)
         .await
         .unwrap()
         .json()
@@ -49,7 +49,9 @@ async fn snapshot_first_then_ticks_follow_a_held_stream() {
     let share_sum: f64 = snapshot.ring.workers.iter().map(|w| w.share).sum();
     assert!((share_sum - 1.0).abs() < 1e-9);
 
-    let mut held = reqwest::Client::new()
+    let mut held = bch_drill::tls::http_client()
+        .build()
+        .unwrap()
         .get(format!("http://{}/hold", gateway.data_addr))
         .header("x-smg-routing-key", "watched-key")
         .send()
@@ -101,7 +103,7 @@ async fn a_spill_appears_with_the_numbers_behind_it() {
     let gateway = start(config).await;
     let mut client = Client::connect(&gateway).await;
     client.frame().await;
-    let http = reqwest::Client::new();
+    let http = bch_drill::tls::http_client().build().unwrap();
     let mut open = Vec::new();
     let mut placed = Vec::new();
     // Loads [p, 0] spill at p = 3 with gap 2 and skew 1.5: the fourth request spills.
@@ -201,7 +203,7 @@ async fn set_policy_is_acked_validated_and_announced_both_ways() {
         announced.policy.spill_order,
         bch_core::policy::SpillOrder::HashSeeded
     );
-    let policy: serde_json::Value = reqwest::get(&policy_url)
+    let policy: serde_json::Value = bch_drill::tls::get(&policy_url)
         .await
         .unwrap()
         .json()
@@ -209,7 +211,9 @@ async fn set_policy_is_acked_validated_and_announced_both_ways() {
         .unwrap();
     assert_eq!(policy["spill_order"], "hash_seeded");
 
-    let put = reqwest::Client::new()
+    let put = bch_drill::tls::http_client()
+        .build()
+        .unwrap()
         .put(&policy_url)
         .json(&serde_json::json!({"min_load_gap": 1}))
         .send()
@@ -244,7 +248,9 @@ async fn resync_sends_a_fresh_snapshot_and_ring_changes_are_announced() {
     client
         .until(|m| matches!(m, ServerMessage::Snapshot(_)).then_some(()))
         .await;
-    let added = reqwest::Client::new()
+    let added = bch_drill::tls::http_client()
+        .build()
+        .unwrap()
         .post(format!("http://{}/admin/workers", gateway.control_addr))
         .json(&serde_json::json!({"name": "b", "url": b.url()}))
         .send()
@@ -273,7 +279,7 @@ async fn a_client_that_never_reads_does_not_slow_routing() {
     let stalled = Client::connect(&gateway).await;
     let mut watcher = Client::connect(&gateway).await;
     watcher.frame().await;
-    let http = reqwest::Client::new();
+    let http = bch_drill::tls::http_client().build().unwrap();
     let data = gateway.data_addr;
     let mut handles = Vec::new();
     for chunk in 0..8 {
@@ -307,7 +313,7 @@ async fn a_client_that_never_reads_does_not_slow_routing() {
         .await;
     assert!(totals.requests_total >= 2_000);
     // The gateway kept serving its control plane too.
-    let policy = reqwest::get(format!("http://{}/admin/policy", gateway.control_addr))
+    let policy = bch_drill::tls::get(format!("http://{}/admin/policy", gateway.control_addr))
         .await
         .unwrap();
     assert_eq!(policy.status(), 200);
@@ -354,7 +360,9 @@ async fn implicit_keys_are_shown_only_as_hashes() {
     let mut client = Client::connect(&gateway).await;
     client.frame().await;
     let secret = "Bearer sk-live-DO-NOT-LEAK";
-    reqwest::Client::new()
+    bch_drill::tls::http_client()
+        .build()
+        .unwrap()
         .get(format!("http://{}/echo", gateway.data_addr))
         .header("authorization", secret)
         .send()
@@ -401,7 +409,7 @@ async fn set_policy_changes_admission_with_the_tomls_names() {
     let ack = client.next_ack().await;
     assert_eq!(ack.policy.admission.max_in_flight_per_worker, 3);
     assert_eq!(ack.policy.admission.queue_timeout_ms, 250);
-    let policy: serde_json::Value = reqwest::get(&policy_url)
+    let policy: serde_json::Value = bch_drill::tls::get(&policy_url)
         .await
         .unwrap()
         .json()

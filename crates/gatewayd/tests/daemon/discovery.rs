@@ -110,7 +110,7 @@ impl Daemon {
     }
 
     async fn workers(&self) -> Vec<Value> {
-        let body: Value = reqwest::get(format!("http://{}/admin/workers", self.control))
+        let body: Value = bch_drill::tls::get(format!("http://{}/admin/workers", self.control))
             .await
             .unwrap()
             .json()
@@ -142,7 +142,7 @@ impl Daemon {
     }
 
     async fn metric(&self, prefix: &str) -> f64 {
-        let text = reqwest::get(format!("http://{}/metrics", self.control))
+        let text = bch_drill::tls::get(format!("http://{}/metrics", self.control))
             .await
             .unwrap()
             .text()
@@ -284,7 +284,7 @@ async fn an_empty_source_logs_its_state_once_not_a_change_per_refresh() {
         1,
         "the state change, once"
     );
-    let health: Value = reqwest::get(format!("http://{}/admin/discovery", daemon.control))
+    let health: Value = bch_drill::tls::get(format!("http://{}/admin/discovery", daemon.control))
         .await
         .unwrap()
         .json()

@@ -14,6 +14,7 @@ mod demo;
 mod discovery;
 mod explain;
 mod logs;
+mod reload_tls;
 mod replicas;
 mod replicas_admission;
 mod signals;

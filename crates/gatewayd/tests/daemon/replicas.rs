@@ -107,7 +107,7 @@ impl Replica {
 
     /// The JSON answer of `GET path` on its control plane.
     pub(crate) async fn get(&self, path: &str) -> Value {
-        reqwest::get(format!("http://{}{path}", self.control))
+        bch_drill::tls::get(format!("http://{}{path}", self.control))
             .await
             .unwrap()
             .json()
@@ -168,7 +168,7 @@ async fn place(
     replicas: &[Replica],
     wait_for_scrapes: bool,
 ) -> (BTreeMap<String, usize>, Vec<(usize, reqwest::Response)>) {
-    let client = reqwest::Client::new();
+    let client = bch_drill::tls::http_client().build().unwrap();
     let mut held = Vec::new();
     let mut landed = BTreeMap::new();
     for i in 0..REQUESTS {

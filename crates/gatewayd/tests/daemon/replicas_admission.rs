@@ -79,7 +79,7 @@ async fn worker_metrics_replicas_keep_a_worker_under_its_cap_within_one_scrape_i
     let replicas: Vec<Replica> = (0..REPLICAS)
         .map(|_| Replica::start_with(&sims, "worker_metrics", SCRAPE_MS, &admission))
         .collect();
-    let client = reqwest::Client::new();
+    let client = bch_drill::tls::http_client().build().unwrap();
     let send = |i: usize| {
         let request = client
             .post(format!(
@@ -189,7 +189,7 @@ async fn worker_metrics_replicas_keep_a_worker_under_its_cap_within_one_scrape_i
         let zero = |r: &Value, field: &str| r.get(field).is_none_or(|v| v == 0);
         let mut queued = 0.0;
         for replica in &replicas {
-            let metrics = reqwest::get(format!("http://{}/metrics", replica.control))
+            let metrics = bch_drill::tls::get(format!("http://{}/metrics", replica.control))
                 .await
                 .unwrap()
                 .text()

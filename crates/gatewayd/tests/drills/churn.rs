@@ -90,7 +90,7 @@ async fn membership_churn_under_load() {
             keys.clone(),
         );
         clients.push(tokio::spawn(async move {
-            let client = reqwest::Client::new();
+            let client = bch_drill::tls::http_client().build().unwrap();
             let url = format!("http://{}/v1/churn", gateway.data_addr);
             let mut n = c as u64;
             while !stop.is_cancelled() {

@@ -286,7 +286,7 @@ async fn fault_storm() {
     };
 
     // The storm.
-    let client = reqwest::Client::new();
+    let client = bch_drill::tls::http_client().build().unwrap();
     let url = format!("http://{}/v1/chat/completions", gateway.data_addr);
     let outcomes: Vec<Outcome> = futures_util::stream::iter(0..total)
         .map(|i| {

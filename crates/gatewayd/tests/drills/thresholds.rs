@@ -93,7 +93,7 @@ async fn concurrent_threshold_changes() {
         let (gateway, stop, requests) = (Arc::clone(&gateway), stop.clone(), Arc::clone(&requests));
         let hot_keys = Arc::clone(&hot_keys);
         storm.push(tokio::spawn(async move {
-            let client = reqwest::Client::new();
+            let client = bch_drill::tls::http_client().build().unwrap();
             let url = format!("http://{}/sse?n=3&gap_ms=3", gateway.data_addr);
             while !stop.is_cancelled() {
                 let response = client

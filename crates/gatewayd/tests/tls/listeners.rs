@@ -65,7 +65,7 @@ async fn the_data_plane_and_the_control_plane_serve_tls_with_http1_alpn() {
     }
 
     // Plain HTTP clients are not served on a TLS port.
-    let plain = reqwest::get(format!("http://{}/echo", gateway.data_addr)).await;
+    let plain = bch_drill::tls::get(format!("http://{}/echo", gateway.data_addr)).await;
     assert_eq!(plain.map(|r| r.status().as_u16()).ok(), Some(400));
 
     assert!(all_idle(&gateway).await, "in-flight loads back to 0");

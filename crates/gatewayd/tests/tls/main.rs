@@ -8,6 +8,7 @@
 mod common;
 
 mod checks;
+mod clients;
 mod listeners;
 mod rotation;
 mod signals;

@@ -62,7 +62,7 @@ async fn srv_fleet(n: usize) -> (Vec<WorkerHandle>, Zone) {
 }
 
 async fn get_json(gateway: &RunningGateway, path: &str) -> Value {
-    reqwest::get(format!("http://{}{path}", gateway.control_addr))
+    bch_drill::tls::get(format!("http://{}{path}", gateway.control_addr))
         .await
         .unwrap()
         .json()
