@@ -1,7 +1,12 @@
 //! Telemetry wire types shared by gatewayd (publisher) and bch-tui (client).
 //!
-//! Every frame is one JSON text message `{"v":1,"seq":N,"type":...}`. The full protocol, with an
+//! Every frame is one JSON text message `{"v":N,"seq":N,"type":...}`. The full protocol, with an
 //! example of each message, versioning rules and gap recovery, is in `docs/protocol.md`.
+//!
+//! Two versions are spoken: version 1 (a snapshot and a `ring` frame carry every worker's arcs)
+//! to clients that do not ask for more, and version 2 to clients that connect with `?v=2`: no
+//! arcs (a client rebuilds the ring from the workers' ring identities with [`RingOwnership::of_workers`]),
+//! and a [`MembershipUpdate`] delta instead of the whole list on a membership change.
 //!
 //! Records are *complete*: a `tick` carries whole [`WorkerRecord`]s and [`KeyRecord`]s for the items
 //! that changed, never deltas, so applying a frame twice is harmless and a client that missed frames
@@ -11,16 +16,32 @@ use serde::{Deserialize, Serialize};
 
 mod admission;
 mod discovery;
+mod membership;
+mod ownership;
 pub use admission::{AdmissionSummary, ShedRates};
 pub use discovery::{DiscoveryKind, DiscoverySource, DiscoveryState};
+pub use membership::{MembershipUpdate, PlacedWorker};
 
 use crate::admission::AdmissionPatch;
 use crate::fleet_load::{LoadSignal, LoadSource};
 use crate::policy::{Branch, PolicyKind, PolicySettings, SpillOrder};
 
-/// Protocol version carried in every frame's `v`. Bumped only for incompatible changes; new optional
-/// fields do not bump it (clients must ignore unknown fields).
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The newest protocol version, carried in every frame's `v` of a client that asked for it
+/// (`GET /ws?v=2`). Bumped only for incompatible changes; new optional fields do not bump it
+/// (clients must ignore unknown fields).
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// The version a client gets when it does not ask for one: every consumer written before
+/// version 2 existed keeps receiving exactly the frames it was written for.
+pub const FIRST_PROTOCOL_VERSION: u32 = 1;
+
+/// The version a server speaks to a client that asked for `asked` (`None`: did not ask): the
+/// highest it knows up to the one asked, and never below version 1.
+pub fn negotiated_version(asked: Option<u32>) -> u32 {
+    asked.map_or(FIRST_PROTOCOL_VERSION, |v| {
+        v.clamp(FIRST_PROTOCOL_VERSION, PROTOCOL_VERSION)
+    })
+}
 
 /// One server → client frame: the envelope (`v`, `seq`) plus the message, flattened so the JSON is
 /// `{"v":1,"seq":7,"type":"tick",...}`.
@@ -46,8 +67,12 @@ pub enum ServerMessage {
     /// Periodic update every `[telemetry] interval_ms` (default 100 ms): what changed since the last
     /// tick.
     Tick(Tick),
-    /// Membership changed (worker added, removed or replaced): new ring ownership and worker list.
+    /// Membership changed (worker added, removed or replaced): new ring ownership and worker list
+    /// (version 1 only).
     Ring(RingUpdate),
+    /// Membership changed, as a delta: the workers that left, arrived or changed identity
+    /// (version 2 only; the client rebuilds the ring itself).
+    Membership(MembershipUpdate),
     /// The policy or its thresholds changed, with who changed it.
     Policy(PolicyUpdate),
     /// A client command was applied.
@@ -67,8 +92,10 @@ pub struct Snapshot {
     pub policy: PolicySettings,
     /// Every registered worker, in configuration order.
     pub workers: Vec<WorkerRecord>,
-    /// Each worker's share of the hash space and its arcs.
-    pub ring: RingOwnership,
+    /// Each worker's share of the hash space and its arcs: always in version 1, never in
+    /// version 2 (the client computes it from `workers` and `policy.virtual_nodes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring: Option<RingOwnership>,
     /// The most recently active routing keys (at most `[telemetry] max_keys`), most recent first.
     pub keys: Vec<KeyRecord>,
     /// The most recent spill events, oldest first.
@@ -310,6 +337,11 @@ pub struct WorkerRecord {
     pub name: String,
     /// Worker base URL.
     pub url: String,
+    /// The worker's ring identity when it is not its URL (the configured `ring_id`); the ring
+    /// places `ring_id`, or the URL exactly as written when absent. Absent from older gateways'
+    /// frames, which send the ring's arcs instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring_id: Option<String>,
     /// Health as seen by probes and passive marking.
     pub healthy: bool,
     /// `active` or `draining` (absent from frames of older gateways: `active`).
@@ -360,6 +392,11 @@ impl WorkerRecord {
     /// The load the rule reads: [`WorkerRecord::load`], or `active` from an older gateway.
     pub fn rule_load(&self) -> u64 {
         self.load.unwrap_or(self.active)
+    }
+
+    /// What the ring hashes for this worker: its `ring_id`, or its URL.
+    pub fn ring_identity(&self) -> &str {
+        self.ring_id.as_deref().unwrap_or(&self.url)
     }
 }
 
@@ -557,10 +594,10 @@ pub struct Totals {
 }
 
 impl ServerFrame {
-    /// Wraps a message in the current protocol version's envelope.
+    /// Wraps a message in version 1's envelope, what a client that asks for nothing gets.
     pub fn new(seq: u64, message: ServerMessage) -> Self {
         Self {
-            v: PROTOCOL_VERSION,
+            v: FIRST_PROTOCOL_VERSION,
             seq,
             message,
         }
