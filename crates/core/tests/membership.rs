@@ -53,7 +53,9 @@ fn worker_list() -> impl Strategy<Value = Vec<WorkerRecord>> {
 
 /// An edit of `before` as membership changes make them: some leave, some change URL, some arrive
 /// at any position; the others keep their order.
-fn edited(before: Vec<WorkerRecord>) -> impl Strategy<Value = (Vec<WorkerRecord>, Vec<WorkerRecord>)> {
+fn edited(
+    before: Vec<WorkerRecord>,
+) -> impl Strategy<Value = (Vec<WorkerRecord>, Vec<WorkerRecord>)> {
     let n = before.len();
     (
         proptest::collection::vec(0u8..4, n),
@@ -89,6 +91,9 @@ fn assert_delta_reaches(before: &[WorkerRecord], after: &[WorkerRecord]) {
     let delta: MembershipUpdate = serde_json::from_str(&json).unwrap();
     let mut list = before.to_vec();
     assert!(delta.apply_to(&mut list), "the count matches");
+    assert_eq!(list, after);
+    // Applied again (a snapshot taken after the change, then the delta): no change.
+    assert!(delta.apply_to(&mut list));
     assert_eq!(list, after);
 }
 

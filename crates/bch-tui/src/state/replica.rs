@@ -213,6 +213,15 @@ impl Replica {
                 self.fleet.apply_ring(update);
                 None
             }
+            ServerMessage::Membership(update) => {
+                // A delta that does not add up means this list is not the gateway's: start over
+                // from a snapshot, as after a seq gap.
+                if !self.fleet.apply_membership(update) && !self.resyncing {
+                    self.resyncing = true;
+                    resync = Some(ClientCommand::Resync { id: None });
+                }
+                None
+            }
             ServerMessage::Policy(update) => {
                 self.fleet.apply_policy(update);
                 None

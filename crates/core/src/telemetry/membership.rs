@@ -102,13 +102,21 @@ impl MembershipUpdate {
         }
     }
 
-    /// Applies the delta to `workers` (the list before the change): removals, then changed
-    /// records in place, then arrivals at their positions. Answers whether the result has
+    /// Applies the delta to `workers` (the list before the change, or already after it):
+    /// removals, then changed records in place, then arrivals at their positions. Answers whether the result has
     /// [`MembershipUpdate::worker_count`] workers; when not, the list is not the gateway's and the
     /// client should ask for a snapshot.
     pub fn apply_to(&self, workers: &mut Vec<WorkerRecord>) -> bool {
-        let removed: HashSet<&str> = self.removed.iter().map(String::as_str).collect();
-        workers.retain(|w| !removed.contains(w.name.as_str()));
+        // Arrivals already in the list go too (and come back at their place): applying a delta
+        // to a list that already has it, such as a snapshot taken just after the change, is
+        // harmless, as applying any frame twice is.
+        let gone: HashSet<&str> = self
+            .removed
+            .iter()
+            .map(String::as_str)
+            .chain(self.added.iter().map(|p| p.worker.name.as_str()))
+            .collect();
+        workers.retain(|w| !gone.contains(w.name.as_str()));
         if !self.changed.is_empty() {
             let changed: HashMap<&str, &WorkerRecord> =
                 self.changed.iter().map(|w| (w.name.as_str(), w)).collect();

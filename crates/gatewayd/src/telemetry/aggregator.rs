@@ -9,8 +9,9 @@ use bch_core::decide::{Decision, FleetView};
 use bch_core::policy::{BoundCheck, Branch, FleetLoad};
 use bch_core::router::{Router, RoutingTable};
 use bch_core::telemetry::{
-    AdmissionSummary, DiscoverySource, DrainedUpdate, PolicyUpdate, RingOwnership, RingUpdate,
-    ServerMessage, Snapshot, SpillCause, SpillEvent, Tick, Totals, WorkerRecord,
+    AdmissionSummary, DiscoverySource, DrainedUpdate, FIRST_PROTOCOL_VERSION, MembershipUpdate,
+    PolicyUpdate, RingOwnership, RingUpdate, ServerMessage, Snapshot, SpillCause, SpillEvent, Tick,
+    Totals, WorkerRecord,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -132,6 +133,24 @@ fn bound_now(table: &RoutingTable, preferred: usize) -> BoundCheck {
     fleet.bound_for(table.load(preferred), table.policy())
 }
 
+/// The ring's ownership (every worker's arcs), built only when a version 1 client needs it: at
+/// 10,000 workers it is most of a version 1 snapshot, and version 2 clients compute it themselves.
+#[derive(Default)]
+struct RingCache {
+    /// The membership generation it was built for, and the ownership.
+    built: Option<(u64, RingOwnership)>,
+}
+
+impl RingCache {
+    fn get(&mut self, table: &RoutingTable) -> &RingOwnership {
+        let generation = table.membership_generation();
+        if self.built.as_ref().is_none_or(|(g, _)| *g != generation) {
+            self.built = Some((generation, ring_ownership(table)));
+        }
+        &self.built.as_ref().expect("built above").1
+    }
+}
+
 /// All telemetry data, owned by one task.
 pub(super) struct Aggregator {
     router: Arc<Router>,
@@ -140,8 +159,11 @@ pub(super) struct Aggregator {
     keys: KeyTracker,
     spills: SpillLog,
     last_workers: HashMap<WorkerKey, WorkerRecord>,
+    /// The membership generation clients were last told about.
     ring_generation: u64,
-    ring: RingOwnership,
+    /// The worker records at that membership, the base of the next membership delta.
+    members: Vec<WorkerRecord>,
+    ring: RingCache,
     requests_total: u64,
     spills_total: u64,
     rates: Rates,
@@ -163,10 +185,10 @@ impl Aggregator {
         admission: Arc<AdmissionStats>,
     ) -> Self {
         let table = router.table();
-        let ring = ring_ownership(&table);
         Self {
             ring_generation: table.membership_generation(),
-            ring,
+            members: table.worker_records(now_ms()),
+            ring: RingCache::default(),
             router,
             interval: config.interval.max(Duration::from_millis(1)),
             clients: Clients::default(),
@@ -242,16 +264,18 @@ impl Aggregator {
 
     fn control(&mut self, command: Control) {
         match command {
-            Control::Register { id, frames } => {
-                self.clients.add(id, frames);
-                let snapshot = self.snapshot_message();
-                self.clients.deliver_snapshots(&snapshot);
+            Control::Register {
+                id,
+                frames,
+                version,
+            } => {
+                self.clients.add(id, frames, version);
+                self.deliver_snapshots();
             }
             Control::Unregister(id) => self.clients.remove(id),
             Control::Resync(id) => {
                 self.clients.resync(id);
-                let snapshot = self.snapshot_message();
-                self.clients.deliver_snapshots(&snapshot);
+                self.deliver_snapshots();
             }
             Control::PolicyChanged(source, client) => {
                 let message = encode_message(&ServerMessage::Policy(PolicyUpdate {
@@ -279,23 +303,29 @@ impl Aggregator {
         }
     }
 
-    fn snapshot_message(&self) -> Arc<str> {
+    /// Sends a snapshot to every client waiting for one, in its protocol version: version 1
+    /// with the ring's arcs, version 2 without.
+    fn deliver_snapshots(&mut self) {
         let table = self.router.table();
-        encode_message(&ServerMessage::Snapshot(Snapshot {
+        let snapshot = Snapshot {
             ts_ms: now_ms(),
             policy: *table.policy(),
             workers: table.worker_records(now_ms()),
-            ring: if table.membership_generation() == self.ring_generation {
-                self.ring.clone()
-            } else {
-                ring_ownership(&table)
-            },
+            ring: None,
             keys: self.keys.records(),
             spills: self.spills.kept.iter().cloned().collect(),
             totals: self.totals,
             discovery: self.discovery_at(now_ms()),
             admission: Some(self.admission_summary),
-        }))
+        };
+        let ring = &mut self.ring;
+        self.clients.deliver_snapshots(|version| {
+            let ring = (version == FIRST_PROTOCOL_VERSION).then(|| ring.get(&table).clone());
+            encode_message(&ServerMessage::Snapshot(Snapshot {
+                ring,
+                ..snapshot.clone()
+            }))
+        });
     }
 
     /// The discovery sources' records with their ages at `now_ms`.
@@ -326,8 +356,7 @@ impl Aggregator {
         let discovery =
             std::mem::take(&mut self.discovery_changed).then(|| self.discovery_at(ts_ms));
         if self.clients.snapshot_needed() {
-            let snapshot = self.snapshot_message();
-            self.clients.deliver_snapshots(&snapshot);
+            self.deliver_snapshots();
         }
         self.clients.send_ticks(Tick {
             ts_ms,
@@ -342,19 +371,33 @@ impl Aggregator {
         });
     }
 
-    /// Sends a `ring` frame when the membership (or `virtual_nodes`) changed since the last tick.
+    /// Announces a membership (or `virtual_nodes`) change since the last tick: a `ring` frame
+    /// (every worker and every arc) to version 1 clients, a `membership` delta to version 2 ones.
     fn announce_ring_change(&mut self, table: &RoutingTable) {
         if table.membership_generation() == self.ring_generation {
             return;
         }
         self.ring_generation = table.membership_generation();
-        self.ring = ring_ownership(table);
-        let message = encode_message(&ServerMessage::Ring(RingUpdate {
-            ts_ms: now_ms(),
-            workers: table.worker_records(now_ms()),
-            ring: self.ring.clone(),
-        }));
-        self.clients.broadcast(&message);
+        let ts_ms = now_ms();
+        let members = table.worker_records(ts_ms);
+        let before = std::mem::replace(&mut self.members, members);
+        let (members, ring) = (&self.members, &mut self.ring);
+        self.clients.broadcast_by_version(|version| {
+            encode_message(&if version == FIRST_PROTOCOL_VERSION {
+                ServerMessage::Ring(RingUpdate {
+                    ts_ms,
+                    workers: members.clone(),
+                    ring: ring.get(table).clone(),
+                })
+            } else {
+                ServerMessage::Membership(MembershipUpdate::between(
+                    ts_ms,
+                    &before,
+                    members,
+                    table.ring().virtual_nodes(),
+                ))
+            })
+        });
     }
 
     /// The worker records that differ from the last tick's, remembered for the next one.

@@ -12,8 +12,35 @@ use super::wire::encode_message;
 
 struct Client {
     frames: mpsc::Sender<Arc<str>>,
+    /// The protocol version the client speaks (docs/protocol.md, "Versioning").
+    version: u32,
     dropped: u64,
     needs_snapshot: bool,
+}
+
+/// A message encoded at most once per protocol version, on first use: a frame only version 1
+/// clients need (the ring's arcs) is never built while none is connected.
+struct PerVersion<F> {
+    encode: F,
+    encoded: HashMap<u32, Arc<str>>,
+}
+
+impl<F: FnMut(u32) -> Arc<str>> PerVersion<F> {
+    fn new(encode: F) -> Self {
+        Self {
+            encode,
+            encoded: HashMap::new(),
+        }
+    }
+
+    fn get(&mut self, version: u32) -> Arc<str> {
+        let encode = &mut self.encode;
+        Arc::clone(
+            self.encoded
+                .entry(version)
+                .or_insert_with(|| encode(version)),
+        )
+    }
 }
 
 /// Every registered client.
@@ -28,12 +55,13 @@ impl Clients {
         self.clients.is_empty()
     }
 
-    /// Adds a client; it needs a snapshot first.
-    pub(super) fn add(&mut self, id: u64, frames: mpsc::Sender<Arc<str>>) {
+    /// Adds a client speaking protocol `version`; it needs a snapshot first.
+    pub(super) fn add(&mut self, id: u64, frames: mpsc::Sender<Arc<str>>, version: u32) {
         self.clients.insert(
             id,
             Client {
                 frames,
+                version,
                 dropped: 0,
                 needs_snapshot: true,
             },
@@ -57,12 +85,33 @@ impl Clients {
         self.clients.values().any(|c| c.needs_snapshot)
     }
 
-    /// Sends the snapshot to every client that needs one and has room for it.
-    pub(super) fn deliver_snapshots(&mut self, snapshot: &Arc<str>) {
+    /// Sends a snapshot to every client that needs one and has room for it; `snapshot` encodes
+    /// it for a protocol version, once per version in use.
+    pub(super) fn deliver_snapshots(&mut self, snapshot: impl FnMut(u32) -> Arc<str>) {
+        let mut snapshot = PerVersion::new(snapshot);
         for client in self.clients.values_mut() {
-            if client.needs_snapshot && client.frames.try_send(Arc::clone(snapshot)).is_ok() {
+            if client.needs_snapshot
+                && !client.frames.is_closed()
+                && client.frames.capacity() > 0
+                && client.frames.try_send(snapshot.get(client.version)).is_ok()
+            {
                 client.needs_snapshot = false;
             }
+        }
+        self.forget_closed();
+    }
+
+    /// Like [`Clients::broadcast`], with the message encoded for each client's protocol version
+    /// (once per version in use).
+    pub(super) fn broadcast_by_version(&mut self, message: impl FnMut(u32) -> Arc<str>) {
+        let mut message = PerVersion::new(message);
+        for client in self.clients.values_mut() {
+            if client.needs_snapshot {
+                client.dropped += 1;
+                continue;
+            }
+            let message = message.get(client.version);
+            client.offer(&message);
         }
         self.forget_closed();
     }
