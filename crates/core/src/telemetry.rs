@@ -81,6 +81,10 @@ pub enum ServerMessage {
     Error(CommandError),
     /// A draining worker has no request in flight any more (and was removed, if that was asked).
     Drained(DrainedUpdate),
+    /// A message type this build does not know (a newer gateway's), read so that its `seq` still
+    /// counts: a client skips it instead of taking it for a gap. Never sent.
+    #[serde(other)]
+    Unknown,
 }
 
 /// Full state sent on connect and on resync.

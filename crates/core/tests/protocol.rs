@@ -431,3 +431,13 @@ fn admission_summaries_are_optional_and_add_up_across_replicas() {
     assert_eq!(sum.shed_per_s_by_reason.queue_timeout, 20.0);
     assert_eq!((sum.admitted_total, sum.shed_total), (8_420, 192));
 }
+
+#[test]
+fn an_unknown_message_type_still_parses_with_its_seq() {
+    // A newer gateway's message: the client must count its seq (or it would take the next frame
+    // for a gap and resync) and skip it.
+    let json = r#"{"v":2,"seq":4,"type":"a_frame_from_the_future","payload":{"x":1}}"#;
+    let frame: ServerFrame = serde_json::from_str(json).unwrap();
+    assert_eq!((frame.v, frame.seq), (2, 4));
+    assert_eq!(frame.message, ServerMessage::Unknown);
+}

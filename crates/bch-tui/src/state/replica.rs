@@ -239,6 +239,8 @@ impl Replica {
                 format!("{} drained: no request in flight", drained.worker)
             })),
             ServerMessage::Error(err) => Some(Answer::Error(err.id, err.message)),
+            // A newer gateway's message: nothing to apply, and its seq was counted above.
+            ServerMessage::Unknown => None,
         };
         (resync, answer)
     }
