@@ -151,6 +151,17 @@ impl RingCache {
     }
 }
 
+/// Whether two records of a worker differ at most in their scrape age.
+fn same_but_age(a: &WorkerRecord, b: &WorkerRecord) -> bool {
+    a.scrape_age_ms.is_some()
+        && b.scrape_age_ms.is_some()
+        && *a
+            == WorkerRecord {
+                scrape_age_ms: a.scrape_age_ms,
+                ..b.clone()
+            }
+}
+
 /// All telemetry data, owned by one task.
 pub(super) struct Aggregator {
     router: Arc<Router>,
@@ -344,7 +355,7 @@ impl Aggregator {
             .sample(now, self.requests_total, self.spills_total);
         self.admission_summary = self.admission.sample(now);
         self.announce_ring_change(&table);
-        let changed_workers = self.changed_workers(&table);
+        let (changed_workers, aged_only) = self.changed_workers(&table);
         if self.clients.is_empty() {
             // Nobody to tell: a client that connects later starts from a snapshot.
             self.keys.discard_changes();
@@ -358,17 +369,20 @@ impl Aggregator {
         if self.clients.snapshot_needed() {
             self.deliver_snapshots();
         }
-        self.clients.send_ticks(Tick {
-            ts_ms,
-            workers: changed_workers,
-            keys: changed_keys,
-            removed_keys,
-            spills: std::mem::take(&mut self.spills.new),
-            totals: self.totals,
-            dropped_events: 0,
-            discovery,
-            admission: Some(self.admission_summary),
-        });
+        self.clients.send_ticks(
+            &aged_only,
+            Tick {
+                ts_ms,
+                workers: changed_workers,
+                keys: changed_keys,
+                removed_keys,
+                spills: std::mem::take(&mut self.spills.new),
+                totals: self.totals,
+                dropped_events: 0,
+                discovery,
+                admission: Some(self.admission_summary),
+            },
+        );
     }
 
     /// Announces a membership (or `virtual_nodes`) change since the last tick: a `ring` frame
@@ -400,20 +414,28 @@ impl Aggregator {
         });
     }
 
-    /// The worker records that differ from the last tick's, remembered for the next one.
-    fn changed_workers(&mut self, table: &RoutingTable) -> Vec<WorkerRecord> {
+    /// The worker records that differ from the last tick's, remembered for the next one, and
+    /// which of them (indices into the list) differ only in their scrape age: version 2 ticks
+    /// leave those out, or every scraped worker would be in every tick.
+    fn changed_workers(&mut self, table: &RoutingTable) -> (Vec<WorkerRecord>, Vec<usize>) {
         let members = TableKeys::of(table);
         self.last_workers.retain(|key, _| members.contains(key));
         let mut changed = Vec::new();
+        let mut aged_only = Vec::new();
         // `worker_records` lists the table's workers in their order.
         for (worker, record) in table.workers().iter().zip(table.worker_records(now_ms())) {
-            if self.last_workers.get(worker.spec.url.as_str()) != Some(&record) {
-                self.last_workers
-                    .insert(WorkerKey::of_worker(worker), record.clone());
-                changed.push(record);
+            let last = self.last_workers.get(worker.spec.url.as_str());
+            if last == Some(&record) {
+                continue;
             }
+            if last.is_some_and(|last| same_but_age(last, &record)) {
+                aged_only.push(changed.len());
+            }
+            self.last_workers
+                .insert(WorkerKey::of_worker(worker), record.clone());
+            changed.push(record);
         }
-        changed
+        (changed, aged_only)
     }
 }
 
@@ -473,6 +495,38 @@ mod tests {
         let records = aggregator.keys.records();
         assert_eq!(records.len(), 1);
         assert_eq!(records[0].spills_total, 1, "the key's capacity spill");
+    }
+
+    #[test]
+    fn a_record_that_only_aged_is_told_apart() {
+        let router = Router::new(
+            vec![bch_core::router::WorkerSpec {
+                name: "a".into(),
+                url: "http://127.0.0.1:1".into(),
+                ring_id: None,
+                source: Default::default(),
+                max_in_flight: None,
+            }],
+            Default::default(),
+        )
+        .unwrap();
+        let record = router.table().worker_records(0).remove(0);
+        let scraped = WorkerRecord {
+            scrape_age_ms: Some(40),
+            ..record.clone()
+        };
+        let older = WorkerRecord {
+            scrape_age_ms: Some(140),
+            ..scraped.clone()
+        };
+        assert!(same_but_age(&scraped, &older));
+        let busier = WorkerRecord {
+            active: 1,
+            ..older.clone()
+        };
+        assert!(!same_but_age(&scraped, &busier));
+        // Never scraped, then scraped: a change worth telling.
+        assert!(!same_but_age(&record, &scraped));
     }
 
     #[tokio::test(start_paused = true)]

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use bch_core::telemetry::{ServerMessage, Tick};
+use bch_core::telemetry::{FIRST_PROTOCOL_VERSION, ServerMessage, Tick};
 use tokio::sync::mpsc;
 
 use super::wire::encode_message;
@@ -129,21 +129,36 @@ impl Clients {
         self.forget_closed();
     }
 
-    /// Sends `tick` to every client in sync, with that client's own `dropped_events`. Bodies are
-    /// encoded once per distinct dropped count (almost always one: 0).
-    pub(super) fn send_ticks(&mut self, tick: Tick) {
-        let mut by_dropped: HashMap<u64, Arc<str>> = HashMap::new();
+    /// Sends `tick` to every client in sync, with that client's own `dropped_events`; version 2
+    /// clients get it without the workers at `aged_only` (indices into `tick.workers`: records
+    /// that changed only in their scrape age). Bodies are encoded once per version and distinct
+    /// dropped count (almost always one or two: 0).
+    pub(super) fn send_ticks(&mut self, aged_only: &[usize], tick: Tick) {
+        let mut encoded: HashMap<(u32, u64), Arc<str>> = HashMap::new();
         for client in self.clients.values_mut() {
             if client.needs_snapshot {
                 client.dropped += 1;
                 continue;
             }
-            let message = by_dropped.entry(client.dropped).or_insert_with(|| {
-                encode_message(&ServerMessage::Tick(Tick {
-                    dropped_events: client.dropped,
-                    ..tick.clone()
-                }))
-            });
+            let message = encoded
+                .entry((client.version, client.dropped))
+                .or_insert_with(|| {
+                    let workers = if client.version == FIRST_PROTOCOL_VERSION {
+                        tick.workers.clone()
+                    } else {
+                        tick.workers
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, _)| aged_only.binary_search(i).is_err())
+                            .map(|(_, w)| w.clone())
+                            .collect()
+                    };
+                    encode_message(&ServerMessage::Tick(Tick {
+                        dropped_events: client.dropped,
+                        workers,
+                        ..tick.clone()
+                    }))
+                });
             client.offer(message);
         }
         self.forget_closed();
@@ -160,5 +175,55 @@ impl Client {
             self.dropped += 1;
             self.needs_snapshot = true;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bch_core::telemetry::{PROTOCOL_VERSION, WorkerRecord};
+
+    use super::*;
+
+    fn record(name: &str) -> WorkerRecord {
+        serde_json::from_value(serde_json::json!({
+            "name": name, "url": format!("http://{name}:1"), "healthy": true, "active": 0,
+            "requests_total": 0, "spilled_in_total": 0, "spilled_out_total": 0,
+            "errors_total": 0, "scrape_age_ms": 40
+        }))
+        .unwrap()
+    }
+
+    /// A record whose only change is its scrape age goes to version 1 clients (whose ticks always
+    /// carried it) and not to version 2 ones; every other record goes to both.
+    #[test]
+    fn version_2_ticks_leave_out_records_that_only_aged() {
+        let mut clients = Clients::default();
+        let (v1_tx, mut v1) = mpsc::channel(4);
+        let (v2_tx, mut v2) = mpsc::channel(4);
+        clients.add(1, v1_tx, FIRST_PROTOCOL_VERSION);
+        clients.add(2, v2_tx, PROTOCOL_VERSION);
+        clients.deliver_snapshots(|version| format!("{{\"snapshot\":{version}}}").into());
+        assert_eq!(&*v1.try_recv().unwrap(), "{\"snapshot\":1}");
+        assert_eq!(&*v2.try_recv().unwrap(), "{\"snapshot\":2}");
+        let tick = Tick {
+            ts_ms: 1,
+            workers: vec![record("aged"), record("moved")],
+            keys: Vec::new(),
+            removed_keys: Vec::new(),
+            spills: Vec::new(),
+            totals: Default::default(),
+            dropped_events: 0,
+            discovery: None,
+            admission: None,
+        };
+        clients.send_ticks(&[0], tick);
+        let names = |body: Arc<str>| -> Vec<String> {
+            let ServerMessage::Tick(tick) = serde_json::from_str(&body).unwrap() else {
+                panic!("a tick");
+            };
+            tick.workers.into_iter().map(|w| w.name).collect()
+        };
+        assert_eq!(names(v1.try_recv().unwrap()), ["aged", "moved"]);
+        assert_eq!(names(v2.try_recv().unwrap()), ["moved"]);
     }
 }
