@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::WorkerRecord;
+use super::worker::WorkerRecord;
 
 /// Sent (version 2) when worker membership or `virtual_nodes` changes. Applying it to the worker
 /// list before the change ([`MembershipUpdate::apply_to`]) gives the list after it, in order.

@@ -3,7 +3,8 @@
 //! version 2 client computes it from the worker records, which name each worker's ring identity,
 //! so both sides get it from this one function.
 
-use super::{RingOwnership, RingShare, WorkerRecord};
+use super::worker::WorkerRecord;
+use super::{RingOwnership, RingShare};
 use crate::ring::Ring;
 
 /// 2^64: ring positions as fractions of the hash space.
