@@ -243,7 +243,12 @@ fn url_named_workers_stay_distinguishable_80x24() {
         for (i, w) in snap.workers.iter_mut().enumerate() {
             w.name = format!("node.cluster.internal:1810{i}");
         }
-        for (i, share) in snap.ring.workers.iter_mut().enumerate() {
+        for (i, share) in snap
+            .ring
+            .iter_mut()
+            .flat_map(|r| &mut r.workers)
+            .enumerate()
+        {
             share.name = format!("node.cluster.internal:1810{i}");
         }
     }

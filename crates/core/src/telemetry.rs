@@ -1,7 +1,12 @@
 //! Telemetry wire types shared by gatewayd (publisher) and bch-tui (client).
 //!
-//! Every frame is one JSON text message `{"v":1,"seq":N,"type":...}`. The full protocol, with an
+//! Every frame is one JSON text message `{"v":N,"seq":N,"type":...}`. The full protocol, with an
 //! example of each message, versioning rules and gap recovery, is in `docs/protocol.md`.
+//!
+//! Two versions are spoken: version 1 (a snapshot and a `ring` frame carry every worker's arcs)
+//! to clients that do not ask for more, and version 2 to clients that connect with `?v=2`: no
+//! arcs (a client rebuilds the ring from the workers' ring identities with [`RingOwnership::of_workers`]),
+//! and a [`MembershipUpdate`] delta instead of the whole list on a membership change.
 //!
 //! Records are *complete*: a `tick` carries whole [`WorkerRecord`]s and [`KeyRecord`]s for the items
 //! that changed, never deltas, so applying a frame twice is harmless and a client that missed frames
@@ -11,16 +16,34 @@ use serde::{Deserialize, Serialize};
 
 mod admission;
 mod discovery;
+mod membership;
+mod ownership;
+mod worker;
 pub use admission::{AdmissionSummary, ShedRates};
 pub use discovery::{DiscoveryKind, DiscoverySource, DiscoveryState};
+pub use membership::{MembershipUpdate, PlacedWorker};
+pub use worker::{WorkerRecord, WorkerSource, WorkerState};
 
 use crate::admission::AdmissionPatch;
 use crate::fleet_load::{LoadSignal, LoadSource};
 use crate::policy::{Branch, PolicyKind, PolicySettings, SpillOrder};
 
-/// Protocol version carried in every frame's `v`. Bumped only for incompatible changes; new optional
-/// fields do not bump it (clients must ignore unknown fields).
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The newest protocol version, carried in every frame's `v` of a client that asked for it
+/// (`GET /ws?v=2`). Bumped only for incompatible changes; new optional fields do not bump it
+/// (clients must ignore unknown fields).
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// The version a client gets when it does not ask for one: every consumer written before
+/// version 2 existed keeps receiving exactly the frames it was written for.
+pub const FIRST_PROTOCOL_VERSION: u32 = 1;
+
+/// The version a server speaks to a client that asked for `asked` (`None`: did not ask): the
+/// highest it knows up to the one asked, and never below version 1.
+pub fn negotiated_version(asked: Option<u32>) -> u32 {
+    asked.map_or(FIRST_PROTOCOL_VERSION, |v| {
+        v.clamp(FIRST_PROTOCOL_VERSION, PROTOCOL_VERSION)
+    })
+}
 
 /// One server → client frame: the envelope (`v`, `seq`) plus the message, flattened so the JSON is
 /// `{"v":1,"seq":7,"type":"tick",...}`.
@@ -46,8 +69,12 @@ pub enum ServerMessage {
     /// Periodic update every `[telemetry] interval_ms` (default 100 ms): what changed since the last
     /// tick.
     Tick(Tick),
-    /// Membership changed (worker added, removed or replaced): new ring ownership and worker list.
+    /// Membership changed (worker added, removed or replaced): new ring ownership and worker list
+    /// (version 1 only).
     Ring(RingUpdate),
+    /// Membership changed, as a delta: the workers that left, arrived or changed identity
+    /// (version 2 only; the client rebuilds the ring itself).
+    Membership(MembershipUpdate),
     /// The policy or its thresholds changed, with who changed it.
     Policy(PolicyUpdate),
     /// A client command was applied.
@@ -56,6 +83,10 @@ pub enum ServerMessage {
     Error(CommandError),
     /// A draining worker has no request in flight any more (and was removed, if that was asked).
     Drained(DrainedUpdate),
+    /// A message type this build does not know (a newer gateway's), read so that its `seq` still
+    /// counts: a client skips it instead of taking it for a gap. Never sent.
+    #[serde(other)]
+    Unknown,
 }
 
 /// Full state sent on connect and on resync.
@@ -67,8 +98,10 @@ pub struct Snapshot {
     pub policy: PolicySettings,
     /// Every registered worker, in configuration order.
     pub workers: Vec<WorkerRecord>,
-    /// Each worker's share of the hash space and its arcs.
-    pub ring: RingOwnership,
+    /// Each worker's share of the hash space and its arcs: always in version 1, never in
+    /// version 2 (the client computes it from `workers` and `policy.virtual_nodes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring: Option<RingOwnership>,
     /// The most recently active routing keys (at most `[telemetry] max_keys`), most recent first.
     pub keys: Vec<KeyRecord>,
     /// The most recent spill events, oldest first.
@@ -281,150 +314,6 @@ pub enum ClientCommand {
     },
 }
 
-/// Whether a worker takes new requests, set by the operator (independent of health).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WorkerState {
-    /// Takes new requests while healthy.
-    #[default]
-    Active,
-    /// Takes no new request (its keys go where an unhealthy worker's would); requests already on
-    /// it run to completion.
-    Draining,
-}
-
-impl WorkerState {
-    /// The snake-case name used on the wire (`active`, `draining`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WorkerState::Active => "active",
-            WorkerState::Draining => "draining",
-        }
-    }
-}
-
-/// One worker's state, as in `GET /admin/workers`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WorkerRecord {
-    /// Worker name (unique).
-    pub name: String,
-    /// Worker base URL.
-    pub url: String,
-    /// Health as seen by probes and passive marking.
-    pub healthy: bool,
-    /// `active` or `draining` (absent from frames of older gateways: `active`).
-    #[serde(default)]
-    pub state: WorkerState,
-    /// In-flight requests of this gateway process on the worker.
-    pub active: u64,
-    /// Requests routed to the worker since it was first registered.
-    pub requests_total: u64,
-    /// Requests spilled onto this worker from an overloaded preferred worker.
-    pub spilled_in_total: u64,
-    /// Requests whose preferred worker was this one but that spilled elsewhere.
-    pub spilled_out_total: u64,
-    /// Requests to this worker that ended in a gateway-side error (connect failure, timeout,
-    /// broken stream).
-    pub errors_total: u64,
-    /// The load the bounded rule reads for this worker now (requests): `active` in `local` mode,
-    /// the fleet-wide load in `worker_metrics` mode. `None` from a gateway that predates it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub load: Option<u64>,
-    /// The worker's own running + waiting requests at its last good scrape; `None` when it was
-    /// never scraped (or scraping is off).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reported_load: Option<u64>,
-    /// Age of that scrape, milliseconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scrape_age_ms: Option<u64>,
-    /// In `worker_metrics` mode: no fresh sample, so the rule reads this replica's local load for
-    /// the worker. Always `false` in `local` mode.
-    #[serde(default)]
-    pub load_stale: bool,
-    /// Where the worker came from: `static` (configuration file, `--worker`, the admin API) or
-    /// `dns:NAME` (found by DNS discovery of `NAME`). Absent from older gateways' frames, which
-    /// only had static workers.
-    #[serde(default)]
-    pub source: WorkerSource,
-    /// Requests in flight the worker may hold (compared with [`WorkerRecord::load`]); `None` when
-    /// it has no cap, and in frames of gateways that predate capacity.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub capacity: Option<u64>,
-    /// The worker is full (at its capacity, or its engine reported saturation) and takes no new
-    /// request. Sent only when `true`; absent means not full.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub full: bool,
-}
-
-impl WorkerRecord {
-    /// The load the rule reads: [`WorkerRecord::load`], or `active` from an older gateway.
-    pub fn rule_load(&self) -> u64 {
-        self.load.unwrap_or(self.active)
-    }
-}
-
-/// Where a worker came from, on the wire `"static"` or `"dns:NAME"`.
-///
-/// A worker that is both configured and discovered (the same URL) is one worker whose source is
-/// `static`: the configured entry is the one an operator wrote, and it stays when DNS drops it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
-pub enum WorkerSource {
-    /// Configured: a `[[workers]]` entry, a `--worker` flag or `POST /admin/workers`.
-    #[default]
-    Static,
-    /// Found by DNS discovery of this name (SRV when it begins with `_`, else A/AAAA).
-    Dns(String),
-}
-
-impl WorkerSource {
-    /// The wire form: `static` or `dns:NAME`.
-    pub fn label(&self) -> std::borrow::Cow<'_, str> {
-        match self {
-            WorkerSource::Static => "static".into(),
-            WorkerSource::Dns(name) => format!("dns:{name}").into(),
-        }
-    }
-
-    /// Whether the worker was discovered rather than configured.
-    pub fn is_discovered(&self) -> bool {
-        matches!(self, WorkerSource::Dns(_))
-    }
-
-    /// Parses the wire form; `None` for anything but `static` or `dns:` followed by a name.
-    pub fn parse(text: &str) -> Option<WorkerSource> {
-        match text {
-            "static" => Some(WorkerSource::Static),
-            _ => text
-                .strip_prefix("dns:")
-                .filter(|name| !name.is_empty())
-                .map(|name| WorkerSource::Dns(name.to_owned())),
-        }
-    }
-}
-
-impl std::fmt::Display for WorkerSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.label())
-    }
-}
-
-impl Serialize for WorkerSource {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.label())
-    }
-}
-
-impl<'de> Deserialize<'de> for WorkerSource {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        WorkerSource::parse(&text).ok_or_else(|| {
-            serde::de::Error::custom(format!(
-                "worker source {text:?}: expected \"static\" or \"dns:NAME\""
-            ))
-        })
-    }
-}
-
 /// Ring ownership: how the hash space divides among workers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RingOwnership {
@@ -557,10 +446,10 @@ pub struct Totals {
 }
 
 impl ServerFrame {
-    /// Wraps a message in the current protocol version's envelope.
+    /// Wraps a message in version 1's envelope, what a client that asks for nothing gets.
     pub fn new(seq: u64, message: ServerMessage) -> Self {
         Self {
-            v: PROTOCOL_VERSION,
+            v: FIRST_PROTOCOL_VERSION,
             seq,
             message,
         }

@@ -28,6 +28,7 @@ fn worker(name: &str, active: u64, healthy: bool) -> WorkerRecord {
     WorkerRecord {
         name: name.into(),
         url: format!("http://10.0.0.{}:8000", name.len()),
+        ring_id: None,
         healthy,
         state: if active == 2 {
             WorkerState::Draining
@@ -134,7 +135,7 @@ fn frames() -> Vec<(&'static str, ServerFrame)> {
                     ts_ms,
                     policy: policy(),
                     workers: vec![worker("gpu-a", 3, true), worker("gpu-b", 1, true)],
-                    ring: ring(),
+                    ring: Some(ring()),
                     keys: vec![key()],
                     spills: vec![spill()],
                     totals: totals(),
@@ -210,6 +211,51 @@ fn frames() -> Vec<(&'static str, ServerFrame)> {
                     ring: ring(),
                 }),
             ),
+        ),
+        (
+            "snapshot_v2",
+            ServerFrame {
+                v: 2,
+                seq: 0,
+                message: ServerMessage::Snapshot(Snapshot {
+                    ts_ms,
+                    policy: policy(),
+                    workers: vec![
+                        worker("gpu-a", 3, true),
+                        WorkerRecord {
+                            ring_id: Some("gpu-b.rack-2".into()),
+                            ..worker("gpu-b", 1, true)
+                        },
+                    ],
+                    ring: None,
+                    keys: vec![],
+                    spills: vec![],
+                    totals: totals(),
+                    discovery: Vec::new(),
+                    admission: None,
+                }),
+            },
+        ),
+        (
+            "membership",
+            ServerFrame {
+                v: 2,
+                seq: 2,
+                message: ServerMessage::Membership(MembershipUpdate {
+                    ts_ms,
+                    virtual_nodes: 150,
+                    removed: vec!["gpu-c".into()],
+                    changed: vec![WorkerRecord {
+                        url: "http://10.0.0.9:8000".into(),
+                        ..worker("gpu-b", 0, true)
+                    }],
+                    added: vec![PlacedWorker {
+                        index: 0,
+                        worker: worker("gpu-0", 0, true),
+                    }],
+                    worker_count: 3,
+                }),
+            },
         ),
         (
             "policy",
@@ -384,4 +430,14 @@ fn admission_summaries_are_optional_and_add_up_across_replicas() {
     assert_eq!(sum.shed_per_s, 21.0);
     assert_eq!(sum.shed_per_s_by_reason.queue_timeout, 20.0);
     assert_eq!((sum.admitted_total, sum.shed_total), (8_420, 192));
+}
+
+#[test]
+fn an_unknown_message_type_still_parses_with_its_seq() {
+    // A newer gateway's message: the client must count its seq (or it would take the next frame
+    // for a gap and resync) and skip it.
+    let json = r#"{"v":2,"seq":4,"type":"a_frame_from_the_future","payload":{"x":1}}"#;
+    let frame: ServerFrame = serde_json::from_str(json).unwrap();
+    assert_eq!((frame.v, frame.seq), (2, 4));
+    assert_eq!(frame.message, ServerMessage::Unknown);
 }

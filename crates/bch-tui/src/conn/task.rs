@@ -163,6 +163,18 @@ async fn refuse_until(
     }
 }
 
+/// `url` asking for the newest telemetry protocol (`v=2`: no ring arcs, membership deltas), unless
+/// the operator's URL already names a version. A gateway that predates version 2 ignores the
+/// query and sends version 1 frames, which the console reads as well.
+fn versioned(url: &str) -> String {
+    let version = bch_core::telemetry::PROTOCOL_VERSION;
+    match url.split_once('?') {
+        Some((_, query)) if query.split('&').any(|pair| pair.starts_with("v=")) => url.to_owned(),
+        Some(_) => format!("{url}&v={version}"),
+        None => format!("{url}?v={version}"),
+    }
+}
+
 /// The websocket as tokio-tungstenite hands it over: plain TCP for `ws://`, TLS for `wss://`.
 type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
@@ -170,9 +182,7 @@ type Ws =
 /// Opens the websocket, with the bearer token if there is one, within [`CONNECT_TIMEOUT`]; the
 /// error is the reason the header shows.
 async fn connect(config: &ConnConfig) -> Result<Ws, String> {
-    let mut request = config
-        .url
-        .as_str()
+    let mut request = versioned(&config.url)
         .into_client_request()
         .map_err(|e| format!("bad url {}: {e}", config.url))?;
     if let Some(token) = &config.token {

@@ -42,8 +42,8 @@ pub(super) fn merge(fleets: &[&FleetPicture]) -> FleetPicture {
         merged.totals.requests_total += fleet.totals.requests_total;
         merged.totals.spills_total += fleet.totals.spills_total;
     }
-    if let Some(ring) = fleets.iter().find_map(|f| f.ring.clone()) {
-        merged.set_ring(ring);
+    if let Some(with_ring) = fleets.iter().find(|f| f.ring.is_some()) {
+        merged.share_ring_of(with_ring);
     }
     let mut spills: Vec<_> = fleets
         .iter()

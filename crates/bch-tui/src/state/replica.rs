@@ -213,6 +213,15 @@ impl Replica {
                 self.fleet.apply_ring(update);
                 None
             }
+            ServerMessage::Membership(update) => {
+                // A delta that does not add up means this list is not the gateway's: start over
+                // from a snapshot, as after a seq gap.
+                if !self.fleet.apply_membership(update) && !self.resyncing {
+                    self.resyncing = true;
+                    resync = Some(ClientCommand::Resync { id: None });
+                }
+                None
+            }
             ServerMessage::Policy(update) => {
                 self.fleet.apply_policy(update);
                 None
@@ -230,6 +239,8 @@ impl Replica {
                 format!("{} drained: no request in flight", drained.worker)
             })),
             ServerMessage::Error(err) => Some(Answer::Error(err.id, err.message)),
+            // A newer gateway's message: nothing to apply, and its seq was counted above.
+            ServerMessage::Unknown => None,
         };
         (resync, answer)
     }

@@ -215,10 +215,10 @@ mod tests {
                 ts_ms: 1_767_268_800_000,
                 policy: Default::default(),
                 workers: Vec::new(),
-                ring: bch_core::telemetry::RingOwnership {
+                ring: Some(bch_core::telemetry::RingOwnership {
                     virtual_nodes: 150,
                     workers: Vec::new(),
-                },
+                }),
                 keys: Vec::new(),
                 spills: Vec::new(),
                 totals: Default::default(),

@@ -18,6 +18,7 @@ fn big_fleet() -> ServerFrame {
         .map(|i| WorkerRecord {
             name: format!("gpu-{i:02}"),
             url: format!("http://10.1.0.{}:30000", 10 + i),
+            ring_id: None,
             healthy: i % 17 != 5,
             state: WorkerState::Active,
             active: ((i * 7) % 11) as u64 + if i == 3 { 20 } else { 0 },
@@ -94,7 +95,7 @@ fn big_fleet() -> ServerFrame {
             ts_ms: T0,
             policy: Default::default(),
             workers,
-            ring,
+            ring: Some(ring),
             keys,
             spills,
             totals: Totals {

@@ -35,6 +35,7 @@ fn worker(i: usize, n: usize) -> WorkerRecord {
     };
     WorkerRecord {
         name: worker_name(i),
+        ring_id: None,
         url: format!(
             "http://10.{}.{}.{}:30000",
             i / 65_536,
@@ -80,7 +81,7 @@ fn snapshot(n: usize) -> ServerFrame {
             ts_ms: T0,
             policy: Default::default(),
             workers: (0..n).map(|i| worker(i, n)).collect(),
-            ring,
+            ring: Some(ring),
             keys: Vec::new(),
             spills: Vec::new(),
             totals: Totals {

@@ -193,6 +193,7 @@ impl RoutingTable {
                 crate::telemetry::WorkerRecord {
                     name: w.spec.name.clone(),
                     url: w.spec.url.clone(),
+                    ring_id: w.spec.ring_id.clone(),
                     healthy: self.healthy[i],
                     state: self.states[i],
                     active: w.stats.active(),

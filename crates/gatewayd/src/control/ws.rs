@@ -4,12 +4,13 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{RawQuery, State};
 use axum::response::Response;
 use bch_core::policy::PolicyPatch;
 use bch_core::telemetry::{
     Ack, ChangeSource, ClientCommand, CommandError, CommandId, ServerMessage, WorkerRecord,
+    negotiated_version,
 };
 
 use super::handle::ControlPlane;
@@ -20,22 +21,34 @@ use crate::telemetry::wire::{encode_message, envelope};
 /// Largest websocket message a client may send, bytes. Commands are tiny; anything bigger is abuse.
 const MAX_CLIENT_MESSAGE: usize = 16 * 1024;
 
-/// `GET /ws`: upgrades to the telemetry websocket.
+/// `GET /ws`: upgrades to the telemetry websocket. `?v=2` asks for protocol version 2; without it
+/// (or with anything unreadable) the client gets version 1, what every older client expects.
 pub async fn websocket(
     State(plane): State<Arc<ControlPlane>>,
     Peer(peer): Peer,
+    RawQuery(query): RawQuery,
     upgrade: WebSocketUpgrade,
 ) -> Response {
     let actor = Actor::client(ChangeSource::Ws, peer);
+    let version = negotiated_version(asked_version(query.as_deref()));
     upgrade
         .max_message_size(MAX_CLIENT_MESSAGE)
         .max_frame_size(MAX_CLIENT_MESSAGE)
-        .on_upgrade(move |socket| serve_client(plane, socket, actor))
+        .on_upgrade(move |socket| serve_client(plane, socket, actor, version))
+}
+
+/// The version a `/ws` query asks for: the number after `v=`; `None` without one (or when it is
+/// not a number: a typo must not cut an old console off).
+fn asked_version(query: Option<&str>) -> Option<u32> {
+    query?
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("v="))
+        .and_then(|v| v.parse().ok())
 }
 
 /// One websocket client: the only writer of its socket, so its frames carry a gap-free `seq`.
-async fn serve_client(plane: Arc<ControlPlane>, mut socket: WebSocket, actor: Actor) {
-    let (id, mut frames) = plane.telemetry.register();
+async fn serve_client(plane: Arc<ControlPlane>, mut socket: WebSocket, actor: Actor, version: u32) {
+    let (id, mut frames) = plane.telemetry.register(version);
     let mut seq: u64 = 0;
     let shutdown = plane.shutdown.clone();
     loop {
@@ -46,7 +59,7 @@ async fn serve_client(plane: Arc<ControlPlane>, mut socket: WebSocket, actor: Ac
             }
             frame = frames.recv() => {
                 let Some(body) = frame else { break };
-                if socket.send(Message::Text(envelope(seq, &body).into())).await.is_err() {
+                if socket.send(Message::Text(envelope(version, seq, &body).into())).await.is_err() {
                     break;
                 }
                 seq += 1;
@@ -63,7 +76,7 @@ async fn serve_client(plane: Arc<ControlPlane>, mut socket: WebSocket, actor: Ac
                     }
                 };
                 if let Some(body) = reply {
-                    if socket.send(Message::Text(envelope(seq, &body).into())).await.is_err() {
+                    if socket.send(Message::Text(envelope(version, seq, &body).into())).await.is_err() {
                         break;
                     }
                     seq += 1;
@@ -156,5 +169,21 @@ fn handle_command(
             let result = plane.admin.undrain(&worker, actor).map(Some);
             Some(answer(plane, id, result))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_version_asked_is_read_leniently() {
+        assert_eq!(asked_version(None), None);
+        assert_eq!(asked_version(Some("v=2")), Some(2));
+        assert_eq!(asked_version(Some("x=1&v=2")), Some(2));
+        assert_eq!(asked_version(Some("v=two")), None);
+        assert_eq!(negotiated_version(asked_version(Some("v=9"))), 2);
+        assert_eq!(negotiated_version(asked_version(Some("v=0"))), 1);
+        assert_eq!(negotiated_version(None), 1);
     }
 }

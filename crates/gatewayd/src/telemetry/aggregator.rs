@@ -9,8 +9,9 @@ use bch_core::decide::{Decision, FleetView};
 use bch_core::policy::{BoundCheck, Branch, FleetLoad};
 use bch_core::router::{Router, RoutingTable};
 use bch_core::telemetry::{
-    AdmissionSummary, DiscoverySource, DrainedUpdate, PolicyUpdate, RingOwnership, RingUpdate,
-    ServerMessage, Snapshot, SpillCause, SpillEvent, Tick, Totals, WorkerRecord,
+    AdmissionSummary, DiscoverySource, DrainedUpdate, FIRST_PROTOCOL_VERSION, MembershipUpdate,
+    PolicyUpdate, RingOwnership, RingUpdate, ServerMessage, Snapshot, SpillCause, SpillEvent, Tick,
+    Totals, WorkerRecord,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -132,6 +133,35 @@ fn bound_now(table: &RoutingTable, preferred: usize) -> BoundCheck {
     fleet.bound_for(table.load(preferred), table.policy())
 }
 
+/// The ring's ownership (every worker's arcs), built only when a version 1 client needs it: at
+/// 10,000 workers it is most of a version 1 snapshot, and version 2 clients compute it themselves.
+#[derive(Default)]
+struct RingCache {
+    /// The membership generation it was built for, and the ownership.
+    built: Option<(u64, RingOwnership)>,
+}
+
+impl RingCache {
+    fn get(&mut self, table: &RoutingTable) -> &RingOwnership {
+        let generation = table.membership_generation();
+        if self.built.as_ref().is_none_or(|(g, _)| *g != generation) {
+            self.built = Some((generation, ring_ownership(table)));
+        }
+        &self.built.as_ref().expect("built above").1
+    }
+}
+
+/// Whether two records of a worker differ at most in their scrape age.
+fn same_but_age(a: &WorkerRecord, b: &WorkerRecord) -> bool {
+    a.scrape_age_ms.is_some()
+        && b.scrape_age_ms.is_some()
+        && *a
+            == WorkerRecord {
+                scrape_age_ms: a.scrape_age_ms,
+                ..b.clone()
+            }
+}
+
 /// All telemetry data, owned by one task.
 pub(super) struct Aggregator {
     router: Arc<Router>,
@@ -140,8 +170,11 @@ pub(super) struct Aggregator {
     keys: KeyTracker,
     spills: SpillLog,
     last_workers: HashMap<WorkerKey, WorkerRecord>,
+    /// The membership generation clients were last told about.
     ring_generation: u64,
-    ring: RingOwnership,
+    /// The worker records at that membership, the base of the next membership delta.
+    members: Vec<WorkerRecord>,
+    ring: RingCache,
     requests_total: u64,
     spills_total: u64,
     rates: Rates,
@@ -163,10 +196,10 @@ impl Aggregator {
         admission: Arc<AdmissionStats>,
     ) -> Self {
         let table = router.table();
-        let ring = ring_ownership(&table);
         Self {
             ring_generation: table.membership_generation(),
-            ring,
+            members: table.worker_records(now_ms()),
+            ring: RingCache::default(),
             router,
             interval: config.interval.max(Duration::from_millis(1)),
             clients: Clients::default(),
@@ -242,16 +275,18 @@ impl Aggregator {
 
     fn control(&mut self, command: Control) {
         match command {
-            Control::Register { id, frames } => {
-                self.clients.add(id, frames);
-                let snapshot = self.snapshot_message();
-                self.clients.deliver_snapshots(&snapshot);
+            Control::Register {
+                id,
+                frames,
+                version,
+            } => {
+                self.clients.add(id, frames, version);
+                self.deliver_snapshots();
             }
             Control::Unregister(id) => self.clients.remove(id),
             Control::Resync(id) => {
                 self.clients.resync(id);
-                let snapshot = self.snapshot_message();
-                self.clients.deliver_snapshots(&snapshot);
+                self.deliver_snapshots();
             }
             Control::PolicyChanged(source, client) => {
                 let message = encode_message(&ServerMessage::Policy(PolicyUpdate {
@@ -279,23 +314,29 @@ impl Aggregator {
         }
     }
 
-    fn snapshot_message(&self) -> Arc<str> {
+    /// Sends a snapshot to every client waiting for one, in its protocol version: version 1
+    /// with the ring's arcs, version 2 without.
+    fn deliver_snapshots(&mut self) {
         let table = self.router.table();
-        encode_message(&ServerMessage::Snapshot(Snapshot {
+        let snapshot = Snapshot {
             ts_ms: now_ms(),
             policy: *table.policy(),
             workers: table.worker_records(now_ms()),
-            ring: if table.membership_generation() == self.ring_generation {
-                self.ring.clone()
-            } else {
-                ring_ownership(&table)
-            },
+            ring: None,
             keys: self.keys.records(),
             spills: self.spills.kept.iter().cloned().collect(),
             totals: self.totals,
             discovery: self.discovery_at(now_ms()),
             admission: Some(self.admission_summary),
-        }))
+        };
+        let ring = &mut self.ring;
+        self.clients.deliver_snapshots(|version| {
+            let ring = (version == FIRST_PROTOCOL_VERSION).then(|| ring.get(&table).clone());
+            encode_message(&ServerMessage::Snapshot(Snapshot {
+                ring,
+                ..snapshot.clone()
+            }))
+        });
     }
 
     /// The discovery sources' records with their ages at `now_ms`.
@@ -314,7 +355,7 @@ impl Aggregator {
             .sample(now, self.requests_total, self.spills_total);
         self.admission_summary = self.admission.sample(now);
         self.announce_ring_change(&table);
-        let changed_workers = self.changed_workers(&table);
+        let (changed_workers, aged_only) = self.changed_workers(&table);
         if self.clients.is_empty() {
             // Nobody to tell: a client that connects later starts from a snapshot.
             self.keys.discard_changes();
@@ -326,51 +367,75 @@ impl Aggregator {
         let discovery =
             std::mem::take(&mut self.discovery_changed).then(|| self.discovery_at(ts_ms));
         if self.clients.snapshot_needed() {
-            let snapshot = self.snapshot_message();
-            self.clients.deliver_snapshots(&snapshot);
+            self.deliver_snapshots();
         }
-        self.clients.send_ticks(Tick {
-            ts_ms,
-            workers: changed_workers,
-            keys: changed_keys,
-            removed_keys,
-            spills: std::mem::take(&mut self.spills.new),
-            totals: self.totals,
-            dropped_events: 0,
-            discovery,
-            admission: Some(self.admission_summary),
-        });
+        self.clients.send_ticks(
+            &aged_only,
+            Tick {
+                ts_ms,
+                workers: changed_workers,
+                keys: changed_keys,
+                removed_keys,
+                spills: std::mem::take(&mut self.spills.new),
+                totals: self.totals,
+                dropped_events: 0,
+                discovery,
+                admission: Some(self.admission_summary),
+            },
+        );
     }
 
-    /// Sends a `ring` frame when the membership (or `virtual_nodes`) changed since the last tick.
+    /// Announces a membership (or `virtual_nodes`) change since the last tick: a `ring` frame
+    /// (every worker and every arc) to version 1 clients, a `membership` delta to version 2 ones.
     fn announce_ring_change(&mut self, table: &RoutingTable) {
         if table.membership_generation() == self.ring_generation {
             return;
         }
         self.ring_generation = table.membership_generation();
-        self.ring = ring_ownership(table);
-        let message = encode_message(&ServerMessage::Ring(RingUpdate {
-            ts_ms: now_ms(),
-            workers: table.worker_records(now_ms()),
-            ring: self.ring.clone(),
-        }));
-        self.clients.broadcast(&message);
+        let ts_ms = now_ms();
+        let members = table.worker_records(ts_ms);
+        let before = std::mem::replace(&mut self.members, members);
+        let (members, ring) = (&self.members, &mut self.ring);
+        self.clients.broadcast_by_version(|version| {
+            encode_message(&if version == FIRST_PROTOCOL_VERSION {
+                ServerMessage::Ring(RingUpdate {
+                    ts_ms,
+                    workers: members.clone(),
+                    ring: ring.get(table).clone(),
+                })
+            } else {
+                ServerMessage::Membership(MembershipUpdate::between(
+                    ts_ms,
+                    &before,
+                    members,
+                    table.ring().virtual_nodes(),
+                ))
+            })
+        });
     }
 
-    /// The worker records that differ from the last tick's, remembered for the next one.
-    fn changed_workers(&mut self, table: &RoutingTable) -> Vec<WorkerRecord> {
+    /// The worker records that differ from the last tick's, remembered for the next one, and
+    /// which of them (indices into the list) differ only in their scrape age: version 2 ticks
+    /// leave those out, or every scraped worker would be in every tick.
+    fn changed_workers(&mut self, table: &RoutingTable) -> (Vec<WorkerRecord>, Vec<usize>) {
         let members = TableKeys::of(table);
         self.last_workers.retain(|key, _| members.contains(key));
         let mut changed = Vec::new();
+        let mut aged_only = Vec::new();
         // `worker_records` lists the table's workers in their order.
         for (worker, record) in table.workers().iter().zip(table.worker_records(now_ms())) {
-            if self.last_workers.get(worker.spec.url.as_str()) != Some(&record) {
-                self.last_workers
-                    .insert(WorkerKey::of_worker(worker), record.clone());
-                changed.push(record);
+            let last = self.last_workers.get(worker.spec.url.as_str());
+            if last == Some(&record) {
+                continue;
             }
+            if last.is_some_and(|last| same_but_age(last, &record)) {
+                aged_only.push(changed.len());
+            }
+            self.last_workers
+                .insert(WorkerKey::of_worker(worker), record.clone());
+            changed.push(record);
         }
-        changed
+        (changed, aged_only)
     }
 }
 
@@ -430,6 +495,38 @@ mod tests {
         let records = aggregator.keys.records();
         assert_eq!(records.len(), 1);
         assert_eq!(records[0].spills_total, 1, "the key's capacity spill");
+    }
+
+    #[test]
+    fn a_record_that_only_aged_is_told_apart() {
+        let router = Router::new(
+            vec![bch_core::router::WorkerSpec {
+                name: "a".into(),
+                url: "http://127.0.0.1:1".into(),
+                ring_id: None,
+                source: Default::default(),
+                max_in_flight: None,
+            }],
+            Default::default(),
+        )
+        .unwrap();
+        let record = router.table().worker_records(0).remove(0);
+        let scraped = WorkerRecord {
+            scrape_age_ms: Some(40),
+            ..record.clone()
+        };
+        let older = WorkerRecord {
+            scrape_age_ms: Some(140),
+            ..scraped.clone()
+        };
+        assert!(same_but_age(&scraped, &older));
+        let busier = WorkerRecord {
+            active: 1,
+            ..older.clone()
+        };
+        assert!(!same_but_age(&scraped, &busier));
+        // Never scraped, then scraped: a change worth telling.
+        assert!(!same_but_age(&record, &scraped));
     }
 
     #[tokio::test(start_paused = true)]

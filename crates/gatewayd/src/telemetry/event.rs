@@ -32,10 +32,11 @@ pub(super) enum Event {
 
 /// A control-plane command.
 pub(super) enum Control {
-    /// A websocket client joined; its frames go into `frames`.
+    /// A websocket client joined; its frames go into `frames`, encoded for protocol `version`.
     Register {
         id: u64,
         frames: mpsc::Sender<Arc<str>>,
+        version: u32,
     },
     /// A websocket client left.
     Unregister(u64),

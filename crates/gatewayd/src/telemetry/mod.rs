@@ -115,12 +115,17 @@ impl Telemetry {
         let _ = self.control.send(Control::Drained { worker, removed });
     }
 
-    /// Registers a websocket client: its id and the queue of its frames (message bodies, to be
-    /// wrapped in the envelope by the connection). The first frame is a snapshot.
-    pub fn register(&self) -> (u64, mpsc::Receiver<Arc<str>>) {
+    /// Registers a websocket client speaking protocol `version` (1 or 2, docs/protocol.md): its
+    /// id and the queue of its frames (message bodies, to be wrapped in the envelope by the
+    /// connection). The first frame is a snapshot.
+    pub fn register(&self, version: u32) -> (u64, mpsc::Receiver<Arc<str>>) {
         let id = self.next_client.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(self.client_queue);
-        let _ = self.control.send(Control::Register { id, frames: tx });
+        let _ = self.control.send(Control::Register {
+            id,
+            frames: tx,
+            version,
+        });
         (id, rx)
     }
 
@@ -170,7 +175,7 @@ mod tests {
             Arc::new(AdmissionStats::default()),
             shutdown.clone(),
         );
-        let (id, mut frames) = telemetry.register();
+        let (id, mut frames) = telemetry.register(bch_core::telemetry::FIRST_PROTOCOL_VERSION);
         // Traffic that changes a key on every request, while nobody reads the queue: ticks (one
         // every 5 ms of paused, auto-advancing time) overflow the 2-frame queue.
         for i in 0..50 {

@@ -13,21 +13,34 @@ type Socket =
 pub struct Client {
     pub socket: Socket,
     next_seq: u64,
+    /// The protocol version every frame must carry.
+    version: u32,
 }
 
 impl Client {
+    /// A client that asks for no version: it gets version 1, as every older console does.
     pub async fn connect(gateway: &gatewayd::RunningGateway) -> Client {
+        Client::connect_to(gateway, "/ws", 1).await
+    }
+
+    /// A client of `path` (with its query) whose frames must all carry version `version`.
+    pub async fn connect_to(
+        gateway: &gatewayd::RunningGateway,
+        path: &str,
+        version: u32,
+    ) -> Client {
         let (socket, _) =
-            tokio_tungstenite::connect_async(format!("ws://{}/ws", gateway.control_addr))
+            tokio_tungstenite::connect_async(format!("ws://{}{path}", gateway.control_addr))
                 .await
                 .expect("websocket upgrade");
         Client {
             socket,
             next_seq: 0,
+            version,
         }
     }
 
-    /// Next frame, checking the envelope: version 1 and a gap-free `seq`.
+    /// Next frame, checking the envelope: the client's version and a gap-free `seq`.
     pub async fn frame(&mut self) -> ServerFrame {
         loop {
             let message = tokio::time::timeout(Duration::from_secs(5), self.socket.next())
@@ -39,7 +52,7 @@ impl Client {
                 continue;
             };
             let frame: ServerFrame = serde_json::from_str(&text).expect("frame parses");
-            assert_eq!(frame.v, 1);
+            assert_eq!(frame.v, self.version);
             assert_eq!(frame.seq, self.next_seq, "seq without gaps");
             self.next_seq += 1;
             return frame;

@@ -33,6 +33,7 @@ mod policy;
 mod probes;
 mod reload;
 mod telemetry;
+mod telemetry_versions;
 mod workers;
 
 use std::path::{Path, PathBuf};
