@@ -95,7 +95,13 @@ impl Ring {
             Vec::with_capacity(ring_ids.len() * virtual_nodes as usize);
         let mut label = String::new();
         for (index, id) in ring_ids.iter().enumerate() {
-            push_points(&mut points, &mut label, id.as_ref(), index as u32, virtual_nodes);
+            push_points(
+                &mut points,
+                &mut label,
+                id.as_ref(),
+                index as u32,
+                virtual_nodes,
+            );
         }
         points.sort_unstable_by(|a, b| {
             a.0.cmp(&b.0).then_with(|| {
@@ -128,8 +134,16 @@ impl Ring {
     /// # Panics
     /// If `previous_ids` is not the list `self` was built from (its length differs), or if there
     /// are more than `u32::MAX` workers.
-    pub fn rebuilt<S: AsRef<str>, T: AsRef<str>>(&self, previous_ids: &[S], ring_ids: &[T]) -> Ring {
-        assert_eq!(previous_ids.len(), self.worker_count, "not this ring's workers");
+    pub fn rebuilt<S: AsRef<str>, T: AsRef<str>>(
+        &self,
+        previous_ids: &[S],
+        ring_ids: &[T],
+    ) -> Ring {
+        assert_eq!(
+            previous_ids.len(),
+            self.worker_count,
+            "not this ring's workers"
+        );
         assert!(u32::try_from(ring_ids.len()).is_ok(), "too many workers");
         let new_index: HashMap<&str, u32> = ring_ids
             .iter()
@@ -159,13 +173,20 @@ impl Ring {
             }
             let id = id.as_ref();
             seeds[index] = hash_position(id.as_bytes());
-            push_points(&mut joining, &mut label, id, index as u32, self.virtual_nodes);
+            push_points(
+                &mut joining,
+                &mut label,
+                id,
+                index as u32,
+                self.virtual_nodes,
+            );
         }
         let ring_id = |index: u32| ring_ids[index as usize].as_ref();
         // The order `build` sorts by: position, then ring id (renumbering keeps the kept points'
         // order, since neither key depends on the index).
         let before = |a: (u64, u32), b: (u64, u32)| (a.0, ring_id(a.1)) < (b.0, ring_id(b.1));
-        joining.sort_unstable_by(|&a, &b| a.0.cmp(&b.0).then_with(|| ring_id(a.1).cmp(ring_id(b.1))));
+        joining
+            .sort_unstable_by(|&a, &b| a.0.cmp(&b.0).then_with(|| ring_id(a.1).cmp(ring_id(b.1))));
         let total = self.positions.len() - self.dropped_points(&renumber) + joining.len();
         assert!(u32::try_from(total).is_ok(), "too many ring points");
         let mut positions = Vec::with_capacity(total);
@@ -200,7 +221,12 @@ impl Ring {
     }
 
     /// The ring from its sorted points and each worker's seed: groups the point indices by worker.
-    fn assemble(positions: Vec<u64>, owners: Vec<u32>, seeds: Vec<u64>, virtual_nodes: u32) -> Ring {
+    fn assemble(
+        positions: Vec<u64>,
+        owners: Vec<u32>,
+        seeds: Vec<u64>,
+        virtual_nodes: u32,
+    ) -> Ring {
         let per_worker = virtual_nodes as usize;
         let mut by_worker = vec![0u32; owners.len()];
         let mut filled = vec![0usize; seeds.len()];

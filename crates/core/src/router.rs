@@ -354,7 +354,8 @@ impl Router {
         let current = self.table.load_full();
         let keeps_workers = same_workers(&current, &workers);
         let keeps_ring = keeps_workers && current.policy.virtual_nodes == policy.virtual_nodes;
-        let ring = (!keeps_ring).then(|| build_ring(&workers, policy.virtual_nodes, Some(&current)));
+        let ring =
+            (!keeps_ring).then(|| build_ring(&workers, policy.virtual_nodes, Some(&current)));
         Ok(PreparedTable {
             workers,
             policy,

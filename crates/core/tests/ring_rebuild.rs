@@ -65,8 +65,14 @@ fn apply(ids: &mut Vec<String>, change: &Change, serial: &mut u32) {
 fn same_answers(incremental: &Ring, full: &Ring, keys: &[u64]) {
     for &position in keys {
         assert_eq!(incremental.owner(position), full.owner(position));
-        assert_eq!(incremental.workers_from(position), full.workers_from(position));
-        assert_eq!(incremental.seeded_order(position), full.seeded_order(position));
+        assert_eq!(
+            incremental.workers_from(position),
+            full.workers_from(position)
+        );
+        assert_eq!(
+            incremental.seeded_order(position),
+            full.seeded_order(position)
+        );
         for set in [0b1u64, 0b1010, u64::MAX, 0xF0F0] {
             assert_eq!(
                 incremental.first_in_set(position, set),
@@ -118,5 +124,8 @@ fn rebuild_to_and_from_empty() {
     let gone = full.rebuilt(&ids, &[] as &[&str]);
     assert!(gone.is_empty());
     assert_eq!(gone, empty);
-    assert_eq!(full.owner(hash_position(b"k")), Ring::build(&ids, 150).owner(hash_position(b"k")));
+    assert_eq!(
+        full.owner(hash_position(b"k")),
+        Ring::build(&ids, 150).owner(hash_position(b"k"))
+    );
 }

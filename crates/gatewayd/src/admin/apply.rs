@@ -42,7 +42,9 @@ impl Admin {
             .map_err(|error| ConfigError::Invalid { path: None, error })?;
         // The first problem in list order, an alias before a loop of the same worker.
         let alias = first_alias(&next.statics);
-        let checked = alias.as_ref().map_or(next.statics.len(), |(index, _)| *index);
+        let checked = alias
+            .as_ref()
+            .map_or(next.statics.len(), |(index, _)| *index);
         for member in &next.statics[..checked] {
             if let Some(message) = loop_of(member, &self.listeners) {
                 return Err(AdminError::Loop(message));

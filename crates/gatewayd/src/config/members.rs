@@ -6,7 +6,6 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
-
 use super::alias::Backend;
 use super::field_error::FieldError;
 use super::worker::Member;
@@ -135,13 +134,16 @@ impl Config {
 /// member (quadratic in the fleet).
 pub fn first_alias(members: &[Member]) -> Option<(usize, String)> {
     let mut backends: HashMap<&Backend, &Member> = HashMap::with_capacity(members.len());
-    members.iter().enumerate().find_map(|(index, member)| match backends.get(&member.url.backend) {
-        Some(twin) => Some((index, alias_message(member, twin))),
-        None => {
-            backends.insert(&member.url.backend, member);
-            None
-        }
-    })
+    members
+        .iter()
+        .enumerate()
+        .find_map(|(index, member)| match backends.get(&member.url.backend) {
+            Some(twin) => Some((index, alias_message(member, twin))),
+            None => {
+                backends.insert(&member.url.backend, member);
+                None
+            }
+        })
 }
 
 /// Why `member` may not join beside `twin`, whose URL reaches the same backend.
