@@ -116,12 +116,14 @@ def step_startup(run):
 
 def step_admin(run):
     """Admin add and remove of one worker at `--workers`, against a call that changes nothing
-    (`PUT /admin/policy {}`), interleaved in one run; medians over `--calls` rounds."""
+    (`PUT /admin/policy {}`, which goes through the same validate-and-apply path) and against a
+    read (`GET /admin/policy`), interleaved in one run; medians over `--calls` rounds."""
     gateway = Gateway(run.args.binary, run.args.workers, run.workdir)
-    noop, add, remove = [], [], []
+    read, noop, add, remove = [], [], [], []
     try:
         gateway.start()
         for i in range(run.args.calls):
+            read.append(gateway.call("GET", "/admin/policy"))
             noop.append(gateway.call("PUT", "/admin/policy", {}))
             url = worker_url(run.args.workers + 1 + i)
             add.append(gateway.call("POST", "/admin/workers", {"name": f"extra{i}", "url": url}))
@@ -129,11 +131,13 @@ def step_admin(run):
     finally:
         gateway.stop()
     n = run.args.workers
+    run.results[f"admin_read_ms_{n}"] = round(median(read) * 1e3, 3)
     run.results[f"admin_noop_ms_{n}"] = round(median(noop) * 1e3, 3)
     run.results[f"admin_add_ms_{n}"] = round(median(add) * 1e3, 3)
     run.results[f"admin_remove_ms_{n}"] = round(median(remove) * 1e3, 3)
     run.results["admin_add_ratio"] = round(median(add) / median(noop), 1)
     run.results["admin_remove_ratio"] = round(median(remove) / median(noop), 1)
+    run.results["admin_add_to_read_ratio"] = round(median(add) / median(read), 1)
 
 
 STEPS = {"startup": step_startup, "admin": step_admin}
