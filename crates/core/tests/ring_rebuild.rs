@@ -31,7 +31,7 @@ fn change() -> impl Strategy<Value = Change> {
 /// A fresh ring id: a URL, or every third one a `ring_id` override.
 fn fresh_id(serial: &mut u32) -> String {
     *serial += 1;
-    if *serial % 3 == 0 {
+    if serial.is_multiple_of(3) {
         format!("replica-{serial}")
     } else {
         format!("http://10.0.{}.{}:8000", *serial / 250, *serial % 250)

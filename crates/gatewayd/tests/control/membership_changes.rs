@@ -14,7 +14,7 @@ fn idle_worker(name: &str, index: usize) -> WorkerConfig {
     WorkerConfig {
         name: Some(name.to_owned()),
         url: format!("http://127.0.{}.{}:9", 1 + index / 250, index % 250),
-        ring_id: (index % 4 == 0).then(|| format!("replica-{index}")),
+        ring_id: index.is_multiple_of(4).then(|| format!("replica-{index}")),
         health_path: None,
         metrics_path: None,
         max_in_flight: None,
