@@ -9,6 +9,10 @@
 //!
 //! The ring is built only when membership changes and holds every registered worker whatever its
 //! health: health is a filter applied while walking, so a flapping worker never moves other keys.
+//! A membership change derives the new ring from the old one ([`Ring::rebuilt`]): only the joining
+//! workers' points are hashed, so its cost follows the change, not the fleet.
+
+use std::collections::HashMap;
 
 /// Ring position of `bytes`: BLAKE3 digest, first 8 bytes, little-endian.
 pub fn hash_position(bytes: &[u8]) -> u64 {
@@ -91,14 +95,13 @@ impl Ring {
             Vec::with_capacity(ring_ids.len() * virtual_nodes as usize);
         let mut label = String::new();
         for (index, id) in ring_ids.iter().enumerate() {
-            let id = id.as_ref();
-            for node in 0..virtual_nodes {
-                label.clear();
-                label.push_str(id);
-                label.push('#');
-                push_decimal(&mut label, node);
-                points.push((hash_position(label.as_bytes()), index as u32));
-            }
+            push_points(
+                &mut points,
+                &mut label,
+                id.as_ref(),
+                index as u32,
+                virtual_nodes,
+            );
         }
         points.sort_unstable_by(|a, b| {
             a.0.cmp(&b.0).then_with(|| {
@@ -108,23 +111,136 @@ impl Ring {
             })
         });
         assert!(u32::try_from(points.len()).is_ok(), "too many ring points");
+        let seeds = ring_ids
+            .iter()
+            .map(|id| hash_position(id.as_ref().as_bytes()))
+            .collect();
+        Ring::assemble(
+            points.iter().map(|p| p.0).collect(),
+            points.iter().map(|p| p.1).collect(),
+            seeds,
+            virtual_nodes,
+        )
+    }
+
+    /// The ring of `ring_ids` made from `self`, the ring of `previous_ids` with the same
+    /// `virtual_nodes`: placement identical to `Ring::build(ring_ids, self.virtual_nodes())`, at
+    /// the cost of the change. Points of workers in both lists are kept (renumbered to their index
+    /// in `ring_ids`), those of workers only in `previous_ids` dropped, and only the joining
+    /// workers' points are hashed, sorted and merged in: one linear pass over the points plus
+    /// `joining × virtual_nodes` hashes, instead of hashing and sorting every point. Any reorder,
+    /// insertion or removal is allowed; workers are matched by ring id.
+    ///
+    /// # Panics
+    /// If `previous_ids` is not the list `self` was built from (its length differs), or if there
+    /// are more than `u32::MAX` workers.
+    pub fn rebuilt<S: AsRef<str>, T: AsRef<str>>(
+        &self,
+        previous_ids: &[S],
+        ring_ids: &[T],
+    ) -> Ring {
+        assert_eq!(
+            previous_ids.len(),
+            self.worker_count,
+            "not this ring's workers"
+        );
+        assert!(u32::try_from(ring_ids.len()).is_ok(), "too many workers");
+        let new_index: HashMap<&str, u32> = ring_ids
+            .iter()
+            .enumerate()
+            .map(|(index, id)| (id.as_ref(), index as u32))
+            .collect();
+        // Where each previous worker went; `u32::MAX` for one that left.
+        let renumber: Vec<u32> = previous_ids
+            .iter()
+            .map(|id| new_index.get(id.as_ref()).copied().unwrap_or(u32::MAX))
+            .collect();
+        let mut stayed = vec![false; ring_ids.len()];
+        for &index in renumber.iter().filter(|&&i| i != u32::MAX) {
+            stayed[index as usize] = true;
+        }
+        let mut seeds = vec![0u64; ring_ids.len()];
+        for (previous, &index) in renumber.iter().enumerate() {
+            if index != u32::MAX {
+                seeds[index as usize] = self.seeds[previous];
+            }
+        }
+        let mut joining: Vec<(u64, u32)> = Vec::new();
+        let mut label = String::new();
+        for (index, id) in ring_ids.iter().enumerate() {
+            if stayed[index] {
+                continue;
+            }
+            let id = id.as_ref();
+            seeds[index] = hash_position(id.as_bytes());
+            push_points(
+                &mut joining,
+                &mut label,
+                id,
+                index as u32,
+                self.virtual_nodes,
+            );
+        }
+        let ring_id = |index: u32| ring_ids[index as usize].as_ref();
+        // The order `build` sorts by: position, then ring id (renumbering keeps the kept points'
+        // order, since neither key depends on the index).
+        let before = |a: (u64, u32), b: (u64, u32)| (a.0, ring_id(a.1)) < (b.0, ring_id(b.1));
+        joining
+            .sort_unstable_by(|&a, &b| a.0.cmp(&b.0).then_with(|| ring_id(a.1).cmp(ring_id(b.1))));
+        let total = self.positions.len() - self.dropped_points(&renumber) + joining.len();
+        assert!(u32::try_from(total).is_ok(), "too many ring points");
+        let mut positions = Vec::with_capacity(total);
+        let mut owners = Vec::with_capacity(total);
+        let mut incoming = joining.into_iter().peekable();
+        for (&position, &owner) in self.positions.iter().zip(&self.owners) {
+            let owner = renumber[owner as usize];
+            if owner == u32::MAX {
+                continue;
+            }
+            while let Some(&point) = incoming.peek() {
+                if !before(point, (position, owner)) {
+                    break;
+                }
+                positions.push(point.0);
+                owners.push(point.1);
+                incoming.next();
+            }
+            positions.push(position);
+            owners.push(owner);
+        }
+        for (position, owner) in incoming {
+            positions.push(position);
+            owners.push(owner);
+        }
+        Ring::assemble(positions, owners, seeds, self.virtual_nodes)
+    }
+
+    /// Points of the workers `renumber` drops (those mapped to `u32::MAX`).
+    fn dropped_points(&self, renumber: &[u32]) -> usize {
+        renumber.iter().filter(|&&i| i == u32::MAX).count() * self.virtual_nodes as usize
+    }
+
+    /// The ring from its sorted points and each worker's seed: groups the point indices by worker.
+    fn assemble(
+        positions: Vec<u64>,
+        owners: Vec<u32>,
+        seeds: Vec<u64>,
+        virtual_nodes: u32,
+    ) -> Ring {
         let per_worker = virtual_nodes as usize;
-        let mut by_worker = vec![0u32; points.len()];
-        let mut filled = vec![0usize; ring_ids.len()];
-        for (index, &(_, owner)) in points.iter().enumerate() {
+        let mut by_worker = vec![0u32; owners.len()];
+        let mut filled = vec![0usize; seeds.len()];
+        for (index, &owner) in owners.iter().enumerate() {
             let owner = owner as usize;
             by_worker[owner * per_worker + filled[owner]] = index as u32;
             filled[owner] += 1;
         }
         Ring {
-            positions: points.iter().map(|p| p.0).collect(),
-            owners: points.iter().map(|p| p.1).collect(),
+            positions,
+            owners,
             by_worker,
-            seeds: ring_ids
-                .iter()
-                .map(|id| hash_position(id.as_ref().as_bytes()))
-                .collect(),
-            worker_count: ring_ids.len(),
+            worker_count: seeds.len(),
+            seeds,
             virtual_nodes,
         }
     }
@@ -373,6 +489,24 @@ impl Ring {
             ));
         }
         arcs
+    }
+}
+
+/// Appends worker `index`'s `virtual_nodes` points (position, owner) to `points`, labelled
+/// `<ring_id>#<i>`; `label` is scratch space reused across workers.
+fn push_points(
+    points: &mut Vec<(u64, u32)>,
+    label: &mut String,
+    ring_id: &str,
+    index: u32,
+    virtual_nodes: u32,
+) {
+    for node in 0..virtual_nodes {
+        label.clear();
+        label.push_str(ring_id);
+        label.push('#');
+        push_decimal(label, node);
+        points.push((hash_position(label.as_bytes()), index));
     }
 }
 

@@ -290,7 +290,8 @@ impl Router {
         Ok(policy)
     }
 
-    /// Adds a worker (active, and healthy unless new workers start unhealthy). Rebuilds the ring.
+    /// Adds a worker (active, and healthy unless new workers start unhealthy). Derives the new
+    /// ring from the one in force: only the new worker's points are hashed.
     pub fn add_worker(&self, spec: WorkerSpec) -> Result<(), MembershipError> {
         self.change_membership(|specs| {
             specs.push(spec);
@@ -353,7 +354,8 @@ impl Router {
         let current = self.table.load_full();
         let keeps_workers = same_workers(&current, &workers);
         let keeps_ring = keeps_workers && current.policy.virtual_nodes == policy.virtual_nodes;
-        let ring = (!keeps_ring).then(|| build_ring(&workers, policy.virtual_nodes));
+        let ring =
+            (!keeps_ring).then(|| build_ring(&workers, policy.virtual_nodes, Some(&current)));
         Ok(PreparedTable {
             workers,
             policy,

@@ -387,10 +387,22 @@ pub(super) fn same_workers(table: &RoutingTable, specs: &[WorkerSpec]) -> bool {
     table.workers.len() == specs.len() && table.workers.iter().zip(specs).all(|(w, s)| w.spec == *s)
 }
 
-/// The ring of `specs` with `virtual_nodes` points each (the expensive part of a membership change).
-pub(super) fn build_ring(specs: &[WorkerSpec], virtual_nodes: u32) -> Arc<Ring> {
+/// The ring of `specs` with `virtual_nodes` points each (the expensive part of a membership
+/// change): derived from `previous`'s ring when it has as many points per worker, so only joining
+/// workers are hashed ([`Ring::rebuilt`]), else built whole.
+pub(super) fn build_ring(
+    specs: &[WorkerSpec],
+    virtual_nodes: u32,
+    previous: Option<&RoutingTable>,
+) -> Arc<Ring> {
     let ring_ids: Vec<&str> = specs.iter().map(WorkerSpec::ring_id).collect();
-    Arc::new(Ring::build(&ring_ids, virtual_nodes))
+    match previous {
+        Some(table) if table.ring.virtual_nodes() == virtual_nodes => {
+            let previous_ids: Vec<&str> = table.workers.iter().map(|w| w.spec.ring_id()).collect();
+            Arc::new(table.ring.rebuilt(&previous_ids, &ring_ids))
+        }
+        _ => Arc::new(Ring::build(&ring_ids, virtual_nodes)),
+    }
 }
 
 /// A table of a new membership (or `virtual_nodes`): counters found again by URL in `registry`,
@@ -406,12 +418,17 @@ pub(super) fn build_table(
 ) -> RoutingTable {
     registry.counters.retain(|_, weak| weak.strong_count() > 0);
     let initial_health = !registry.new_workers_unhealthy;
-    let ring = ring.unwrap_or_else(|| build_ring(&specs, policy.virtual_nodes));
+    let ring = ring.unwrap_or_else(|| build_ring(&specs, policy.virtual_nodes, previous));
     // A worker that stays (same URL) keeps its health and state; a new one starts active, with the
-    // initial health.
+    // initial health. Looked up by URL through a map: a scan per worker is quadratic in the fleet.
+    let previous_by_url: HashMap<&str, usize> = previous.map_or_else(HashMap::new, |table| {
+        (table.workers.iter().enumerate())
+            .map(|(i, w)| (w.spec.url.as_str(), i))
+            .collect()
+    });
     let kept = |spec: &WorkerSpec| {
         let table = previous?;
-        let i = table.workers.iter().position(|w| w.spec.url == spec.url)?;
+        let i = *previous_by_url.get(spec.url.as_str())?;
         Some((table.healthy[i], table.states[i]))
     };
     let (healthy, states): (Vec<bool>, Vec<WorkerState>) = specs

@@ -10,7 +10,7 @@ use bch_core::router::{PreparedTable, WorkerSpec, validate_membership};
 
 use super::membership::merge;
 use super::{Actor, Admin, AdminError, InForce, Next};
-use crate::config::members::{alias_of, loop_of};
+use crate::config::members::{first_alias, loop_of};
 use crate::config::runtime::RuntimeSettings;
 use crate::config::{ConfigError, Member};
 use crate::per_worker::TableKeys;
@@ -40,13 +40,18 @@ impl Admin {
         next.config
             .picker_workers(&next.statics)
             .map_err(|error| ConfigError::Invalid { path: None, error })?;
-        for (index, member) in next.statics.iter().enumerate() {
-            if let Some(message) = alias_of(member, &next.statics[..index]) {
-                return Err(AdminError::Alias(message));
-            }
+        // The first problem in list order, an alias before a loop of the same worker.
+        let alias = first_alias(&next.statics);
+        let checked = alias
+            .as_ref()
+            .map_or(next.statics.len(), |(index, _)| *index);
+        for member in &next.statics[..checked] {
             if let Some(message) = loop_of(member, &self.listeners) {
                 return Err(AdminError::Loop(message));
             }
+        }
+        if let Some((_, message)) = alias {
+            return Err(AdminError::Alias(message));
         }
         let policy = next.config.policy_settings();
         policy.validate()?;

@@ -10,6 +10,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 
+use crate::config::alias::Backend;
 use crate::config::members::loop_of;
 use crate::config::{Config, DiscoveryConfig, Member, WorkerConfig, WorkerUrl, check_name};
 
@@ -109,6 +110,9 @@ pub fn merge(
     let mut members: Vec<Member> = statics.to_vec();
     let mut names: HashSet<String> = members.iter().map(|m| m.spec.name.clone()).collect();
     let mut urls: HashSet<String> = members.iter().map(|m| m.spec.url.clone()).collect();
+    // A set, not a scan of the members per discovered worker: a 1,000-record answer would
+    // otherwise compare a million backends.
+    let mut backends: HashSet<Backend> = members.iter().map(|m| m.url.backend.clone()).collect();
     let mut skipped = Vec::new();
     let mut skipped_by_source: HashMap<String, usize> = HashMap::new();
     for source in &config.discovery {
@@ -117,8 +121,8 @@ pub fn merge(
             let url = worker.url(source);
             let authority = worker.addr.to_string();
             // A static `http://10.0.0.7:8000/` is the worker DNS reports as 10.0.0.7:8000.
-            let same_backend = WorkerUrl::parse(&url)
-                .is_ok_and(|parsed| members.iter().any(|m| m.url.backend == parsed.backend));
+            let same_backend =
+                WorkerUrl::parse(&url).is_ok_and(|parsed| backends.contains(&parsed.backend));
             if urls.contains(&url) || same_backend {
                 continue;
             }
@@ -146,6 +150,7 @@ pub fn merge(
                     }
                     names.insert(name);
                     urls.insert(url);
+                    backends.insert(member.url.backend.clone());
                     members.push(member);
                 }
                 Err(why) => skipped.push(format!(

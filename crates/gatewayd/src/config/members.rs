@@ -1,12 +1,12 @@
 //! The worker list checked as a whole: every entry parsed into a [`Member`], and refused when its
 //! name, URL or ring identity clashes with an earlier one, when its URL reaches an earlier
-//! worker's backend ([`alias_of`]), is the gateway's own listener ([`loop_of`]), or cannot be
+//! worker's backend ([`first_alias`]), is the gateway's own listener ([`loop_of`]), or cannot be
 //! named by the endpoint picker. Per-entry checks live in [`super::worker`].
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 
-use bch_core::router::WorkerSpec;
-
+use super::alias::Backend;
 use super::field_error::FieldError;
 use super::worker::Member;
 use super::{Config, ConfigError};
@@ -63,6 +63,13 @@ impl Config {
     pub(super) fn collect_members(&self) -> (Vec<Member>, Vec<FieldError>) {
         let mut members: Vec<(usize, Member)> = Vec::with_capacity(self.workers.len());
         let mut problems = Vec::new();
+        // Where each name, URL, ring id and backend of an accepted member is (its place in
+        // `members`): a lookup per entry, where a scan of the earlier entries would make the
+        // check quadratic in the fleet (minutes at 10,000 workers).
+        let mut names: HashMap<String, usize> = HashMap::new();
+        let mut urls: HashMap<String, usize> = HashMap::new();
+        let mut ring_ids: HashMap<String, usize> = HashMap::new();
+        let mut backends: HashMap<Backend, usize> = HashMap::new();
         for (index, worker) in self.workers.iter().enumerate() {
             let entry = format!("workers[{index}]");
             let invalid =
@@ -75,19 +82,18 @@ impl Config {
                 }
             };
             let spec = &member.spec;
-            type Field = fn(&WorkerSpec) -> &str;
-            let fields: [(&str, &str, Field, bool); 3] = [
-                ("name", &spec.name, |s| &s.name, worker.name.is_none()),
-                ("url", &spec.url, |s| &s.url, false),
+            let fields: [(&str, &str, &HashMap<String, usize>, bool); 3] = [
+                ("name", &spec.name, &names, worker.name.is_none()),
+                ("url", &spec.url, &urls, false),
                 (
                     "ring_id",
                     spec.ring_id(),
-                    WorkerSpec::ring_id,
+                    &ring_ids,
                     worker.ring_id.is_none(),
                 ),
             ];
-            let clash = fields.into_iter().find_map(|(field, value, of, defaulted)| {
-                let (other, m) = members.iter().find(|(_, m)| of(&m.spec) == value)?;
+            let clash = fields.into_iter().find_map(|(field, value, taken, defaulted)| {
+                let (other, m) = &members[*taken.get(value)?];
                 Some(if defaulted {
                     invalid(
                         "url",
@@ -103,26 +109,49 @@ impl Config {
                     )
                 })
             });
-            let earlier: Vec<Member> = members.iter().map(|(_, m)| m.clone()).collect();
-            let alias = || alias_of(&member, &earlier).map(|message| invalid("url", message));
+            let alias = || {
+                let (_, twin) = &members[*backends.get(&member.url.backend)?];
+                Some(invalid("url", alias_message(&member, twin)))
+            };
             match clash.or_else(alias) {
                 Some(problem) => problems.push(problem),
-                None => members.push((index, member)),
+                None => {
+                    let at = members.len();
+                    names.insert(member.spec.name.clone(), at);
+                    urls.insert(member.spec.url.clone(), at);
+                    ring_ids.insert(member.spec.ring_id().to_owned(), at);
+                    backends.insert(member.url.backend.clone(), at);
+                    members.push((index, member));
+                }
             }
         }
         (members.into_iter().map(|(_, m)| m).collect(), problems)
     }
 }
 
-/// Why `member` may not join `members`, when its URL reaches the backend of one of them.
-pub fn alias_of(member: &Member, members: &[Member]) -> Option<String> {
-    let twin = members
+/// The first member of `members` whose URL reaches the backend of a member before it: its index
+/// and why it may not join. One pass with a map, not a scan of the earlier members per
+/// member (quadratic in the fleet).
+pub fn first_alias(members: &[Member]) -> Option<(usize, String)> {
+    let mut backends: HashMap<&Backend, &Member> = HashMap::with_capacity(members.len());
+    members
         .iter()
-        .find(|m| m.url.backend == member.url.backend)?;
-    Some(format!(
+        .enumerate()
+        .find_map(|(index, member)| match backends.get(&member.url.backend) {
+            Some(twin) => Some((index, alias_message(member, twin))),
+            None => {
+                backends.insert(&member.url.backend, member);
+                None
+            }
+        })
+}
+
+/// Why `member` may not join beside `twin`, whose URL reaches the same backend.
+fn alias_message(member: &Member, twin: &Member) -> String {
+    format!(
         "{:?} reaches the same backend ({}) as worker {:?} ({:?}); one backend registered twice would get two shares of the ring",
         member.spec.url, member.url.backend, twin.spec.name, twin.spec.url
-    ))
+    )
 }
 
 /// Why `member` may not be a worker of a gateway listening on `listeners`: its URL is one of them,

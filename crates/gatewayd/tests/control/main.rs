@@ -28,6 +28,7 @@ mod auth;
 mod browser_guard;
 mod drain;
 mod explain;
+mod membership_changes;
 mod metrics;
 mod policy;
 mod probes;

@@ -8,6 +8,7 @@ mod dnsmasq;
 
 mod discovery;
 mod discovery_health;
+mod discovery_scale;
 mod engine_saturation;
 mod health;
 mod load_scrape;

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# gatewayd with a 10,000-worker fleet that need not be live: start-up time at 16 and 10,000 static
+# workers, and one admin add / remove at 10,000 against an admin call that changes nothing, in one
+# run. Probes are slowed to one round an hour and fail at once (nothing listens on the workers'
+# addresses), new workers start healthy, scraping is off. See docs/benchmarks.md ("Scale").
+#
+#   bash bench/scale.sh                      # every step, 10,000 workers (~1 min after the build)
+#   bash bench/scale.sh --steps startup      # named steps only (startup, admin)
+#
+# Options: --workers N, --repeats N (start-ups per size), --calls N (admin rounds), --steps LIST,
+# --out FILE, --profile P (cargo profile; release by default). Steps live in bench/scale.py as
+# `step_<name>` functions: a new measurement is one more function there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BENCH_NAME=scale
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+
+WORKERS=10000 REPEATS=3 CALLS=20 STEPS="" OUT="bench/results/scale.json" PROFILE=release
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --workers) WORKERS=$2; shift ;;
+    --repeats) REPEATS=$2; shift ;;
+    --calls) CALLS=$2; shift ;;
+    --steps) STEPS=$2; shift ;;
+    --out) OUT=$2; shift ;;
+    --profile) PROFILE=$2; shift ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "bench/scale.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+# One worker is one socket at most (a probe); the fleet needs more descriptors than the default.
+ulimit -n "$(( WORKERS * 2 > 20000 ? 20000 : WORKERS * 2 ))" 2>/dev/null || log "could not raise the fd limit"
+log "building gatewayd ($PROFILE)"
+cargo build --quiet --profile "$PROFILE" -p gatewayd
+DIR=$([[ $PROFILE == dev ]] && echo debug || echo "$PROFILE")
+BINARY="$(bench_target_dir)/$DIR/gatewayd"
+mkdir -p "$(dirname "$OUT")"
+python3 bench/scale.py --binary "$BINARY" --workers "$WORKERS" --repeats "$REPEATS" \
+  --calls "$CALLS" ${STEPS:+--steps "$STEPS"} --out "$OUT"
+log "results in $OUT"
