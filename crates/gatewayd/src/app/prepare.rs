@@ -20,6 +20,8 @@ pub(super) struct Prepared {
     pub(super) members: Vec<Member>,
     pub(super) token: Option<String>,
     pub(super) metrics_token: Option<String>,
+    /// TLS toward `https://` workers, its files read.
+    pub(super) worker_tls: rustls::ClientConfig,
     pub(super) handle_signals: bool,
     pub(super) tls: ListenerTlsParts,
 }
@@ -58,6 +60,9 @@ pub fn check(options: &StartOptions) -> Findings {
         .map(|path| read_token(METRICS_TOKEN_KEY, path))
     {
         errors.push(error.to_string());
+    }
+    if let Err(error) = crate::upstream::tls::client_config(&base.upstream.tls) {
+        errors.push(error.field_error().to_string());
     }
     let token_configured = base.server.control_access.admin_token_file.is_some();
     if !token_configured && !base.server.listeners.control_listen.ip().is_loopback() {
@@ -105,12 +110,15 @@ pub(super) fn prepare(options: StartOptions) -> Result<Prepared, StartError> {
         .as_deref()
         .map(|path| read_token(METRICS_TOKEN_KEY, path))
         .transpose()?;
+    let worker_tls = crate::upstream::tls::client_config(&config.upstream.tls)
+        .map_err(|error| StartError::Invalid(vec![error.field_error().to_string()]))?;
     Ok(Prepared {
         config,
         origin: options.origin,
         members,
         token,
         metrics_token,
+        worker_tls,
         handle_signals: options.handle_signals,
         tls,
     })

@@ -8,7 +8,7 @@
 //! are scraped); [`worker`] one worker entry and its parsed URL; [`members`] the worker list
 //! checked as a whole (clashes, aliases, loops, what the picker can name); [`alias`] the canonical
 //! backend a URL reaches; [`discovery`] one DNS discovery source; [`millis`] the `_ms` keys as
-//! `Duration`s; [`field_error`] the one shape of a field's problem; [`runtime`] the per-request
+//! `Duration`s; [`upstream`] `[upstream.tls]`, TLS toward `https://` workers; [`field_error`] the one shape of a field's problem; [`runtime`] the per-request
 //! settings derived from a whole configuration; [`diff`] what a reload changed, for its log line;
 //! [`persist`] the configuration in force as TOML; [`token_file`] the one reader of token files.
 //!
@@ -29,6 +29,7 @@ pub mod sections;
 pub mod server;
 pub mod tls;
 pub mod token_file;
+pub mod upstream;
 pub mod worker;
 
 use std::path::{Path, PathBuf};
@@ -49,6 +50,7 @@ pub use sections::{
 };
 pub use server::{ControlAccess, Limits, Listeners, ServerConfig, Timeouts};
 pub use tls::{ControlConfig, ListenerTls, TlsListener};
+pub use upstream::{UpstreamConfig, UpstreamTlsConfig};
 pub use worker::{
     MAX_WORKER_NAME_CHARS, Member, WorkerConfig, WorkerUrl, WorkerUrlError, check_name,
 };
@@ -88,6 +90,8 @@ pub struct Config {
     pub log: LogConfig,
     /// Envoy's endpoint picker (ext_proc over gRPC).
     pub picker: PickerConfig,
+    /// `[upstream]`: how workers are reached (TLS toward `https://` workers).
+    pub upstream: UpstreamConfig,
     /// Workers, in configuration order (the order target-worker indices refer to).
     pub workers: Vec<WorkerConfig>,
     /// DNS names whose records are more workers, after the static ones (docs/discovery.md).
@@ -255,6 +259,7 @@ impl Config {
         }
         section("load", self.load.validate().err().into_iter().collect());
         section("picker", self.picker.problems());
+        section("upstream", self.upstream.tls.problems());
         section("log", self.log.problems());
         if !self.server.listeners.data_plane && self.picker.listen.is_none() {
             problems.push(FieldError::new(
