@@ -29,11 +29,11 @@ use http::{Request, Uri};
 use http_body_util::Empty;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use rustls_pki_types::ServerName;
 use hyper_util::rt::TokioExecutor;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
+use rustls_pki_types::ServerName;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -431,7 +431,8 @@ impl Probing {
         // The table first, then the membership (see `Targets::refresh`).
         let table = self.router.table();
         if self.targets.refresh(current) {
-            self.connector.set_server_names(server_names(&self.members.load()));
+            self.connector
+                .set_server_names(server_names(&self.members.load()));
         }
         let now = Instant::now();
         let mut confirm = std::collections::HashSet::new();

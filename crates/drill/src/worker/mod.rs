@@ -43,5 +43,5 @@ mod tls;
 pub use api::SIM_CONFIG_PATH;
 pub use faults::Fault;
 pub use handle::{WorkerHandle, spawn_https_worker, spawn_worker, spawn_workers};
-pub use tls::server_tls_config;
 pub use state::SimStats;
+pub use tls::server_tls_config;

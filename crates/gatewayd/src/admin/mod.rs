@@ -429,12 +429,13 @@ impl Admin {
         let config = self.origin.effective(Config::load(path)?)?;
         // The files of `[upstream.tls]` are read again (a rotated client certificate, a new CA);
         // ones that cannot be used refuse the reload, the configuration in force stays.
-        let worker_tls = crate::upstream::tls::client_config(&config.upstream.tls).map_err(|e| {
-            ConfigError::Invalid {
-                path: Some(path.clone()),
-                error: e.field_error(),
-            }
-        })?;
+        let worker_tls =
+            crate::upstream::tls::client_config(&config.upstream.tls).map_err(|e| {
+                ConfigError::Invalid {
+                    path: Some(path.clone()),
+                    error: e.field_error(),
+                }
+            })?;
         let statics = config.members()?;
         // Certificates first: a file that cannot be served refuses the whole reload, before
         // anything changed.

@@ -337,13 +337,22 @@ impl WorkerConfig {
                     "only an https:// worker has a certificate to check".into(),
                 ));
             }
-            (Some(name), true) => Some(
-                ServerName::try_from(name.clone())
-                    .map_err(|_| invalid("server_name", format!("{name:?} is not a DNS name or IP address")))?,
-            ),
+            (Some(name), true) => Some(ServerName::try_from(name.clone()).map_err(|_| {
+                invalid(
+                    "server_name",
+                    format!("{name:?} is not a DNS name or IP address"),
+                )
+            })?),
             (None, true) => Some(
-                ServerName::try_from(url.host_and_port().0.to_owned())
-                    .map_err(|_| invalid("url", format!("{:?} is no TLS server name; set server_name", url.authority.host())))?,
+                ServerName::try_from(url.host_and_port().0.to_owned()).map_err(|_| {
+                    invalid(
+                        "url",
+                        format!(
+                            "{:?} is no TLS server name; set server_name",
+                            url.authority.host()
+                        ),
+                    )
+                })?,
             ),
             (None, false) => None,
         };
@@ -394,9 +403,15 @@ mod tests {
 
     #[test]
     fn https_workers_check_their_host_or_the_server_name_override() {
-        let member = WorkerConfig::from_url("https://gpu-0.example").member().unwrap();
+        let member = WorkerConfig::from_url("https://gpu-0.example")
+            .member()
+            .unwrap();
         assert_eq!(member.url.host_and_port(), ("gpu-0.example", 443));
-        assert!(member.url.backend.to_string().contains(":443"), "{}", member.url.backend);
+        assert!(
+            member.url.backend.to_string().contains(":443"),
+            "{}",
+            member.url.backend
+        );
         assert_eq!(member.server_name.unwrap().to_str(), "gpu-0.example");
         let by_ip = WorkerConfig {
             server_name: Some("gpu-0.example".into()),

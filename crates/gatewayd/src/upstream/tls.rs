@@ -124,7 +124,10 @@ impl WorkerTls {
                     .to_owned()
             }
         };
-        Ok(self.handshake(tcp, name, handshake_timeout).await?)
+        // Unsized, not boxed again: `tls_problem` finds the error by its type.
+        self.handshake(tcp, name, handshake_timeout)
+            .await
+            .map_err(|error| error as BoxError)
     }
 
     /// The TLS handshake on `tcp`, the worker's certificate checked against `name`, within

@@ -10,5 +10,6 @@ mod discovery;
 mod discovery_health;
 mod engine_saturation;
 mod health;
+mod https;
 mod load_scrape;
 mod scrape_connections;
