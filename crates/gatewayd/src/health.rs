@@ -499,6 +499,10 @@ impl Probing {
         thresholds: &HealthConfig,
     ) {
         let name = &table.workers()[index].spec.name;
+        let reason = result.err().map(|failure| failure.to_string());
+        table.workers()[index]
+            .stats
+            .set_probe_failure(reason.as_deref());
         if let Err(failure) = result {
             self.failures.record(&key, failure.reason());
             tracing::debug!(worker = %name, reason = %failure, "probe failed");

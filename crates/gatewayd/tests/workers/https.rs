@@ -198,14 +198,17 @@ async fn assert_refused_over_tls(gateway: &RunningGateway, worker: &str, words: 
     assert!(message.contains(words), "{message}");
     wait_metric(gateway, &probe_series(worker, "tls"), 1.0).await;
     let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    let record = loop {
         let record = worker_record(gateway, worker).await.unwrap();
         if record["healthy"] == false {
-            break;
+            break record;
         }
         assert!(Instant::now() < deadline, "never unhealthy: {record}");
         tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    };
+    // The probe's reason, in the record `/admin/workers` and the console show.
+    let reason = record["probe_failure"].as_str().unwrap_or_default();
+    assert!(reason.starts_with("tls: "), "{record}");
     assert_idle(gateway).await;
 }
 
