@@ -8,7 +8,8 @@
 //! are scraped); [`worker`] one worker entry and its parsed URL; [`members`] the worker list
 //! checked as a whole (clashes, aliases, loops, what the picker can name); [`alias`] the canonical
 //! backend a URL reaches; [`discovery`] one DNS discovery source; [`millis`] the `_ms` keys as
-//! `Duration`s; [`upstream`] `[upstream.tls]`, TLS toward `https://` workers; [`field_error`] the one shape of a field's problem; [`runtime`] the per-request
+//! `Duration`s; [`upstream`] `[upstream.tls]`, TLS toward `https://` workers; [`field_error`] the
+//! one shape of a field's problem; [`runtime`] the per-request
 //! settings derived from a whole configuration; [`diff`] what a reload changed, for its log line;
 //! [`persist`] the configuration in force as TOML; [`token_file`] the one reader of token files.
 //!
@@ -438,7 +439,15 @@ mod tests {
             ("[policy]\nmin_load_gaps = 1\n", "min_load_gaps"),
             ("[policy]\nspill_order = \"next\"\n", "spill_order"),
             ("[[workers]]\nurl = \"not a url\"\n", "workers[0].url"),
-            ("[[workers]]\nurl = \"https://a:1\"\n", "workers[0].url"),
+            ("[[workers]]\nurl = \"ftp://a:1\"\n", "workers[0].url"),
+            (
+                "[[workers]]\nurl = \"http://a:1\"\nserver_name = \"a\"\n",
+                "workers[0].server_name",
+            ),
+            (
+                "[upstream.tls]\nclient_cert_file = \"c.pem\"\n",
+                "upstream.tls.client_key_file",
+            ),
             (
                 "[[workers]]\nurl = \"http://a:1\"\n[[workers]]\nurl = \"http://a:1\"\n",
                 "workers[1].url",

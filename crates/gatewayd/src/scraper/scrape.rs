@@ -211,12 +211,12 @@ pub enum ScrapeReason {
     NotText,
     /// `no_gauges`.
     NoGauges,
-    /// `tls`.
-    Tls,
     /// `unparsable`.
     Unparsable,
     /// `bad_value`.
     BadValue,
+    /// `tls`.
+    Tls,
 }
 
 impl LabelValue for ScrapeReason {
@@ -323,10 +323,13 @@ async fn exchange_fresh(
     }
 }
 
-/// What a hyper error before the response head means: not HTTP at all (a TLS or gRPC port, a
-/// status line that does not parse), or no answer.
+/// What a hyper error before the response head means: a TLS refusal, not HTTP at all (a TLS or
+/// gRPC port, a status line that does not parse), or no answer.
 fn before_answer(error: &hyper::Error) -> Exchange {
-    if error.is_parse() || error.is_parse_status() || error.is_parse_too_large() {
+    // TLS 1.3 tells a client the worker refused its certificate on the first read.
+    if let Some(problem) = tls_problem(error) {
+        Exchange::Broken(Failure::Tls(problem))
+    } else if error.is_parse() || error.is_parse_status() || error.is_parse_too_large() {
         Exchange::Broken(Failure::BadResponse)
     } else {
         Exchange::NoAnswer
@@ -410,6 +413,7 @@ mod tests {
                 "no_gauges",
                 "unparsable",
                 "bad_value",
+                "tls",
             ]
         );
         for (index, reason) in ScrapeReason::ALL.iter().enumerate() {
