@@ -5,6 +5,7 @@
 //! certificate does not carry, no client certificate), and its reason is asserted.
 
 use crate::common;
+use crate::dnsmasq::{Dnsmasq, Zone};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,7 +16,7 @@ use bch_drill::sim::SimConfig;
 use bch_drill::worker::{WorkerHandle, server_tls_config, spawn_https_worker};
 use common::*;
 use gatewayd::RunningGateway;
-use gatewayd::config::{Config, WorkerConfig};
+use gatewayd::config::{Config, DiscoveryConfig, WorkerConfig};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair,
@@ -321,6 +322,42 @@ async fn the_scraper_reads_an_https_workers_metrics() {
     assert_idle(&gateway).await;
     drop(pki.ca);
     drop(pki.dir);
+}
+
+#[tokio::test]
+async fn discovered_https_workers_are_checked_against_their_srv_target() {
+    let pki = Pki::new();
+    let identity = issue(&pki.dir, "w0", &pki.ca, &["w0.llm.test"], |_| {});
+    let worker = https_worker(&pki, "w0", &identity, false).await;
+    let srv = "_https._tcp.llm.test";
+    let zone = Zone::default().srv(
+        srv,
+        "w0.llm.test",
+        worker.local_addr().port(),
+        Some(worker.local_addr().ip()),
+    );
+    let Some(dns) = Dnsmasq::start(&zone) else {
+        return;
+    };
+    let mut config = test_config(&[]);
+    config.upstream.tls.ca_file = pki.ca_file.clone();
+    config.discovery = vec![DiscoveryConfig {
+        resolver: Some(dns.address()),
+        interval: Duration::from_millis(200),
+        scheme: "https".into(),
+        ..DiscoveryConfig::new(srv)
+    }];
+    let gateway = start(config).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while worker_record(&gateway, "w0.llm.test").await.is_none() {
+        assert!(Instant::now() < deadline, "never discovered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let record = worker_record(&gateway, "w0.llm.test").await.unwrap();
+    assert_eq!(record["url"], worker.url(), "{record}");
+    let (status, body) = chat(&gateway).await;
+    assert_eq!(status, 200, "{body}");
+    assert_idle(&gateway).await;
 }
 
 #[tokio::test]
