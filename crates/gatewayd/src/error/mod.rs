@@ -136,13 +136,8 @@ pub enum GatewayError {
     WorkerUnreachable(WorkerName),
     /// The TLS handshake with an `https://` worker failed (502, code `worker_unreachable`); the
     /// message says why (`tls: certificate not trusted (UnknownIssuer)`).
-    #[error("worker {worker} could not be reached: {problem}")]
-    WorkerTls {
-        /// The worker.
-        worker: WorkerName,
-        /// What failed.
-        problem: crate::upstream::TlsProblem,
-    },
+    #[error("worker {0} could not be reached: {1}")]
+    WorkerTls(WorkerName, crate::upstream::TlsProblem),
     /// The worker answered with something that is not HTTP (a garbage status line, a header over
     /// hyper's limits, conflicting lengths) (502); `reason` is the parser's.
     #[error("worker {worker} sent an invalid response: {reason}")]
@@ -340,7 +335,7 @@ impl GatewayError {
             GatewayError::WorkerGone(_)
             | GatewayError::BadUpstreamUri(_)
             | GatewayError::WorkerUnreachable(_)
-            | GatewayError::WorkerTls { .. }
+            | GatewayError::WorkerTls(..)
             | GatewayError::UpstreamStreamError => StatusCode::BAD_GATEWAY,
             GatewayError::FirstByteTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::NotFound | GatewayError::UnknownWorker(_) => StatusCode::NOT_FOUND,
@@ -383,7 +378,7 @@ impl GatewayError {
             GatewayError::NoHealthyWorkers | GatewayError::NoWorkers => "no_healthy_workers",
             GatewayError::TargetWorkerMiss => "target_worker_miss",
             GatewayError::WorkerGone(_) | GatewayError::BadUpstreamUri(_) => "bad_worker_url",
-            GatewayError::WorkerUnreachable(_) | GatewayError::WorkerTls { .. } => {
+            GatewayError::WorkerUnreachable(_) | GatewayError::WorkerTls(..) => {
                 "worker_unreachable"
             }
             GatewayError::FirstByteTimeout { .. } => "first_byte_timeout",
@@ -423,7 +418,7 @@ impl GatewayError {
             | GatewayError::WorkerGone(_)
             | GatewayError::BadUpstreamUri(_)
             | GatewayError::WorkerUnreachable(_)
-            | GatewayError::WorkerTls { .. }
+            | GatewayError::WorkerTls(..)
             | GatewayError::WorkerBadResponse { .. }
             | GatewayError::UpstreamBodyBroken(_)
             | GatewayError::IncompleteRequestBody
@@ -494,7 +489,7 @@ impl GatewayError {
             | GatewayError::InvalidConfig(_) => Source::Client,
             GatewayError::NoHealthyWorkers
             | GatewayError::WorkerUnreachable(_)
-            | GatewayError::WorkerTls { .. }
+            | GatewayError::WorkerTls(..)
             | GatewayError::WorkerBadResponse { .. }
             | GatewayError::UpstreamBodyBroken(_)
             | GatewayError::FirstByteTimeout { .. }

@@ -360,6 +360,60 @@ async fn discovered_https_workers_are_checked_against_their_srv_target() {
     assert_idle(&gateway).await;
 }
 
+/// `POST /admin/reload` reads `[upstream.tls]` again: a file that cannot be used is refused (the
+/// trust in force stays), and a new CA file is in force for the next connection.
+#[tokio::test]
+async fn a_reload_puts_a_new_ca_in_force_and_refuses_an_unreadable_one() {
+    let pki = Pki::new();
+    let worker = https_worker(&pki, "reloaded-0", &pki.server, false).await;
+    let other_ca = pki.dir.path().join("other-ca.crt");
+    std::fs::write(&other_ca, new_ca("another CA").pem()).unwrap();
+    let mut config = config_for(&pki, &worker);
+    config.upstream.tls.ca_file = other_ca;
+    let file = pki.dir.path().join("gatewayd.toml");
+    let write = |config: &Config| {
+        std::fs::write(
+            &file,
+            gatewayd::config::persist::to_toml(config, &[]).unwrap(),
+        )
+        .unwrap();
+    };
+    write(&config);
+    let options = gatewayd::StartOptions::new(config.clone()).config_file(file.clone());
+    let gateway = gatewayd::start(options).await.unwrap();
+    let (status, body) = chat(&gateway).await;
+    assert_eq!(status, 502, "trusting another CA: {body}");
+    let reload = || {
+        client()
+            .post(format!("http://{}/admin/reload", gateway.control_addr))
+            .send()
+    };
+
+    config.upstream.tls.ca_file = pki.dir.path().join("absent-ca.crt");
+    write(&config);
+    let refused = reload().await.unwrap();
+    assert_eq!(refused.status(), 400);
+    let answer: Value = refused.json().await.unwrap();
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("upstream.tls") && message.contains("absent-ca.crt"),
+        "{message}"
+    );
+
+    config.upstream.tls.ca_file = pki.ca_file.clone();
+    write(&config);
+    assert_eq!(reload().await.unwrap().status(), 200);
+    // The probes now pass and bring the worker back; then requests reach it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while worker_record(&gateway, "reloaded-0").await.unwrap()["healthy"] != true {
+        assert!(Instant::now() < deadline, "never healthy after the reload");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, body) = chat(&gateway).await;
+    assert_eq!(status, 200, "{body}");
+    assert_idle(&gateway).await;
+}
+
 #[tokio::test]
 async fn unusable_upstream_tls_files_refuse_the_start_naming_the_file() {
     let pki = Pki::new();
