@@ -300,7 +300,9 @@ async fn the_scraper_reads_an_https_workers_metrics() {
     config.upstream.tls.client_cert_file = pki.client.cert.clone();
     config.upstream.tls.client_key_file = pki.client.key.clone();
     config.load.source = LoadSource::WorkerMetrics;
-    config.load.scrape_interval = Duration::from_millis(50);
+    // Room for a handshake of a debug build on a busy machine: the scrape's deadline is 400 ms.
+    config.load.scrape_interval = Duration::from_millis(500);
+    config.load.stale_after = Duration::from_millis(2_000);
     let gateway = start(config).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -312,9 +314,11 @@ async fn the_scraper_reads_an_https_workers_metrics() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let text = metrics(&gateway).await;
+    // No scrape failed for a reason of TLS or the connection (a slow one may have timed out).
     let failures: Vec<&str> = text
         .lines()
         .filter(|l| l.starts_with("bch_load_scrape_failures_total{") && !l.ends_with(" 0"))
+        .filter(|l| !l.contains("reason=\"timeout\""))
         .collect();
     assert!(failures.is_empty(), "{failures:?}");
     let (status, body) = chat(&gateway).await;
