@@ -137,7 +137,7 @@ pub enum GatewayError {
     /// The TLS handshake with an `https://` worker failed (502, code `worker_unreachable`); the
     /// message says why (`tls: certificate not trusted (UnknownIssuer)`).
     #[error("worker {0} could not be reached: {1}")]
-    WorkerTls(WorkerName, crate::upstream::TlsProblem),
+    WorkerTls(WorkerName, &'static str),
     /// The worker answered with something that is not HTTP (a garbage status line, a header over
     /// hyper's limits, conflicting lengths) (502); `reason` is the parser's.
     #[error("worker {worker} sent an invalid response: {reason}")]

@@ -271,7 +271,7 @@ fn failed_exchange(
 /// in TLS 1.3, the worker refused the client certificate on the first read).
 fn unreachable(worker: &str, error: &(dyn std::error::Error + 'static)) -> GatewayError {
     match crate::upstream::tls_problem(error) {
-        Some(problem) => GatewayError::WorkerTls(worker.to_owned(), problem),
+        Some(problem) => GatewayError::WorkerTls(worker.to_owned(), problem.as_str()),
         None => GatewayError::WorkerUnreachable(worker.to_owned()),
     }
 }

@@ -170,9 +170,10 @@ pub enum TlsProblem {
     Handshake,
 }
 
-impl std::fmt::Display for TlsProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+impl TlsProblem {
+    /// The reason as an operator reads it: `tls: certificate not trusted (UnknownIssuer)`.
+    pub fn as_str(self) -> &'static str {
+        match self {
             TlsProblem::Untrusted => "tls: certificate not trusted (UnknownIssuer)",
             TlsProblem::Expired => "tls: certificate expired or not yet valid",
             TlsProblem::WrongName => "tls: certificate not valid for the worker's name",
@@ -181,7 +182,13 @@ impl std::fmt::Display for TlsProblem {
                 "tls: the worker refused the handshake (client certificate missing or not accepted)"
             }
             TlsProblem::Handshake => "tls: handshake failed",
-        })
+        }
+    }
+}
+
+impl std::fmt::Display for TlsProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
