@@ -72,6 +72,10 @@ pub fn check(options: &StartOptions) -> Findings {
     }
     let (tls_errors, start_up_warnings) = tls_findings(&base);
     errors.extend(tls_errors);
+    let mut start_up_warnings = start_up_warnings;
+    start_up_warnings.extend(crate::upstream::tls::expired_client_certificate(
+        &base.upstream.tls,
+    ));
     let mut warnings = start_up_warnings.clone();
     if base.workers.is_empty() && base.discovery.is_empty() {
         warnings.push(

@@ -69,6 +69,25 @@ pub fn client_config(settings: &UpstreamTlsConfig) -> Result<ClientConfig, Setup
     Ok(config)
 }
 
+/// A warning when `settings`' client certificate has expired (workers that require mutual TLS
+/// will refuse it); `None` when there is none, it is valid, or it cannot be read (an error of
+/// [`client_config`] then).
+pub fn expired_client_certificate(settings: &UpstreamTlsConfig) -> Option<String> {
+    let (cert_file, _) = settings.client_identity()?;
+    let chain = pem::certificates(cert_file).ok()?;
+    let (not_after, _) = crate::tls::certificates::leaf_validity(chain.first()?).ok()?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_secs();
+    (not_after < i64::try_from(now).ok()?).then(|| {
+        format!(
+            "upstream.tls: client certificate {} has expired: workers that require mutual TLS will refuse it",
+            cert_file.display()
+        )
+    })
+}
+
 /// The system's trust roots; certificates the store holds but rustls cannot use are skipped (a
 /// worker whose chain needed one fails as not trusted, with that reason).
 fn system_roots() -> RootCertStore {

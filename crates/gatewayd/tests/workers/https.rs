@@ -445,4 +445,22 @@ async fn unusable_upstream_tls_files_refuse_the_start_naming_the_file() {
         error.contains("client_cert_file and client_key_file"),
         "{error}"
     );
+
+    // An expired client certificate still starts (workers that do not ask never see it), with a
+    // warning from the start-up checks and check-config.
+    let expired_client = issue(&pki.dir, "old-client", &pki.ca, &[], |params| {
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    });
+    let mut config = test_config(&[]);
+    config.upstream.tls.client_cert_file = expired_client.cert.clone();
+    config.upstream.tls.client_key_file = expired_client.key.clone();
+    let findings = gatewayd::check(&gatewayd::StartOptions::new(config));
+    assert!(findings.errors.is_empty(), "{findings:?}");
+    let warned = findings
+        .warnings
+        .iter()
+        .any(|w| w.starts_with("upstream.tls: client certificate") && w.contains("expired"));
+    assert!(warned, "{findings:?}");
 }
