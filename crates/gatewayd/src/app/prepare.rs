@@ -70,9 +70,8 @@ pub fn check(options: &StartOptions) -> Findings {
             StartError::UnprotectedControlPlane(base.server.listeners.control_listen).to_string(),
         );
     }
-    let (tls_errors, start_up_warnings) = tls_findings(&base);
+    let (tls_errors, mut start_up_warnings) = tls_findings(&base);
     errors.extend(tls_errors);
-    let mut start_up_warnings = start_up_warnings;
     start_up_warnings.extend(crate::upstream::tls::expired_client_certificate(
         &base.upstream.tls,
     ));
