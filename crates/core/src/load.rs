@@ -34,6 +34,8 @@ pub struct WorkerStats {
     /// or never in a router). Written and read only under the router's selection lock, so a
     /// release finds which worker of the current table it lowers.
     slot: AtomicUsize,
+    /// Why the worker's probes fail, while they do (set by the gateway's prober).
+    probe_failure: arc_swap::ArcSwapOption<String>,
 }
 
 /// What a guard calls instead of lowering the counter itself: the router lowers it inside its
@@ -204,6 +206,20 @@ impl WorkerStats {
     pub fn record_response(&self, class: StatusClass, seconds: f64) {
         self.responses[class.index()].fetch_add(1, Ordering::Relaxed);
         self.durations.observe(seconds);
+    }
+
+    /// Why the worker's last health probe failed (`None` once one passes): the gateway's words,
+    /// shown in the worker's record. Written by the prober only, off the request path.
+    pub fn set_probe_failure(&self, reason: Option<&str>) {
+        if self.probe_failure.load().as_deref().map(String::as_str) != reason {
+            self.probe_failure
+                .store(reason.map(|reason| std::sync::Arc::new(reason.to_owned())));
+        }
+    }
+
+    /// The reason set by [`WorkerStats::set_probe_failure`].
+    pub fn probe_failure(&self) -> Option<String> {
+        self.probe_failure.load().as_deref().cloned()
     }
 
     pub(crate) fn record_health_change(&self) {

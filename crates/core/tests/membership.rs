@@ -36,6 +36,7 @@ fn record(name: usize, url_version: u8) -> WorkerRecord {
         source: WorkerSource::Static,
         capacity: None,
         full: false,
+        probe_failure: None,
     }
 }
 

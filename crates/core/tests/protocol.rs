@@ -47,6 +47,7 @@ fn worker(name: &str, active: u64, healthy: bool) -> WorkerRecord {
         source: Default::default(),
         capacity: Some(4),
         full: active + 2 >= 4,
+        probe_failure: None,
     }
 }
 

@@ -55,6 +55,15 @@ struct WorkersArgs {
     /// Address the workers listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: std::net::IpAddr,
+    /// Serve https with this PEM certificate chain (with --tls-key).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require client certificates signed by this CA (mutual TLS; with --tls-cert).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    client_ca: Option<PathBuf>,
     #[command(flatten)]
     sim: SimArgs,
 }

@@ -81,6 +81,7 @@ pub async fn run(
         health_path: None,
         metrics_path: None,
         max_in_flight: None,
+        server_name: None,
     }));
     // The default ports may be taken (another gatewayd, a previous demo): fall back to free ones
     // rather than failing a newcomer's first command.

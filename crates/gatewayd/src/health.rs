@@ -33,6 +33,7 @@ use hyper_util::rt::TokioExecutor;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
+use rustls_pki_types::ServerName;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -41,6 +42,8 @@ use crate::config::{Config, HealthConfig, Member, SharedConfig, SharedMembers};
 use crate::log_limit::{Component, LimitedLog, LineBudget, SuppressedLines};
 use crate::metrics::{LabelValue, by_worker_and_label, counter};
 use crate::per_worker::{Check, TableKeys, Targets, WorkerKey};
+use crate::upstream::tls::WorkerConnector;
+use crate::upstream::{TlsProblem, WorkerTls, tls_problem};
 
 /// Why a probe failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +56,9 @@ pub enum ProbeFailure {
     Status(u16),
     /// The exchange broke, or the probe URI is invalid.
     Error,
+    /// An `https://` worker's TLS handshake failed: its certificate is not trusted, expired or
+    /// for another name, or it refused ours.
+    Tls(TlsProblem),
 }
 
 impl ProbeFailure {
@@ -63,6 +69,7 @@ impl ProbeFailure {
             ProbeFailure::Timeout => ProbeReason::Timeout,
             ProbeFailure::Status(_) => ProbeReason::Status,
             ProbeFailure::Error => ProbeReason::Error,
+            ProbeFailure::Tls(_) => ProbeReason::Tls,
         }
     }
 }
@@ -71,6 +78,7 @@ impl std::fmt::Display for ProbeFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ProbeFailure::Status(code) => write!(f, "status {code}"),
+            ProbeFailure::Tls(problem) => problem.fmt(f),
             other => f.write_str(other.reason().as_str()),
         }
     }
@@ -87,6 +95,8 @@ pub enum ProbeReason {
     Status,
     /// `error`.
     Error,
+    /// `tls`.
+    Tls,
 }
 
 impl LabelValue for ProbeReason {
@@ -95,6 +105,7 @@ impl LabelValue for ProbeReason {
         ProbeReason::Timeout,
         ProbeReason::Status,
         ProbeReason::Error,
+        ProbeReason::Tls,
     ];
 
     fn index(self) -> usize {
@@ -107,6 +118,7 @@ impl LabelValue for ProbeReason {
             ProbeReason::Timeout => "timeout",
             ProbeReason::Status => "status",
             ProbeReason::Error => "error",
+            ProbeReason::Tls => "tls",
         }
     }
 }
@@ -175,7 +187,7 @@ impl Collector for ProbeFailureCollector {
         counter(
             &mut encoder,
             "bch_probe_failures",
-            "Failed health probes by worker and reason (refused, timeout, status, error)",
+            "Failed health probes by worker and reason (refused, timeout, status, error, tls)",
             by_name.iter().flat_map(|(worker, counts)| {
                 by_worker_and_label(worker, "reason", |r: ProbeReason| counts[r.index()])
             }),
@@ -329,6 +341,8 @@ pub struct Prober {
     pub rounds: tokio::sync::watch::Sender<u64>,
     /// Stops the prober.
     pub shutdown: CancellationToken,
+    /// TLS toward `https://` workers, the data plane's.
+    pub tls: Arc<WorkerTls>,
 }
 
 /// Probes every worker of the router's table until shutdown, with the timing, thresholds and
@@ -344,13 +358,19 @@ pub async fn run(prober: Prober) {
         suppressed,
         rounds,
         shutdown,
+        tls,
     } = prober;
     // `[log]` takes effect at a restart, like the rest of the section.
     let budget = LineBudget::of(&config.load().log);
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
+    // Each probe has its timeout; the handshake's own only keeps a stuck one from holding a pooled
+    // connection's slot longer.
+    let connector = WorkerConnector::new(connector, tls, config.load().health.timeout);
     let mut probing = Probing {
-        client: Client::builder(TokioExecutor::new()).build(connector),
+        client: Client::builder(TokioExecutor::new()).build(connector.clone()),
+        connector,
+        members: Arc::clone(&members),
         router,
         failures,
         targets: Targets::new(members),
@@ -387,7 +407,11 @@ pub async fn run(prober: Prober) {
 
 /// The prober's state between rounds.
 struct Probing {
-    client: Client<HttpConnector, Empty<Bytes>>,
+    client: Client<WorkerConnector, Empty<Bytes>>,
+    /// The client's connector, told each `https://` worker's server name.
+    connector: WorkerConnector,
+    /// The membership the targets come from, read again for the server names when they change.
+    members: SharedMembers,
     router: Arc<Router>,
     failures: Arc<ProbeFailures>,
     targets: Targets<Probe>,
@@ -406,7 +430,10 @@ impl Probing {
     async fn round(&mut self, current: &Arc<Config>, full: bool, asked: &[WorkerKey]) {
         // The table first, then the membership (see `Targets::refresh`).
         let table = self.router.table();
-        self.targets.refresh(current);
+        if self.targets.refresh(current) {
+            self.connector
+                .set_server_names(server_names(&self.members.load()));
+        }
         let now = Instant::now();
         let mut confirm = std::collections::HashSet::new();
         for key in asked {
@@ -472,6 +499,10 @@ impl Probing {
         thresholds: &HealthConfig,
     ) {
         let name = &table.workers()[index].spec.name;
+        let reason = result.err().map(|failure| failure.to_string());
+        table.workers()[index]
+            .stats
+            .set_probe_failure(reason.as_deref());
         if let Err(failure) = result {
             self.failures.record(&key, failure.reason());
             tracing::debug!(worker = %name, reason = %failure, "probe failed");
@@ -514,8 +545,16 @@ impl Probing {
     }
 }
 
+/// `host:port` → server name of every `https://` worker of `members`, for the prober's connector.
+fn server_names(members: &[Member]) -> HashMap<String, ServerName<'static>> {
+    members
+        .iter()
+        .filter_map(|m| Some((m.url.authority.to_string(), m.server_name.clone()?)))
+        .collect()
+}
+
 async fn probe_once(
-    client: &Client<HttpConnector, Empty<Bytes>>,
+    client: &Client<WorkerConnector, Empty<Bytes>>,
     uri: Option<&Uri>,
     timeout: Duration,
 ) -> Result<(), ProbeFailure> {
@@ -526,8 +565,11 @@ async fn probe_once(
     match tokio::time::timeout(timeout, client.request(request)).await {
         Ok(Ok(response)) if response.status().is_success() => Ok(()),
         Ok(Ok(response)) => Err(ProbeFailure::Status(response.status().as_u16())),
-        Ok(Err(error)) if error.is_connect() => Err(ProbeFailure::Refused),
-        Ok(Err(_)) => Err(ProbeFailure::Error),
+        Ok(Err(error)) => Err(match tls_problem(&error) {
+            Some(problem) => ProbeFailure::Tls(problem),
+            None if error.is_connect() => ProbeFailure::Refused,
+            None => ProbeFailure::Error,
+        }),
         Err(_) => Err(ProbeFailure::Timeout),
     }
 }

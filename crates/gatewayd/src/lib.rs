@@ -18,7 +18,8 @@
 //!   ext_proc stream; docs/envoy.md);
 //! - `control`: metrics, the admin API and the telemetry websocket;
 //! - `telemetry`: the aggregator that owns telemetry data and publishes frames;
-//! - `upstream`: per-worker endpoints and pools of keep-alive connections;
+//! - `upstream`: per-worker endpoints and pools of keep-alive connections, and TLS toward https
+//!   workers (`[upstream.tls]`, shared with the prober and the scraper);
 //! - `discovery`: workers from DNS (SRV, A/AAAA), handed to the admin owner;
 //! - `drain_watch`: notices when a draining worker is idle (and removes it if asked);
 //! - `scraper`: the scraper of the workers' own load gauges (`[load] source = "worker_metrics"`);

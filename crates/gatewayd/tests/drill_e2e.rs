@@ -33,6 +33,7 @@ fn config_for(workers: &[WorkerHandle], kind: PolicyKind, gap: u64) -> Config {
             health_path: None,
             metrics_path: None,
             max_in_flight: None,
+            server_name: None,
         })
         .collect();
     config

@@ -127,6 +127,7 @@ async fn credentials_never_leak() {
         health_path: None,
         metrics_path: None,
         max_in_flight: None,
+        server_name: None,
     });
     let gateway = start(config).await;
     let data = format!("http://{}", gateway.data_addr);

@@ -82,6 +82,9 @@ fn merge_workers(fleets: &[&FleetPicture]) -> Vec<WorkerRecord> {
         slot.load_stale |= record.load_stale;
         slot.capacity = slot.capacity.max(record.capacity);
         slot.full |= record.full;
+        if slot.probe_failure.is_none() {
+            slot.probe_failure.clone_from(&record.probe_failure);
+        }
     }
     merged
 }

@@ -33,6 +33,7 @@ fn big_fleet() -> ServerFrame {
             source: Default::default(),
             capacity: None,
             full: false,
+            probe_failure: None,
         })
         .collect();
     // Interleaved arcs: worker i owns [(k*n+i)/(n*8), (k*n+i+1)/(n*8)) for k in 0..8.

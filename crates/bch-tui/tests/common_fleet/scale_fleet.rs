@@ -60,6 +60,7 @@ fn worker(i: usize, n: usize) -> WorkerRecord {
         source: Default::default(),
         capacity: None,
         full: false,
+        probe_failure: None,
     }
 }
 

@@ -208,6 +208,7 @@ impl RoutingTable {
                     source: w.spec.source.clone(),
                     capacity: self.capacity[i],
                     full: self.full(i),
+                    probe_failure: w.stats.probe_failure(),
                 }
             })
             .collect()

@@ -81,6 +81,11 @@ pub struct WorkerRecord {
     /// request. Sent only when `true`; absent means not full.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub full: bool,
+    /// Why the worker's health probes fail, while they do (`status 503`, `refused`, `tls:
+    /// certificate not trusted (UnknownIssuer)`); absent once a probe passes, and from gateways
+    /// that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_failure: Option<String>,
 }
 
 impl WorkerRecord {

@@ -21,6 +21,8 @@ use crate::sim::SimConfig;
 pub struct WorkerHandle {
     shared: Arc<Shared>,
     addr: SocketAddr,
+    /// Served over TLS ([`spawn_https_worker`]).
+    https: bool,
     task: Option<JoinHandle<std::io::Result<()>>>,
 }
 
@@ -35,9 +37,11 @@ impl WorkerHandle {
         self.addr
     }
 
-    /// Base URL, e.g. `http://127.0.0.1:8001`, without a trailing slash.
+    /// Base URL, e.g. `http://127.0.0.1:8001` (`https://` for a worker served over TLS), without
+    /// a trailing slash.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// The model parameters this worker runs with.
@@ -95,7 +99,31 @@ pub async fn spawn_worker(
     name: impl Into<String>,
     config: SimConfig,
 ) -> anyhow::Result<WorkerHandle> {
-    let name = name.into();
+    spawn(addr, name.into(), config, None).await
+}
+
+/// [`spawn_worker`], served over TLS with `tls` (see
+/// [`server_tls_config`](super::server_tls_config); with a client CA it requires client
+/// certificates): its [`url`](WorkerHandle::url) is `https://`.
+///
+/// # Errors
+///
+/// As [`spawn_worker`].
+pub async fn spawn_https_worker(
+    addr: SocketAddr,
+    name: impl Into<String>,
+    config: SimConfig,
+    tls: Arc<rustls::ServerConfig>,
+) -> anyhow::Result<WorkerHandle> {
+    spawn(addr, name.into(), config, Some(tls)).await
+}
+
+async fn spawn(
+    addr: SocketAddr,
+    name: String,
+    config: SimConfig,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> anyhow::Result<WorkerHandle> {
     config
         .validate()
         .with_context(|| format!("invalid simulator config for {name}"))?;
@@ -114,7 +142,11 @@ pub async fn spawn_worker(
     }
     let app = router(shared.clone());
     let cancel = shared.cancel.clone();
+    let https = tls.is_some();
     let task = tokio::spawn(async move {
+        if let Some(tls) = tls {
+            return super::tls::serve(listener, app, tls, cancel).await;
+        }
         // TCP_NODELAY, as vLLM's and SGLang's servers (uvicorn/asyncio) have it: a stream's chunks
         // are small writes, and with Nagle each keep-alive stream's tail would wait for the
         // client's delayed ACK (~40 ms on Linux) — a stall no real engine has.
@@ -129,6 +161,7 @@ pub async fn spawn_worker(
     Ok(WorkerHandle {
         shared,
         addr,
+        https,
         task: Some(task),
     })
 }

@@ -27,7 +27,8 @@
 //! `engine` (the scheduler: admission, chunked prefill and decode steps on simulated time), `state`
 //! (what a worker's requests share, and its metrics), `request` (the three request shapes),
 //! `generation` (a request's life on simulated time), `response` (bodies and SSE streams), `api` (the
-//! routes), `handle` (starting a worker and owning it).
+//! routes), `tls` (serving the routes over https, optionally requiring client certificates),
+//! `handle` (starting a worker and owning it).
 
 mod api;
 mod engine;
@@ -37,8 +38,10 @@ mod handle;
 mod request;
 mod response;
 mod state;
+mod tls;
 
 pub use api::SIM_CONFIG_PATH;
 pub use faults::Fault;
-pub use handle::{WorkerHandle, spawn_worker, spawn_workers};
+pub use handle::{WorkerHandle, spawn_https_worker, spawn_worker, spawn_workers};
 pub use state::SimStats;
+pub use tls::server_tls_config;

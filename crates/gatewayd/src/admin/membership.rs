@@ -29,6 +29,27 @@ impl DiscoveredWorker {
     pub fn url(&self, source: &DiscoveryConfig) -> String {
         format!("{}://{}", source.scheme, self.addr)
     }
+
+    /// The name an https worker found by `source` is checked against: the source's
+    /// `server_name`, else the SRV target that names this worker alone, else the source's DNS name
+    /// without its `_service._proto.` labels. `None` for http workers.
+    pub fn server_name(&self, source: &DiscoveryConfig) -> Option<String> {
+        if source.scheme != "https" {
+            return None;
+        }
+        let fallback = || {
+            let mut labels = source.dns.trim_end_matches('.').split('.').peekable();
+            while labels.next_if(|label| label.starts_with('_')).is_some() {}
+            labels.collect::<Vec<_>>().join(".")
+        };
+        Some(
+            source
+                .server_name
+                .clone()
+                .or_else(|| self.name.clone())
+                .unwrap_or_else(fallback),
+        )
+    }
 }
 
 /// The latest accepted answer of every discovery source, by the source's canonical name; each set
@@ -139,7 +160,7 @@ pub fn merge(
                     continue;
                 }
             };
-            match discovered_member(source, &name, &url) {
+            match discovered_member(source, &name, &url, worker.server_name(source)) {
                 Ok(member) => {
                     if let Some(why) = loop_of(&member, listeners) {
                         skipped.push(format!(
@@ -177,6 +198,7 @@ fn discovered_member(
     source: &DiscoveryConfig,
     name: &str,
     url: &str,
+    server_name: Option<String>,
 ) -> Result<Member, crate::config::FieldError> {
     let entry = WorkerConfig {
         name: Some(name.to_owned()),
@@ -185,6 +207,7 @@ fn discovered_member(
         health_path: source.health_path.clone(),
         metrics_path: source.metrics_path.clone(),
         max_in_flight: source.max_in_flight,
+        server_name,
     };
     let mut member = entry.member()?;
     member.spec.source = source.source();

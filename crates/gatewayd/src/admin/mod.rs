@@ -427,6 +427,15 @@ impl Admin {
     pub fn reload(&self) -> Result<(), AdminError> {
         let path = self.origin.path.as_ref().ok_or(AdminError::NoConfigFile)?;
         let config = self.origin.effective(Config::load(path)?)?;
+        // The files of `[upstream.tls]` are read again (a rotated client certificate, a new CA);
+        // ones that cannot be used refuse the reload, the configuration in force stays.
+        let worker_tls =
+            crate::upstream::tls::client_config(&config.upstream.tls).map_err(|e| {
+                ConfigError::Invalid {
+                    path: Some(path.clone()),
+                    error: e.field_error(),
+                }
+            })?;
         let statics = config.members()?;
         // Certificates first: a file that cannot be served refuses the whole reload, before
         // anything changed.
@@ -442,6 +451,7 @@ impl Admin {
         let before = Arc::clone(&in_force.config);
         self.apply(&mut in_force, next, &Actor::reload())?;
         certificates.put_in_force();
+        self.upstreams.tls().replace(worker_tls);
         let diff = crate::config::diff::describe(&before, &in_force.config);
         tracing::info!(path = %path.display(), changes = %diff, "configuration reloaded");
         Ok(())

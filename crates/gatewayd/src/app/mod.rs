@@ -56,7 +56,7 @@ use crate::proxy::DataPlane;
 use crate::scraper::ScrapeStats;
 use crate::server::{ConnectionCap, Listening};
 use crate::telemetry::Telemetry;
-use crate::upstream::Upstreams;
+use crate::upstream::{Upstreams, WorkerTls};
 
 /// A started gateway: its bound addresses, read-only views for its owner, and the way to stop it.
 pub struct RunningGateway {
@@ -313,6 +313,7 @@ fn assemble(
         token,
         metrics_token,
         tls,
+        worker_tls,
         ..
     } = prepared;
     let own = listeners.own_addresses();
@@ -353,6 +354,7 @@ fn assemble(
     let upstreams = Arc::new(Upstreams::new(
         config.server.timeouts.connect,
         config.server.timeouts.upstream_idle,
+        Arc::new(WorkerTls::from_config(worker_tls)),
     ));
     upstreams.publish(&members);
     let owned = crate::admin::Owned {
@@ -492,6 +494,7 @@ fn spawn_services(
         parts.admin.members(),
         parts.scrapes,
         Arc::clone(&parts.suppressed),
+        Arc::clone(parts.upstreams.tls()),
         shutdown,
     )
     .map_err(StartError::Scraper)?;
@@ -505,6 +508,7 @@ fn spawn_services(
         suppressed: Arc::clone(&parts.suppressed),
         rounds: probe_rounds,
         shutdown: shutdown.clone(),
+        tls: Arc::clone(parts.upstreams.tls()),
     }));
     tokio::spawn(crate::drain_watch::run(
         Arc::clone(&parts.admin),

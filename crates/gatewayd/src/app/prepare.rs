@@ -20,6 +20,8 @@ pub(super) struct Prepared {
     pub(super) members: Vec<Member>,
     pub(super) token: Option<String>,
     pub(super) metrics_token: Option<String>,
+    /// TLS toward `https://` workers, its files read.
+    pub(super) worker_tls: rustls::ClientConfig,
     pub(super) handle_signals: bool,
     pub(super) tls: ListenerTlsParts,
 }
@@ -59,14 +61,20 @@ pub fn check(options: &StartOptions) -> Findings {
     {
         errors.push(error.to_string());
     }
+    if let Err(error) = crate::upstream::tls::client_config(&base.upstream.tls) {
+        errors.push(error.field_error().to_string());
+    }
     let token_configured = base.server.control_access.admin_token_file.is_some();
     if !token_configured && !base.server.listeners.control_listen.ip().is_loopback() {
         errors.push(
             StartError::UnprotectedControlPlane(base.server.listeners.control_listen).to_string(),
         );
     }
-    let (tls_errors, start_up_warnings) = tls_findings(&base);
+    let (tls_errors, mut start_up_warnings) = tls_findings(&base);
     errors.extend(tls_errors);
+    start_up_warnings.extend(crate::upstream::tls::expired_client_certificate(
+        &base.upstream.tls,
+    ));
     let mut warnings = start_up_warnings.clone();
     if base.workers.is_empty() && base.discovery.is_empty() {
         warnings.push(
@@ -105,12 +113,15 @@ pub(super) fn prepare(options: StartOptions) -> Result<Prepared, StartError> {
         .as_deref()
         .map(|path| read_token(METRICS_TOKEN_KEY, path))
         .transpose()?;
+    let worker_tls = crate::upstream::tls::client_config(&config.upstream.tls)
+        .map_err(|error| StartError::Invalid(vec![error.field_error().to_string()]))?;
     Ok(Prepared {
         config,
         origin: options.origin,
         members,
         token,
         metrics_token,
+        worker_tls,
         handle_signals: options.handle_signals,
         tls,
     })

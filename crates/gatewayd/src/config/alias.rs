@@ -12,7 +12,8 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-/// A worker URL's backend: canonical host, port (80 when none is written) and path prefix.
+/// A worker URL's backend: canonical host, port (the scheme's, 80 or 443, when none is written)
+/// and path prefix.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Backend {
     host: Host,

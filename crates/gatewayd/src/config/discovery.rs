@@ -39,9 +39,14 @@ pub struct DiscoveryConfig {
     /// The workers' port, for A/AAAA names only (SRV records carry their own).
     #[serde(default)]
     pub port: Option<u16>,
-    /// Scheme of the discovered workers' URLs, `http`.
+    /// Scheme of the discovered workers' URLs, `http` or `https`.
     #[serde(default = "default_scheme")]
     pub scheme: String,
+    /// For `https`: the name the workers' certificates are checked against. Unset: an SRV
+    /// record's target name (when it stands for one worker), else the `dns` name without its
+    /// leading `_service._proto.` labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
     /// `interval_ms`: longest time between two resolutions; an answer whose TTL runs out sooner
     /// is asked again sooner (but not more often than once a second).
     #[serde(
@@ -104,6 +109,7 @@ impl DiscoveryConfig {
             dns: dns.to_owned(),
             port: None,
             scheme: default_scheme(),
+            server_name: None,
             interval: DEFAULT_INTERVAL,
             resolver: None,
             health_path: None,
@@ -167,13 +173,16 @@ impl DiscoveryConfig {
             (DnsKind::Address, Some(0)) => return invalid("port", "must be 1 to 65535".into()),
             _ => {}
         }
-        if self.scheme != "http" {
+        if self.scheme != "http" && self.scheme != "https" {
             return invalid(
                 "scheme",
-                format!(
-                    "{:?}: only \"http\" workers are supported (terminate TLS in front of gatewayd's upstreams)",
-                    self.scheme
-                ),
+                format!("{:?}: must be \"http\" or \"https\"", self.scheme),
+            );
+        }
+        if self.server_name.is_some() && self.scheme != "https" {
+            return invalid(
+                "server_name",
+                "only https workers have a certificate to check".into(),
             );
         }
         if self.interval < Duration::from_millis(MIN_INTERVAL_MS) {
@@ -266,10 +275,17 @@ mod tests {
             ),
             (
                 DiscoveryConfig {
-                    scheme: "https".into(),
+                    scheme: "ftp".into(),
                     ..srv.clone()
                 },
                 "scheme",
+            ),
+            (
+                DiscoveryConfig {
+                    server_name: Some("llm.example".into()),
+                    ..srv.clone()
+                },
+                "server_name",
             ),
             (
                 DiscoveryConfig {

@@ -8,7 +8,8 @@
 //! are scraped); [`worker`] one worker entry and its parsed URL; [`members`] the worker list
 //! checked as a whole (clashes, aliases, loops, what the picker can name); [`alias`] the canonical
 //! backend a URL reaches; [`discovery`] one DNS discovery source; [`millis`] the `_ms` keys as
-//! `Duration`s; [`field_error`] the one shape of a field's problem; [`runtime`] the per-request
+//! `Duration`s; [`upstream`] `[upstream.tls]`, TLS toward `https://` workers; [`field_error`] the
+//! one shape of a field's problem; [`runtime`] the per-request
 //! settings derived from a whole configuration; [`diff`] what a reload changed, for its log line;
 //! [`persist`] the configuration in force as TOML; [`token_file`] the one reader of token files.
 //!
@@ -29,6 +30,7 @@ pub mod sections;
 pub mod server;
 pub mod tls;
 pub mod token_file;
+pub mod upstream;
 pub mod worker;
 
 use std::path::{Path, PathBuf};
@@ -49,6 +51,7 @@ pub use sections::{
 };
 pub use server::{ControlAccess, Limits, Listeners, ServerConfig, Timeouts};
 pub use tls::{ControlConfig, ListenerTls, TlsListener};
+pub use upstream::{UpstreamConfig, UpstreamTlsConfig};
 pub use worker::{
     MAX_WORKER_NAME_CHARS, Member, WorkerConfig, WorkerUrl, WorkerUrlError, check_name,
 };
@@ -88,6 +91,8 @@ pub struct Config {
     pub log: LogConfig,
     /// Envoy's endpoint picker (ext_proc over gRPC).
     pub picker: PickerConfig,
+    /// `[upstream]`: how workers are reached (TLS toward `https://` workers).
+    pub upstream: UpstreamConfig,
     /// Workers, in configuration order (the order target-worker indices refer to).
     pub workers: Vec<WorkerConfig>,
     /// DNS names whose records are more workers, after the static ones (docs/discovery.md).
@@ -255,6 +260,7 @@ impl Config {
         }
         section("load", self.load.validate().err().into_iter().collect());
         section("picker", self.picker.problems());
+        section("upstream", self.upstream.tls.problems());
         section("log", self.log.problems());
         if !self.server.listeners.data_plane && self.picker.listen.is_none() {
             problems.push(FieldError::new(
@@ -433,7 +439,15 @@ mod tests {
             ("[policy]\nmin_load_gaps = 1\n", "min_load_gaps"),
             ("[policy]\nspill_order = \"next\"\n", "spill_order"),
             ("[[workers]]\nurl = \"not a url\"\n", "workers[0].url"),
-            ("[[workers]]\nurl = \"https://a:1\"\n", "workers[0].url"),
+            ("[[workers]]\nurl = \"ftp://a:1\"\n", "workers[0].url"),
+            (
+                "[[workers]]\nurl = \"http://a:1\"\nserver_name = \"a\"\n",
+                "workers[0].server_name",
+            ),
+            (
+                "[upstream.tls]\nclient_cert_file = \"c.pem\"\n",
+                "upstream.tls.client_key_file",
+            ),
             (
                 "[[workers]]\nurl = \"http://a:1\"\n[[workers]]\nurl = \"http://a:1\"\n",
                 "workers[1].url",

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 
 use bch_core::router::{WorkerSource, WorkerSpec};
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
+use rustls_pki_types::ServerName;
 use serde::{Deserialize, Serialize};
 
 use super::alias::Backend;
@@ -21,7 +22,7 @@ pub struct WorkerConfig {
     /// Unique name; defaults to the URL's `host:port`.
     #[serde(default)]
     pub name: Option<String>,
-    /// Base URL, `http://host:port` with an optional path prefix.
+    /// Base URL, `http://host:port` or `https://host:port`, with an optional path prefix.
     pub url: String,
     /// Ring identity; defaults to the URL exactly as written (SGLang Model Gateway parity).
     #[serde(default)]
@@ -36,6 +37,10 @@ pub struct WorkerConfig {
     /// max_in_flight_per_worker`; 0 = no cap for this worker. Unset: the fleet default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_in_flight: Option<u64>,
+    /// The name an `https://` worker's certificate is checked against (and sent as SNI) when it
+    /// is not the URL's host: a worker addressed by IP whose certificate names a DNS name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
 }
 
 /// Why a worker URL was refused; the message quotes the URL.
@@ -49,13 +54,11 @@ pub enum WorkerUrlError {
         /// The parser's explanation.
         reason: String,
     },
-    /// No `http://`.
-    #[error("{0:?} has no scheme; write http://host:port")]
+    /// No `http://` or `https://`.
+    #[error("{0:?} has no scheme; write http://host:port or https://host:port")]
     NoScheme(String),
-    /// A scheme other than `http`.
-    #[error(
-        "{0:?}: only http:// workers are supported (terminate TLS in front of gatewayd's upstreams)"
-    )]
+    /// A scheme other than `http` and `https`.
+    #[error("{0:?}: only http:// and https:// workers are supported")]
     UnsupportedScheme(String),
     /// No host.
     #[error("{0:?} has no host")]
@@ -84,7 +87,7 @@ pub enum WorkerUrlError {
 /// A worker's URL split into the parts the proxy needs, parsed once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerUrl {
-    /// `http`.
+    /// `http` or `https`.
     pub scheme: Scheme,
     /// `host:port`.
     pub authority: Authority,
@@ -95,7 +98,7 @@ pub struct WorkerUrl {
 }
 
 impl WorkerUrl {
-    /// Parses and checks a worker URL: `http` scheme, a host, a port in 1..=65535 when one is
+    /// Parses and checks a worker URL: `http` or `https` scheme, a host, a port in 1..=65535 when one is
     /// written, no credentials, query or fragment.
     pub fn parse(url: &str) -> Result<WorkerUrl, WorkerUrlError> {
         if let Some(redacted) = without_credentials(url) {
@@ -114,7 +117,7 @@ impl WorkerUrl {
             .scheme()
             .cloned()
             .ok_or_else(|| WorkerUrlError::NoScheme(url.to_owned()))?;
-        if scheme != Scheme::HTTP {
+        if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
             return Err(WorkerUrlError::UnsupportedScheme(url.to_owned()));
         }
         let authority = uri
@@ -136,8 +139,9 @@ impl WorkerUrl {
             })
             .transpose()?;
         let prefix = uri.path().trim_end_matches('/').to_owned();
+        let default_port = if scheme == Scheme::HTTPS { 443 } else { 80 };
         Ok(WorkerUrl {
-            backend: Backend::new(authority.host(), port.unwrap_or(80), &prefix),
+            backend: Backend::new(authority.host(), port.unwrap_or(default_port), &prefix),
             scheme,
             authority,
             prefix,
@@ -188,6 +192,24 @@ impl WorkerUrl {
     /// Default worker name: `host:port`.
     pub fn default_name(&self) -> String {
         self.authority.as_str().to_owned()
+    }
+
+    /// Whether the worker is reached over TLS (`https://`).
+    pub fn is_https(&self) -> bool {
+        self.scheme == Scheme::HTTPS
+    }
+
+    /// The host and port a connection is opened to: the port as written, else the scheme's (80,
+    /// 443); an IPv6 host without its brackets, as the resolver takes it.
+    pub fn host_and_port(&self) -> (&str, u16) {
+        let default_port = if self.is_https() { 443 } else { 80 };
+        (
+            self.authority
+                .host()
+                .trim_start_matches('[')
+                .trim_end_matches(']'),
+            self.authority.port_u16().unwrap_or(default_port),
+        )
     }
 }
 
@@ -264,6 +286,9 @@ pub struct Member {
     pub health_path: Option<String>,
     /// This worker's own metrics path, when it has one.
     pub metrics_path: Option<String>,
+    /// The name its certificate is checked against: the `server_name` override, else the URL's
+    /// host; `None` for an `http://` worker.
+    pub server_name: Option<ServerName<'static>>,
 }
 
 impl WorkerConfig {
@@ -276,11 +301,12 @@ impl WorkerConfig {
             health_path: None,
             metrics_path: None,
             max_in_flight: None,
+            server_name: None,
         }
     }
 
     /// Validates the entry; the error names the field within the entry (`url`, `name`,
-    /// `health_path`, `metrics_path`, `ring_id`).
+    /// `health_path`, `metrics_path`, `ring_id`, `server_name`).
     pub fn member(&self) -> Result<Member, FieldError> {
         let invalid = |field: &str, message: String| FieldError::new(field, message);
         let url = WorkerUrl::parse(&self.url).map_err(|e| invalid("url", e.to_string()))?;
@@ -304,6 +330,32 @@ impl WorkerConfig {
             bch_core::admission::check_cap("max_in_flight", cap)
                 .map_err(|e| invalid("max_in_flight", e.to_string()))?;
         }
+        let server_name = match (&self.server_name, url.is_https()) {
+            (Some(_), false) => {
+                return Err(invalid(
+                    "server_name",
+                    "only an https:// worker has a certificate to check".into(),
+                ));
+            }
+            (Some(name), true) => Some(ServerName::try_from(name.clone()).map_err(|_| {
+                invalid(
+                    "server_name",
+                    format!("{name:?} is not a DNS name or IP address"),
+                )
+            })?),
+            (None, true) => Some(
+                ServerName::try_from(url.host_and_port().0.to_owned()).map_err(|_| {
+                    invalid(
+                        "url",
+                        format!(
+                            "{:?} is no TLS server name; set server_name",
+                            url.authority.host()
+                        ),
+                    )
+                })?,
+            ),
+            (None, false) => None,
+        };
         Ok(Member {
             spec: WorkerSpec {
                 name,
@@ -315,6 +367,7 @@ impl WorkerConfig {
             url,
             health_path: self.health_path.clone(),
             metrics_path: self.metrics_path.clone(),
+            server_name,
         })
     }
 }
@@ -349,6 +402,30 @@ mod tests {
     }
 
     #[test]
+    fn https_workers_check_their_host_or_the_server_name_override() {
+        let member = WorkerConfig::from_url("https://gpu-0.example")
+            .member()
+            .unwrap();
+        assert_eq!(member.url.host_and_port(), ("gpu-0.example", 443));
+        assert!(
+            member.url.backend.to_string().contains(":443"),
+            "{}",
+            member.url.backend
+        );
+        assert_eq!(member.server_name.unwrap().to_str(), "gpu-0.example");
+        let by_ip = WorkerConfig {
+            server_name: Some("gpu-0.example".into()),
+            ..WorkerConfig::from_url("https://[::1]:8443")
+        }
+        .member()
+        .unwrap();
+        assert_eq!(by_ip.url.host_and_port(), ("::1", 8443));
+        assert_eq!(by_ip.server_name.unwrap().to_str(), "gpu-0.example");
+        let plain = WorkerConfig::from_url("http://a:1").member().unwrap();
+        assert!(plain.server_name.is_none() && !plain.url.is_https());
+    }
+
+    #[test]
     fn picker_endpoints_are_ip_and_port_only() {
         let endpoint = |url: &str| WorkerUrl::parse(url).unwrap().picker_endpoint();
         assert_eq!(
@@ -375,7 +452,21 @@ mod tests {
     #[test]
     fn refusals_name_the_field() {
         for (entry, field) in [
-            (WorkerConfig::from_url("https://a:1"), "url"),
+            (WorkerConfig::from_url("ftp://a:1"), "url"),
+            (
+                WorkerConfig {
+                    server_name: Some("gpu-0.example".into()),
+                    ..WorkerConfig::from_url("http://10.0.0.7:8000")
+                },
+                "server_name",
+            ),
+            (
+                WorkerConfig {
+                    server_name: Some("not a name".into()),
+                    ..WorkerConfig::from_url("https://10.0.0.7:8000")
+                },
+                "server_name",
+            ),
             (WorkerConfig::from_url("http://a:1/?q=1"), "url"),
             (WorkerConfig::from_url("http://a:1/#f"), "url"),
             (WorkerConfig::from_url("http://a:0"), "url"),

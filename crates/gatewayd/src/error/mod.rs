@@ -134,6 +134,10 @@ pub enum GatewayError {
     /// The connection to the worker failed, or the exchange broke before response headers (502).
     #[error("worker {0} could not be reached")]
     WorkerUnreachable(WorkerName),
+    /// The TLS handshake with an `https://` worker failed (502, code `worker_unreachable`); the
+    /// message says why (`tls: certificate not trusted (UnknownIssuer)`).
+    #[error("worker {0} could not be reached: {1}")]
+    WorkerTls(WorkerName, &'static str),
     /// The worker answered with something that is not HTTP (a garbage status line, a header over
     /// hyper's limits, conflicting lengths) (502); `reason` is the parser's.
     #[error("worker {worker} sent an invalid response: {reason}")]
@@ -331,6 +335,7 @@ impl GatewayError {
             GatewayError::WorkerGone(_)
             | GatewayError::BadUpstreamUri(_)
             | GatewayError::WorkerUnreachable(_)
+            | GatewayError::WorkerTls(..)
             | GatewayError::UpstreamStreamError => StatusCode::BAD_GATEWAY,
             GatewayError::FirstByteTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::NotFound | GatewayError::UnknownWorker(_) => StatusCode::NOT_FOUND,
@@ -373,7 +378,9 @@ impl GatewayError {
             GatewayError::NoHealthyWorkers | GatewayError::NoWorkers => "no_healthy_workers",
             GatewayError::TargetWorkerMiss => "target_worker_miss",
             GatewayError::WorkerGone(_) | GatewayError::BadUpstreamUri(_) => "bad_worker_url",
-            GatewayError::WorkerUnreachable(_) => "worker_unreachable",
+            GatewayError::WorkerUnreachable(_) | GatewayError::WorkerTls(..) => {
+                "worker_unreachable"
+            }
             GatewayError::FirstByteTimeout { .. } => "first_byte_timeout",
             GatewayError::Shed { .. } => SHED_ERROR_CODE,
             GatewayError::TooManyConnections => "too_many_connections",
@@ -411,6 +418,7 @@ impl GatewayError {
             | GatewayError::WorkerGone(_)
             | GatewayError::BadUpstreamUri(_)
             | GatewayError::WorkerUnreachable(_)
+            | GatewayError::WorkerTls(..)
             | GatewayError::WorkerBadResponse { .. }
             | GatewayError::UpstreamBodyBroken(_)
             | GatewayError::IncompleteRequestBody
@@ -481,6 +489,7 @@ impl GatewayError {
             | GatewayError::InvalidConfig(_) => Source::Client,
             GatewayError::NoHealthyWorkers
             | GatewayError::WorkerUnreachable(_)
+            | GatewayError::WorkerTls(..)
             | GatewayError::WorkerBadResponse { .. }
             | GatewayError::UpstreamBodyBroken(_)
             | GatewayError::FirstByteTimeout { .. }

@@ -38,11 +38,15 @@ fn a_flood_of_probe_requests_about_other_workers_never_crowds_one_out() {
 #[test]
 fn every_reason_has_its_slot_and_its_label() {
     let labels: Vec<&str> = ProbeReason::ALL.iter().map(|r| r.as_str()).collect();
-    assert_eq!(labels, ["refused", "timeout", "status", "error"]);
+    assert_eq!(labels, ["refused", "timeout", "status", "error", "tls"]);
     for (index, reason) in ProbeReason::ALL.iter().enumerate() {
         assert_eq!(reason.index(), index);
     }
     assert_eq!(ProbeFailure::Status(503).to_string(), "status 503");
+    assert_eq!(
+        ProbeFailure::Tls(crate::upstream::TlsProblem::Untrusted).to_string(),
+        "tls: certificate not trusted (UnknownIssuer)"
+    );
     assert_eq!(ProbeFailure::Timeout.to_string(), "timeout");
 }
 

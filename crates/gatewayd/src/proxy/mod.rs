@@ -232,7 +232,7 @@ async fn send_with_retry(
                     continue;
                 }
                 tracing::warn!(worker = %name, error = %display_chain(&*error), "worker request failed");
-                return Err(GatewayError::WorkerUnreachable(name.clone()));
+                return Err(unreachable(name, &*error));
             }
             Err(SendError::Failed(error)) => {
                 return Err(failed_exchange(settings, exchange, name, &error));
@@ -264,7 +264,16 @@ fn failed_exchange(
         };
     }
     tracing::warn!(%worker, error = %reason, "worker request failed");
-    GatewayError::WorkerUnreachable(worker.to_owned())
+    unreachable(worker, error)
+}
+
+/// The answer when `worker` could not be reached: one that says TLS when the handshake failed (or,
+/// in TLS 1.3, the worker refused the client certificate on the first read).
+fn unreachable(worker: &str, error: &(dyn std::error::Error + 'static)) -> GatewayError {
+    match crate::upstream::tls_problem(error) {
+        Some(problem) => GatewayError::WorkerTls(worker.to_owned(), problem.as_str()),
+        None => GatewayError::WorkerUnreachable(worker.to_owned()),
+    }
 }
 
 /// The answer to a request whose body failed on the client's side (it left mid-body, sent a

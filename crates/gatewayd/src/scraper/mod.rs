@@ -42,6 +42,7 @@ use crate::config::{Config, Member, SharedConfig, SharedMembers};
 use crate::log_limit::{Component, LimitedLog, LineBudget, SuppressedLines};
 use crate::metrics::LabelValue;
 use crate::per_worker::{Check, TableKeys, Targets, WorkerKey};
+use crate::upstream::WorkerTls;
 use gauges::Reading;
 use status::{Change, EngineReading, Track};
 
@@ -49,7 +50,8 @@ use status::{Change, EngineReading, Track};
 struct Scrape;
 
 impl Check for Scrape {
-    /// `None` when URL and path make no `http://` URI (the scrape fails as `bad_uri`).
+    /// `None` when URL and path make no `http://` or `https://` URI (the scrape fails as
+    /// `bad_uri`).
     type Target = Option<scrape::Target>;
 
     fn path<'a>(config: &'a Config, member: &'a Member) -> &'a str {
@@ -59,8 +61,8 @@ impl Check for Scrape {
             .unwrap_or(&config.load.metrics_path)
     }
 
-    fn target(_: &Member, _: &str, uri: Option<Uri>) -> Self::Target {
-        uri.and_then(|uri| scrape::Target::new(&uri))
+    fn target(member: &Member, _: &str, uri: Option<Uri>) -> Self::Target {
+        uri.and_then(|uri| scrape::Target::new(&uri, member.server_name.clone()))
     }
 }
 
@@ -77,6 +79,8 @@ struct Scraper {
     scraping: Option<Purpose>,
     /// Each worker's budget of state-change lines: one that flaps is not logged every round.
     lines: LimitedLog<WorkerKey>,
+    /// TLS toward `https://` workers, the data plane's.
+    tls: Arc<WorkerTls>,
 }
 
 /// Why the scraper scrapes.
@@ -117,6 +121,7 @@ pub fn spawn(
     members: SharedMembers,
     stats: Arc<ScrapeStats>,
     suppressed: Arc<SuppressedLines>,
+    tls: Arc<WorkerTls>,
     shutdown: &CancellationToken,
 ) -> std::io::Result<()> {
     // Tied to the caller's runtime as well as to `shutdown`: a gateway whose runtime is dropped
@@ -135,7 +140,8 @@ pub fn spawn(
         .name("bch-load-scraper".to_owned())
         .spawn(move || {
             let _on_panic = ClearSamplesOnPanic(Arc::clone(&router));
-            runtime.block_on(run(router, config, members, stats, suppressed, stop));
+            let sinks = (stats, suppressed);
+            runtime.block_on(run(router, config, members, sinks, tls, stop));
         })?;
     Ok(())
 }
@@ -164,8 +170,8 @@ async fn run(
     router: Arc<Router>,
     config: SharedConfig,
     members: SharedMembers,
-    stats: Arc<ScrapeStats>,
-    suppressed: Arc<SuppressedLines>,
+    (stats, suppressed): (Arc<ScrapeStats>, Arc<SuppressedLines>),
+    tls: Arc<WorkerTls>,
     shutdown: CancellationToken,
 ) {
     // `[log]` takes effect at a restart, like the rest of the section.
@@ -179,6 +185,7 @@ async fn run(
         targets: Targets::new(members),
         tracks: HashMap::new(),
         scraping: None,
+        tls,
     };
     loop {
         let started = Instant::now();
@@ -255,6 +262,8 @@ impl Scraper {
         let deadline = tokio::time::sleep(config.load.scrape_timeout());
         let max_bytes = config.load.max_scrape_bytes;
         let custom = config.load.custom_gauges();
+        let tls = &*self.tls;
+        let handshake_timeout = config.load.scrape_timeout();
         let mut outcomes: Vec<Option<Result<(), Failure>>> = vec![None; workers.len()];
         let mut scrapes: FuturesUnordered<_> = workers
             .iter()
@@ -264,8 +273,12 @@ impl Scraper {
                 let reuse = self.connections.remove(key);
                 async move {
                     let local_at_scrape = worker.stats.active();
+                    let open = scrape::Opener {
+                        tls,
+                        handshake_timeout,
+                    };
                     let (reading, connection) =
-                        scrape::scrape(target, reuse, max_bytes, custom).await;
+                        scrape::scrape(target, reuse, open, max_bytes, custom).await;
                     (index, reading, local_at_scrape, connection)
                 }
             })

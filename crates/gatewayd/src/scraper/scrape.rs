@@ -18,10 +18,13 @@ use http::{HeaderValue, Request, Uri, header};
 use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
+use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
 
 use super::gauges::{GaugeError, Reading, read_load};
 use crate::metrics::LabelValue;
+use crate::upstream::tls::WorkerStream;
+use crate::upstream::{TlsProblem, WorkerTls, tls_problem};
 
 /// Where and what to ask: a worker's metrics URI split for an HTTP/1.1 request.
 #[derive(Debug, Clone)]
@@ -31,15 +34,21 @@ pub struct Target {
     /// Origin form (`/metrics`), as HTTP/1.1 servers expect it.
     request_uri: Uri,
     authority: HeaderValue,
+    /// For an `https://` worker, the name its certificate is checked against; `None`: plain HTTP.
+    server_name: Option<ServerName<'static>>,
 }
 
 impl Target {
-    /// The target of an absolute `http://` URI; `None` for any other scheme or a URI without a
-    /// host (the scrape then fails as [`Failure::BadUri`]).
-    pub fn new(uri: &Uri) -> Option<Target> {
-        if uri.scheme() != Some(&Scheme::HTTP) {
-            return None;
-        }
+    /// The target of an absolute `http://` or `https://` URI (an https one checked against
+    /// `server_name`); `None` for any other scheme, an https URI without a server name or a URI
+    /// without a host (the scrape then fails as [`Failure::BadUri`]).
+    pub fn new(uri: &Uri, server_name: Option<ServerName<'static>>) -> Option<Target> {
+        let server_name = match uri.scheme() {
+            Some(scheme) if *scheme == Scheme::HTTP => None,
+            Some(scheme) if *scheme == Scheme::HTTPS => Some(server_name?),
+            _ => return None,
+        };
+        let default_port = if server_name.is_some() { 443 } else { 80 };
         let authority = uri.authority()?;
         let request_uri = uri
             .path_and_query()
@@ -53,9 +62,10 @@ impl Target {
                 .trim_start_matches('[')
                 .trim_end_matches(']')
                 .to_owned(),
-            port: authority.port_u16().unwrap_or(80),
+            port: authority.port_u16().unwrap_or(default_port),
             request_uri,
             authority: HeaderValue::from_str(authority.as_str()).ok()?,
+            server_name,
         })
     }
 }
@@ -67,15 +77,34 @@ pub struct Connection {
 }
 
 /// The half of a connection that reads and writes the socket.
-type Driver = http1::Connection<TokioIo<TcpStream>, Empty<Bytes>>;
+type Driver = http1::Connection<TokioIo<WorkerStream>, Empty<Bytes>>;
+
+/// How a new connection is opened: TLS toward `https://` workers, and the handshake's limit.
+#[derive(Clone, Copy)]
+pub struct Opener<'a> {
+    /// The data plane's TLS toward workers.
+    pub tls: &'a WorkerTls,
+    /// How long a TLS handshake may take.
+    pub handshake_timeout: std::time::Duration,
+}
 
 impl Connection {
-    async fn open(target: &Target) -> Result<Connection, Failure> {
+    async fn open(target: &Target, open: Opener<'_>) -> Result<Connection, Failure> {
         let stream = TcpStream::connect((target.host.as_str(), target.port))
             .await
             .map_err(|_| Failure::Unreachable)?;
         // One small request per round: waiting to coalesce it would only delay the answer.
         let _ = stream.set_nodelay(true);
+        let stream = match &target.server_name {
+            None => WorkerStream::Plain(stream),
+            Some(name) => open
+                .tls
+                .handshake(stream, name.clone(), open.handshake_timeout)
+                .await
+                .map_err(|error| {
+                    Failure::Tls(tls_problem(&*error).unwrap_or(TlsProblem::Handshake))
+                })?,
+        };
         let (sender, driver) = http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|_| Failure::Unreachable)?;
@@ -139,6 +168,9 @@ pub enum Failure {
     /// The text holds no usable load gauge.
     #[error("{0}")]
     Gauges(#[from] GaugeError),
+    /// An `https://` worker's TLS handshake failed (its certificate, or it refused ours).
+    #[error("{0}")]
+    Tls(TlsProblem),
 }
 
 impl Failure {
@@ -155,6 +187,7 @@ impl Failure {
             Failure::Gauges(GaugeError::NoGauges) => ScrapeReason::NoGauges,
             Failure::Gauges(GaugeError::Unparsable) => ScrapeReason::Unparsable,
             Failure::Gauges(GaugeError::BadValue) => ScrapeReason::BadValue,
+            Failure::Tls(_) => ScrapeReason::Tls,
         }
     }
 }
@@ -182,6 +215,8 @@ pub enum ScrapeReason {
     Unparsable,
     /// `bad_value`.
     BadValue,
+    /// `tls`.
+    Tls,
 }
 
 impl LabelValue for ScrapeReason {
@@ -196,6 +231,7 @@ impl LabelValue for ScrapeReason {
         ScrapeReason::NoGauges,
         ScrapeReason::Unparsable,
         ScrapeReason::BadValue,
+        ScrapeReason::Tls,
     ];
 
     fn index(self) -> usize {
@@ -214,6 +250,7 @@ impl LabelValue for ScrapeReason {
             ScrapeReason::NoGauges => "no_gauges",
             ScrapeReason::Unparsable => "unparsable",
             ScrapeReason::BadValue => "bad_value",
+            ScrapeReason::Tls => "tls",
         }
     }
 }
@@ -224,6 +261,7 @@ impl LabelValue for ScrapeReason {
 pub async fn scrape(
     target: Option<&Target>,
     reuse: Option<Connection>,
+    open: Opener<'_>,
     max_bytes: usize,
     custom: Option<(&str, &str)>,
 ) -> (Result<Reading, Failure>, Option<Connection>) {
@@ -239,10 +277,10 @@ pub async fn scrape(
             // A worker may close an idle connection just as the request goes out; that is no
             // reason to count the worker unreachable, so one more try on a fresh connection.
             // Only then: a reused connection that breaks mid-answer is a failed scrape.
-            Exchange::NoAnswer => exchange_fresh(target, max_bytes).await,
+            Exchange::NoAnswer => exchange_fresh(target, open, max_bytes).await,
             outcome => (outcome, Some(connection)),
         },
-        None => exchange_fresh(target, max_bytes).await,
+        None => exchange_fresh(target, open, max_bytes).await,
     };
     let (body, reusable) = match outcome {
         Exchange::Body(body) => (Ok(body), true),
@@ -271,8 +309,12 @@ enum Exchange {
     NoAnswer,
 }
 
-async fn exchange_fresh(target: &Target, max_bytes: usize) -> (Exchange, Option<Connection>) {
-    match Connection::open(target).await {
+async fn exchange_fresh(
+    target: &Target,
+    open: Opener<'_>,
+    max_bytes: usize,
+) -> (Exchange, Option<Connection>) {
+    match Connection::open(target, open).await {
         Ok(mut connection) => {
             let outcome = exchange(&mut connection, target, max_bytes).await;
             (outcome, Some(connection))
@@ -281,10 +323,13 @@ async fn exchange_fresh(target: &Target, max_bytes: usize) -> (Exchange, Option<
     }
 }
 
-/// What a hyper error before the response head means: not HTTP at all (a TLS or gRPC port, a
-/// status line that does not parse), or no answer.
+/// What a hyper error before the response head means: a TLS refusal, not HTTP at all (a TLS or
+/// gRPC port, a status line that does not parse), or no answer.
 fn before_answer(error: &hyper::Error) -> Exchange {
-    if error.is_parse() || error.is_parse_status() || error.is_parse_too_large() {
+    // TLS 1.3 tells a client the worker refused its certificate on the first read.
+    if let Some(problem) = tls_problem(error) {
+        Exchange::Broken(Failure::Tls(problem))
+    } else if error.is_parse() || error.is_parse_status() || error.is_parse_too_large() {
         Exchange::Broken(Failure::BadResponse)
     } else {
         Exchange::NoAnswer
@@ -368,6 +413,7 @@ mod tests {
                 "no_gauges",
                 "unparsable",
                 "bad_value",
+                "tls",
             ]
         );
         for (index, reason) in ScrapeReason::ALL.iter().enumerate() {

@@ -25,6 +25,7 @@
 
 pub mod body;
 pub mod pool;
+pub mod tls;
 
 use std::collections::HashMap;
 use std::future::poll_fn;
@@ -40,17 +41,20 @@ use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_util::client::legacy::connect::HttpConnector;
-use tower::ServiceExt;
+use hyper_util::rt::TokioIo;
+use rustls_pki_types::ServerName;
 
 pub use body::{BoxError, ClientBodyError, UpstreamBody, client_fault};
 pub use pool::{UpstreamConnection, WorkerPool};
+pub use tls::{TlsProblem, WorkerTls, tls_problem};
 
 use crate::config::{Member, WorkerUrl};
 use crate::per_worker::WorkerKey;
 
 /// Why a request could not be sent to a worker.
 pub enum SendError {
-    /// Nothing of the request reached the worker: the TCP connect failed, or a new connection closed
+    /// Nothing of the request reached the worker: the TCP connect or the TLS handshake failed, or a
+    /// new connection closed
     /// before the request was written. The request comes back untouched, so it can go to another
     /// worker.
     NotSent {
@@ -75,13 +79,20 @@ pub struct Endpoint {
     pub host_header: Option<HeaderValue>,
     /// `x-bch-worker` for responses from this worker (`None` if the name is no valid header value).
     pub worker_header: Option<HeaderValue>,
-    /// `http://host:port/`, what a new connection is opened to.
+    /// `http://host:port/` (or `https://`), what a new connection is opened to.
     connect_uri: Uri,
+    /// For an `https://` worker, the name its certificate is checked against.
+    server_name: Option<ServerName<'static>>,
     pool: Arc<WorkerPool>,
 }
 
 impl Endpoint {
-    fn new(name: &str, url: WorkerUrl, pool: Arc<WorkerPool>) -> Self {
+    fn new(
+        name: &str,
+        url: WorkerUrl,
+        server_name: Option<ServerName<'static>>,
+        pool: Arc<WorkerPool>,
+    ) -> Self {
         let connect_uri = Uri::builder()
             .scheme(url.scheme.clone())
             .authority(url.authority.clone())
@@ -94,6 +105,7 @@ impl Endpoint {
             worker_header: HeaderValue::from_str(name).ok(),
             url,
             connect_uri,
+            server_name,
             pool,
         }
     }
@@ -125,24 +137,39 @@ pub struct Upstreams {
     endpoints: ArcSwap<HashMap<WorkerKey, Arc<Endpoint>>>,
     current: GenerationCache<UpstreamTargets>,
     connector: HttpConnector,
+    /// TLS toward `https://` workers; `http://` workers never touch it.
+    tls: Arc<WorkerTls>,
+    /// The TLS handshake's own limit, after the TCP connect's: `connect_timeout` again.
+    handshake_timeout: Duration,
     http1: http1::Builder,
     idle_timeout: Duration,
 }
 
 impl Upstreams {
-    /// Connections time out after `connect_timeout`, use `TCP_NODELAY` (an SSE event must not
-    /// wait for a delayed ACK) and are retired after `idle_timeout` unused in a pool.
-    pub fn new(connect_timeout: Duration, idle_timeout: Duration) -> Self {
+    /// Connections time out after `connect_timeout` (and an https worker's TLS handshake after
+    /// as long again), use `TCP_NODELAY` (an SSE event must not wait for a delayed ACK) and are
+    /// retired after `idle_timeout` unused in a pool; `tls` is the way to `https://` workers.
+    pub fn new(connect_timeout: Duration, idle_timeout: Duration, tls: Arc<WorkerTls>) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(connect_timeout));
+        // https URIs too: the TLS session is layered on the TCP stream by `WorkerTls::connect`.
+        connector.enforce_http(false);
         Self {
             endpoints: ArcSwap::from_pointee(HashMap::new()),
             current: GenerationCache::default(),
             connector,
+            tls,
+            handshake_timeout: connect_timeout,
             http1: http1::Builder::new(),
             idle_timeout,
         }
+    }
+
+    /// TLS toward `https://` workers, shared with the prober and the scraper; a reload replaces
+    /// its configuration.
+    pub fn tls(&self) -> &Arc<WorkerTls> {
+        &self.tls
     }
 
     /// Makes `members` the published endpoints. Called by the admin owner before the router sees a
@@ -157,15 +184,23 @@ impl Upstreams {
                 let spec = &member.spec;
                 let key = WorkerKey::of(spec);
                 let endpoint = match previous.get(&key) {
-                    Some(old) if old.name == spec.name && old.url == member.url => Arc::clone(old),
+                    Some(old)
+                        if old.name == spec.name
+                            && old.url == member.url
+                            && old.server_name == member.server_name =>
+                    {
+                        Arc::clone(old)
+                    }
                     Some(old) => Arc::new(Endpoint::new(
                         &spec.name,
                         member.url.clone(),
+                        member.server_name.clone(),
                         Arc::clone(&old.pool),
                     )),
                     None => Arc::new(Endpoint::new(
                         &spec.name,
                         member.url.clone(),
+                        member.server_name.clone(),
                         Arc::new(WorkerPool::new(self.idle_timeout)),
                     )),
                 };
@@ -258,12 +293,16 @@ impl Upstreams {
     }
 
     async fn connect(&self, target: &Endpoint) -> Result<UpstreamConnection, BoxError> {
-        let io = self
-            .connector
-            .clone()
-            .oneshot(target.connect_uri.clone())
+        let stream = self
+            .tls
+            .connect(
+                &self.connector,
+                &target.connect_uri,
+                target.server_name.as_ref(),
+                self.handshake_timeout,
+            )
             .await?;
-        let (sender, connection) = self.http1.handshake(io).await?;
+        let (sender, connection) = self.http1.handshake(TokioIo::new(stream)).await?;
         Ok(UpstreamConnection {
             sender,
             connection: Some(connection),
@@ -275,12 +314,14 @@ impl Upstreams {
 /// The endpoint of a worker the admin owner removed between a request's routing decision and its
 /// first look at the targets (the two are microseconds apart, so this is rare): the request was
 /// routed while the worker was a member, so it is still served, on a connection of its own. The URL
-/// was validated when the worker joined; should it not parse, the request gets a 502.
+/// was validated when the worker joined; should it not parse, the request gets a 502. An https
+/// worker's certificate is checked against its URL's host (its `server_name` left with it).
 fn departed_endpoint(spec: &WorkerSpec, idle_timeout: Duration) -> Option<Arc<Endpoint>> {
     let url = WorkerUrl::parse(&spec.url).ok()?;
     Some(Arc::new(Endpoint::new(
         &spec.name,
         url,
+        None,
         Arc::new(WorkerPool::new(idle_timeout)),
     )))
 }

@@ -15,8 +15,8 @@ use super::body::UpstreamBody;
 /// 1,024 concurrent requests a busy worker may see, so a burst's connections are reused by the next.
 pub const MAX_IDLE_PER_WORKER: usize = 1024;
 
-/// The socket type of a worker connection.
-pub type UpstreamIo = TokioIo<tokio::net::TcpStream>;
+/// The socket type of a worker connection: TCP, or TLS over TCP for an `https://` worker.
+pub type UpstreamIo = TokioIo<super::tls::WorkerStream>;
 
 /// One keep-alive HTTP/1.1 connection to a worker. It makes progress only while someone calls
 /// [`drive`](Self::drive) (or awaits [`Upstreams::send`](super::Upstreams::send)); dropping it closes the socket, which is

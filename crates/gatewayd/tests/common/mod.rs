@@ -353,6 +353,7 @@ pub fn test_config(workers: &[&FakeWorker]) -> Config {
             health_path: None,
             metrics_path: None,
             max_in_flight: None,
+            server_name: None,
         })
         .collect();
     config

@@ -75,6 +75,7 @@ async fn health_probes_flip_a_worker_without_moving_other_keys() {
         health_path: None,
         metrics_path: None,
         max_in_flight: None,
+        server_name: None,
     });
     let gateway = start(config).await;
     let keys: Vec<String> = (0..60).map(|i| format!("user-{i}")).collect();

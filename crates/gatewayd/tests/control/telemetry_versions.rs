@@ -235,6 +235,7 @@ async fn first_frames_at_10_000_workers_fit_in_3_mb() {
             health_path: None,
             metrics_path: None,
             max_in_flight: None,
+            server_name: None,
         })
         .collect();
     let gateway = start(config).await;

@@ -81,7 +81,11 @@ async fn workers_list_add_remove() {
     }
     let invalid = [
         (json!({"name": "d", "url": "not a url"}), "url"),
-        (json!({"name": "d", "url": "https://127.0.0.1:1"}), "url"),
+        (json!({"name": "d", "url": "ftp://127.0.0.1:1"}), "url"),
+        (
+            json!({"name": "d", "url": "http://127.0.0.1:1", "server_name": "d.test"}),
+            "server_name",
+        ),
         (json!({"name": "d", "url": "http://127.0.0.1:1?x=1"}), "url"),
         (json!({"name": "d"}), "url"),
         (json!({"name": "", "url": "http://127.0.0.1:1"}), "name"),

@@ -515,8 +515,12 @@ fn check_config_validates_discovery_entries_naming_the_field() {
             "discovery[0].port",
         ),
         (
-            "[[discovery]]\ndns = \"_h._tcp.llm.test\"\nscheme = \"https\"\n",
+            "[[discovery]]\ndns = \"_h._tcp.llm.test\"\nscheme = \"ftp\"\n",
             "discovery[0].scheme",
+        ),
+        (
+            "[[discovery]]\ndns = \"_h._tcp.llm.test\"\nserver_name = \"llm.test\"\n",
+            "discovery[0].server_name",
         ),
         (
             "[[discovery]]\ndns = \"_h._tcp.llm.test\"\ninterval_ms = 5\n",

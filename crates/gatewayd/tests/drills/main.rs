@@ -183,6 +183,7 @@ fn config_for(workers: &[(String, String)]) -> Config {
             health_path: None,
             metrics_path: None,
             max_in_flight: None,
+            server_name: None,
         })
         .collect();
     config

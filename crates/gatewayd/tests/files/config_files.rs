@@ -98,6 +98,7 @@ fn the_reference_mentions_every_field() {
         health_path: Some("/h".into()),
         metrics_path: None,
         max_in_flight: Some(4),
+        server_name: None,
     });
     config.discovery.push(DiscoveryConfig {
         port: Some(8000),

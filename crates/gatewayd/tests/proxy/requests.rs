@@ -332,6 +332,7 @@ async fn removing_a_worker_stops_traffic_and_re_adding_keeps_counters() {
             health_path: None,
             metrics_path: None,
             max_in_flight: None,
+            server_name: None,
         })
         .send()
         .await

@@ -378,6 +378,7 @@ fn config_for(urls: &[(&str, String)]) -> Config {
             health_path: None,
             metrics_path: None,
             max_in_flight: None,
+            server_name: None,
         })
         .collect();
     // A request put on a connection that can never answer shows up as a 504, quickly.

@@ -17,6 +17,7 @@ fn base() -> Config {
         health_path: None,
         metrics_path: None,
         max_in_flight: None,
+        server_name: None,
     }];
     config
 }

@@ -36,6 +36,7 @@ fn config_for(worker: &WorkerHandle) -> Config {
         health_path: None,
         metrics_path: None,
         max_in_flight: None,
+        server_name: None,
     }];
     config
 }

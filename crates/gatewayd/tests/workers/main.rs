@@ -11,5 +11,6 @@ mod discovery_health;
 mod discovery_scale;
 mod engine_saturation;
 mod health;
+mod https;
 mod load_scrape;
 mod scrape_connections;
