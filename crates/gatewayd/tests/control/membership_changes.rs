@@ -18,6 +18,7 @@ fn idle_worker(name: &str, index: usize) -> WorkerConfig {
         health_path: None,
         metrics_path: None,
         max_in_flight: None,
+        server_name: None,
     }
 }
 
