@@ -16,6 +16,11 @@ plane; Envoy with the bootstrap `gatewayd envoy-config` prints) and runs, in ord
                with a queue timeout its pick is held and it is admitted when the first ends
   picker-kill  a killed picker: requests get Envoy's 503 picker_unavailable, streams are cut;
                after a restart requests flow and the counters add up
+  picker-mtls  a second gatewayd whose picker requires client certificates ([picker.tls] with
+               client_ca_file; ECDSA P-256 certificates made with the openssl CLI): an Envoy
+               with the bootstrap's TLS and its client certificate routes requests; an Envoy
+               that verifies the picker but presents no certificate is refused at the handshake
+               (Envoy's 503 picker_unavailable, a picker handshake failure counted)
   empty-fleet  no workers: an immediate 503 no_healthy_workers in the OpenAI shape
 
 Prints one line per check and ends with `envoy: N passed, M failed`. Standard library only.
@@ -290,6 +295,7 @@ def check(name):
                     fleet.wait_idle(5)
                 except Exception:
                     pass
+        run.check_name = name
         return run
     return wrap
 
@@ -571,6 +577,112 @@ def picker_kill(fleet):
     return f"503 picker_unavailable while down; after the restart {routed} requests, all counters consistent"
 
 
+def make_certificates(folder):
+    """A CA, the picker's certificate (IP SAN 127.0.0.1) and Envoy's client certificate, ECDSA
+    P-256, made here with the openssl CLI (nothing downloaded)."""
+    os.makedirs(folder, exist_ok=True)
+
+    def run(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    def path(name):
+        return os.path.join(folder, name)
+
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", path("ca.key"), "-out", path("ca.crt"), "-days", "2", "-subj", "/CN=bch test CA",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
+    for name, extensions in (("picker", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
+                             ("envoy", "subjectAltName=DNS:envoy\nextendedKeyUsage=clientAuth")):
+        run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", path(f"{name}.key"), "-out", path(f"{name}.csr"), "-subj", f"/CN={name}")
+        with open(path(f"{name}.ext"), "w") as f:
+            f.write(extensions + "\n")
+        run("x509", "-req", "-in", path(f"{name}.csr"), "-CA", path("ca.crt"), "-CAkey", path("ca.key"),
+            "-CAcreateserial", "-days", "2", "-out", path(f"{name}.crt"), "-extfile", path(f"{name}.ext"))
+    return path
+
+
+def picker_handshake_failures(control_port):
+    _, _, body = request(control_port, "/metrics")
+    return sum(float(line.split()[-1]) for line in body.decode().splitlines()
+               if line.startswith('bch_tls_handshake_failures_total{listener="picker"'))
+
+
+def start_envoy(name, gatewayd_config, listen_port, picker_port, flags):
+    yaml = os.path.join(ARGS.work, f"{name}.yaml")
+    with open(yaml, "w") as out:
+        subprocess.run([ARGS.gatewayd, "envoy-config", "--listen", f"127.0.0.1:{listen_port}",
+                        "--picker", f"127.0.0.1:{picker_port}", "--config", gatewayd_config, *flags],
+                       stdout=out, check=True)
+    envoy = Proc(name, [ARGS.envoy, "-c", yaml, "--disable-hot-restart", "-l", "warning",
+                        "--concurrency", "1"])
+    wait_port(listen_port, name, proc=envoy)
+    return envoy
+
+
+@check("picker-mtls")
+def picker_mtls(fleet):
+    path = make_certificates(os.path.join(ARGS.work, "certificates"))
+    picker_port, control_port, data_port, trusted_port, anonymous_port = free_ports(5)
+    workers = "".join(f'\n[[workers]]\nname = "{n}"\nurl = "{u}"\n' for n, u in zip(fleet.names, fleet.urls))
+
+    def config(name, client_ca):
+        file = os.path.join(ARGS.work, name)
+        with open(file, "w") as f:
+            f.write(f"""[server]
+listen = "127.0.0.1:{data_port}"
+control_listen = "127.0.0.1:{control_port}"
+data_plane = false
+shutdown_grace_ms = 1000
+
+[picker]
+listen = "127.0.0.1:{picker_port}"
+
+[picker.tls]
+cert_file = "{path('picker.crt')}"
+key_file = "{path('picker.key')}"
+client_ca_file = "{client_ca}"
+{workers}""")
+        return file
+
+    mutual = config("gatewayd-mtls.toml", path("ca.crt"))
+    # The same picker as Envoy would see it without mutual TLS: the bootstrap then verifies the
+    # picker but has no client certificate to present.
+    server_only = config("gatewayd-server-tls.toml", "")
+    gatewayd = Proc("gatewayd-mtls", [ARGS.gatewayd, "--config", mutual])
+    wait_port(picker_port, "the TLS picker", proc=gatewayd)
+    wait_port(control_port, "the TLS picker's control plane", proc=gatewayd)
+    trusted = start_envoy("envoy-mtls", mutual, trusted_port, picker_port, [
+        "--picker-ca-file", path("ca.crt"), "--picker-client-cert-file", path("envoy.crt"),
+        "--picker-client-key-file", path("envoy.key")])
+    anonymous = start_envoy("envoy-anonymous", server_only, anonymous_port, picker_port,
+                            ["--picker-ca-file", path("ca.crt")])
+    try:
+        deadline = time.time() + 30
+        served = {}
+        while sum(served.values()) < 20:
+            body, headers = chat(f"mtls-{len(served)}-{sum(served.values())}", max_tokens=2)
+            status, got, payload = request(trusted_port, "/v1/chat/completions", "POST", body, headers)
+            if status == 200:
+                served[got["x-bch-worker"]] = served.get(got["x-bch-worker"], 0) + 1
+            else:
+                # Workers join once their first probe passed; until then the picker says so.
+                assert time.time() < deadline, (status, payload[:200])
+                time.sleep(0.1)
+        failures_before = picker_handshake_failures(control_port)
+        body, headers = chat("anonymous")
+        status, got, payload = request(anonymous_port, "/v1/chat/completions", "POST", body, headers)
+        assert_openai_error(status, got, payload, 503, "picker_unavailable")
+        assert picker_handshake_failures(control_port) > failures_before, "the refused handshake is counted"
+        _, _, listing = request(control_port, "/admin/workers")
+        loads = {w["name"]: w["active"] for w in json.loads(listing)["workers"]}
+        assert sum(loads.values()) == 0, loads
+        return f"with Envoy's client certificate 20 requests routed ({served}); without it 503 picker_unavailable"
+    finally:
+        for proc in (anonymous, trusted, gatewayd):
+            proc.stop()
+
+
 @check("empty-fleet")
 def empty_fleet(fleet):
     for name in list(fleet.workers_now()):
@@ -587,6 +699,7 @@ def main():
     parser = argparse.ArgumentParser()
     for flag in ("--envoy", "--gatewayd", "--drill", "--work", "--summary"):
         parser.add_argument(flag, required=True)
+    parser.add_argument("--only", nargs="*", help="run only these checks (by name: landing, picker-mtls, ...)")
     ARGS = parser.parse_args()
     try:
         fleet = Fleet()
@@ -595,8 +708,10 @@ def main():
         RESULTS.append(("setup", False))
         fleet = None
     if fleet is not None:
-        for run in (landing, correlation, sse, aborts, burst, worker_kill, target_miss, overload, picker_kill, empty_fleet):
-            run(fleet)
+        for run in (landing, correlation, sse, aborts, burst, worker_kill, target_miss, overload, picker_kill,
+                    picker_mtls, empty_fleet):
+            if not ARGS.only or run.check_name in ARGS.only:
+                run(fleet)
     for proc in reversed(PROCS):
         proc.stop()
     passed = sum(1 for _, ok in RESULTS if ok)

@@ -20,8 +20,11 @@ use crate::config::{Config, LogFormat};
 /// Installs the global subscriber for `config`'s `[log]` section. A second call (tests start many
 /// gateways in one process) keeps the first subscriber.
 pub fn init_logging(config: &Config) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&config.log.level));
+    let level = std::env::var(EnvFilter::DEFAULT_ENV)
+        .ok()
+        .filter(|level| !level.is_empty() && EnvFilter::try_new(level).is_ok())
+        .unwrap_or_else(|| config.log.level.clone());
+    let filter = EnvFilter::new(quiet_tls_library(&level));
     // Colour only on a terminal: under systemd or a log shipper escapes would garble the lines.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -37,6 +40,19 @@ pub fn init_logging(config: &Config) {
         LogFormat::Text => builder.fmt_fields(EscapedFields).try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// `level` (`RUST_LOG`'s or `[log] level`) with rustls's own log held to errors unless `level`
+/// names rustls: rustls logs a
+/// warning for every handshake of a client that sends an IP address as its server name (wrk,
+/// `curl --resolve`, many load balancers' health checks), one line per connection under load, which
+/// says nothing an operator can act on and costs the handshake a formatted write.
+fn quiet_tls_library(level: &str) -> String {
+    if level.contains("rustls") {
+        level.to_owned()
+    } else {
+        format!("{level},rustls=error")
+    }
 }
 
 /// The text log's field formatter: `name=value` pairs after the message, like `tracing`'s own,
@@ -247,6 +263,31 @@ mod tests {
             line.trim_end(),
             r#" INFO worker added worker=gpu-0 url=http://10.0.0.7:8000 active=3 healthy=true spoof="a status=200" quote="a\"b" empty="" named="x y" nbsp="a\u{a0}b""#
         );
+    }
+
+    /// A client sending an IP address as its server name made rustls warn on every handshake:
+    /// under a load of new connections, one log line each.
+    #[test]
+    fn rustls_warnings_are_dropped_unless_the_level_names_rustls() {
+        let lines = |level: &str| {
+            let captured = Captured::default();
+            let writer = captured.clone();
+            let subscriber = tracing_subscriber::fmt()
+                .with_env_filter(EnvFilter::new(quiet_tls_library(level)))
+                .with_ansi(false)
+                .with_writer(move || writer.clone())
+                .finish();
+            tracing::subscriber::with_default(subscriber, || {
+                tracing::warn!(target: "rustls::msgs::handshake", "Illegal SNI extension");
+                tracing::warn!(target: "gatewayd::tls", "certificate expires soon");
+            });
+            String::from_utf8(captured.0.lock().unwrap().clone()).unwrap()
+        };
+        let quiet = lines("warn");
+        assert!(!quiet.contains("Illegal SNI"), "{quiet}");
+        assert!(quiet.contains("certificate expires soon"), "{quiet}");
+        let asked = lines("warn,rustls=warn");
+        assert!(asked.contains("Illegal SNI"), "{asked}");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use bch_core::routing_key::IMPLICIT_KEY_HEADERS;
 use clap::Args;
 
+use super::envoy_tls::{EnvoyPickerTlsArgs, PickerTlsPlan, picker_transport_socket};
 use super::value_parsers::parse_addr;
 use crate::app::terminal::{print_err, print_out};
 use crate::config::{Config, WorkerConfig};
@@ -38,6 +39,9 @@ pub struct EnvoyConfigArgs {
     /// Also serve Envoy's admin interface (stats, /ready) on this address; keep it on loopback.
     #[arg(long, value_name = "IP:PORT", value_parser = parse_addr)]
     pub admin: Option<SocketAddr>,
+    /// Envoy's files for a picker that speaks TLS.
+    #[command(flatten)]
+    pub picker_tls: EnvoyPickerTlsArgs,
 }
 
 /// What the bootstrap is made from, checked.
@@ -67,6 +71,8 @@ pub struct EnvoyPlan {
     /// The `[[discovery]]` names: workers found there are picked too, but are not in the
     /// generated cluster (a snapshot of the static workers).
     pub discovery: Vec<String>,
+    /// Envoy's TLS to the picker; `None` = plain gRPC (a picker without TLS).
+    pub picker_tls: Option<PickerTlsPlan>,
 }
 
 impl EnvoyPlan {
@@ -83,6 +89,7 @@ impl EnvoyPlan {
             .extend(args.workers.iter().map(|url| WorkerConfig::from_url(url)));
         config.picker.listen = Some(args.picker);
         config.validate()?;
+        let picker_tls = PickerTlsPlan::from_config(&config, &args.picker_tls)?;
         let workers = config
             .members()?
             .iter()
@@ -99,6 +106,7 @@ impl EnvoyPlan {
             message_timeout: message_timeout(&config),
             forwarded_headers: forwarded_headers(&config),
             discovery: config.discovery.iter().map(|d| d.dns.clone()).collect(),
+            picker_tls,
         })
     }
 }
@@ -379,6 +387,9 @@ fn picker_cluster(yaml: &mut String, plan: &EnvoyPlan) {
         breakers = circuit_breakers(),
         picker = socket_address(plan.picker),
     );
+    if let Some(tls) = &plan.picker_tls {
+        picker_transport_socket(yaml, tls, plan.picker);
+    }
 }
 
 /// Envoy's defaults (1,024 connections, requests and pending requests, 3 concurrent retries per
@@ -425,6 +436,7 @@ mod tests {
             message_timeout: Duration::from_millis(3_000),
             forwarded_headers: forwarded_headers(&Config::default()),
             discovery: Vec::new(),
+            picker_tls: None,
         }
     }
 

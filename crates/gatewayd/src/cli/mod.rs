@@ -3,6 +3,7 @@
 //! gateway to re-read its file and fails when the reload does; `explain` is the offline what-if.
 
 mod envoy_config;
+mod envoy_tls;
 mod explain;
 mod reload;
 mod run_flags;
