@@ -91,6 +91,33 @@ fn discovered_workers_160x48() {
     assert_snapshot!(screen);
 }
 
+/// The unhealthy fleet with `w2`'s probes failing TLS verification, as the gateway reports it.
+fn tls_failing() -> State {
+    let mut s = spilling();
+    let mut tick = frame("tick_unhealthy");
+    let ServerMessage::Tick(ref mut t) = tick.message else {
+        panic!("tick_unhealthy.json holds a {:?}", tick.message);
+    };
+    t.workers[0].probe_failure = Some("tls: certificate not trusted (UnknownIssuer)".into());
+    s.apply_replica_frame(ReplicaId(0), tick);
+    s
+}
+
+#[test]
+fn tls_probe_failure_80x24() {
+    let screen = render(&tls_failing(), 80, 24, Instant::now());
+    assert!(screen.contains("DOWN"), "{screen}");
+    assert!(screen.contains("tls: certific…"), "{screen}");
+    assert_snapshot!(screen);
+}
+
+#[test]
+fn tls_probe_failure_120x40() {
+    let screen = render(&tls_failing(), 120, 40, Instant::now());
+    assert!(screen.contains("tls: certificate not…"), "{screen}");
+    assert_snapshot!(screen);
+}
+
 #[test]
 fn unhealthy_worker_80x24() {
     assert_snapshot!(render(&unhealthy(), 80, 24, Instant::now()));

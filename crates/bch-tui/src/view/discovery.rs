@@ -12,7 +12,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Wrap};
 
 use super::styles::{Styles, Tone};
-use super::text::truncate_middle;
+use super::text::{truncate_middle, truncate_right};
 use crate::state::State;
 
 /// One source in trouble: its label, state, last error and the replicas (1-based) reporting it.
@@ -119,16 +119,6 @@ impl Warning {
         );
         build(&name, None)
     }
-}
-
-/// `s` in at most `max` characters, cut at the right with `…`.
-fn truncate_right(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        return s.to_owned();
-    }
-    let mut cut: String = s.chars().take(max.saturating_sub(1)).collect();
-    cut.push('…');
-    cut
 }
 
 /// Draws the warning in the workers panel at `area`, if a source is in trouble: whole, wrapped,

@@ -1,5 +1,6 @@
-//! Text utilities the panels share: gateway time of day, the widest of many texts, and cutting worker names and routing keys
-//! to a width so that the part that tells them apart stays visible. Widths are in characters (every
+//! Text utilities the panels share: gateway time of day, the widest of many texts, making gateway
+//! text safe to draw, and cutting worker names, routing keys and errors to a width so that the part
+//! that tells them apart stays visible. Widths are in characters (every
 //! glyph the console draws is one column wide).
 
 /// The layout makes room for keys up to this long (the key table and the spill log side by side
@@ -29,6 +30,25 @@ pub(super) fn widest<'a>(texts: impl IntoIterator<Item = &'a str>, cap: usize) -
     })
 }
 
+/// Text the gateway sent (a probe failure, an error) made safe to draw: control characters, which
+/// would move the cursor or break the row, become `�`, and whitespace runs one space, so every
+/// character takes one cell of the row it is drawn in.
+pub(super) fn printable(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_whitespace() {
+            if !out.ends_with(' ') {
+                out.push(' ');
+            }
+        } else if c.is_control() {
+            out.push('\u{fffd}');
+        } else {
+            out.push(c);
+        }
+    }
+    out.trim().to_owned()
+}
+
 /// Worker names cut from the left: names derived from URLs (`127.0.0.1:8001`) and fleets of
 /// numbered nodes (`gpu-node-17`) differ at the end, so the end is what must stay visible.
 pub(super) fn truncate_left(s: &str, max: usize) -> String {
@@ -41,6 +61,17 @@ pub(super) fn truncate_left(s: &str, max: usize) -> String {
         t.extend(s.chars().skip(n - keep));
         t
     }
+}
+
+/// Error texts cut at the right with `…`: an error says its kind first (`tls: certificate not
+/// trusted`, `no answer within 2s`), its detail after.
+pub(super) fn truncate_right(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_owned();
+    }
+    let mut cut: String = s.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
 }
 
 /// Routing keys cut in the middle: keys of one fleet tend to share a prefix (`chat-session-`) and
@@ -75,5 +106,14 @@ mod tests {
         assert_eq!(truncate_middle("abc", 4), "abc");
         assert_eq!(truncate_left("127.0.0.1:18101", 8), "…1:18101");
         assert_eq!(truncate_left("w0", 8), "w0");
+        assert_eq!(truncate_right("tls: certificate", 8), "tls: ce…");
+        assert_eq!(truncate_right("refused", 8), "refused");
+    }
+
+    #[test]
+    fn printable_drops_what_would_move_the_cursor() {
+        assert_eq!(printable("refused"), "refused");
+        assert_eq!(printable(" status\n503\t "), "status 503");
+        assert_eq!(printable("tls: \u{1b}[2Jbad"), "tls: \u{fffd}[2Jbad");
     }
 }

@@ -8,6 +8,10 @@
 //! were found by DNS discovery, the title counts workers by source and rows with room left after
 //! every counter end with each worker's source.
 //!
+//! A DOWN worker whose health probes fail shows why in place of its bar (`tls: certificate not
+//! trusted (UnknownIssuer)`, `refused`, `status 503`): the rule routes nothing new to it, so its bar
+//! says less than the reason does; its load still shows in the number beside it.
+//!
 //! A worker with a capacity (`max_in_flight`) has a `┃` in its bar at the cap, and the bar's scale
 //! reaches it; FULL marks a worker at its cap (or whose engine reported saturation): it takes no
 //! new request, and an explicit key preferring it moves on at once. The title counts the FULL
@@ -29,7 +33,7 @@ use ratatui::widgets::Paragraph;
 use super::fleet_summary::{Census, summary_line};
 use super::panel::{panel_block, scroll_window};
 use super::styles::{Styles, Tone};
-use super::text::{truncate_left, truncate_middle};
+use super::text::{printable, truncate_left, truncate_middle, truncate_right};
 use crate::state::{FleetBound, FleetPicture, Panel, State, WorkerOrder, routable};
 
 /// Marker drawn in a load bar at `min + min_load_gap`.
@@ -420,7 +424,10 @@ fn worker_line(
             styles.name(w.healthy, selected),
         ),
     ];
-    spans.extend(load_bar(w, over, bound, geometry, styles));
+    match w.probe_failure.as_deref().filter(|_| !w.healthy) {
+        Some(reason) => spans.push(probe_failure(reason, geometry.bar_w, styles)),
+        None => spans.extend(load_bar(w, over, bound, geometry, styles)),
+    }
     spans.push(Span::styled(
         format!("{:>5}", w.rule_load()),
         styles.value(),
@@ -432,6 +439,13 @@ fn worker_line(
         spans.push(Span::styled(format!("  {source}"), styles.dim()));
     }
     Line::from(spans)
+}
+
+/// A failing probe's reason in the bar's `bar_w` cells: gateway text, so made printable first, then
+/// cut at the right like the discovery errors (the kind, `tls: certificate not trusted`, leads).
+fn probe_failure(reason: &str, bar_w: usize, styles: &Styles) -> Span<'static> {
+    let reason = truncate_right(&printable(reason), bar_w);
+    Span::styled(format!("{reason:<bar_w$}"), styles.tone(Tone::Alert))
 }
 
 /// The bar's cells: filled up to the load, dotted after it, with the bound markers on top.
