@@ -20,6 +20,10 @@
 //!   information. `idle_one_key`: one key over and over, as `decide/16_workers_idle` (its ring
 //!   points and worker stay in the CPU's caches, which 1024 keys over a 10,000-worker ring do not).
 //!   Goal: `10000_workers/idle_one_key` ≤ 1.5 × `16_workers/idle_one_key`.
+//! * `scale/10000_workers/worker_metrics`: the `loaded` case with `load_source = worker_metrics`
+//!   and a fresh sample on every worker (the rule reads the kept aggregates here too);
+//!   `scale/10000_workers/publish_sample`: one scrape published through the router (the upkeep
+//!   of the aggregates per scrape).
 //! * `threads/{1,2}x/{16,10000}_workers`: route plus release of the `idle` keys from 1 or 2
 //!   threads at once on one router (each thread does `iters / threads`), time per decision: the
 //!   selection lock's cost under contention. The time reported is wall time divided by all the
@@ -31,6 +35,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use bch_core::fleet_load::{FleetSample, LoadSignal, LoadSource};
 use bch_core::load::LoadGuard;
 use bch_core::policy::{Branch, PolicySettings};
 use bch_core::ring::Ring;
@@ -207,7 +212,7 @@ fn scale(c: &mut Criterion) {
         let router = crate::router(n, strict);
         let raw = key32(0);
         let (last, steps) = walk_to_last(router.table().ring(), &raw);
-        let _held = hold(&router, |w| if w == last { 0 } else { 4 });
+        let walk_held = hold(&router, |w| if w == last { 0 } else { 4 });
         let key = RoutingKey::Explicit(ExplicitKey::parse(&raw).unwrap());
         assert_eq!(router.route(&key).decision.worker, Some(last));
         eprintln!(
@@ -215,8 +220,57 @@ fn scale(c: &mut Criterion) {
             router.table().ring().len()
         );
         group.bench_function("worst_walk", |b| b.iter(|| route_once(&router, &raw)));
+        drop(walk_held);
+        if n == 10_000 {
+            worker_metrics(&mut group, n, &keys);
+        }
         group.finish();
     }
+}
+
+/// `scale/10000_workers/worker_metrics`: the `loaded` case in `worker_metrics` mode, every worker
+/// with a fresh sample (reported `w mod 7` against `w mod 5` at the scrape, so reports run both
+/// ahead and behind), and `publish_sample`: one scrape published through the router.
+fn worker_metrics(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    n: usize,
+    keys: &[[u8; 32]],
+) {
+    let policy = PolicySettings {
+        load_source: LoadSource::WorkerMetrics,
+        ..PolicySettings::default()
+    };
+    let router = router(n, policy);
+    let _held = hold(&router, |w| w % 5);
+    let table = router.table();
+    let sample = |w: usize| FleetSample {
+        reported: (w % 7) as u64,
+        local_at_scrape: (w % 5) as u64,
+    };
+    for (w, worker) in table.workers().iter().enumerate() {
+        router.publish_sample(&worker.stats, sample(w), 1);
+    }
+    let one = RoutingKey::Explicit(ExplicitKey::parse(&keys[0]).unwrap());
+    assert_eq!(
+        router.route(&one).decision.load_signal,
+        Some(LoadSignal::WorkerMetrics)
+    );
+    let mut turn = 0usize;
+    group.bench_function("worker_metrics", |b| {
+        b.iter(|| {
+            turn += 1;
+            route_once(&router, &keys[turn % keys.len()])
+        })
+    });
+    group.bench_function("publish_sample", |b| {
+        b.iter(|| {
+            turn += 1;
+            let w = turn % n;
+            let mut next = sample(w);
+            next.reported += (turn % 3) as u64;
+            router.publish_sample(&table.workers()[w].stats, black_box(next), 1);
+        })
+    });
 }
 
 /// Route plus release from `threads` threads at once, `iters` in all: wall time.

@@ -274,19 +274,24 @@ pub fn first_routable<F: FleetView>(ring: &Ring, fleet: &F, position: u64) -> Op
 }
 
 /// The bound for `preferred` over the routable workers' loads, and which signal those loads came
-/// from (always local in `local` mode, without asking the view). In `local` mode the view's kept
-/// aggregates are read when it has them (O(1)); otherwise, and always in `worker_metrics` mode
-/// (whose loads also change when a scrape lands, which the view is not told of), the minimum and
-/// mean are computed over the workers.
+/// from (always local in `local` mode, without asking the view). The view's kept aggregates are
+/// read when it has them (O(1); in `worker_metrics` mode also its kept signal); otherwise the
+/// minimum, mean and signal are computed over the workers.
 fn bound_check<F: FleetView>(
     fleet: &F,
     preferred: usize,
     policy: &PolicySettings,
 ) -> (BoundCheck, LoadSignal) {
     let per_worker = policy.load_source == LoadSource::WorkerMetrics;
-    if !per_worker && let Some(fleet_load) = fleet.kept_fleet_load() {
-        let bound = fleet_load.bound_for(fleet.load(preferred), policy);
-        return (bound, LoadSignal::Local);
+    if let Some(fleet_load) = fleet.kept_fleet_load() {
+        let kept_signal = if per_worker {
+            fleet.kept_load_signal()
+        } else {
+            Some(LoadSignal::Local)
+        };
+        if let Some(signal) = kept_signal {
+            return (fleet_load.bound_for(fleet.load(preferred), policy), signal);
+        }
     }
     let mut signal: Option<LoadSignal> = None;
     let routable_loads = (0..fleet.worker_count())

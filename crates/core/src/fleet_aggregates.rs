@@ -9,14 +9,24 @@
 //! levels (not workers) that happens on writers' changes, never on a request. The sum is exact
 //! (`u128`), so the mean is computed exactly as [`FleetLoad::of`] computes it, bit for bit.
 //!
+//! Levels up to [`DENSE_LEVELS`] are a vector; higher ones (a worker that reports a huge load in
+//! `worker_metrics` mode, up to a billion requests) sit in an ordered map, so a wild report costs
+//! one map entry, never a vector as long as the load.
+//!
 //! This module is pure bookkeeping: the router decides which changes to report (its selection
 //! lock serialises them with decisions).
+
+use std::collections::BTreeMap;
 
 use crate::policy::FleetLoad;
 
 /// Load levels counted without growing the table: levels above it are added when a load first
 /// reaches them, which allocates (a fleet holding that many requests on one worker is rare).
 const INITIAL_LEVELS: usize = 256;
+
+/// Load levels below this are counted in the vector (grown up to it, 512 KiB); levels at or
+/// above it in the ordered map.
+pub const DENSE_LEVELS: u64 = 1 << 16;
 
 /// Routable count, load sum and minimum load over a set of workers (loads in requests in flight),
 /// updated per change in O(1) (except [`FleetAggregates::remove`] of the last worker at the
@@ -29,8 +39,11 @@ pub struct FleetAggregates {
     sum: u128,
     /// Smallest load among them; 0 when none is counted.
     min: u64,
-    /// `levels[load]`: how many counted workers have exactly `load` requests in flight.
+    /// `levels[load]`: how many counted workers have exactly `load` requests in flight, for
+    /// loads below [`DENSE_LEVELS`].
     levels: Vec<usize>,
+    /// The same for loads at or above [`DENSE_LEVELS`]; only non-zero counts are kept.
+    high_levels: BTreeMap<u64, usize>,
 }
 
 impl Default for FleetAggregates {
@@ -40,6 +53,7 @@ impl Default for FleetAggregates {
             sum: 0,
             min: 0,
             levels: vec![0; INITIAL_LEVELS],
+            high_levels: BTreeMap::new(),
         }
     }
 }
@@ -77,7 +91,7 @@ impl FleetAggregates {
 
     /// A worker with `load` requests in flight joins the counted set (it became routable).
     pub fn add(&mut self, load: u64) {
-        *self.level_mut(load) += 1;
+        self.step_level(load, true);
         self.sum += u128::from(load);
         self.routable += 1;
         if self.routable == 1 || load < self.min {
@@ -89,35 +103,33 @@ impl FleetAggregates {
     /// removed). When it was the last one at the minimum, the minimum is searched upward over the
     /// load levels.
     pub fn remove(&mut self, load: u64) {
-        let Some(count) = self.level(load).filter(|&count| count > 0) else {
+        let count = self.level(load);
+        if count == 0 {
             debug_assert!(false, "no counted worker has load {load}");
             return;
-        };
-        *self.level_mut(load) = count - 1;
+        }
+        self.step_level(load, false);
         self.sum -= u128::from(load);
         self.routable -= 1;
         if self.routable == 0 {
             self.min = 0;
         } else if load == self.min && count == 1 {
             // Bounded by the levels: a counted worker exists above the emptied minimum.
-            let above = self
-                .levels
-                .iter()
-                .skip(load as usize + 1)
-                .position(|&n| n > 0);
+            let above = self.next_level_above(load);
             debug_assert!(above.is_some(), "a counted worker exists above load {load}");
-            self.min = load + 1 + above.unwrap_or(0) as u64;
+            self.min = above.unwrap_or(load + 1);
         }
     }
 
     /// A counted worker's load went from `from` to `from + 1` (it took a request). O(1).
     pub fn raise(&mut self, from: u64) {
-        let Some(count) = self.level(from).filter(|&count| count > 0) else {
+        let count = self.level(from);
+        if count == 0 {
             debug_assert!(false, "no counted worker has load {from}");
             return;
-        };
-        *self.level_mut(from) = count - 1;
-        *self.level_mut(from + 1) += 1;
+        }
+        self.step_level(from, false);
+        self.step_level(from + 1, true);
         self.sum += 1;
         if from == self.min && count == 1 {
             self.min = from + 1;
@@ -126,30 +138,70 @@ impl FleetAggregates {
 
     /// A counted worker's load went from `from` to `from − 1` (a request ended); `from` > 0. O(1).
     pub fn lower(&mut self, from: u64) {
-        let Some(count) = self.level(from).filter(|&count| count > 0 && from > 0) else {
+        if from == 0 || self.level(from) == 0 {
             debug_assert!(false, "no counted worker has load {from}");
             return;
-        };
-        *self.level_mut(from) = count - 1;
-        *self.level_mut(from - 1) += 1;
+        }
+        self.step_level(from, false);
+        self.step_level(from - 1, true);
         self.sum -= 1;
         self.min = self.min.min(from - 1);
     }
 
-    fn level(&self, load: u64) -> Option<usize> {
-        usize::try_from(load)
-            .ok()
-            .and_then(|index| self.levels.get(index).copied())
+    /// How many counted workers have exactly `load`.
+    fn level(&self, load: u64) -> usize {
+        if load >= DENSE_LEVELS {
+            return self.high_levels.get(&load).copied().unwrap_or(0);
+        }
+        self.levels.get(load as usize).copied().unwrap_or(0)
     }
 
-    /// The count of level `load`, growing the levels (doubling) when `load` is beyond them.
-    fn level_mut(&mut self, load: u64) -> &mut usize {
-        let index = usize::try_from(load).expect("a load is bounded by the requests in memory");
+    /// One more (`up`) or one fewer counted worker at `load`; the caller checked that one exists
+    /// before taking one away. Grows the vector (doubling, up to [`DENSE_LEVELS`]) when `load` is
+    /// beyond it.
+    fn step_level(&mut self, load: u64, up: bool) {
+        if load >= DENSE_LEVELS {
+            let count = self.high_levels.entry(load).or_insert(0);
+            if up {
+                *count += 1;
+            } else {
+                *count -= 1;
+                if *count == 0 {
+                    self.high_levels.remove(&load);
+                }
+            }
+            return;
+        }
+        let index = load as usize;
         if index >= self.levels.len() {
             let grown = (index + 1).max(self.levels.len() * 2);
-            self.levels.resize(grown, 0);
+            self.levels.resize(grown.min(DENSE_LEVELS as usize), 0);
         }
-        &mut self.levels[index]
+        if up {
+            self.levels[index] += 1;
+        } else {
+            self.levels[index] -= 1;
+        }
+    }
+
+    /// The lowest load above `load` at which a worker is counted.
+    fn next_level_above(&self, load: u64) -> Option<u64> {
+        let dense = (load + 1 < DENSE_LEVELS)
+            .then(|| {
+                let start = load as usize + 1;
+                self.levels
+                    .iter()
+                    .skip(start)
+                    .position(|&n| n > 0)
+                    .map(|offset| (start + offset) as u64)
+            })
+            .flatten();
+        dense.or_else(|| {
+            self.high_levels
+                .range(load.saturating_add(1).max(DENSE_LEVELS)..)
+                .next()
+                .map(|(&level, _)| level)
+        })
     }
 }
 
@@ -200,5 +252,29 @@ mod tests {
         aggregates.raise(far);
         aggregates.remove(1);
         assert_eq!(aggregates.fleet_load(), plain(&[far + 1]));
+    }
+
+    #[test]
+    fn huge_loads_are_counted_apart_and_found_as_the_minimum() {
+        let huge = (1 << 30) + 5;
+        let mut loads = vec![huge, DENSE_LEVELS, 2];
+        let mut aggregates = FleetAggregates::of(loads.iter().copied());
+        assert!(aggregates.levels.len() <= DENSE_LEVELS as usize);
+        aggregates.raise(huge);
+        loads[0] += 1;
+        aggregates.lower(DENSE_LEVELS);
+        loads[1] -= 1;
+        assert_eq!(aggregates.fleet_load(), plain(&loads));
+        aggregates.remove(2);
+        loads.remove(2);
+        assert_eq!(aggregates.fleet_load(), plain(&loads));
+        aggregates.remove(DENSE_LEVELS - 1);
+        loads.remove(1);
+        assert_eq!(aggregates.fleet_load(), plain(&loads));
+        assert_eq!(aggregates.fleet_load().unwrap().min_load, huge + 1);
+        aggregates.lower(huge + 1);
+        aggregates.remove(huge);
+        assert_eq!(aggregates.fleet_load(), None);
+        assert!(aggregates.high_levels.is_empty());
     }
 }

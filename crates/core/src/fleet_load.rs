@@ -180,7 +180,9 @@ pub struct LastSample {
 
 impl SampleCell {
     /// Publishes a good scrape taken at `scraped_at_ms` (wall clock, ms); it is fresh until
-    /// [`SampleCell::mark_stale`]. Values beyond the cell's fields saturate.
+    /// [`SampleCell::mark_stale`]. Values beyond the cell's fields saturate. A worker of a live
+    /// router is published through [`crate::router::Router::publish_sample`] instead, which keeps
+    /// the router's fleet aggregates in step (this cell alone does not tell it).
     pub fn publish(&self, sample: FleetSample, scraped_at_ms: u64) {
         let reported = sample.reported.min(MAX_REPORTED);
         let local = sample.local_at_scrape.min(MAX_LOCAL_AT_SCRAPE);
@@ -264,6 +266,36 @@ mod tests {
             local_at_scrape: 0,
         };
         assert_eq!(huge.load(u64::MAX), u64::MAX);
+    }
+
+    /// For every sample a cell holds, the formula is `local + max(0, reported − local_at_scrape)`:
+    /// a request taken or released moves the load exactly one step, which the router's kept
+    /// aggregates rely on.
+    #[test]
+    fn a_cell_sample_offsets_local_load_by_a_constant() {
+        let edges = [
+            0,
+            1,
+            2,
+            7,
+            MAX_REPORTED - 1,
+            MAX_REPORTED,
+            MAX_LOCAL_AT_SCRAPE,
+        ];
+        let locals = [0, 1, 5, MAX_REPORTED, MAX_LOCAL_AT_SCRAPE, u64::MAX / 2];
+        for reported in edges.into_iter().filter(|&r| r <= MAX_REPORTED) {
+            for local_at_scrape in edges {
+                let sample = FleetSample {
+                    reported,
+                    local_at_scrape,
+                };
+                let offset = reported.saturating_sub(local_at_scrape);
+                for local in locals {
+                    assert_eq!(sample.load(local), local + offset);
+                    assert_eq!(sample.load(local + 1), sample.load(local) + 1);
+                }
+            }
+        }
     }
 
     #[test]

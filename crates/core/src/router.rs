@@ -9,11 +9,12 @@
 //! `std::sync::Mutex` (the selection lock) serialises them, so a burst of same-key requests sees
 //! each other's load (the 6:2 burst vectors depend on it). Under the same lock the router keeps
 //! the fleet aggregates of the table in force — routable count, sum and minimum of the routable
-//! workers' local loads ([`crate::fleet_aggregates`]) — so a bounded decision reads them in O(1)
-//! instead of summing the fleet: every change to a load goes through the lock (a release, on
-//! guard drop, takes it too), and so does every table put in force (a health, drain or policy
-//! change updates the workers that flipped; a new membership recounts, O(n), off the request
-//! path). The lock is held only for the pure, allocation-free decision and O(1) counter and
+//! workers' loads as the rule reads them ([`crate::fleet_aggregates`]), and how many came from a
+//! fresh worker sample — so a bounded decision reads them in O(1) instead of summing the fleet:
+//! every change to a load goes through the lock (a release, on guard drop, takes it too; a
+//! sample published, marked stale or cleared through [`Router::publish_sample`] and its
+//! siblings), and so does every table put in force (a health, drain or policy change updates the
+//! workers that flipped; a new membership or load source recounts, O(n), off the request path). The lock is held only for the pure, allocation-free decision and O(1) counter and
 //! aggregate steps — never across an `.await` or I/O — so no slow task can hold it. A guard
 //! released after its worker left the table in force lowers the counter and leaves the
 //! aggregates alone (they no longer count that worker).
@@ -35,7 +36,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use arc_swap::ArcSwap;
 
 use crate::decide::{Decision, decide};
-use crate::load::LoadGuard;
+use crate::fleet_load::{FleetSample, SampleCell};
+use crate::load::{LoadGuard, WorkerStats};
 use crate::policy::{FleetLoad, PolicyError, PolicyPatch, PolicySettings};
 use crate::ring::Ring;
 use crate::routing_key::RoutingKey;
@@ -217,12 +219,40 @@ impl Router {
         Some(selection.acquire(stats, &self.selection))
     }
 
-    /// The minimum and mean in-flight requests (this process's own, the `local` load) over the
-    /// routable workers of the table in force, as the router keeps them for the bounded rule:
-    /// always equal to [`FleetLoad::of`] over those loads. `None` when no worker is routable.
-    /// Takes the selection lock; O(1).
+    /// The minimum and mean load the bounded rule reads (this process's own in-flight requests in
+    /// `local` mode, [`crate::fleet_load::fleet_load`] in `worker_metrics` mode) over the routable
+    /// workers of the table in force, as the router keeps them: always equal to [`FleetLoad::of`]
+    /// over those loads. `None` when no worker is routable. Takes the selection lock; O(1).
     pub fn fleet_load(&self) -> Option<FleetLoad> {
         self.selection.lock().fleet_load()
+    }
+
+    /// Publishes a good scrape of the worker whose counters are `stats`, taken at `scraped_at_ms`
+    /// (wall clock, ms): [`SampleCell::publish`] under the selection lock, which moves the worker
+    /// to its new load level in the kept aggregates when it is routable in the table in force and
+    /// the policy reads `worker_metrics`. The one way a scraper publishes, so decisions never read
+    /// aggregates behind the cells. O(1) but for a search over load levels when the worker was
+    /// the last at the minimum.
+    pub fn publish_sample(&self, stats: &WorkerStats, sample: FleetSample, scraped_at_ms: u64) {
+        self.selection
+            .lock()
+            .change_sample(stats, |cell| cell.publish(sample, scraped_at_ms));
+    }
+
+    /// [`SampleCell::mark_stale`] for `stats`'s worker, under the selection lock like
+    /// [`Router::publish_sample`]: the rule falls back to its local load.
+    pub fn mark_sample_stale(&self, stats: &WorkerStats) {
+        self.selection
+            .lock()
+            .change_sample(stats, SampleCell::mark_stale);
+    }
+
+    /// [`SampleCell::clear`] for `stats`'s worker, under the selection lock like
+    /// [`Router::publish_sample`]: as if it had never been scraped.
+    pub fn clear_sample(&self, stats: &WorkerStats) {
+        self.selection
+            .lock()
+            .change_sample(stats, SampleCell::clear);
     }
 
     /// Marks a worker healthy or unhealthy by name. Reuses the ring. Returns `true` if the health

@@ -4,8 +4,10 @@
 //!
 //! After every step of random interleavings of arrivals, releases (also of requests on workers
 //! removed since), health flips, drains, membership changes, policy changes (load source and caps
-//! included) and worker samples, the kept aggregates equal [`FleetLoad::of`] over the routable
-//! workers' local loads, and each routed request's decision equals the one computed over the
+//! included) and worker samples published, marked stale or cleared through the router, the kept
+//! aggregates equal [`FleetLoad::of`] over the routable workers' loads as the rule reads them
+//! (local, or [`fleet_load`] of a fresh sample in `worker_metrics` mode), and each routed
+//! request's decision — in either mode, with its load signal — equals the one computed over the
 //! workers (`explain`, which keeps no aggregates). Concurrent same-key bursts from several threads
 //! land exactly like the same requests routed one after another, and the aggregates at quiescence
 //! equal the plain computation. Synchronisation is by barriers and joins; nothing sleeps.
@@ -14,7 +16,7 @@ use std::sync::Barrier;
 use std::thread;
 
 use bch_core::decide::{FleetView, decide};
-use bch_core::fleet_load::{FleetSample, LoadSource};
+use bch_core::fleet_load::{FleetSample, LoadSignal, LoadSource, fleet_load};
 use bch_core::policy::{FleetLoad, PolicyKind, PolicyPatch, PolicySettings};
 use bch_core::router::{Routed, Router, RoutingTable, WorkerSource, WorkerSpec};
 use bch_core::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource, RoutingKey};
@@ -35,12 +37,21 @@ fn spec(i: usize) -> WorkerSpec {
     }
 }
 
-/// The plain computation: minimum and mean of the routable workers' local loads.
+/// The plain computation: minimum and mean of the routable workers' loads under the table's
+/// load source, from the formula itself (not the table's view of it).
 fn plain_fleet_load(table: &RoutingTable) -> Option<FleetLoad> {
     FleetLoad::of(
         (0..table.workers().len())
             .filter(|&w| table.routable(w))
-            .map(|w| table.workers()[w].stats.active()),
+            .map(|w| {
+                let stats = &table.workers()[w].stats;
+                match table.policy().load_source {
+                    LoadSource::Local => stats.active(),
+                    LoadSource::WorkerMetrics => {
+                        fleet_load(stats.active(), stats.fleet_sample().fresh())
+                    }
+                }
+            }),
     )
 }
 
@@ -61,7 +72,7 @@ impl FleetView for Plain<'_> {
     fn load(&self, worker: usize) -> u64 {
         self.0.load(worker)
     }
-    fn load_with_signal(&self, worker: usize) -> (u64, bch_core::fleet_load::LoadSignal) {
+    fn load_with_signal(&self, worker: usize) -> (u64, LoadSignal) {
         self.0.load_with_signal(worker)
     }
     fn resolve_target(&self, raw: &[u8]) -> Option<usize> {
@@ -99,11 +110,14 @@ enum Op {
         skew: f64,
         metrics: bool,
     },
-    /// Publish a fresh sample on a pool worker (0), mark it stale (1) or clear it (2).
+    /// Publish a fresh sample on a pool worker (0), mark it stale (1) or clear it (2). The
+    /// sample's `local_at_scrape` is the worker's load shifted by `shift` (saturating at 0), so
+    /// the report runs ahead of and behind this replica's count.
     Sample {
         worker: u8,
         action: u8,
         reported: u64,
+        shift: i64,
     },
 }
 
@@ -124,8 +138,19 @@ fn op() -> impl Strategy<Value = Op> {
         1 => worker.clone().prop_map(Op::Remove),
         1 => (kind, 0u64..4, 1.0f64..2.5, any::<bool>())
             .prop_map(|(kind, gap, skew, metrics)| Op::Policy { kind, gap, skew, metrics }),
-        2 => (worker, 0u8..3, 0u64..12)
-            .prop_map(|(worker, action, reported)| Op::Sample { worker, action, reported }),
+        4 => (worker, 0u8..3, reported(), -3i64..4).prop_map(|(worker, action, reported, shift)| {
+            Op::Sample { worker, action, reported, shift }
+        }),
+    ]
+}
+
+/// Mostly small reports; sometimes one beyond what a sample cell holds (it saturates) or one
+/// past the aggregates' dense levels.
+fn reported() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        12 => 0u64..12,
+        1 => Just(u64::MAX),
+        1 => (1u64 << 16)..(1 << 16) + 3,
     ]
 }
 
@@ -215,17 +240,18 @@ proptest! {
                     };
                     router.set_policy(&patch).unwrap();
                 }
-                Op::Sample { worker, action, reported } => {
+                Op::Sample { worker, action, reported, shift } => {
                     if let Some(i) = index_of(worker) {
                         let stats = &table.workers()[i].stats;
-                        let cell = stats.fleet_sample();
+                        let local_at_scrape = stats.active().saturating_add_signed(shift);
                         match action {
-                            0 => cell.publish(
-                                FleetSample { reported, local_at_scrape: stats.active() },
+                            0 => router.publish_sample(
+                                stats,
+                                FleetSample { reported, local_at_scrape },
                                 1_000,
                             ),
-                            1 => cell.mark_stale(),
-                            _ => cell.clear(),
+                            1 => router.mark_sample_stale(stats),
+                            _ => router.clear_sample(stats),
                         }
                     }
                 }

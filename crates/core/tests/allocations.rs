@@ -118,7 +118,7 @@ fn worker_metrics_decisions_do_not_allocate() {
             reported: 0,
             local_at_scrape: 0,
         };
-        worker.stats.fleet_sample().publish(sample, 1);
+        router.publish_sample(&worker.stats, sample, 1);
     }
     let (count, branch) = measure_explicit(&router, raw);
     assert_eq!(branch, Branch::ExplicitRoutingKeyHit);
@@ -128,10 +128,7 @@ fn worker_metrics_decisions_do_not_allocate() {
         reported: 5,
         local_at_scrape: 0,
     };
-    router.table().workers()[preferred]
-        .stats
-        .fleet_sample()
-        .publish(hot, 2);
+    router.publish_sample(&router.table().workers()[preferred].stats, hot, 2);
     let (count, branch) = measure_explicit(&router, raw);
     assert_eq!(branch, Branch::ExplicitRoutingKeySpillover);
     assert_eq!(count, 0);

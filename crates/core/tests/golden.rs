@@ -196,7 +196,7 @@ fn scrape_exactly(router: &Router) {
             reported: local,
             local_at_scrape: local,
         };
-        worker.stats.fleet_sample().publish(sample, 1);
+        router.publish_sample(&worker.stats, sample, 1);
     }
 }
 

@@ -851,7 +851,7 @@ fn replicas_place(replicas: usize, requests: usize, source: LoadSource) -> (Vec<
                     reported: truth(w),
                     local_at_scrape: worker.stats.active(),
                 };
-                worker.stats.fleet_sample().publish(sample, 1);
+                router.publish_sample(&worker.stats, sample, 1);
             }
         }
         let routed = routers[i % replicas].route(&key);
@@ -901,7 +901,8 @@ fn stale_samples_fall_back_to_local_load() {
     let key = RoutingKey::Explicit(ExplicitKey::parse(b"session-a").unwrap());
     let preferred = router.table().explain(&key).preferred.unwrap();
     let stats = Arc::clone(&router.table().workers()[preferred].stats);
-    stats.fleet_sample().publish(
+    router.publish_sample(
+        &stats,
         FleetSample {
             reported: 9,
             local_at_scrape: 0,
@@ -915,7 +916,7 @@ fn stale_samples_fall_back_to_local_load() {
         Some(LoadSignal::Mixed),
         "the other worker was never scraped"
     );
-    stats.fleet_sample().mark_stale();
+    router.mark_sample_stale(&stats);
     let cold = router.table().explain(&key);
     assert_eq!(cold.branch, Branch::ExplicitRoutingKeyHit);
     assert_eq!(cold.load_signal, Some(LoadSignal::Local));

@@ -43,6 +43,14 @@ pub trait FleetView {
     fn kept_fleet_load(&self) -> Option<FleetLoad> {
         None
     }
+    /// With [`FleetView::kept_fleet_load`]: the signal of the routable workers' loads, kept as
+    /// they change (local when none came from a fresh sample, worker metrics when all did, mixed
+    /// otherwise), exactly what folding [`LoadSignal::and`] over them gives. `None`, the default:
+    /// in `worker_metrics` mode the rule then computes the minimum, mean and signal over the
+    /// workers.
+    fn kept_load_signal(&self) -> Option<LoadSignal> {
+        None
+    }
     /// Resolves a target worker header value: a worker's name, else its exact URL, else a decimal
     /// 0-based index. `None` when nothing matches.
     fn resolve_target(&self, raw: &[u8]) -> Option<usize>;

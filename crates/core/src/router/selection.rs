@@ -1,13 +1,20 @@
 //! The selection step's state: the table in force and the aggregates of its routable workers'
-//! loads, behind the one lock that serialises decisions, load taken and load released, so the
-//! aggregates a decision reads are exactly those of the loads it sees.
+//! loads, behind the one lock that serialises decisions, load taken and load released, and
+//! worker samples published, marked stale or cleared, so the aggregates a decision reads are
+//! exactly those of the loads it sees.
+//!
+//! The load counted per worker is the one the rule reads under the table's load source. In
+//! `worker_metrics` mode with a fresh sample that is `local + max(0, reported − local_at_scrape)`
+//! (the formula of [`crate::fleet_load`], with the cell's capped fields far from `u64`'s range),
+//! so a request taken or released still moves the worker exactly one level, and only a sample
+//! change moves it further.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::table::RoutingTable;
 use crate::decide::FleetView;
 use crate::fleet_aggregates::FleetAggregates;
-use crate::fleet_load::LoadSignal;
+use crate::fleet_load::{LoadSignal, LoadSource, SampleCell};
 use crate::load::{LoadGuard, Release, WorkerStats};
 use crate::policy::FleetLoad;
 
@@ -18,20 +25,28 @@ pub(super) struct Selection {
     state: Mutex<SelectionState>,
 }
 
-/// The table decisions use and the aggregates of its routable workers' local loads.
+/// The table decisions use and the aggregates of its routable workers' loads as the rule reads
+/// them.
 #[derive(Debug)]
 pub(super) struct SelectionState {
     /// The table in force (the same as the router's published one once a publish returns).
     pub(super) table: Arc<RoutingTable>,
     aggregates: FleetAggregates,
+    /// Routable workers whose counted load came from a fresh sample (always 0 in `local` mode):
+    /// with the routable count it gives a decision's [`LoadSignal`] in O(1).
+    sampled: usize,
 }
 
 impl Selection {
     /// The selection state of a router whose first table is `table`.
     pub(super) fn new(table: Arc<RoutingTable>) -> Selection {
-        let aggregates = take_slots(None, &table);
+        let (aggregates, sampled) = take_slots(None, &table);
         Selection {
-            state: Mutex::new(SelectionState { table, aggregates }),
+            state: Mutex::new(SelectionState {
+                table,
+                aggregates,
+                sampled,
+            }),
         }
     }
 
@@ -48,7 +63,8 @@ impl Release for Selection {
         if let Some(before) = stats.release()
             && state.counted(stats)
         {
-            state.aggregates.lower(before);
+            let (load, _) = state.counted_load(stats, before);
+            state.aggregates.lower(load);
         }
     }
 }
@@ -56,21 +72,55 @@ impl Release for Selection {
 impl SelectionState {
     /// Puts `table` in force for decisions. With the same membership (a health, drain or policy
     /// change: the worker list is shared) only the workers whose routable flag flipped join or
-    /// leave the aggregates; a new membership recounts every worker (O(n), off the request path).
+    /// leave the aggregates; a new membership or a new load source recounts every worker (O(n),
+    /// off the request path).
     pub(super) fn install(&mut self, table: Arc<RoutingTable>) {
-        if Arc::ptr_eq(&self.table.workers, &table.workers) {
+        let same_source = self.table.policy.load_source == table.policy.load_source;
+        if Arc::ptr_eq(&self.table.workers, &table.workers) && same_source {
+            let source = table.policy.load_source;
             for (worker, entry) in table.workers.iter().enumerate() {
-                let load = entry.stats.active();
+                let (load, sampled) = rule_load(source, &entry.stats, entry.stats.active());
+                let sampled = usize::from(sampled == LoadSignal::WorkerMetrics);
                 match (self.table.routable[worker], table.routable[worker]) {
-                    (false, true) => self.aggregates.add(load),
-                    (true, false) => self.aggregates.remove(load),
+                    (false, true) => {
+                        self.aggregates.add(load);
+                        self.sampled += sampled;
+                    }
+                    (true, false) => {
+                        self.aggregates.remove(load);
+                        self.sampled -= sampled;
+                    }
                     _ => {}
                 }
             }
         } else {
-            self.aggregates = take_slots(Some(&self.table), &table);
+            (self.aggregates, self.sampled) = take_slots(Some(&self.table), &table);
         }
         self.table = table;
+    }
+
+    /// Changes `stats`'s sample cell with `change` (publish, mark stale or clear) and, when the
+    /// worker is counted, moves it to its new load level in the aggregates: one worker, O(1)
+    /// except when it leaves the minimum's level last (a search over load levels, not workers).
+    pub(super) fn change_sample(&mut self, stats: &WorkerStats, change: impl FnOnce(&SampleCell)) {
+        let counted = self.counted(stats);
+        let local = stats.active();
+        let before = self.counted_load(stats, local);
+        change(stats.fleet_sample());
+        if !counted {
+            return;
+        }
+        let after = self.counted_load(stats, local);
+        if before.0 != after.0 {
+            self.aggregates.remove(before.0);
+            self.aggregates.add(after.0);
+        }
+        match (before.1, after.1) {
+            (LoadSignal::WorkerMetrics, LoadSignal::WorkerMetrics) => {}
+            (LoadSignal::WorkerMetrics, _) => self.sampled -= 1,
+            (_, LoadSignal::WorkerMetrics) => self.sampled += 1,
+            _ => {}
+        }
     }
 
     /// Takes one unit of load on `stats` (a worker of the table in force or of an older one) and
@@ -83,7 +133,8 @@ impl SelectionState {
         let release: Arc<dyn Release> = Arc::clone(release) as Arc<dyn Release>;
         let (guard, before) = stats.acquire(Some(release));
         if self.counted(stats) {
-            self.aggregates.raise(before);
+            let (load, _) = self.counted_load(stats, before);
+            self.aggregates.raise(load);
         }
         guard
     }
@@ -93,13 +144,20 @@ impl SelectionState {
         LiveView {
             table: &self.table,
             aggregates: &self.aggregates,
+            sampled: self.sampled,
         }
     }
 
-    /// The kept minimum and mean of the routable workers' local loads; `None` when none is
+    /// The kept minimum and mean of the routable workers' loads as the rule reads them; `None` when none is
     /// routable.
     pub(super) fn fleet_load(&self) -> Option<FleetLoad> {
         self.aggregates.fleet_load()
+    }
+
+    /// The load the rule reads for `stats` when this replica has `local` requests on it, and its
+    /// signal, under the load source in force.
+    fn counted_load(&self, stats: &WorkerStats, local: u64) -> (u64, LoadSignal) {
+        rule_load(self.table.policy.load_source, stats, local)
     }
 
     /// Whether `stats` is a routable worker of the table in force (its load is in the aggregates).
@@ -115,28 +173,44 @@ impl SelectionState {
     }
 }
 
+/// The load the rule reads under `source` for a worker with `local` requests from this replica,
+/// and which signal it came from: the same numbers as the table's [`FleetView::load_with_signal`].
+fn rule_load(source: LoadSource, stats: &WorkerStats, local: u64) -> (u64, LoadSignal) {
+    match source {
+        LoadSource::Local => (local, LoadSignal::Local),
+        LoadSource::WorkerMetrics => match stats.fleet_sample().fresh() {
+            Some(sample) => (sample.load(local), LoadSignal::WorkerMetrics),
+            None => (local, LoadSignal::Local),
+        },
+    }
+}
+
 /// Records each worker's index in `table` (clearing those of `previous` first, so a removed
-/// worker has none) and counts the routable workers' loads.
-fn take_slots(previous: Option<&RoutingTable>, table: &RoutingTable) -> FleetAggregates {
+/// worker has none) and counts the routable workers' loads and how many came from a fresh sample.
+fn take_slots(previous: Option<&RoutingTable>, table: &RoutingTable) -> (FleetAggregates, usize) {
     for worker in previous.iter().flat_map(|table| table.workers.iter()) {
         worker.stats.set_slot(None);
     }
     for (index, worker) in table.workers.iter().enumerate() {
         worker.stats.set_slot(Some(index));
     }
-    FleetAggregates::of(
-        table
-            .routable_indices
-            .iter()
-            .map(|&worker| table.workers[worker].stats.active()),
-    )
+    let source = table.policy.load_source;
+    let mut sampled = 0;
+    let aggregates = FleetAggregates::of(table.routable_indices.iter().map(|&worker| {
+        let stats = &table.workers[worker].stats;
+        let (load, signal) = rule_load(source, stats, stats.active());
+        sampled += usize::from(signal == LoadSignal::WorkerMetrics);
+        load
+    }));
+    (aggregates, sampled)
 }
 
 /// The table in force with its kept aggregates: what [`super::Router::route`] decides on. Every
-/// answer but [`FleetView::kept_fleet_load`] is the table's.
+/// answer but [`FleetView::kept_fleet_load`] and [`FleetView::kept_load_signal`] is the table's.
 pub(super) struct LiveView<'a> {
     table: &'a RoutingTable,
     aggregates: &'a FleetAggregates,
+    sampled: usize,
 }
 
 impl FleetView for LiveView<'_> {
@@ -154,6 +228,16 @@ impl FleetView for LiveView<'_> {
     }
     fn kept_fleet_load(&self) -> Option<FleetLoad> {
         self.aggregates.fleet_load()
+    }
+    fn kept_load_signal(&self) -> Option<LoadSignal> {
+        let routable = self.aggregates.routable();
+        Some(if self.sampled == 0 {
+            LoadSignal::Local
+        } else if self.sampled == routable {
+            LoadSignal::WorkerMetrics
+        } else {
+            LoadSignal::Mixed
+        })
     }
     fn load(&self, worker: usize) -> u64 {
         self.table.load(worker)

@@ -154,7 +154,7 @@ impl Drop for ClearSamplesOnPanic {
     fn drop(&mut self) {
         if std::thread::panicking() {
             for worker in self.0.table().workers() {
-                worker.stats.fleet_sample().clear();
+                self.0.clear_sample(&worker.stats);
                 worker.stats.engine_report().clear();
             }
             tracing::error!(
@@ -225,7 +225,7 @@ impl Scraper {
         for (worker, key) in &workers {
             let track = self.tracks.entry(key.clone()).or_default();
             if track.went_stale(now, stale_after) {
-                worker.stats.fleet_sample().mark_stale();
+                self.router.mark_sample_stale(&worker.stats);
                 worker.stats.engine_report().clear();
                 self.stats.set_engine_report(key, None);
                 if self.lines.admit(key, &worker.spec.name, now.into_std()) {
@@ -291,7 +291,7 @@ impl Scraper {
                     Some((index, reading, local_at_scrape, connection)) => {
                         let (worker, key) = &workers[index];
                         if let Ok(reading) = &reading {
-                            publish(&self.stats, worker, key, sent_at, reading, local_at_scrape, purpose);
+                            publish(&self.router, &self.stats, worker, key, sent_at, reading, local_at_scrape, purpose);
                         }
                         let outcome = reading.map(|_| ());
                         observe(&mut self.tracks, &mut self.lines, worker, key, sent_at, outcome, config);
@@ -368,15 +368,18 @@ impl Scraper {
     /// Forgets every worker's load sample: the rule reads local load.
     fn clear_samples(&self) {
         for worker in self.router.table().workers() {
-            worker.stats.fleet_sample().clear();
+            self.router.clear_sample(&worker.stats);
         }
     }
 }
 
 /// Publishes a good scrape of `worker` (sent at `sent_at`) for the rules: its engine report always,
 /// and its load sample when the rule reads samples (`purpose`), stamped with the wall-clock time
-/// the scrape was sent.
+/// the scrape was sent, through `router` so its fleet aggregates follow the sample.
+// One call per good scrape with what the round already holds; a struct would only rename them.
+#[allow(clippy::too_many_arguments)]
 fn publish(
+    router: &Router,
     stats: &ScrapeStats,
     worker: &Worker,
     key: &WorkerKey,
@@ -396,7 +399,7 @@ fn publish(
             local_at_scrape,
         };
         let wall_ms = crate::clock::now_ms().saturating_sub(sent_at.elapsed().as_millis() as u64);
-        worker.stats.fleet_sample().publish(sample, wall_ms);
+        router.publish_sample(&worker.stats, sample, wall_ms);
     }
 }
 
