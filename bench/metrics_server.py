@@ -2,15 +2,15 @@
 """Stand-in workers for bench/scrape.sh: N loopback HTTP/1.1 servers (keep-alive) that answer
 GET /health with 200 and GET /metrics with a fixed Prometheus text, either a vLLM-sized exposition
 (about 40 KB: the two load gauges among a dozen histograms, as vLLM serves it) or a small one (the
-two gauges only). Prints one bound port per line, then serves until killed.
+two gauges only). Prints one bound port per line, then serves until killed. All servers share one
+asyncio loop, so one process serves thousands (two file descriptors a worker: its listener and the
+scraper's connection; bench/scrape.sh starts one process per 4,000 workers under a 20,000 fd limit).
 
     python3 bench/metrics_server.py --count 64 --body vllm
 """
 import argparse
-import http.server
-import socketserver
+import asyncio
 import sys
-import threading
 
 
 def vllm_body() -> bytes:
@@ -33,24 +33,31 @@ def vllm_body() -> bytes:
 SMALL = b"vllm:num_requests_running 3.0\nvllm:num_requests_waiting 1.0\n"
 
 
-class Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    body = SMALL
-
-    def do_GET(self):
-        body = self.body if self.path == "/metrics" else b"ok"
-        self.send_response(200)
-        self.send_header("content-type", "text/plain; version=0.0.4")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
+async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes) -> None:
+    """HTTP/1.1 keep-alive: answers each request head as it comes, until the peer closes."""
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            path = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else b"/"
+            answer = body if path == b"/metrics" else b"ok"
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\n"
+                         b"content-length: %d\r\n\r\n" % len(answer) + answer)
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
         pass
+    finally:
+        writer.close()
 
 
-class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
+async def serve(count: int, body: bytes) -> None:
+    # One event loop for every server: thousands of workers cost a socket each, not a thread.
+    servers = [await asyncio.start_server(lambda r, w: serve_connection(r, w, body), "127.0.0.1", 0,
+                                          backlog=64)
+               for _ in range(count)]
+    for server in servers:
+        print(server.sockets[0].getsockname()[1])
+    sys.stdout.flush()
+    await asyncio.Event().wait()
 
 
 def main() -> None:
@@ -58,13 +65,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=64)
     parser.add_argument("--body", choices=["vllm", "small"], default="vllm")
     args = parser.parse_args()
-    Handler.body = vllm_body() if args.body == "vllm" else SMALL
-    servers = [Server(("127.0.0.1", 0), Handler) for _ in range(args.count)]
-    for server in servers:
-        print(server.server_address[1])
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-    sys.stdout.flush()
-    threading.Event().wait()
+    asyncio.run(serve(args.count, vllm_body() if args.body == "vllm" else SMALL))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ are slowed to one round an hour, new workers start healthy, scraping is off (`[l
 """
 
 import argparse
+import base64
 import json
 import os
 import socket
@@ -140,7 +141,148 @@ def step_admin(run):
     run.results["admin_add_to_read_ratio"] = round(median(add) / median(read), 1)
 
 
-STEPS = {"startup": step_startup, "admin": step_admin}
+def websocket_bytes_to_first_tick(port, version, limit_s=120):
+    """Opens `GET /ws?v=<version>` on the control plane at `port` and reads until the first
+    `tick` frame is whole; returns every byte received after the upgrade's answer (frame headers
+    included), the frame types seen, and the seconds it took."""
+    began = time.monotonic()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=limit_s)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(
+        (f"GET /ws?v={version} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+         f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode()
+    )
+    buffer = b""
+    while b"\r\n\r\n" not in buffer:
+        chunk = sock.recv(65536)
+        if not chunk:
+            sys.exit("the gateway closed /ws before the upgrade")
+        buffer += chunk
+    head, buffer = buffer.split(b"\r\n\r\n", 1)
+    if b" 101 " not in head.split(b"\r\n", 1)[0]:
+        sys.exit(f"/ws answered {head[:80]!r}")
+    received, types, message = len(buffer), [], b""
+
+    def need(count):
+        nonlocal buffer, received
+        while len(buffer) < count:
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                sys.exit(f"the gateway closed /ws after {types}")
+            buffer += chunk
+            received += len(chunk)
+        taken, buffer = buffer[:count], buffer[count:]
+        return taken
+
+    while time.monotonic() - began < limit_s:
+        first, second = need(2)
+        length = second & 0x7F
+        if length == 126:
+            length = int.from_bytes(need(2), "big")
+        elif length == 127:
+            length = int.from_bytes(need(8), "big")
+        payload = need(length)
+        opcode = first & 0x0F
+        if opcode in (0x1, 0x0):  # text, or the continuation of one
+            message += payload
+            if first & 0x80:
+                kind = json.loads(message).get("type")
+                types.append(kind)
+                message = b""
+                if kind == "tick":
+                    sock.close()
+                    return received, types, time.monotonic() - began
+    sys.exit(f"no tick within {limit_s} s on /ws (frames {types})")
+
+
+def step_ws(run):
+    """All `/ws` bytes up to and including the first tick, at 16, 1,000 and `--workers`, for the
+    console's protocol (version 2) and the one every older client gets (version 1)."""
+    for count in sorted({16, 1000, run.args.workers}):
+        gateway = Gateway(run.args.binary, count, run.workdir)
+        try:
+            gateway.start()
+            for version in (2, 1):
+                size, types, took = websocket_bytes_to_first_tick(gateway.control, version)
+                run.results[f"ws_v{version}_bytes_{count}"] = size
+                run.results[f"ws_v{version}_frames_{count}"] = ",".join(types)
+                run.results[f"ws_v{version}_s_{count}"] = round(took, 3)
+        finally:
+            gateway.stop()
+    n = run.args.workers
+    run.results["ws_v2_ratio"] = round(run.results[f"ws_v2_bytes_{n}"] / run.results["ws_v2_bytes_16"], 1)
+
+
+def criterion_median_ns(group_path):
+    """The median estimate (ns) criterion wrote for `group_path` (its directory under
+    target/criterion: '/' in group names becomes '_')."""
+    path = os.path.join(run_target_dir(), "criterion", group_path, "new", "estimates.json")
+    with open(path) as f:
+        return json.load(f)["median"]["point_estimate"]
+
+
+def run_target_dir():
+    metadata = subprocess.run(["cargo", "metadata", "--format-version", "1", "--no-deps"],
+                              check=True, capture_output=True, text=True).stdout
+    return json.loads(metadata)["target_directory"]
+
+
+def cargo_bench(package, bench, pattern):
+    """One criterion run, short (warm-up 1 s, measurement 3 s), of the benchmarks matching
+    `pattern`; False (said on stderr) when the benchmark does not build or run."""
+    done = subprocess.run(["cargo", "bench", "--quiet", "-p", package, "--bench", bench, "--",
+                           pattern, "--warm-up-time", "1", "--measurement-time", "3"],
+                          stdout=subprocess.DEVNULL)
+    if done.returncode != 0:
+        print(f"[scale] cargo bench -p {package} --bench {bench} failed", file=sys.stderr)
+    return done.returncode == 0
+
+
+def step_decision(run):
+    """One bounded decision (route plus release) at 16 and 10,000 workers, idle:
+    `cargo bench -p bch-core --bench routing`, group `scale/N_workers`."""
+    if not cargo_bench("bch-core", "routing", "^scale/(16|10000)_workers/idle$"):
+        return
+    for count in (16, 10000):
+        run.results[f"decision_ns_{count}"] = round(criterion_median_ns(f"scale_{count}_workers/idle"), 1)
+    run.results["decision_ratio"] = round(run.results["decision_ns_10000"] / run.results["decision_ns_16"], 2)
+
+
+def step_draw(run):
+    """The console's draw time per frame, the whole console at 200×50, at 16, 1,000 and 10,000
+    workers: `cargo bench -p bch-tui --bench draw`, group `draw_scale`."""
+    if not cargo_bench("bch-tui", "draw", "^draw_scale/200x50/"):
+        return
+    for count in (16, 1000, 10000):
+        run.results[f"draw_ms_{count}"] = round(criterion_median_ns(f"draw_scale/200x50/{count}") / 1e6, 3)
+    run.results["draw_ratio"] = round(run.results["draw_ms_10000"] / run.results["draw_ms_16"], 2)
+
+
+def step_goals(run):
+    """The issue's goals as same-run ratios, each against its limit (only those measured)."""
+    n, r = run.args.workers, run.results
+    goals = [
+        ("decision at 10,000 / at 16", r.get("decision_ratio"), 1.5),
+        (f"admin add at {n} / no-op call", r.get("admin_add_ratio"), 20),
+        (f"admin remove at {n} / no-op call", r.get("admin_remove_ratio"), 20),
+        (f"first /ws bytes at {n} (v2, MB)", r.get(f"ws_v2_bytes_{n}") and r[f"ws_v2_bytes_{n}"] / 1e6, 3),
+        (f"start-up at {n} / at 16", r.get("startup_ratio"), 3),
+    ]
+    for name, value, limit in goals:
+        if value is not None:
+            verdict = "met" if value <= limit else "NOT met"
+            print(f"[scale] goal {name}: {value:.2f} (limit {limit}) {verdict}", file=sys.stderr)
+            r[f"goal {name}"] = {"value": round(value, 2), "limit": limit, "met": value <= limit}
+
+
+STEPS = {
+    "startup": step_startup,
+    "admin": step_admin,
+    "ws": step_ws,
+    "decision": step_decision,
+    "draw": step_draw,
+    "goals": step_goals,
+}
 
 
 def main():

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# gatewayd with a 10,000-worker fleet that need not be live: start-up time at 16 and 10,000 static
-# workers, and one admin add / remove at 10,000 against an admin call that changes nothing, in one
-# run. Probes are slowed to one round an hour and fail at once (nothing listens on the workers'
-# addresses), new workers start healthy, scraping is off. See docs/benchmarks.md ("Scale").
+# gatewayd with a 10,000-worker fleet that need not be live, every figure of the scale goals in one
+# run, each as a ratio against its small case: start-up time at 16 and 10,000 static workers; one
+# admin add / remove at 10,000 against an admin call that changes nothing; all /ws bytes up to the
+# first tick at 16, 1,000 and 10,000 (protocol versions 2 and 1); one decision at 16 and 10,000
+# (cargo bench -p bch-core) and the console's draw time (cargo bench -p bch-tui), both criterion
+# runs of 1 s warm-up and 3 s measurement; then the goals, met or not. Probes are slowed to one
+# round an hour and fail at once (nothing listens on the workers' addresses), new workers start
+# healthy, scraping is off. See docs/benchmarks.md ("Scale").
 #
-#   bash bench/scale.sh                      # every step, 10,000 workers (~1 min after the build)
-#   bash bench/scale.sh --steps startup      # named steps only (startup, admin)
+#   bash bench/scale.sh                      # every step, 10,000 workers (minutes after the build)
+#   bash bench/scale.sh --steps startup      # named steps only (startup, admin, ws, decision, draw, goals)
 #
 # Options: --workers N, --repeats N (start-ups per size), --calls N (admin rounds), --steps LIST,
 # --out FILE, --profile P (cargo profile; release by default). Steps live in bench/scale.py as
@@ -25,7 +29,7 @@ while [[ $# -gt 0 ]]; do
     --steps) STEPS=$2; shift ;;
     --out) OUT=$2; shift ;;
     --profile) PROFILE=$2; shift ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench/scale.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift

@@ -502,6 +502,14 @@ mod tests {
             ),
             ("[load]\nmax_scrape_bytes = 0\n", "load.max_scrape_bytes"),
             (
+                "[load]\nmax_scrapes_per_second = 0\n",
+                "load.max_scrapes_per_second",
+            ),
+            (
+                "[load]\nmax_concurrent_scrapes = 0\n",
+                "load.max_concurrent_scrapes",
+            ),
+            (
                 "[load]\nscrape_interval_ms = 4611686018427387904\nstale_after_ms = 4611686018427387905\n",
                 "load.scrape_interval_ms",
             ),

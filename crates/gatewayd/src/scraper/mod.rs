@@ -1,14 +1,19 @@
-//! The fleet-wide load scraper: while `[load] source` is `worker_metrics`, every
-//! `scrape_interval_ms` it reads each worker's Prometheus text and publishes the reported load
+//! The fleet-wide load scraper: while `[load] source` is `worker_metrics`, once a round it reads
+//! each worker's Prometheus text and publishes the reported load
 //! into the worker's sample cell, which the routing decision reads without a lock
 //! (docs/replicas.md). It also publishes what the engine says of its saturation (waiting
 //! requests, KV-cache usage) into the worker's engine cell, which the capacity rule compares with
 //! `[admission] max_waiting` and `max_kv_usage`; while either is set it scrapes under `local` too,
 //! for the engine report alone.
 //!
-//! Off the request path in every way: its own thread with a single-threaded runtime (640
-//! scrapes a second never take a data-plane worker thread from a request), its own HTTP
-//! connections, each round bounded by a timeout below the interval and each body by a cap.
+//! A round is `scrape_interval_ms`, or longer for a fleet too large to scrape that often under
+//! `max_scrapes_per_second`; its scrapes start evenly spread over it, at most
+//! `max_concurrent_scrapes` in flight, and the staleness limit grows with the round, so a fleet
+//! of 10,000 costs what the cap allows, not 100,000 scrapes a second.
+//!
+//! Off the request path in every way: its own thread with a single-threaded runtime (scrapes
+//! never take a data-plane worker thread from a request), its own HTTP connections, each scrape
+//! bounded by a timeout below the interval and each body by a cap.
 //! Routing never waits for it; a worker whose scrapes fail keeps its last good sample and engine
 //! report until they are `stale_after_ms` old, then falls back to local load and forgets the
 //! report (a worker is never held full by a report nobody renews). Each change of a worker's scrape state is logged once, and counted in `/metrics`.
@@ -32,6 +37,7 @@ use bch_core::router::{Router, Worker};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use http::Uri;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -165,7 +171,7 @@ impl Drop for ClearSamplesOnPanic {
 }
 
 /// Runs the scraper until `shutdown`, with the settings of the configuration in force (re-read
-/// every round, so a `load_source` switch or a reload takes effect within one interval).
+/// every round, so a `load_source` switch or a reload takes effect within one round).
 async fn run(
     router: Arc<Router>,
     config: SharedConfig,
@@ -199,7 +205,7 @@ async fn run(
 
 impl Scraper {
     /// One round: scrape every worker (or stop scraping when neither the load source nor an
-    /// engine limit needs it); answers the interval until the next.
+    /// engine limit needs it); answers the round's length, the time from its start to the next.
     async fn round(&mut self) -> Duration {
         let current = self.config.load_full();
         let interval = current.load.scrape_interval;
@@ -219,8 +225,11 @@ impl Scraper {
             self.connections.retain(|key, _| targets.contains(key));
         }
         let workers = self.targets.of_table(&table);
+        // A fleet too large to scrape every interval under `max_scrapes_per_second` is scraped
+        // in longer rounds, and its samples may age by as much more before they are stale.
+        let period = current.load.round_period(workers.len());
         let results = self.scrape_all(&workers, &current, purpose).await;
-        let stale_after = current.load.stale_after;
+        let stale_after = current.load.stale_after_for(workers.len());
         let now = Instant::now();
         for (worker, key) in &workers {
             let track = self.tracks.entry(key.clone()).or_default();
@@ -244,80 +253,91 @@ impl Scraper {
         self.stats
             .record_round(outcomes, |key| members.contains(key));
         self.tracks.retain(|key, _| members.contains(key));
-        interval
+        period
     }
 
-    /// Scrapes `workers` at once, all within one deadline (`scrape_timeout`, below the
-    /// interval), and publishes each good sample as soon as it is in (the engine report, and for
-    /// [`Purpose::FleetLoad`] the reported load and this replica's in-flight count on the worker
-    /// when its scrape was sent), so one hung worker does not age the others' samples. A scrape still running at the deadline is a `Timeout`, and
-    /// its connection is dropped with it. Answers each worker's outcome.
+    /// Scrapes `workers` once each, their starts spread evenly over the round's spread window
+    /// ([`crate::config::LoadConfig::spread_window`]) and at most `max_concurrent_scrapes` in
+    /// flight (a scrape due while the cap is reached waits for a permit), and publishes each good
+    /// sample as soon as it is in (the engine report, and for [`Purpose::FleetLoad`] the reported
+    /// load and this replica's in-flight count on the worker when its scrape was sent), so one
+    /// hung worker does not age the others' samples. A scrape not answered within
+    /// `scrape_timeout` of being sent is a `Timeout`, and its connection is dropped with it.
+    /// Answers each worker's outcome.
     async fn scrape_all(
         &mut self,
         workers: &[(&Worker, WorkerKey)],
         config: &Config,
         purpose: Purpose,
     ) -> Vec<Result<(), Failure>> {
-        let sent_at = Instant::now();
-        let deadline = tokio::time::sleep(config.load.scrape_timeout());
+        let round_start = Instant::now();
+        let window = config.load.spread_window(workers.len());
+        let timeout = config.load.scrape_timeout();
         let max_bytes = config.load.max_scrape_bytes;
         let custom = config.load.custom_gauges();
         let tls = &*self.tls;
-        let handshake_timeout = config.load.scrape_timeout();
-        let mut outcomes: Vec<Option<Result<(), Failure>>> = vec![None; workers.len()];
+        let permits = Semaphore::new(config.load.max_concurrent_scrapes);
+        let count = workers.len().max(1) as u128;
+        let mut outcomes: Vec<Result<(), Failure>> = vec![Err(Failure::Timeout); workers.len()];
         let mut scrapes: FuturesUnordered<_> = workers
             .iter()
             .enumerate()
             .map(|(index, (worker, key))| {
                 let target = self.targets.get(key).and_then(Option::as_ref);
                 let reuse = self.connections.remove(key);
+                let offset = window.as_nanos() * index as u128 / count;
+                let start = round_start + Duration::from_nanos(offset as u64);
+                let permits = &permits;
                 async move {
+                    tokio::time::sleep_until(start).await;
+                    // Never closed: the semaphore lives as long as the round.
+                    let _permit = permits.acquire().await.ok();
+                    let sent_at = Instant::now();
                     let local_at_scrape = worker.stats.active();
                     let open = scrape::Opener {
                         tls,
-                        handshake_timeout,
+                        handshake_timeout: timeout,
                     };
-                    let (reading, connection) =
-                        scrape::scrape(target, reuse, open, max_bytes, custom).await;
-                    (index, reading, local_at_scrape, connection)
+                    let scrape = scrape::scrape(target, reuse, open, max_bytes, custom);
+                    let (reading, connection) = tokio::time::timeout(timeout, scrape)
+                        .await
+                        .unwrap_or((Err(Failure::Timeout), None));
+                    (index, sent_at, reading, local_at_scrape, connection)
                 }
             })
             .collect();
-        // One timer for the round, not one per worker.
-        let mut deadline = std::pin::pin!(deadline);
-        loop {
-            tokio::select! {
-                next = scrapes.next() => match next {
-                    Some((index, reading, local_at_scrape, connection)) => {
-                        let (worker, key) = &workers[index];
-                        if let Ok(reading) = &reading {
-                            publish(&self.router, &self.stats, worker, key, sent_at, reading, local_at_scrape, purpose);
-                        }
-                        let outcome = reading.map(|_| ());
-                        observe(&mut self.tracks, &mut self.lines, worker, key, sent_at, outcome, config);
-                        outcomes[index] = Some(outcome);
-                        if let Some(connection) = connection {
-                            self.connections.insert(key.clone(), connection);
-                        }
-                    }
-                    None => break,
-                },
-                _ = &mut deadline => break,
+        while let Some((index, sent_at, reading, local_at_scrape, connection)) =
+            scrapes.next().await
+        {
+            let (worker, key) = &workers[index];
+            if let Ok(reading) = &reading {
+                publish(
+                    &self.router,
+                    &self.stats,
+                    worker,
+                    key,
+                    sent_at,
+                    reading,
+                    local_at_scrape,
+                    purpose,
+                );
+            }
+            let outcome = reading.map(|_| ());
+            observe(
+                &mut self.tracks,
+                &mut self.lines,
+                worker,
+                key,
+                sent_at,
+                outcome,
+                config,
+            );
+            outcomes[index] = outcome;
+            if let Some(connection) = connection {
+                self.connections.insert(key.clone(), connection);
             }
         }
-        drop(scrapes);
-        let (tracks, lines) = (&mut self.tracks, &mut self.lines);
-        workers
-            .iter()
-            .zip(outcomes)
-            .map(|((worker, key), outcome)| {
-                outcome.unwrap_or_else(|| {
-                    let timeout = Err(Failure::Timeout);
-                    observe(tracks, lines, worker, key, sent_at, timeout, config);
-                    Err(Failure::Timeout)
-                })
-            })
-            .collect()
+        outcomes
     }
 
     /// Scraping for `purpose` from this round on, said once per change. Leaving `worker_metrics`

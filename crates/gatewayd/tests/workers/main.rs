@@ -14,3 +14,4 @@ mod health;
 mod https;
 mod load_scrape;
 mod scrape_connections;
+mod scrape_pacing;
