@@ -152,11 +152,12 @@ async fn wait_seen(
 
 /// Waits (bounded) until the gateway has closed every connection that carried a scrape.
 async fn wait_all_closed(seen: &mut watch::Receiver<Seen>) {
-    let closed = wait_seen(seen, "the scraper's connections closed", |s| {
-        s.closed_by_gateway >= 1
+    // Every connection, not the first: on a loaded machine a scrape can outlast its timeout and
+    // the scraper opens a second connection, whose close comes after the first one's.
+    wait_seen(seen, "every connection of the scraper closed", |s| {
+        s.closed_by_gateway >= 1 && s.closed_by_gateway == s.connections
     })
     .await;
-    assert_eq!(closed.closed_by_gateway, closed.connections, "{closed:?}");
 }
 
 /// The sum of every series of `family` in `/metrics` text.
