@@ -130,11 +130,15 @@ impl Admin {
         in_force.config = next.config;
         in_force.statics = next.statics;
         in_force.discovered = next.discovered;
-        let table = self.router.table();
-        let members = TableKeys::of(&table);
-        in_force
-            .remove_when_idle
-            .retain(|worker| members.contains(worker));
+        // The table's keys only when some worker waits to be removed: a set of every worker's
+        // key is whole-fleet work on every change otherwise.
+        if !in_force.remove_when_idle.is_empty() {
+            let table = self.router.table();
+            let members = TableKeys::of(&table);
+            in_force
+                .remove_when_idle
+                .retain(|worker| members.contains(worker));
+        }
         let previous = *before.policy();
         if policy != previous {
             log_policy_change(actor, &previous, &policy);

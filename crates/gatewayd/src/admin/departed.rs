@@ -49,10 +49,10 @@ impl Departed {
     /// left, and lets go of those of the workers that are back (the new table holds them now).
     pub fn record(&mut self, before: &RoutingTable, after: &RoutingTable) {
         let now = TableKeys::of(after);
+        // A key is built only for a worker that left: one per change, not one per worker.
         for worker in before.workers() {
-            let key = WorkerKey::of_worker(worker);
-            if !now.contains(&key) {
-                self.remember(key, Arc::clone(&worker.stats));
+            if !now.contains_url(&worker.spec.url) {
+                self.remember(WorkerKey::of_worker(worker), Arc::clone(&worker.stats));
             }
         }
         for worker in after.workers() {

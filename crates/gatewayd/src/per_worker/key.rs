@@ -73,4 +73,10 @@ impl<'t> TableKeys<'t> {
     pub fn contains(&self, key: &WorkerKey) -> bool {
         self.0.contains(&*key.0)
     }
+
+    /// Whether the table has a worker at `url` (a worker's ring identity): no key is built, so a
+    /// whole-table pass asks without allocating.
+    pub fn contains_url(&self, url: &str) -> bool {
+        self.0.contains(url)
+    }
 }
