@@ -14,6 +14,7 @@ use bch_core::routing_key::IMPLICIT_KEY_HEADERS;
 use clap::Args;
 
 use super::envoy_tls::{EnvoyPickerTlsArgs, PickerTlsPlan, picker_transport_socket};
+use super::envoy_worker_tls::{EnvoyWorkerTlsArgs, WorkerTlsPlan, workers_transport_socket};
 use super::value_parsers::parse_addr;
 use crate::app::terminal::{print_err, print_out};
 use crate::config::{Config, WorkerConfig};
@@ -33,7 +34,8 @@ pub struct EnvoyConfigArgs {
     /// [picker] fallbacks.
     #[arg(long, short = 'c', env = "GATEWAYD_CONFIG")]
     pub config: Option<PathBuf>,
-    /// A worker URL (http://IP:PORT), after the file's workers; repeat for more.
+    /// A worker URL (http://IP:PORT or https://IP:PORT), after the file's workers; repeat for
+    /// more.
     #[arg(long = "worker", value_name = "URL")]
     pub workers: Vec<String>,
     /// Also serve Envoy's admin interface (stats, /ready) on this address; keep it on loopback.
@@ -42,6 +44,9 @@ pub struct EnvoyConfigArgs {
     /// Envoy's files for a picker that speaks TLS.
     #[command(flatten)]
     pub picker_tls: EnvoyPickerTlsArgs,
+    /// Envoy's files for https workers, when not at `[upstream.tls]`'s paths.
+    #[command(flatten)]
+    pub worker_tls: EnvoyWorkerTlsArgs,
 }
 
 /// What the bootstrap is made from, checked.
@@ -73,6 +78,8 @@ pub struct EnvoyPlan {
     pub discovery: Vec<String>,
     /// Envoy's TLS to the picker; `None` = plain gRPC (a picker without TLS).
     pub picker_tls: Option<PickerTlsPlan>,
+    /// Envoy's TLS to the workers; `None` = plain HTTP (no `https://` worker).
+    pub worker_tls: Option<WorkerTlsPlan>,
 }
 
 impl EnvoyPlan {
@@ -90,8 +97,9 @@ impl EnvoyPlan {
         config.picker.listen = Some(args.picker);
         config.validate()?;
         let picker_tls = PickerTlsPlan::from_config(&config, &args.picker_tls)?;
-        let workers = config
-            .members()?
+        let members = config.members()?;
+        let worker_tls = WorkerTlsPlan::from_config(&config, &members, &args.worker_tls)?;
+        let workers = members
             .iter()
             .map(|m| m.url.picker_endpoint().map_err(anyhow::Error::msg))
             .collect::<anyhow::Result<_>>()?;
@@ -107,6 +115,7 @@ impl EnvoyPlan {
             forwarded_headers: forwarded_headers(&config),
             discovery: config.discovery.iter().map(|d| d.dns.clone()).collect(),
             picker_tls,
+            worker_tls,
         })
     }
 }
@@ -360,6 +369,9 @@ fn workers_cluster(yaml: &mut String, plan: &EnvoyPlan) {
             socket_address(*worker)
         );
     }
+    if let Some(tls) = &plan.worker_tls {
+        workers_transport_socket(yaml, tls);
+    }
 }
 
 fn picker_cluster(yaml: &mut String, plan: &EnvoyPlan) {
@@ -437,6 +449,7 @@ mod tests {
             forwarded_headers: forwarded_headers(&Config::default()),
             discovery: Vec::new(),
             picker_tls: None,
+            worker_tls: None,
         }
     }
 
@@ -493,5 +506,68 @@ mod tests {
     fn an_empty_fleet_is_an_empty_endpoint_list() {
         let yaml = bootstrap(&plan(&[]));
         assert!(yaml.contains("      - lb_endpoints: []\n  - name: bch_picker"));
+    }
+
+    /// A bootstrap for https workers over mutual TLS is one Envoy accepts: `envoy --mode
+    /// validate` loads it, the certificate files included. Envoy is `BCH_ENVOY_BIN`, else
+    /// tests/envoy/.venv/bin/envoy (made by tests/envoy/run.sh); without one the check is skipped.
+    #[test]
+    fn envoy_validates_a_bootstrap_for_https_workers_with_client_certificates() {
+        let envoy = std::env::var_os("BCH_ENVOY_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/envoy/.venv/bin/envoy")
+            });
+        if !envoy.is_file() {
+            eprintln!(
+                "skipped: no Envoy at {} (set BCH_ENVOY_BIN)",
+                envoy.display()
+            );
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let certified = rcgen::generate_simple_self_signed(vec!["workers.bch.svc".to_owned()])
+            .expect("certificate");
+        let cert = dir.path().join("client.crt");
+        let key = dir.path().join("client.key");
+        std::fs::write(&cert, certified.cert.pem()).unwrap();
+        std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+        let mut toml = format!(
+            "[upstream.tls]\nca_file = {cert:?}\nclient_cert_file = {cert:?}\nclient_key_file = {key:?}\n"
+        );
+        for address in ["127.0.0.1:8443", "127.0.0.2:8443"] {
+            toml.push_str(&format!(
+                "[[workers]]\nurl = \"https://{address}\"\nserver_name = \"workers.bch.svc\"\n"
+            ));
+        }
+        let path = dir.path().join("gatewayd.toml");
+        std::fs::write(&path, toml).unwrap();
+        let args = EnvoyConfigArgs {
+            listen: "127.0.0.1:10000".parse().unwrap(),
+            picker: "127.0.0.1:9002".parse().unwrap(),
+            config: Some(path),
+            workers: Vec::new(),
+            admin: None,
+            picker_tls: EnvoyPickerTlsArgs::default(),
+            worker_tls: EnvoyWorkerTlsArgs::default(),
+        };
+        let yaml = bootstrap(&EnvoyPlan::from_args(&args).unwrap());
+        assert!(
+            yaml.contains("        sni: \"workers.bch.svc\"\n"),
+            "{yaml}"
+        );
+        let bootstrap_file = dir.path().join("envoy.yaml");
+        std::fs::write(&bootstrap_file, &yaml).unwrap();
+        let output = std::process::Command::new(&envoy)
+            .args(["--mode", "validate", "-c"])
+            .arg(&bootstrap_file)
+            .output()
+            .expect("run envoy");
+        assert!(
+            output.status.success(),
+            "envoy --mode validate: {}\n{}{yaml}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
 }

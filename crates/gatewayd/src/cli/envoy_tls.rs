@@ -124,11 +124,12 @@ pub fn picker_transport_socket(yaml: &mut String, tls: &PickerTlsPlan, picker: S
 }
 
 /// A double-quoted YAML scalar.
-fn quoted(text: &str) -> String {
+pub(super) fn quoted(text: &str) -> String {
     format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
-fn quoted_path(path: &Path) -> String {
+/// A path as a double-quoted YAML scalar.
+pub(super) fn quoted_path(path: &Path) -> String {
     quoted(&path.to_string_lossy())
 }
 

@@ -4,6 +4,7 @@
 
 mod envoy_config;
 mod envoy_tls;
+mod envoy_worker_tls;
 mod explain;
 mod reload;
 mod run_flags;
