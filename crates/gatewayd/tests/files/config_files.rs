@@ -122,6 +122,19 @@ fn the_reference_mentions_every_field() {
         if let Some(header) = line.strip_prefix('[') {
             section = header.trim_matches(|c| c == '[' || c == ']').to_owned();
             documented.push((String::new(), section.clone()));
+            // A nested header (`[upstream.tls]`) also documents the tables above it and the key
+            // that names it in its parent (`upstream`, and `tls` in `upstream`).
+            let mut parent = String::new();
+            for part in section.split('.') {
+                let path = if parent.is_empty() {
+                    part.to_owned()
+                } else {
+                    format!("{parent}.{part}")
+                };
+                documented.push((String::new(), path.clone()));
+                documented.push((parent, part.to_owned()));
+                parent = path;
+            }
         } else if let Some((key, _)) = line.split_once(" = ")
             && !key.is_empty()
             && key.chars().all(|c| c.is_ascii_lowercase() || c == '_')
