@@ -35,6 +35,7 @@ fn spec(i: usize) -> WorkerSpec {
         ring_id: None,
         source: WorkerSource::Static,
         max_in_flight: None,
+        models: Vec::new(),
     }
 }
 

@@ -59,6 +59,7 @@ fn router(n: usize, policy: PolicySettings) -> Router {
             ring_id: None,
             source: WorkerSource::Static,
             max_in_flight: None,
+            models: Vec::new(),
         })
         .collect();
     Router::new(specs, policy).unwrap()

@@ -19,7 +19,7 @@
 //! let workers = ["http://127.0.0.1:30001", "http://127.0.0.1:30002"]
 //!     .iter()
 //!     .enumerate()
-//!     .map(|(i, url)| WorkerSpec { name: format!("w{i}"), url: url.to_string(), ring_id: None, source: WorkerSource::Static, max_in_flight: None })
+//!     .map(|(i, url)| WorkerSpec { name: format!("w{i}"), url: url.to_string(), ring_id: None, source: WorkerSource::Static, max_in_flight: None, models: Vec::new() })
 //!     .collect();
 //! let router = Router::new(workers, PolicySettings::default()).unwrap();
 //! let key = RoutingKey::Explicit(ExplicitKey::parse(b"session-a").unwrap());

@@ -25,6 +25,8 @@
 //! its walk over routable workers and how it is built), `selection` (the selection lock's state:
 //! the table decisions use and its aggregates), `tests`.
 
+mod pool;
+mod pool_table;
 mod selection;
 mod table;
 #[cfg(test)]
@@ -35,7 +37,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use arc_swap::ArcSwap;
 
-use crate::decide::{Decision, decide};
+use crate::decide::Decision;
 use crate::fleet_load::{FleetSample, SampleCell};
 use crate::load::{LoadGuard, WorkerStats};
 use crate::policy::{FleetLoad, PolicyError, PolicyPatch, PolicySettings};
@@ -43,6 +45,7 @@ use crate::ring::Ring;
 use crate::routing_key::RoutingKey;
 pub use crate::telemetry::WorkerSource;
 use crate::telemetry::WorkerState;
+pub use pool::{Pool, PoolId};
 use selection::Selection;
 use table::{CounterRegistry, build_ring, build_table, same_workers};
 pub use table::{
@@ -157,20 +160,26 @@ impl Router {
     /// take a worker past its cap through this replica's load. A decision without a worker and
     /// with [`Decision::wait`] set found every worker it may use full: the caller queues the
     /// request (or sheds it) and calls `route` again when a slot may have freed.
+    ///
+    /// Routes in [`PoolId::FIRST`]: the one pool of a fleet that declares no model. With several
+    /// pools that is the first model by name; a caller that routes by model uses
+    /// [`Router::route_in`].
     pub fn route(&self, key: &RoutingKey<'_>) -> Routed {
+        self.route_in(key, PoolId::FIRST)
+    }
+
+    /// [`Router::route`] within `pool` (from [`RoutingTable::pool_of_model`] on the table in
+    /// force): the pool's ring, the bounded rule over the pool's routable workers' loads (its own
+    /// kept minimum and mean), the keyless pick among them; a target worker outside the pool is a
+    /// miss. The decision names workers by table index. A pool the table in force does not have
+    /// (a membership change renumbered them) gets no worker (`no_healthy_workers`).
+    pub fn route_in(&self, key: &RoutingKey<'_>, pool: PoolId) -> Routed {
         let entropy = self.next_entropy();
         let turn = self.turn.fetch_add(1, Ordering::Relaxed);
         let (table, decision, guard) = {
             let mut selection = self.selection.lock();
             let table = Arc::clone(&selection.table);
-            let decision = decide(
-                &table.ring,
-                &table.policy,
-                key,
-                &selection.view(),
-                entropy,
-                turn,
-            );
+            let decision = selection.decide_in(pool, key, entropy, turn);
             let guard = decision
                 .worker
                 .map(|w| selection.acquire(&table.workers[w].stats, &self.selection));
@@ -192,18 +201,31 @@ impl Router {
     /// The retry pick after a connection to `failed` could not be made: the next routable worker
     /// clockwise from the key (skipping `failed`), or for keyless requests the least loaded other
     /// routable worker; full workers are skipped like `failed`. Takes load like
-    /// [`Router::route`]. `None` when no other routable worker with room exists.
+    /// [`Router::route`]. `None` when no other routable worker with room exists. Within
+    /// [`PoolId::FIRST`], like [`Router::route`].
     pub fn route_retry(
         &self,
         table: &Arc<RoutingTable>,
         key: &RoutingKey<'_>,
         failed: usize,
     ) -> Option<(usize, LoadGuard)> {
+        self.route_retry_in(table, key, failed, PoolId::FIRST)
+    }
+
+    /// [`Router::route_retry`] within `pool` of `table`: the walk on the pool's ring, or the least
+    /// loaded of the pool's other routable workers. Table indices in and out.
+    pub fn route_retry_in(
+        &self,
+        table: &Arc<RoutingTable>,
+        key: &RoutingKey<'_>,
+        failed: usize,
+        pool: PoolId,
+    ) -> Option<(usize, LoadGuard)> {
         let mut selection = self.selection.lock();
         let skip = |w: usize| w == failed || table.full(w);
         let next = match key.position() {
-            Some(position) => table.routable_from(position, skip).next(),
-            None => table.least_loaded_routable(skip),
+            Some(position) => table.routable_from_in(pool, position, skip).next(),
+            None => table.least_loaded_routable_in(pool, skip),
         }?;
         let guard = selection.acquire(&table.workers[next].stats, &self.selection);
         Some((next, guard))
@@ -222,9 +244,16 @@ impl Router {
     /// The minimum and mean load the bounded rule reads (this process's own in-flight requests in
     /// `local` mode, [`crate::fleet_load::fleet_load`] in `worker_metrics` mode) over the routable
     /// workers of the table in force, as the router keeps them: always equal to [`FleetLoad::of`]
-    /// over those loads. `None` when no worker is routable. Takes the selection lock; O(1).
+    /// over those loads. `None` when no worker is routable. Takes the selection lock; O(1). In
+    /// [`PoolId::FIRST`], like [`Router::route`].
     pub fn fleet_load(&self) -> Option<FleetLoad> {
-        self.selection.lock().fleet_load()
+        self.fleet_load_in(PoolId::FIRST)
+    }
+
+    /// [`Router::fleet_load`] over `pool`'s routable workers: the minimum and mean its bounded rule
+    /// reads. `None` when none is routable or the table in force has no such pool. O(1).
+    pub fn fleet_load_in(&self, pool: PoolId) -> Option<FleetLoad> {
+        self.selection.lock().fleet_load(pool)
     }
 
     /// Publishes a good scrape of the worker whose counters are `stats`, taken at `scraped_at_ms`

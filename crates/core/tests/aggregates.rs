@@ -34,6 +34,7 @@ fn spec(i: usize) -> WorkerSpec {
         ring_id: None,
         source: WorkerSource::Static,
         max_in_flight: (i == POOL - 1).then_some(3),
+        models: Vec::new(),
     }
 }
 

@@ -19,6 +19,7 @@ fn router(policy: PolicySettings) -> Router {
             ring_id: None,
             source: WorkerSource::Static,
             max_in_flight: None,
+            models: Vec::new(),
         })
         .collect();
     Router::new(workers, policy).unwrap()

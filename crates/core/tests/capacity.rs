@@ -366,6 +366,7 @@ fn spec(i: usize, max_in_flight: Option<u64>) -> WorkerSpec {
         ring_id: None,
         source: WorkerSource::Static,
         max_in_flight,
+        models: Vec::new(),
     }
 }
 

@@ -79,6 +79,7 @@ fn specs(urls: &[String]) -> Vec<WorkerSpec> {
             ring_id: None,
             source: WorkerSource::Static,
             max_in_flight: None,
+            models: Vec::new(),
         })
         .collect()
 }

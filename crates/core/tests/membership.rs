@@ -14,6 +14,7 @@ fn spec(index: usize, ring_id: bool) -> WorkerSpec {
         ring_id: ring_id.then(|| format!("rack-{index}")),
         source: WorkerSource::Static,
         max_in_flight: None,
+        models: Vec::new(),
     }
 }
 

@@ -30,6 +30,7 @@ fn spec(i: usize) -> WorkerSpec {
         ring_id: None,
         source: WorkerSource::Static,
         max_in_flight: None,
+        models: Vec::new(),
     }
 }
 
@@ -166,6 +167,7 @@ proptest! {
                 ring_id: Some(plain[i].url.clone()),
                 source: WorkerSource::Static,
                 max_in_flight: None,
+                models: Vec::new(),
             })
             .collect();
         let a = Router::new(plain, settings(virtual_nodes)).unwrap().table();

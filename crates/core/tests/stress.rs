@@ -30,6 +30,7 @@ fn specs(n: usize) -> Vec<WorkerSpec> {
             ring_id: None,
             source: WorkerSource::Static,
             max_in_flight: None,
+            models: Vec::new(),
         })
         .collect()
 }

@@ -11,12 +11,15 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use super::pool::{PoolId, PoolView, kept_signal, to_table_indices};
+use super::pool_table::no_pool;
 use super::table::RoutingTable;
-use crate::decide::FleetView;
+use crate::decide::{Decision, FleetView, decide};
 use crate::fleet_aggregates::FleetAggregates;
 use crate::fleet_load::{LoadSignal, LoadSource, SampleCell};
 use crate::load::{LoadGuard, Release, WorkerStats};
 use crate::policy::FleetLoad;
+use crate::routing_key::RoutingKey;
 
 /// The selection lock and what it guards. Guards hold an `Arc` of it: dropping one lowers the
 /// load under the lock.
@@ -25,16 +28,17 @@ pub(super) struct Selection {
     state: Mutex<SelectionState>,
 }
 
-/// The table decisions use and the aggregates of its routable workers' loads as the rule reads
-/// them.
+/// The table decisions use and, per pool, the aggregates of its routable workers' loads as the
+/// rule reads them. A worker's load change moves it in every pool it is in (usually one).
 #[derive(Debug)]
 pub(super) struct SelectionState {
     /// The table in force (the same as the router's published one once a publish returns).
     pub(super) table: Arc<RoutingTable>,
-    aggregates: FleetAggregates,
-    /// Routable workers whose counted load came from a fresh sample (always 0 in `local` mode):
-    /// with the routable count it gives a decision's [`LoadSignal`] in O(1).
-    sampled: usize,
+    /// Per pool ([`PoolId`] order): the aggregates of its routable workers' loads.
+    aggregates: Vec<FleetAggregates>,
+    /// Per pool: its routable workers whose counted load came from a fresh sample (always 0 in
+    /// `local` mode): with the routable count it gives a decision's [`LoadSignal`] in O(1).
+    sampled: Vec<usize>,
 }
 
 impl Selection {
@@ -61,10 +65,15 @@ impl Release for Selection {
     fn release(&self, stats: &WorkerStats) {
         let mut state = self.lock();
         if let Some(before) = stats.release()
-            && state.counted(stats)
+            && let Some(worker) = state.counted(stats)
         {
             let (load, _) = state.counted_load(stats, before);
-            state.aggregates.lower(load);
+            let SelectionState {
+                table, aggregates, ..
+            } = &mut *state;
+            for pool in table.pools_of_worker(worker) {
+                aggregates[pool.index()].lower(load);
+            }
         }
     }
 }
@@ -81,16 +90,21 @@ impl SelectionState {
             for (worker, entry) in table.workers.iter().enumerate() {
                 let (load, sampled) = rule_load(source, &entry.stats, entry.stats.active());
                 let sampled = usize::from(sampled == LoadSignal::WorkerMetrics);
-                match (self.table.routable[worker], table.routable[worker]) {
-                    (false, true) => {
-                        self.aggregates.add(load);
-                        self.sampled += sampled;
+                let joins = match (self.table.routable[worker], table.routable[worker]) {
+                    (false, true) => true,
+                    (true, false) => false,
+                    _ => continue,
+                };
+                // The same worker list has the same pools (they are shared with it).
+                for pool in table.pools_of_worker(worker) {
+                    let pool = pool.index();
+                    if joins {
+                        self.aggregates[pool].add(load);
+                        self.sampled[pool] += sampled;
+                    } else {
+                        self.aggregates[pool].remove(load);
+                        self.sampled[pool] -= sampled;
                     }
-                    (true, false) => {
-                        self.aggregates.remove(load);
-                        self.sampled -= sampled;
-                    }
-                    _ => {}
                 }
             }
         } else {
@@ -107,19 +121,22 @@ impl SelectionState {
         let local = stats.active();
         let before = self.counted_load(stats, local);
         change(stats.fleet_sample());
-        if !counted {
+        let Some(worker) = counted else {
             return;
-        }
+        };
         let after = self.counted_load(stats, local);
-        if before.0 != after.0 {
-            self.aggregates.remove(before.0);
-            self.aggregates.add(after.0);
-        }
-        match (before.1, after.1) {
-            (LoadSignal::WorkerMetrics, LoadSignal::WorkerMetrics) => {}
-            (LoadSignal::WorkerMetrics, _) => self.sampled -= 1,
-            (_, LoadSignal::WorkerMetrics) => self.sampled += 1,
-            _ => {}
+        for pool in self.table.pools_of_worker(worker) {
+            let pool = pool.index();
+            if before.0 != after.0 {
+                self.aggregates[pool].remove(before.0);
+                self.aggregates[pool].add(after.0);
+            }
+            match (before.1, after.1) {
+                (LoadSignal::WorkerMetrics, LoadSignal::WorkerMetrics) => {}
+                (LoadSignal::WorkerMetrics, _) => self.sampled[pool] -= 1,
+                (_, LoadSignal::WorkerMetrics) => self.sampled[pool] += 1,
+                _ => {}
+            }
         }
     }
 
@@ -132,26 +149,54 @@ impl SelectionState {
     ) -> LoadGuard {
         let release: Arc<dyn Release> = Arc::clone(release) as Arc<dyn Release>;
         let (guard, before) = stats.acquire(Some(release));
-        if self.counted(stats) {
+        if let Some(worker) = self.counted(stats) {
             let (load, _) = self.counted_load(stats, before);
-            self.aggregates.raise(load);
+            for pool in self.table.pools_of_worker(worker) {
+                self.aggregates[pool.index()].raise(load);
+            }
         }
         guard
     }
 
-    /// The view a decision reads: the table in force with its kept aggregates.
-    pub(super) fn view(&self) -> LiveView<'_> {
-        LiveView {
-            table: &self.table,
-            aggregates: &self.aggregates,
-            sampled: self.sampled,
+    /// The decision in `pool` on the table in force, reading the pool's kept aggregates. A pool
+    /// that holds every worker decides on the table itself (its indices are the table's, its ring
+    /// the table's): exactly the one-pool decision. A pool the table does not have gets no worker.
+    pub(super) fn decide_in(
+        &self,
+        pool: PoolId,
+        key: &RoutingKey<'_>,
+        entropy: u64,
+        turn: u64,
+    ) -> Decision {
+        let table = &*self.table;
+        let index = pool.index();
+        let (Some(members), Some(aggregates)) = (table.pool(pool), self.aggregates.get(index))
+        else {
+            return no_pool();
+        };
+        let sampled = self.sampled[index];
+        if members.covers(table.workers.len()) {
+            let view = LiveView {
+                table,
+                aggregates,
+                sampled,
+            };
+            return decide(members.ring(), &table.policy, key, &view, entropy, turn);
         }
+        let view = PoolView {
+            fleet: table,
+            pool: members,
+            routable: &table.pool_routable[index],
+            kept: Some((aggregates, sampled)),
+        };
+        let decision = decide(members.ring(), &table.policy, key, &view, entropy, turn);
+        to_table_indices(members, decision)
     }
 
-    /// The kept minimum and mean of the routable workers' loads as the rule reads them; `None` when none is
-    /// routable.
-    pub(super) fn fleet_load(&self) -> Option<FleetLoad> {
-        self.aggregates.fleet_load()
+    /// The kept minimum and mean of `pool`'s routable workers' loads as the rule reads them;
+    /// `None` when none is routable or the table has no such pool.
+    pub(super) fn fleet_load(&self, pool: PoolId) -> Option<FleetLoad> {
+        self.aggregates.get(pool.index())?.fleet_load()
     }
 
     /// The load the rule reads for `stats` when this replica has `local` requests on it, and its
@@ -160,16 +205,13 @@ impl SelectionState {
         rule_load(self.table.policy.load_source, stats, local)
     }
 
-    /// Whether `stats` is a routable worker of the table in force (its load is in the aggregates).
-    /// A removed worker's guards outlive its table; their releases change nothing here.
-    fn counted(&self, stats: &WorkerStats) -> bool {
-        stats.slot().is_some_and(|slot| {
-            self.table
-                .workers
-                .get(slot)
-                .is_some_and(|worker| std::ptr::eq(&*worker.stats, stats))
-                && self.table.routable[slot]
-        })
+    /// The table index of `stats`'s worker when it is a routable worker of the table in force
+    /// (its load is in the aggregates of its pools). A removed worker's guards outlive its table;
+    /// their releases change nothing here.
+    fn counted(&self, stats: &WorkerStats) -> Option<usize> {
+        let slot = stats.slot()?;
+        let worker = self.table.workers.get(slot)?;
+        (std::ptr::eq(&*worker.stats, stats) && self.table.routable[slot]).then_some(slot)
     }
 }
 
@@ -186,8 +228,12 @@ fn rule_load(source: LoadSource, stats: &WorkerStats, local: u64) -> (u64, LoadS
 }
 
 /// Records each worker's index in `table` (clearing those of `previous` first, so a removed
-/// worker has none) and counts the routable workers' loads and how many came from a fresh sample.
-fn take_slots(previous: Option<&RoutingTable>, table: &RoutingTable) -> (FleetAggregates, usize) {
+/// worker has none) and counts, per pool, the routable workers' loads and how many came from a
+/// fresh sample.
+fn take_slots(
+    previous: Option<&RoutingTable>,
+    table: &RoutingTable,
+) -> (Vec<FleetAggregates>, Vec<usize>) {
     for worker in previous.iter().flat_map(|table| table.workers.iter()) {
         worker.stats.set_slot(None);
     }
@@ -195,17 +241,22 @@ fn take_slots(previous: Option<&RoutingTable>, table: &RoutingTable) -> (FleetAg
         worker.stats.set_slot(Some(index));
     }
     let source = table.policy.load_source;
-    let mut sampled = 0;
-    let aggregates = FleetAggregates::of(table.routable_indices.iter().map(|&worker| {
-        let stats = &table.workers[worker].stats;
-        let (load, signal) = rule_load(source, stats, stats.active());
-        sampled += usize::from(signal == LoadSignal::WorkerMetrics);
-        load
-    }));
-    (aggregates, sampled)
+    (table.pools().iter().zip(&table.pool_routable))
+        .map(|(pool, routable)| {
+            let mut sampled = 0;
+            let aggregates = FleetAggregates::of(routable.iter().map(|&local| {
+                let stats = &table.workers[pool.workers()[local]].stats;
+                let (load, signal) = rule_load(source, stats, stats.active());
+                sampled += usize::from(signal == LoadSignal::WorkerMetrics);
+                load
+            }));
+            (aggregates, sampled)
+        })
+        .unzip()
 }
 
-/// The table in force with its kept aggregates: what [`super::Router::route`] decides on. Every
+/// The table in force with the kept aggregates of a pool of every worker: what
+/// [`super::Router::route`] decides on in a fleet without models. Every
 /// answer but [`FleetView::kept_fleet_load`] and [`FleetView::kept_load_signal`] is the table's.
 pub(super) struct LiveView<'a> {
     table: &'a RoutingTable,
@@ -230,14 +281,7 @@ impl FleetView for LiveView<'_> {
         self.aggregates.fleet_load()
     }
     fn kept_load_signal(&self) -> Option<LoadSignal> {
-        let routable = self.aggregates.routable();
-        Some(if self.sampled == 0 {
-            LoadSignal::Local
-        } else if self.sampled == routable {
-            LoadSignal::WorkerMetrics
-        } else {
-            LoadSignal::Mixed
-        })
+        Some(kept_signal(self.aggregates, self.sampled))
     }
     fn load(&self, worker: usize) -> u64 {
         self.table.load(worker)

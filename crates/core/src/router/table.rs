@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
+use super::pool::PoolSet;
 use crate::decide::{Decision, FleetView, decide};
 use crate::fleet_load::{LoadSignal, LoadSource};
 use crate::load::WorkerStats;
@@ -30,6 +31,11 @@ pub struct WorkerSpec {
     /// Requests in flight this worker may hold (`[[workers]] max_in_flight`); `None` = the fleet
     /// default `max_in_flight_per_worker`, `Some(0)` = no cap for this worker.
     pub max_in_flight: Option<u64>,
+    /// The model names it serves (what a request body's `model` names); empty = none declared.
+    /// When no worker of a table declares a model, the table has one pool of every worker;
+    /// otherwise one pool per model, and a worker that declares none is in no pool and gets no
+    /// request (gatewayd refuses such a worker list; the core accepts it).
+    pub models: Vec<String>,
 }
 
 impl WorkerSpec {
@@ -51,7 +57,7 @@ pub enum MembershipError {
     /// Two workers with one ring identity (they would share every ring point).
     #[error("duplicate worker ring_id {0:?}")]
     DuplicateRingId(String),
-    /// An empty name or URL.
+    /// An empty name, URL or model name.
     #[error("worker {0} must not be empty")]
     Empty(&'static str),
     /// Removal of a worker that is not registered.
@@ -88,6 +94,10 @@ pub struct RoutingTable {
     pub(super) limited: bool,
     pub(super) policy: PolicySettings,
     pub(super) membership_generation: u64,
+    /// The pools by model and each worker's pools: fixed by the membership, shared like `ring`.
+    pub(super) pools: Arc<PoolSet>,
+    /// Per pool (by [`super::PoolId`]), the pool indices of its routable workers, ascending.
+    pub(super) pool_routable: Vec<Vec<usize>>,
 }
 
 impl RoutingTable {
@@ -96,7 +106,10 @@ impl RoutingTable {
         &self.workers
     }
 
-    /// The ring the table was built with (every registered worker, whatever its health).
+    /// The ring over every registered worker, whatever its health or models: the one ring of a
+    /// fleet that declares no model (then it is [`super::Pool::ring`] of the one pool). With
+    /// models, requests route on their pool's ring; this one is what a whole-fleet view and the
+    /// calls without a pool ([`RoutingTable::routable_from`], [`RoutingTable::explain`]) use.
     pub fn ring(&self) -> &Arc<Ring> {
         &self.ring
     }
@@ -214,7 +227,8 @@ impl RoutingTable {
             .collect()
     }
 
-    /// What a key would get right now, without taking load (for `/admin/explain`).
+    /// What a key would get right now on the whole table's ring, without taking load: the answer
+    /// of [`RoutingTable::explain_in`] the one pool of a fleet that declares no model.
     pub fn explain(&self, key: &RoutingKey<'_>) -> Decision {
         decide(&self.ring, &self.policy, key, self, 0, 0)
     }
@@ -317,6 +331,9 @@ pub fn validate_membership(specs: &[WorkerSpec]) -> Result<(), MembershipError> 
         if spec.url.is_empty() {
             return Err(MembershipError::Empty("url"));
         }
+        if spec.models.iter().any(String::is_empty) {
+            return Err(MembershipError::Empty("model"));
+        }
         if !names.insert(spec.name.as_str()) {
             return Err(MembershipError::DuplicateName(spec.name.clone()));
         }
@@ -342,6 +359,7 @@ impl RoutingTable {
         RoutingTable::assemble(
             Arc::clone(&self.workers),
             Arc::clone(&self.ring),
+            Arc::clone(&self.pools),
             healthy,
             states,
             policy,
@@ -352,6 +370,7 @@ impl RoutingTable {
     fn assemble(
         workers: Arc<[Worker]>,
         ring: Arc<Ring>,
+        pools: Arc<PoolSet>,
         healthy: Vec<bool>,
         states: Vec<WorkerState>,
         policy: PolicySettings,
@@ -367,7 +386,18 @@ impl RoutingTable {
             .map(|w| policy.admission.capacity(w.spec.max_in_flight))
             .collect();
         let routable_indices: Vec<usize> = (0..routable.len()).filter(|&w| routable[w]).collect();
+        let pool_routable = (pools.pools().iter())
+            .map(|pool| {
+                let members = pool.workers().iter().enumerate();
+                members
+                    .filter(|&(_, &w)| routable[w])
+                    .map(|(local, _)| local)
+                    .collect()
+            })
+            .collect();
         RoutingTable {
+            pools,
+            pool_routable,
             limited: policy.admission.engine_limits() || capacity.iter().any(Option::is_some),
             capacity,
             workers,
@@ -453,9 +483,13 @@ pub(super) fn build_table(
             Worker { spec, stats }
         })
         .collect();
+    let models: Vec<&[String]> = workers.iter().map(|w| w.spec.models.as_slice()).collect();
+    let ring_ids: Vec<&str> = workers.iter().map(|w| w.spec.ring_id()).collect();
+    let pools = Arc::new(PoolSet::build(&models, &ring_ids, &ring));
     RoutingTable::assemble(
         workers,
         ring,
+        pools,
         healthy,
         states,
         policy,

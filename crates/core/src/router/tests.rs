@@ -9,6 +9,7 @@ fn spec(n: u16) -> WorkerSpec {
         ring_id: None,
         source: WorkerSource::Static,
         max_in_flight: None,
+        models: Vec::new(),
     }
 }
 
@@ -61,6 +62,7 @@ fn refused_changes_leave_the_table_alone() {
             ring_id: None,
             source: WorkerSource::Static,
             max_in_flight: None,
+            models: Vec::new(),
         }),
         Err(MembershipError::DuplicateName("w1".into()))
     );
@@ -328,6 +330,7 @@ fn target_resolution_order() {
             ring_id: None,
             source: WorkerSource::Static,
             max_in_flight: None,
+            models: Vec::new(),
         },
         WorkerSpec {
             name: "b".into(),
@@ -335,6 +338,7 @@ fn target_resolution_order() {
             ring_id: None,
             source: WorkerSource::Static,
             max_in_flight: None,
+            models: Vec::new(),
         },
     ];
     assert_eq!(

@@ -104,6 +104,7 @@ mod tests {
             ring_id: None,
             source: WorkerSource::Static,
             max_in_flight: None,
+            models: Vec::new(),
         }
     }
 

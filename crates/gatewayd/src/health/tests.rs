@@ -9,6 +9,7 @@ fn key(url: &str) -> WorkerKey {
         ring_id: None,
         source: bch_core::telemetry::WorkerSource::Static,
         max_in_flight: None,
+        models: Vec::new(),
     })
 }
 

@@ -214,6 +214,7 @@ mod tests {
                 ring_id: None,
                 source: WorkerSource::Static,
                 max_in_flight: None,
+                models: Vec::new(),
             })
             .collect();
         Router::new(specs, policy).unwrap()

@@ -457,6 +457,7 @@ mod tests {
             ring_id: None,
             source: WorkerSource::Static,
             max_in_flight: Some(1),
+            models: Vec::new(),
         };
         let mut policy = bch_core::policy::PolicySettings {
             kind: PolicyKind::ConsistentHashing,
@@ -506,6 +507,7 @@ mod tests {
                 ring_id: None,
                 source: Default::default(),
                 max_in_flight: None,
+                models: Vec::new(),
             }],
             Default::default(),
         )

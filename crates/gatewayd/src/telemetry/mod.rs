@@ -160,6 +160,7 @@ mod tests {
             ring_id: None,
             source: WorkerSource::Static,
             max_in_flight: None,
+            models: Vec::new(),
         };
         let router = Arc::new(Router::new(vec![worker], Default::default()).unwrap());
         let config = TelemetryConfig {

@@ -33,6 +33,7 @@ fn placements(members: &[(String, String)], keys: &[String]) -> HashMap<String, 
             ring_id: None,
             source: WorkerSource::Static,
             max_in_flight: None,
+            models: Vec::new(),
         })
         .collect();
     let router = Router::new(specs, Config::default().policy_settings()).unwrap();

@@ -27,6 +27,7 @@ fn one_slot(
         ring_id: None,
         source: WorkerSource::Static,
         max_in_flight: None,
+        models: Vec::new(),
     };
     let policy = PolicySettings {
         admission,
