@@ -442,3 +442,23 @@ fn an_unknown_message_type_still_parses_with_its_seq() {
     assert_eq!((frame.v, frame.seq), (2, 4));
     assert_eq!(frame.message, ServerMessage::Unknown);
 }
+
+/// Ring shares are `f64`s that a console compares with the ones it computes itself: a frame must
+/// carry them exactly. serde_json's default float parser may miss the nearest `f64` by one unit in
+/// the last place (its `float_roundtrip` feature makes it exact), which made a console's own ring
+/// differ from the gateway's for some worker URLs.
+#[test]
+fn ring_shares_survive_the_wire_exactly() {
+    for port in 30000..30400u32 {
+        let identities = [
+            format!("http://127.0.0.1:{port}"),
+            format!("http://127.0.0.1:{}", port + 1000),
+            format!("http://127.0.0.1:{}", port + 2000),
+        ];
+        let ring = bch_core::ring::Ring::build(&identities, 150);
+        let sent = RingOwnership::of_ring(&ring, &identities);
+        let json = serde_json::to_string(&sent).unwrap();
+        let received: RingOwnership = serde_json::from_str(&json).unwrap();
+        assert_eq!(received, sent, "ring of port {port}: {json:.200}");
+    }
+}
