@@ -128,7 +128,6 @@ const LONGEST_WANTED_KEY: usize = 5;
 /// The incremental scanner; see the module documentation.
 #[derive(Debug, Clone)]
 pub struct BodyScanner {
-    wanted: WantedFields,
     state: State,
     /// Bytes consumed so far (offsets in problems).
     offset: u64,
@@ -154,7 +153,6 @@ impl BodyScanner {
     /// A scanner looking for `wanted`.
     pub fn new(wanted: WantedFields) -> Self {
         Self {
-            wanted,
             state: State::BeforeObject,
             offset: 0,
             escape: Escape::None,

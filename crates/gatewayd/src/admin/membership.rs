@@ -208,6 +208,7 @@ fn discovered_member(
         metrics_path: source.metrics_path.clone(),
         max_in_flight: source.max_in_flight,
         server_name,
+        models: source.models.clone(),
     };
     let mut member = entry.member()?;
     member.spec.source = source.source();
