@@ -1,5 +1,5 @@
 use proptest::prelude::*;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use super::*;
 
@@ -57,7 +57,10 @@ fn fields(model: Option<&str>, rid: Option<&str>) -> BodyFields {
 #[test]
 fn reads_model_and_rid_from_an_openai_body() {
     let body = br#"{"messages":[{"role":"user","content":"hi {not} \"model\": x"}],"model":"llama","rid":"conv9_t5_r1","stream":true}"#;
-    assert_eq!(scan(BOTH, body), Ok(fields(Some("llama"), Some("conv9_t5_r1"))));
+    assert_eq!(
+        scan(BOTH, body),
+        Ok(fields(Some("llama"), Some("conv9_t5_r1")))
+    );
     assert_eq!(scan(MODEL, body), Ok(fields(Some("llama"), None)));
 }
 
@@ -65,7 +68,10 @@ fn reads_model_and_rid_from_an_openai_body() {
 fn answers_as_soon_as_the_wanted_fields_were_read() {
     let mut scanner = BodyScanner::new(MODEL);
     assert_eq!(scanner.feed(br#"{"model": "a"#), Progress::NeedMore);
-    assert_eq!(scanner.feed(br#"b", "messages": [ unfinished"#), Progress::Answered);
+    assert_eq!(
+        scanner.feed(br#"b", "messages": [ unfinished"#),
+        Progress::Answered
+    );
     assert_eq!(scanner.finish(), Ok(fields(Some("ab"), None)));
 }
 
@@ -73,34 +79,55 @@ fn answers_as_soon_as_the_wanted_fields_were_read() {
 fn the_end_of_the_object_answers_without_the_missing_fields() {
     assert_eq!(scan(BOTH, br#"{"prompt":"x"}"#), Ok(fields(None, None)));
     assert_eq!(scan(BOTH, br#" { } "#), Ok(fields(None, None)));
-    assert_eq!(scan(BOTH, br#"{"text":"x","rid":"r"}"#), Ok(fields(None, Some("r"))));
+    assert_eq!(
+        scan(BOTH, br#"{"text":"x","rid":"r"}"#),
+        Ok(fields(None, Some("r")))
+    );
 }
 
 #[test]
 fn decodes_escapes_in_keys_and_values() {
     let body = br#"{"mod\u0065l":"a\"b\\c\/d\u00e9\ud83d\ude00\n"}"#;
-    assert_eq!(scan(MODEL, body), Ok(fields(Some("a\"b\\c/d\u{e9}\u{1F600}\n"), None)));
+    assert_eq!(
+        scan(MODEL, body),
+        Ok(fields(Some("a\"b\\c/d\u{e9}\u{1F600}\n"), None))
+    );
 }
 
 #[test]
 fn refuses_what_is_not_a_json_object_early() {
     assert_eq!(scan(MODEL, b""), Err(BodyProblem::Empty));
     assert_eq!(scan(MODEL, b"  \n"), Err(BodyProblem::Empty));
-    assert_eq!(scan(MODEL, b"prompt=hello"), Err(BodyProblem::NotJson { offset: 0 }));
+    assert_eq!(
+        scan(MODEL, b"prompt=hello"),
+        Err(BodyProblem::NotJson { offset: 0 })
+    );
     assert_eq!(scan(MODEL, b"[1,2]"), Err(BodyProblem::NotAnObject));
     assert_eq!(scan(MODEL, br#""model""#), Err(BodyProblem::NotAnObject));
-    assert_eq!(scan(MODEL, br#"{"a" 1}"#), Err(BodyProblem::NotJson { offset: 5 }));
+    assert_eq!(
+        scan(MODEL, br#"{"a" 1}"#),
+        Err(BodyProblem::NotJson { offset: 5 })
+    );
     // Known at the first bad byte, before the rest of a long body arrives.
     let mut scanner = BodyScanner::new(MODEL);
     assert_eq!(scanner.feed(b"<html>"), Progress::Answered);
     // A body that ends inside the object.
-    assert_eq!(scan(MODEL, br#"{"messages":[1,2"#), Err(BodyProblem::NotJson { offset: 16 }));
+    assert_eq!(
+        scan(MODEL, br#"{"messages":[1,2"#),
+        Err(BodyProblem::NotJson { offset: 16 })
+    );
 }
 
 #[test]
 fn refuses_a_model_that_is_not_a_string() {
-    assert_eq!(scan(MODEL, br#"{"model":42}"#), Err(BodyProblem::ModelNotAString));
-    assert_eq!(scan(MODEL, br#"{"model":["a"]}"#), Err(BodyProblem::ModelNotAString));
+    assert_eq!(
+        scan(MODEL, br#"{"model":42}"#),
+        Err(BodyProblem::ModelNotAString)
+    );
+    assert_eq!(
+        scan(MODEL, br#"{"model":["a"]}"#),
+        Err(BodyProblem::ModelNotAString)
+    );
     // A batch's list of ids is no routing key, and reads as absent.
     assert_eq!(
         scan(BOTH, br#"{"rid":["a","b"],"model":"m"}"#),
@@ -131,13 +158,16 @@ fn refuses_bad_strings_and_mismatched_brackets() {
 #[test]
 fn a_model_after_a_megabyte_of_messages_is_found() {
     let content = "x{\"[}]\\".repeat((1 << 20) / 7 + 1);
-    let body = json!({"messages": [{"role": "user", "content": content}], "temperature": 0.5})
-        .to_string();
+    let body =
+        json!({"messages": [{"role": "user", "content": content}], "temperature": 0.5}).to_string();
     // serde_json writes keys in order; put `model` last, as openai-python does.
     let body = format!("{},\"model\":\"llama-3.1-8b\"}}", &body[..body.len() - 1]);
     assert!(body.len() > 1 << 20);
     let chunks = body.as_bytes().chunks(16 * 1024);
-    assert_eq!(scan_chunks(MODEL, chunks), Ok(fields(Some("llama-3.1-8b"), None)));
+    assert_eq!(
+        scan_chunks(MODEL, chunks),
+        Ok(fields(Some("llama-3.1-8b"), None))
+    );
 }
 
 #[test]
@@ -148,8 +178,30 @@ fn every_split_of_a_body_gives_the_same_answer() {
     for first in 0..body.len() {
         for second in first..body.len() {
             let chunks = [&body[..first], &body[first..second], &body[second..]];
-            assert_eq!(scan_chunks(BOTH, chunks), whole, "split at {first} and {second}");
+            assert_eq!(
+                scan_chunks(BOTH, chunks),
+                whole,
+                "split at {first} and {second}"
+            );
         }
+    }
+}
+
+#[test]
+fn a_request_ids_lineage_suffixes_are_stripped() {
+    for (rid, root) in [
+        ("conv9_t5_r1", "conv9"),
+        ("conv9_t5", "conv9"),
+        ("conv9_r2_t5", "conv9"),
+        ("conv9", "conv9"),
+        ("conv_9", "conv_9"),
+        ("conv9_t", "conv9_t"),
+        ("conv9_x5", "conv9_x5"),
+        ("a_b_t12_r3", "a_b"),
+        ("_t5_r1", "_t5"),
+        ("", ""),
+    ] {
+        assert_eq!(rid_lineage_root(rid), root, "{rid}");
     }
 }
 
@@ -168,7 +220,9 @@ fn json_value() -> impl Strategy<Value = Value> {
         Just(Value::Null),
         any::<bool>().prop_map(Value::from),
         any::<i64>().prop_map(Value::from),
-        any::<f64>().prop_filter("finite", |x| x.is_finite()).prop_map(Value::from),
+        any::<f64>()
+            .prop_filter("finite", |x| x.is_finite())
+            .prop_map(Value::from),
         json_string().prop_map(Value::from),
     ];
     leaf.prop_recursive(4, 32, 6, |inner| {

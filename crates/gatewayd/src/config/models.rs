@@ -84,7 +84,9 @@ impl Config {
             if !declared.is_empty() && !declared.contains(default.as_str()) {
                 problems.push(FieldError::new(
                     "routing.default_model",
-                    format!("{default:?} is not a model any worker serves (declared: {declared:?})"),
+                    format!(
+                        "{default:?} is not a model any worker serves (declared: {declared:?})"
+                    ),
                 ));
             }
         }

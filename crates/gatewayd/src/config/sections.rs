@@ -95,7 +95,11 @@ impl RoutingConfig {
         .collect();
         if let Some(default) = &self.default_model {
             let checked = super::models::check_models(std::slice::from_ref(default));
-            problems.extend(checked.err().map(|e| FieldError::new("default_model", e.message)));
+            problems.extend(
+                checked
+                    .err()
+                    .map(|e| FieldError::new("default_model", e.message)),
+            );
         }
         problems
     }

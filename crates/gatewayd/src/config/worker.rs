@@ -370,7 +370,7 @@ impl WorkerConfig {
                 ring_id: self.ring_id.clone(),
                 source: WorkerSource::Static,
                 max_in_flight: self.max_in_flight,
-                models: Vec::new(),
+                models: self.models.clone(),
             },
             url,
             health_path: self.health_path.clone(),
