@@ -41,8 +41,10 @@ use crate::routing::exchange::Head;
 use crate::routing::request_id::REQUEST_ID_HEADER;
 use crate::routing::{Choice, Exchange, RouteBy, connect_failed, retry_on};
 use crate::server::ClientStall;
-use crate::upstream::{ClientBodyError, SendError, UpstreamBody, UpstreamConnection, client_fault};
-use request::{check_header_budget, point_at, refuse_early, strip_hop_by_hop, upstream_request};
+use crate::upstream::{SendError, UpstreamBody, UpstreamConnection, client_fault};
+use request::{
+    check_header_budget, client_refusal, point_at, refuse_early, strip_hop_by_hop, upstream_request,
+};
 
 /// `x-bch-worker`: the name of the worker that served the request.
 pub const WORKER_HEADER: HeaderName = HeaderName::from_static(routing_key::WORKER_HEADER);
@@ -287,24 +289,6 @@ fn unreachable(worker: &str, error: &(dyn std::error::Error + 'static)) -> Gatew
     }
 }
 
-/// The answer to a request whose body failed on the client's side (it left mid-body, sent a
-/// malformed chunked body, went over `max_body_bytes`, or was too slow): a 4xx, counted by
-/// [`Exchange::fail`] in `bch_client_body_errors_total` and in the request's log line, never
-/// against the worker (its error counter, passive health, a warning naming it).
-fn client_refusal(settings: &RuntimeSettings, fault: &ClientBodyError) -> GatewayError {
-    match fault {
-        ClientBodyError::Incomplete => GatewayError::IncompleteRequestBody,
-        ClientBodyError::Malformed(reason) => GatewayError::InvalidRequestBody(reason.clone()),
-        ClientBodyError::TooLarge => GatewayError::PayloadTooLarge {
-            length: None,
-            limit: settings.max_body_bytes,
-        },
-        ClientBodyError::Timeout => GatewayError::RequestBodyTimeout {
-            timeout_ms: settings.request_body_timeout.as_millis() as u64,
-        },
-    }
-}
-
 /// A connect to `worker` that failed before anything of the request was sent.
 struct FailedConnect<'a> {
     table: &'a Arc<RoutingTable>,
@@ -451,6 +435,7 @@ mod tests {
     #[test]
     fn every_client_fault_has_its_metric_label() {
         use crate::error::ClientBodyFault;
+        use crate::upstream::ClientBodyError;
         let settings = RuntimeSettings::from_config(&crate::config::Config::default());
         for (fault, label) in [
             (ClientBodyError::Incomplete, ClientBodyFault::Incomplete),

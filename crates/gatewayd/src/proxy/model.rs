@@ -17,7 +17,7 @@ use bch_core::router::RoutingTable;
 use bytes::Bytes;
 use http::{HeaderMap, Method};
 
-use super::client_refusal;
+use super::request::client_refusal;
 use crate::config::runtime::RuntimeSettings;
 use crate::error::GatewayError;
 use crate::routing::RouteBy;
