@@ -236,6 +236,23 @@ mod tests {
     }
 
     #[test]
+    fn a_sources_models_are_every_discovered_workers() {
+        let mut config = config(&[], &["_a._tcp.x"]);
+        config.discovery[0].models = vec!["llama".into(), "qwen".into()];
+        let mut sets = DiscoveredSets::default();
+        let source = config.discovery[0].clone();
+        sets.replace(
+            &source,
+            vec![at("10.0.0.1:8000", None), at("10.0.0.2:8000", None)],
+        );
+        let merged = merge(&[], &config, &sets, &[]);
+        assert_eq!(merged.members.len(), 2);
+        for member in &merged.members {
+            assert_eq!(member.spec.models, ["llama", "qwen"]);
+        }
+    }
+
+    #[test]
     fn an_empty_answer_for_an_empty_source_changes_nothing() {
         let source = DiscoveryConfig::new("llm.test");
         let mut sets = DiscoveredSets::default();

@@ -27,7 +27,7 @@ use std::time::Duration;
 use bch_core::admission::ShedReason;
 use bch_core::load::LoadGuard;
 use bch_core::policy::Branch;
-use bch_core::router::{Routed, RoutingTable};
+use bch_core::router::{PoolId, Routed, RoutingTable};
 use bch_core::routing_key::RoutingKey;
 
 pub use exchange::Exchange;
@@ -121,7 +121,11 @@ pub fn route_now<H: HeaderLookup + ?Sized>(
             limit,
         });
     }
-    let pool = by.pool(&routing.router.table())?;
+    // Only a request with a model looks its pool up: the others route in the one pool.
+    let pool = match by.model {
+        Some(_) => by.pool(&routing.router.table())?,
+        None => PoolId::FIRST,
+    };
     let extracted = by.key(&settings.routing_headers, headers);
     if let Some(reason) = extracted.ignored_explicit {
         routing.metrics.record_ignored_key(reason);
