@@ -91,6 +91,22 @@ async fn a_model_after_a_megabyte_in_many_small_writes_is_routed_and_forwarded_w
     );
     assert_eq!(echoed["body_len"], body.len());
     assert_eq!(echoed["body"], body);
+    // A short body three bytes a time, the model split across writes.
+    let short = r#"{"stream":false,"messages":[{"role":"user","content":"hi"}],"model":"alpha"}"#;
+    let tiny: Vec<Result<Bytes, std::io::Error>> = short
+        .as_bytes()
+        .chunks(3)
+        .map(|chunk| Ok(Bytes::copy_from_slice(chunk)))
+        .collect();
+    let stream = futures_util::stream::iter(tiny);
+    let (status, echoed) = post(gateway.data_addr, reqwest::Body::wrap_stream(stream)).await;
+    assert_eq!(status, 200);
+    assert!(
+        echoed["worker"].as_str().unwrap().starts_with('a'),
+        "{}",
+        echoed["worker"]
+    );
+    assert_eq!(echoed["body"], short);
     // The same body with its length declared: the worker gets the same length.
     let (status, echoed) = post(gateway.data_addr, body.clone()).await;
     assert_eq!(status, 200);
