@@ -3,6 +3,7 @@
 //! The pure heart of bch: the consistent-hash [`ring`], [`routing_key`] extraction, the routing
 //! [`policy`] with its bounded spill rule, the [`decide`] function, [`load`] accounting, the
 //! [`fleet_aggregates`] a decision reads in O(1), the fleet-wide load formula of [`fleet_load`],
+//! the [`request_body`] scanner that finds a JSON body's `model` and `rid` as the body arrives,
 //! the atomically swapped routing snapshot in
 //! [`router`], the offline [`explain`] what-if, the [`telemetry`] wire types shared by gatewayd
 //! and bch-tui, and the [`token`] file format every binary reads.
@@ -41,6 +42,7 @@ pub mod fleet_load;
 pub mod generation_cache;
 pub mod load;
 pub mod policy;
+pub mod request_body;
 pub mod ring;
 pub mod router;
 pub mod routing_key;

@@ -82,6 +82,7 @@ pub async fn run(
         metrics_path: None,
         max_in_flight: None,
         server_name: None,
+        models: Vec::new(),
     }));
     // The default ports may be taken (another gatewayd, a previous demo): fall back to free ones
     // rather than failing a newcomer's first command.

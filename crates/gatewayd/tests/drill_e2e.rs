@@ -34,6 +34,7 @@ fn config_for(workers: &[WorkerHandle], kind: PolicyKind, gap: u64) -> Config {
             metrics_path: None,
             max_in_flight: None,
             server_name: None,
+            models: Vec::new(),
         })
         .collect();
     config

@@ -128,6 +128,7 @@ async fn credentials_never_leak() {
         metrics_path: None,
         max_in_flight: None,
         server_name: None,
+        models: Vec::new(),
     });
     let gateway = start(config).await;
     let data = format!("http://{}", gateway.data_addr);

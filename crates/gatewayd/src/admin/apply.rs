@@ -35,6 +35,11 @@ impl Admin {
     fn prepare(&self, next: &Next) -> Result<Prepared, AdminError> {
         let statics: Vec<WorkerSpec> = next.statics.iter().map(|m| m.spec.clone()).collect();
         validate_membership(&statics)?;
+        // A worker added (or a source reloaded) without models into a fleet with models, or
+        // the other way round.
+        if let Some(error) = next.config.model_problems().into_iter().next() {
+            return Err(ConfigError::Invalid { path: None, error }.into());
+        }
         // Workers added at run time obey the endpoint picker's `http://IP:PORT` rule too
         // (discovered workers are IP:PORT by construction).
         next.config

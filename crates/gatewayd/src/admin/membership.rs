@@ -208,6 +208,7 @@ fn discovered_member(
         metrics_path: source.metrics_path.clone(),
         max_in_flight: source.max_in_flight,
         server_name,
+        models: source.models.clone(),
     };
     let mut member = entry.member()?;
     member.spec.source = source.source();
@@ -231,6 +232,23 @@ mod tests {
             workers: statics.iter().map(|u| WorkerConfig::from_url(u)).collect(),
             discovery: sources.iter().map(|d| DiscoveryConfig::new(d)).collect(),
             ..Config::default()
+        }
+    }
+
+    #[test]
+    fn a_sources_models_are_every_discovered_workers() {
+        let mut config = config(&[], &["_a._tcp.x"]);
+        config.discovery[0].models = vec!["llama".into(), "qwen".into()];
+        let mut sets = DiscoveredSets::default();
+        let source = config.discovery[0].clone();
+        sets.replace(
+            &source,
+            vec![at("10.0.0.1:8000", None), at("10.0.0.2:8000", None)],
+        );
+        let merged = merge(&[], &config, &sets, &[]);
+        assert_eq!(merged.members.len(), 2);
+        for member in &merged.members {
+            assert_eq!(member.spec.models, ["llama", "qwen"]);
         }
     }
 

@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bch_core::admission::{AdmissionSettings, ShedReason};
-use bch_core::router::{Routed, Router};
+use bch_core::router::{PoolId, Routed, Router};
 use bch_core::routing_key::{ExplicitKey, ImplicitKey, RoutingKey};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use tokio::sync::{Notify, oneshot};
@@ -122,6 +122,13 @@ pub struct Admitted {
     pub waited: Duration,
 }
 
+/// A bucket of waiting requests: their model (the pool they are decided in) and their key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Bucket {
+    model: Option<Arc<str>>,
+    key: QueueKey,
+}
+
 /// One waiting request, in its bucket.
 struct Waiter {
     id: u64,
@@ -132,9 +139,9 @@ struct Waiter {
 #[derive(Default)]
 struct Buckets {
     next_id: u64,
-    by_key: HashMap<QueueKey, VecDeque<Waiter>>,
+    by_key: HashMap<Bucket, VecDeque<Waiter>>,
     /// The non-empty buckets in round-robin order: the front is offered the next slot.
-    turns: VecDeque<QueueKey>,
+    turns: VecDeque<Bucket>,
 }
 
 /// See the module documentation. One per gateway.
@@ -240,13 +247,14 @@ impl AdmissionQueue {
     pub fn wait(
         self: &Arc<Self>,
         key: QueueKey,
+        model: Option<Arc<str>>,
         settings: &AdmissionSettings,
     ) -> impl Future<Output = Result<Admitted, ShedReason>> + Send + 'static {
         let queue = Arc::clone(self);
         let timeout = Duration::from_millis(settings.queue_timeout_ms);
         let max_queued = settings.max_queued;
         async move {
-            let mut ticket = match queue.join(key, timeout, max_queued) {
+            let mut ticket = match queue.join(Bucket { model, key }, timeout, max_queued) {
                 Ok(ticket) => ticket,
                 Err(reason) => {
                     queue.stats.record_shed(reason);
@@ -287,7 +295,7 @@ impl AdmissionQueue {
     /// Puts a request in its bucket, or says why it cannot wait.
     fn join(
         self: &Arc<Self>,
-        key: QueueKey,
+        key: Bucket,
         timeout: Duration,
         max_queued: u64,
     ) -> Result<Ticket, ShedReason> {
@@ -329,6 +337,19 @@ impl AdmissionQueue {
         self.buckets.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// A decision for `bucket`'s head, in its model's pool of the table in force. A model no
+    /// worker serves any more is decided in a pool the table does not have: no worker, so the
+    /// request is handed its refusal.
+    fn route(&self, bucket: &Bucket) -> Routed {
+        let key = bucket.key.routing_key();
+        let Some(model) = &bucket.model else {
+            return self.router.route(&key);
+        };
+        let table = self.router.table();
+        let pool = (table.pool_of_model(model)).unwrap_or(PoolId::new(table.pools().len()));
+        self.router.route_in(&key, pool)
+    }
+
     /// Offers room to the bucket heads in round-robin order until a full round admits nobody.
     /// Each admission takes a slot (or hands out a refusal), so this ends.
     fn hand_out(&self) {
@@ -338,7 +359,7 @@ impl AdmissionQueue {
             let Some(key) = buckets.turns.pop_front() else {
                 break;
             };
-            let routed = self.router.route(&key.routing_key());
+            let routed = self.route(&key);
             if routed.decision.worker.is_none() && routed.decision.wait.is_some() {
                 // Still no room for this key: it keeps its place, the next bucket is tried.
                 buckets.turns.push_back(key);
@@ -368,7 +389,7 @@ impl AdmissionQueue {
 /// A request's place in the queue, held by its waiting future.
 struct Ticket {
     queue: Arc<AdmissionQueue>,
-    key: QueueKey,
+    key: Bucket,
     id: u64,
     handed: oneshot::Receiver<Routed>,
     /// Set once the outcome was taken; until then a drop is a client leaving.

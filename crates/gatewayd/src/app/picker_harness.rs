@@ -72,7 +72,13 @@ impl SessionProbe {
         let mut exchange = Exchange::begin(Arc::clone(routing), std::time::Instant::now(), head);
         let settings = routing.settings.load();
         matches!(
-            crate::routing::route_now(routing, &settings, headers, &mut exchange),
+            crate::routing::route_now(
+                routing,
+                &settings,
+                headers,
+                &crate::routing::RouteBy::default(),
+                &mut exchange,
+            ),
             Ok(crate::routing::Placement::Chosen(_))
         )
     }

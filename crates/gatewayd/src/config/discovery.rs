@@ -69,6 +69,10 @@ pub struct DiscoveryConfig {
     /// max_in_flight_per_worker`; 0 = no cap. Unset: the fleet default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_in_flight: Option<u64>,
+    /// The models every worker this source finds serves (as in a request body's `model`); empty:
+    /// none declared (then no worker of the fleet may declare one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<String>,
     /// `empty_after_ms`: how long an empty answer (NXDOMAIN or no records) must persist before
     /// this source's workers are removed. A resolver *failure* never removes them.
     #[serde(
@@ -115,6 +119,7 @@ impl DiscoveryConfig {
             health_path: None,
             metrics_path: None,
             max_in_flight: None,
+            models: Vec::new(),
             empty_after: DEFAULT_EMPTY_AFTER,
             timeout: DEFAULT_TIMEOUT,
         }
@@ -145,6 +150,7 @@ impl DiscoveryConfig {
         if let Err(message) = check_dns_name(&self.dns) {
             return invalid("dns", message);
         }
+        super::models::check_models(&self.models)?;
         if let Some(Err(error)) = self
             .max_in_flight
             .map(|cap| bch_core::admission::check_cap("max_in_flight", cap))

@@ -3,7 +3,7 @@
 //! worker's backend ([`first_alias`]), is the gateway's own listener ([`loop_of`]), or cannot be
 //! named by the endpoint picker. Per-entry checks live in [`super::worker`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 
 use super::alias::Backend;
@@ -164,4 +164,104 @@ pub fn loop_of(member: &Member, listeners: &[SocketAddr]) -> Option<String> {
         "{:?} is this gateway's own listener {listener}; requests routed to it would loop",
         member.spec.url
     ))
+}
+/// The fleet-wide model rules: either no worker declares a model (one pool of every worker,
+/// nothing reads a request body) or every one does (a pool per model). A worker without models
+/// in a fleet with models would be in no pool, so no request could reach it.
+impl Config {
+    /// Every model a `[[workers]]` or `[[discovery]]` entry declares, sorted.
+    pub fn declared_models(&self) -> BTreeSet<&str> {
+        let workers = self.workers.iter().map(|w| &w.models);
+        let sources = self.discovery.iter().map(|s| &s.models);
+        workers
+            .chain(sources)
+            .flatten()
+            .map(String::as_str)
+            .collect()
+    }
+
+    /// The fleet-wide model rules: when any entry declares models, every `[[workers]]` and
+    /// `[[discovery]]` entry must (the first that does not is named, with one that does), and
+    /// `[routing] default_model` must be one of the declared models.
+    pub fn model_problems(&self) -> Vec<FieldError> {
+        let declaring = self
+            .workers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (format!("workers[{i}]"), &w.models))
+            .chain(
+                self.discovery
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| (format!("discovery[{i}]"), &s.models)),
+            );
+        let (with, without): (Vec<_>, Vec<_>) = declaring.partition(|(_, m)| !m.is_empty());
+        let mut problems = Vec::new();
+        if let (Some((example, models)), Some((entry, _))) = (with.first(), without.first()) {
+            problems.push(
+                FieldError::new(
+                    "models",
+                    format!(
+                        "this entry declares no model, but {example} serves {:?}: with models configured every worker names the models it serves (a worker without models would get no request)",
+                        models[0]
+                    ),
+                )
+                .within(entry),
+            );
+        }
+        if let Some(default) = &self.routing.default_model {
+            let declared = self.declared_models();
+            if !declared.is_empty() && !declared.contains(default.as_str()) {
+                problems.push(FieldError::new(
+                    "routing.default_model",
+                    format!(
+                        "{default:?} is not a model any worker serves (declared: {declared:?})"
+                    ),
+                ));
+            }
+        }
+        problems
+    }
+}
+
+#[cfg(test)]
+mod model_tests {
+    use super::*;
+    use crate::config::WorkerConfig;
+
+    fn worker(url: &str, models: &[&str]) -> WorkerConfig {
+        WorkerConfig {
+            models: models.iter().map(|m| (*m).to_owned()).collect(),
+            ..WorkerConfig::from_url(url)
+        }
+    }
+
+    #[test]
+    fn a_fleet_with_models_names_every_workers_models() {
+        let mut config = Config {
+            workers: vec![
+                worker("http://127.0.0.1:9001", &["llama"]),
+                worker("http://127.0.0.1:9002", &[]),
+            ],
+            ..Config::default()
+        };
+        let problems = config.model_problems();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].field, "workers[1].models");
+        assert!(
+            problems[0].message.contains("workers[0] serves \"llama\""),
+            "{problems:?}"
+        );
+        config.workers[1].models = vec!["qwen".into()];
+        assert!(config.model_problems().is_empty());
+        assert_eq!(
+            config.declared_models().into_iter().collect::<Vec<_>>(),
+            ["llama", "qwen"]
+        );
+        config.routing.default_model = Some("mistral".into());
+        let problems = config.model_problems();
+        assert_eq!(problems[0].field, "routing.default_model");
+        config.routing.default_model = Some("qwen".into());
+        assert!(config.model_problems().is_empty());
+    }
 }

@@ -24,6 +24,7 @@ pub mod field_error;
 pub mod load_section;
 pub mod members;
 pub mod millis;
+pub mod models;
 pub mod persist;
 pub mod runtime;
 pub mod sections;
@@ -280,6 +281,7 @@ impl Config {
             .collect();
         problems.extend(self.picker_worker_problems(parsed.iter().map(|(i, m)| (*i, m))));
         problems.extend(self.discovery_problems());
+        problems.extend(self.model_problems());
         problems
             .into_iter()
             .map(|error| ConfigError::Invalid {

@@ -34,6 +34,10 @@ pub struct RuntimeSettings {
     pub picker_silent_stream_timeout: Duration,
     /// Endpoint picker: most streams open at once.
     pub picker_max_streams: usize,
+    /// `[routing] default_model`: the model of a request that names none.
+    pub default_model: Option<Arc<str>>,
+    /// `[routing] key_from_rid`: the body's `rid`, its lineage stripped, is the routing key.
+    pub key_from_rid: bool,
 }
 
 impl RuntimeSettings {
@@ -54,6 +58,8 @@ impl RuntimeSettings {
             picker_fallbacks: config.picker.fallbacks,
             picker_silent_stream_timeout: config.picker.silent_stream_timeout,
             picker_max_streams: config.picker.max_streams,
+            default_model: config.routing.default_model.as_deref().map(Arc::from),
+            key_from_rid: config.routing.key_from_rid,
         }
     }
 }

@@ -19,7 +19,7 @@ use super::millis;
 /// own `PolicySettings::default()` is the bounded policy, the one `explain` and the drills study.
 pub const DEFAULT_POLICY_KIND: PolicyKind = PolicyKind::ConsistentHashing;
 
-/// `[routing]`: which headers carry routing keys.
+/// `[routing]`: which headers carry routing keys, and what of the body routes a request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RoutingConfig {
@@ -28,6 +28,15 @@ pub struct RoutingConfig {
     /// Header pinning a request to one worker by name, URL or index (case-insensitive; default
     /// `x-smg-target-worker`).
     pub target_worker_header: String,
+    /// The model of a request whose body names none (not JSON, no `model` field, SGLang's
+    /// `/generate`, a GET) when workers declare models; unset: such a request gets a 400 naming
+    /// the missing `model`. Must be a model some worker declares.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_model: Option<String>,
+    /// Route by the body's `rid` (SGLang's request id) with its lineage suffixes `_tN` and `_rN`
+    /// stripped, ahead of the routing-key header; off by default (the body is then only read
+    /// when several models are configured).
+    pub key_from_rid: bool,
 }
 
 impl Default for RoutingConfig {
@@ -35,6 +44,8 @@ impl Default for RoutingConfig {
         Self {
             routing_key_header: DEFAULT_ROUTING_KEY_HEADER.to_owned(),
             target_worker_header: DEFAULT_TARGET_WORKER_HEADER.to_owned(),
+            default_model: None,
+            key_from_rid: false,
         }
     }
 }
@@ -74,14 +85,23 @@ impl Default for PolicyConfig {
 impl RoutingConfig {
     /// Every header name that is not a valid HTTP header name.
     pub fn problems(&self) -> Vec<FieldError> {
-        [
+        let mut problems: Vec<FieldError> = [
             ("routing_key_header", &self.routing_key_header),
             ("target_worker_header", &self.target_worker_header),
         ]
         .into_iter()
         .filter(|(_, name)| http::HeaderName::from_bytes(name.as_bytes()).is_err())
         .map(|(field, name)| FieldError::new(field, format!("{name:?} is not a valid header name")))
-        .collect()
+        .collect();
+        if let Some(default) = &self.default_model {
+            let checked = super::models::check_models(std::slice::from_ref(default));
+            problems.extend(
+                checked
+                    .err()
+                    .map(|e| FieldError::new("default_model", e.message)),
+            );
+        }
+        problems
     }
 }
 

@@ -41,6 +41,11 @@ pub struct WorkerConfig {
     /// is not the URL's host: a worker addressed by IP whose certificate names a DNS name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_name: Option<String>,
+    /// The models this worker serves (as in a request body's `model`); empty: none declared
+    /// (then no worker of the fleet may declare one). Each model is routed over its own ring of
+    /// the workers that serve it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<String>,
 }
 
 /// Why a worker URL was refused; the message quotes the URL.
@@ -302,11 +307,12 @@ impl WorkerConfig {
             metrics_path: None,
             max_in_flight: None,
             server_name: None,
+            models: Vec::new(),
         }
     }
 
     /// Validates the entry; the error names the field within the entry (`url`, `name`,
-    /// `health_path`, `metrics_path`, `ring_id`, `server_name`).
+    /// `health_path`, `metrics_path`, `models`, `ring_id`, `server_name`).
     pub fn member(&self) -> Result<Member, FieldError> {
         let invalid = |field: &str, message: String| FieldError::new(field, message);
         let url = WorkerUrl::parse(&self.url).map_err(|e| invalid("url", e.to_string()))?;
@@ -323,6 +329,7 @@ impl WorkerConfig {
                 return Err(invalid(field, "must start with '/'".into()));
             }
         }
+        super::models::check_models(&self.models)?;
         if self.ring_id.as_ref().is_some_and(String::is_empty) {
             return Err(invalid("ring_id", "must not be empty".into()));
         }
@@ -363,7 +370,7 @@ impl WorkerConfig {
                 ring_id: self.ring_id.clone(),
                 source: WorkerSource::Static,
                 max_in_flight: self.max_in_flight,
-                models: Vec::new(),
+                models: self.models.clone(),
             },
             url,
             health_path: self.health_path.clone(),

@@ -124,6 +124,15 @@ pub enum GatewayError {
     /// The target worker header named an unknown or unhealthy worker (503; never a fall-through).
     #[error("the target worker is unknown or unhealthy")]
     TargetWorkerMiss,
+    /// The request names a model no worker serves (404, OpenAI's `model_not_found`).
+    #[error("the model {0:?} does not exist: no worker serves it")]
+    ModelNotFound(String),
+    /// Workers declare models, the request names none and no `[routing] default_model` is set
+    /// (400); the message says why the body gave none.
+    #[error(
+        "the request names no model ({0}): send a JSON body with a \"model\" field, or the x-gateway-model-name header"
+    )]
+    ModelRequired(String),
     /// The worker chosen on an older routing table left the membership before the request could be
     /// sent to it (502).
     #[error("worker {0} left the membership before the request was sent")]
@@ -312,6 +321,7 @@ impl GatewayError {
             | GatewayError::InvalidRequestBody(_)
             | GatewayError::MissingHost
             | GatewayError::MissingControlHost
+            | GatewayError::ModelRequired(_)
             | GatewayError::RepeatedHeader(_) => StatusCode::BAD_REQUEST,
             GatewayError::TooManyHeaders { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             GatewayError::RequestBodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
@@ -338,7 +348,9 @@ impl GatewayError {
             | GatewayError::WorkerTls(..)
             | GatewayError::UpstreamStreamError => StatusCode::BAD_GATEWAY,
             GatewayError::FirstByteTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-            GatewayError::NotFound | GatewayError::UnknownWorker(_) => StatusCode::NOT_FOUND,
+            GatewayError::NotFound
+            | GatewayError::UnknownWorker(_)
+            | GatewayError::ModelNotFound(_) => StatusCode::NOT_FOUND,
             GatewayError::Unauthorized => StatusCode::UNAUTHORIZED,
             GatewayError::InvalidJson(_)
             | GatewayError::InvalidWorker(_)
@@ -377,6 +389,8 @@ impl GatewayError {
             // One code for both: a client's handling is the same, the message tells them apart.
             GatewayError::NoHealthyWorkers | GatewayError::NoWorkers => "no_healthy_workers",
             GatewayError::TargetWorkerMiss => "target_worker_miss",
+            GatewayError::ModelNotFound(_) => "model_not_found",
+            GatewayError::ModelRequired(_) => "model_required",
             GatewayError::WorkerGone(_) | GatewayError::BadUpstreamUri(_) => "bad_worker_url",
             GatewayError::WorkerUnreachable(_) | GatewayError::WorkerTls(..) => {
                 "worker_unreachable"
@@ -415,6 +429,8 @@ impl GatewayError {
             | GatewayError::NoHealthyWorkers
             | GatewayError::NoWorkers
             | GatewayError::TargetWorkerMiss
+            | GatewayError::ModelNotFound(_)
+            | GatewayError::ModelRequired(_)
             | GatewayError::WorkerGone(_)
             | GatewayError::BadUpstreamUri(_)
             | GatewayError::WorkerUnreachable(_)
@@ -462,6 +478,8 @@ impl GatewayError {
         match self {
             GatewayError::PayloadTooLarge { .. }
             | GatewayError::TargetWorkerMiss
+            | GatewayError::ModelNotFound(_)
+            | GatewayError::ModelRequired(_)
             | GatewayError::IncompleteRequestBody
             | GatewayError::InvalidRequestBody(_)
             | GatewayError::RequestBodyTimeout { .. }

@@ -34,6 +34,8 @@ fn every_variant_keeps_its_status_type_and_code() {
         (E::NoHealthyWorkers, 503, "gateway_error", "no_healthy_workers", Worker),
         (E::NoWorkers, 503, "gateway_error", "no_healthy_workers", Gateway),
         (E::TargetWorkerMiss, 503, "gateway_error", "target_worker_miss", Client),
+        (E::ModelNotFound(s()), 404, "gateway_error", "model_not_found", Client),
+        (E::ModelRequired(s()), 400, "gateway_error", "model_required", Client),
         (E::WorkerGone(w()), 502, "gateway_error", "bad_worker_url", Gateway),
         (E::BadUpstreamUri(w()), 502, "gateway_error", "bad_worker_url", Gateway),
         (E::WorkerUnreachable(w()), 502, "gateway_error", "worker_unreachable", Worker),

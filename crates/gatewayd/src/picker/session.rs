@@ -42,7 +42,7 @@ use crate::admission::Admitted;
 use crate::config::runtime::RuntimeSettings;
 use crate::error::GatewayError;
 use crate::per_worker::WorkerKey;
-use crate::routing::{Choice, Exchange, Placement, Waiting};
+use crate::routing::{Choice, Exchange, Placement, RouteBy, Waiting};
 
 /// The state of one ext_proc stream. Dropping it ends the request (see the module docs).
 pub struct Session {
@@ -152,11 +152,20 @@ impl Session {
         let head = messages::head(headers);
         let mut exchange = Exchange::begin(Arc::clone(routing), Instant::now(), head);
         let settings = routing.settings.load();
-        match crate::routing::route_now(routing, &settings, headers, &mut exchange) {
+        match crate::routing::route_now(
+            routing,
+            &settings,
+            headers,
+            &RouteBy::default(),
+            &mut exchange,
+        ) {
             Ok(Placement::Chosen(choice)) => Some(self.pick(exchange, choice, &settings)),
             Ok(Placement::Wait(waiting)) => {
                 let admission = waiting.routed.table.policy().admission;
-                let wait = routing.queue.wait(waiting.key.clone(), &admission);
+                let wait =
+                    routing
+                        .queue
+                        .wait(waiting.key.clone(), waiting.model.clone(), &admission);
                 self.queued = Some(Queued {
                     exchange,
                     waiting,

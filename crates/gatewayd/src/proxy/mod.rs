@@ -15,6 +15,7 @@
 
 pub mod body;
 pub mod handle;
+pub mod model;
 pub mod request;
 
 use std::convert::Infallible;
@@ -37,12 +38,13 @@ pub use handle::DataPlane;
 use crate::config::runtime::RuntimeSettings;
 use crate::error::{ERROR_CODE_HEADER_NAME, GatewayError, QUEUE_WAIT_HEADER_NAME, display_chain};
 use crate::routing::exchange::Head;
-use crate::routing::key::extract_key;
 use crate::routing::request_id::REQUEST_ID_HEADER;
-use crate::routing::{Choice, Exchange, connect_failed, retry_on};
+use crate::routing::{Choice, Exchange, RouteBy, connect_failed, retry_on};
 use crate::server::ClientStall;
-use crate::upstream::{ClientBodyError, SendError, UpstreamBody, UpstreamConnection, client_fault};
-use request::{check_header_budget, point_at, refuse_early, strip_hop_by_hop, upstream_request};
+use crate::upstream::{SendError, UpstreamBody, UpstreamConnection, client_fault};
+use request::{
+    check_header_budget, client_refusal, point_at, refuse_early, strip_hop_by_hop, upstream_request,
+};
 
 /// `x-bch-worker`: the name of the worker that served the request.
 pub const WORKER_HEADER: HeaderName = HeaderName::from_static(routing_key::WORKER_HEADER);
@@ -68,6 +70,11 @@ pub async fn serve(
                 ));
             }
             "/readiness" => return Ok(readiness(&plane)),
+            "/v1/models" => {
+                if let Some(list) = model::model_list(&plane.routing.router.table()) {
+                    return Ok(json_response(StatusCode::OK, list));
+                }
+            }
             _ => {}
         }
     }
@@ -108,6 +115,8 @@ struct Routed {
     table: Arc<RoutingTable>,
     worker: usize,
     branch: Branch,
+    /// The request's model and body key, for a retry's pick.
+    by: RouteBy,
 }
 
 /// A worker's answer: its response head (body unread) and the connection it came on.
@@ -134,9 +143,10 @@ impl Answered {
     }
 }
 
-/// Refuses what may not be forwarded ([`refuse_early`]), then the shared routing step
-/// ([`crate::routing::route`]: size, key, decision, load), then the request made into one for the
-/// chosen worker.
+/// Refuses what may not be forwarded ([`refuse_early`]), reads the body's model and key when
+/// routing needs them ([`model::route_by`]), then the shared routing step
+/// ([`crate::routing::route`]: size, key, decision in the model's pool, load), then the request
+/// made into one for the chosen worker.
 async fn route(
     plane: &DataPlane,
     settings: &RuntimeSettings,
@@ -154,24 +164,25 @@ async fn route(
     let sent = parts.headers.len();
     exchange.forward_id(&mut parts.headers);
     check_header_budget(sent, &parts.headers)?;
+    let body_deadline =
+        tokio::time::Instant::from_std(exchange.started()) + settings.request_body_timeout;
+    let mut body = UpstreamBody::new(body, settings.max_body_bytes, body_deadline);
+    let table = plane.routing.router.table();
+    let by = model::route_by(&table, settings, &parts.method, &parts.headers, &mut body).await?;
+    drop(table);
     let Choice {
         table,
         worker,
         branch,
         ..
-    } = crate::routing::route(&plane.routing, settings, &parts.headers, exchange).await?;
-    let body_deadline =
-        tokio::time::Instant::from_std(exchange.started()) + settings.request_body_timeout;
+    } = crate::routing::route(&plane.routing, settings, &parts.headers, &by, exchange).await?;
     Ok(Routed {
         client_path: parts.uri.path_and_query().cloned(),
-        request: upstream_request(
-            parts,
-            UpstreamBody::new(body, settings.max_body_bytes, body_deadline),
-            &plane.via,
-        ),
+        request: upstream_request(parts, body, &plane.via),
         table,
         worker,
         branch,
+        by,
     })
 }
 
@@ -190,6 +201,7 @@ async fn send_with_retry(
         table,
         mut worker,
         branch,
+        by,
     } = routed;
     let targets = plane.upstreams.for_table(&table);
     let mut may_retry = branch != Branch::TargetWorkerHit;
@@ -226,6 +238,7 @@ async fn send_with_retry(
                     table: &table,
                     worker,
                     may_retry,
+                    by: &by,
                 };
                 if let Some(next) = failed.handle(plane, settings, &*error, &back, exchange) {
                     (worker, request, may_retry) = (next, *back, false);
@@ -276,35 +289,18 @@ fn unreachable(worker: &str, error: &(dyn std::error::Error + 'static)) -> Gatew
     }
 }
 
-/// The answer to a request whose body failed on the client's side (it left mid-body, sent a
-/// malformed chunked body, went over `max_body_bytes`, or was too slow): a 4xx, counted by
-/// [`Exchange::fail`] in `bch_client_body_errors_total` and in the request's log line, never
-/// against the worker (its error counter, passive health, a warning naming it).
-fn client_refusal(settings: &RuntimeSettings, fault: &ClientBodyError) -> GatewayError {
-    match fault {
-        ClientBodyError::Incomplete => GatewayError::IncompleteRequestBody,
-        ClientBodyError::Malformed(reason) => GatewayError::InvalidRequestBody(reason.clone()),
-        ClientBodyError::TooLarge => GatewayError::PayloadTooLarge {
-            length: None,
-            limit: settings.max_body_bytes,
-        },
-        ClientBodyError::Timeout => GatewayError::RequestBodyTimeout {
-            timeout_ms: settings.request_body_timeout.as_millis() as u64,
-        },
-    }
-}
-
 /// A connect to `worker` that failed before anything of the request was sent.
 struct FailedConnect<'a> {
     table: &'a Arc<RoutingTable>,
     worker: usize,
     may_retry: bool,
+    by: &'a RouteBy,
 }
 
 impl FailedConnect<'_> {
     /// Counts the error, marks the worker unhealthy (passive health), and moves the request to the
-    /// retry pick if it may move and there is one: the next healthy worker clockwise from the
-    /// request's key (the same headers give the same key).
+    /// retry pick if it may move and there is one: the next healthy worker of the request's pool
+    /// clockwise from its key (the same headers and body give the same key).
     fn handle(
         &self,
         plane: &DataPlane,
@@ -319,8 +315,12 @@ impl FailedConnect<'_> {
         if !self.may_retry {
             return None;
         }
-        let key = extract_key(&settings.routing_headers, request.headers()).key;
-        let (next, guard) = routing.router.route_retry(self.table, &key, self.worker)?;
+        let key = self
+            .by
+            .key(&settings.routing_headers, request.headers())
+            .key;
+        let pool = self.by.pool(self.table).ok()?;
+        let (next, guard) = (routing.router).route_retry_in(self.table, &key, self.worker, pool)?;
         let workers = self.table.workers();
         tracing::debug!(from = %workers[self.worker].spec.name, to = %workers[next].spec.name, "retrying after connect failure");
         retry_on(routing, exchange, guard, next);
@@ -435,6 +435,7 @@ mod tests {
     #[test]
     fn every_client_fault_has_its_metric_label() {
         use crate::error::ClientBodyFault;
+        use crate::upstream::ClientBodyError;
         let settings = RuntimeSettings::from_config(&crate::config::Config::default());
         for (fault, label) in [
             (ClientBodyError::Incomplete, ClientBodyFault::Incomplete),

@@ -9,8 +9,9 @@ use bch_core::routing_key::RoutingHeaders;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Uri, Version};
 
+use crate::config::runtime::RuntimeSettings;
 use crate::error::GatewayError;
-use crate::upstream::{Endpoint, UpstreamBody};
+use crate::upstream::{ClientBodyError, Endpoint, UpstreamBody};
 
 /// This gateway's `Via` entry, `1.1 bch-` and 16 hex digits drawn at random when the process
 /// starts: it names this gateway process and no other, so a request that comes back carrying it
@@ -176,6 +177,24 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
     for name in HOP_BY_HOP {
         headers.remove(name);
+    }
+}
+
+/// The answer to a request whose body failed on the client's side (it left mid-body, sent a
+/// malformed chunked body, went over `max_body_bytes`, or was too slow): a 4xx, counted by
+/// [`Exchange::fail`] in `bch_client_body_errors_total` and in the request's log line, never
+/// against the worker (its error counter, passive health, a warning naming it).
+pub fn client_refusal(settings: &RuntimeSettings, fault: &ClientBodyError) -> GatewayError {
+    match fault {
+        ClientBodyError::Incomplete => GatewayError::IncompleteRequestBody,
+        ClientBodyError::Malformed(reason) => GatewayError::InvalidRequestBody(reason.clone()),
+        ClientBodyError::TooLarge => GatewayError::PayloadTooLarge {
+            length: None,
+            limit: settings.max_body_bytes,
+        },
+        ClientBodyError::Timeout => GatewayError::RequestBodyTimeout {
+            timeout_ms: settings.request_body_timeout.as_millis() as u64,
+        },
     }
 }
 

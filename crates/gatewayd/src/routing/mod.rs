@@ -18,6 +18,7 @@ pub mod handle;
 pub mod hold;
 pub mod key;
 pub mod request_id;
+pub mod route_by;
 
 use std::sync::Arc;
 
@@ -26,18 +27,19 @@ use std::time::Duration;
 use bch_core::admission::ShedReason;
 use bch_core::load::LoadGuard;
 use bch_core::policy::Branch;
-use bch_core::router::{Routed, RoutingTable};
+use bch_core::router::{PoolId, Routed, RoutingTable};
 use bch_core::routing_key::RoutingKey;
 
 pub use exchange::Exchange;
 pub use handle::Routing;
 pub use key::HeaderLookup;
+pub use route_by::RouteBy;
 
 use crate::admission::{Admitted, QueueKey};
 use crate::config::runtime::RuntimeSettings;
 use crate::error::GatewayError;
 use crate::telemetry::keys::KeyTag;
-use key::{content_length, extract_key};
+use key::content_length;
 
 /// Where a routed request went: the table it was decided on, the worker that holds its load (the
 /// guard is in the [`Exchange`]), the branch, and the key's ring position when it has one (the
@@ -60,6 +62,8 @@ pub struct Choice {
 pub struct Waiting {
     /// The request's key, owned, as the queue keeps it.
     pub key: QueueKey,
+    /// The request's model: it waits for room in that model's pool.
+    pub model: Option<Arc<str>>,
     /// The waiting decision and the table it was taken on (no load is held).
     pub routed: Routed,
 }
@@ -83,24 +87,31 @@ pub async fn route<H: HeaderLookup + ?Sized>(
     routing: &Routing,
     settings: &RuntimeSettings,
     headers: &H,
+    by: &RouteBy,
     exchange: &mut Exchange,
 ) -> Result<Choice, GatewayError> {
-    match route_now(routing, settings, headers, exchange)? {
+    match route_now(routing, settings, headers, by, exchange)? {
         Placement::Chosen(choice) => Ok(choice),
         Placement::Wait(waiting) => {
             let admission = waiting.routed.table.policy().admission;
-            let outcome = routing.queue.wait(waiting.key.clone(), &admission).await;
+            let outcome = routing
+                .queue
+                .wait(waiting.key.clone(), waiting.model.clone(), &admission)
+                .await;
             admit(routing, settings, waiting, outcome, exchange)
         }
     }
 }
 
 /// [`route`] up to the queue: everything that needs no waiting. The picker calls it directly, so
-/// a request that needs no queue costs no future of its own.
+/// a request that needs no queue costs no future of its own. The decision is taken in the pool of
+/// `by`'s model (a model no worker serves is [`GatewayError::ModelNotFound`]), by the key `by`
+/// and the headers give ([`RouteBy::key`]).
 pub fn route_now<H: HeaderLookup + ?Sized>(
     routing: &Routing,
     settings: &RuntimeSettings,
     headers: &H,
+    by: &RouteBy,
     exchange: &mut Exchange,
 ) -> Result<Placement, GatewayError> {
     let limit = settings.max_body_bytes;
@@ -110,14 +121,20 @@ pub fn route_now<H: HeaderLookup + ?Sized>(
             limit,
         });
     }
-    let extracted = extract_key(&settings.routing_headers, headers);
+    // Only a request with a model looks its pool up: the others route in the one pool.
+    let pool = match by.model {
+        Some(_) => by.pool(&routing.router.table())?,
+        None => PoolId::FIRST,
+    };
+    let extracted = by.key(&settings.routing_headers, headers);
     if let Some(reason) = extracted.ignored_explicit {
         routing.metrics.record_ignored_key(reason);
     }
-    let routed = routing.router.route(&extracted.key);
+    let routed = routing.router.route_in(&extracted.key, pool);
     if routed.decision.worker.is_none() && routed.decision.wait.is_some() {
         return Ok(Placement::Wait(Waiting {
             key: QueueKey::of(&extracted.key),
+            model: by.model.clone(),
             routed,
         }));
     }

@@ -8,6 +8,7 @@
 //! [`client_fault`], so the proxy answers the client's fault with a 4xx and never counts it
 //! against the worker (errors, passive health, warning logs).
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -25,6 +26,10 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// it fails.
 pub struct UpstreamBody {
     inner: Incoming,
+    /// Frames already read from `inner` by [`UpstreamBody::read_ahead`], sent first.
+    read_ahead: VecDeque<Frame<Bytes>>,
+    /// The data bytes in `read_ahead` (the size hint adds them to `inner`'s remaining length).
+    read_ahead_bytes: u64,
     remaining: u64,
     deadline: Instant,
     /// Armed the first time the body makes the request wait: a body that arrives with its head
@@ -70,10 +75,44 @@ impl UpstreamBody {
     pub fn new(inner: Incoming, max_bytes: u64, deadline: Instant) -> Self {
         Self {
             inner,
+            read_ahead: VecDeque::new(),
+            read_ahead_bytes: 0,
             remaining: max_bytes,
             deadline,
             timer: None,
         }
+    }
+
+    /// Reads the body ahead of sending it, keeping every frame read so that the worker still gets
+    /// the body whole and unchanged: each data frame is shown to `enough` until it answers true or
+    /// the body ends. The limits apply as when streaming (`max_bytes`, the deadline); a fault is
+    /// the client's, as [`ClientBodyError`].
+    pub async fn read_ahead(
+        &mut self,
+        mut enough: impl FnMut(&[u8]) -> bool,
+    ) -> Result<(), ClientBodyError> {
+        while !self.inner.is_end_stream() {
+            let frame = match std::future::poll_fn(|cx| self.poll_client(cx)).await {
+                None => break,
+                Some(Ok(frame)) => frame,
+                Some(Err(error)) => {
+                    let fault = error.downcast::<ClientBodyError>().map_or_else(
+                        |other| ClientBodyError::Malformed(other.to_string()),
+                        |fault| *fault,
+                    );
+                    return Err(fault);
+                }
+            };
+            let done = frame.data_ref().is_some_and(|data| {
+                self.read_ahead_bytes += data.len() as u64;
+                enough(data)
+            });
+            self.read_ahead.push_back(frame);
+            if done {
+                break;
+            }
+        }
+        Ok(())
     }
 
     fn fail(error: ClientBodyError) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
@@ -117,6 +156,38 @@ impl Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
+        if let Some(frame) = this.read_ahead.pop_front() {
+            if let Some(data) = frame.data_ref() {
+                this.read_ahead_bytes -= data.len() as u64;
+            }
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        this.poll_client(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.read_ahead.is_empty() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        // hyper sends an exact hint as the `Content-Length`: the frames read ahead count too.
+        let inner = self.inner.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + self.read_ahead_bytes);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + self.read_ahead_bytes);
+        }
+        hint
+    }
+}
+
+impl UpstreamBody {
+    /// The next frame from the client, through the limits (not the frames read ahead).
+    fn poll_client(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self;
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         let Poll::Ready(polled) = polled else {
             ready!(this.poll_deadline(cx));
@@ -136,13 +207,5 @@ impl Body for UpstreamBody {
             Some(Err(error)) => Self::fail(ClientBodyError::from_client(&error)),
             None => Poll::Ready(None),
         }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }

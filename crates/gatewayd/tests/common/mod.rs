@@ -354,6 +354,7 @@ pub fn test_config(workers: &[&FakeWorker]) -> Config {
             metrics_path: None,
             max_in_flight: None,
             server_name: None,
+            models: Vec::new(),
         })
         .collect();
     config

@@ -19,6 +19,7 @@ fn idle_worker(name: &str, index: usize) -> WorkerConfig {
         metrics_path: None,
         max_in_flight: None,
         server_name: None,
+        models: Vec::new(),
     }
 }
 

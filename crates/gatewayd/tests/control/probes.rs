@@ -76,6 +76,7 @@ async fn health_probes_flip_a_worker_without_moving_other_keys() {
         metrics_path: None,
         max_in_flight: None,
         server_name: None,
+        models: Vec::new(),
     });
     let gateway = start(config).await;
     let keys: Vec<String> = (0..60).map(|i| format!("user-{i}")).collect();

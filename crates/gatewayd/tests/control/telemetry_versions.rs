@@ -236,6 +236,7 @@ async fn first_frames_at_10_000_workers_fit_in_3_mb() {
             metrics_path: None,
             max_in_flight: None,
             server_name: None,
+            models: Vec::new(),
         })
         .collect();
     let gateway = start(config).await;

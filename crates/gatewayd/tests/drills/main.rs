@@ -184,6 +184,7 @@ fn config_for(workers: &[(String, String)]) -> Config {
             metrics_path: None,
             max_in_flight: None,
             server_name: None,
+            models: Vec::new(),
         })
         .collect();
     config

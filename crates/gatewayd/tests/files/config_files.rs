@@ -99,6 +99,7 @@ fn the_reference_mentions_every_field() {
         metrics_path: None,
         max_in_flight: Some(4),
         server_name: None,
+        models: Vec::new(),
     });
     config.discovery.push(DiscoveryConfig {
         port: Some(8000),

@@ -5,5 +5,6 @@
 mod common;
 
 mod fuzz;
+mod models;
 mod requests;
 mod upstream_framing;

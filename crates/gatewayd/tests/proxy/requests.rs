@@ -333,6 +333,7 @@ async fn removing_a_worker_stops_traffic_and_re_adding_keeps_counters() {
             metrics_path: None,
             max_in_flight: None,
             server_name: None,
+            models: Vec::new(),
         })
         .send()
         .await

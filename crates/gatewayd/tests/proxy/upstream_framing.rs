@@ -379,6 +379,7 @@ fn config_for(urls: &[(&str, String)]) -> Config {
             metrics_path: None,
             max_in_flight: None,
             server_name: None,
+            models: Vec::new(),
         })
         .collect();
     // A request put on a connection that can never answer shows up as a 504, quickly.

@@ -18,6 +18,7 @@ fn base() -> Config {
         metrics_path: None,
         max_in_flight: None,
         server_name: None,
+        models: Vec::new(),
     }];
     config
 }

@@ -37,6 +37,7 @@ fn config_for(worker: &WorkerHandle) -> Config {
         metrics_path: None,
         max_in_flight: None,
         server_name: None,
+        models: Vec::new(),
     }];
     config
 }

@@ -52,7 +52,7 @@ async fn queued(
     key: QueueKey,
     settings: &AdmissionSettings,
 ) -> Waiting {
-    let mut waiting: Waiting = Box::pin(queue.wait(key, settings));
+    let mut waiting: Waiting = Box::pin(queue.wait(key, None, settings));
     assert!(poll!(&mut waiting).is_pending(), "the request waits");
     waiting
 }
@@ -139,10 +139,10 @@ async fn bounds_shed_with_their_reasons() {
         queue_timeout_ms: 0,
         ..settings
     };
-    let shed = queue.wait(QueueKey::Keyless, &no_queue).await;
+    let shed = queue.wait(QueueKey::Keyless, None, &no_queue).await;
     assert_eq!(shed.unwrap_err(), ShedReason::NoQueue);
     let waiting = queued(&queue, QueueKey::Keyless, &settings).await;
-    let full = queue.wait(explicit("other"), &settings).await;
+    let full = queue.wait(explicit("other"), None, &settings).await;
     assert_eq!(full.unwrap_err(), ShedReason::QueueFull);
     assert_eq!(waiting.await.unwrap_err(), ShedReason::QueueTimeout);
     assert_eq!(queue.len(), 0);
@@ -172,9 +172,12 @@ async fn shutdown_sheds_the_waiting_at_once() {
         .await
         .expect("shutdown answers a waiting request at once, not at its queue timeout");
     assert_eq!(outcome.unwrap_err(), ShedReason::Shutdown);
-    let late = tokio::time::timeout(Duration::from_secs(1), queue.wait(explicit("b"), &settings))
-        .await
-        .expect("a request arriving during shutdown does not wait");
+    let late = tokio::time::timeout(
+        Duration::from_secs(1),
+        queue.wait(explicit("b"), None, &settings),
+    )
+    .await
+    .expect("a request arriving during shutdown does not wait");
     assert_eq!(late.unwrap_err(), ShedReason::Shutdown);
     assert_eq!(queue.len(), 0);
     assert_eq!(queue.stats().waiting(), 0);
