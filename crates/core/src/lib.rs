@@ -6,7 +6,8 @@
 //! the [`request_body`] scanner that finds a JSON body's `model` and `rid` as the body arrives,
 //! the atomically swapped routing snapshot in
 //! [`router`], the offline [`explain`] what-if, the [`telemetry`] wire types shared by gatewayd
-//! and bch-tui, and the [`token`] file format every binary reads.
+//! and bch-tui, the [`recording`] format of recorded telemetry, and the [`token`] file format
+//! every binary reads.
 //!
 //! No I/O and no async runtime: everything here is deterministic given its inputs and is tested with
 //! unit, property and golden-vector tests (`tests/fixtures/*.json`, computed by an independent
@@ -42,6 +43,7 @@ pub mod fleet_load;
 pub mod generation_cache;
 pub mod load;
 pub mod policy;
+pub mod recording;
 pub mod request_body;
 pub mod ring;
 pub mod router;
