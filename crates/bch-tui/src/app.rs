@@ -20,6 +20,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::conn::{ConnEvent, ConnStatus};
 use crate::input::{Action, map_key};
+use crate::recorder::Recorder;
 use crate::state::{Effect, ReplicaId, State};
 use crate::view;
 
@@ -33,6 +34,8 @@ const TICK: Duration = Duration::from_millis(250);
 pub struct App {
     state: State,
     commands: Vec<mpsc::UnboundedSender<ClientCommand>>,
+    /// `--record`: where every connection event goes before it is applied.
+    recorder: Option<Recorder>,
 }
 
 impl App {
@@ -43,7 +46,16 @@ impl App {
         state: State,
         commands: Vec<mpsc::UnboundedSender<ClientCommand>>,
     ) -> Self {
-        Self { state, commands }
+        Self {
+            state,
+            commands,
+            recorder: None,
+        }
+    }
+
+    /// Records every connection event from now on into `recorder` (`--record`).
+    pub fn record_to(&mut self, recorder: Recorder) {
+        self.recorder = Some(recorder);
     }
 
     /// Everything the console knows, for reading; it changes only through the `handle_*` methods.
@@ -77,6 +89,13 @@ impl App {
     /// Applies an event from replica `replica`'s network task, answering a seq gap with `resync`
     /// to that replica.
     pub fn handle_replica_conn(&mut self, replica: ReplicaId, event: ConnEvent) {
+        if let Some(recorder) = &mut self.recorder
+            && let Err(error) = recorder.record(replica, &event)
+        {
+            // The console goes on; the operator learns that the file is incomplete from here.
+            self.recorder = None;
+            self.state.set_notice(format!("recording stopped: {error}"));
+        }
         if matches!(event, ConnEvent::Frame(_)) {
             self.state.frame_received_on(replica, Instant::now());
         }

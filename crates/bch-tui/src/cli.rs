@@ -54,6 +54,41 @@ pub struct Cli {
         requires = "client_cert"
     )]
     pub client_key: Option<PathBuf>,
+
+    /// Record every frame received, from every replica, with its receive time, into FILE (created
+    /// or truncated); replay it with --replay. Format: docs/protocol.md, "Recordings".
+    #[arg(long, value_name = "FILE", conflicts_with = "replay")]
+    pub record: Option<PathBuf>,
+
+    /// Play a recording (bch-tui --record, or gatewayd's [telemetry] record_file) in the console
+    /// instead of connecting: space pauses, ←/→ seek 10 s, [ and ] jump to the previous/next
+    /// spill, < and > to the start/end, - and + change the speed (×0.25 to ×16).
+    #[arg(long, value_name = "FILE", conflicts_with = "url")]
+    pub replay: Option<PathBuf>,
+
+    /// Print one rendered screen as text after SECONDS (of watching, or of recorded time with
+    /// --replay) and exit, without taking the terminal: for scripts and CI.
+    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
+    pub snapshot: Option<std::time::Duration>,
+
+    /// The --snapshot screen's width, in columns.
+    #[arg(long, default_value_t = 120, requires = "snapshot", value_parser = clap::value_parser!(u16).range(20..=1000))]
+    pub width: u16,
+
+    /// The --snapshot screen's height, in rows.
+    #[arg(long, default_value_t = 40, requires = "snapshot", value_parser = clap::value_parser!(u16).range(10..=1000))]
+    pub height: u16,
+}
+
+/// A number of seconds, whole or not (`2`, `0.5`), at most a day.
+fn seconds(text: &str) -> Result<std::time::Duration, String> {
+    let seconds: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !(0.0..=86_400.0).contains(&seconds) {
+        return Err(format!("{text}: expected 0 to 86400 seconds"));
+    }
+    Ok(std::time::Duration::from_secs_f64(seconds))
 }
 
 impl Cli {
@@ -237,6 +272,36 @@ mod tests {
         ] {
             let cli = Cli::try_parse_from(["bch-tui", "--url", good]).unwrap();
             cli.validate().unwrap_or_else(|e| panic!("{good}: {e:#}"));
+        }
+    }
+
+    #[test]
+    fn record_replay_and_snapshot_flags() {
+        let cli = Cli::try_parse_from(["bch-tui", "--snapshot", "1.5"]).unwrap();
+        assert_eq!(cli.snapshot, Some(std::time::Duration::from_millis(1500)));
+        assert_eq!((cli.width, cli.height), (120, 40));
+        let cli = Cli::try_parse_from([
+            "bch-tui",
+            "--replay",
+            "d.jsonl",
+            "--snapshot",
+            "3",
+            "--width",
+            "80",
+            "--height",
+            "24",
+        ])
+        .unwrap();
+        assert_eq!((cli.width, cli.height), (80, 24));
+        for bad in [
+            &["bch-tui", "--snapshot", "-1"][..],
+            &["bch-tui", "--snapshot", "soon"],
+            &["bch-tui", "--width", "80"],
+            &["bch-tui", "--snapshot", "1", "--width", "5"],
+            &["bch-tui", "--replay", "a", "--record", "b"],
+            &["bch-tui", "--replay", "a", "--url", "ws://gw/ws"],
+        ] {
+            assert!(Cli::try_parse_from(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -19,6 +19,9 @@ mod app;
 mod cli;
 mod conn;
 mod input;
+mod recorder;
+mod replay;
+mod screen;
 mod state;
 mod term;
 mod view;
@@ -27,10 +30,13 @@ pub use app::{App, ConnEvents, FRAME_BUDGET, run};
 pub use cli::Cli;
 pub use conn::{ConnConfig, ConnEvent, ConnHandle, ConnStatus, client_config};
 pub use input::Action;
+pub use recorder::Recorder;
+pub use replay::{Replay, SPEEDS, run_replay};
+pub use screen::screen_text;
 pub use state::{
     Baseline, COMMAND_TIMEOUT, Change, CommandEntry, CommandState, Effect, FleetBound,
-    FleetPicture, Panel, Replica, ReplicaId, SPILL_LOG_CAP, Sample, Settings, SortColumn, State,
-    Ui, WorkerOrder,
+    FleetPicture, Panel, Playback, Replica, ReplicaId, SPILL_LOG_CAP, Sample, Settings, SortColumn,
+    State, Ui, WorkerOrder,
 };
 pub use term::TerminalGuard;
 pub use view::{draw, viewports};

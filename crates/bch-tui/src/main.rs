@@ -5,7 +5,10 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use bch_tui::{App, Cli, ConnConfig, ConnHandle, ReplicaId, State, TerminalGuard};
+use bch_tui::{
+    App, Cli, ConnConfig, ConnHandle, Recorder, Replay, ReplicaId, State, TerminalGuard,
+    run_replay, screen_text,
+};
 use clap::Parser;
 use crossterm::event::EventStream;
 
@@ -35,11 +38,12 @@ async fn main() -> ExitCode {
 /// Runs the console; `Some(signal)` when a signal ended it.
 async fn run(cli: Cli) -> anyhow::Result<Option<StopSignal>> {
     cli.validate()?;
+    if let Some(path) = &cli.replay {
+        return replay(&cli, path).await;
+    }
     let token = cli.token()?;
     // Built once, shared by every wss:// replica (ws:// ones ignore it).
     let tls = cli.tls()?;
-    // Before the terminal is set up, so no moment of raw mode is without them.
-    let mut stop = StopSignals::install().context("cannot handle signals")?;
 
     // One network task per replica; their events reach the loop tagged with the replica's id.
     let (events_tx, events) = tokio::sync::mpsc::unbounded_channel();
@@ -63,6 +67,20 @@ async fn run(cli: Cli) -> anyhow::Result<Option<StopSignal>> {
     }
     drop(events_tx);
     let mut app = App::with_replicas(State::for_replicas(cli.url.clone()), commands);
+    if let Some(path) = &cli.record {
+        let recorder = Recorder::create(path, cli.url.clone())
+            .with_context(|| format!("--record {}", path.display()))?;
+        app.record_to(recorder);
+    }
+    if let Some(after) = cli.snapshot {
+        snapshot_live(&cli, &mut app, events, after).await;
+        for task in tasks {
+            task.abort();
+        }
+        return Ok(None);
+    }
+    // Before the terminal is set up, so no moment of raw mode is without them.
+    let mut stop = StopSignals::install().context("cannot handle signals")?;
 
     let mut guard = TerminalGuard::enter()
         .context("cannot set up the terminal (bch-tui needs an interactive terminal)")?;
@@ -88,6 +106,64 @@ async fn run(cli: Cli) -> anyhow::Result<Option<StopSignal>> {
         task.abort();
     }
     result
+}
+
+/// `--snapshot` of live gateways: watches for `after`, then prints one screen and returns.
+async fn snapshot_live(
+    cli: &Cli,
+    app: &mut App,
+    mut events: tokio::sync::mpsc::UnboundedReceiver<(ReplicaId, bch_tui::ConnEvent)>,
+    after: std::time::Duration,
+) {
+    let deadline = tokio::time::Instant::now() + after;
+    loop {
+        tokio::select! {
+            event = events.recv() => match event {
+                Some((replica, event)) => app.handle_replica_conn(replica, event),
+                None => break,
+            },
+            _ = tokio::time::sleep_until(deadline) => break,
+        }
+    }
+    let mut state = app.state().clone();
+    print_screen(&screen_text(
+        &mut state,
+        cli.width,
+        cli.height,
+        tokio::time::Instant::now(),
+    ));
+}
+
+/// `--replay`: the recording played in the console, or with `--snapshot` one screen at that
+/// recorded time printed.
+async fn replay(cli: &Cli, path: &std::path::Path) -> anyhow::Result<Option<StopSignal>> {
+    let mut replay = Replay::open(path)?;
+    if let Some(after) = cli.snapshot {
+        let at = replay.start_ms().saturating_add(after.as_millis() as u64);
+        replay.seek(at);
+        let now = replay.instant_of(replay.position_ms());
+        let playback = replay.playback();
+        let state = replay.state_mut();
+        state.set_playback(Some(playback));
+        print_screen(&screen_text(state, cli.width, cli.height, now));
+        return Ok(None);
+    }
+    let mut stop = StopSignals::install().context("cannot handle signals")?;
+    let mut guard = TerminalGuard::enter()
+        .context("cannot set up the terminal (bch-tui needs an interactive terminal)")?;
+    let result = tokio::select! {
+        result = run_replay(guard.terminal(), EventStream::new(), &mut replay) => result.map(|()| None),
+        signal = stop.recv() => Ok(Some(signal)),
+    };
+    drop(guard);
+    result
+}
+
+/// Writes a `--snapshot` screen to stdout; a reader that went away is not an error worth a panic.
+fn print_screen(screen: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(screen.as_bytes());
+    let _ = out.flush();
 }
 
 /// How long a failed console waits for a stop signal that explains the failure (a hangup).

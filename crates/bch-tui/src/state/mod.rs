@@ -14,6 +14,7 @@
 mod commands;
 mod merge;
 mod picture;
+mod playback;
 mod replica;
 mod ui;
 mod worker_rows;
@@ -25,6 +26,7 @@ pub use self::commands::{COMMAND_TIMEOUT, Change, CommandEntry, CommandState};
 use self::commands::{CommandLog, Threshold};
 pub(crate) use self::picture::routable;
 pub use self::picture::{Baseline, FleetBound, FleetPicture, SPILL_LOG_CAP, Sample};
+pub use self::playback::Playback;
 use self::replica::{Answer, differing};
 pub use self::replica::{Replica, ReplicaId, Settings};
 pub use self::ui::{Panel, SortColumn, Ui, WorkerOrder};
@@ -57,6 +59,8 @@ pub struct State {
     commands: CommandLog,
     notice: Option<String>,
     ui: Ui,
+    /// In a replay, where it stands; `None` live.
+    playback: Option<Playback>,
 }
 
 impl State {
@@ -74,6 +78,7 @@ impl State {
             commands: CommandLog::default(),
             notice: None,
             ui: Ui::default(),
+            playback: None,
         }
     }
 
@@ -217,6 +222,27 @@ impl State {
     /// The most recent threshold change, for the status line.
     pub fn last_command(&self) -> Option<&CommandEntry> {
         self.commands.iter().next_back()
+    }
+
+    /// In a replay, where it stands (the header says REPLAY and draws the timeline); `None` live.
+    pub fn playback(&self) -> Option<&Playback> {
+        self.playback.as_ref()
+    }
+
+    /// Tells the state where the replay stands (the replay driver, before each draw).
+    pub fn set_playback(&mut self, playback: Option<Playback>) {
+        self.playback = playback;
+    }
+
+    /// Shows `notice` on the message line (a key a replay refuses, a recording that stopped).
+    pub fn set_notice(&mut self, notice: String) {
+        self.notice = Some(notice);
+    }
+
+    /// Takes `other`'s view-only state (focus, scrolling, filter, selection): a replay that seeks
+    /// back rebuilds the fleet from an earlier state but keeps where the operator was looking.
+    pub fn keep_view_of(&mut self, other: &State) {
+        self.ui = other.ui.clone();
     }
 
     /// View-only state: focus, scrolling, sort, filter, help.

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::styles::{Styles, Tone};
 use super::text::clock;
+use super::timeline;
 use bch_core::telemetry::ChangeSource;
 
 use crate::conn::ConnStatus;
@@ -27,13 +28,25 @@ const KEY_HINTS: &str =
 /// Draws the header into its four rows at `area`, with the reconnect countdown taken at `now`.
 pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, now: Instant, styles: &Styles) {
     let [status, policy, rates, message] = Layout::vertical([Constraint::Length(1); 4]).areas(area);
-    frame.render_widget(Paragraph::new(status_line(state, now, styles)), status);
+    if let Some(playback) = state.playback() {
+        // A replay: its position instead of the connection, its timeline instead of the hints.
+        let status_line = timeline::status_line(state, playback, styles);
+        frame.render_widget(Paragraph::new(status_line), status);
+        if state.notice().is_none() {
+            let timeline = timeline::timeline_line(playback, message.width, styles);
+            frame.render_widget(Paragraph::new(timeline), message);
+        } else {
+            frame.render_widget(Paragraph::new(message_line(state, styles)), message);
+        }
+    } else {
+        frame.render_widget(Paragraph::new(status_line(state, now, styles)), status);
+        frame.render_widget(Paragraph::new(message_line(state, styles)), message);
+    }
     frame.render_widget(
         Paragraph::new(policy_line(state.live(), styles, policy.width)),
         policy,
     );
     sparklines(frame, rates, state.live(), styles);
-    frame.render_widget(Paragraph::new(message_line(state, styles)), message);
 }
 
 /// `bch ● CONNECTED 0.1s ws://… dropped N` (with several replicas: the first one not connected,

@@ -22,6 +22,7 @@ mod ring;
 mod spills;
 mod styles;
 mod text;
+mod timeline;
 mod workers;
 
 use ratatui::Frame;

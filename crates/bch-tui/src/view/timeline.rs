@@ -1,0 +1,138 @@
+//! A replay's two header lines: the status (`▶ REPLAY`, the recorded time, the speed, how far in)
+//! in place of the connection's, and the timeline in place of the key hints, with the drill's
+//! spill and error moments marked and the position on it.
+
+use ratatui::text::{Line, Span};
+
+use super::styles::{Styles, Tone};
+use super::text::clock;
+use crate::state::{Playback, State};
+
+/// A stretch of the timeline with nothing in it.
+const EMPTY: char = '─';
+/// A stretch in which a frame carried spills.
+const SPILL: char = 's';
+/// A stretch with an error moment (a refused command, an unreadable frame, a lost connection);
+/// it wins over a spill in the same cell.
+const ERROR: char = '!';
+/// Where the replay stands.
+const POSITION: char = '●';
+
+/// `bch ▶ REPLAY 12:34:56.789 ×1  +01:23 of 05:00  gatewayd recording  (RESYNCING, PAUSED)`.
+pub(super) fn status_line(state: &State, playback: &Playback, styles: &Styles) -> Line<'static> {
+    let (mark, tone) = if playback.paused {
+        ("⏸", Tone::Warning)
+    } else {
+        ("▶", Tone::Good)
+    };
+    let mut spans = vec![
+        Span::styled(" bch ", styles.brand()),
+        Span::raw(" "),
+        Span::styled(
+            format!("{mark} REPLAY {}", clock(playback.position_ms)),
+            styles.status(tone),
+        ),
+        Span::styled(format!(" ×{}", speed_text(playback.speed)), styles.dim()),
+        Span::raw(format!(
+            "  {} of {}",
+            span_text(playback.position_ms.saturating_sub(playback.start_ms)),
+            span_text(playback.end_ms.saturating_sub(playback.start_ms)),
+        )),
+        Span::styled(format!("  recorded by {}", playback.recorder), styles.dim()),
+    ];
+    if state.resyncing() {
+        spans.push(Span::styled("  RESYNCING", styles.status(Tone::Warning)));
+    }
+    if state.paused() {
+        spans.push(Span::styled(
+            format!("  FROZEN at {}", clock(state.visible().ts_ms)),
+            styles.paused(),
+        ));
+    }
+    Line::from(spans)
+}
+
+/// The timeline across `width` cells: each cell a equal stretch of the recording, marked with
+/// its worst moment, and the position drawn over it.
+pub(super) fn timeline_line(playback: &Playback, width: u16, styles: &Styles) -> Line<'static> {
+    let cells = usize::from(width.saturating_sub(2)).max(1);
+    let span = playback.end_ms.saturating_sub(playback.start_ms).max(1);
+    let cell_of = |ms: u64| -> usize {
+        let offset = ms.saturating_sub(playback.start_ms).min(span);
+        ((u128::from(offset) * cells as u128 / u128::from(span + 1)) as usize).min(cells - 1)
+    };
+    let mut line = vec![EMPTY; cells];
+    for &at in playback.spills.iter() {
+        line[cell_of(at)] = SPILL;
+    }
+    for &at in playback.errors.iter() {
+        line[cell_of(at)] = ERROR;
+    }
+    let position = cell_of(playback.position_ms);
+    let mut spans = vec![Span::raw(" ")];
+    for (index, cell) in line.into_iter().enumerate() {
+        let (symbol, style) = match cell {
+            _ if index == position => (POSITION, styles.status(Tone::Good)),
+            SPILL => (SPILL, styles.tone(Tone::Warning)),
+            ERROR => (ERROR, styles.tone(Tone::Alert)),
+            other => (other, styles.dim()),
+        };
+        spans.push(Span::styled(symbol.to_string(), style));
+    }
+    Line::from(spans)
+}
+
+/// `0.25`, `1`, `16`: the speed without trailing zeros.
+fn speed_text(speed: f64) -> String {
+    let text = format!("{speed:.2}");
+    text.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
+/// `mm:ss` (or `h:mm:ss` past an hour) of a span in milliseconds.
+fn span_text(ms: u64) -> String {
+    let secs = ms / 1000;
+    match secs / 3600 {
+        0 => format!("{:02}:{:02}", secs / 60, secs % 60),
+        hours => format!("{hours}:{:02}:{:02}", (secs / 60) % 60, secs % 60),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn playback(position_ms: u64) -> Playback {
+        Playback {
+            position_ms,
+            start_ms: 1_000,
+            end_ms: 11_000,
+            speed: 0.25,
+            paused: false,
+            recorder: "bch-tui".into(),
+            spills: vec![3_000, 3_100].into(),
+            errors: vec![8_000].into(),
+        }
+    }
+
+    fn text(line: &Line<'_>) -> String {
+        line.spans.iter().map(|s| s.content.as_ref()).collect()
+    }
+
+    #[test]
+    fn the_timeline_marks_spills_errors_and_the_position() {
+        let styles = Styles::default();
+        // 10 cells of one second each (12 columns less the margins).
+        assert_eq!(
+            text(&timeline_line(&playback(1_000), 12, &styles)),
+            " ●ss───!───"
+        );
+        assert_eq!(
+            text(&timeline_line(&playback(11_000), 12, &styles)),
+            " ─ss───!──●"
+        );
+        assert_eq!(speed_text(0.25), "0.25");
+        assert_eq!(speed_text(16.0), "16");
+        assert_eq!(span_text(83_000), "01:23");
+        assert_eq!(span_text(3_723_000), "1:02:03");
+    }
+}
