@@ -33,6 +33,7 @@ mod metrics;
 mod policy;
 mod probes;
 mod reload;
+mod replay;
 mod telemetry;
 mod telemetry_versions;
 mod workers;

@@ -1,0 +1,195 @@
+//! A recorded drill replays to the live console: a gateway with simulated workers under a storm
+//! that spills, watched by a console that records (`--record`'s code path); the recording is then
+//! replayed (`--replay`'s engine) and every state and screen the replay passes through is compared
+//! with the one the live console had after the same event. The header alone may differ (it says
+//! REPLAY and the recorded time).
+
+use std::time::Duration;
+
+use bch_drill::sim::SimConfig;
+use bch_drill::storm::{StormConfig, run_storm};
+use bch_drill::worker::spawn_workers;
+use bch_tui::{
+    App, ConnConfig, ConnEvent, ConnHandle, ConnStatus, FleetPicture, Recorder, Replay, ReplicaId,
+    State, screen_text,
+};
+use gatewayd::config::WorkerConfig;
+
+use crate::common::{start, test_config};
+
+/// The header's rows, the one part of the screen a replay draws differently.
+const HEADER_ROWS: usize = 4;
+const WIDTH: u16 = 120;
+const HEIGHT: u16 = 40;
+
+/// What a console state is, apart from when things happened on its own clock.
+#[derive(Debug, PartialEq)]
+struct Seen {
+    fleet: FleetPicture,
+    last_seq: Option<u64>,
+    resyncing: bool,
+    connected: bool,
+    /// The screen below the header.
+    panels: String,
+    /// The header's first row.
+    status: String,
+}
+
+fn seen(state: &State, now: tokio::time::Instant) -> Seen {
+    let replica = &state.replicas()[0];
+    let screen = screen_text(&mut state.clone(), WIDTH, HEIGHT, now);
+    let mut rows = screen.lines();
+    let status = rows.next().unwrap_or_default().to_owned();
+    let panels: Vec<&str> = rows.skip(HEADER_ROWS - 1).collect();
+    Seen {
+        fleet: state.live().clone(),
+        last_seq: replica.last_seq(),
+        resyncing: replica.resyncing(),
+        connected: *replica.conn() == ConnStatus::Connected,
+        panels: panels.join("\n"),
+        status,
+    }
+}
+
+/// Whether the recorder writes the event (the rest are the console's own: an attempt starting, a
+/// command not sent).
+fn recorded(event: &ConnEvent) -> bool {
+    !matches!(
+        event,
+        ConnEvent::Status(ConnStatus::Connecting) | ConnEvent::NotSent(_)
+    )
+}
+
+#[tokio::test]
+async fn a_recorded_drill_replays_state_by_state_and_screen_by_screen() {
+    let workers = spawn_workers(4, 0, SimConfig::default().with_time_scale(0.2))
+        .await
+        .unwrap();
+    let mut config = test_config(&[]);
+    config.policy.kind = bch_core::policy::PolicyKind::BoundedConsistentHashing;
+    config.policy.min_load_gap = 1;
+    config.policy.max_load_skew = 1.2;
+    config.workers = workers
+        .iter()
+        .map(|w| WorkerConfig {
+            name: Some(w.name().to_owned()),
+            url: w.url(),
+            ring_id: None,
+            health_path: None,
+            metrics_path: None,
+            max_in_flight: None,
+            server_name: None,
+        })
+        .collect();
+    let gateway = start(config).await;
+    let url = format!("ws://{}/ws", gateway.control_addr);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("drill.jsonl");
+
+    let mut handle = ConnHandle::spawn(ConnConfig::new(url.clone()));
+    let mut app = App::with_replicas(
+        State::for_replicas(vec![url.clone()]),
+        vec![handle.commands.clone()],
+    );
+    app.record_to(Recorder::create(&file, vec![url.clone()]).unwrap());
+
+    // Same keys from many clients at once: the preferred workers fill and requests spill.
+    let storm = StormConfig {
+        gateway: format!("http://{}", gateway.data_addr).parse().unwrap(),
+        groups: 40,
+        siblings: 8,
+        keys: 1,
+        concurrency: 32,
+        prefix_tokens: 64,
+        max_tokens: 16,
+        progress: false,
+        ..StormConfig::default()
+    };
+    let mut storm = tokio::spawn(async move { run_storm(&storm).await.unwrap() });
+    let mut storm_done = false;
+    let mut live = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        tokio::select! {
+            report = &mut storm, if !storm_done => {
+                let report = report.unwrap();
+                assert_eq!(report.ok, report.requests, "{:?}", report.error_samples);
+                storm_done = true;
+            }
+            event = handle.events.recv() => {
+                let event = event.expect("the connection task runs");
+                let keep = recorded(&event);
+                app.handle_replica_conn(ReplicaId(0), event);
+                if keep {
+                    live.push(seen(app.state(), tokio::time::Instant::now()));
+                }
+                // The drill is over once the storm finished and the console shows every worker
+                // idle again.
+                let fleet = app.state().live();
+                if storm_done && !fleet.workers.is_empty() && fleet.workers.iter().all(|w| w.active == 0) {
+                    break;
+                }
+            }
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the drill ends");
+    }
+    drop(app);
+    handle.task.abort();
+    gateway.shutdown().await;
+
+    let last = live.last().unwrap();
+    assert!(
+        !last.fleet.spills.is_empty(),
+        "the drill spilled (else the test shows nothing): {} states, totals {:?}, policy {:?}",
+        live.len(),
+        last.fleet.totals,
+        last.fleet.policy
+    );
+    assert!(last.status.contains("CONNECTED"), "{}", last.status);
+
+    let mut replay = Replay::open(&file).unwrap();
+    let mut replayed = Vec::new();
+    while let Some(event) = replay.step() {
+        let at = event.at_ms;
+        let now = replay.instant_of(at);
+        let playback = replay.playback();
+        replay.state_mut().set_playback(Some(playback));
+        replayed.push(seen(replay.state(), now));
+    }
+    assert_eq!(
+        replayed.len(),
+        live.len(),
+        "one replayed state per live event"
+    );
+    for (index, (live, replayed)) in live.iter().zip(&replayed).enumerate() {
+        assert_eq!(live.fleet, replayed.fleet, "state after event {index}");
+        assert_eq!(
+            (live.last_seq, live.resyncing, live.connected),
+            (replayed.last_seq, replayed.resyncing, replayed.connected),
+            "connection after event {index}"
+        );
+        assert_eq!(
+            live.panels, replayed.panels,
+            "screen after event {index} (header aside)"
+        );
+        assert!(replayed.status.contains("REPLAY"), "{}", replayed.status);
+    }
+    assert!(
+        live.len() >= 5,
+        "a drill of a few frames at least: {}",
+        live.len()
+    );
+    // The replay found the same workers and the same spills.
+    let end = replayed.last().unwrap();
+    let names = |fleet: &FleetPicture| -> Vec<String> {
+        fleet.workers.iter().map(|w| w.name.clone()).collect()
+    };
+    assert_eq!(
+        names(&end.fleet),
+        workers
+            .iter()
+            .map(|w| w.name().to_owned())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(end.fleet.spills, last.fleet.spills);
+}
