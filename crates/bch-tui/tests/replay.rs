@@ -140,7 +140,11 @@ async fn the_replay_keys_seek_pause_and_refuse_writes() {
     with_keys(&mut replay, vec![KeyCode::Left, KeyCode::Left]).await;
     assert_eq!(replay.position_ms(), replay.end_ms() - 20_000, "← twice");
     with_keys(&mut replay, vec![KeyCode::Char('[')]).await;
-    assert_eq!(replay.position_ms(), START_MS + 35_000, "[ the previous spill");
+    assert_eq!(
+        replay.position_ms(),
+        START_MS + 35_000,
+        "[ the previous spill"
+    );
     with_keys(&mut replay, vec![KeyCode::Char('<'), KeyCode::Right]).await;
     assert_eq!(replay.position_ms(), START_MS + 10_000, "< then →");
     with_keys(&mut replay, vec![KeyCode::Char('+'), KeyCode::Char('+')]).await;
