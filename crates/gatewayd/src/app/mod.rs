@@ -55,7 +55,7 @@ use crate::picker::{PickerMetrics, PickerPlane};
 use crate::proxy::DataPlane;
 use crate::scraper::ScrapeStats;
 use crate::server::{ConnectionCap, Listening};
-use crate::telemetry::Telemetry;
+use crate::telemetry::{RecordingTarget, Telemetry};
 use crate::upstream::{Upstreams, WorkerTls};
 
 /// A started gateway: its bound addresses, read-only views for its owner, and the way to stop it.
@@ -137,7 +137,14 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
     let served_data_addr = listeners.data.is_some().then_some(data_addr);
     let secure = |listener| prepared.tls.served.of(listener).is_some();
     let tls = [TlsListener::Data, TlsListener::Control, TlsListener::Picker].map(secure);
+    let recording = RecordingTarget::of(&prepared.config.telemetry, control_addr, tls[1]);
     let parts = assemble(prepared, &listeners, &shutdown)?;
+    if let Some(target) = recording
+        && let Err(error) = parts.telemetry.record(target)
+    {
+        shutdown.cancel();
+        return Err(StartError::Recording(error));
+    }
     let (router, registry) = (Arc::clone(&parts.router), Arc::clone(&parts.registry));
     let requires_token = parts.control_plane.token.is_some();
     let admin = Arc::clone(&parts.admin);

@@ -132,6 +132,9 @@ pub enum StartError {
     /// A listener's certificate, key or client CA cannot be served; names the section and file.
     #[error("{0}")]
     Tls(String),
+    /// `[telemetry] record_file` cannot be created or written; names the file.
+    #[error("cannot record telemetry ([telemetry] record_file): {0}")]
+    Recording(std::io::Error),
     /// The load scraper's thread or its runtime cannot be created.
     #[error("cannot start the load scraper's thread: {0}")]
     Scraper(std::io::Error),

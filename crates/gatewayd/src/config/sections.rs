@@ -3,6 +3,7 @@
 //! puts the section's name in front.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use bch_core::policy::{
@@ -211,7 +212,18 @@ pub struct TelemetryConfig {
     pub max_spill_events: usize,
     /// Frames queued per websocket client before it is considered slow and resynced.
     pub client_queue: usize,
+    /// Record every frame a version 2 console would receive into this file (bch-core's recording
+    /// format; `bch-tui --replay` plays it), so a drill nobody watched is kept. `None`: no
+    /// recording.
+    pub record_file: Option<PathBuf>,
+    /// Size in bytes past which the recording is rotated: `FILE` becomes `FILE.1` (the older
+    /// `FILE.1` … `FILE.8` move up one, the oldest is deleted) and a fresh `FILE` starts with a
+    /// snapshot.
+    pub record_max_bytes: u64,
 }
+
+/// `record_max_bytes` by default: 64 MiB, an hour of a busy 100-worker fleet's frames.
+pub const DEFAULT_RECORD_MAX_BYTES: u64 = 64 * 1024 * 1024;
 
 impl Default for TelemetryConfig {
     fn default() -> Self {
@@ -221,6 +233,8 @@ impl Default for TelemetryConfig {
             redact_keys: false,
             max_spill_events: 200,
             client_queue: 64,
+            record_file: None,
+            record_max_bytes: DEFAULT_RECORD_MAX_BYTES,
         }
     }
 }
@@ -341,9 +355,18 @@ impl TelemetryConfig {
     pub fn problems(&self) -> Vec<FieldError> {
         let mut problems = zero_durations([("interval_ms", self.interval)]);
         problems.extend(zero_counts([("client_queue", self.client_queue as u64)]));
+        if self.record_max_bytes < MIN_RECORD_BYTES {
+            problems.push(FieldError::new(
+                "record_max_bytes",
+                format!("must be at least {MIN_RECORD_BYTES} (one snapshot must fit)"),
+            ));
+        }
         problems
     }
 }
+
+/// The smallest `record_max_bytes`: below it a file would rotate on every frame.
+const MIN_RECORD_BYTES: u64 = 64 * 1024;
 
 /// `must be greater than 0` for each of `durations` that is zero.
 pub fn zero_durations<const N: usize>(durations: [(&str, Duration); N]) -> Vec<FieldError> {

@@ -8,14 +8,18 @@
 //! and gets a fresh `snapshot` as soon as its queue has room again.
 //!
 //! Files: [`keys`] (key identities and the tracked-key table), `event` (what flows into the
-//! aggregator), `aggregator` (the task), `clients` (per-client queues), [`wire`] (encoding).
+//! aggregator), `aggregator` (the task), `clients` (per-client queues), [`wire`] (encoding),
+//! `recorder` (`[telemetry] record_file`: one more client, writing a recording).
 
 mod admission;
 mod aggregator;
 mod clients;
 mod event;
 pub mod keys;
+mod recorder;
 pub mod wire;
+
+pub use recorder::RecordingTarget;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

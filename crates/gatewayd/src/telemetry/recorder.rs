@@ -1,0 +1,191 @@
+//! `[telemetry] record_file`: the gateway records its own telemetry, so a drill nobody watched
+//! can be replayed (`bch-tui --replay`). The recorder is one more telemetry client (protocol
+//! version 2, the console's): it gets the frames a console would, in the recording format of
+//! bch-core (`docs/protocol.md`, "Recordings"), with a snapshot at the start of every file and
+//! every [`SNAPSHOT_EVERY`], so any file, and any point after a snapshot, can be replayed alone.
+//!
+//! It writes on a thread of its own (file writes block), and like any client it never slows the
+//! aggregator: when the disk falls behind its queue fills, frames are dropped (counted in the
+//! next tick's `dropped_events`) and a fresh snapshot follows.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use bch_core::recording::{RecordedEvent, RecordedKind, RecordingHeader, frame_line};
+use bch_core::telemetry::PROTOCOL_VERSION;
+
+use super::Telemetry;
+use super::wire::envelope;
+use crate::clock::now_ms;
+use crate::config::TelemetryConfig;
+
+/// Time between two snapshots in a recording, so a seek or a rotated file needs at most this much
+/// of the recording before it.
+const SNAPSHOT_EVERY: Duration = Duration::from_secs(30);
+/// Rotated files kept besides the current one: `FILE.1` (newest) to `FILE.8`.
+pub const ROTATED_FILES_KEPT: u32 = 8;
+
+/// Where a gateway records and when it rotates.
+#[derive(Debug, Clone)]
+pub struct RecordingTarget {
+    /// The current file; rotated ones get `.1`, `.2`, … appended.
+    pub path: PathBuf,
+    /// Size past which the file is rotated.
+    pub max_bytes: u64,
+    /// What the header names the replica by: the control plane's `/ws` URL.
+    pub url: String,
+}
+
+impl RecordingTarget {
+    /// The target `config` asks for (`None` without `record_file`), naming the control plane at
+    /// `control_addr` (`wss://` when `control_tls`) as the replica.
+    pub fn of(
+        config: &TelemetryConfig,
+        control_addr: SocketAddr,
+        control_tls: bool,
+    ) -> Option<Self> {
+        let scheme = if control_tls { "wss" } else { "ws" };
+        config.record_file.clone().map(|path| Self {
+            path,
+            max_bytes: config.record_max_bytes,
+            url: format!("{scheme}://{control_addr}/ws"),
+        })
+    }
+}
+
+/// The open file and how much is in it.
+struct RecordingFile {
+    target: RecordingTarget,
+    file: BufWriter<File>,
+    written: u64,
+}
+
+impl RecordingFile {
+    /// Creates (or truncates) the target's file and writes the header.
+    fn create(target: RecordingTarget) -> std::io::Result<Self> {
+        let file = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(&target.path)?;
+        let mut this = Self {
+            target,
+            file: BufWriter::new(file),
+            written: 0,
+        };
+        let header = RecordingHeader::new("gatewayd", now_ms(), vec![this.target.url.clone()]);
+        this.write(&header.to_line())?;
+        // Each file is one connection of a console's: it opens, then a snapshot at seq 0.
+        let opened = RecordedEvent {
+            at_ms: now_ms(),
+            replica: 0,
+            kind: RecordedKind::Connected,
+        };
+        this.write(&opened.to_line())?;
+        this.file.flush()?;
+        Ok(this)
+    }
+
+    fn write(&mut self, line: &str) -> std::io::Result<()> {
+        self.file.write_all(line.as_bytes())?;
+        self.written += line.len() as u64;
+        Ok(())
+    }
+
+    /// Moves `FILE` to `FILE.1` (and each older one up, the oldest deleted), then starts a fresh
+    /// `FILE`.
+    fn rotate(self) -> std::io::Result<Self> {
+        let Self { target, file, .. } = self;
+        drop(file.into_inner().map_err(|e| e.into_error())?);
+        let numbered = |n: u32| rotated_path(&target.path, n);
+        let _ = std::fs::remove_file(numbered(ROTATED_FILES_KEPT));
+        for n in (1..ROTATED_FILES_KEPT).rev() {
+            let from = numbered(n);
+            if from.exists() {
+                std::fs::rename(&from, numbered(n + 1))?;
+            }
+        }
+        std::fs::rename(&target.path, numbered(1))?;
+        Self::create(target)
+    }
+}
+
+/// `FILE.n`.
+fn rotated_path(path: &Path, n: u32) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(".{n}"));
+    PathBuf::from(name)
+}
+
+impl Telemetry {
+    /// Starts recording into `target`: the file is created now (so a path that cannot be written
+    /// fails the start), then a thread writes every frame until the aggregator stops. A write
+    /// that fails later is logged once and ends the recording; the gateway goes on.
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be created or written.
+    pub fn record(&self, target: RecordingTarget) -> std::io::Result<()> {
+        let path = target.path.clone();
+        let named = |error: std::io::Error| {
+            std::io::Error::new(error.kind(), format!("{}: {error}", path.display()))
+        };
+        let file = RecordingFile::create(target).map_err(named)?;
+        let (id, frames) = self.register(PROTOCOL_VERSION);
+        let telemetry = self.clone();
+        std::thread::Builder::new()
+            .name("telemetry-recorder".into())
+            .spawn(move || {
+                let path = file.target.path.clone();
+                if let Err(error) = write_frames(file, frames, &telemetry, id) {
+                    tracing::warn!(file = %path.display(), %error, "telemetry recording stopped");
+                }
+                telemetry.unregister(id);
+            })?;
+        Ok(())
+    }
+}
+
+/// Writes every frame of client `id` until its queue closes (the aggregator stopped), rotating by
+/// size and asking for a snapshot after each rotation and every [`SNAPSHOT_EVERY`].
+fn write_frames(
+    mut file: RecordingFile,
+    mut frames: tokio::sync::mpsc::Receiver<std::sync::Arc<str>>,
+    telemetry: &Telemetry,
+    id: u64,
+) -> std::io::Result<()> {
+    let mut seq: u64 = 0;
+    // A fresh file waits for its snapshot: frames before it describe changes the snapshot holds.
+    let mut waiting_for_snapshot = true;
+    let mut last_snapshot = Instant::now();
+    while let Some(body) = frames.blocking_recv() {
+        let snapshot = body.starts_with("{\"type\":\"snapshot\"");
+        if waiting_for_snapshot && !snapshot {
+            continue;
+        }
+        waiting_for_snapshot = false;
+        let frame = envelope(PROTOCOL_VERSION, seq, &body);
+        seq += 1;
+        file.write(&frame_line(now_ms(), 0, &frame))?;
+        // Whole lines on disk before waiting again: a gateway that is killed loses at most the
+        // frame being written.
+        file.file.flush()?;
+        if snapshot {
+            last_snapshot = Instant::now();
+        } else if last_snapshot.elapsed() >= SNAPSHOT_EVERY {
+            telemetry.resync(id);
+            last_snapshot = Instant::now();
+        }
+        if file.written >= file.target.max_bytes {
+            file = file.rotate()?;
+            seq = 0;
+            waiting_for_snapshot = true;
+            telemetry.resync(id);
+            last_snapshot = Instant::now();
+        }
+    }
+    file.file.flush()
+}
