@@ -9,7 +9,10 @@
 # raising min_load_gap (confirmed by GET /admin/policy and on screen), `d` draining and `u`
 # undraining the selected worker (confirmed by GET /admin/workers and on screen), RECONNECTING when gatewayd
 # stops, CONNECTED again when it restarts on the same ports, and `q` ending the console with exit
-# status 0. Stops only what it started (by pid, and its own tmux server). Every captured pane is kept
+# status 0. The console records the whole run (--record); the recording is then replayed
+# (--replay) in the same tmux session: REPLAY in the header, the same four workers, the spills of
+# the demo's hot keys at the end, the threshold keys refused, and --replay --snapshot printing
+# one screen. Stops only what it started (by pid, and its own tmux server). Every captured pane is kept
 # in a temporary directory whose path is printed; the last line is `tui e2e: N passed, M failed`.
 #
 # Environment: BCH_E2E_KEEP_GOING=0 stops at the first failed check (default: run them all).
@@ -189,7 +192,7 @@ start_gatewayd || abort "gatewayd did not start"
 printf 'set -g remain-on-exit on\nset -g history-limit 0\n' >"$WORK/tmux.conf"
 env -u BCH_TOKEN_FILE -u BCH_TUI_URL -u TMUX \
   tmux -S "$WORK/tmux.sock" -f "$WORK/tmux.conf" new-session -d -s "$SESSION" -x 120 -y 40 \
-  "'$BCH_TUI' --url '$WS_URL'; echo \$? >'$WORK/bch-tui.exit'" || abort "cannot start tmux"
+  "'$BCH_TUI' --url '$WS_URL' --record '$WORK/demo.jsonl'; echo \$? >'$WORK/bch-tui.exit'" || abort "cannot start tmux"
 log "bch-tui --url $WS_URL in tmux session $SESSION (socket $WORK/tmux.sock)"
 
 # 1. Connected.
@@ -339,6 +342,90 @@ if [ "$status" = 0 ]; then
   pass "q: bch-tui exited with status 0"
 else
   fail "q: bch-tui did not exit cleanly within 10 s (exit status: '${status:-still running}')"
+fi
+
+# 8. The recording: the four workers and the demo's spills, as the live console received them.
+RECORDED=$(python3 - "$WORK/demo.jsonl" <<'PY'
+import json, sys
+lines = open(sys.argv[1], encoding="utf-8").read().splitlines()
+header = json.loads(lines[0])
+assert header["format"] == "bch-recording" and header["recorder"] == "bch-tui", header
+workers, spilled = set(), set()
+for line in lines[1:]:
+    event = json.loads(line)
+    frame = event.get("frame") or {}
+    for worker in frame.get("workers", []):
+        workers.add(worker["name"])
+    for spill in frame.get("spills", []):
+        spilled.add(spill["key"])
+print(" ".join(sorted(workers)), "|", " ".join(sorted(spilled)))
+PY
+) || RECORDED=""
+RECORDED_WORKERS=${RECORDED%% |*}
+RECORDED_SPILLS=${RECORDED##*| }
+if [ "$RECORDED_WORKERS" = "sim-0 sim-1 sim-2 sim-3" ] && [ -n "$RECORDED_SPILLS" ]; then
+  pass "--record: the recording holds sim-0..sim-3 and spills of $RECORDED_SPILLS"
+else
+  fail "--record: the recording holds workers '$RECORDED_WORKERS' and spilled keys '$RECORDED_SPILLS'"
+fi
+
+# 9. The replay, in a new window of the same session: REPLAY, the same workers; at its first
+# spill (]) the spills panel shows the demo's spilled keys; G is refused and changes nothing.
+tmx new-window -t "$SESSION" \
+  "'$BCH_TUI' --replay '$WORK/demo.jsonl'; echo \$? >'$WORK/replay.exit'" ||
+  fail "cannot open the replay's window"
+replaying() { head -n 1 | grep -q 'REPLAY'; }
+if wait_screen replay 15 replaying && wait_screen replay-workers 15 has_workers; then
+  pass "--replay: $(header <"$WORK/replay.txt" | sed 's/  */ /g'), sim-0..sim-3 listed"
+else
+  fail "--replay: no REPLAY header with sim-0..sim-3"
+fi
+tmx send-keys -t "$SESSION" ']'
+spills_shown() {
+  local pane key
+  pane=$(cat)
+  printf '%s\n' "$pane" | grep -Eq 'Spills [1-9][0-9]* total' || return 1
+  for key in $RECORDED_SPILLS; do
+    printf '%s\n' "$pane" | grep -q "$key" && return 0
+  done
+  return 1
+}
+if wait_screen replay-end 10 spills_shown; then
+  pass "--replay ]: the spills panel shows $(grep -Eo 'Spills [0-9]+ total' "$WORK/replay-end.txt" | head -n 1) with the recorded keys"
+else
+  fail "--replay ]: the spills panel does not show the recorded spills"
+fi
+GAP_BEFORE=$(policy_gap) || GAP_BEFORE=""
+tmx send-keys -t "$SESSION" G
+refused() { grep -q 'do nothing'; }
+if wait_screen replay-refused 10 refused && [ "$(policy_gap)" = "$GAP_BEFORE" ]; then
+  pass "--replay G: refused on screen, min_load_gap still $GAP_BEFORE"
+else
+  fail "--replay G: not refused, or the gateway's min_load_gap changed"
+fi
+tmx send-keys -t "$SESSION" q
+status=""
+deadline=$(($(date +%s) + 10))
+while [ "$(date +%s)" -lt "$deadline" ]; do
+  status=$(cat "$WORK/replay.exit" 2>/dev/null) || status=""
+  [ -n "$status" ] && break
+  sleep 0.1
+done
+if [ "$status" = 0 ]; then
+  pass "--replay q: exited with status 0"
+else
+  fail "--replay q: did not exit cleanly (exit status: '${status:-still running}')"
+fi
+
+# 10. --replay --snapshot: one 80x24 screen as text, without a terminal.
+"$BCH_TUI" --replay "$WORK/demo.jsonl" --snapshot 5 --width 80 --height 24 \
+  >"$WORK/replay-snapshot.txt" 2>"$WORK/replay-snapshot.err"
+if [ $? = 0 ] && [ "$(wc -l <"$WORK/replay-snapshot.txt")" = 24 ] &&
+  head -n 1 "$WORK/replay-snapshot.txt" | grep -q REPLAY &&
+  worker_rows <"$WORK/replay-snapshot.txt" | grep -q 'sim-0 '; then
+  pass "--replay --snapshot 5: 24 rows, REPLAY, sim-0 listed"
+else
+  fail "--replay --snapshot 5: see $WORK/replay-snapshot.txt and .err"
 fi
 
 log "checks took $(($(date +%s) - BUILT)) s after the build"

@@ -138,6 +138,24 @@ impl Telemetry {
         let _ = self.control.send(Control::Unregister(id));
     }
 
+    /// Starts recording into `target` (`[telemetry] record_file`): the file is created now, then
+    /// a thread writes every frame a version 2 client gets until the aggregator stops.
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be created or written; the error names it.
+    pub fn record(&self, target: RecordingTarget) -> std::io::Result<()> {
+        let file = recorder::create(target)?;
+        let (id, frames) = self.register(bch_core::telemetry::PROTOCOL_VERSION);
+        let (resync, done) = (self.clone(), self.clone());
+        recorder::spawn(
+            file,
+            frames,
+            move || resync.resync(id),
+            move || done.unregister(id),
+        )
+    }
+
     /// Asks for a fresh snapshot for a client.
     pub fn resync(&self, id: u64) {
         let _ = self.control.send(Control::Resync(id));

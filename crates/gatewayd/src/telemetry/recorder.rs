@@ -12,12 +12,13 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bch_core::recording::{RecordedEvent, RecordedKind, RecordingHeader, frame_line};
 use bch_core::telemetry::PROTOCOL_VERSION;
+use tokio::sync::mpsc::Receiver;
 
-use super::Telemetry;
 use super::wire::envelope;
 use crate::clock::now_ms;
 use crate::config::TelemetryConfig;
@@ -57,7 +58,7 @@ impl RecordingTarget {
 }
 
 /// The open file and how much is in it.
-struct RecordingFile {
+pub(super) struct RecordingFile {
     target: RecordingTarget,
     file: BufWriter<File>,
     written: u64,
@@ -120,42 +121,41 @@ fn rotated_path(path: &Path, n: u32) -> PathBuf {
     PathBuf::from(name)
 }
 
-impl Telemetry {
-    /// Starts recording into `target`: the file is created now (so a path that cannot be written
-    /// fails the start), then a thread writes every frame until the aggregator stops. A write
-    /// that fails later is logged once and ends the recording; the gateway goes on.
-    ///
-    /// # Errors
-    ///
-    /// The file cannot be created or written.
-    pub fn record(&self, target: RecordingTarget) -> std::io::Result<()> {
-        let path = target.path.clone();
-        let named = |error: std::io::Error| {
-            std::io::Error::new(error.kind(), format!("{}: {error}", path.display()))
-        };
-        let file = RecordingFile::create(target).map_err(named)?;
-        let (id, frames) = self.register(PROTOCOL_VERSION);
-        let telemetry = self.clone();
-        std::thread::Builder::new()
-            .name("telemetry-recorder".into())
-            .spawn(move || {
-                let path = file.target.path.clone();
-                if let Err(error) = write_frames(file, frames, &telemetry, id) {
-                    tracing::warn!(file = %path.display(), %error, "telemetry recording stopped");
-                }
-                telemetry.unregister(id);
-            })?;
-        Ok(())
-    }
+/// Creates `target`'s file (so a path that cannot be written fails the start), naming the file
+/// in the error.
+pub(super) fn create(target: RecordingTarget) -> std::io::Result<RecordingFile> {
+    let path = target.path.clone();
+    RecordingFile::create(target)
+        .map_err(|error| std::io::Error::new(error.kind(), format!("{}: {error}", path.display())))
 }
 
-/// Writes every frame of client `id` until its queue closes (the aggregator stopped), rotating by
-/// size and asking for a snapshot after each rotation and every [`SNAPSHOT_EVERY`].
+/// Writes the client's `frames` into `file` on a thread of its own until the queue closes (the
+/// aggregator stopped); `resync` asks for a snapshot, `done` unregisters the client. A write that
+/// fails is logged once and ends the recording; the gateway goes on.
+pub(super) fn spawn(
+    file: RecordingFile,
+    frames: Receiver<Arc<str>>,
+    resync: impl Fn() + Send + 'static,
+    done: impl FnOnce() + Send + 'static,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("telemetry-recorder".into())
+        .spawn(move || {
+            let path = file.target.path.clone();
+            if let Err(error) = write_frames(file, frames, &resync) {
+                tracing::warn!(file = %path.display(), %error, "telemetry recording stopped");
+            }
+            done();
+        })?;
+    Ok(())
+}
+
+/// Writes every frame until the queue closes, rotating by size and asking for a snapshot
+/// (`resync`) after each rotation and every [`SNAPSHOT_EVERY`].
 fn write_frames(
     mut file: RecordingFile,
-    mut frames: tokio::sync::mpsc::Receiver<std::sync::Arc<str>>,
-    telemetry: &Telemetry,
-    id: u64,
+    mut frames: Receiver<Arc<str>>,
+    resync: &impl Fn(),
 ) -> std::io::Result<()> {
     let mut seq: u64 = 0;
     // A fresh file waits for its snapshot: frames before it describe changes the snapshot holds.
@@ -176,14 +176,14 @@ fn write_frames(
         if snapshot {
             last_snapshot = Instant::now();
         } else if last_snapshot.elapsed() >= SNAPSHOT_EVERY {
-            telemetry.resync(id);
+            resync();
             last_snapshot = Instant::now();
         }
         if file.written >= file.target.max_bytes {
             file = file.rotate()?;
             seq = 0;
             waiting_for_snapshot = true;
-            telemetry.resync(id);
+            resync();
             last_snapshot = Instant::now();
         }
     }
