@@ -42,7 +42,7 @@ impl Recorder {
     pub fn record(&mut self, replica: ReplicaId, event: &ConnEvent) -> std::io::Result<()> {
         let kind = match event {
             ConnEvent::Frame(frame) => RecordedKind::Frame {
-                frame: frame.as_ref().clone(),
+                frame: frame.clone(),
             },
             ConnEvent::Status(ConnStatus::Connected) => RecordedKind::Connected,
             ConnEvent::Status(ConnStatus::Reconnecting { reason, .. }) => {

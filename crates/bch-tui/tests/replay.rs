@@ -17,7 +17,7 @@ const START_MS: u64 = 1_767_268_800_000;
 
 /// A tick fixture at `seq`, with the first worker's load `active`; every tenth carries spills.
 fn tick(seq: u64, active: u64) -> ServerFrame {
-    let mut f = frame(if seq % 10 == 0 {
+    let mut f = frame(if seq.is_multiple_of(10) {
         "tick_spill"
     } else {
         "tick_unhealthy"
@@ -26,7 +26,7 @@ fn tick(seq: u64, active: u64) -> ServerFrame {
     if let ServerMessage::Tick(tick) = &mut f.message {
         tick.workers[0].active = active;
         tick.ts_ms = START_MS + seq * 500;
-        if seq % 10 != 0 {
+        if !seq.is_multiple_of(10) {
             tick.spills.clear();
         }
     }
@@ -45,7 +45,7 @@ fn recording() -> Recording {
         event(
             START_MS + 5,
             RecordedKind::Frame {
-                frame: frame("snapshot"),
+                frame: Box::new(frame("snapshot")),
             },
         ),
     ];
@@ -53,7 +53,7 @@ fn recording() -> Recording {
         events.push(event(
             START_MS + seq * 500,
             RecordedKind::Frame {
-                frame: tick(seq, seq % 7),
+                frame: Box::new(tick(seq, seq % 7)),
             },
         ));
     }

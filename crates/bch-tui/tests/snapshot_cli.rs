@@ -81,7 +81,7 @@ async fn a_snapshot_prints_one_screen_and_a_recording_replays_it() {
     server.await.unwrap();
 
     let recording = Recording::parse(&std::fs::read(&file).unwrap()).unwrap();
-    assert_eq!(recording.header.replicas, [url.clone()]);
+    assert_eq!(recording.header.replicas, std::slice::from_ref(&url));
     let kinds: Vec<&str> = recording
         .events
         .iter()

@@ -77,8 +77,8 @@ pub struct RecordedEvent {
 pub enum RecordedKind {
     /// A telemetry frame, exactly as the protocol defines it (`{"v":…,"seq":…,"type":…}`).
     Frame {
-        /// The frame.
-        frame: ServerFrame,
+        /// The frame (boxed: the other events are a few words).
+        frame: Box<ServerFrame>,
     },
     /// The connection to the replica opened (its `seq` restarts at 0 with a snapshot).
     Connected,

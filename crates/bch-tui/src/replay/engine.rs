@@ -244,7 +244,7 @@ fn apply(state: &mut State, at: Instant, event: &RecordedEvent) {
     let event = match &event.kind {
         RecordedKind::Frame { frame } => {
             state.frame_received_on(replica, at);
-            ConnEvent::Frame(Box::new(frame.clone()))
+            ConnEvent::Frame(frame.clone())
         }
         RecordedKind::Connected => ConnEvent::Status(ConnStatus::Connected),
         RecordedKind::Disconnected { reason } => ConnEvent::Status(ConnStatus::Reconnecting {

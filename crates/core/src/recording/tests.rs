@@ -28,7 +28,7 @@ fn events() -> Vec<RecordedEvent> {
             at_ms: 1_767_268_800_101,
             replica: 0,
             kind: RecordedKind::Frame {
-                frame: frame(&TICK.replace('\n', "")),
+                frame: Box::new(frame(&TICK.replace('\n', ""))),
             },
         },
         RecordedEvent {
@@ -87,7 +87,7 @@ fn a_frame_line_from_serialised_json_reads_as_the_frame() {
             at_ms: 42,
             replica: 0,
             kind: RecordedKind::Frame {
-                frame: frame(&json)
+                frame: Box::new(frame(&json))
             },
         }]
     );

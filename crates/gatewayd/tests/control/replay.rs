@@ -309,7 +309,7 @@ async fn an_unwatched_gateway_records_its_drill_rotating_by_size() {
             continue;
         }
         assert_eq!(recording.header.recorder, "gatewayd");
-        assert_eq!(recording.header.replicas, [url.clone()]);
+        assert_eq!(recording.header.replicas, std::slice::from_ref(&url));
         // Each file replays alone: it opens like a console's connection, with a snapshot.
         match &recording.events[..2] {
             [
