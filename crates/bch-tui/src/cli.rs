@@ -62,8 +62,9 @@ pub struct Cli {
 
     /// Play a recording (bch-tui --record, or gatewayd's [telemetry] record_file) in the console
     /// instead of connecting: space pauses, ←/→ seek 10 s, [ and ] jump to the previous/next
-    /// spill, < and > to the start/end, - and + change the speed (×0.25 to ×16).
-    #[arg(long, value_name = "FILE", conflicts_with = "url")]
+    /// spill, < and > to the start/end, - and + change the speed (×0.25 to ×16). --url and the
+    /// connection's flags are ignored (so BCH_TUI_URL in the environment does not get in the way).
+    #[arg(long, value_name = "FILE")]
     pub replay: Option<PathBuf>,
 
     /// Print one rendered screen as text after SECONDS (of watching, or of recorded time with
@@ -299,7 +300,6 @@ mod tests {
             &["bch-tui", "--width", "80"],
             &["bch-tui", "--snapshot", "1", "--width", "5"],
             &["bch-tui", "--replay", "a", "--record", "b"],
-            &["bch-tui", "--replay", "a", "--url", "ws://gw/ws"],
         ] {
             assert!(Cli::try_parse_from(bad).is_err(), "{bad:?}");
         }

@@ -37,10 +37,11 @@ async fn main() -> ExitCode {
 
 /// Runs the console; `Some(signal)` when a signal ended it.
 async fn run(cli: Cli) -> anyhow::Result<Option<StopSignal>> {
-    cli.validate()?;
+    // A replay connects to nothing: the URLs (perhaps from the environment) are not checked.
     if let Some(path) = &cli.replay {
         return replay(&cli, path).await;
     }
+    cli.validate()?;
     let token = cli.token()?;
     // Built once, shared by every wss:// replica (ws:// ones ignore it).
     let tls = cli.tls()?;

@@ -22,7 +22,8 @@ async fn console(args: Vec<String>) -> Output {
     tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_bch-tui"))
             .args(args)
-            .env_remove("BCH_TUI_URL")
+            // A URL in the environment is the live console's default; a replay ignores it.
+            .env("BCH_TUI_URL", "ws://not-used.invalid:1/ws")
             .env_remove("BCH_TOKEN_FILE")
             .output()
             .unwrap()
