@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bch_drill::sim::SimConfig;
 use bch_drill::storm::{StormConfig, run_storm};
-use bch_drill::worker::spawn_workers;
+use bch_drill::worker::{WorkerHandle, spawn_workers};
 use bch_tui::{
     App, ConnConfig, ConnEvent, ConnHandle, ConnStatus, FleetPicture, Recorder, Replay, ReplicaId,
     State, screen_text,
@@ -51,6 +51,20 @@ fn seen(state: &State, now: tokio::time::Instant) -> Seen {
     }
 }
 
+/// The gateway's entry for a simulated worker.
+fn worker_config(worker: &WorkerHandle) -> WorkerConfig {
+    WorkerConfig {
+        name: Some(worker.name().to_owned()),
+        url: worker.url(),
+        ring_id: None,
+        health_path: None,
+        metrics_path: None,
+        max_in_flight: None,
+        server_name: None,
+        models: Vec::new(),
+    }
+}
+
 /// Whether the recorder writes the event (the rest are the console's own: an attempt starting, a
 /// command not sent).
 fn recorded(event: &ConnEvent) -> bool {
@@ -69,18 +83,7 @@ async fn a_recorded_drill_replays_state_by_state_and_screen_by_screen() {
     config.policy.kind = bch_core::policy::PolicyKind::BoundedConsistentHashing;
     config.policy.min_load_gap = 1;
     config.policy.max_load_skew = 1.2;
-    config.workers = workers
-        .iter()
-        .map(|w| WorkerConfig {
-            name: Some(w.name().to_owned()),
-            url: w.url(),
-            ring_id: None,
-            health_path: None,
-            metrics_path: None,
-            max_in_flight: None,
-            server_name: None,
-        })
-        .collect();
+    config.workers = workers.iter().map(worker_config).collect();
     let gateway = start(config).await;
     let url = format!("ws://{}/ws", gateway.control_addr);
     let dir = tempfile::tempdir().unwrap();
@@ -227,18 +230,7 @@ async fn an_unwatched_gateway_records_its_drill_rotating_by_size() {
     config.policy.max_load_skew = 1.2;
     config.telemetry.record_file = Some(file.clone());
     config.telemetry.record_max_bytes = 64 * 1024;
-    config.workers = workers
-        .iter()
-        .map(|w| WorkerConfig {
-            name: Some(w.name().to_owned()),
-            url: w.url(),
-            ring_id: None,
-            health_path: None,
-            metrics_path: None,
-            max_in_flight: None,
-            server_name: None,
-        })
-        .collect();
+    config.workers = workers.iter().map(worker_config).collect();
     let gateway = start(config).await;
     // Many keys, each a whole record in the tick that changed it: enough bytes to rotate.
     let storm = StormConfig {
