@@ -194,13 +194,15 @@ impl Cli {
     ///
     /// # Errors
     ///
-    /// A file that cannot be read or holds nothing usable; the error names the flag and file.
+    /// A file that cannot be read or holds nothing usable (the error names the file), or only
+    /// one of `--client-cert` and `--client-key`.
     pub fn tls(&self) -> anyhow::Result<Arc<rustls::ClientConfig>> {
-        crate::conn::client_config(
+        let tls = bch_tls::ClientTls::from_files(
             self.ca_file.as_deref(),
             self.client_cert.as_deref(),
             self.client_key.as_deref(),
-        )
+        )?;
+        Ok(tls.config())
     }
 }
 

@@ -28,7 +28,7 @@ mod view;
 
 pub use app::{App, ConnEvents, FRAME_BUDGET, run};
 pub use cli::Cli;
-pub use conn::{ConnConfig, ConnEvent, ConnHandle, ConnStatus, client_config};
+pub use conn::{ConnConfig, ConnEvent, ConnHandle, ConnStatus};
 pub use input::Action;
 pub use recorder::Recorder;
 pub use replay::{Replay, SPEEDS, run_replay};

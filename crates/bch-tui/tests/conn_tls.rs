@@ -6,14 +6,15 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bch_tls::server::server_config;
+use bch_tls::test_pki::{Identity, Pki, expired};
 use bch_tui::{App, ConnConfig, ConnEvent, ConnHandle, ConnStatus, ReplicaId, State};
 use common::frame;
 use futures_util::SinkExt;
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
@@ -22,86 +23,6 @@ use tokio_tungstenite::tungstenite::Message;
 
 /// Generous: only reached when something is broken, never part of a passing run's timing.
 const WAIT: Duration = Duration::from_secs(10);
-
-/// A CA and the certificates it signs, written as PEM files in a temporary directory.
-struct Pki {
-    dir: tempfile::TempDir,
-    ca: Issuer<'static, KeyPair>,
-}
-
-impl Pki {
-    fn new() -> Self {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let key = KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("ca.crt"), cert.pem()).unwrap();
-        Self {
-            dir,
-            ca: Issuer::new(params, key),
-        }
-    }
-
-    fn ca_file(&self) -> PathBuf {
-        self.dir.path().join("ca.crt")
-    }
-
-    /// A certificate for `names` signed by the CA, valid now (or, `expired`, only in 2020), as
-    /// the paths of its certificate and key files.
-    fn issue(&self, stem: &str, names: &[&str], expired: bool) -> (PathBuf, PathBuf) {
-        let mut params =
-            CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
-                .unwrap();
-        if expired {
-            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
-            params.not_after = rcgen::date_time_ymd(2020, 12, 31);
-        }
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.ca).unwrap();
-        let cert_file = self.dir.path().join(format!("{stem}.crt"));
-        let key_file = self.dir.path().join(format!("{stem}.key"));
-        std::fs::write(&cert_file, cert.pem()).unwrap();
-        std::fs::write(&key_file, key.serialize_pem()).unwrap();
-        (cert_file, key_file)
-    }
-}
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// A TLS server configuration with `cert`/`key`, requiring client certificates from
-/// `client_ca` when given.
-fn server_config(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Arc<rustls::ServerConfig> {
-    use rustls::pki_types::pem::PemObject as _;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
-    let key = PrivateKeyDer::from_pem_file(key).unwrap();
-    let builder = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .unwrap();
-    let builder = match client_ca {
-        None => builder.with_no_client_auth(),
-        Some(ca) => {
-            let mut roots = rustls::RootCertStore::empty();
-            for anchor in CertificateDer::pem_file_iter(ca).unwrap() {
-                roots.add(anchor.unwrap()).unwrap();
-            }
-            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-                roots.into(),
-                provider(),
-            )
-            .build()
-            .unwrap();
-            builder.with_client_cert_verifier(verifier)
-        }
-    };
-    Arc::new(builder.with_single_cert(chain, key).unwrap())
-}
 
 /// A telemetry websocket on 127.0.0.1:0 that sends a snapshot to every client and then holds the
 /// connection: over TLS with `tls`, plain without. Answers its URL (`wss://localhost:PORT/ws` or
@@ -145,16 +66,15 @@ async fn gateway(tls: Option<Arc<rustls::ServerConfig>>) -> String {
 }
 
 /// The console's connection to `url` with the TLS configuration `bch-tui` builds from its flags.
-fn connect(url: &str, ca: Option<&Path>, client: Option<&(PathBuf, PathBuf)>) -> ConnHandle {
+fn connect(url: &str, ca: Option<&Path>, client: Option<&Identity>) -> ConnHandle {
     let mut config = ConnConfig::new(url);
-    config.tls = Some(
-        bch_tui::client_config(
-            ca,
-            client.map(|(cert, _)| cert.as_path()),
-            client.map(|(_, key)| key.as_path()),
-        )
-        .unwrap(),
-    );
+    let tls = bch_tls::ClientTls::from_files(
+        ca,
+        client.map(|identity| identity.cert.as_path()),
+        client.map(|identity| identity.key.as_path()),
+    )
+    .unwrap();
+    config.tls = Some(tls.config());
     ConnHandle::spawn(config)
 }
 
@@ -194,19 +114,22 @@ async fn first_failure(events: &mut mpsc::UnboundedReceiver<ConnEvent>) -> Strin
 
 #[tokio::test]
 async fn telemetry_arrives_over_wss_with_the_ca_given() {
-    let pki = Pki::new();
-    let (cert, key) = pki.issue("server", &["localhost"], false);
-    let url = gateway(Some(server_config(&cert, &key, None))).await;
+    let pki = Pki::new("bch test CA");
+    let Identity { cert, key } = pki.issue("server", &["localhost"]);
+    let url = gateway(Some(server_config(&cert, &key, None).unwrap())).await;
     let mut handle = connect(&url, Some(&pki.ca_file()), None);
     first_snapshot(&mut handle.events).await;
 }
 
 #[tokio::test]
 async fn mutual_tls_accepts_the_client_certificate_and_refuses_a_console_without_one() {
-    let pki = Pki::new();
-    let (cert, key) = pki.issue("server", &["localhost"], false);
-    let client = pki.issue("console", &["bch-tui"], false);
-    let url = gateway(Some(server_config(&cert, &key, Some(&pki.ca_file())))).await;
+    let pki = Pki::new("bch test CA");
+    let Identity { cert, key } = pki.issue("server", &["localhost"]);
+    let client = pki.issue("console", &["bch-tui"]);
+    let url = gateway(Some(
+        server_config(&cert, &key, Some(&pki.ca_file())).unwrap(),
+    ))
+    .await;
 
     let mut with = connect(&url, Some(&pki.ca_file()), Some(&client));
     first_snapshot(&mut with.events).await;
@@ -214,64 +137,69 @@ async fn mutual_tls_accepts_the_client_certificate_and_refuses_a_console_without
     let mut without = connect(&url, Some(&pki.ca_file()), None);
     let reason = first_failure(&mut without.events).await;
     assert!(
-        reason.starts_with("TLS: client certificate refused"),
+        reason.starts_with("TLS: the server refused the client certificate"),
         "{reason}"
     );
 
     // A certificate from another CA is refused the same way.
-    let rogue_ca = Pki::new();
-    let rogue = rogue_ca.issue("rogue", &["bch-tui"], false);
+    let rogue_ca = Pki::new("rogue CA");
+    let rogue = rogue_ca.issue("rogue", &["bch-tui"]);
     let mut rogue = connect(&url, Some(&pki.ca_file()), Some(&rogue));
     let reason = first_failure(&mut rogue.events).await;
     assert!(
-        reason.starts_with("TLS: client certificate refused"),
+        reason.starts_with("TLS: the server refused the client certificate"),
         "{reason}"
     );
 }
 
 #[tokio::test]
 async fn a_failed_handshake_says_what_failed() {
-    let pki = Pki::new();
-    let (cert, key) = pki.issue("server", &["localhost"], false);
-    let trusted = gateway(Some(server_config(&cert, &key, None))).await;
+    let pki = Pki::new("bch test CA");
+    let Identity { cert, key } = pki.issue("server", &["localhost"]);
+    let trusted = gateway(Some(server_config(&cert, &key, None).unwrap())).await;
 
     // Another CA's trust: the gateway's certificate is not trusted.
-    let other = Pki::new();
+    let other = Pki::new("another CA");
     let mut handle = connect(&trusted, Some(&other.ca_file()), None);
     let reason = first_failure(&mut handle.events).await;
     assert!(
-        reason.starts_with("TLS: certificate not trusted"),
+        reason.starts_with("TLS: server certificate not trusted"),
         "{reason}"
     );
 
     // A certificate for another name.
-    let (cert, key) = pki.issue("elsewhere", &["gateway.example"], false);
-    let url = gateway(Some(server_config(&cert, &key, None))).await;
+    let Identity { cert, key } = pki.issue("elsewhere", &["gateway.example"]);
+    let url = gateway(Some(server_config(&cert, &key, None).unwrap())).await;
     let mut handle = connect(&url, Some(&pki.ca_file()), None);
     let reason = first_failure(&mut handle.events).await;
     assert!(
-        reason.starts_with("TLS: certificate name mismatch"),
+        reason.starts_with("TLS: server certificate name mismatch"),
         "{reason}"
     );
 
     // An expired certificate.
-    let (cert, key) = pki.issue("expired", &["localhost"], true);
-    let url = gateway(Some(server_config(&cert, &key, None))).await;
+    let Identity { cert, key } = pki.issue_by("expired", pki.ca(), &["localhost"], expired);
+    let url = gateway(Some(server_config(&cert, &key, None).unwrap())).await;
     let mut handle = connect(&url, Some(&pki.ca_file()), None);
     let reason = first_failure(&mut handle.events).await;
-    assert!(reason.starts_with("TLS: certificate expired"), "{reason}");
+    assert!(
+        reason.starts_with("TLS: server certificate expired"),
+        "{reason}"
+    );
 }
 
 #[tokio::test]
 async fn one_console_watches_a_ws_and_a_wss_replica() {
-    let pki = Pki::new();
-    let (cert, key) = pki.issue("server", &["localhost"], false);
+    let pki = Pki::new("bch test CA");
+    let Identity { cert, key } = pki.issue("server", &["localhost"]);
     let urls = vec![
         gateway(None).await,
-        gateway(Some(server_config(&cert, &key, None))).await,
+        gateway(Some(server_config(&cert, &key, None).unwrap())).await,
     ];
     // As bch-tui wires it: one TLS configuration shared by every replica, events tagged.
-    let tls = bch_tui::client_config(Some(&pki.ca_file()), None, None).unwrap();
+    let tls = bch_tls::ClientTls::from_files(Some(&pki.ca_file()), None, None)
+        .unwrap()
+        .config();
     let (tagged_tx, mut tagged) = mpsc::unbounded_channel();
     let mut commands = Vec::new();
     for (index, url) in urls.iter().enumerate() {

@@ -41,10 +41,10 @@ impl TlsFlags {
     ///
     /// A file that cannot be read or holds nothing usable; the error names it.
     pub(crate) fn client_tls(&self) -> anyhow::Result<ClientTls> {
-        ClientTls::from_files(
+        Ok(ClientTls::from_files(
             self.ca_file.as_deref(),
             self.client_cert.as_deref(),
             self.client_key.as_deref(),
-        )
+        )?)
     }
 }

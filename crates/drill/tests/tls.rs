@@ -5,7 +5,7 @@
 //! `--ca-file`. Certificates are always verified.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::Router;
@@ -14,81 +14,12 @@ use bch_drill::sim::SimConfig;
 use bch_drill::storm::{StormConfig, run_storm};
 use bch_drill::tls::ClientTls;
 use bch_drill::worker::spawn_worker;
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use bch_tls::server::server_config;
+use bch_tls::test_pki::{Identity, Pki};
 use reqwest::Url;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls;
-
-/// A CA and the certificates it signs, as PEM files in a temporary directory.
-struct Pki {
-    dir: tempfile::TempDir,
-    ca: Issuer<'static, KeyPair>,
-}
-
-impl Pki {
-    fn new(name: &str) -> Self {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        let key = KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("ca.crt"), cert.pem()).unwrap();
-        Self {
-            dir,
-            ca: Issuer::new(params, key),
-        }
-    }
-
-    fn ca_file(&self) -> PathBuf {
-        self.dir.path().join("ca.crt")
-    }
-
-    /// A certificate for `names` signed by the CA: the paths of its certificate and key files.
-    fn issue(&self, stem: &str, names: &[&str]) -> (PathBuf, PathBuf) {
-        let params =
-            CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
-                .unwrap();
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.ca).unwrap();
-        let cert_file = self.dir.path().join(format!("{stem}.crt"));
-        let key_file = self.dir.path().join(format!("{stem}.key"));
-        std::fs::write(&cert_file, cert.pem()).unwrap();
-        std::fs::write(&key_file, key.serialize_pem()).unwrap();
-        (cert_file, key_file)
-    }
-}
-
-/// A TLS server configuration, requiring client certificates from `client_ca` when given.
-fn server_config(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Arc<rustls::ServerConfig> {
-    use rustls::pki_types::pem::PemObject as _;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
-    let key = PrivateKeyDer::from_pem_file(key).unwrap();
-    let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
-        .with_safe_default_protocol_versions()
-        .unwrap();
-    let builder = match client_ca {
-        None => builder.with_no_client_auth(),
-        Some(ca) => {
-            let mut roots = rustls::RootCertStore::empty();
-            for anchor in CertificateDer::pem_file_iter(ca).unwrap() {
-                roots.add(anchor.unwrap()).unwrap();
-            }
-            let verifier =
-                rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
-                    .build()
-                    .unwrap();
-            builder.with_client_cert_verifier(verifier)
-        }
-    };
-    Arc::new(builder.with_single_cert(chain, key).unwrap())
-}
 
 /// TLS terminated on 127.0.0.1:0 in front of the plain HTTP server at `backend`: answers
 /// `https://localhost:PORT`.
@@ -145,8 +76,11 @@ fn small(gateway: Url, control: Url, tls: ClientTls) -> StormConfig {
 #[tokio::test]
 async fn a_storm_at_an_https_gateway_with_an_mtls_control_plane() {
     let pki = Pki::new("bch test CA");
-    let (cert, key) = pki.issue("gateway", &["localhost"]);
-    let (client_cert, client_key) = pki.issue("drill", &["bch-drill"]);
+    let Identity { cert, key } = pki.issue("gateway", &["localhost"]);
+    let Identity {
+        cert: client_cert,
+        key: client_key,
+    } = pki.issue("drill", &["bch-drill"]);
     let worker = spawn_worker(
         SocketAddr::from(([127, 0, 0, 1], 0)),
         "w",
@@ -157,10 +91,14 @@ async fn a_storm_at_an_https_gateway_with_an_mtls_control_plane() {
     )
     .await
     .unwrap();
-    let gateway = terminate_tls(worker.local_addr(), server_config(&cert, &key, None)).await;
+    let gateway = terminate_tls(
+        worker.local_addr(),
+        server_config(&cert, &key, None).unwrap(),
+    )
+    .await;
     let control = terminate_tls(
         idle_control_plane().await,
-        server_config(&cert, &key, Some(&pki.ca_file())),
+        server_config(&cert, &key, Some(&pki.ca_file())).unwrap(),
     )
     .await;
 
@@ -209,7 +147,7 @@ async fn a_storm_at_an_https_gateway_with_an_mtls_control_plane() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_takes_the_ca_file() {
     let pki = Pki::new("bch test CA");
-    let (cert, key) = pki.issue("gateway", &["localhost"]);
+    let Identity { cert, key } = pki.issue("gateway", &["localhost"]);
     let worker = spawn_worker(
         SocketAddr::from(([127, 0, 0, 1], 0)),
         "w",
@@ -220,7 +158,11 @@ async fn the_binary_takes_the_ca_file() {
     )
     .await
     .unwrap();
-    let gateway = terminate_tls(worker.local_addr(), server_config(&cert, &key, None)).await;
+    let gateway = terminate_tls(
+        worker.local_addr(),
+        server_config(&cert, &key, None).unwrap(),
+    )
+    .await;
     let storm = |ca: PathBuf| {
         let gateway = gateway.to_string();
         tokio::task::spawn_blocking(move || {
@@ -256,13 +198,16 @@ async fn the_binary_takes_the_ca_file() {
 #[test]
 fn tls_files_that_cannot_be_used_are_named() {
     let pki = Pki::new("bch test CA");
-    let (cert, key) = pki.issue("drill", &["bch-drill"]);
-    let missing = pki.dir.path().join("absent.crt");
+    let Identity { cert, key } = pki.issue("drill", &["bch-drill"]);
+    let missing = pki.path("absent.crt");
     let error = ClientTls::from_files(Some(&missing), None, None).unwrap_err();
     assert!(format!("{error:#}").contains("absent.crt"), "{error:#}");
-    // A key given as the CA holds no certificate.
+    // A key given as the CA holds no CA certificate.
     let error = ClientTls::from_files(Some(&key), None, None).unwrap_err();
-    assert!(format!("{error:#}").contains("no certificate"), "{error:#}");
+    assert!(
+        format!("{error:#}").contains("holds no CA certificate"),
+        "{error:#}"
+    );
     let error = ClientTls::from_files(None, Some(&cert), None).unwrap_err();
-    assert!(format!("{error:#}").contains("needs its key"), "{error:#}");
+    assert!(format!("{error:#}").contains("go together"), "{error:#}");
 }

@@ -1,5 +1,6 @@
 //! The connection to gatewayd's telemetry websocket: the network task ([`task`]), the status and
-//! events it reports ([`status`]), and TLS for `wss://` gateways ([`tls`]).
+//! events it reports ([`status`]); TLS for `wss://` gateways is bch-tls's (`ClientTls`, and a failed
+//! handshake in words).
 //!
 //! The network runs in its own task and talks to the UI only over channels, so a slow or dead
 //! gateway never delays a key press. The task owns the backoff; the UI only learns *when* the next
@@ -8,8 +9,6 @@
 
 mod status;
 mod task;
-mod tls;
 
 pub use self::status::{ConnEvent, ConnStatus};
 pub use self::task::{ConnConfig, ConnHandle};
-pub use self::tls::client_config;

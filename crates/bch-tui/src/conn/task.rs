@@ -27,7 +27,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct ConnConfig {
     /// Websocket URL, e.g. `ws://127.0.0.1:9090/ws` or `wss://gw.example:9090/ws`.
     pub url: String,
-    /// TLS for a `wss://` URL (from [`super::client_config`]); `None`: the system's trust roots,
+    /// TLS for a `wss://` URL (from `bch_tls::ClientTls::config`); `None`: the system's trust roots,
     /// no client certificate. Unused for `ws://`.
     pub tls: Option<Arc<rustls::ClientConfig>>,
     /// Bearer token sent as `Authorization: Bearer <token>` on the upgrade, if the control plane
@@ -190,7 +190,10 @@ async fn connect(config: &ConnConfig) -> Result<Ws, String> {
             .map_err(|_| "token file holds characters not allowed in a header".to_owned())?;
         request.headers_mut().insert("authorization", value);
     }
-    let tls = config.tls.clone().unwrap_or_else(super::tls::system_config);
+    let tls = config
+        .tls
+        .clone()
+        .unwrap_or_else(|| bch_tls::ClientTls::system().config());
     let connecting = tokio_tungstenite::connect_async_tls_with_config(
         request,
         None,
@@ -208,9 +211,9 @@ async fn connect(config: &ConnConfig) -> Result<Ws, String> {
 /// TLS failure says what failed (an untrusted or expired certificate, a name mismatch).
 fn describe(e: &tungstenite::Error) -> String {
     if let tungstenite::Error::Tls(tungstenite::error::TlsError::Rustls(tls)) = e {
-        return super::tls::describe(tls);
+        return bch_tls::failure::describe(tls);
     }
-    if let Some(tls) = super::tls::tls_failure(e) {
+    if let Some(tls) = bch_tls::tls_failure(e) {
         return tls;
     }
     match e {

@@ -1,16 +1,10 @@
-//! A simulated worker served over https: the rustls server configuration out of PEM files (with
-//! `ring`, as gatewayd builds its own), optionally requiring client certificates from a CA (mutual
-//! TLS), and the accept loop that runs the worker's routes over each TLS session.
+//! A simulated worker served over https: the rustls server configuration out of PEM files
+//! (bch-tls's, with `ring` as gatewayd's own), optionally requiring client certificates from a CA
+//! (mutual TLS), and the accept loop that runs the worker's routes over each TLS session.
 
-use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::Context as _;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::RootCertStore;
-use rustls::server::WebPkiClientVerifier;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -23,46 +17,7 @@ use tower::ServiceExt as _;
 ///
 /// A file that cannot be read or holds no certificate or key (the message names it), a key that
 /// does not match its certificate, or a CA file rustls cannot use.
-pub fn server_tls_config(
-    cert_file: &Path,
-    key_file: &Path,
-    client_ca: Option<&Path>,
-) -> anyhow::Result<Arc<rustls::ServerConfig>> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let chain = certificates(cert_file)?;
-    let key = PrivateKeyDer::from_pem_file(key_file)
-        .with_context(|| format!("private key file {}", key_file.display()))?;
-    let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
-        .with_safe_default_protocol_versions()?;
-    let builder = match client_ca {
-        Some(ca_file) => {
-            let mut roots = RootCertStore::empty();
-            for anchor in certificates(ca_file)? {
-                roots
-                    .add(anchor)
-                    .with_context(|| format!("CA file {}", ca_file.display()))?;
-            }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .context("client certificate verifier")?;
-            builder.with_client_cert_verifier(verifier)
-        }
-        None => builder.with_no_client_auth(),
-    };
-    let mut config = builder
-        .with_single_cert(chain, key)
-        .with_context(|| format!("{} and {}", cert_file.display(), key_file.display()))?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
-}
-
-fn certificates(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
-    let chain = CertificateDer::pem_file_iter(path)
-        .and_then(|items| items.collect::<Result<Vec<_>, _>>())
-        .with_context(|| format!("certificate file {}", path.display()))?;
-    anyhow::ensure!(!chain.is_empty(), "{} holds no certificate", path.display());
-    Ok(chain)
-}
+pub use bch_tls::server::server_config as server_tls_config;
 
 /// Serves `app` over TLS on `listener` until `cancel`: each connection's handshake and requests in
 /// a task of its own (a client that never finishes its handshake holds nobody else up); on

@@ -11,7 +11,7 @@ use clap::Args;
 
 use crate::app::terminal::{print_err, print_out};
 use crate::config::token_file::{TokenFileError, read_token_file};
-use crate::tls::control_client;
+use bch_tls::ClientTls;
 
 /// Where the gateway's control plane is and how to authenticate.
 #[derive(Debug, Clone, Args)]
@@ -109,12 +109,14 @@ pub fn reload(args: ReloadArgs) -> ExitCode {
             file.tls,
         )
     });
-    let client = match control_client::http_client(
+    let client = match ClientTls::from_files(
         args.ca_file.as_deref(),
         args.client_cert.as_deref(),
         args.client_key.as_deref(),
     ) {
-        Ok(client) => client.timeout(Duration::from_secs(args.timeout_secs)),
+        Ok(tls) => tls
+            .http_client()
+            .timeout(Duration::from_secs(args.timeout_secs)),
         Err(e) => return fail(&e.to_string()),
     };
     let token = match args.token_file.clone().or(file.token_file) {
@@ -167,7 +169,7 @@ pub fn reload(args: ReloadArgs) -> ExitCode {
         }
         Err(e) => {
             // A TLS failure leads with what it was: the chain buries it.
-            let tls = control_client::tls_failure(&e).map(|tls| format!("{tls}: "));
+            let tls = bch_tls::tls_failure(&e).map(|tls| format!("{tls}: "));
             fail(&format!(
                 "cannot reach the control plane at {url}: {}{}",
                 tls.unwrap_or_default(),

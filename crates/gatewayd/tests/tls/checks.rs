@@ -30,8 +30,8 @@ fn findings(config: Config) -> gatewayd::Findings {
 #[tokio::test]
 async fn unreadable_swapped_and_mismatched_files_are_errors_that_refuse_a_start() {
     let pki = Pki::generate();
-    let (cert, _) = pki.ca.leaf(7, None);
-    let (_, other_key) = pki.ca.leaf(8, None);
+    let (cert, _) = leaf(pki.ca(), 7, None);
+    let (_, other_key) = leaf(pki.ca(), 8, None);
     pki.write("mismatched.crt", &cert);
     pki.write("other.key", &other_key);
 
@@ -75,8 +75,8 @@ async fn unreadable_swapped_and_mismatched_files_are_errors_that_refuse_a_start(
 #[test]
 fn expired_and_expiring_certificates_and_an_open_picker_are_warnings() {
     let pki = Pki::generate();
-    pki.write_server(&pki.ca.leaf(9, Some(now_unix() - 86_400)));
-    let (cert, key) = pki.ca.leaf(10, Some(now_unix() + 3 * 86_400));
+    pki.write_server(&leaf(pki.ca(), 9, Some(now_unix() - 86_400)));
+    let (cert, key) = leaf(pki.ca(), 10, Some(now_unix() + 3 * 86_400));
     pki.write("soon.crt", &cert);
     pki.write("soon.key", &key);
     let mut config = base();

@@ -44,7 +44,7 @@ fn config_for(worker: &WorkerHandle) -> Config {
 
 /// The CA file of the rogue authority, which signed nothing the gateway serves.
 fn rogue_ca(pki: &Pki) -> PathBuf {
-    pki.write("rogue-ca.crt", &pki.rogue.pem);
+    pki.write("rogue-ca.crt", &pki.rogue.pem());
     pki.path("rogue-ca.crt")
 }
 
@@ -119,14 +119,13 @@ async fn a_drill_storm_at_the_https_data_plane_with_its_drain_check_over_mutual_
 /// The console's connection to `url`, with the TLS configuration bch-tui builds from its flags.
 fn console(url: String, ca: &Path, identity: Option<(&Path, &Path)>) -> ConnHandle {
     let mut config = ConnConfig::new(url);
-    config.tls = Some(
-        bch_tui::client_config(
-            Some(ca),
-            identity.map(|(cert, _)| cert),
-            identity.map(|(_, key)| key),
-        )
-        .unwrap(),
-    );
+    let tls = bch_tls::ClientTls::from_files(
+        Some(ca),
+        identity.map(|(cert, _)| cert),
+        identity.map(|(_, key)| key),
+    )
+    .unwrap();
+    config.tls = Some(tls.config());
     ConnHandle::spawn(config)
 }
 
@@ -168,14 +167,14 @@ async fn the_console_over_wss_with_and_without_a_client_certificate() {
     let mut without = console(url.clone(), &ca, None);
     let reason = first_frame(&mut without.events).await.unwrap_err();
     assert!(
-        reason.starts_with("TLS: client certificate refused"),
+        reason.starts_with("TLS: the server refused the client certificate"),
         "{reason}"
     );
 
     let mut untrusting = console(url, &rogue_ca(&pki), Some((&cert, &key)));
     let reason = first_frame(&mut untrusting.events).await.unwrap_err();
     assert!(
-        reason.starts_with("TLS: certificate not trusted"),
+        reason.starts_with("TLS: server certificate not trusted"),
         "{reason}"
     );
 
@@ -199,7 +198,9 @@ async fn one_console_watches_a_plain_and_a_tls_replica() {
         format!("wss://localhost:{}/ws", tls.control_addr.port()),
     ];
     // As bch-tui wires it: one TLS configuration for every replica; ws:// ignores it.
-    let shared = bch_tui::client_config(Some(&pki.path("ca.crt")), None, None).unwrap();
+    let shared = bch_tls::ClientTls::from_files(Some(&pki.path("ca.crt")), None, None)
+        .unwrap()
+        .config();
     for url in urls {
         let mut config = ConnConfig::new(url.clone());
         config.tls = Some(Arc::clone(&shared));

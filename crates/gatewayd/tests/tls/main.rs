@@ -18,56 +18,28 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bch_tls::test_pki::{self, Authority, rcgen};
 use bytes::Bytes;
 use gatewayd::config::ListenerTls;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
-/// A certificate authority that signs server and client certificates.
-pub struct Authority {
-    issuer: Issuer<'static, KeyPair>,
-    /// The CA certificate, PEM.
-    pub pem: String,
-}
-
-impl Authority {
-    /// A new CA called `name`, with its own key.
-    pub fn new(name: &str) -> Authority {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let key = KeyPair::generate().unwrap();
-        let pem = params.self_signed(&key).unwrap().pem();
-        Authority {
-            issuer: Issuer::new(params, key),
-            pem,
-        }
-    }
-
-    /// A leaf for `localhost` and 127.0.0.1 with `serial`, valid until `not_after` (Unix
-    /// seconds; `None` = far future): (certificate PEM, key PEM).
-    pub fn leaf(&self, serial: u64, not_after: Option<u64>) -> (String, String) {
-        let mut params =
-            CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
+/// A leaf for `localhost` and 127.0.0.1 signed by `authority`, with `serial`, valid until
+/// `not_after` (Unix seconds; `None` = far future): (certificate PEM, key PEM).
+pub fn leaf(authority: &Authority, serial: u64, not_after: Option<u64>) -> (String, String) {
+    let signed = authority.sign(&["localhost", "127.0.0.1"], |params| {
         params.serial_number = Some(serial.into());
         if let Some(not_after) = not_after {
             let epoch = rcgen::date_time_ymd(1970, 1, 1);
             params.not_after = epoch + Duration::from_secs(not_after);
             params.not_before = epoch + Duration::from_secs(not_after.saturating_sub(30 * 86_400));
         }
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
+    });
+    (signed.cert, signed.key)
 }
 
 /// Seconds since the Unix epoch.
@@ -78,13 +50,12 @@ pub fn now_unix() -> u64 {
         .as_secs()
 }
 
-/// The test's certificates on disk: a CA with a server certificate (serial 1) and a client
-/// certificate, and a rogue CA with its own client certificate.
+/// The test's certificates on disk: a CA (`ca.crt`) with a server certificate (serial 1) and a
+/// client certificate, and a rogue CA with its own client certificate.
 pub struct Pki {
-    /// Where the files are (removed on drop).
-    pub dir: tempfile::TempDir,
-    /// The CA the gateway trusts for client certificates, and the clients for the server's.
-    pub ca: Authority,
+    /// The files (removed on drop) and the CA the gateway trusts for client certificates, and the
+    /// clients for the server's.
+    files: test_pki::Pki,
     /// A CA nobody trusts.
     pub rogue: Authority,
 }
@@ -93,33 +64,32 @@ impl Pki {
     /// Makes the authorities and writes every file.
     pub fn generate() -> Pki {
         let pki = Pki {
-            dir: tempfile::tempdir().unwrap(),
-            ca: Authority::new("bch test CA"),
+            files: test_pki::Pki::new("bch test CA"),
             rogue: Authority::new("rogue CA"),
         };
-        pki.write("ca.crt", &pki.ca.pem);
-        pki.write_server(&pki.ca.leaf(1, None));
-        let (cert, key) = pki.ca.leaf(100, None);
+        pki.write_server(&leaf(pki.ca(), 1, None));
+        let (cert, key) = leaf(pki.ca(), 100, None);
         pki.write("client.crt", &cert);
         pki.write("client.key", &key);
-        let (cert, key) = pki.rogue.leaf(200, None);
+        let (cert, key) = leaf(&pki.rogue, 200, None);
         pki.write("rogue.crt", &cert);
         pki.write("rogue.key", &key);
         pki
     }
 
-    /// The file called `name`.
-    pub fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
+    /// The CA the gateway and the clients trust.
+    pub fn ca(&self) -> &Authority {
+        self.files.ca()
     }
 
-    /// Writes the file called `name`.
+    /// The file called `name`.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.files.path(name)
+    }
+
+    /// Writes the file called `name` (whole, then renamed: a reader never sees half a file).
     pub fn write(&self, name: &str, text: &str) {
-        // Written whole then renamed, as cert-manager's atomic writer does: a reader never sees
-        // half a file.
-        let temporary = self.path(&format!("{name}.new"));
-        std::fs::write(&temporary, text).unwrap();
-        std::fs::rename(temporary, self.path(name)).unwrap();
+        self.files.write(name, text);
     }
 
     /// Replaces the served certificate and key files.
@@ -144,27 +114,19 @@ impl Pki {
     /// A verifying client trusting the CA, presenting `identity` (`"client"`, `"rogue"`) if
     /// given, offering `alpn`.
     pub fn client(&self, identity: Option<&str>, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_file_iter(self.path("ca.crt")).unwrap() {
-            roots.add(cert.unwrap()).unwrap();
-        }
-        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots);
-        let mut config = match identity {
-            None => builder.with_no_client_auth(),
-            Some(name) => {
-                let chain = CertificateDer::pem_file_iter(self.path(&format!("{name}.crt")))
-                    .unwrap()
-                    .collect::<Result<Vec<_>, _>>()
-                    .unwrap();
-                let key = PrivateKeyDer::from_pem_file(self.path(&format!("{name}.key"))).unwrap();
-                builder.with_client_auth_cert(chain, key).unwrap()
-            }
-        };
+        let files = identity.map(|name| {
+            (
+                self.path(&format!("{name}.crt")),
+                self.path(&format!("{name}.key")),
+            )
+        });
+        let tls = bch_tls::ClientTls::from_files(
+            Some(&self.path("ca.crt")),
+            files.as_ref().map(|(cert, _)| cert.as_path()),
+            files.as_ref().map(|(_, key)| key.as_path()),
+        )
+        .unwrap();
+        let mut config = rustls::ClientConfig::clone(&tls.config());
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Arc::new(config)
     }

@@ -71,7 +71,7 @@ async fn a_reload_serves_the_new_certificate_to_new_connections_and_open_streams
     let first = body.frame().await.expect("first event").unwrap();
     assert!(first.data_ref().is_some());
 
-    pki.write_server(&pki.ca.leaf(2, None));
+    pki.write_server(&leaf(pki.ca(), 2, None));
     let answer = reload(&gateway, &pki).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
 
@@ -94,8 +94,8 @@ async fn a_reload_serves_the_new_certificate_to_new_connections_and_open_streams
     );
 
     // A key that does not match the certificate: refused, the serial-2 certificate stays.
-    let (cert, _) = pki.ca.leaf(3, None);
-    let (_, other_key) = pki.ca.leaf(4, None);
+    let (cert, _) = leaf(pki.ca(), 3, None);
+    let (_, other_key) = leaf(pki.ca(), 4, None);
     pki.write_server(&(cert, other_key));
     let refused = reload(&gateway, &pki).await;
     assert_eq!(refused.status, 400, "{}", refused.body);

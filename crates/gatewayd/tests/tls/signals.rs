@@ -110,7 +110,7 @@ async fn sighup_rotates_the_certificate_while_a_stream_is_in_flight() {
     let mut body = sender.send_request(request).await.unwrap().into_body();
     assert!(body.frame().await.expect("first event").is_ok());
 
-    pki.write_server(&pki.ca.leaf(2, None));
+    pki.write_server(&leaf(pki.ca(), 2, None));
     daemon.hang_up();
     let rotated = daemon.line_with("TLS certificate in force");
     assert!(

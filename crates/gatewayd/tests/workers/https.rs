@@ -14,27 +14,18 @@ use std::time::Duration;
 use bch_core::fleet_load::LoadSource;
 use bch_drill::sim::SimConfig;
 use bch_drill::worker::{WorkerHandle, server_tls_config, spawn_https_worker};
+use bch_tls::test_pki::rcgen::{self, CertificateParams, DnType, ExtendedKeyUsagePurpose};
+use bch_tls::test_pki::{self, Authority, Identity};
 use common::*;
 use gatewayd::RunningGateway;
 use gatewayd::config::{Config, DiscoveryConfig, WorkerConfig};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair,
-};
 use serde_json::{Value, json};
-use tempfile::TempDir;
 use tokio::time::Instant;
-
-/// A certificate and its key, as PEM files.
-struct Identity {
-    cert: PathBuf,
-    key: PathBuf,
-}
 
 /// The test's certificates: a CA and what it signed, and a rogue CA's server certificate.
 struct Pki {
-    dir: TempDir,
-    ca: CertifiedIssuer<'static, KeyPair>,
+    /// The files (removed on drop) and the CA.
+    files: test_pki::Pki,
     ca_file: PathBuf,
     /// For `127.0.0.1`, signed by the CA.
     server: Identity,
@@ -48,36 +39,32 @@ struct Pki {
     client: Identity,
 }
 
-fn new_ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
+/// A server certificate: for server authentication only.
+fn server_auth(params: &mut CertificateParams) {
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
 }
 
 impl Pki {
     fn new() -> Pki {
-        let dir = tempfile::tempdir().unwrap();
-        let ca = new_ca("bch test CA");
-        let ca_file = dir.path().join("ca.crt");
-        std::fs::write(&ca_file, ca.pem()).unwrap();
-        let server = issue(&dir, "server", &ca, &["127.0.0.1"], |_| {});
-        let named = issue(&dir, "named", &ca, &["gpu-0.test"], |_| {});
-        let expired = issue(&dir, "expired", &ca, &["127.0.0.1"], |params| {
-            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
-            params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        let files = test_pki::Pki::new("bch test CA");
+        let ca = files.ca();
+        let server = files.issue_by("server", ca, &["127.0.0.1"], server_auth);
+        let named = files.issue_by("named", ca, &["gpu-0.test"], server_auth);
+        let expired = files.issue_by("expired", ca, &["127.0.0.1"], |params| {
+            server_auth(params);
+            test_pki::expired(params);
         });
-        let rogue = issue(&dir, "rogue", &new_ca("rogue CA"), &["127.0.0.1"], |_| {});
-        let client = issue(&dir, "client", &ca, &[], |params| {
+        let rogue_ca = Authority::new("rogue CA");
+        let rogue = files.issue_by("rogue", &rogue_ca, &["127.0.0.1"], server_auth);
+        let client = files.issue_by("client", ca, &[], |params| {
             params
                 .distinguished_name
                 .push(DnType::CommonName, "gatewayd");
             params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         });
         Pki {
-            dir,
-            ca,
-            ca_file,
+            ca_file: files.ca_file(),
+            files,
             server,
             named,
             expired,
@@ -85,30 +72,6 @@ impl Pki {
             client,
         }
     }
-}
-
-/// A certificate for `names` signed by `issuer` (server authentication unless `adjust` says
-/// otherwise), written as `{file}.crt` and `{file}.key` in `dir`.
-fn issue(
-    dir: &TempDir,
-    file: &str,
-    issuer: &CertifiedIssuer<'static, KeyPair>,
-    names: &[&str],
-    adjust: impl FnOnce(&mut CertificateParams),
-) -> Identity {
-    let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
-    let mut params = CertificateParams::new(names).unwrap();
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    adjust(&mut params);
-    let key = KeyPair::generate().unwrap();
-    let cert = params.signed_by(&key, issuer).unwrap();
-    let identity = Identity {
-        cert: dir.path().join(format!("{file}.crt")),
-        key: dir.path().join(format!("{file}.key")),
-    };
-    std::fs::write(&identity.cert, cert.pem()).unwrap();
-    std::fs::write(&identity.key, key.serialize_pem()).unwrap();
-    identity
 }
 
 /// A simulated worker named `name` served over https with `identity`, requiring client
@@ -324,14 +287,15 @@ async fn the_scraper_reads_an_https_workers_metrics() {
     let (status, body) = chat(&gateway).await;
     assert_eq!(status, 200, "{body}");
     assert_idle(&gateway).await;
-    drop(pki.ca);
-    drop(pki.dir);
+    drop(pki);
 }
 
 #[tokio::test]
 async fn discovered_https_workers_are_checked_against_their_srv_target() {
     let pki = Pki::new();
-    let identity = issue(&pki.dir, "w0", &pki.ca, &["w0.llm.test"], |_| {});
+    let identity = pki
+        .files
+        .issue_by("w0", pki.files.ca(), &["w0.llm.test"], server_auth);
     let worker = https_worker(&pki, "w0", &identity, false).await;
     let srv = "_https._tcp.llm.test";
     let zone = Zone::default().srv(
@@ -370,11 +334,12 @@ async fn discovered_https_workers_are_checked_against_their_srv_target() {
 async fn a_reload_puts_a_new_ca_in_force_and_refuses_an_unreadable_one() {
     let pki = Pki::new();
     let worker = https_worker(&pki, "reloaded-0", &pki.server, false).await;
-    let other_ca = pki.dir.path().join("other-ca.crt");
-    std::fs::write(&other_ca, new_ca("another CA").pem()).unwrap();
+    let other_ca = pki
+        .files
+        .write("other-ca.crt", &Authority::new("another CA").pem());
     let mut config = config_for(&pki, &worker);
     config.upstream.tls.ca_file = other_ca;
-    let file = pki.dir.path().join("gatewayd.toml");
+    let file = pki.files.path("gatewayd.toml");
     let write = |config: &Config| {
         std::fs::write(
             &file,
@@ -393,7 +358,7 @@ async fn a_reload_puts_a_new_ca_in_force_and_refuses_an_unreadable_one() {
             .send()
     };
 
-    config.upstream.tls.ca_file = pki.dir.path().join("absent-ca.crt");
+    config.upstream.tls.ca_file = pki.files.path("absent-ca.crt");
     write(&config);
     let refused = reload().await.unwrap();
     assert_eq!(refused.status(), 400);
@@ -422,7 +387,7 @@ async fn a_reload_puts_a_new_ca_in_force_and_refuses_an_unreadable_one() {
 async fn unusable_upstream_tls_files_refuse_the_start_naming_the_file() {
     let pki = Pki::new();
     let mut config = test_config(&[]);
-    config.upstream.tls.ca_file = pki.dir.path().join("absent-ca.crt");
+    config.upstream.tls.ca_file = pki.files.path("absent-ca.crt");
     let error = gatewayd::start(gatewayd::StartOptions::new(config))
         .await
         .err()
@@ -448,11 +413,13 @@ async fn unusable_upstream_tls_files_refuse_the_start_naming_the_file() {
 
     // An expired client certificate still starts (workers that do not ask never see it), with a
     // warning from the start-up checks and check-config.
-    let expired_client = issue(&pki.dir, "old-client", &pki.ca, &[], |params| {
-        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
-        params.not_after = rcgen::date_time_ymd(2021, 1, 1);
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    });
+    let expired_client = pki
+        .files
+        .issue_by("old-client", pki.files.ca(), &[], |params| {
+            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        });
     let mut config = test_config(&[]);
     config.upstream.tls.client_cert_file = expired_client.cert.clone();
     config.upstream.tls.client_key_file = expired_client.key.clone();

@@ -10,7 +10,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 /// Why a PEM file could not be used. Every variant names the file.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum PemError {
+pub enum PemError {
     /// The file could not be read (missing, permissions) or is not PEM.
     #[error("{kind} file {path}: {reason}")]
     Unreadable {
@@ -23,7 +23,7 @@ pub(crate) enum PemError {
     },
     /// The file was read but holds no item of the kind asked for (a key file given as a
     /// certificate, an empty file).
-    #[error("{kind} file {path} holds no {kind} in PEM form")]
+    #[error("{kind} file {path} holds no {} in PEM form", item_of(kind))]
     Empty {
         /// What the file was meant to hold.
         kind: &'static str,
@@ -40,9 +40,17 @@ pub(crate) enum PemError {
     },
 }
 
+/// What a file of `kind` holds: a CA file holds CA certificates.
+fn item_of(kind: &str) -> &str {
+    match kind {
+        "CA" => "CA certificate",
+        other => other,
+    }
+}
+
 /// Every certificate in the PEM file at `path`, in file order (for a chain: the leaf first, then
 /// its intermediates). Errors: unreadable or not PEM; no certificate in it.
-pub(crate) fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, PemError> {
+pub fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, PemError> {
     let kind = "certificate";
     let certificates = CertificateDer::pem_file_iter(path)
         .and_then(|items| items.collect::<Result<Vec<_>, _>>())
@@ -62,7 +70,7 @@ pub(crate) fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, 
 
 /// The first private key (PKCS#8, PKCS#1 or SEC1) in the PEM file at `path`. Errors: unreadable,
 /// not PEM, or no key in it.
-pub(crate) fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, PemError> {
+pub fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, PemError> {
     let kind = "private key";
     PrivateKeyDer::from_pem_file(path).map_err(|error| match error {
         rustls_pki_types::pem::Error::NoItemsFound => PemError::Empty {
@@ -79,7 +87,7 @@ pub(crate) fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, PemErro
 
 /// A trust store holding every certificate of the PEM file at `path`. Errors: those of
 /// [`certificates`] (with kind "CA"), or a certificate rustls cannot use as a trust anchor.
-pub(crate) fn trust_store(path: &Path) -> Result<RootCertStore, PemError> {
+pub fn trust_store(path: &Path) -> Result<RootCertStore, PemError> {
     let anchors = certificates(path).map_err(|error| match error {
         PemError::Unreadable { path, reason, .. } => PemError::Unreadable {
             kind: "CA",
@@ -109,13 +117,27 @@ mod tests {
         path
     }
 
+    /// A self-signed certificate for `localhost` and its key, written to `dir`: their paths.
+    fn self_signed(dir: &tempfile::TempDir) -> (PathBuf, PathBuf) {
+        let made =
+            rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("certificate");
+        let cert = write(dir, "tls.crt", &made.cert.pem());
+        let key = write(dir, "tls.key", &made.signing_key.serialize_pem());
+        (cert, key)
+    }
+
+    /// The kind of an [`PemError::Empty`]; `None` for any other error.
+    fn empty_kind(error: &PemError) -> Option<&'static str> {
+        match error {
+            PemError::Empty { kind, .. } => Some(kind),
+            _ => None,
+        }
+    }
+
     #[test]
     fn a_certificate_and_its_key_are_read_and_a_ca_becomes_a_trust_store() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let made =
-            rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("certificate");
-        let cert = write(&dir, "tls.crt", &made.cert.pem());
-        let key = write(&dir, "tls.key", &made.signing_key.serialize_pem());
+        let (cert, key) = self_signed(&dir);
         assert_eq!(certificates(&cert).expect("chain").len(), 1);
         assert!(matches!(private_key(&key), Ok(PrivateKeyDer::Pkcs8(_))));
         assert_eq!(trust_store(&cert).expect("store").len(), 1);
@@ -124,9 +146,7 @@ mod tests {
     #[test]
     fn errors_name_the_file_and_what_was_wrong() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let made =
-            rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("certificate");
-        let key = write(&dir, "tls.key", &made.signing_key.serialize_pem());
+        let (cert, key) = self_signed(&dir);
         let missing = dir.path().join("absent.crt");
 
         let error = certificates(&missing).expect_err("missing file");
@@ -141,35 +161,17 @@ mod tests {
 
         // A key file given where a certificate belongs holds no certificate.
         let error = certificates(&key).expect_err("key as certificate");
-        assert!(
-            matches!(
-                error,
-                PemError::Empty {
-                    kind: "certificate",
-                    ..
-                }
-            ),
-            "{error}"
-        );
-
-        let cert = write(&dir, "tls.crt", &made.cert.pem());
+        assert_eq!(empty_kind(&error), Some("certificate"), "{error}");
         let error = private_key(&cert).expect_err("certificate as key");
-        assert!(
-            matches!(
-                error,
-                PemError::Empty {
-                    kind: "private key",
-                    ..
-                }
-            ),
-            "{error}"
-        );
-
+        assert_eq!(empty_kind(&error), Some("private key"), "{error}");
         let error = trust_store(&key).expect_err("key as CA");
+        assert_eq!(empty_kind(&error), Some("CA"), "{error}");
+        assert!(error.to_string().starts_with("CA file"), "{error}");
         assert!(
-            matches!(error, PemError::Empty { kind: "CA", .. }),
+            error
+                .to_string()
+                .ends_with("tls.key holds no CA certificate in PEM form"),
             "{error}"
         );
-        assert!(error.to_string().starts_with("CA file"), "{error}");
     }
 }
