@@ -74,13 +74,7 @@ python3 "$ROOT/bench/bodies.py" "$WORK"
 SCHEME=http
 if [[ $TLS == 1 ]]; then
   SCHEME=https
-  ssl() { openssl "$@" >>"$WORK/openssl.log" 2>&1 || die "openssl $1 failed (log: $WORK/openssl.log)"; }
-  ssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$WORK/ca.key" -out "$WORK/ca.crt" \
-    -days 2 -subj "/CN=bench CA" -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign"
-  ssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$WORK/proxy.key" -out "$WORK/proxy.csr" -subj "/CN=proxy"
-  printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' >"$WORK/proxy.ext"
-  ssl x509 -req -in "$WORK/proxy.csr" -CA "$WORK/ca.crt" -CAkey "$WORK/ca.key" -CAcreateserial -days 2 \
-    -out "$WORK/proxy.crt" -extfile "$WORK/proxy.ext"
+  bench_certificates
 fi
 WORKER_BASE=$PORT_BASE GW=$((PORT_BASE + 10)) GW_CTL=$((PORT_BASE + 11))
 "${LOAD[@]}" "$DRILL" workers --count 4 --base-port "$WORKER_BASE" --time-scale 0 --cache-blocks 0 \
@@ -98,8 +92,7 @@ if [[ $TARGET == haproxy ]]; then
   # As bench/proxy_tls.sh and bench/proxy.sh configure it, on one thread; a lower maxconn than
   # theirs, since valgrind keeps some of the process's file descriptors for itself.
   BIND="bind 127.0.0.1:$GW"
-  [[ $TLS == 1 ]] && cat "$WORK/proxy.crt" "$WORK/proxy.key" >"$WORK/proxy.pem" &&
-    BIND="$BIND ssl crt $WORK/proxy.pem alpn http/1.1"
+  [[ $TLS == 1 ]] && BIND="$BIND ssl crt $WORK/proxy.pem alpn http/1.1"
   {
     printf 'global\n    maxconn 4000\n    nbthread 1\n    ssl-default-bind-options ssl-min-ver TLSv1.2\n'
     printf 'defaults\n    mode http\n    timeout connect 2s\n    timeout client 5m\n    timeout server 5m\n'

@@ -9,9 +9,25 @@
 #   wait_probed URL N [SECONDS] waits (default 30 s) until the gateway whose control plane is at
 #                               URL (http://host:port) lists N healthy workers: new workers take
 #                               traffic only once their first probe passed
+#   bench_certificates          writes $WORK/ca.crt and the proxies' $WORK/proxy.crt / proxy.key
+#                               (IP 127.0.0.1, ECDSA P-256) and proxy.pem (both, HAProxy's crt)
 
 log() { printf '[%s %(%H:%M:%S)T] %s\n' "$BENCH_NAME" -1 "$*" >&2; }
 die() { echo "$0: error: $*" >&2; exit 1; }
+
+# Certificates made with the openssl CLI, never downloaded: a CA and the proxies' certificate for IP
+# 127.0.0.1, ECDSA P-256 (the cheapest signature every peer offers; bench/proxy_tls.sh's handshake
+# workload measures it).
+bench_certificates() {
+  ssl() { openssl "$@" >>"$WORK/openssl.log" 2>&1 || die "openssl $1 failed (log: $WORK/openssl.log)"; }
+  ssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$WORK/ca.key" -out "$WORK/ca.crt" \
+    -days 2 -subj "/CN=bench CA" -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign"
+  ssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$WORK/proxy.key" -out "$WORK/proxy.csr" -subj "/CN=proxy"
+  printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' >"$WORK/proxy.ext"
+  ssl x509 -req -in "$WORK/proxy.csr" -CA "$WORK/ca.crt" -CAkey "$WORK/ca.key" -CAcreateserial -days 2 \
+    -out "$WORK/proxy.crt" -extfile "$WORK/proxy.ext"
+  cat "$WORK/proxy.crt" "$WORK/proxy.key" >"$WORK/proxy.pem"
+}
 
 bench_target_dir() {
   cargo metadata --format-version 1 --no-deps \

@@ -87,15 +87,8 @@ for p in $(seq "$WORKER_BASE" $((WORKER_BASE + WORKERS - 1))) $GW $GW_CTL $HA $E
 done
 
 # Certificates: a CA and the proxies' certificate for IP 127.0.0.1, ECDSA P-256 (the cheapest
-# signature every peer offers; the handshake workload measures it).
-ssl() { openssl "$@" >>"$WORK/openssl.log" 2>&1 || die "openssl $1 failed (log: $WORK/openssl.log)"; }
-ssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$WORK/ca.key" -out "$WORK/ca.crt" \
-  -days 2 -subj "/CN=bench CA" -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign"
-ssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$WORK/proxy.key" -out "$WORK/proxy.csr" -subj "/CN=proxy"
-printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' >"$WORK/proxy.ext"
-ssl x509 -req -in "$WORK/proxy.csr" -CA "$WORK/ca.crt" -CAkey "$WORK/ca.key" -CAcreateserial -days 2 \
-  -out "$WORK/proxy.crt" -extfile "$WORK/proxy.ext"
-cat "$WORK/proxy.crt" "$WORK/proxy.key" >"$WORK/proxy.pem" # HAProxy's crt: chain and key in one file
+# signature every peer offers; the handshake workload measures it); proxy.pem is HAProxy's crt.
+bench_certificates
 
 python3 "$ROOT/bench/bodies.py" "$WORK"
 "${LOAD_RUN[@]}" "$DRILL" workers --count "$WORKERS" --base-port "$WORKER_BASE" --time-scale 0 \
