@@ -12,7 +12,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Wrap};
 
 use super::styles::{Styles, Tone};
-use super::text::{truncate_middle, truncate_right};
+use super::text::{printable, truncate_middle, truncate_right};
 use crate::state::State;
 
 /// One source in trouble: its label, state, last error and the replicas (1-based) reporting it.
@@ -46,9 +46,9 @@ fn troubles(state: &State) -> Vec<Trouble> {
             {
                 Some(known) => known.replicas.push(index + 1),
                 None => found.push(Trouble {
-                    source: source.source.clone(),
+                    source: printable(&source.source).into_owned(),
                     state,
-                    error: source.last_error.clone(),
+                    error: source.last_error.as_deref().map(|e| printable(e).into_owned()),
                     replicas: vec![index + 1],
                 }),
             }

@@ -11,7 +11,7 @@ use ratatui::widgets::{Paragraph, Sparkline};
 use tokio::time::Instant;
 
 use super::styles::{Styles, Tone};
-use super::text::clock;
+use super::text::{clock, printable};
 use bch_core::telemetry::ChangeSource;
 
 use crate::conn::ConnStatus;
@@ -128,7 +128,7 @@ fn policy_line(fleet: &FleetPicture, styles: &Styles, width: u16) -> Line<'stati
         ];
         if let (Some(by), false) = (fleet.policy_changed_by, changed == Changed::Unsaid) {
             let from = match (&fleet.policy_changed_from, changed) {
-                (Some(client), Changed::Whole) => format!(" {client}"),
+                (Some(client), Changed::Whole) => format!(" {}", printable(client)),
                 _ => String::new(),
             };
             let words = if changed == Changed::Short {
@@ -248,7 +248,7 @@ fn message_line(state: &State, styles: &Styles) -> Line<'static> {
     }
     match (state.notice(), state.conn(), state.last_command()) {
         (Some(notice), _, _) => Line::from(Span::styled(
-            format!(" ! {notice}"),
+            format!(" ! {}", printable(notice)),
             styles.tone(Tone::Warning),
         )),
         (
@@ -258,7 +258,7 @@ fn message_line(state: &State, styles: &Styles) -> Line<'static> {
             },
             _,
         ) => Line::from(Span::styled(
-            format!(" ✗ attempt {attempt}: {reason}"),
+            format!(" ✗ attempt {attempt}: {}", printable(reason)),
             styles.tone(Tone::Alert),
         )),
         (None, _, Some(cmd)) => command_line(cmd, state, styles),
@@ -290,8 +290,9 @@ fn replica_down_line(state: &State) -> Option<String> {
         n => format!(" (+{n} more)"),
     };
     Some(format!(
-        " ✗ replica {}{more} not merged: attempt {attempt}: {reason}",
-        index + 1
+        " ✗ replica {}{more} not merged: attempt {attempt}: {}",
+        index + 1,
+        printable(reason)
     ))
 }
 

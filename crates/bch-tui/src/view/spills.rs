@@ -15,7 +15,9 @@ use ratatui::widgets::Paragraph;
 
 use super::panel::{panel_block, scroll_window};
 use super::styles::{Styles, Tone};
-use super::text::{MAX_WANTED_KEY_W, clock, truncate_left, truncate_middle, widest};
+use super::text::{
+    MAX_WANTED_KEY_W, clock, printable, shown_width, truncate_left, truncate_middle, widest,
+};
 use crate::state::{FleetPicture, Panel, SPILL_LOG_CAP, State};
 
 /// The compact line never cuts a key shorter than this.
@@ -38,7 +40,7 @@ pub(super) fn wanted_width(state: &State) -> u16 {
         .values()
         .map(|k| k.key.as_str())
         .chain(fleet.spills.iter().map(|s| s.key.as_str()))
-        .map(|k| k.chars().count())
+        .map(shown_width)
         .max()
         .unwrap_or(0)
         .min(usize::from(MAX_WANTED_KEY_W));
@@ -212,7 +214,7 @@ fn spill_line(s: &SpillEvent, width: usize, full: bool, styles: &Styles) -> Line
     let rule = rule_text(s);
     // Worker names are cut from the left (the port and the end of the address stay) only when
     // the line would not fit with the key at its shortest.
-    let names = s.from.chars().count() + s.to.chars().count();
+    let names = shown_width(&s.from) + shown_width(&s.to);
     let without_names = time.chars().count() + rule.chars().count() + 4 + MIN_KEY;
     let name_w = if without_names + names <= width {
         usize::MAX
@@ -279,14 +281,20 @@ fn group_line(g: &Group<'_>, width: usize, full: bool, styles: &Styles) -> Line<
 fn spill_line_full(s: &SpillEvent, styles: &Styles) -> Line<'static> {
     let dim = styles.dim();
     let target = if stayed(s) {
-        Span::styled(format!("{} ✗ stayed", s.from), styles.tone(Tone::Alert))
+        Span::styled(
+            format!("{} ✗ stayed", printable(&s.from)),
+            styles.tone(Tone::Alert),
+        )
     } else {
-        Span::styled(format!("{} → {}", s.from, s.to), styles.tone(Tone::Warning))
+        Span::styled(
+            format!("{} → {}", printable(&s.from), printable(&s.to)),
+            styles.tone(Tone::Warning),
+        )
     };
     if s.cause == SpillCause::Capacity {
         return Line::from(vec![
             Span::styled(format!("{} ", clock(s.ts_ms)), dim),
-            Span::raw(format!("{} ", s.key)),
+            Span::raw(format!("{} ", printable(&s.key))),
             target,
             Span::styled(" FULL", styles.status(Tone::Alert)),
             Span::styled(" pref ", dim),
@@ -295,7 +303,7 @@ fn spill_line_full(s: &SpillEvent, styles: &Styles) -> Line<'static> {
     }
     Line::from(vec![
         Span::styled(format!("{} ", clock(s.ts_ms)), dim),
-        Span::raw(format!("{} ", s.key)),
+        Span::raw(format!("{} ", printable(&s.key))),
         target,
         Span::styled(" pref ", dim),
         Span::raw(s.preferred_load.to_string()),
