@@ -29,8 +29,8 @@ pub use conn::{ConnConfig, ConnEvent, ConnHandle, ConnStatus, client_config};
 pub use input::Action;
 pub use state::{
     Baseline, COMMAND_TIMEOUT, Change, CommandEntry, CommandState, Effect, FleetBound,
-    FleetPicture, Panel, Replica, ReplicaId, SPILL_LOG_CAP, Sample, Settings, SortColumn, State,
-    Ui, WorkerOrder,
+    FleetPicture, MAX_DISCOVERY_SOURCES, MAX_KEY_WORKERS, MAX_KEYS, MAX_TEXT_BYTES, MAX_WORKERS,
+    Panel, Replica, ReplicaId, SPILL_LOG_CAP, Sample, Settings, SortColumn, State, Ui, WorkerOrder,
 };
 pub use term::TerminalGuard;
 pub use view::{draw, viewports};

@@ -11,6 +11,7 @@
 //! through accessors. Events and frames name their replica with a [`ReplicaId`]; one that the
 //! state does not watch is a bug in the caller, and panics.
 
+mod caps;
 mod commands;
 mod merge;
 mod picture;
@@ -21,6 +22,9 @@ mod worker_rows;
 use bch_core::telemetry::{ClientCommand, CommandId, KeyRecord, ServerFrame, WorkerRecord};
 use tokio::time::{Duration, Instant};
 
+pub use self::caps::{
+    MAX_DISCOVERY_SOURCES, MAX_KEY_WORKERS, MAX_KEYS, MAX_TEXT_BYTES, MAX_WORKERS,
+};
 pub use self::commands::{COMMAND_TIMEOUT, Change, CommandEntry, CommandState};
 use self::commands::{CommandLog, Threshold};
 pub(crate) use self::picture::routable;

@@ -5,7 +5,7 @@
 //! Only the state module changes a picture (the `apply_*` methods); everyone else gets
 //! `&FleetPicture`.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use bch_core::policy::{BoundCheck, FleetLoad, PolicyKind, PolicySettings};
@@ -13,6 +13,8 @@ use bch_core::telemetry::{
     AdmissionSummary, ChangeSource, DiscoverySource, KeyRecord, MembershipUpdate, PolicyUpdate,
     RingOwnership, RingUpdate, Snapshot, SpillEvent, Tick, Totals, WorkerRecord, WorkerState,
 };
+
+use super::caps;
 
 /// Spill events kept for the log; older ones fall off the front. More than the tallest screen
 /// shows, few enough that a clone for pausing stays cheap.
@@ -115,7 +117,9 @@ impl Baseline {
                 || (spill.ts_ms == self.ts_ms
                     && (spill.min_load_gap != policy.min_load_gap
                         || spill.max_load_skew != policy.max_load_skew));
-            if before {
+            // Only keys it counts already, or room for one more: a flood of spill keys must not
+            // grow it past the key table's cap.
+            if before && (self.keys.len() < caps::MAX_KEYS || self.keys.contains_key(&spill.key)) {
                 self.keys.entry(spill.key.clone()).or_default().1 += 1;
             }
         }
@@ -227,13 +231,22 @@ impl FleetPicture {
         let history = std::mem::take(&mut self.history);
         let ring = (self.ring.take(), std::mem::take(&mut self.arcs));
         let ring_members = self.ring_members.take();
+        let mut workers = snap.workers;
+        caps::workers(&mut workers);
+        let mut keys: BTreeMap<String, KeyRecord> = snap
+            .keys
+            .into_iter()
+            .map(caps::key)
+            .map(|k| (k.key.clone(), k))
+            .collect();
+        caps::evict_keys(&mut keys);
         *self = FleetPicture {
             ts_ms: snap.ts_ms,
             policy: Some(snap.policy),
-            workers: snap.workers,
-            keys: snap.keys.into_iter().map(|k| (k.key.clone(), k)).collect(),
+            workers,
+            keys,
             totals: snap.totals,
-            discovery: snap.discovery,
+            discovery: caps::discovery(snap.discovery),
             admission: snap.admission,
             history,
             tick_interval_ms: self.tick_interval_ms,
@@ -249,7 +262,7 @@ impl FleetPicture {
                 self.compute_ring(snap.policy.virtual_nodes);
             }
         }
-        self.push_spills(snap.spills);
+        self.push_spills(snap.spills.into_iter().map(caps::spill).collect());
     }
 
     /// Merges a tick: its records replace the ones with the same name, everything else stays.
@@ -264,24 +277,22 @@ impl FleetPicture {
         }
         self.ts_ms = tick.ts_ms;
         if let Some(discovery) = tick.discovery {
-            self.discovery = discovery;
+            self.discovery = caps::discovery(discovery);
         }
-        for worker in tick.workers {
-            match self.workers.iter_mut().find(|w| w.name == worker.name) {
-                Some(slot) => *slot = worker,
-                None => self.workers.push(worker),
-            }
-        }
+        self.upsert_workers(tick.workers);
         for key in tick.keys {
+            let key = caps::key(key);
             self.keys.insert(key.key.clone(), key);
         }
         for gone in &tick.removed_keys {
             self.keys.remove(gone);
         }
+        caps::evict_keys(&mut self.keys);
+        let spills: Vec<SpillEvent> = tick.spills.into_iter().map(caps::spill).collect();
         if let (Some(baseline), Some(policy)) = (&mut self.baseline, self.policy) {
-            baseline.count_earlier_spills(&tick.spills, &policy);
+            baseline.count_earlier_spills(&spills, &policy);
         }
-        self.push_spills(tick.spills);
+        self.push_spills(spills);
         self.totals = tick.totals;
         self.dropped_events = tick.dropped_events;
         self.admission = tick.admission;
@@ -297,8 +308,43 @@ impl FleetPicture {
         }
     }
 
+    /// A tick's worker records: each replaces the one with the same name, or joins the list
+    /// while it is shorter than [`caps::MAX_WORKERS`]. Found through a name index when the tick
+    /// has many, so a tick of every worker at 10,000 costs one pass, not one per record.
+    fn upsert_workers(&mut self, records: Vec<WorkerRecord>) {
+        if records.len() <= 8 {
+            for mut record in records {
+                caps::worker(&mut record);
+                match self.workers.iter().position(|w| w.name == record.name) {
+                    Some(i) => self.workers[i] = record,
+                    None if self.workers.len() < caps::MAX_WORKERS => self.workers.push(record),
+                    None => {}
+                }
+            }
+            return;
+        }
+        let mut index: HashMap<String, usize> = self
+            .workers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (w.name.clone(), i))
+            .collect();
+        for mut record in records {
+            caps::worker(&mut record);
+            match index.get(&record.name) {
+                Some(&i) => self.workers[i] = record,
+                None if self.workers.len() < caps::MAX_WORKERS => {
+                    index.insert(record.name.clone(), self.workers.len());
+                    self.workers.push(record);
+                }
+                None => {}
+            }
+        }
+    }
+
     /// A membership change: the new worker list and ring; tracked keys stay.
-    pub(super) fn apply_ring(&mut self, update: RingUpdate) {
+    pub(super) fn apply_ring(&mut self, mut update: RingUpdate) {
+        caps::workers(&mut update.workers);
         self.workers = update.workers;
         self.set_ring(update.ring);
     }
@@ -308,8 +354,11 @@ impl FleetPicture {
     /// not, this picture missed a change and needs a snapshot.
     pub(super) fn apply_membership(&mut self, update: MembershipUpdate) -> bool {
         let complete = update.apply_to(&mut self.workers);
+        caps::workers(&mut self.workers);
         self.compute_ring(update.virtual_nodes);
+        // A fleet over the cap never adds up: asking for a snapshot would not change that.
         complete
+            || (update.worker_count > caps::MAX_WORKERS && self.workers.len() == caps::MAX_WORKERS)
     }
 
     /// Computes the ring from the workers' ring identities with bch-core (the gateway's own
@@ -355,7 +404,8 @@ impl FleetPicture {
     }
 
     /// A worker's record as a command's answer gave it (drain, undrain).
-    pub(super) fn apply_worker(&mut self, record: WorkerRecord) {
+    pub(super) fn apply_worker(&mut self, mut record: WorkerRecord) {
+        caps::worker(&mut record);
         if let Some(slot) = self.workers.iter_mut().find(|w| w.name == record.name) {
             *slot = record;
         }
@@ -385,8 +435,10 @@ impl FleetPicture {
         self.ring_members = None;
     }
 
+    /// Appends spill events already cut ([`caps::spill`]), keeping the last [`SPILL_LOG_CAP`].
     fn push_spills(&mut self, spills: Vec<SpillEvent>) {
-        self.spills.extend(spills);
+        let skip = spills.len().saturating_sub(SPILL_LOG_CAP);
+        self.spills.extend(spills.into_iter().skip(skip));
         while self.spills.len() > SPILL_LOG_CAP {
             self.spills.pop_front();
         }

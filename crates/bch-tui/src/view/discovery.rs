@@ -48,7 +48,10 @@ fn troubles(state: &State) -> Vec<Trouble> {
                 None => found.push(Trouble {
                     source: printable(&source.source).into_owned(),
                     state,
-                    error: source.last_error.as_deref().map(|e| printable(e).into_owned()),
+                    error: source
+                        .last_error
+                        .as_deref()
+                        .map(|e| printable(e).into_owned()),
                     replicas: vec![index + 1],
                 }),
             }

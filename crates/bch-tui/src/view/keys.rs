@@ -15,7 +15,7 @@ use ratatui::widgets::{Block, Cell, Row, Table};
 
 use super::panel::{panel_block, scroll_window};
 use super::styles::{Styles, Tone};
-use super::text::{MAX_WANTED_KEY_W, clock, truncate_left, truncate_middle, widest, shown_width};
+use super::text::{MAX_WANTED_KEY_W, clock, shown_width, truncate_left, truncate_middle, widest};
 use crate::state::{Baseline, Panel, State};
 
 /// Width of the `req` column: six digits.

@@ -31,7 +31,11 @@ pub(super) fn clock(ts_ms: u64) -> String {
 pub(super) fn widest<'a>(texts: impl IntoIterator<Item = &'a str>, cap: usize) -> Option<usize> {
     texts.into_iter().fold(None, |widest, text| match widest {
         Some(w) if text.len() <= w || w >= cap => Some(w),
-        _ => Some(widest.unwrap_or(0).max(printable(text).chars().take(cap).count())),
+        _ => Some(
+            widest
+                .unwrap_or(0)
+                .max(printable(text).chars().take(cap).count()),
+        ),
     })
 }
 
