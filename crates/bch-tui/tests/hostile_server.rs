@@ -36,7 +36,7 @@ fn worker(n: u64) -> Value {
 
 /// Key `n`; every 100th is in flight on more workers than the console lists.
 fn key(n: u64, ts_ms: u64) -> Value {
-    let on = if n % 100 == 0 { 100 } else { 1 };
+    let on = if n.is_multiple_of(100) { 100 } else { 1 };
     let active: serde_json::Map<String, Value> = (0..on)
         .map(|w| (long("w", n * 1_000 + w, 300), json!(1)))
         .collect();

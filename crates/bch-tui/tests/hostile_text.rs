@@ -36,7 +36,7 @@ fn console() -> State {
         snap.workers[1].probe_failure = Some(hostile("refused"));
         snap.keys.push(KeyRecord {
             key: key.clone(),
-            kind: KeyKind::Explicit,
+            kind: KeyKind::Explicit.into(),
             preferred: hostile("w0"),
             current: "w1".into(),
             active: [(hostile("w0"), 3)].into_iter().collect(),
@@ -47,8 +47,8 @@ fn console() -> State {
         snap.discovery.push(DiscoverySource {
             name: hostile("_http._tcp.example"),
             source: hostile("dns:_http._tcp.example"),
-            kind: DiscoveryKind::Srv,
-            state: DiscoveryState::Failing,
+            kind: DiscoveryKind::Srv.into(),
+            state: DiscoveryState::Failing.into(),
             last_error: Some(hostile("timeout")),
             last_error_ms: Some(snap.ts_ms),
             last_good_ms: None,

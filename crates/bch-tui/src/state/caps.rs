@@ -9,7 +9,9 @@
 
 use std::collections::BTreeMap;
 
-use bch_core::telemetry::{DiscoverySource, KeyRecord, SpillEvent, WorkerRecord, WorkerSource};
+use bch_core::telemetry::{
+    DiscoverySource, KeyRecord, Open, SpillEvent, WorkerRecord, WorkerSource,
+};
 
 /// Tracked keys kept: 16 times the gateway's default `[telemetry] max_keys` (256). Past it, the
 /// least recently active keys go, as the gateway evicts its own.
@@ -49,7 +51,7 @@ pub(super) fn worker(record: &mut WorkerRecord) {
     cut(&mut record.url);
     cut_option(&mut record.ring_id);
     cut_option(&mut record.probe_failure);
-    if let WorkerSource::Dns(name) = &mut record.source {
+    if let Open::Known(WorkerSource::Dns(name)) | Open::Unknown(name) = &mut record.source {
         cut(name);
     }
 }

@@ -447,6 +447,13 @@ impl State {
             self.notice = Some("no policy known yet: wait for the gateway's snapshot".into());
             return Effect::None;
         };
+        if let Some(record) = &self.live().policy_unknown {
+            self.notice = Some(format!(
+                "this console does not know the gateway's {}: its thresholds are not changed from here",
+                record.unknown_names().join(", ")
+            ));
+            return Effect::None;
+        }
         // Capacity applies under every policy; the thresholds only under the bounded one.
         if threshold != Threshold::Capacity && !self.live().bound_in_force() {
             self.notice = Some(format!(

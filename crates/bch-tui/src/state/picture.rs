@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use bch_core::policy::{BoundCheck, FleetLoad, PolicyKind, PolicySettings};
 use bch_core::telemetry::{
-    AdmissionSummary, ChangeSource, DiscoverySource, KeyRecord, MembershipUpdate, PolicyUpdate,
-    RingOwnership, RingUpdate, Snapshot, SpillEvent, Tick, Totals, WorkerRecord, WorkerState,
+    AdmissionSummary, ChangeSource, DiscoverySource, KeyRecord, MembershipUpdate, Open,
+    PolicyRecord, PolicyUpdate, RingOwnership, RingUpdate, Snapshot, SpillEvent, Tick, Totals,
+    WorkerRecord, WorkerState,
 };
 
 use super::caps;
@@ -32,11 +33,17 @@ const HISTORY_CAP: usize = 240;
 pub struct FleetPicture {
     /// Gateway time of the last applied snapshot or tick, ms since the Unix epoch.
     pub ts_ms: u64,
-    /// The policy and thresholds in force; `None` until the first snapshot.
+    /// The policy and thresholds in force; `None` until the first snapshot. When the gateway
+    /// named a kind, spill order or load source this console does not know, the default stands in
+    /// for it here and [`FleetPicture::policy_unknown`] holds what the gateway sent.
     pub policy: Option<PolicySettings>,
+    /// The policy as the gateway sent it, kept only when it names something this console does
+    /// not know (a newer gateway's kind): the header shows those names, and the bound, which this
+    /// console cannot know for such a policy, is not drawn.
+    pub policy_unknown: Option<PolicyRecord>,
     /// Who made the last policy change seen on this connection; `None` when none was seen since
     /// the last snapshot.
-    pub policy_changed_by: Option<ChangeSource>,
+    pub policy_changed_by: Option<Open<ChangeSource>>,
     /// The address of the client that made it, when the gateway said.
     pub policy_changed_from: Option<String>,
     /// The counters when the last policy change was seen, so the key table can count from there.
@@ -179,8 +186,33 @@ impl FleetPicture {
     /// Whether the spill bound is in force: only `bounded_consistent_hashing` spills; under the
     /// other policies the thresholds change nothing. `false` before the policy is known.
     pub fn bound_in_force(&self) -> bool {
-        self.policy
-            .is_some_and(|p| p.kind == PolicyKind::BoundedConsistentHashing)
+        self.policy_unknown.is_none()
+            && self
+                .policy
+                .is_some_and(|p| p.kind == PolicyKind::BoundedConsistentHashing)
+    }
+
+    /// Takes the policy a frame carried: its settings, with defaults standing in for names this
+    /// console does not know (kept whole in [`FleetPicture::policy_unknown`]).
+    fn set_policy(&mut self, record: PolicyRecord) {
+        match record.settings() {
+            Some(settings) => {
+                self.policy = Some(settings);
+                self.policy_unknown = None;
+            }
+            None => {
+                self.policy = Some(PolicySettings {
+                    kind: record.kind.get().unwrap_or_default(),
+                    min_load_gap: record.min_load_gap,
+                    max_load_skew: record.max_load_skew,
+                    spill_order: record.spill_order.get().unwrap_or_default(),
+                    virtual_nodes: record.virtual_nodes,
+                    load_source: record.load_source.get().unwrap_or_default(),
+                    admission: record.admission,
+                });
+                self.policy_unknown = Some(record);
+            }
+        }
     }
 
     /// The current bound over the loads the rule reads ([`WorkerRecord::rule_load`]: local
@@ -242,7 +274,6 @@ impl FleetPicture {
         caps::evict_keys(&mut keys);
         *self = FleetPicture {
             ts_ms: snap.ts_ms,
-            policy: Some(snap.policy),
             workers,
             keys,
             totals: snap.totals,
@@ -253,13 +284,15 @@ impl FleetPicture {
             baseline: self.baseline.take(),
             ..FleetPicture::default()
         };
+        let virtual_nodes = snap.policy.virtual_nodes;
+        self.set_policy(snap.policy);
         match snap.ring {
             Some(ring) => self.set_ring(ring),
             // Version 2: the ring is the console's to compute, unless it has this one already.
             None => {
                 (self.ring, self.arcs) = ring;
                 self.ring_members = ring_members;
-                self.compute_ring(snap.policy.virtual_nodes);
+                self.compute_ring(virtual_nodes);
             }
         }
         self.push_spills(snap.spills.into_iter().map(caps::spill).collect());
@@ -390,7 +423,7 @@ impl FleetPicture {
     /// A policy change made by anyone (this console, another one, the HTTP API, a reload); the
     /// key table's counters start again from here.
     pub(super) fn apply_policy(&mut self, update: PolicyUpdate) {
-        self.policy = Some(update.policy);
+        self.set_policy(update.policy);
         self.policy_changed_by = Some(update.changed_by);
         self.policy_changed_from = update.client;
         self.baseline = Some(Baseline {
@@ -412,8 +445,8 @@ impl FleetPicture {
     }
 
     /// The policy in force after one of this console's commands was applied.
-    pub(super) fn apply_acked_policy(&mut self, policy: PolicySettings) {
-        self.policy = Some(policy);
+    pub(super) fn apply_acked_policy(&mut self, policy: PolicyRecord) {
+        self.set_policy(policy);
     }
 
     /// Seen since on this connection: a new gateway process has new counters, so a baseline

@@ -19,7 +19,7 @@ use crate::state::State;
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Trouble {
     source: String,
-    state: &'static str,
+    state: String,
     error: Option<String>,
     replicas: Vec<usize>,
 }
@@ -39,7 +39,7 @@ fn troubles(state: &State) -> Vec<Trouble> {
             .iter()
             .filter(|s| s.state.is_trouble())
         {
-            let state = source.state.as_str();
+            let state = source.state.to_string();
             match found
                 .iter_mut()
                 .find(|t| t.source == source.source && t.state == state)
@@ -65,7 +65,7 @@ fn troubles(state: &State) -> Vec<Trouble> {
 /// how many more sources are in trouble).
 struct Warning {
     source: String,
-    state: &'static str,
+    state: String,
     error: Option<String>,
     tail: String,
 }
@@ -82,7 +82,7 @@ fn warning(troubles: &[Trouble], replica_count: usize) -> Option<Warning> {
     }
     Some(Warning {
         source: first.source.clone(),
-        state: first.state,
+        state: first.state.clone(),
         error: first.error.clone(),
         tail,
     })
@@ -187,8 +187,8 @@ mod tests {
         DiscoverySource {
             name: name.into(),
             source: format!("dns:{name}"),
-            kind: DiscoveryKind::Address,
-            state,
+            kind: DiscoveryKind::Address.into(),
+            state: state.into(),
             last_error: error.map(str::to_owned),
             last_error_ms: None,
             last_good_ms: None,

@@ -73,7 +73,7 @@ impl Census {
             c.name_w = widest(c.name_w, &w.name, width_cap);
             if w.source.is_discovered() {
                 c.discovered += 1;
-                c.source_w = widest(c.source_w, &w.source.label(), width_cap);
+                c.source_w = widest(c.source_w, &w.source.to_string(), width_cap);
             }
         }
         c

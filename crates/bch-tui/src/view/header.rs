@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::styles::{Styles, Tone};
 use super::text::{clock, printable};
-use bch_core::telemetry::ChangeSource;
+use bch_core::telemetry::{ChangeSource, Open};
 
 use crate::conn::ConnStatus;
 use crate::state::{
@@ -111,22 +111,41 @@ fn policy_line(fleet: &FleetPicture, styles: &Styles, width: u16) -> Line<'stati
     let Some(p) = &fleet.policy else {
         return Line::from(Span::styled(" waiting for the gateway's snapshot…", dim));
     };
-    let line = |kind: &'static str, changed: Changed| {
+    // Names a newer gateway sent that this console does not know are shown as sent, marked.
+    let unknown =
+        |name: &dyn std::fmt::Display| format!("{} (unknown)", printable(&name.to_string()));
+    let (kind_name, order_name) = match &fleet.policy_unknown {
+        Some(record) => (
+            match &record.kind {
+                Open::Unknown(name) => unknown(name),
+                Open::Known(kind) => kind.as_str().to_owned(),
+            },
+            match &record.spill_order {
+                Open::Unknown(name) => unknown(name),
+                Open::Known(order) => order.as_str().to_owned(),
+            },
+        ),
+        None => (
+            p.kind.as_str().to_owned(),
+            p.spill_order.as_str().to_owned(),
+        ),
+    };
+    let line = |kind: &str, changed: Changed| {
         let mut spans = vec![
             Span::styled(" policy ", dim),
-            Span::styled(kind, styles.value()),
+            Span::styled(kind.to_owned(), styles.value()),
             Span::styled("  gap ", dim),
             Span::styled(p.min_load_gap.to_string(), styles.value()),
             Span::styled("  skew ", dim),
             Span::styled(format!("{:.2}", p.max_load_skew), styles.value()),
             Span::styled("  order ", dim),
-            Span::styled(p.spill_order.as_str(), styles.value()),
+            Span::styled(order_name.clone(), styles.value()),
             Span::styled("  req/s ", dim),
             Span::raw(format!("{:.1}", fleet.totals.requests_per_s)),
             Span::styled("  spill/s ", dim),
             Span::raw(format!("{:.1}", fleet.totals.spills_per_s)),
         ];
-        if let (Some(by), false) = (fleet.policy_changed_by, changed == Changed::Unsaid) {
+        if let (Some(by), false) = (&fleet.policy_changed_by, changed == Changed::Unsaid) {
             let from = match (&fleet.policy_changed_from, changed) {
                 (Some(client), Changed::Whole) => format!(" {}", printable(client)),
                 _ => String::new(),
@@ -137,24 +156,25 @@ fn policy_line(fleet: &FleetPicture, styles: &Styles, width: u16) -> Line<'stati
                 "changed by "
             };
             spans.push(Span::styled(
-                format!("  ({words}{}{from}", by.as_str()),
+                format!("  ({words}{}{from}", printable(&by.to_string())),
                 dim,
             ));
             // A reload put the file's values back; anything else is lost on the next one.
-            if by != ChangeSource::Reload {
+            if *by != ChangeSource::Reload {
                 spans.push(Span::styled(", lost on reload", styles.tone(Tone::Warning)));
             }
             spans.push(Span::styled(")", dim));
         }
         Line::from(spans)
     };
-    let short_kind = if p.kind == PolicyKind::BoundedConsistentHashing {
-        "bounded"
-    } else {
-        p.kind.as_str()
-    };
+    let short_kind =
+        if p.kind == PolicyKind::BoundedConsistentHashing && fleet.policy_unknown.is_none() {
+            "bounded"
+        } else {
+            kind_name.as_str()
+        };
     let candidates = [
-        (p.kind.as_str(), Changed::Whole),
+        (kind_name.as_str(), Changed::Whole),
         (short_kind, Changed::Whole),
         (short_kind, Changed::NoClient),
         (short_kind, Changed::Short),

@@ -202,6 +202,25 @@ fn stayed(s: &SpillEvent) -> bool {
     s.branch == Branch::ExplicitRoutingKeyNoEligibleCandidate
 }
 
+/// The branch, cause and load signal a newer gateway named that this console does not know, as
+/// ` ?name` each (empty when it knows them all): shown as sent after the rule.
+fn unknown_names(s: &SpillEvent) -> String {
+    let mut names = String::new();
+    let unknown = [
+        &s.branch.known().is_none().then(|| s.branch.to_string()),
+        &s.cause.known().is_none().then(|| s.cause.to_string()),
+        &s.load_signal
+            .known()
+            .is_none()
+            .then(|| s.load_signal.to_string()),
+    ];
+    for name in unknown.into_iter().flatten() {
+        names.push_str(" ?");
+        names.push_str(&printable(name));
+    }
+    names
+}
+
 /// One spill, in full (with the whole key) when `full` (every line on screen fits in full within
 /// `width`). Otherwise in the compact form that keeps every number of the rule — `12:00:00 key w0→w1 9>2+2 9>3.50×1.50`: the preferred worker's load was
 /// above min + gap and above mean × skew — and shortens the key instead.
@@ -244,10 +263,11 @@ fn spill_line(s: &SpillEvent, width: usize, full: bool, styles: &Styles) -> Line
 /// `full@4` for a capacity spill: the preferred worker was full at load 4.
 fn rule_text(s: &SpillEvent) -> String {
     if s.cause == SpillCause::Capacity {
-        return format!("full@{}", s.preferred_load);
+        return format!("full@{}{}", s.preferred_load, unknown_names(s));
     }
     format!(
-        "{p}>{min}+{gap} {p}>{mean:.2}×{skew:.2}",
+        "{p}>{min}+{gap} {p}>{mean:.2}×{skew:.2}{unknown}",
+        unknown = unknown_names(s),
         p = s.preferred_load,
         min = s.min_load,
         gap = s.min_load_gap,
@@ -299,6 +319,7 @@ fn spill_line_full(s: &SpillEvent, styles: &Styles) -> Line<'static> {
             Span::styled(" FULL", styles.status(Tone::Alert)),
             Span::styled(" pref ", dim),
             Span::raw(s.preferred_load.to_string()),
+            Span::styled(unknown_names(s), styles.tone(Tone::Warning)),
         ]);
     }
     Line::from(vec![
@@ -315,5 +336,6 @@ fn spill_line_full(s: &SpillEvent, styles: &Styles) -> Line<'static> {
         Span::raw(s.min_load_gap.to_string()),
         Span::styled(" skew ", dim),
         Span::raw(format!("{:.2}", s.max_load_skew)),
+        Span::styled(unknown_names(s), styles.tone(Tone::Warning)),
     ])
 }

@@ -104,7 +104,7 @@ fn answer(
     match result {
         Ok(worker) => encode_message(&ServerMessage::Ack(Ack {
             id,
-            policy: *plane.router.table().policy(),
+            policy: (*plane.router.table().policy()).into(),
             worker,
         })),
         Err(error) => command_error(id, &error.to_string()),
@@ -155,7 +155,7 @@ fn handle_command(
             Some(match plane.admin.set_policy(&patch, actor) {
                 Ok(policy) => encode_message(&ServerMessage::Ack(Ack {
                     id,
-                    policy,
+                    policy: policy.into(),
                     worker: None,
                 })),
                 Err(error) => command_error(id, &error.to_string()),
