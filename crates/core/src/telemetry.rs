@@ -116,6 +116,11 @@ pub struct Snapshot {
     /// The admission queue and shedding now; absent from gateways that predate admission.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<AdmissionSummary>,
+    /// This connection is read-only (opened with the metrics token): the gateway refuses every
+    /// command that would change something. Sent only when `true`; absent from gateways that
+    /// predate read-only connections.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
 }
 
 /// Periodic update: complete records of what changed since the previous tick.

@@ -217,6 +217,7 @@ mod tests {
                 totals: Default::default(),
                 discovery: discovery.clone(),
                 admission: None,
+                read_only: false,
             };
             let frame = ServerFrame::new(0, ServerMessage::Snapshot(snapshot));
             state.apply_replica_frame(ReplicaId(i), frame);

@@ -107,6 +107,7 @@ fn big_fleet() -> ServerFrame {
             },
             discovery: Vec::new(),
             admission: None,
+            read_only: false,
         }),
     )
 }

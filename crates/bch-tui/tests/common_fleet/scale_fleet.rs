@@ -93,6 +93,7 @@ fn snapshot(n: usize) -> ServerFrame {
             },
             discovery: Vec::new(),
             admission: None,
+            read_only: false,
         }),
     )
 }

@@ -328,6 +328,7 @@ impl Aggregator {
             totals: self.totals,
             discovery: self.discovery_at(now_ms()),
             admission: Some(self.admission_summary),
+            read_only: false,
         };
         let ring = &mut self.ring;
         self.clients.deliver_snapshots(|version| {
