@@ -54,6 +54,11 @@ pub struct Cli {
         requires = "client_cert"
     )]
     pub client_key: Option<PathBuf>,
+
+    /// Watch only: the threshold, capacity and drain keys send nothing and say so. A gateway
+    /// connection opened with the metrics token is read-only whatever this says.
+    #[arg(long)]
+    pub read_only: bool,
 }
 
 impl Cli {
@@ -193,6 +198,12 @@ mod tests {
         let cli = Cli::try_parse_from(["bch-tui"]).unwrap();
         assert_eq!(cli.url, ["ws://127.0.0.1:9090/ws"]);
         assert!(cli.token_file.is_none());
+        assert!(!cli.read_only);
+        assert!(
+            Cli::try_parse_from(["bch-tui", "--read-only"])
+                .unwrap()
+                .read_only
+        );
         cli.validate().unwrap();
         for bad in [
             "http://127.0.0.1:9090/ws",

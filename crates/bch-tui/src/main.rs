@@ -62,7 +62,11 @@ async fn run(cli: Cli) -> anyhow::Result<Option<StopSignal>> {
         }));
     }
     drop(events_tx);
-    let mut app = App::with_replicas(State::for_replicas(cli.url.clone()), commands);
+    let mut state = State::for_replicas(cli.url.clone());
+    if cli.read_only {
+        state.set_read_only();
+    }
+    let mut app = App::with_replicas(state, commands);
 
     let mut guard = TerminalGuard::enter()
         .context("cannot set up the terminal (bch-tui needs an interactive terminal)")?;

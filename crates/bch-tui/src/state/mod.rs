@@ -61,6 +61,8 @@ pub struct State {
     commands: CommandLog,
     notice: Option<String>,
     ui: Ui,
+    /// `--read-only`: the write keys send nothing.
+    read_only: bool,
 }
 
 impl State {
@@ -78,6 +80,29 @@ impl State {
             commands: CommandLog::default(),
             notice: None,
             ui: Ui::default(),
+            read_only: false,
+        }
+    }
+
+    /// Makes this console watch-only (`--read-only`): the threshold, capacity and drain keys send
+    /// nothing and say why.
+    pub fn set_read_only(&mut self) {
+        self.read_only = true;
+    }
+
+    /// Why the write keys do nothing, if they do not: `--read-only`, or a replica whose gateway
+    /// said the connection is read-only (its commands would be refused).
+    pub fn read_only(&self) -> Option<&'static str> {
+        if self.read_only {
+            Some(
+                "read-only console (--read-only): thresholds, capacity and drains are not changed from here",
+            )
+        } else if self.replicas.iter().any(|r| r.fleet().read_only) {
+            Some(
+                "read-only connection (the gateway was reached with its metrics token): it refuses thresholds, capacity and drains; use the admin token to change them",
+            )
+        } else {
+            None
         }
     }
 
@@ -343,6 +368,12 @@ impl State {
 
     /// Carries out an operator action; the effect tells the app what to send, or to quit.
     pub fn apply_action(&mut self, action: Action) -> Effect {
+        if action.writes()
+            && let Some(why) = self.read_only()
+        {
+            self.notice = Some(why.to_owned());
+            return Effect::None;
+        }
         match action {
             Action::Quit => return Effect::Quit,
             Action::GapDown => return self.nudge(Threshold::MinLoadGap, false),

@@ -76,6 +76,9 @@ pub struct FleetPicture {
     /// The gateway's admission queue and shedding from the last snapshot or tick; `None` from a
     /// gateway that predates admission.
     pub admission: Option<AdmissionSummary>,
+    /// The gateway said this connection is read-only (opened with the metrics token): it
+    /// refuses every write command.
+    pub read_only: bool,
     /// Every arc of the ring as `(start, end, index into ring.workers)`, sorted by start, so the
     /// owner of any position is a binary search away.
     arcs: Arc<Vec<(f64, f64, usize)>>,
@@ -278,6 +281,7 @@ impl FleetPicture {
             keys,
             totals: snap.totals,
             discovery: caps::discovery(snap.discovery),
+            read_only: snap.read_only,
             admission: snap.admission,
             history,
             tick_interval_ms: self.tick_interval_ms,

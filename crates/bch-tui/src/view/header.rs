@@ -92,6 +92,9 @@ fn status_line(state: &State, now: Instant, styles: &Styles) -> Line<'static> {
     if state.resyncing() {
         spans.push(Span::styled("  RESYNCING", styles.status(Tone::Warning)));
     }
+    if state.read_only().is_some() {
+        spans.push(Span::styled("  READ-ONLY", styles.dim()));
+    }
     if state.paused() {
         spans.push(Span::styled(
             format!("  PAUSED at {}", clock(state.visible().ts_ms)),
