@@ -11,9 +11,9 @@ pub struct DiscoverySource {
     /// The worker source label its workers carry: `dns:NAME`.
     pub source: String,
     /// `srv` (the name begins with `_`) or `address` (A and AAAA records).
-    pub kind: super::Open<DiscoveryKind>,
+    pub kind: super::open::Open<DiscoveryKind>,
     /// What the last resolution gave.
-    pub state: super::Open<DiscoveryState>,
+    pub state: super::open::Open<DiscoveryState>,
     /// The most recent error: why a resolution failed or was empty, or one address family's
     /// failed lookup while the other answered (state `ok`). Kept after the source recovered.
     #[serde(default)]
@@ -82,7 +82,7 @@ impl std::fmt::Display for DiscoveryKind {
     }
 }
 
-impl super::Open<DiscoveryState> {
+impl super::open::Open<DiscoveryState> {
     /// Whether an operator should look: the source fails or answers empty, or is in a state this
     /// build does not know (a newer gateway's), which is shown by name.
     pub fn is_trouble(&self) -> bool {

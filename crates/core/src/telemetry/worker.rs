@@ -41,7 +41,7 @@ pub struct WorkerRecord {
     pub healthy: bool,
     /// `active` or `draining` (absent from frames of older gateways: `active`).
     #[serde(default)]
-    pub state: super::Open<WorkerState>,
+    pub state: super::open::Open<WorkerState>,
     /// In-flight requests of this gateway process on the worker.
     pub active: u64,
     /// Requests routed to the worker since it was first registered.
@@ -72,7 +72,7 @@ pub struct WorkerRecord {
     /// `dns:NAME` (found by DNS discovery of `NAME`). Absent from older gateways' frames, which
     /// only had static workers.
     #[serde(default)]
-    pub source: super::Open<WorkerSource>,
+    pub source: super::open::Open<WorkerSource>,
     /// Requests in flight the worker may hold (compared with [`WorkerRecord::load`]); `None` when
     /// it has no cap, and in frames of gateways that predate capacity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -145,7 +145,7 @@ impl WorkerSource {
     }
 }
 
-impl super::Open<WorkerSource> {
+impl super::open::Open<WorkerSource> {
     /// Whether the worker was not configured: discovered by DNS, or found by a source this build
     /// does not know (a newer gateway's).
     pub fn is_discovered(&self) -> bool {

@@ -108,12 +108,8 @@ async fn require_token(
         }
         if !admin {
             // The telemetry websocket opened with the metrics token watches and changes nothing.
-            request.extensions_mut().insert(ReadOnly);
+            request.extensions_mut().insert(ws::ReadOnly);
         }
     }
     next.run(request).await
 }
-
-/// Marks a request let in by the metrics token: a `/ws` connection it opens is read-only.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ReadOnly;

@@ -13,7 +13,6 @@ use bch_core::telemetry::{
     negotiated_version,
 };
 
-use super::ReadOnly;
 use super::handle::ControlPlane;
 use super::peer::Peer;
 use crate::admin::{Actor, AdminError};
@@ -43,6 +42,10 @@ pub async fn websocket(
         .max_frame_size(MAX_CLIENT_MESSAGE)
         .on_upgrade(move |socket| serve_client(plane, socket, client))
 }
+
+/// Marks a request let in by the metrics token: a `/ws` connection it opens is read-only.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ReadOnly;
 
 /// Who is on the other end of one connection, and what it may do.
 struct Client {
