@@ -53,7 +53,10 @@ async fn serve(tcp: tokio::net::TcpStream) -> anyhow::Result<()> {
     snap.policy.admission.max_in_flight_per_worker = 8;
     snap.policy.admission.queue_timeout_ms = 2000;
     snap.admission = Some(AdmissionSummary::default());
-    let mut policy: PolicySettings = snap.policy;
+    let mut policy: PolicySettings = snap
+        .policy
+        .settings()
+        .expect("the fixture names known values");
     let mut admitted_total = 0u64;
     let mut shed_total = 0u64;
     let mut seq = 0u64;
@@ -99,9 +102,9 @@ async fn serve(tcp: tokio::net::TcpStream) -> anyhow::Result<()> {
                         ts_ms: snap.ts_ms,
                         key: "chat-session-0001".into(),
                         branch: if hot_full {
-                            Branch::ExplicitRoutingKeyCapacitySpill
+                            Branch::ExplicitRoutingKeyCapacitySpill.into()
                         } else {
-                            Branch::ExplicitRoutingKeySpillover
+                            Branch::ExplicitRoutingKeySpillover.into()
                         },
                         from: "w0".into(),
                         to: "w1".into(),
@@ -164,9 +167,9 @@ async fn serve(tcp: tokio::net::TcpStream) -> anyhow::Result<()> {
                         match policy.patched(&patch) {
                             Ok(next) => {
                                 policy = next;
-                                snap.policy = next;
-                                ws.send(send(ServerMessage::Ack(Ack { id, policy, worker: None }))).await?;
-                                let update = PolicyUpdate { ts_ms: snap.ts_ms, policy, changed_by: ChangeSource::Ws, client: None };
+                                snap.policy = next.into();
+                                ws.send(send(ServerMessage::Ack(Ack { id, policy: policy.into(), worker: None }))).await?;
+                                let update = PolicyUpdate { ts_ms: snap.ts_ms, policy: policy.into(), changed_by: ChangeSource::Ws.into(), client: None };
                                 ws.send(send(ServerMessage::Policy(update))).await?;
                             }
                             Err(e) => {

@@ -79,6 +79,11 @@ pub struct Cli {
     /// The --snapshot screen's height, in rows.
     #[arg(long, default_value_t = 40, requires = "snapshot", value_parser = clap::value_parser!(u16).range(10..=1000))]
     pub height: u16,
+
+    /// Watch only: the threshold, capacity and drain keys send nothing and say so. A gateway
+    /// connection opened with the metrics token is read-only whatever this says.
+    #[arg(long)]
+    pub read_only: bool,
 }
 
 /// A number of seconds, whole or not (`2`, `0.5`), at most a day.
@@ -231,6 +236,12 @@ mod tests {
         let cli = Cli::try_parse_from(["bch-tui"]).unwrap();
         assert_eq!(cli.url, ["ws://127.0.0.1:9090/ws"]);
         assert!(cli.token_file.is_none());
+        assert!(!cli.read_only);
+        assert!(
+            Cli::try_parse_from(["bch-tui", "--read-only"])
+                .unwrap()
+                .read_only
+        );
         cli.validate().unwrap();
         for bad in [
             "http://127.0.0.1:9090/ws",

@@ -71,6 +71,24 @@ pub enum Action {
     ToggleHelp,
 }
 
+impl Action {
+    /// Whether the action asks a gateway to change something (a threshold, a capacity, a
+    /// drain): what a read-only console refuses.
+    pub fn writes(self) -> bool {
+        matches!(
+            self,
+            Action::GapDown
+                | Action::GapUp
+                | Action::SkewDown
+                | Action::SkewUp
+                | Action::CapDown
+                | Action::CapUp
+                | Action::Drain
+                | Action::Undrain
+        )
+    }
+}
+
 /// Rows PgUp/PgDn scroll by.
 pub(crate) const PAGE: i32 = 10;
 

@@ -35,8 +35,9 @@ pub use replay::{Replay, SPEEDS, run_replay};
 pub use screen::screen_text;
 pub use state::{
     Baseline, COMMAND_TIMEOUT, Change, CommandEntry, CommandState, Effect, FleetBound,
-    FleetPicture, Panel, Playback, Replica, ReplicaId, SPILL_LOG_CAP, Sample, Settings, SortColumn,
-    State, Ui, WorkerOrder,
+    FleetPicture, MAX_DISCOVERY_SOURCES, MAX_KEY_WORKERS, MAX_KEYS, MAX_TEXT_BYTES, MAX_WORKERS,
+    Panel, Playback, Replica, ReplicaId, SPILL_LOG_CAP, Sample, Settings, SortColumn, State, Ui,
+    WorkerOrder,
 };
 pub use term::TerminalGuard;
 pub use view::{draw, viewports};

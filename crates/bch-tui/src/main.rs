@@ -67,7 +67,11 @@ async fn run(cli: Cli) -> anyhow::Result<Option<StopSignal>> {
         }));
     }
     drop(events_tx);
-    let mut app = App::with_replicas(State::for_replicas(cli.url.clone()), commands);
+    let mut state = State::for_replicas(cli.url.clone());
+    if cli.read_only {
+        state.set_read_only();
+    }
+    let mut app = App::with_replicas(state, commands);
     if let Some(path) = &cli.record {
         let recorder = Recorder::create(path, cli.url.clone())
             .with_context(|| format!("--record {}", path.display()))?;

@@ -97,7 +97,7 @@ async fn connect_command_ack_and_reconnect() {
             1,
             ServerMessage::Ack(Ack {
                 id,
-                policy,
+                policy: policy.into(),
                 worker: None,
             }),
         );

@@ -57,8 +57,8 @@ fn overloaded(name: &str, seq: u64, admission: AdmissionSummary) -> ServerFrame 
                 tick.spills.push(bch_core::telemetry::SpillEvent {
                     ts_ms: last.ts_ms + 10,
                     key: "tenant-acme/chat-session-7f3a9c21-0002".into(),
-                    branch,
-                    cause,
+                    branch: branch.into(),
+                    cause: cause.into(),
                     from: "10.244.2.5:8000".into(),
                     to: "10.244.3.121:8000".into(),
                     preferred_load: CAP,

@@ -28,7 +28,7 @@ fn three(edit: impl Fn(usize, &mut Snapshot)) -> State {
     for i in 0..3 {
         s.apply_replica_event(ReplicaId(i), ConnEvent::Status(ConnStatus::Connected));
         let snapshot = snapshot_with(|snap| {
-            snap.policy.load_source = LoadSource::WorkerMetrics;
+            snap.policy.load_source = LoadSource::WorkerMetrics.into();
             edit(i, snap);
         });
         assert_eq!(s.apply_replica_frame(ReplicaId(i), snapshot), None);
@@ -76,7 +76,7 @@ fn the_fleet_is_merged_across_replicas() {
 fn a_replica_with_other_settings_is_flagged() {
     let s = three(|i, snap| {
         if i == 1 {
-            snap.policy.load_source = LoadSource::Local;
+            snap.policy.load_source = LoadSource::Local.into();
         }
     });
     assert_eq!(s.differing(), vec![false, true, false]);
@@ -94,7 +94,7 @@ fn ack(id: u64, seq: u64, gap: u64) -> ServerFrame {
     };
     let mut policy = snap.policy;
     policy.min_load_gap = gap;
-    policy.load_source = LoadSource::WorkerMetrics;
+    policy.load_source = LoadSource::WorkerMetrics.into();
     ServerFrame::new(
         seq,
         ServerMessage::Ack(Ack {
@@ -163,7 +163,7 @@ fn three_replicas_80x24() {
 fn a_worker_draining_on_one_replica_is_draining_in_the_merge_and_a_drain_goes_to_every_replica() {
     let s = three(|i, snap| {
         if i == 1 {
-            snap.workers[2].state = WorkerState::Draining;
+            snap.workers[2].state = WorkerState::Draining.into();
         }
     });
     let fleet = s.visible();
@@ -218,7 +218,7 @@ fn one_silent_replica_marks_the_view_stale_and_an_unanswered_change_times_out_on
 #[test]
 fn a_disconnected_replica_leaves_the_merge_and_the_status_line_names_it() {
     let mut s = three(|i, snap| {
-        snap.policy.load_source = LoadSource::Local;
+        snap.policy.load_source = LoadSource::Local.into();
         for worker in &mut snap.workers {
             worker.active = u64::from(i == 2 && worker.name == "w0") * 9;
         }
@@ -278,7 +278,7 @@ fn a_frame_from_an_unwatched_replica_is_refused() {
 #[test]
 fn a_reconnected_replica_rejoins_the_merge_with_its_new_snapshot_not_its_old_frame() {
     let mut s = three(|i, snap| {
-        snap.policy.load_source = LoadSource::Local;
+        snap.policy.load_source = LoadSource::Local.into();
         for worker in &mut snap.workers {
             worker.active = u64::from(i == 2 && worker.name == "w0") * 9;
         }

@@ -322,8 +322,8 @@ fn the_policy_line_says_who_changed_it_whole_or_not_at_all() {
                 1,
                 ServerMessage::Policy(PolicyUpdate {
                     ts_ms: 1_767_268_800_000,
-                    policy,
-                    changed_by: ChangeSource::Ws,
+                    policy: policy.into(),
+                    changed_by: ChangeSource::Ws.into(),
                     client: Some("127.0.0.1:55426".into()),
                 }),
             ),
@@ -352,8 +352,8 @@ fn a_dead_resolver_is_said_whole_where_the_workers_panel_has_room() {
     let failing = DiscoverySource {
         name: "llm-workers.test".into(),
         source: "dns:llm-workers.test".into(),
-        kind: DiscoveryKind::Address,
-        state: DiscoveryState::Failing,
+        kind: DiscoveryKind::Address.into(),
+        state: DiscoveryState::Failing.into(),
         last_error: Some("no answer within timeout_ms 2000".into()),
         last_error_ms: None,
         last_good_ms: None,

@@ -81,7 +81,7 @@ fn discovered_workers_160x48() {
         panic!("the snapshot fixture is a snapshot");
     };
     for worker in body.workers.iter_mut().skip(1) {
-        worker.source = WorkerSource::Dns("_http._tcp.llm.default.svc.cluster.local".into());
+        worker.source = WorkerSource::Dns("_http._tcp.llm.default.svc.cluster.local".into()).into();
     }
     s.apply_replica_frame(ReplicaId(0), snapshot);
     let screen = render(&s, 160, 48, Instant::now());

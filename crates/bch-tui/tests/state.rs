@@ -170,7 +170,7 @@ fn ring_and_policy_frames_replace_their_part() {
 
     s.apply_replica_frame(ReplicaId(0), frame_at("policy", 2));
     assert_eq!(s.live().policy.unwrap().min_load_gap, 3);
-    assert_eq!(s.live().policy_changed_by, Some(ChangeSource::Http));
+    assert_eq!(s.live().policy_changed_by, Some(ChangeSource::Http.into()));
     assert!(!s.resyncing());
 }
 

@@ -48,7 +48,7 @@ fn empty_tick(seq: u64, ts_ms: u64) -> ServerFrame {
 #[test]
 fn under_consistent_hashing_no_bound_is_drawn_and_threshold_keys_say_why() {
     let mut s = connected_with(|snap| {
-        snap.policy.kind = PolicyKind::ConsistentHashing;
+        snap.policy.kind = PolicyKind::ConsistentHashing.into();
         snap.workers[0].active = 40;
     });
     assert!(s.live().bound().is_none());
@@ -152,12 +152,12 @@ fn drain_keys_act_on_the_selected_worker_and_the_answer_shows() {
         serde_json::json!({"type": "drain", "id": 1, "worker": "w2"})
     );
     let mut record = s.live().workers[2].clone();
-    record.state = WorkerState::Draining;
+    record.state = WorkerState::Draining.into();
     let ack = ServerFrame::new(
         1,
         ServerMessage::Ack(bch_core::telemetry::Ack {
             id: Some(bch_core::telemetry::CommandId::Number(1)),
-            policy: s.live().policy.unwrap(),
+            policy: s.live().policy.unwrap().into(),
             worker: Some(record),
         }),
     );
@@ -261,8 +261,8 @@ fn key_counts_start_again_at_a_policy_change_and_home_share_says_where_requests_
             2,
             ServerMessage::Policy(PolicyUpdate {
                 ts_ms: 1_767_268_800_000,
-                policy: s.live().policy.unwrap(),
-                changed_by: ChangeSource::Ws,
+                policy: s.live().policy.unwrap().into(),
+                changed_by: ChangeSource::Ws.into(),
                 client: Some("10.0.0.3:5123".into()),
             }),
         ),
@@ -308,7 +308,7 @@ fn a_spill_log_that_turns_over_in_seconds_is_grouped_by_key_and_pair() {
             .map(|i| SpillEvent {
                 ts_ms: 1_767_268_800_000 + i * 10,
                 key: format!("hot-{}", i % 2),
-                branch: Branch::ExplicitRoutingKeySpillover,
+                branch: Branch::ExplicitRoutingKeySpillover.into(),
                 from: "w0".into(),
                 to: if i % 2 == 0 { "w1" } else { "w2" }.into(),
                 ..template.clone()
@@ -348,8 +348,8 @@ fn a_change_without_an_answer_in_time_is_unconfirmed_and_a_late_policy_frame_con
             1,
             ServerMessage::Policy(PolicyUpdate {
                 ts_ms: 1_767_268_800_500,
-                policy,
-                changed_by: ChangeSource::Ws,
+                policy: policy.into(),
+                changed_by: ChangeSource::Ws.into(),
                 client: None,
             }),
         ),
@@ -381,8 +381,8 @@ fn spills_from_before_a_policy_change_are_not_counted_since_it() {
             1,
             ServerMessage::Policy(PolicyUpdate {
                 ts_ms: change_ms,
-                policy: s.live().policy.unwrap(),
-                changed_by: ChangeSource::Http,
+                policy: s.live().policy.unwrap().into(),
+                changed_by: ChangeSource::Http.into(),
                 client: None,
             }),
         ),
@@ -409,14 +409,14 @@ fn an_applied_drain_does_not_claim_to_end_at_a_reload() {
     let mut s = connected();
     sent(s.apply_action(Action::Drain));
     let mut worker = s.live().workers[0].clone();
-    worker.state = WorkerState::Draining;
+    worker.state = WorkerState::Draining.into();
     s.apply_replica_frame(
         ReplicaId(0),
         ServerFrame::new(
             1,
             ServerMessage::Ack(bch_core::telemetry::Ack {
                 id: Some(bch_core::telemetry::CommandId::Number(1)),
-                policy: s.live().policy.unwrap(),
+                policy: s.live().policy.unwrap().into(),
                 worker: Some(worker),
             }),
         ),

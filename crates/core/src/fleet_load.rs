@@ -89,6 +89,12 @@ pub enum LoadSignal {
     Mixed,
 }
 
+impl std::fmt::Display for LoadSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl LoadSignal {
     /// The snake-case name used in JSON and metrics.
     pub fn as_str(self) -> &'static str {

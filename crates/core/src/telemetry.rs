@@ -17,16 +17,18 @@ use serde::{Deserialize, Serialize};
 mod admission;
 mod discovery;
 mod membership;
+mod open;
 mod ownership;
 mod worker;
 pub use admission::{AdmissionSummary, ShedRates};
 pub use discovery::{DiscoveryKind, DiscoverySource, DiscoveryState};
 pub use membership::{MembershipUpdate, PlacedWorker};
+pub use open::{Open, PolicyRecord};
 pub use worker::{WorkerRecord, WorkerSource, WorkerState};
 
 use crate::admission::AdmissionPatch;
 use crate::fleet_load::{LoadSignal, LoadSource};
-use crate::policy::{Branch, PolicyKind, PolicySettings, SpillOrder};
+use crate::policy::{Branch, PolicyKind, SpillOrder};
 
 /// The newest protocol version, carried in every frame's `v` of a client that asked for it
 /// (`GET /ws?v=2`). Bumped only for incompatible changes; new optional fields do not bump it
@@ -95,7 +97,7 @@ pub struct Snapshot {
     /// Wall-clock time of the snapshot, milliseconds since the Unix epoch.
     pub ts_ms: u64,
     /// Current policy and thresholds.
-    pub policy: PolicySettings,
+    pub policy: PolicyRecord,
     /// Every registered worker, in configuration order.
     pub workers: Vec<WorkerRecord>,
     /// Each worker's share of the hash space and its arcs: always in version 1, never in
@@ -114,6 +116,11 @@ pub struct Snapshot {
     /// The admission queue and shedding now; absent from gateways that predate admission.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<AdmissionSummary>,
+    /// This connection is read-only (opened with the metrics token): the gateway refuses every
+    /// command that would change something. Sent only when `true`; absent from gateways that
+    /// predate read-only connections.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
 }
 
 /// Periodic update: complete records of what changed since the previous tick.
@@ -162,9 +169,9 @@ pub struct PolicyUpdate {
     /// Wall-clock time, milliseconds since the Unix epoch.
     pub ts_ms: u64,
     /// The policy now in force.
-    pub policy: PolicySettings,
+    pub policy: PolicyRecord,
     /// Who changed it.
-    pub changed_by: ChangeSource,
+    pub changed_by: Open<ChangeSource>,
     /// The peer address of the client that made the change (`ws` and `http` changes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client: Option<String>,
@@ -200,6 +207,34 @@ pub enum ChangeSource {
     Drain,
 }
 
+impl std::fmt::Display for ChangeSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::fmt::Display for SpillCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl KeyKind {
+    /// The wire name (`explicit`, `implicit`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyKind::Explicit => "explicit",
+            KeyKind::Implicit => "implicit",
+        }
+    }
+}
+
+impl std::fmt::Display for KeyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl ChangeSource {
     /// Every source.
     pub const ALL: [ChangeSource; 5] = [
@@ -230,7 +265,7 @@ pub struct Ack {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<CommandId>,
     /// The policy after the command.
-    pub policy: PolicySettings,
+    pub policy: PolicyRecord,
     /// For `drain` and `undrain`: the worker's record after the command.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker: Option<WorkerRecord>,
@@ -352,7 +387,7 @@ pub struct KeyRecord {
     /// `redact_keys = true`), implicit keys always `implicit:` + 8 hex digits.
     pub key: String,
     /// Explicit or implicit.
-    pub kind: KeyKind,
+    pub kind: Open<KeyKind>,
     /// The worker the ring prefers for this key (first healthy clockwise), by name.
     pub preferred: String,
     /// The worker that served the key's most recent request, by name.
@@ -378,7 +413,7 @@ pub struct SpillEvent {
     /// Key label (same rules as [`KeyRecord::key`]).
     pub key: String,
     /// Which of the two spill branches.
-    pub branch: Branch,
+    pub branch: Open<Branch>,
     /// Preferred worker name.
     pub from: String,
     /// Worker that got the request (equal to `from` when no candidate was eligible).
@@ -395,11 +430,11 @@ pub struct SpillEvent {
     pub max_load_skew: f64,
     /// Which signal the compared loads came from (`local`, `worker_metrics` or `mixed`).
     #[serde(default)]
-    pub load_signal: LoadSignal,
+    pub load_signal: Open<LoadSignal>,
     /// Why the key left (or wanted to leave) its preferred worker: the bound (absent) or the
     /// preferred worker being full (`capacity`).
-    #[serde(default, skip_serializing_if = "SpillCause::is_bound")]
-    pub cause: SpillCause,
+    #[serde(default, skip_serializing_if = "SpillCause::is_bound_open")]
+    pub cause: Open<SpillCause>,
 }
 
 /// Why a spill event happened.
@@ -417,6 +452,19 @@ impl SpillCause {
     /// Whether this is the default cause, which the wire leaves out.
     pub fn is_bound(&self) -> bool {
         *self == SpillCause::Bound
+    }
+
+    /// [`SpillCause::is_bound`] of a cause as the wire carries it.
+    pub fn is_bound_open(cause: &Open<SpillCause>) -> bool {
+        *cause == SpillCause::Bound
+    }
+
+    /// The wire name (`bound`, `capacity`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SpillCause::Bound => "bound",
+            SpillCause::Capacity => "capacity",
+        }
     }
 
     /// The `branch` and `cause` a spill event carries for a decision's `branch`. A capacity spill

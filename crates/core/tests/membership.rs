@@ -34,7 +34,7 @@ fn record(name: usize, url_version: u8) -> WorkerRecord {
         reported_load: None,
         scrape_age_ms: None,
         load_stale: false,
-        source: WorkerSource::Static,
+        source: WorkerSource::Static.into(),
         capacity: None,
         full: false,
         probe_failure: None,

@@ -31,9 +31,9 @@ fn worker(name: &str, active: u64, healthy: bool) -> WorkerRecord {
         ring_id: None,
         healthy,
         state: if active == 2 {
-            WorkerState::Draining
+            WorkerState::Draining.into()
         } else {
-            WorkerState::Active
+            WorkerState::Active.into()
         },
         active,
         requests_total: 120 + active,
@@ -72,7 +72,7 @@ fn ring() -> RingOwnership {
 fn key() -> KeyRecord {
     KeyRecord {
         key: "session-42".into(),
-        kind: KeyKind::Explicit,
+        kind: KeyKind::Explicit.into(),
         preferred: "gpu-a".into(),
         current: "gpu-b".into(),
         active: BTreeMap::from([("gpu-a".into(), 3), ("gpu-b".into(), 1)]),
@@ -86,7 +86,7 @@ fn spill() -> SpillEvent {
     SpillEvent {
         ts_ms: 1_764_500_000_123,
         key: "session-42".into(),
-        branch: Branch::ExplicitRoutingKeySpillover,
+        branch: Branch::ExplicitRoutingKeySpillover.into(),
         from: "gpu-a".into(),
         to: "gpu-b".into(),
         preferred_load: 3,
@@ -94,8 +94,8 @@ fn spill() -> SpillEvent {
         mean_load: 1.5,
         min_load_gap: 2,
         max_load_skew: 1.5,
-        load_signal: LoadSignal::WorkerMetrics,
-        cause: SpillCause::Bound,
+        load_signal: LoadSignal::WorkerMetrics.into(),
+        cause: SpillCause::Bound.into(),
     }
 }
 
@@ -134,7 +134,7 @@ fn frames() -> Vec<(&'static str, ServerFrame)> {
                 0,
                 ServerMessage::Snapshot(Snapshot {
                     ts_ms,
-                    policy: policy(),
+                    policy: policy().into(),
                     workers: vec![worker("gpu-a", 3, true), worker("gpu-b", 1, true)],
                     ring: Some(ring()),
                     keys: vec![key()],
@@ -142,6 +142,7 @@ fn frames() -> Vec<(&'static str, ServerFrame)> {
                     totals: totals(),
                     discovery: Vec::new(),
                     admission: None,
+                    read_only: false,
                 }),
             ),
         ),
@@ -178,8 +179,8 @@ fn frames() -> Vec<(&'static str, ServerFrame)> {
                         DiscoverySource {
                             name: "_http._tcp.llm.default.svc.cluster.local.".into(),
                             source: "dns:_http._tcp.llm.default.svc.cluster.local.".into(),
-                            kind: DiscoveryKind::Srv,
-                            state: DiscoveryState::Ok,
+                            kind: DiscoveryKind::Srv.into(),
+                            state: DiscoveryState::Ok.into(),
                             last_error: None,
                             last_error_ms: None,
                             last_good_ms: Some(ts_ms - 1_200),
@@ -189,8 +190,8 @@ fn frames() -> Vec<(&'static str, ServerFrame)> {
                         DiscoverySource {
                             name: "llm.example".into(),
                             source: "dns:llm.example".into(),
-                            kind: DiscoveryKind::Address,
-                            state: DiscoveryState::Failing,
+                            kind: DiscoveryKind::Address.into(),
+                            state: DiscoveryState::Failing.into(),
                             last_error: Some("no answer within timeout_ms 2000".into()),
                             last_error_ms: Some(ts_ms - 300),
                             last_good_ms: Some(ts_ms - 95_000),
@@ -220,7 +221,7 @@ fn frames() -> Vec<(&'static str, ServerFrame)> {
                 seq: 0,
                 message: ServerMessage::Snapshot(Snapshot {
                     ts_ms,
-                    policy: policy(),
+                    policy: policy().into(),
                     workers: vec![
                         worker("gpu-a", 3, true),
                         WorkerRecord {
@@ -234,6 +235,7 @@ fn frames() -> Vec<(&'static str, ServerFrame)> {
                     totals: totals(),
                     discovery: Vec::new(),
                     admission: None,
+                    read_only: false,
                 }),
             },
         ),
@@ -264,8 +266,8 @@ fn frames() -> Vec<(&'static str, ServerFrame)> {
                 3,
                 ServerMessage::Policy(PolicyUpdate {
                     ts_ms,
-                    policy: policy(),
-                    changed_by: ChangeSource::Http,
+                    policy: policy().into(),
+                    changed_by: ChangeSource::Http.into(),
                     client: Some("10.0.0.9:51234".into()),
                 }),
             ),
@@ -276,7 +278,7 @@ fn frames() -> Vec<(&'static str, ServerFrame)> {
                 4,
                 ServerMessage::Ack(Ack {
                     id: Some(CommandId::Number(7)),
-                    policy: policy(),
+                    policy: policy().into(),
                     worker: None,
                 }),
             ),
@@ -402,8 +404,8 @@ fn capacity_spills_stay_readable_by_older_consoles() {
         )
     );
     let event = SpillEvent {
-        branch,
-        cause,
+        branch: branch.into(),
+        cause: cause.into(),
         ..spill()
     };
     let json = serde_json::to_value(&event).unwrap();

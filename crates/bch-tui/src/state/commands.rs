@@ -220,14 +220,14 @@ impl CommandEntry {
                 .workers
                 .iter()
                 .find(|w| w.name == name)
-                .map(|w| w.state)
+                .map(|w| w.state.clone())
         };
         match (&self.change, fleet.policy) {
             (Change::Gap(_, to), Some(p)) => p.min_load_gap == *to,
             (Change::Skew(_, to), Some(p)) => (p.max_load_skew - to).abs() < 1e-9,
             (Change::Cap(_, to), Some(p)) => p.admission.max_in_flight_per_worker == *to,
-            (Change::Drain(name), _) => state_of(name) == Some(WorkerState::Draining),
-            (Change::Undrain(name), _) => state_of(name) == Some(WorkerState::Active),
+            (Change::Drain(name), _) => state_of(name) == Some(WorkerState::Draining.into()),
+            (Change::Undrain(name), _) => state_of(name) == Some(WorkerState::Active.into()),
             _ => false,
         }
     }

@@ -23,8 +23,10 @@ use super::picture::{Baseline, FleetPicture, SPILL_LOG_CAP, Sample};
 pub(super) fn merge(fleets: &[&FleetPicture]) -> FleetPicture {
     let mut merged = FleetPicture::default();
     merged.ts_ms = fleets.iter().map(|f| f.ts_ms).max().unwrap_or(0);
-    merged.policy = fleets.iter().find_map(|f| f.policy);
-    merged.policy_changed_by = fleets.iter().find_map(|f| f.policy_changed_by);
+    let with_policy = fleets.iter().find(|f| f.policy.is_some());
+    merged.policy = with_policy.and_then(|f| f.policy);
+    merged.policy_unknown = with_policy.and_then(|f| f.policy_unknown.clone());
+    merged.policy_changed_by = fleets.iter().find_map(|f| f.policy_changed_by.clone());
     merged.policy_changed_from = fleets.iter().find_map(|f| f.policy_changed_from.clone());
     merged.baseline = merge_baselines(fleets);
     merged.tick_interval_ms = fleets.iter().filter_map(|f| f.tick_interval_ms).max();
@@ -69,7 +71,7 @@ fn merge_workers(fleets: &[&FleetPicture]) -> Vec<WorkerRecord> {
         if record.state != WorkerState::Active {
             // Draining on one replica: that replica sends it nothing new, so it is not routable
             // fleet-wide either.
-            slot.state = record.state;
+            slot.state = record.state.clone();
         }
         slot.active += record.active;
         slot.requests_total += record.requests_total;

@@ -11,6 +11,7 @@
 //! through accessors. Events and frames name their replica with a [`ReplicaId`]; one that the
 //! state does not watch is a bug in the caller, and panics.
 
+mod caps;
 mod commands;
 mod merge;
 mod picture;
@@ -22,6 +23,9 @@ mod worker_rows;
 use bch_core::telemetry::{ClientCommand, CommandId, KeyRecord, ServerFrame, WorkerRecord};
 use tokio::time::{Duration, Instant};
 
+pub use self::caps::{
+    MAX_DISCOVERY_SOURCES, MAX_KEY_WORKERS, MAX_KEYS, MAX_TEXT_BYTES, MAX_WORKERS,
+};
 pub use self::commands::{COMMAND_TIMEOUT, Change, CommandEntry, CommandState};
 use self::commands::{CommandLog, Threshold};
 pub(crate) use self::picture::routable;
@@ -61,6 +65,8 @@ pub struct State {
     ui: Ui,
     /// In a replay, where it stands; `None` live.
     playback: Option<Playback>,
+    /// `--read-only`: the write keys send nothing.
+    read_only: bool,
 }
 
 impl State {
@@ -79,6 +85,29 @@ impl State {
             notice: None,
             ui: Ui::default(),
             playback: None,
+            read_only: false,
+        }
+    }
+
+    /// Makes this console watch-only (`--read-only`): the threshold, capacity and drain keys send
+    /// nothing and say why.
+    pub fn set_read_only(&mut self) {
+        self.read_only = true;
+    }
+
+    /// Why the write keys do nothing, if they do not: `--read-only`, or a replica whose gateway
+    /// said the connection is read-only (its commands would be refused).
+    pub fn read_only(&self) -> Option<&'static str> {
+        if self.read_only {
+            Some(
+                "read-only console (--read-only): thresholds, capacity and drains are not changed from here",
+            )
+        } else if self.replicas.iter().any(|r| r.fleet().read_only) {
+            Some(
+                "read-only connection (the gateway was reached with its metrics token): it refuses thresholds, capacity and drains; use the admin token to change them",
+            )
+        } else {
+            None
         }
     }
 
@@ -365,6 +394,12 @@ impl State {
 
     /// Carries out an operator action; the effect tells the app what to send, or to quit.
     pub fn apply_action(&mut self, action: Action) -> Effect {
+        if action.writes()
+            && let Some(why) = self.read_only()
+        {
+            self.notice = Some(why.to_owned());
+            return Effect::None;
+        }
         match action {
             Action::Quit => return Effect::Quit,
             Action::GapDown => return self.nudge(Threshold::MinLoadGap, false),
@@ -469,6 +504,13 @@ impl State {
             self.notice = Some("no policy known yet: wait for the gateway's snapshot".into());
             return Effect::None;
         };
+        if let Some(record) = &self.live().policy_unknown {
+            self.notice = Some(format!(
+                "this console does not know the gateway's {}: its thresholds are not changed from here",
+                record.unknown_names().join(", ")
+            ));
+            return Effect::None;
+        }
         // Capacity applies under every policy; the thresholds only under the bounded one.
         if threshold != Threshold::Capacity && !self.live().bound_in_force() {
             self.notice = Some(format!(

@@ -5,14 +5,17 @@
 //! Only the state module changes a picture (the `apply_*` methods); everyone else gets
 //! `&FleetPicture`.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use bch_core::policy::{BoundCheck, FleetLoad, PolicyKind, PolicySettings};
 use bch_core::telemetry::{
-    AdmissionSummary, ChangeSource, DiscoverySource, KeyRecord, MembershipUpdate, PolicyUpdate,
-    RingOwnership, RingUpdate, Snapshot, SpillEvent, Tick, Totals, WorkerRecord, WorkerState,
+    AdmissionSummary, ChangeSource, DiscoverySource, KeyRecord, MembershipUpdate, Open,
+    PolicyRecord, PolicyUpdate, RingOwnership, RingUpdate, Snapshot, SpillEvent, Tick, Totals,
+    WorkerRecord, WorkerState,
 };
+
+use super::caps;
 
 /// Spill events kept for the log; older ones fall off the front. More than the tallest screen
 /// shows, few enough that a clone for pausing stays cheap.
@@ -30,11 +33,17 @@ const HISTORY_CAP: usize = 240;
 pub struct FleetPicture {
     /// Gateway time of the last applied snapshot or tick, ms since the Unix epoch.
     pub ts_ms: u64,
-    /// The policy and thresholds in force; `None` until the first snapshot.
+    /// The policy and thresholds in force; `None` until the first snapshot. When the gateway
+    /// named a kind, spill order or load source this console does not know, the default stands in
+    /// for it here and [`FleetPicture::policy_unknown`] holds what the gateway sent.
     pub policy: Option<PolicySettings>,
+    /// The policy as the gateway sent it, kept only when it names something this console does
+    /// not know (a newer gateway's kind): the header shows those names, and the bound, which this
+    /// console cannot know for such a policy, is not drawn.
+    pub policy_unknown: Option<PolicyRecord>,
     /// Who made the last policy change seen on this connection; `None` when none was seen since
     /// the last snapshot.
-    pub policy_changed_by: Option<ChangeSource>,
+    pub policy_changed_by: Option<Open<ChangeSource>>,
     /// The address of the client that made it, when the gateway said.
     pub policy_changed_from: Option<String>,
     /// The counters when the last policy change was seen, so the key table can count from there.
@@ -67,6 +76,9 @@ pub struct FleetPicture {
     /// The gateway's admission queue and shedding from the last snapshot or tick; `None` from a
     /// gateway that predates admission.
     pub admission: Option<AdmissionSummary>,
+    /// The gateway said this connection is read-only (opened with the metrics token): it
+    /// refuses every write command.
+    pub read_only: bool,
     /// Every arc of the ring as `(start, end, index into ring.workers)`, sorted by start, so the
     /// owner of any position is a binary search away.
     arcs: Arc<Vec<(f64, f64, usize)>>,
@@ -115,7 +127,9 @@ impl Baseline {
                 || (spill.ts_ms == self.ts_ms
                     && (spill.min_load_gap != policy.min_load_gap
                         || spill.max_load_skew != policy.max_load_skew));
-            if before {
+            // Only keys it counts already, or room for one more: a flood of spill keys must not
+            // grow it past the key table's cap.
+            if before && (self.keys.len() < caps::MAX_KEYS || self.keys.contains_key(&spill.key)) {
                 self.keys.entry(spill.key.clone()).or_default().1 += 1;
             }
         }
@@ -175,8 +189,33 @@ impl FleetPicture {
     /// Whether the spill bound is in force: only `bounded_consistent_hashing` spills; under the
     /// other policies the thresholds change nothing. `false` before the policy is known.
     pub fn bound_in_force(&self) -> bool {
-        self.policy
-            .is_some_and(|p| p.kind == PolicyKind::BoundedConsistentHashing)
+        self.policy_unknown.is_none()
+            && self
+                .policy
+                .is_some_and(|p| p.kind == PolicyKind::BoundedConsistentHashing)
+    }
+
+    /// Takes the policy a frame carried: its settings, with defaults standing in for names this
+    /// console does not know (kept whole in [`FleetPicture::policy_unknown`]).
+    fn set_policy(&mut self, record: PolicyRecord) {
+        match record.settings() {
+            Some(settings) => {
+                self.policy = Some(settings);
+                self.policy_unknown = None;
+            }
+            None => {
+                self.policy = Some(PolicySettings {
+                    kind: record.kind.get().unwrap_or_default(),
+                    min_load_gap: record.min_load_gap,
+                    max_load_skew: record.max_load_skew,
+                    spill_order: record.spill_order.get().unwrap_or_default(),
+                    virtual_nodes: record.virtual_nodes,
+                    load_source: record.load_source.get().unwrap_or_default(),
+                    admission: record.admission,
+                });
+                self.policy_unknown = Some(record);
+            }
+        }
     }
 
     /// The current bound over the loads the rule reads ([`WorkerRecord::rule_load`]: local
@@ -227,29 +266,40 @@ impl FleetPicture {
         let history = std::mem::take(&mut self.history);
         let ring = (self.ring.take(), std::mem::take(&mut self.arcs));
         let ring_members = self.ring_members.take();
+        let mut workers = snap.workers;
+        caps::workers(&mut workers);
+        let mut keys: BTreeMap<String, KeyRecord> = snap
+            .keys
+            .into_iter()
+            .map(caps::key)
+            .map(|k| (k.key.clone(), k))
+            .collect();
+        caps::evict_keys(&mut keys);
         *self = FleetPicture {
             ts_ms: snap.ts_ms,
-            policy: Some(snap.policy),
-            workers: snap.workers,
-            keys: snap.keys.into_iter().map(|k| (k.key.clone(), k)).collect(),
+            workers,
+            keys,
             totals: snap.totals,
-            discovery: snap.discovery,
+            discovery: caps::discovery(snap.discovery),
+            read_only: snap.read_only,
             admission: snap.admission,
             history,
             tick_interval_ms: self.tick_interval_ms,
             baseline: self.baseline.take(),
             ..FleetPicture::default()
         };
+        let virtual_nodes = snap.policy.virtual_nodes;
+        self.set_policy(snap.policy);
         match snap.ring {
             Some(ring) => self.set_ring(ring),
             // Version 2: the ring is the console's to compute, unless it has this one already.
             None => {
                 (self.ring, self.arcs) = ring;
                 self.ring_members = ring_members;
-                self.compute_ring(snap.policy.virtual_nodes);
+                self.compute_ring(virtual_nodes);
             }
         }
-        self.push_spills(snap.spills);
+        self.push_spills(snap.spills.into_iter().map(caps::spill).collect());
     }
 
     /// Merges a tick: its records replace the ones with the same name, everything else stays.
@@ -264,24 +314,22 @@ impl FleetPicture {
         }
         self.ts_ms = tick.ts_ms;
         if let Some(discovery) = tick.discovery {
-            self.discovery = discovery;
+            self.discovery = caps::discovery(discovery);
         }
-        for worker in tick.workers {
-            match self.workers.iter_mut().find(|w| w.name == worker.name) {
-                Some(slot) => *slot = worker,
-                None => self.workers.push(worker),
-            }
-        }
+        self.upsert_workers(tick.workers);
         for key in tick.keys {
+            let key = caps::key(key);
             self.keys.insert(key.key.clone(), key);
         }
         for gone in &tick.removed_keys {
             self.keys.remove(gone);
         }
+        caps::evict_keys(&mut self.keys);
+        let spills: Vec<SpillEvent> = tick.spills.into_iter().map(caps::spill).collect();
         if let (Some(baseline), Some(policy)) = (&mut self.baseline, self.policy) {
-            baseline.count_earlier_spills(&tick.spills, &policy);
+            baseline.count_earlier_spills(&spills, &policy);
         }
-        self.push_spills(tick.spills);
+        self.push_spills(spills);
         self.totals = tick.totals;
         self.dropped_events = tick.dropped_events;
         self.admission = tick.admission;
@@ -297,8 +345,43 @@ impl FleetPicture {
         }
     }
 
+    /// A tick's worker records: each replaces the one with the same name, or joins the list
+    /// while it is shorter than [`caps::MAX_WORKERS`]. Found through a name index when the tick
+    /// has many, so a tick of every worker at 10,000 costs one pass, not one per record.
+    fn upsert_workers(&mut self, records: Vec<WorkerRecord>) {
+        if records.len() <= 8 {
+            for mut record in records {
+                caps::worker(&mut record);
+                match self.workers.iter().position(|w| w.name == record.name) {
+                    Some(i) => self.workers[i] = record,
+                    None if self.workers.len() < caps::MAX_WORKERS => self.workers.push(record),
+                    None => {}
+                }
+            }
+            return;
+        }
+        let mut index: HashMap<String, usize> = self
+            .workers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (w.name.clone(), i))
+            .collect();
+        for mut record in records {
+            caps::worker(&mut record);
+            match index.get(&record.name) {
+                Some(&i) => self.workers[i] = record,
+                None if self.workers.len() < caps::MAX_WORKERS => {
+                    index.insert(record.name.clone(), self.workers.len());
+                    self.workers.push(record);
+                }
+                None => {}
+            }
+        }
+    }
+
     /// A membership change: the new worker list and ring; tracked keys stay.
-    pub(super) fn apply_ring(&mut self, update: RingUpdate) {
+    pub(super) fn apply_ring(&mut self, mut update: RingUpdate) {
+        caps::workers(&mut update.workers);
         self.workers = update.workers;
         self.set_ring(update.ring);
     }
@@ -308,8 +391,11 @@ impl FleetPicture {
     /// not, this picture missed a change and needs a snapshot.
     pub(super) fn apply_membership(&mut self, update: MembershipUpdate) -> bool {
         let complete = update.apply_to(&mut self.workers);
+        caps::workers(&mut self.workers);
         self.compute_ring(update.virtual_nodes);
+        // A fleet over the cap never adds up: asking for a snapshot would not change that.
         complete
+            || (update.worker_count > caps::MAX_WORKERS && self.workers.len() == caps::MAX_WORKERS)
     }
 
     /// Computes the ring from the workers' ring identities with bch-core (the gateway's own
@@ -341,7 +427,7 @@ impl FleetPicture {
     /// A policy change made by anyone (this console, another one, the HTTP API, a reload); the
     /// key table's counters start again from here.
     pub(super) fn apply_policy(&mut self, update: PolicyUpdate) {
-        self.policy = Some(update.policy);
+        self.set_policy(update.policy);
         self.policy_changed_by = Some(update.changed_by);
         self.policy_changed_from = update.client;
         self.baseline = Some(Baseline {
@@ -355,15 +441,16 @@ impl FleetPicture {
     }
 
     /// A worker's record as a command's answer gave it (drain, undrain).
-    pub(super) fn apply_worker(&mut self, record: WorkerRecord) {
+    pub(super) fn apply_worker(&mut self, mut record: WorkerRecord) {
+        caps::worker(&mut record);
         if let Some(slot) = self.workers.iter_mut().find(|w| w.name == record.name) {
             *slot = record;
         }
     }
 
     /// The policy in force after one of this console's commands was applied.
-    pub(super) fn apply_acked_policy(&mut self, policy: PolicySettings) {
-        self.policy = Some(policy);
+    pub(super) fn apply_acked_policy(&mut self, policy: PolicyRecord) {
+        self.set_policy(policy);
     }
 
     /// Seen since on this connection: a new gateway process has new counters, so a baseline
@@ -385,8 +472,10 @@ impl FleetPicture {
         self.ring_members = None;
     }
 
+    /// Appends spill events already cut ([`caps::spill`]), keeping the last [`SPILL_LOG_CAP`].
     fn push_spills(&mut self, spills: Vec<SpillEvent>) {
-        self.spills.extend(spills);
+        let skip = spills.len().saturating_sub(SPILL_LOG_CAP);
+        self.spills.extend(spills.into_iter().skip(skip));
         while self.spills.len() > SPILL_LOG_CAP {
             self.spills.pop_front();
         }

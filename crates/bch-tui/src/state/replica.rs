@@ -233,12 +233,19 @@ impl Replica {
                 }
                 Some(Answer::Ack(ack.id))
             }
-            ServerMessage::Drained(drained) => Some(Answer::Notice(if drained.removed {
-                format!("{} drained: idle and removed", drained.worker)
-            } else {
-                format!("{} drained: no request in flight", drained.worker)
+            ServerMessage::Drained(mut drained) => Some(Answer::Notice({
+                super::caps::cut(&mut drained.worker);
+                if drained.removed {
+                    format!("{} drained: idle and removed", drained.worker)
+                } else {
+                    format!("{} drained: no request in flight", drained.worker)
+                }
             })),
-            ServerMessage::Error(err) => Some(Answer::Error(err.id, err.message)),
+            ServerMessage::Error(mut err) => {
+                // The command log keeps it: a hostile server's megabyte message must not be.
+                super::caps::cut(&mut err.message);
+                Some(Answer::Error(err.id, err.message))
+            }
             // A newer gateway's message: nothing to apply, and its seq was counted above.
             ServerMessage::Unknown => None,
         };

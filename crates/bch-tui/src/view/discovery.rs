@@ -12,14 +12,14 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Wrap};
 
 use super::styles::{Styles, Tone};
-use super::text::{truncate_middle, truncate_right};
+use super::text::{printable, truncate_middle, truncate_right};
 use crate::state::State;
 
 /// One source in trouble: its label, state, last error and the replicas (1-based) reporting it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Trouble {
     source: String,
-    state: &'static str,
+    state: String,
     error: Option<String>,
     replicas: Vec<usize>,
 }
@@ -39,16 +39,19 @@ fn troubles(state: &State) -> Vec<Trouble> {
             .iter()
             .filter(|s| s.state.is_trouble())
         {
-            let state = source.state.as_str();
+            let state = source.state.to_string();
             match found
                 .iter_mut()
                 .find(|t| t.source == source.source && t.state == state)
             {
                 Some(known) => known.replicas.push(index + 1),
                 None => found.push(Trouble {
-                    source: source.source.clone(),
+                    source: printable(&source.source).into_owned(),
                     state,
-                    error: source.last_error.clone(),
+                    error: source
+                        .last_error
+                        .as_deref()
+                        .map(|e| printable(e).into_owned()),
                     replicas: vec![index + 1],
                 }),
             }
@@ -62,7 +65,7 @@ fn troubles(state: &State) -> Vec<Trouble> {
 /// how many more sources are in trouble).
 struct Warning {
     source: String,
-    state: &'static str,
+    state: String,
     error: Option<String>,
     tail: String,
 }
@@ -79,7 +82,7 @@ fn warning(troubles: &[Trouble], replica_count: usize) -> Option<Warning> {
     }
     Some(Warning {
         source: first.source.clone(),
-        state: first.state,
+        state: first.state.clone(),
         error: first.error.clone(),
         tail,
     })
@@ -184,8 +187,8 @@ mod tests {
         DiscoverySource {
             name: name.into(),
             source: format!("dns:{name}"),
-            kind: DiscoveryKind::Address,
-            state,
+            kind: DiscoveryKind::Address.into(),
+            state: state.into(),
             last_error: error.map(str::to_owned),
             last_error_ms: None,
             last_good_ms: None,
@@ -214,6 +217,7 @@ mod tests {
                 totals: Default::default(),
                 discovery: discovery.clone(),
                 admission: None,
+                read_only: false,
             };
             let frame = ServerFrame::new(0, ServerMessage::Snapshot(snapshot));
             state.apply_replica_frame(ReplicaId(i), frame);

@@ -8,6 +8,7 @@ use bch_core::telemetry::{WorkerRecord, WorkerState};
 use ratatui::text::{Line, Span};
 
 use super::styles::{Styles, Tone};
+use super::text::printable;
 use crate::state::{FleetBound, FleetPicture, routable};
 
 /// Histogram cells, from one worker (or none) to the fullest bucket.
@@ -72,7 +73,7 @@ impl Census {
             c.name_w = widest(c.name_w, &w.name, width_cap);
             if w.source.is_discovered() {
                 c.discovered += 1;
-                c.source_w = widest(c.source_w, &w.source.label(), width_cap);
+                c.source_w = widest(c.source_w, &w.source.to_string(), width_cap);
             }
         }
         c
@@ -85,7 +86,7 @@ fn widest(so_far: usize, text: &str, cap: usize) -> usize {
     if text.len() <= so_far || so_far >= cap {
         so_far
     } else {
-        so_far.max(text.chars().take(cap).count())
+        so_far.max(printable(text).chars().take(cap).count())
     }
 }
 
@@ -108,7 +109,7 @@ pub(super) fn summary_line(
     ];
     if let Some(w) = census.hottest.map(|i| &fleet.workers[i]) {
         parts.push(Span::styled(
-            format!(" · hottest {} {}", w.name, w.rule_load()),
+            format!(" · hottest {} {}", printable(&w.name), w.rule_load()),
             styles.dim(),
         ));
     }

@@ -11,9 +11,9 @@ use ratatui::widgets::{Paragraph, Sparkline};
 use tokio::time::Instant;
 
 use super::styles::{Styles, Tone};
-use super::text::clock;
+use super::text::{clock, printable};
 use super::timeline;
-use bch_core::telemetry::ChangeSource;
+use bch_core::telemetry::{ChangeSource, Open};
 
 use crate::conn::ConnStatus;
 use crate::state::{
@@ -105,6 +105,9 @@ fn status_line(state: &State, now: Instant, styles: &Styles) -> Line<'static> {
     if state.resyncing() {
         spans.push(Span::styled("  RESYNCING", styles.status(Tone::Warning)));
     }
+    if state.read_only().is_some() {
+        spans.push(Span::styled("  READ-ONLY", styles.dim()));
+    }
     if state.paused() {
         spans.push(Span::styled(
             format!("  PAUSED at {}", clock(state.visible().ts_ms)),
@@ -124,24 +127,43 @@ fn policy_line(fleet: &FleetPicture, styles: &Styles, width: u16) -> Line<'stati
     let Some(p) = &fleet.policy else {
         return Line::from(Span::styled(" waiting for the gateway's snapshot…", dim));
     };
-    let line = |kind: &'static str, changed: Changed| {
+    // Names a newer gateway sent that this console does not know are shown as sent, marked.
+    let unknown =
+        |name: &dyn std::fmt::Display| format!("{} (unknown)", printable(&name.to_string()));
+    let (kind_name, order_name) = match &fleet.policy_unknown {
+        Some(record) => (
+            match &record.kind {
+                Open::Unknown(name) => unknown(name),
+                Open::Known(kind) => kind.as_str().to_owned(),
+            },
+            match &record.spill_order {
+                Open::Unknown(name) => unknown(name),
+                Open::Known(order) => order.as_str().to_owned(),
+            },
+        ),
+        None => (
+            p.kind.as_str().to_owned(),
+            p.spill_order.as_str().to_owned(),
+        ),
+    };
+    let line = |kind: &str, changed: Changed| {
         let mut spans = vec![
             Span::styled(" policy ", dim),
-            Span::styled(kind, styles.value()),
+            Span::styled(kind.to_owned(), styles.value()),
             Span::styled("  gap ", dim),
             Span::styled(p.min_load_gap.to_string(), styles.value()),
             Span::styled("  skew ", dim),
             Span::styled(format!("{:.2}", p.max_load_skew), styles.value()),
             Span::styled("  order ", dim),
-            Span::styled(p.spill_order.as_str(), styles.value()),
+            Span::styled(order_name.clone(), styles.value()),
             Span::styled("  req/s ", dim),
             Span::raw(format!("{:.1}", fleet.totals.requests_per_s)),
             Span::styled("  spill/s ", dim),
             Span::raw(format!("{:.1}", fleet.totals.spills_per_s)),
         ];
-        if let (Some(by), false) = (fleet.policy_changed_by, changed == Changed::Unsaid) {
+        if let (Some(by), false) = (&fleet.policy_changed_by, changed == Changed::Unsaid) {
             let from = match (&fleet.policy_changed_from, changed) {
-                (Some(client), Changed::Whole) => format!(" {client}"),
+                (Some(client), Changed::Whole) => format!(" {}", printable(client)),
                 _ => String::new(),
             };
             let words = if changed == Changed::Short {
@@ -150,24 +172,25 @@ fn policy_line(fleet: &FleetPicture, styles: &Styles, width: u16) -> Line<'stati
                 "changed by "
             };
             spans.push(Span::styled(
-                format!("  ({words}{}{from}", by.as_str()),
+                format!("  ({words}{}{from}", printable(&by.to_string())),
                 dim,
             ));
             // A reload put the file's values back; anything else is lost on the next one.
-            if by != ChangeSource::Reload {
+            if *by != ChangeSource::Reload {
                 spans.push(Span::styled(", lost on reload", styles.tone(Tone::Warning)));
             }
             spans.push(Span::styled(")", dim));
         }
         Line::from(spans)
     };
-    let short_kind = if p.kind == PolicyKind::BoundedConsistentHashing {
-        "bounded"
-    } else {
-        p.kind.as_str()
-    };
+    let short_kind =
+        if p.kind == PolicyKind::BoundedConsistentHashing && fleet.policy_unknown.is_none() {
+            "bounded"
+        } else {
+            kind_name.as_str()
+        };
     let candidates = [
-        (p.kind.as_str(), Changed::Whole),
+        (kind_name.as_str(), Changed::Whole),
         (short_kind, Changed::Whole),
         (short_kind, Changed::NoClient),
         (short_kind, Changed::Short),
@@ -261,7 +284,7 @@ fn message_line(state: &State, styles: &Styles) -> Line<'static> {
     }
     match (state.notice(), state.conn(), state.last_command()) {
         (Some(notice), _, _) => Line::from(Span::styled(
-            format!(" ! {notice}"),
+            format!(" ! {}", printable(notice)),
             styles.tone(Tone::Warning),
         )),
         (
@@ -271,7 +294,7 @@ fn message_line(state: &State, styles: &Styles) -> Line<'static> {
             },
             _,
         ) => Line::from(Span::styled(
-            format!(" ✗ attempt {attempt}: {reason}"),
+            format!(" ✗ attempt {attempt}: {}", printable(reason)),
             styles.tone(Tone::Alert),
         )),
         (None, _, Some(cmd)) => command_line(cmd, state, styles),
@@ -303,8 +326,9 @@ fn replica_down_line(state: &State) -> Option<String> {
         n => format!(" (+{n} more)"),
     };
     Some(format!(
-        " ✗ replica {}{more} not merged: attempt {attempt}: {reason}",
-        index + 1
+        " ✗ replica {}{more} not merged: attempt {attempt}: {}",
+        index + 1,
+        printable(reason)
     ))
 }
 

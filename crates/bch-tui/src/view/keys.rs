@@ -15,7 +15,7 @@ use ratatui::widgets::{Block, Cell, Row, Table};
 
 use super::panel::{panel_block, scroll_window};
 use super::styles::{Styles, Tone};
-use super::text::{MAX_WANTED_KEY_W, clock, truncate_left, truncate_middle, widest};
+use super::text::{MAX_WANTED_KEY_W, clock, shown_width, truncate_left, truncate_middle, widest};
 use crate::state::{Baseline, Panel, State};
 
 /// Width of the `req` column: six digits.
@@ -62,7 +62,7 @@ fn wanted_key(state: &State) -> u16 {
         .visible()
         .keys
         .values()
-        .map(|k| k.key.chars().count())
+        .map(|k| shown_width(&k.key))
         .max()
         .unwrap_or(3)
         .clamp(3, usize::from(MAX_WANTED_KEY_W)) as u16
@@ -159,7 +159,7 @@ impl Columns {
         let widest = |f: &dyn Fn(&KeyRecord) -> usize| -> u16 {
             shown.iter().map(|k| f(k)).max().unwrap_or(0) as u16
         };
-        let whole_key = widest(&|k| k.key.chars().count()).max(3);
+        let whole_key = widest(&|k| shown_width(&k.key)).max(3);
         let key_min = whole_key.min(MIN_KEY_W);
         // The heading `active` is six wide.
         let whole_active = |name_w: u16| widest(&|k| active_text(k, name_w).chars().count()).max(6);

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::panel::panel_block;
 use super::styles::{Styles, Tone};
-use super::text::truncate_left;
+use super::text::{shown_width, truncate_left};
 use crate::conn::ConnStatus;
 use crate::state::{CommandState, Replica, Settings, State};
 
@@ -46,7 +46,7 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, now: Instant, s
     frame.render_widget(block, area);
     let url_w = replicas
         .iter()
-        .map(|r| r.url().chars().count())
+        .map(|r| shown_width(r.url()))
         .max()
         .unwrap_or(0)
         .clamp(8, 32);

@@ -10,7 +10,7 @@ use ratatui::widgets::Paragraph;
 
 use super::panel::{panel_block, scroll_window};
 use super::styles::Styles;
-use super::text::truncate_left;
+use super::text::{shown_width, truncate_left};
 use crate::state::{FleetPicture, Panel, State};
 
 /// Draws the ring panel at `area`: the strip, then one row per worker from the scroll offset on.
@@ -113,7 +113,7 @@ impl Columns {
         let longest = ring
             .workers
             .iter()
-            .map(|s| s.name.chars().count())
+            .map(|s| shown_width(&s.name))
             .max()
             .unwrap_or(0)
             .clamp(4, MAX_NAME_W);

@@ -15,7 +15,9 @@ use ratatui::widgets::Paragraph;
 
 use super::panel::{panel_block, scroll_window};
 use super::styles::{Styles, Tone};
-use super::text::{MAX_WANTED_KEY_W, clock, truncate_left, truncate_middle, widest};
+use super::text::{
+    MAX_WANTED_KEY_W, clock, printable, shown_width, truncate_left, truncate_middle, widest,
+};
 use crate::state::{FleetPicture, Panel, SPILL_LOG_CAP, State};
 
 /// The compact line never cuts a key shorter than this.
@@ -38,7 +40,7 @@ pub(super) fn wanted_width(state: &State) -> u16 {
         .values()
         .map(|k| k.key.as_str())
         .chain(fleet.spills.iter().map(|s| s.key.as_str()))
-        .map(|k| k.chars().count())
+        .map(shown_width)
         .max()
         .unwrap_or(0)
         .min(usize::from(MAX_WANTED_KEY_W));
@@ -200,6 +202,25 @@ fn stayed(s: &SpillEvent) -> bool {
     s.branch == Branch::ExplicitRoutingKeyNoEligibleCandidate
 }
 
+/// The branch, cause and load signal a newer gateway named that this console does not know, as
+/// ` ?name` each (empty when it knows them all): shown as sent after the rule.
+fn unknown_names(s: &SpillEvent) -> String {
+    let mut names = String::new();
+    let unknown = [
+        &s.branch.known().is_none().then(|| s.branch.to_string()),
+        &s.cause.known().is_none().then(|| s.cause.to_string()),
+        &s.load_signal
+            .known()
+            .is_none()
+            .then(|| s.load_signal.to_string()),
+    ];
+    for name in unknown.into_iter().flatten() {
+        names.push_str(" ?");
+        names.push_str(&printable(name));
+    }
+    names
+}
+
 /// One spill, in full (with the whole key) when `full` (every line on screen fits in full within
 /// `width`). Otherwise in the compact form that keeps every number of the rule — `12:00:00 key w0→w1 9>2+2 9>3.50×1.50`: the preferred worker's load was
 /// above min + gap and above mean × skew — and shortens the key instead.
@@ -212,7 +233,7 @@ fn spill_line(s: &SpillEvent, width: usize, full: bool, styles: &Styles) -> Line
     let rule = rule_text(s);
     // Worker names are cut from the left (the port and the end of the address stay) only when
     // the line would not fit with the key at its shortest.
-    let names = s.from.chars().count() + s.to.chars().count();
+    let names = shown_width(&s.from) + shown_width(&s.to);
     let without_names = time.chars().count() + rule.chars().count() + 4 + MIN_KEY;
     let name_w = if without_names + names <= width {
         usize::MAX
@@ -242,10 +263,11 @@ fn spill_line(s: &SpillEvent, width: usize, full: bool, styles: &Styles) -> Line
 /// `full@4` for a capacity spill: the preferred worker was full at load 4.
 fn rule_text(s: &SpillEvent) -> String {
     if s.cause == SpillCause::Capacity {
-        return format!("full@{}", s.preferred_load);
+        return format!("full@{}{}", s.preferred_load, unknown_names(s));
     }
     format!(
-        "{p}>{min}+{gap} {p}>{mean:.2}×{skew:.2}",
+        "{p}>{min}+{gap} {p}>{mean:.2}×{skew:.2}{unknown}",
+        unknown = unknown_names(s),
         p = s.preferred_load,
         min = s.min_load,
         gap = s.min_load_gap,
@@ -279,23 +301,30 @@ fn group_line(g: &Group<'_>, width: usize, full: bool, styles: &Styles) -> Line<
 fn spill_line_full(s: &SpillEvent, styles: &Styles) -> Line<'static> {
     let dim = styles.dim();
     let target = if stayed(s) {
-        Span::styled(format!("{} ✗ stayed", s.from), styles.tone(Tone::Alert))
+        Span::styled(
+            format!("{} ✗ stayed", printable(&s.from)),
+            styles.tone(Tone::Alert),
+        )
     } else {
-        Span::styled(format!("{} → {}", s.from, s.to), styles.tone(Tone::Warning))
+        Span::styled(
+            format!("{} → {}", printable(&s.from), printable(&s.to)),
+            styles.tone(Tone::Warning),
+        )
     };
     if s.cause == SpillCause::Capacity {
         return Line::from(vec![
             Span::styled(format!("{} ", clock(s.ts_ms)), dim),
-            Span::raw(format!("{} ", s.key)),
+            Span::raw(format!("{} ", printable(&s.key))),
             target,
             Span::styled(" FULL", styles.status(Tone::Alert)),
             Span::styled(" pref ", dim),
             Span::raw(s.preferred_load.to_string()),
+            Span::styled(unknown_names(s), styles.tone(Tone::Warning)),
         ]);
     }
     Line::from(vec![
         Span::styled(format!("{} ", clock(s.ts_ms)), dim),
-        Span::raw(format!("{} ", s.key)),
+        Span::raw(format!("{} ", printable(&s.key))),
         target,
         Span::styled(" pref ", dim),
         Span::raw(s.preferred_load.to_string()),
@@ -307,5 +336,6 @@ fn spill_line_full(s: &SpillEvent, styles: &Styles) -> Line<'static> {
         Span::raw(s.min_load_gap.to_string()),
         Span::styled(" skew ", dim),
         Span::raw(format!("{:.2}", s.max_load_skew)),
+        Span::styled(unknown_names(s), styles.tone(Tone::Warning)),
     ])
 }

@@ -3,6 +3,10 @@
 //! that tells them apart stays visible. Widths are in characters (every
 //! glyph the console draws is one column wide).
 
+use std::borrow::Cow;
+
+use unicode_width::UnicodeWidthChar;
+
 /// The layout makes room for keys up to this long (the key table and the spill log side by side
 /// or stacked); longer keys are cut in the middle wherever they do not fit.
 pub(super) const MAX_WANTED_KEY_W: u16 = 48;
@@ -20,41 +24,81 @@ pub(super) fn clock(ts_ms: u64) -> String {
     )
 }
 
-/// The width in characters of the widest of `texts`, counted no further than `cap`; `None` when
-/// there are none. A text no longer in bytes than the widest so far cannot be wider (a character
-/// takes at least one byte), so at 10,000 worker names per frame almost none is counted.
+/// The width in columns of the widest of `texts` once [`printable`], counted no further than
+/// `cap`; `None` when there are none. A text no longer in bytes than the widest so far cannot be
+/// wider (a character takes at least one byte, and [`printable`] never widens), so at 10,000
+/// worker names per frame almost none is counted.
 pub(super) fn widest<'a>(texts: impl IntoIterator<Item = &'a str>, cap: usize) -> Option<usize> {
     texts.into_iter().fold(None, |widest, text| match widest {
         Some(w) if text.len() <= w || w >= cap => Some(w),
-        _ => Some(widest.unwrap_or(0).max(text.chars().take(cap).count())),
+        _ => Some(
+            widest
+                .unwrap_or(0)
+                .max(printable(text).chars().take(cap).count()),
+        ),
     })
 }
 
-/// Text the gateway sent (a probe failure, an error) made safe to draw: control characters, which
-/// would move the cursor or break the row, become `�`, and whitespace runs one space, so every
-/// character takes one cell of the row it is drawn in.
-pub(super) fn printable(s: &str) -> String {
+/// Text that came over the network (a worker name, a routing key, a probe or discovery error, a
+/// gateway's message) made safe to draw; every panel draws such text only through this, or
+/// through the `truncate_*` functions and [`shown_width`], which apply it first. Whitespace runs
+/// (tabs, newlines, the line and paragraph separators U+2028/U+2029) become one space and the
+/// ends are trimmed; C0 and C1 controls, bidi embeddings, overrides and isolates (U+202A–202E,
+/// U+2066–2069, the marks U+200E/U+200F/U+061C), zero-width characters and every other character
+/// that does not take exactly one cell (combining marks, wide glyphs) become `�`. So a key
+/// cannot move the cursor, reorder or hide the rest of its row, and every character of the
+/// result takes one cell: widths counted in characters after it are columns.
+pub(crate) fn printable(s: &str) -> Cow<'_, str> {
+    if s.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
+        && !s.starts_with(' ')
+        && !s.ends_with(' ')
+        && !s.contains("  ")
+    {
+        return Cow::Borrowed(s);
+    }
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         if c.is_whitespace() {
-            if !out.ends_with(' ') {
+            if !out.is_empty() && !out.ends_with(' ') {
                 out.push(' ');
             }
-        } else if c.is_control() {
-            out.push('\u{fffd}');
-        } else {
+        } else if one_cell(c) {
             out.push(c);
+        } else {
+            out.push('\u{fffd}');
         }
     }
-    out.trim().to_owned()
+    let kept = out.trim_end().len();
+    out.truncate(kept);
+    Cow::Owned(out)
+}
+
+/// Whether `c` draws as one cell and changes nothing around it.
+fn one_cell(c: char) -> bool {
+    let invisible = matches!(
+        c,
+        '\u{200b}'..='\u{200f}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{061c}'
+            | '\u{180e}'
+            | '\u{feff}'
+    );
+    !c.is_control() && !invisible && UnicodeWidthChar::width(c) == Some(1)
+}
+
+/// Columns `s` takes once made [`printable`]: how panels measure network text.
+pub(super) fn shown_width(s: &str) -> usize {
+    printable(s).chars().count()
 }
 
 /// Worker names cut from the left: names derived from URLs (`127.0.0.1:8001`) and fleets of
 /// numbered nodes (`gpu-node-17`) differ at the end, so the end is what must stay visible.
 pub(super) fn truncate_left(s: &str, max: usize) -> String {
+    let s = printable(s);
     let n = s.chars().count();
     if n <= max {
-        s.to_owned()
+        s.into_owned()
     } else {
         let keep = max.saturating_sub(1);
         let mut t = String::from("…");
@@ -66,8 +110,9 @@ pub(super) fn truncate_left(s: &str, max: usize) -> String {
 /// Error texts cut at the right with `…`: an error says its kind first (`tls: certificate not
 /// trusted`, `no answer within 2s`), its detail after.
 pub(super) fn truncate_right(s: &str, max: usize) -> String {
+    let s = printable(s);
     if s.chars().count() <= max {
-        return s.to_owned();
+        return s.into_owned();
     }
     let mut cut: String = s.chars().take(max.saturating_sub(1)).collect();
     cut.push('…');
@@ -77,9 +122,10 @@ pub(super) fn truncate_right(s: &str, max: usize) -> String {
 /// Routing keys cut in the middle: keys of one fleet tend to share a prefix (`chat-session-`) and
 /// differ at the end, yet the prefix says what kind of key it is, so both ends stay visible.
 pub(super) fn truncate_middle(s: &str, max: usize) -> String {
+    let s = printable(s);
     let n = s.chars().count();
     if n <= max {
-        return s.to_owned();
+        return s.into_owned();
     }
     let keep = max.saturating_sub(1);
     let head = keep.div_ceil(2);
@@ -115,5 +161,12 @@ mod tests {
         assert_eq!(printable("refused"), "refused");
         assert_eq!(printable(" status\n503\t "), "status 503");
         assert_eq!(printable("tls: \u{1b}[2Jbad"), "tls: \u{fffd}[2Jbad");
+        assert_eq!(
+            printable("a\u{202e}b\u{2066}c\u{2028}d\u{200b}e\u{9b}f\u{feff}g"),
+            "a\u{fffd}b\u{fffd}c d\u{fffd}e\u{fffd}f\u{fffd}g"
+        );
+        assert!(matches!(printable("w0 10.0.0.1:8000"), Cow::Borrowed(_)));
+        assert_eq!(shown_width("chat\u{200b}"), 5);
+        assert_eq!(truncate_middle("ab\u{202e}cdef", 4), "ab…f");
     }
 }

@@ -23,7 +23,7 @@
 //! the legend (`fleet_summary`). While the `f` search is typed, its prompt takes the legend's row.
 
 use bch_core::fleet_load::LoadSource;
-use bch_core::telemetry::{WorkerRecord, WorkerState};
+use bch_core::telemetry::{Open, PolicyRecord, WorkerRecord, WorkerState};
 use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::style::Style;
@@ -221,6 +221,19 @@ fn legend(
 ) -> Line<'static> {
     let Some(b) = bound else {
         let line = match fleet.policy {
+            Some(_) if fleet.policy_unknown.is_some() => Line::from(Span::styled(
+                format!(
+                    "no bound shown: this console does not know the gateway's {}",
+                    fleet
+                        .policy_unknown
+                        .iter()
+                        .flat_map(PolicyRecord::unknown_names)
+                        .map(|name| printable(&name).into_owned())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                styles.tone(Tone::Warning),
+            )),
             Some(policy) if !fleet.bound_in_force() => Line::from(Span::styled(
                 format!("no bound: {} never spills", policy.kind),
                 styles.dim(),
@@ -435,7 +448,7 @@ fn worker_line(
     spans.push(flag(w, over, styles));
     spans.extend(counters(w, &geometry.counters, styles));
     if geometry.source_w > 0 {
-        let source = truncate_middle(&w.source.label(), geometry.source_w);
+        let source = truncate_middle(&w.source.to_string(), geometry.source_w);
         spans.push(Span::styled(format!("  {source}"), styles.dim()));
     }
     Line::from(spans)
@@ -504,10 +517,17 @@ fn bar_cell(
 }
 
 /// ` DOWN `, ` DRAIN`, ` FULL `, ` OVER ` or blanks of the same width, so the counters stay in one
-/// column. FULL before OVER: a full worker takes nothing, whatever the bound says.
+/// column. FULL before OVER: a full worker takes nothing, whatever the bound says. A state this
+/// console does not know (a newer gateway's) is shown by its name, cut to the column: the worker
+/// is not counted as taking requests.
 fn flag(w: &WorkerRecord, over: bool, styles: &Styles) -> Span<'static> {
     if !w.healthy {
         Span::styled(" DOWN ", styles.status(Tone::Alert))
+    } else if let Open::Unknown(state) = &w.state {
+        Span::styled(
+            format!(" {:<5}", truncate_right(state, 5)),
+            styles.status(Tone::Warning),
+        )
     } else if w.state == WorkerState::Draining {
         Span::styled(" DRAIN", styles.status(Tone::Warning))
     } else if w.full {

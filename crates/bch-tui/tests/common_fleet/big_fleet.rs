@@ -20,7 +20,7 @@ fn big_fleet() -> ServerFrame {
             url: format!("http://10.1.0.{}:30000", 10 + i),
             ring_id: None,
             healthy: i % 17 != 5,
-            state: WorkerState::Active,
+            state: WorkerState::Active.into(),
             active: ((i * 7) % 11) as u64 + if i == 3 { 20 } else { 0 },
             requests_total: 1000 + i as u64 * 37,
             spilled_in_total: (i % 5) as u64,
@@ -64,7 +64,7 @@ fn big_fleet() -> ServerFrame {
             };
             KeyRecord {
                 key: format!("tenant-{:03}/session-{k:04}", k % 40),
-                kind: KeyKind::Explicit,
+                kind: KeyKind::Explicit.into(),
                 active: BTreeMap::from([(cur.clone(), k % 4)]),
                 preferred: pref,
                 current: cur,
@@ -78,7 +78,7 @@ fn big_fleet() -> ServerFrame {
         .map(|i| SpillEvent {
             ts_ms: T0 - 4000 + i * 100,
             key: format!("tenant-{:03}/session-{:04}", i % 40, i * 9),
-            branch: Branch::ExplicitRoutingKeySpillover,
+            branch: Branch::ExplicitRoutingKeySpillover.into(),
             from: "gpu-03".into(),
             to: format!("gpu-{:02}", 4 + i % 3),
             preferred_load: 21 + i % 3,
@@ -107,6 +107,7 @@ fn big_fleet() -> ServerFrame {
             },
             discovery: Vec::new(),
             admission: None,
+            read_only: false,
         }),
     )
 }

@@ -44,9 +44,9 @@ fn worker(i: usize, n: usize) -> WorkerRecord {
         ),
         healthy: i % 97 != 5,
         state: if i % 101 == 7 {
-            WorkerState::Draining
+            WorkerState::Draining.into()
         } else {
-            WorkerState::Active
+            WorkerState::Active.into()
         },
         active,
         requests_total: 1_000 + i as u64 * 37,
@@ -93,6 +93,7 @@ fn snapshot(n: usize) -> ServerFrame {
             },
             discovery: Vec::new(),
             admission: None,
+            read_only: false,
         }),
     )
 }

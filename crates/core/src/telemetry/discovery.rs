@@ -11,9 +11,9 @@ pub struct DiscoverySource {
     /// The worker source label its workers carry: `dns:NAME`.
     pub source: String,
     /// `srv` (the name begins with `_`) or `address` (A and AAAA records).
-    pub kind: DiscoveryKind,
+    pub kind: super::open::Open<DiscoveryKind>,
     /// What the last resolution gave.
-    pub state: DiscoveryState,
+    pub state: super::open::Open<DiscoveryState>,
     /// The most recent error: why a resolution failed or was empty, or one address family's
     /// failed lookup while the other answered (state `ok`). Kept after the source recovered.
     #[serde(default)]
@@ -64,6 +64,36 @@ pub enum DiscoveryState {
     Failing,
     /// The last answer had no usable record (NXDOMAIN, no records, every record skipped).
     Empty,
+}
+
+impl DiscoveryKind {
+    /// The wire name (`srv`, `address`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiscoveryKind::Srv => "srv",
+            DiscoveryKind::Address => "address",
+        }
+    }
+}
+
+impl std::fmt::Display for DiscoveryKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl super::open::Open<DiscoveryState> {
+    /// Whether an operator should look: the source fails or answers empty, or is in a state this
+    /// build does not know (a newer gateway's), which is shown by name.
+    pub fn is_trouble(&self) -> bool {
+        self.get().is_none_or(DiscoveryState::is_trouble)
+    }
+}
+
+impl std::fmt::Display for DiscoveryState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl DiscoveryState {

@@ -86,3 +86,40 @@ fn client_commands_parse_and_reject_unknown_fields() {
             .is_err()
     );
 }
+
+#[test]
+fn open_names_serialise_like_the_enums_and_keep_unknown_ones() {
+    let known: Open<KeyKind> = KeyKind::Implicit.into();
+    assert_eq!(serde_json::to_value(&known).unwrap(), "implicit");
+    assert_eq!(
+        serde_json::from_value::<Open<KeyKind>>("implicit".into()).unwrap(),
+        known
+    );
+    let unknown: Open<KeyKind> = serde_json::from_value("semantic".into()).unwrap();
+    assert_eq!(unknown, Open::Unknown("semantic".into()));
+    assert_eq!(serde_json::to_value(&unknown).unwrap(), "semantic");
+    assert_eq!(unknown.to_string(), "semantic");
+    // A name that is not a string is still an error: the frame is not the protocol's.
+    assert!(serde_json::from_value::<Open<KeyKind>>(7.into()).is_err());
+    let source: Open<WorkerSource> = serde_json::from_value("dns:_x._tcp".into()).unwrap();
+    assert_eq!(source, WorkerSource::Dns("_x._tcp".into()));
+}
+
+#[test]
+fn policy_record_json_is_the_policy_settings_json() {
+    let settings = crate::policy::PolicySettings {
+        spill_order: SpillOrder::HashSeeded,
+        ..Default::default()
+    };
+    let record = PolicyRecord::from(settings);
+    assert_eq!(
+        serde_json::to_value(&record).unwrap(),
+        serde_json::to_value(settings).unwrap()
+    );
+    assert_eq!(record.settings(), Some(settings));
+    let mut newer = serde_json::to_value(settings).unwrap();
+    newer["kind"] = "prefix_aware".into();
+    let read: PolicyRecord = serde_json::from_value(newer).unwrap();
+    assert_eq!(read.settings(), None);
+    assert_eq!(read.unknown_names(), ["kind prefix_aware"]);
+}

@@ -41,7 +41,7 @@ pub struct WorkerRecord {
     pub healthy: bool,
     /// `active` or `draining` (absent from frames of older gateways: `active`).
     #[serde(default)]
-    pub state: WorkerState,
+    pub state: super::open::Open<WorkerState>,
     /// In-flight requests of this gateway process on the worker.
     pub active: u64,
     /// Requests routed to the worker since it was first registered.
@@ -72,7 +72,7 @@ pub struct WorkerRecord {
     /// `dns:NAME` (found by DNS discovery of `NAME`). Absent from older gateways' frames, which
     /// only had static workers.
     #[serde(default)]
-    pub source: WorkerSource,
+    pub source: super::open::Open<WorkerSource>,
     /// Requests in flight the worker may hold (compared with [`WorkerRecord::load`]); `None` when
     /// it has no cap, and in frames of gateways that predate capacity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -86,6 +86,12 @@ pub struct WorkerRecord {
     /// that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_failure: Option<String>,
+}
+
+impl std::fmt::Display for WorkerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl WorkerRecord {
@@ -136,6 +142,14 @@ impl WorkerSource {
                 .filter(|name| !name.is_empty())
                 .map(|name| WorkerSource::Dns(name.to_owned())),
         }
+    }
+}
+
+impl super::open::Open<WorkerSource> {
+    /// Whether the worker was not configured: discovered by DNS, or found by a source this build
+    /// does not know (a newer gateway's).
+    pub fn is_discovered(&self) -> bool {
+        self.known().is_none_or(WorkerSource::is_discovered)
     }
 }
 

@@ -125,10 +125,10 @@ impl HealthBoard {
                     name: source.dns.clone(),
                     source: label.label().into_owned(),
                     kind: match source.kind() {
-                        DnsKind::Srv => DiscoveryKind::Srv,
-                        DnsKind::Address => DiscoveryKind::Address,
+                        DnsKind::Srv => DiscoveryKind::Srv.into(),
+                        DnsKind::Address => DiscoveryKind::Address.into(),
                     },
-                    state: health.state,
+                    state: health.state.into(),
                     last_error_ms: health.last_error.as_ref().map(|(_, at)| *at),
                     last_error: health.last_error.map(|(error, _)| error),
                     last_good_ms: health.last_good_ms,

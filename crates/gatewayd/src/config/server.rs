@@ -68,8 +68,9 @@ pub struct ControlAccess {
     /// `admin_token_file`: file holding the bearer token for the control plane; unset = no auth
     /// (loopback only).
     pub admin_token_file: Option<PathBuf>,
-    /// `metrics_token_file`: file holding a second bearer token that opens `GET /metrics` and
-    /// nothing else, for the scraper, which then never holds the token that can rewrite routing.
+    /// `metrics_token_file`: file holding a second bearer token that opens `GET /metrics` and a
+    /// read-only `GET /ws` (its write commands refused) and nothing else, for the scraper and
+    /// watch-only consoles, which then never hold the token that can rewrite routing.
     /// Needs `admin_token_file`.
     pub metrics_token_file: Option<PathBuf>,
     /// `control_allowed_hosts`: names (without port) a tokenless control plane answers to in

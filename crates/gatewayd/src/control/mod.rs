@@ -2,7 +2,8 @@
 //! docs/protocol.md).
 //!
 //! Every route sits behind the bearer-token check when `admin_token_file` is set (the token of
-//! `metrics_token_file`, when set, opens `GET /metrics` and nothing else), then behind the browser
+//! `metrics_token_file`, when set, opens `GET /metrics` and a read-only `GET /ws`, whose write
+//! commands are refused, and nothing else), then behind the browser
 //! guard (`Host`, `Origin`, `Content-Type`: a web page cannot drive it). Errors use the same OpenAI
 //! shape as the data plane, 404, 405 and 413 included, and name the offending field. Files:
 //! `handle` (the handle handlers share), `peer` (who sent a change), `guard`, `api` (`/admin/*`,
@@ -86,7 +87,7 @@ async fn browser_guard(
 
 async fn require_token(
     State(plane): State<Arc<ControlPlane>>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
     if let Some(token) = &plane.token {
@@ -97,13 +98,17 @@ async fn require_token(
             .map(|v| v.as_bytes())
             .filter(|v| v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer "))
             .map_or(&b""[..], |v| &v[7..]);
-        let scrape =
-            request.method() == axum::http::Method::GET && request.uri().path() == "/metrics";
-        let metrics_token = plane.metrics_token.as_deref().filter(|_| scrape);
+        let read = request.method() == axum::http::Method::GET
+            && matches!(request.uri().path(), "/metrics" | "/ws");
+        let metrics_token = plane.metrics_token.as_deref().filter(|_| read);
         let admin = bool::from(presented.ct_eq(token.as_bytes()));
         let metrics = metrics_token.is_some_and(|t| bool::from(presented.ct_eq(t.as_bytes())));
         if !admin && !metrics {
             return GatewayError::Unauthorized.into_response();
+        }
+        if !admin {
+            // The telemetry websocket opened with the metrics token watches and changes nothing.
+            request.extensions_mut().insert(ws::ReadOnly);
         }
     }
     next.run(request).await

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{RawQuery, State};
+use axum::extract::{Extension, RawQuery, State};
 use axum::response::Response;
 use bch_core::policy::PolicyPatch;
 use bch_core::telemetry::{
@@ -16,26 +16,49 @@ use bch_core::telemetry::{
 use super::handle::ControlPlane;
 use super::peer::Peer;
 use crate::admin::{Actor, AdminError};
-use crate::telemetry::wire::{encode_message, envelope};
+use crate::telemetry::wire::{encode_message, envelope, for_read_only};
 
 /// Largest websocket message a client may send, bytes. Commands are tiny; anything bigger is abuse.
 const MAX_CLIENT_MESSAGE: usize = 16 * 1024;
 
 /// `GET /ws`: upgrades to the telemetry websocket. `?v=2` asks for protocol version 2; without it
 /// (or with anything unreadable) the client gets version 1, what every older client expects.
+/// A connection opened with the metrics token is read-only: its snapshots say so and its write
+/// commands are refused.
 pub async fn websocket(
     State(plane): State<Arc<ControlPlane>>,
     Peer(peer): Peer,
     RawQuery(query): RawQuery,
+    read_only: Option<Extension<ReadOnly>>,
     upgrade: WebSocketUpgrade,
 ) -> Response {
-    let actor = Actor::client(ChangeSource::Ws, peer);
-    let version = negotiated_version(asked_version(query.as_deref()));
+    let client = Client {
+        actor: Actor::client(ChangeSource::Ws, peer),
+        version: negotiated_version(asked_version(query.as_deref())),
+        read_only: read_only.is_some(),
+    };
     upgrade
         .max_message_size(MAX_CLIENT_MESSAGE)
         .max_frame_size(MAX_CLIENT_MESSAGE)
-        .on_upgrade(move |socket| serve_client(plane, socket, actor, version))
+        .on_upgrade(move |socket| serve_client(plane, socket, client))
 }
+
+/// Marks a request let in by the metrics token: a `/ws` connection it opens is read-only.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ReadOnly;
+
+/// Who is on the other end of one connection, and what it may do.
+struct Client {
+    /// Who its changes are attributed to.
+    actor: Actor,
+    /// The protocol version spoken.
+    version: u32,
+    /// Opened with the metrics token: watch only.
+    read_only: bool,
+}
+
+/// Why a read-only connection's write command changed nothing.
+const READ_ONLY: &str = "read-only connection (opened with the metrics token): set_policy, drain and undrain are refused; connect with the admin token to change anything";
 
 /// The version a `/ws` query asks for: the number after `v=`; `None` without one (or when it is
 /// not a number: a typo must not cut an old console off).
@@ -47,7 +70,8 @@ fn asked_version(query: Option<&str>) -> Option<u32> {
 }
 
 /// One websocket client: the only writer of its socket, so its frames carry a gap-free `seq`.
-async fn serve_client(plane: Arc<ControlPlane>, mut socket: WebSocket, actor: Actor, version: u32) {
+async fn serve_client(plane: Arc<ControlPlane>, mut socket: WebSocket, client: Client) {
+    let version = client.version;
     let (id, mut frames) = plane.telemetry.register(version);
     let mut seq: u64 = 0;
     let shutdown = plane.shutdown.clone();
@@ -59,6 +83,7 @@ async fn serve_client(plane: Arc<ControlPlane>, mut socket: WebSocket, actor: Ac
             }
             frame = frames.recv() => {
                 let Some(body) = frame else { break };
+                let body = if client.read_only { for_read_only(&body) } else { body.as_ref().into() };
                 if socket.send(Message::Text(envelope(version, seq, &body).into())).await.is_err() {
                     break;
                 }
@@ -66,7 +91,7 @@ async fn serve_client(plane: Arc<ControlPlane>, mut socket: WebSocket, actor: Ac
             }
             incoming = socket.recv() => {
                 let reply = match incoming {
-                    Some(Ok(Message::Text(text))) => handle_command(&plane, id, &actor, text.as_str()),
+                    Some(Ok(Message::Text(text))) => handle_command(&plane, id, &client, text.as_str()),
                     Some(Ok(Message::Binary(_))) => Some(command_error(None, "binary messages are not supported; send JSON text")),
                     Some(Ok(Message::Close(_))) | None => break,
                     Some(Ok(_)) => None,
@@ -104,7 +129,7 @@ fn answer(
     match result {
         Ok(worker) => encode_message(&ServerMessage::Ack(Ack {
             id,
-            policy: *plane.router.table().policy(),
+            policy: (*plane.router.table().policy()).into(),
             worker,
         })),
         Err(error) => command_error(id, &error.to_string()),
@@ -115,10 +140,11 @@ fn answer(
 /// or `undrain` (an `ack` or an `error` with the same `id`).
 fn handle_command(
     plane: &ControlPlane,
-    client: u64,
-    actor: &Actor,
+    id_of_client: u64,
+    client: &Client,
     text: &str,
 ) -> Option<Arc<str>> {
+    let actor = &client.actor;
     let command: ClientCommand = match serde_json::from_str(text) {
         Ok(c) => c,
         Err(e) => {
@@ -131,8 +157,15 @@ fn handle_command(
     };
     match command {
         ClientCommand::Resync { .. } => {
-            plane.telemetry.resync(client);
+            plane.telemetry.resync(id_of_client);
             None
+        }
+        ClientCommand::SetPolicy { id, .. }
+        | ClientCommand::Drain { id, .. }
+        | ClientCommand::Undrain { id, .. }
+            if client.read_only =>
+        {
+            Some(command_error(id, READ_ONLY))
         }
         ClientCommand::SetPolicy {
             id,
@@ -155,7 +188,7 @@ fn handle_command(
             Some(match plane.admin.set_policy(&patch, actor) {
                 Ok(policy) => encode_message(&ServerMessage::Ack(Ack {
                     id,
-                    policy,
+                    policy: policy.into(),
                     worker: None,
                 })),
                 Err(error) => command_error(id, &error.to_string()),

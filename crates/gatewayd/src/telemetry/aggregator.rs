@@ -101,7 +101,7 @@ impl SpillLog {
             key: key
                 .map(|k| k.label.render().to_string())
                 .unwrap_or_default(),
-            branch,
+            branch: branch.into(),
             from: name(from),
             to: name(to),
             preferred_load: bound.preferred_load,
@@ -109,8 +109,8 @@ impl SpillLog {
             mean_load: bound.mean_load,
             min_load_gap: bound.min_load_gap,
             max_load_skew: bound.max_load_skew,
-            load_signal: decision.load_signal.unwrap_or_default(),
-            cause,
+            load_signal: decision.load_signal.unwrap_or_default().into(),
+            cause: cause.into(),
         };
         self.kept.push_back(event.clone());
         while self.kept.len() > self.max {
@@ -291,8 +291,8 @@ impl Aggregator {
             Control::PolicyChanged(source, client) => {
                 let message = encode_message(&ServerMessage::Policy(PolicyUpdate {
                     ts_ms: now_ms(),
-                    policy: *self.router.table().policy(),
-                    changed_by: source,
+                    policy: (*self.router.table().policy()).into(),
+                    changed_by: source.into(),
                     client,
                 }));
                 self.clients.broadcast(&message);
@@ -320,7 +320,7 @@ impl Aggregator {
         let table = self.router.table();
         let snapshot = Snapshot {
             ts_ms: now_ms(),
-            policy: *table.policy(),
+            policy: (*table.policy()).into(),
             workers: table.worker_records(now_ms()),
             ring: None,
             keys: self.keys.records(),
@@ -328,6 +328,7 @@ impl Aggregator {
             totals: self.totals,
             discovery: self.discovery_at(now_ms()),
             admission: Some(self.admission_summary),
+            read_only: false,
         };
         let ring = &mut self.ring;
         self.clients.deliver_snapshots(|version| {

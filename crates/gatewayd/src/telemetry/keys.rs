@@ -102,7 +102,7 @@ impl KeyState {
     fn record(&self) -> KeyRecord {
         KeyRecord {
             key: self.label.render().to_string(),
-            kind: self.kind,
+            kind: self.kind.into(),
             preferred: self.preferred.clone(),
             current: self.current.clone(),
             active: self.active.clone(),

@@ -28,6 +28,17 @@ pub fn envelope(version: u32, seq: u64, body: &str) -> String {
     frame
 }
 
+/// `body` as a read-only connection gets it: a snapshot says `"read_only":true` (the field is
+/// spliced in, so the snapshot encoded once for every client is not encoded again); every other
+/// message is unchanged.
+pub fn for_read_only(body: &str) -> std::borrow::Cow<'_, str> {
+    const SNAPSHOT: &str = "{\"type\":\"snapshot\",";
+    match body.strip_prefix(SNAPSHOT) {
+        Some(rest) => format!("{SNAPSHOT}\"read_only\":true,{rest}").into(),
+        None => body.into(),
+    }
+}
+
 /// Each worker's share of the hash space and its arcs as fractions of the ring (bch-core's one
 /// computation, which version 2 clients repeat from the worker records).
 pub fn ring_ownership(table: &RoutingTable) -> RingOwnership {

@@ -40,6 +40,28 @@ impl Client {
         }
     }
 
+    /// A client of `/ws?v=VERSION` that presents `token` as its bearer token.
+    pub async fn connect_with_token(
+        gateway: &gatewayd::RunningGateway,
+        version: u32,
+        token: &str,
+    ) -> Client {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let url = format!("ws://{}/ws?v={version}", gateway.control_addr);
+        let mut request = url.into_client_request().unwrap();
+        request
+            .headers_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        let (socket, _) = tokio_tungstenite::connect_async(request)
+            .await
+            .expect("websocket upgrade");
+        Client {
+            socket,
+            next_seq: 0,
+            version,
+        }
+    }
+
     /// Next frame, checking the envelope: the client's version and a gap-free `seq`.
     pub async fn frame(&mut self) -> ServerFrame {
         loop {

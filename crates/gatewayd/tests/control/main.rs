@@ -32,6 +32,7 @@ mod membership_changes;
 mod metrics;
 mod policy;
 mod probes;
+mod read_only;
 mod reload;
 mod replay;
 mod telemetry;

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::common::*;
 use bch_core::policy::{Branch, PolicyKind, PolicySettings};
-use bch_core::telemetry::{ServerMessage, SpillEvent};
+use bch_core::telemetry::{PolicyRecord, ServerMessage, SpillEvent};
 use futures_util::SinkExt;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
@@ -22,6 +22,11 @@ fn known_pair(gap: u64, skew: f64) -> bool {
 }
 
 fn pair_of(policy: &PolicySettings) -> (u64, f64) {
+    (policy.min_load_gap, policy.max_load_skew)
+}
+
+/// [`pair_of`] for the policy as a telemetry frame carries it.
+fn record_pair(policy: &PolicyRecord) -> (u64, f64) {
     (policy.min_load_gap, policy.max_load_skew)
 }
 
@@ -53,8 +58,8 @@ async fn concurrent_threshold_changes() {
                 ServerMessage::Snapshot(s) => spills.extend(s.spills),
                 ServerMessage::Tick(t) => spills.extend(t.spills),
                 ServerMessage::Policy(p) => {
-                    updates.push(pair_of(&p.policy));
-                    if pair_of(&p.policy) == final_pair {
+                    updates.push(record_pair(&p.policy));
+                    if record_pair(&p.policy) == final_pair {
                         break;
                     }
                 }
@@ -179,7 +184,7 @@ async fn concurrent_threshold_changes() {
                         ServerMessage::Ack(ack)
                             if serde_json::to_value(&ack.id).unwrap() == serde_json::json!(id) =>
                         {
-                            assert_eq!(pair_of(&ack.policy), (gap, skew));
+                            assert_eq!(record_pair(&ack.policy), (gap, skew));
                             break;
                         }
                         ServerMessage::Error(e) => panic!("command refused: {}", e.message),
@@ -233,7 +238,7 @@ async fn concurrent_threshold_changes() {
     .unwrap();
     loop {
         if let ServerMessage::Ack(ack) = next_message(&mut ws).await.unwrap() {
-            assert_eq!(pair_of(&ack.policy), (6, 1.3));
+            assert_eq!(record_pair(&ack.policy), (6, 1.3));
             break;
         }
     }
@@ -264,8 +269,10 @@ async fn concurrent_threshold_changes() {
             "{event:?}"
         );
         assert!(matches!(
-            event.branch,
-            Branch::ExplicitRoutingKeySpillover | Branch::ExplicitRoutingKeyNoEligibleCandidate
+            event.branch.get(),
+            Some(
+                Branch::ExplicitRoutingKeySpillover | Branch::ExplicitRoutingKeyNoEligibleCandidate
+            )
         ));
         *by_pair
             .entry(format!("{}/{}", event.min_load_gap, event.max_load_skew))

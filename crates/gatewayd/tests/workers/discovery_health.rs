@@ -169,7 +169,7 @@ async fn admin_discovery_and_telemetry_report_each_sources_state() {
     let states: Vec<(&str, DiscoveryState, u64)> = snapshot
         .discovery
         .iter()
-        .map(|s| (s.name.as_str(), s.state, s.workers))
+        .map(|s| (s.name.as_str(), s.state.get().unwrap(), s.workers))
         .collect();
     assert_eq!(
         states,
