@@ -528,9 +528,8 @@ mod tests {
         assert_eq!(in_m2.model.as_deref(), Some("m2"));
         // The pool's answer is a one-model fleet's answer over its workers, loads included: the
         // other pool's load does not count in the bound's mean.
-        let loaded = format!(
-            r#""loads":{{"http://a":9,"http://c":1}},"model":"m2","routing_key":"k","explicit":true"#
-        );
+        let loaded =
+            r#""loads":{"http://a":9,"http://c":1},"model":"m2","routing_key":"k","explicit":true"#;
         let pooled = explainer
             .explain(&scenario(&format!("{{{workers},{loaded}}}")))
             .unwrap();
