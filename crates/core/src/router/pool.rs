@@ -40,6 +40,7 @@ impl PoolId {
     }
 
     /// Its index into [`super::RoutingTable::pools`].
+    #[inline]
     pub fn index(self) -> usize {
         self.0 as usize
     }
@@ -62,6 +63,7 @@ impl Pool {
 
     /// The ring over this pool's workers only: its worker `i` is [`Pool::workers`]`[i]`. Equal to
     /// `Ring::build` over their ring identities, in configuration order.
+    #[inline]
     pub fn ring(&self) -> &Arc<Ring> {
         &self.ring
     }
@@ -84,6 +86,7 @@ impl Pool {
 
     /// Whether the pool holds every worker of a table of `worker_count`: then pool indices are
     /// table indices and its ring is the table's.
+    #[inline]
     pub(super) fn covers(&self, worker_count: usize) -> bool {
         self.workers.len() == worker_count
     }
@@ -186,6 +189,7 @@ impl PoolSet {
     }
 
     /// The pool `pool`, if the table has it.
+    #[inline]
     pub(super) fn get(&self, pool: PoolId) -> Option<&Pool> {
         self.pools.get(pool.index())
     }
@@ -204,6 +208,7 @@ impl PoolSet {
 
     /// The pools the worker at table index `worker` is in, ascending (empty for an index that is
     /// no worker).
+    #[inline]
     pub(super) fn of_worker(&self, worker: usize) -> &[PoolId] {
         if !self.declared {
             return if worker < self.worker_count {
@@ -219,6 +224,7 @@ impl PoolSet {
     }
 
     /// Whether some worker declares a model.
+    #[inline]
     pub(super) fn declared(&self) -> bool {
         self.declared
     }
