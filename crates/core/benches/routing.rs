@@ -29,6 +29,11 @@
 //!   selection lock's cost under contention. The time reported is wall time divided by all the
 //!   threads' decisions, so decisions per second of the router = 1 / that time.
 //!
+//! * `pools/{16,10000}_workers_two_models/{idle_one_key,loaded}`: the same fleets with even
+//!   workers serving one model and odd workers another; keys routed in the first model's pool
+//!   (`Router::route_in`): the cost of a decision inside a pool of half the fleet (its own ring,
+//!   its own aggregates, pool indices mapped to table indices), next to the one-pool cases.
+//!
 //! Run: `cargo bench -p bch-core -- --warm-up-time 1 --measurement-time 3` (add a filter, e.g.
 //! `scale/`, for one group; the 100,000-worker router takes seconds to build).
 
@@ -50,6 +55,15 @@ fn urls(n: usize) -> Vec<String> {
 }
 
 fn router(n: usize, policy: PolicySettings) -> Router {
+    router_serving(n, policy, |_| Vec::new())
+}
+
+/// A router over `n` workers, worker `i` serving `models(i)`.
+fn router_serving(
+    n: usize,
+    policy: PolicySettings,
+    models: impl Fn(usize) -> Vec<String>,
+) -> Router {
     let specs = urls(n)
         .into_iter()
         .enumerate()
@@ -59,7 +73,7 @@ fn router(n: usize, policy: PolicySettings) -> Router {
             ring_id: None,
             source: WorkerSource::Static,
             max_in_flight: None,
-            models: Vec::new(),
+            models: models(i),
         })
         .collect();
     Router::new(specs, policy).unwrap()
@@ -298,5 +312,35 @@ fn threads(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, decisions, ring_build, scale, threads);
+fn pools(c: &mut Criterion) {
+    let keys = keys();
+    let half = |i: usize| vec![["model-a", "model-b"][i % 2].to_owned()];
+    for n in [16, 10_000] {
+        let mut group = c.benchmark_group(format!("pools/{n}_workers_two_models"));
+        let router = router_serving(n, PolicySettings::default(), half);
+        let pool = router.table().pool_of_model("model-a").unwrap();
+        let route_in = |raw: &[u8; 32]| {
+            let key = ExplicitKey::parse(black_box(raw)).unwrap();
+            let routed = router.route_in(&RoutingKey::Explicit(key), pool);
+            let branch = routed.decision.branch;
+            drop(black_box(routed));
+            branch
+        };
+        let one = key32(0);
+        assert_eq!(route_in(&one), Branch::ExplicitRoutingKeyHit);
+        group.bench_function("idle_one_key", |b| b.iter(|| route_in(&one)));
+        let held = hold(&router, |w| w % 5);
+        let mut turn = 0usize;
+        group.bench_function("loaded", |b| {
+            b.iter(|| {
+                turn += 1;
+                route_in(&keys[turn % keys.len()])
+            })
+        });
+        drop(held);
+        group.finish();
+    }
+}
+
+criterion_group!(benches, decisions, ring_build, scale, threads, pools);
 criterion_main!(benches);

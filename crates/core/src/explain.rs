@@ -13,7 +13,11 @@
 //! nothing changed since). Capacity: `max_in_flight_per_worker` (default 0, no cap), `max_in_flight`
 //! (per-worker overrides by URL) and `engine_full` (workers whose engine reports saturation, by
 //! URL) make workers full; the answer then says where the request moves or what it waits for.
+//! Models: `models` (the models each worker serves, by URL) and `model` (the request's) decide
+//! within that model's pool, on a ring over its workers only, with the bound over their loads
+//! (as the gateway's pools by model); with `models` given, `model` is required.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
@@ -79,6 +83,15 @@ pub struct Scenario {
     /// missing workers are not saturated.
     #[serde(default, skip_serializing_if = "HashMap::is_empty")]
     pub engine_full: HashMap<String, bool>,
+    /// The models each worker serves, by URL (a worker missing here serves none). Empty, the
+    /// default: no model is declared and every worker is in the one pool.
+    #[serde(default, skip_serializing_if = "HashMap::is_empty")]
+    pub models: HashMap<String, Vec<String>>,
+    /// The request's model: the decision is taken among the workers that serve it, on their own
+    /// ring, with the bound over their loads only. Required when `models` declares any; ignored
+    /// without `models` (one pool, as in a gateway without models).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 fn is_zero(value: &u64) -> bool {
@@ -120,6 +133,10 @@ pub struct Answer {
     /// for at the gateway (`{"for_worker": url}` or `"for_any_worker"`); omitted otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait: Option<WaitsFor>,
+    /// The model whose pool the decision was taken in (omitted when the scenario declares no
+    /// models).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 /// [`Wait`] with the worker named by URL, as everywhere in an answer.
@@ -199,6 +216,12 @@ pub enum ScenarioError {
         /// The stray URL.
         url: String,
     },
+    /// `models` declares models but the scenario names none in `model`.
+    #[error("models are declared: name the request's model in model")]
+    MissingModel,
+    /// No worker of `models` serves `model`.
+    #[error("no worker serves model {0:?}")]
+    UnknownModel(String),
 }
 
 /// Evaluates scenarios, reusing the last ring when consecutive scenarios list the same workers (a
@@ -241,6 +264,7 @@ impl Explainer {
             ("local_at_scrape", scenario.local_at_scrape.keys().collect()),
             ("max_in_flight", scenario.max_in_flight.keys().collect()),
             ("engine_full", scenario.engine_full.keys().collect()),
+            ("models", scenario.models.keys().collect()),
         ] {
             if let Some(url) = urls.into_iter().find(|u| !scenario.workers.contains(u)) {
                 return Err(ScenarioError::UnknownWorker {
@@ -249,19 +273,20 @@ impl Explainer {
                 });
             }
         }
-        if self.cached.as_ref().map(|(w, _)| w) != Some(&scenario.workers) {
-            let ring = Ring::build(&scenario.workers, DEFAULT_VIRTUAL_NODES);
-            self.cached = Some((scenario.workers.clone(), ring));
+        let (members, model) = pool_of(scenario)?;
+        if self.cached.as_ref().map(|(w, _)| w.as_slice()) != Some(&*members) {
+            let ring = Ring::build(&members, DEFAULT_VIRTUAL_NODES);
+            self.cached = Some((members.into_owned(), ring));
         }
-        let ring = &self.cached.as_ref().expect("just set").1;
-        let fleet = ScenarioFleet::new(scenario, &policy.admission);
+        let (members, ring) = self.cached.as_ref().expect("just set");
+        let fleet = ScenarioFleet::new(scenario, members, &policy.admission);
         let key = scenario_key(scenario);
         let decision: Decision = decide(ring, &policy, &key, &fleet, 0, 0);
-        let url = |w: usize| scenario.workers[w].clone();
+        let url = |w: usize| members[w].clone();
         let fleet_numbers =
             scenario.load_source == LoadSource::WorkerMetrics || !scenario.reported.is_empty();
         let fleet_loads = if fleet_numbers {
-            (0..scenario.workers.len())
+            (0..members.len())
                 .map(|w| {
                     WorkerLoad::new(url(w), fleet.local[w], fleet.samples[w], policy.load_source)
                 })
@@ -280,8 +305,31 @@ impl Explainer {
                 Wait::ForWorker(w) => WaitsFor::ForWorker(url(w)),
                 Wait::ForAnyWorker => WaitsFor::ForAnyWorker,
             }),
+            model,
         })
     }
+}
+
+/// The workers the scenario's request is decided among, in configuration order, and the model
+/// whose pool they are: every worker when no model is declared, else those that serve `model`.
+fn pool_of(scenario: &Scenario) -> Result<(Cow<'_, [String]>, Option<String>), ScenarioError> {
+    let declared = scenario.models.values().any(|models| !models.is_empty());
+    if !declared {
+        return Ok((Cow::Borrowed(&scenario.workers), None));
+    }
+    let model = scenario.model.as_ref().ok_or(ScenarioError::MissingModel)?;
+    let serves =
+        |url: &String| (scenario.models.get(url)).is_some_and(|models| models.contains(model));
+    let members: Vec<String> = scenario
+        .workers
+        .iter()
+        .filter(|u| serves(u))
+        .cloned()
+        .collect();
+    if members.is_empty() {
+        return Err(ScenarioError::UnknownModel(model.clone()));
+    }
+    Ok((Cow::Owned(members), Some(model.clone())))
 }
 
 /// The routing key a scenario describes. An explicit value that is not a valid explicit key (empty,
@@ -314,14 +362,12 @@ struct ScenarioFleet {
 }
 
 impl ScenarioFleet {
-    fn new(scenario: &Scenario, admission: &AdmissionSettings) -> Self {
-        let local: Vec<u64> = scenario
-            .workers
+    fn new(scenario: &Scenario, workers: &[String], admission: &AdmissionSettings) -> Self {
+        let local: Vec<u64> = workers
             .iter()
             .map(|u| scenario.loads.get(u).copied().unwrap_or(0))
             .collect();
-        let samples = scenario
-            .workers
+        let samples = workers
             .iter()
             .zip(&local)
             .map(|(u, &local)| {
@@ -332,22 +378,19 @@ impl ScenarioFleet {
             })
             .collect();
         Self {
-            routable: scenario
-                .workers
+            routable: workers
                 .iter()
                 .map(|u| scenario.healthy.get(u).copied().unwrap_or(true))
                 .collect(),
             local,
             samples,
             source: scenario.load_source,
-            urls: scenario.workers.clone(),
-            capacity: scenario
-                .workers
+            urls: workers.to_vec(),
+            capacity: workers
                 .iter()
                 .map(|u| admission.capacity(scenario.max_in_flight.get(u).copied()))
                 .collect(),
-            engine_full: scenario
-                .workers
+            engine_full: workers
                 .iter()
                 .map(|u| scenario.engine_full.get(u).copied().unwrap_or(false))
                 .collect(),
@@ -467,6 +510,54 @@ mod tests {
         let classic = scenario(r#"{"workers":["http://a"],"routing_key":"k","explicit":true}"#);
         let answer = explainer.explain(&classic).unwrap();
         assert!(answer.fleet_loads.is_empty() && answer.load_signal.is_none());
+    }
+
+    #[test]
+    fn a_model_decides_in_its_pool_on_its_own_ring_and_loads() {
+        let mut explainer = Explainer::new();
+        let workers = r#""workers":["http://a","http://b","http://c","http://d"],"models":{"http://a":["m1"],"http://b":["m1"],"http://c":["m2"],"http://d":["m2","m1"]}"#;
+        let in_m2 = explainer
+            .explain(&scenario(&format!(
+                r#"{{{workers},"model":"m2","routing_key":"k","explicit":true}}"#
+            )))
+            .unwrap();
+        assert!(matches!(
+            in_m2.worker.as_deref(),
+            Some("http://c" | "http://d")
+        ));
+        assert_eq!(in_m2.model.as_deref(), Some("m2"));
+        // The pool's answer is a one-model fleet's answer over its workers, loads included: the
+        // other pool's load does not count in the bound's mean.
+        let loaded =
+            r#""loads":{"http://a":9,"http://c":1},"model":"m2","routing_key":"k","explicit":true"#;
+        let pooled = explainer
+            .explain(&scenario(&format!("{{{workers},{loaded}}}")))
+            .unwrap();
+        let alone_loads = loaded.replace(r#""http://a":9,"#, "");
+        let alone = explainer
+            .explain(&scenario(&format!(
+                r#"{{"workers":["http://c","http://d"],{alone_loads}}}"#
+            )))
+            .unwrap();
+        assert_eq!(
+            (pooled.worker, pooled.branch, pooled.bound),
+            (alone.worker, alone.branch, alone.bound)
+        );
+        assert_eq!(alone.model, None);
+        let missing = scenario(&format!(
+            r#"{{{workers},"routing_key":"k","explicit":true}}"#
+        ));
+        assert_eq!(
+            explainer.explain(&missing),
+            Err(ScenarioError::MissingModel)
+        );
+        let unknown = scenario(&format!(
+            r#"{{{workers},"model":"m3","routing_key":"k","explicit":true}}"#
+        ));
+        assert_eq!(
+            explainer.explain(&unknown),
+            Err(ScenarioError::UnknownModel("m3".into()))
+        );
     }
 
     #[test]

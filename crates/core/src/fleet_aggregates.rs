@@ -122,6 +122,7 @@ impl FleetAggregates {
     }
 
     /// A counted worker's load went from `from` to `from + 1` (it took a request). O(1).
+    #[inline]
     pub fn raise(&mut self, from: u64) {
         let count = self.level(from);
         if count == 0 {
@@ -137,6 +138,7 @@ impl FleetAggregates {
     }
 
     /// A counted worker's load went from `from` to `from − 1` (a request ended); `from` > 0. O(1).
+    #[inline]
     pub fn lower(&mut self, from: u64) {
         if from == 0 || self.level(from) == 0 {
             debug_assert!(false, "no counted worker has load {from}");

@@ -164,6 +164,7 @@ impl Router {
     /// Routes in [`PoolId::FIRST`]: the one pool of a fleet that declares no model. With several
     /// pools that is the first model by name; a caller that routes by model uses
     /// [`Router::route_in`].
+    #[inline]
     pub fn route(&self, key: &RoutingKey<'_>) -> Routed {
         self.route_in(key, PoolId::FIRST)
     }

@@ -268,6 +268,8 @@ fn near_idle_vectors() {
         max_in_flight_per_worker: 0,
         max_in_flight: HashMap::new(),
         engine_full: HashMap::new(),
+        models: HashMap::new(),
+        model: None,
     };
     let preferred = explainer.explain(&base).unwrap().worker.unwrap();
     for (gap, p, spills) in [

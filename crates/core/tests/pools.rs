@@ -144,7 +144,14 @@ fn check_pools(router: &Router, table: &RoutingTable) -> Result<(), TestCaseErro
         .iter()
         .map(|p| p.model().map(|m| &**m))
         .collect();
-    prop_assert_eq!(named, models.iter().map(|&m| Some(m)).collect::<Vec<_>>());
+    if models.is_empty() {
+        // No worker declares a model (every one was removed): the one pool of every worker.
+        prop_assert_eq!(named, vec![None]);
+        prop_assert_eq!(table.pools()[0].workers().len(), table.workers().len());
+        prop_assert!(!table.has_models());
+    } else {
+        prop_assert_eq!(named, models.iter().map(|&m| Some(m)).collect::<Vec<_>>());
+    }
     for (index, model) in models.iter().enumerate() {
         let id = PoolId::new(index);
         prop_assert_eq!(table.pool_of_model(model), Some(id));

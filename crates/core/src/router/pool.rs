@@ -40,6 +40,7 @@ impl PoolId {
     }
 
     /// Its index into [`super::RoutingTable::pools`].
+    #[inline]
     pub fn index(self) -> usize {
         self.0 as usize
     }
@@ -62,6 +63,7 @@ impl Pool {
 
     /// The ring over this pool's workers only: its worker `i` is [`Pool::workers`]`[i]`. Equal to
     /// `Ring::build` over their ring identities, in configuration order.
+    #[inline]
     pub fn ring(&self) -> &Arc<Ring> {
         &self.ring
     }
@@ -84,6 +86,7 @@ impl Pool {
 
     /// Whether the pool holds every worker of a table of `worker_count`: then pool indices are
     /// table indices and its ring is the table's.
+    #[inline]
     pub(super) fn covers(&self, worker_count: usize) -> bool {
         self.workers.len() == worker_count
     }
@@ -94,12 +97,18 @@ impl Pool {
 #[derive(Debug)]
 pub(super) struct PoolSet {
     pools: Vec<Pool>,
-    /// Worker `w`'s pools are `memberships[offsets[w]..offsets[w + 1]]`, ascending.
+    /// With models declared, worker `w`'s pools are `memberships[offsets[w]..offsets[w + 1]]`,
+    /// ascending. Both empty without models: every worker is in the one pool, answered without
+    /// a lookup (the one-pool hot path reads no membership table).
     offsets: Vec<usize>,
     memberships: Vec<PoolId>,
+    worker_count: usize,
     /// Whether some worker declares a model.
     declared: bool,
 }
+
+/// The pools of a worker of a fleet without models.
+const ONLY_THE_FIRST: &[PoolId] = &[PoolId::FIRST];
 
 impl PoolSet {
     /// The pools of workers whose models are `models[w]` and ring identities `ring_ids[w]`, with
@@ -119,31 +128,34 @@ impl PoolSet {
                 }
             }
         }
-        let declared = !by_model.is_empty();
-        let pools: Vec<Pool> = if declared {
-            by_model
-                .into_iter()
-                .map(|(model, workers)| {
-                    let ring = if workers.len() == worker_count {
-                        Arc::clone(ring)
-                    } else {
-                        let ids: Vec<&str> = workers.iter().map(|&w| ring_ids[w]).collect();
-                        Arc::new(ring.rebuilt(ring_ids, &ids))
-                    };
-                    Pool {
-                        model: Some(Arc::from(model)),
-                        ring,
-                        workers,
-                    }
-                })
-                .collect()
-        } else {
-            vec![Pool {
-                model: None,
-                ring: Arc::clone(ring),
-                workers: (0..worker_count).collect(),
-            }]
-        };
+        if by_model.is_empty() {
+            return PoolSet {
+                pools: vec![Pool {
+                    model: None,
+                    ring: Arc::clone(ring),
+                    workers: (0..worker_count).collect(),
+                }],
+                offsets: Vec::new(),
+                memberships: Vec::new(),
+                worker_count,
+                declared: false,
+            };
+        }
+        let pools: Vec<Pool> = (by_model.into_iter())
+            .map(|(model, workers)| {
+                let ring = if workers.len() == worker_count {
+                    Arc::clone(ring)
+                } else {
+                    let ids: Vec<&str> = workers.iter().map(|&w| ring_ids[w]).collect();
+                    Arc::new(ring.rebuilt(ring_ids, &ids))
+                };
+                Pool {
+                    model: Some(Arc::from(model)),
+                    ring,
+                    workers,
+                }
+            })
+            .collect();
         let mut counts = vec![0usize; worker_count + 1];
         for pool in &pools {
             for &worker in &pool.workers {
@@ -166,7 +178,8 @@ impl PoolSet {
             pools,
             offsets,
             memberships,
-            declared,
+            worker_count,
+            declared: true,
         }
     }
 
@@ -176,6 +189,7 @@ impl PoolSet {
     }
 
     /// The pool `pool`, if the table has it.
+    #[inline]
     pub(super) fn get(&self, pool: PoolId) -> Option<&Pool> {
         self.pools.get(pool.index())
     }
@@ -194,7 +208,15 @@ impl PoolSet {
 
     /// The pools the worker at table index `worker` is in, ascending (empty for an index that is
     /// no worker).
+    #[inline]
     pub(super) fn of_worker(&self, worker: usize) -> &[PoolId] {
+        if !self.declared {
+            return if worker < self.worker_count {
+                ONLY_THE_FIRST
+            } else {
+                &[]
+            };
+        }
         match (self.offsets.get(worker), self.offsets.get(worker + 1)) {
             (Some(&start), Some(&end)) => &self.memberships[start..end],
             _ => &[],
@@ -202,6 +224,7 @@ impl PoolSet {
     }
 
     /// Whether some worker declares a model.
+    #[inline]
     pub(super) fn declared(&self) -> bool {
         self.declared
     }

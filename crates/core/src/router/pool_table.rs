@@ -17,6 +17,7 @@ impl RoutingTable {
     }
 
     /// The pool `pool`; `None` when the table has no such pool.
+    #[inline]
     pub fn pool(&self, pool: PoolId) -> Option<&Pool> {
         self.pools.get(pool)
     }
@@ -30,11 +31,13 @@ impl RoutingTable {
 
     /// The pools the worker at table index `worker` is in, ascending: usually one; none for a
     /// worker that declares no model in a fleet where others do (or an index that is no worker).
+    #[inline]
     pub fn pools_of_worker(&self, worker: usize) -> &[PoolId] {
         self.pools.of_worker(worker)
     }
 
     /// Whether some worker declares a model (then pools are by model).
+    #[inline]
     pub fn has_models(&self) -> bool {
         self.pools.declared()
     }

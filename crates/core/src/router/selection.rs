@@ -71,6 +71,11 @@ impl Release for Selection {
             let SelectionState {
                 table, aggregates, ..
             } = &mut *state;
+            if !table.has_models() {
+                // One pool of every worker: the one-pool hot path reads no membership table.
+                aggregates[0].lower(load);
+                return;
+            }
             for pool in table.pools_of_worker(worker) {
                 aggregates[pool.index()].lower(load);
             }
@@ -151,6 +156,11 @@ impl SelectionState {
         let (guard, before) = stats.acquire(Some(release));
         if let Some(worker) = self.counted(stats) {
             let (load, _) = self.counted_load(stats, before);
+            if !self.table.has_models() {
+                // One pool of every worker: the one-pool hot path reads no membership table.
+                self.aggregates[0].raise(load);
+                return guard;
+            }
             for pool in self.table.pools_of_worker(worker) {
                 self.aggregates[pool.index()].raise(load);
             }
@@ -161,6 +171,7 @@ impl SelectionState {
     /// The decision in `pool` on the table in force, reading the pool's kept aggregates. A pool
     /// that holds every worker decides on the table itself (its indices are the table's, its ring
     /// the table's): exactly the one-pool decision. A pool the table does not have gets no worker.
+    #[inline]
     pub(super) fn decide_in(
         &self,
         pool: PoolId,
@@ -169,6 +180,16 @@ impl SelectionState {
         turn: u64,
     ) -> Decision {
         let table = &*self.table;
+        if pool == PoolId::FIRST && !table.has_models() {
+            // The one pool of a fleet without models: exactly the one-pool decision, with no
+            // pool lookup on the hot path.
+            let view = LiveView {
+                table,
+                aggregates: &self.aggregates[0],
+                sampled: self.sampled[0],
+            };
+            return decide(&table.ring, &table.policy, key, &view, entropy, turn);
+        }
         let index = pool.index();
         let (Some(members), Some(aggregates)) = (table.pool(pool), self.aggregates.get(index))
         else {

@@ -1,6 +1,7 @@
 //! `gatewayd explain`: the offline what-if. The scenario (workers, loads, health, thresholds, a
 //! key) goes through the same decision function as live routing (docs/explain.md).
 
+use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
 
@@ -11,7 +12,9 @@ use clap::Args;
 
 use crate::app::terminal::{StdoutClosed, print_err, print_out};
 
-use super::value_parsers::{parse_load, parse_load_source, parse_policy, parse_spill_order};
+use super::value_parsers::{
+    parse_load, parse_load_source, parse_policy, parse_serves, parse_spill_order,
+};
 
 /// `gatewayd explain` options.
 #[derive(Debug, Args)]
@@ -19,7 +22,7 @@ pub struct ExplainArgs {
     /// Read one JSON scenario per line on stdin and write one `{"worker","branch"}` per line.
     #[arg(long, conflicts_with_all = [
         "workers", "routing_key", "reported", "local_at_scrape", "max_in_flight_per_worker",
-        "max_in_flight", "engine_full",
+        "max_in_flight", "engine_full", "serves", "model",
     ])]
     pub batch: bool,
     /// A worker URL, in configuration order; repeat for every worker.
@@ -77,6 +80,13 @@ pub struct ExplainArgs {
     /// so it is full whatever its load; repeat for more.
     #[arg(long = "engine-full", value_name = "URL")]
     pub engine_full: Vec<String>,
+    /// A model a worker serves, as `URL=MODEL`; repeat (also for a worker's second model). With
+    /// any, --model is required and the decision is taken in that model's pool.
+    #[arg(long = "serves", value_name = "URL=MODEL", value_parser = parse_serves)]
+    pub serves: Vec<(String, String)>,
+    /// The request's model: decide among the workers that serve it (see --serves).
+    #[arg(long, value_name = "MODEL")]
+    pub model: Option<String>,
 }
 
 /// Runs `gatewayd explain`: one scenario from the flags, or `--batch` scenarios from stdin.
@@ -101,6 +111,14 @@ pub fn explain(args: ExplainArgs) -> ExitCode {
         max_in_flight_per_worker: args.max_in_flight_per_worker,
         max_in_flight: args.max_in_flight.into_iter().collect(),
         engine_full: args.engine_full.into_iter().map(|u| (u, true)).collect(),
+        models: args
+            .serves
+            .into_iter()
+            .fold(HashMap::new(), |mut models, (url, model)| {
+                models.entry(url).or_insert_with(Vec::new).push(model);
+                models
+            }),
+        model: args.model,
     };
     match explainer.explain(&scenario) {
         Ok(answer) => {

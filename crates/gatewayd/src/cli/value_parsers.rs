@@ -33,6 +33,16 @@ pub fn parse_spill_order(s: &str) -> Result<SpillOrder, String> {
         .map_err(|e: bch_core::policy::PolicyError| e.to_string())
 }
 
+/// A `URL=MODEL` pair for clap (`explain --serves`): a worker URL and one model it serves.
+pub fn parse_serves(s: &str) -> Result<(String, String), String> {
+    match s.rsplit_once('=') {
+        Some((url, model)) if !url.is_empty() && !model.is_empty() => {
+            Ok((url.to_owned(), model.to_owned()))
+        }
+        _ => Err(format!("expected URL=MODEL, got {s:?}")),
+    }
+}
+
 /// A `URL=N` pair for clap (`explain --load` and its kin): a worker URL and a request count.
 pub fn parse_load(s: &str) -> Result<(String, u64), String> {
     let (url, n) = s

@@ -370,3 +370,60 @@ fn explain_batch_lines_say_what_a_request_waits_for() {
         json!({"worker": null, "branch": "fleet_full", "wait": "for_any_worker"})
     );
 }
+
+/// `--serves URL=MODEL` and `--model`: the answer is a one-model fleet's over the workers that
+/// serve the model (the other model's heavy load does not count in the bound), names the model,
+/// and a fleet with models but no `--model`, or a model no worker serves, is refused with exit 1.
+#[test]
+fn explain_decides_in_the_model_pool() {
+    let run = |args: &[&str]| {
+        let mut command = gatewayd();
+        command.arg("explain");
+        for w in ["http://a:1", "http://b:1", "http://c:1", "http://d:1"] {
+            command.args(["--worker", w]);
+        }
+        command.args(["--routing-key", "k"]).args(args);
+        command.output().unwrap()
+    };
+    let serves = [
+        "--serves",
+        "http://a:1=m1",
+        "--serves",
+        "http://b:1=m1",
+        "--serves",
+        "http://c:1=m2",
+        "--serves",
+        "http://d:1=m2",
+        "--load",
+        "http://a:1=40",
+        "--load",
+        "http://b:1=40",
+    ];
+    let output = run(&[&serves[..], &["--model", "m2"]].concat());
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let answer: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(answer["model"], "m2", "{answer}");
+    assert!(
+        ["http://c:1", "http://d:1"].contains(&answer["worker"].as_str().unwrap()),
+        "{answer}"
+    );
+    assert_eq!(answer["branch"], "explicit_routing_key_hit", "{answer}");
+    assert_eq!(
+        answer["bound"]["mean_load"], 0.0,
+        "m1's load is not m2's: {answer}"
+    );
+    let missing = run(&serves);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("model"),
+        "{}",
+        String::from_utf8_lossy(&missing.stderr)
+    );
+    let unknown = run(&[&serves[..], &["--model", "m3"]].concat());
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("m3"));
+}
