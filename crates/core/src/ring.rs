@@ -116,7 +116,7 @@ impl Ring {
     /// # Panics
     /// If `previous_ids` is not the list `self` was built from (its length differs), or if there
     /// are more than `u32::MAX` workers.
-    pub fn rebuilt<S: AsRef<str>, T: AsRef<str>>(
+    pub fn rebuilt<S: AsRef<str>, T: AsRef<str> + Sync>(
         &self,
         previous_ids: &[S],
         ring_ids: &[T],

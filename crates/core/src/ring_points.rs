@@ -122,46 +122,119 @@ pub(crate) fn push_decimal(out: &mut String, mut n: u32) {
 
 /// Sorts `points` by position, equal positions by `ring_id` of their owners: the ring's order.
 ///
-/// Large inputs are bucket-sorted: one counting pass and one scatter on the top bits of the
-/// position (about four points a bucket), then each bucket sorted with the full order. Every point
-/// of a bucket shares those top bits, so sorting within buckets sorts the whole. Any distribution
-/// of positions comes out right; uniform ones (hashes) come out fast, in two linear passes instead
-/// of a comparison sort's twenty-odd over 1.5 million points.
-pub(crate) fn sort_points<'a>(points: &mut Vec<(u64, u32)>, ring_id: impl Fn(u32) -> &'a str) {
-    let order = |a: &(u64, u32), b: &(u64, u32)| {
-        a.0.cmp(&b.0).then_with(|| ring_id(a.1).cmp(ring_id(b.1)))
-    };
+/// Large inputs are bucket-sorted in two levels on the positions' top bits, which hashes spread
+/// uniformly: first into 256 buckets on the top 8 bits (256 sequential write streams, which the
+/// caches take, where one scatter into a million buckets misses on nearly every write), then each
+/// bucket, now small enough to stay in cache, into buckets of about four points on its next bits,
+/// each sorted with the full order. Every point of a bucket shares its top bits, so sorting within
+/// buckets sorts the whole; any distribution of positions comes out right, uniform ones (hashes)
+/// fast. The second level is split over the threads [`set_build_threads`] allows.
+pub(crate) fn sort_points<'a>(
+    points: &mut Vec<(u64, u32)>,
+    ring_id: impl Fn(u32) -> &'a str + Sync,
+) {
     /// Below this a comparison sort is as fast and needs no second buffer.
     const BUCKET_SORT_FROM: usize = 4_096;
     if points.len() < BUCKET_SORT_FROM {
-        points.sort_unstable_by(order);
+        points.sort_unstable_by(|a, b| in_ring_order(a, b, &ring_id));
         return;
     }
-    // About four points a bucket: 2^bits buckets with bits = floor(log2(n / 4)).
-    let bits = (points.len() / 4).ilog2().min(24);
-    let shift = 64 - bits;
-    let bucket = |position: u64| (position >> shift) as usize;
+    let mut sorted = vec![(0u64, 0u32); points.len()];
+    let starts = scatter(points, &mut sorted, 56, 8);
+    let threads = BUILD_THREADS
+        .load(Ordering::Relaxed)
+        .min(points.len() / POINTS_PER_THREAD_AT_LEAST)
+        .max(1);
+    let ring_id = &ring_id;
+    if threads == 1 {
+        let mut scratch = Vec::new();
+        for bucket in starts.windows(2) {
+            sort_bucket(&mut sorted[bucket[0]..bucket[1]], &mut scratch, ring_id);
+        }
+    } else {
+        // The 256 top-level buckets cut into consecutive runs of about one thread's share of the
+        // points; `cuts` are the buckets where runs start, then the end.
+        let share = points.len().div_ceil(threads);
+        let mut cuts = vec![0usize];
+        for bucket in 1..starts.len() - 1 {
+            if starts[bucket] - starts[cuts[cuts.len() - 1]] >= share {
+                cuts.push(bucket);
+            }
+        }
+        cuts.push(starts.len() - 1);
+        let starts = &starts;
+        std::thread::scope(|scope| {
+            let mut rest = sorted.as_mut_slice();
+            for run in cuts.windows(2) {
+                let (first, end) = (run[0], run[1]);
+                let offset = starts[first];
+                let (mine, after) = rest.split_at_mut(starts[end] - offset);
+                rest = after;
+                scope.spawn(move || {
+                    let mut scratch = Vec::new();
+                    for bucket in starts[first..=end].windows(2) {
+                        let within = &mut mine[bucket[0] - offset..bucket[1] - offset];
+                        sort_bucket(within, &mut scratch, ring_id);
+                    }
+                });
+            }
+        });
+    }
+    *points = sorted;
+}
+
+/// The ring's order: position, then the owners' ring ids.
+fn in_ring_order<'a>(
+    a: &(u64, u32),
+    b: &(u64, u32),
+    ring_id: &impl Fn(u32) -> &'a str,
+) -> std::cmp::Ordering {
+    a.0.cmp(&b.0).then_with(|| ring_id(a.1).cmp(ring_id(b.1)))
+}
+
+/// Scatters `from` into `to` (same length) by the `bits` bits of the position below `shift`
+/// (`(position >> shift) & mask`), keeping the order within a bucket; returns the buckets'
+/// boundaries in `to`: bucket `b` is `to[starts[b]..starts[b + 1]]`.
+fn scatter(from: &[(u64, u32)], to: &mut [(u64, u32)], shift: u32, bits: u32) -> Vec<usize> {
+    let mask = (1u64 << bits) - 1;
+    let bucket = |position: u64| ((position >> shift) & mask) as usize;
     let mut starts = vec![0usize; (1 << bits) + 1];
-    for &(position, _) in points.iter() {
+    for &(position, _) in from {
         starts[bucket(position) + 1] += 1;
     }
     for i in 1..starts.len() {
         starts[i] += starts[i - 1];
     }
     let mut next = starts.clone();
-    let mut sorted = vec![(0u64, 0u32); points.len()];
-    for &point in points.iter() {
+    for &point in from {
         let slot = &mut next[bucket(point.0)];
-        sorted[*slot] = point;
+        to[*slot] = point;
         *slot += 1;
     }
-    for window in starts.windows(2) {
-        let within = &mut sorted[window[0]..window[1]];
+    starts
+}
+
+/// Sorts one top-level bucket (its points share the top 8 bits): into buckets of about four
+/// points on the following bits, each then sorted in ring order. `scratch` is reused.
+fn sort_bucket<'a>(
+    points: &mut [(u64, u32)],
+    scratch: &mut Vec<(u64, u32)>,
+    ring_id: &impl Fn(u32) -> &'a str,
+) {
+    if points.len() < 64 {
+        points.sort_unstable_by(|a, b| in_ring_order(a, b, ring_id));
+        return;
+    }
+    let bits = (points.len() / 4).ilog2().min(16);
+    scratch.clear();
+    scratch.extend_from_slice(points);
+    let starts = scatter(scratch, points, 56 - bits, bits);
+    for bucket in starts.windows(2) {
+        let within = &mut points[bucket[0]..bucket[1]];
         if within.len() > 1 {
-            within.sort_unstable_by(order);
+            within.sort_unstable_by(|a, b| in_ring_order(a, b, ring_id));
         }
     }
-    *points = sorted;
 }
 
 #[cfg(test)]
@@ -208,7 +281,7 @@ mod tests {
     fn bucket_sort_orders_any_distribution_with_ties_by_ring_id() {
         // Clustered positions (all in a few buckets), duplicates, and the extremes.
         let ids = ["b", "a", "c"];
-        let mut points: Vec<(u64, u32)> = (0..10_000u64)
+        let mut points: Vec<(u64, u32)> = (0..70_000u64)
             .map(|i| ((i % 7) << 60 | (i * 31) % 1000, (i % 3) as u32))
             .chain([(u64::MAX, 2), (u64::MAX, 1), (0, 0), (0, 1)])
             .collect();
@@ -217,6 +290,13 @@ mod tests {
             a.0.cmp(&b.0)
                 .then_with(|| ids[a.1 as usize].cmp(ids[b.1 as usize]))
         });
+        for threads in [1, 2, 5] {
+            set_build_threads(threads);
+            let mut sorted = points.clone();
+            sort_points(&mut sorted, |i| ids[i as usize]);
+            assert_eq!(sorted, expected, "{threads} threads");
+        }
+        set_build_threads(1);
         sort_points(&mut points, |i| ids[i as usize]);
         // Same ring id and position: equal elements, whose order cannot be told apart.
         assert_eq!(points, expected);
