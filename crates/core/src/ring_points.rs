@@ -266,7 +266,9 @@ mod tests {
 
     #[test]
     fn threaded_hashing_and_bucket_sort_equal_the_plain_build() {
-        let ids: Vec<String> = (0..700).map(|i| format!("http://10.0.{i}.1:8000")).collect();
+        let ids: Vec<String> = (0..700)
+            .map(|i| format!("http://10.0.{i}.1:8000"))
+            .collect();
         let expected = plain(&ids, 150);
         for threads in [1, 2, 3, 8] {
             set_build_threads(threads);
