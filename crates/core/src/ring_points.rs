@@ -284,7 +284,7 @@ mod tests {
         // Clustered positions (all in a few buckets), duplicates, and the extremes.
         let ids = ["b", "a", "c"];
         let mut points: Vec<(u64, u32)> = (0..70_000u64)
-            .map(|i| ((i % 7) << 60 | (i * 31) % 1000, (i % 3) as u32))
+            .map(|i| (((i % 7) << 60) | ((i * 31) % 1000), (i % 3) as u32))
             .chain([(u64::MAX, 2), (u64::MAX, 1), (0, 0), (0, 1)])
             .collect();
         let mut expected = points.clone();
