@@ -101,7 +101,10 @@ def median(values):
 
 
 def step_startup(run):
-    """Start-up time (launch to `/readiness` 200) at 16 and at `--workers` static workers."""
+    """Start-up time at 16 and at `--workers` static workers: launch to the data plane's first
+    `/readiness` 200, i.e. until the data plane would route a request to a worker (configuration
+    read and checked, ring and table built, listeners answering). Workers start healthy and need
+    not be live; the first probe round runs after, in the background, and is not counted."""
     for count in (16, run.args.workers):
         times = []
         for _ in range(run.args.repeats):

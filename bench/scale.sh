@@ -35,8 +35,11 @@ while [[ $# -gt 0 ]]; do
   shift
 done
 
-# One worker is one socket at most (a probe); the fleet needs more descriptors than the default.
-ulimit -n "$(( WORKERS * 2 > 20000 ? 20000 : WORKERS * 2 ))" 2>/dev/null || log "could not raise the fd limit"
+# One worker is one socket at most (a probe); the fleet needs more descriptors than the usual soft
+# limit of 1,024. Raise the soft limit to the hard one (gatewayd also does so itself at start, but
+# this script's own sockets and any tool it runs need it too), and say what it is.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || log "could not raise the fd soft limit to the hard limit"
+log "fd limit $(ulimit -n) (hard $(ulimit -Hn))"
 log "building gatewayd ($PROFILE)"
 cargo build --quiet --profile "$PROFILE" -p gatewayd
 DIR=$([[ $PROFILE == dev ]] && echo debug || echo "$PROFILE")

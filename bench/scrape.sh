@@ -52,7 +52,11 @@ cargo build --quiet --profile "$PROFILE" -p gatewayd --bin gatewayd
 BIN=$(bench_target_dir)/$([[ $PROFILE == dev ]] && echo debug || echo "$PROFILE")
 bench_workdir
 
-# Two descriptors a worker in the server (listener, connection): one process per 4,000 workers.
+# Two descriptors a worker in the server (listener, connection): one process per 4,000 workers,
+# which is over the usual soft limit of 1,024 (the 10,000-worker run failed with EMFILE in accept):
+# raise the soft limit to the hard one for every process started here. gatewayd raises its own.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || log "could not raise the fd soft limit to the hard limit"
+log "fd limit $(ulimit -n) (hard $(ulimit -Hn))"
 : >"$WORK/ports"
 for ((left = WORKERS; left > 0; left -= 4000)); do
   "${LOAD_RUN[@]}" python3 bench/metrics_server.py --count $((left < 4000 ? left : 4000)) --body "$BODY" >>"$WORK/ports" &

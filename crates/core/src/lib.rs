@@ -46,6 +46,7 @@ pub mod policy;
 pub mod recording;
 pub mod request_body;
 pub mod ring;
+mod ring_points;
 pub mod router;
 pub mod routing_key;
 pub mod telemetry;

@@ -14,13 +14,8 @@
 
 use std::collections::HashMap;
 
-/// Ring position of `bytes`: BLAKE3 digest, first 8 bytes, little-endian.
-pub fn hash_position(bytes: &[u8]) -> u64 {
-    let digest = blake3::hash(bytes);
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest.as_bytes()[..8]);
-    u64::from_le_bytes(first)
-}
+use crate::ring_points::{hash_points, push_points, sort_points};
+pub use crate::ring_points::{hash_position, set_build_threads};
 
 /// MurmurHash3's 64-bit finaliser: a bijection that spreads every input bit over the output, so
 /// scores of nearby inputs look unrelated.
@@ -81,36 +76,23 @@ impl RingArc {
 
 impl Ring {
     /// Builds the ring for `ring_ids` (each worker's URL as configured, or its `ring_id`), with
-    /// `virtual_nodes` points each. Cost: `ring_ids.len() × virtual_nodes` BLAKE3 hashes plus a
-    /// sort; about 1 ms for 64 workers × 150 points.
+    /// `virtual_nodes` points each. Cost: `ring_ids.len() × virtual_nodes` BLAKE3 hashes, spread
+    /// over the threads [`set_build_threads`] allows, plus a linear-time bucket sort; about 1 ms
+    /// for 64 workers × 150 points.
     ///
-    /// Placement does not depend on the order of `ring_ids`: points are sorted by position, and the
-    /// (astronomically unlikely) equal positions are ordered by ring id.
+    /// Placement does not depend on the order of `ring_ids` nor on the threads: points are sorted
+    /// by position, and the (astronomically unlikely) equal positions are ordered by ring id.
     ///
     /// # Panics
-    /// If there are more than `u32::MAX` workers.
-    pub fn build<S: AsRef<str>>(ring_ids: &[S], virtual_nodes: u32) -> Ring {
+    /// If there are more than `u32::MAX` workers or ring points.
+    pub fn build<S: AsRef<str> + Sync>(ring_ids: &[S], virtual_nodes: u32) -> Ring {
         assert!(u32::try_from(ring_ids.len()).is_ok(), "too many workers");
-        let mut points: Vec<(u64, u32)> =
-            Vec::with_capacity(ring_ids.len() * virtual_nodes as usize);
-        let mut label = String::new();
-        for (index, id) in ring_ids.iter().enumerate() {
-            push_points(
-                &mut points,
-                &mut label,
-                id.as_ref(),
-                index as u32,
-                virtual_nodes,
-            );
-        }
-        points.sort_unstable_by(|a, b| {
-            a.0.cmp(&b.0).then_with(|| {
-                ring_ids[a.1 as usize]
-                    .as_ref()
-                    .cmp(ring_ids[b.1 as usize].as_ref())
-            })
-        });
-        assert!(u32::try_from(points.len()).is_ok(), "too many ring points");
+        assert!(
+            u32::try_from(ring_ids.len() * virtual_nodes as usize).is_ok(),
+            "too many ring points"
+        );
+        let mut points = hash_points(ring_ids, virtual_nodes);
+        sort_points(&mut points, |index| ring_ids[index as usize].as_ref());
         let seeds = ring_ids
             .iter()
             .map(|id| hash_position(id.as_ref().as_bytes()))
@@ -134,7 +116,7 @@ impl Ring {
     /// # Panics
     /// If `previous_ids` is not the list `self` was built from (its length differs), or if there
     /// are more than `u32::MAX` workers.
-    pub fn rebuilt<S: AsRef<str>, T: AsRef<str>>(
+    pub fn rebuilt<S: AsRef<str>, T: AsRef<str> + Sync>(
         &self,
         previous_ids: &[S],
         ring_ids: &[T],
@@ -185,8 +167,7 @@ impl Ring {
         // The order `build` sorts by: position, then ring id (renumbering keeps the kept points'
         // order, since neither key depends on the index).
         let before = |a: (u64, u32), b: (u64, u32)| (a.0, ring_id(a.1)) < (b.0, ring_id(b.1));
-        joining
-            .sort_unstable_by(|&a, &b| a.0.cmp(&b.0).then_with(|| ring_id(a.1).cmp(ring_id(b.1))));
+        sort_points(&mut joining, ring_id);
         let total = self.positions.len() - self.dropped_points(&renumber) + joining.len();
         assert!(u32::try_from(total).is_ok(), "too many ring points");
         let mut positions = Vec::with_capacity(total);
@@ -492,54 +473,9 @@ impl Ring {
     }
 }
 
-/// Appends worker `index`'s `virtual_nodes` points (position, owner) to `points`, labelled
-/// `<ring_id>#<i>`; `label` is scratch space reused across workers.
-fn push_points(
-    points: &mut Vec<(u64, u32)>,
-    label: &mut String,
-    ring_id: &str,
-    index: u32,
-    virtual_nodes: u32,
-) {
-    for node in 0..virtual_nodes {
-        label.clear();
-        label.push_str(ring_id);
-        label.push('#');
-        push_decimal(label, node);
-        points.push((hash_position(label.as_bytes()), index));
-    }
-}
-
-/// Appends `n` in decimal without going through `fmt` (ring builds hash millions of labels in
-/// benchmarks and property tests).
-fn push_decimal(out: &mut String, mut n: u32) {
-    let mut digits = [0u8; 10];
-    let mut len = 0;
-    loop {
-        digits[len] = b'0' + (n % 10) as u8;
-        len += 1;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for &d in digits[..len].iter().rev() {
-        out.push(d as char);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn decimal_labels_match_format() {
-        for n in [0, 7, 10, 149, 150, 9999, u32::MAX] {
-            let mut s = String::new();
-            push_decimal(&mut s, n);
-            assert_eq!(s, n.to_string());
-        }
-    }
 
     #[test]
     fn empty_ring_has_no_owner() {

@@ -17,6 +17,7 @@ mod options;
 #[doc(hidden)]
 pub mod picker_harness;
 mod prepare;
+mod process;
 mod routing_parts;
 mod signals;
 pub mod terminal;
@@ -126,6 +127,7 @@ impl RunningGateway {
 
 /// Starts a gateway: see the module documentation.
 pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> {
+    process::take_machine();
     let prepared = prepare(options)?;
     let listeners = Listeners::bind(&prepared.config).await?;
     let shutdown = CancellationToken::new();

@@ -42,13 +42,15 @@ pub struct Findings {
 
 /// Runs every start-up check that needs no socket on `options` and reports all it found.
 pub fn check(options: &StartOptions) -> Findings {
+    check_with_members(options).0
+}
+
+/// [`check`], and the worker list's members that passed, which start-up goes on with.
+fn check_with_members(options: &StartOptions) -> (Findings, Vec<Member>) {
     let base = options.effective_unvalidated();
     let path = options.origin.path.as_deref();
-    let mut errors: Vec<String> = base
-        .problems(path)
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+    let (problems, members) = base.problems_and_members(path);
+    let mut errors: Vec<String> = problems.iter().map(ToString::to_string).collect();
     if let Err(error) = admin_token(&base) {
         errors.push(error.to_string());
     }
@@ -83,18 +85,19 @@ pub fn check(options: &StartOptions) -> Findings {
         );
     }
     let config = errors.is_empty().then_some(base);
-    Findings {
+    let findings = Findings {
         errors,
         warnings,
         config,
         start_up_warnings,
-    }
+    };
+    (findings, members)
 }
 
 /// Every start-up check that needs no socket (see [`check`]); all problems at once in
 /// [`StartError::Invalid`].
 pub(super) fn prepare(options: StartOptions) -> Result<Prepared, StartError> {
-    let findings = check(&options);
+    let (findings, members) = check_with_members(&options);
     let Some(config) = findings.config else {
         return Err(StartError::Invalid(findings.errors));
     };
@@ -104,7 +107,6 @@ pub(super) fn prepare(options: StartOptions) -> Result<Prepared, StartError> {
         tracing::warn!("{warning}");
     }
     let tls = ListenerTlsParts::new(&config).map_err(|e| StartError::Tls(e.to_string()))?;
-    let members = config.members()?;
     let token = admin_token(&config)?;
     let metrics_token = config
         .server

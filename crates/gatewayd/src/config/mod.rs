@@ -224,6 +224,15 @@ impl Config {
     /// Every problem of this configuration, section by section, each naming its field (and
     /// `path`, the file it came from, when given): an operator fixes them all in one pass.
     pub fn problems(&self, path: Option<&Path>) -> Vec<ConfigError> {
+        self.problems_and_members(path).0
+    }
+
+    /// [`Config::problems`] and the members of the worker list that passed (with no problem,
+    /// what [`Config::members`] returns): start-up parses 10,000 workers once, not twice.
+    pub(crate) fn problems_and_members(
+        &self,
+        path: Option<&Path>,
+    ) -> (Vec<ConfigError>, Vec<Member>) {
         let mut problems: Vec<FieldError> = Vec::new();
         let mut section = |name: &str, found: Vec<FieldError>| {
             problems.extend(found.into_iter().map(|e| e.within(name)));
@@ -269,26 +278,26 @@ impl Config {
                 "false needs [picker] listen: there would be nothing to serve",
             ));
         }
-        let (_, worker_problems) = self.collect_members();
+        let (members, worker_problems) = self.collect_members();
         problems.extend(worker_problems);
         // Every worker the picker could not name, under its index in the file (one that is
-        // invalid already was reported above).
-        let parsed: Vec<(usize, Member)> = self
-            .workers
-            .iter()
-            .enumerate()
-            .filter_map(|(index, worker)| Some((index, worker.member().ok()?)))
-            .collect();
-        problems.extend(self.picker_worker_problems(parsed.iter().map(|(i, m)| (*i, m))));
+        // invalid already was reported above). Only with the picker on: a second parse of every
+        // worker is a noticeable part of starting a large fleet.
+        if self.picker.listen.is_some() {
+            let parsed: Vec<(usize, Member)> = (self.workers.iter().enumerate())
+                .filter_map(|(index, worker)| Some((index, worker.member().ok()?)))
+                .collect();
+            problems.extend(self.picker_worker_problems(parsed.iter().map(|(i, m)| (*i, m))));
+        }
         problems.extend(self.discovery_problems());
         problems.extend(self.model_problems());
-        problems
-            .into_iter()
+        let problems = (problems.into_iter())
             .map(|error| ConfigError::Invalid {
                 path: path.map(Path::to_owned),
                 error,
             })
-            .collect()
+            .collect();
+        (problems, members)
     }
 
     /// Every problem of the `[[discovery]]` entries (each entry's fields, a name discovered
