@@ -24,6 +24,8 @@
 //! URL once per membership generation, never per request.
 
 pub mod body;
+#[allow(dead_code, reason = "the response relay that uses it comes next")]
+pub mod chunked;
 pub mod pool;
 pub mod tls;
 
