@@ -19,7 +19,7 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, ReadBuf};
 
-use super::chunked::{ChunkedDecoder, ChunkedError};
+use super::chunked::{ChunkedDecoder, ChunkedError, Malformed};
 use super::exchange::ResponseFraming;
 use super::pool::UpstreamConnection;
 
@@ -55,6 +55,8 @@ pub struct ResponseBody {
     head_rest: Option<BytesMut>,
     /// The worker lets the connection serve another request after this response.
     keep_alive: bool,
+    /// A malformation found behind data that was handed on first; returned by the next poll.
+    broken: Option<RelayError>,
 }
 
 impl ResponseBody {
@@ -74,6 +76,7 @@ impl ResponseBody {
             },
             head_rest: (!head_rest.is_empty()).then_some(head_rest),
             keep_alive,
+            broken: None,
         };
         if matches!(body.framing, Framing::Length(0)) {
             // Bytes after an empty body are not the next response's: no reuse.
@@ -118,7 +121,15 @@ impl ResponseBody {
                 Ok((&bytes[..take], ended))
             }
             Framing::Chunked(decoder) => {
-                let decoded = decoder.decode_in_place(bytes)?;
+                let decoded = match decoder.decode_in_place(bytes) {
+                    Ok(decoded) => decoded,
+                    Err(Malformed { error, data: 0 }) => return Err(error.into()),
+                    Err(Malformed { error, data }) => {
+                        // The data before the bad byte is as good as ever: it goes on first.
+                        self.broken = Some(error.into());
+                        return Ok((&bytes[..data], false));
+                    }
+                };
                 let ended = decoder.is_done();
                 if ended {
                     // Trailers are checked, then dropped: hyper's server never forwarded them
@@ -155,6 +166,9 @@ impl Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
         let this = self.get_mut();
+        if let Some(error) = this.broken.take() {
+            return Poll::Ready(Some(Err(this.fail(error))));
+        }
         if let Some(mut rest) = this.head_rest.take() {
             let (data, _) = match this.take(&mut rest) {
                 Ok(taken) => taken,
@@ -164,6 +178,9 @@ impl Body for ResponseBody {
                 let data = data.len();
                 rest.truncate(data);
                 return Poll::Ready(Some(Ok(Frame::data(rest.freeze()))));
+            }
+            if let Some(error) = this.broken.take() {
+                return Poll::Ready(Some(Err(this.fail(error))));
             }
         }
         loop {

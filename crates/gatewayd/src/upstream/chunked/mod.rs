@@ -98,6 +98,16 @@ pub struct Decoded {
     pub consumed: usize,
 }
 
+/// A malformation found by [`ChunkedDecoder::decode_in_place`], and the data decoded before it
+/// (at the buffer's front), which is as valid as it was before the bad byte arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Malformed {
+    /// What is wrong.
+    pub error: ChunkedError,
+    /// The buffer's first `data` bytes are the chunk data before the malformation.
+    pub data: usize,
+}
+
 /// The state of one chunked body between reads.
 #[derive(Debug, Clone)]
 pub struct ChunkedDecoder {
@@ -140,8 +150,8 @@ impl ChunkedDecoder {
 
     /// Decodes the next bytes of the body, in place: the chunk data among `buffer`'s bytes moves
     /// to its front (see [`Decoded`]). Stops at the body's end; an error means the body is
-    /// malformed and nothing after it may be relayed.
-    pub fn decode_in_place(&mut self, buffer: &mut [u8]) -> Result<Decoded, ChunkedError> {
+    /// malformed and nothing after the data before it may be relayed.
+    pub fn decode_in_place(&mut self, buffer: &mut [u8]) -> Result<Decoded, Malformed> {
         let mut read = 0;
         let mut written = 0;
         while read < buffer.len() && self.state != State::End {
@@ -157,7 +167,10 @@ impl ChunkedDecoder {
                 }
                 continue;
             }
-            self.state = self.step(buffer[read])?;
+            self.state = self.step(buffer[read]).map_err(|error| Malformed {
+                error,
+                data: written,
+            })?;
             read += 1;
         }
         Ok(Decoded {

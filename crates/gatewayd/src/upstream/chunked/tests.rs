@@ -77,7 +77,9 @@ fn decode_in_pieces(
     for cut in cuts {
         let mut piece = input[from..cut].to_vec();
         from = cut;
-        let decoded = decoder.decode_in_place(&mut piece)?;
+        let decoded = decoder
+            .decode_in_place(&mut piece)
+            .map_err(|malformed| malformed.error)?;
         data.extend_from_slice(&piece[..decoded.data]);
         consumed += decoded.consumed;
         if decoder.is_done() {
@@ -345,4 +347,12 @@ fn a_burst_of_chunks_becomes_one_run_of_data() {
     assert!(decoder.is_done());
     assert_eq!(decoder.at_end_of_input(), None);
     assert_eq!(decoder.take_trailers(), Ok(None));
+
+    // A malformation behind good chunks: their data is reported with the error.
+    let mut buffer = b"5\r\nhello\r\n5\r\nworld\r\nzz".to_vec();
+    let malformed = ChunkedDecoder::new()
+        .decode_in_place(&mut buffer)
+        .unwrap_err();
+    assert_eq!(malformed.error, ChunkedError::MissingSizeDigit);
+    assert_eq!(&buffer[..malformed.data], b"helloworld");
 }
