@@ -1,22 +1,34 @@
 //! Connections to workers: per-worker pools of HTTP/1.1 keep-alive connections, each driven by
-//! the task of the request that uses it.
+//! the task of the request that uses it, speaking HTTP/1.1 through the gateway's own small
+//! exchange instead of a hyper client connection.
 //!
-//! hyper-util's pooled client runs every upstream connection in a task of its own and hands each
-//! response frame to the client's task through a one-slot channel, so every SSE event crossed
-//! tasks twice (a wake-up each way). A profile put that handoff at about 1.1 µs per event, the
-//! largest remaining cost of streaming (docs/benchmarks.md, "Before and after"). Here a connection is a
-//! plain [`hyper::client::conn::http1`] connection that the request's own task polls: while it
-//! waits for the response head ([`Upstreams::send`]) and then inside the response body
-//! ([`UpstreamConnection::drive`], called by the proxy's response body). A response moves from
-//! the worker's socket to the client's without leaving the task, and a held stream costs no
-//! task, channel or pool bookkeeping beyond its two sockets' buffers.
+//! hyper-util's pooled client ran every upstream connection in a task of its own and handed each
+//! response frame to the client's task through a one-slot channel (a wake-up each way per SSE
+//! event); a hyper `client::conn::http1` connection polled by the request's task removed the
+//! tasks, but its chunked decoder still read size lines a byte at a time, split a `Bytes` per
+//! chunk and passed each through its body channel: about a quarter of an SSE stream's
+//! instructions (docs/benchmarks.md). Now [`Upstreams::send`] writes the request itself
+//! ([`exchange`]: hyper's head and framing rules, the body streamed) and parses the response
+//! head with `httparse` under hyper's limits, and the response body ([`ResponseBody`], in
+//! [`relay`]) is read straight from the socket by the proxy's response body: what one read
+//! returned is one frame, a chunked body validated in place by [`chunked`]. A held stream costs
+//! its socket, its small parser state and nothing else: no task, channel, or read buffer between
+//! reads.
 //!
-//! A connection goes back to its worker's pool only when its response ended cleanly and hyper
-//! says it can take another request; anything else closes it. Idle connections are checked
-//! when taken (a closed one is dropped), retired after `upstream_idle_timeout_ms` (default
+//! Every response from a worker takes this path, and no hyper client path is kept beside it: the
+//! gateway alters only response heads (and appends `event: error` after a broken event stream's
+//! last data, which a relay can do), `1xx` heads are skipped as hyper skipped them, HTTP/1.0
+//! responses are relayed by length or up to the close, and a `101` is refused as an invalid
+//! response (a request to a worker never asks for an upgrade: `Upgrade` and `Connection` are
+//! hop-by-hop).
+//!
+//! A connection goes back to its worker's pool only when its request was written in full, its
+//! response ended cleanly with nothing after it, and the worker allows reuse (HTTP/1.1 without
+//! `Connection: close`, or HTTP/1.0 with `keep-alive`, as hyper decided); anything else closes
+//! it. Idle connections are checked when taken (one the worker closed, or that holds stray
+//! bytes, is dropped), retired after `upstream_idle_timeout_ms` (default
 //! [`crate::config::server::DEFAULT_UPSTREAM_IDLE_TIMEOUT`], below the workers' own idle timeout) and
-//! are capped at
-//! [`pool::MAX_IDLE_PER_WORKER`] per worker.
+//! are capped at [`pool::MAX_IDLE_PER_WORKER`] per worker.
 //!
 //! What the proxy needs to reach a worker — its parsed URL, the `Host` and `x-bch-worker` header
 //! values, its pool — is an [`Endpoint`], built when the worker joins the membership (the admin
@@ -273,7 +285,7 @@ impl Upstreams {
                 },
             };
             let method = request.method().clone();
-            connection.writer = Some(exchange::RequestWriter::new(request));
+            connection.writer = Some(Box::new(exchange::RequestWriter::new(request)));
             let mut head = BytesMut::new();
             let result = poll_fn(|cx| {
                 if let Some(writer) = &mut connection.writer {

@@ -22,8 +22,9 @@ pub const MAX_IDLE_PER_WORKER: usize = 1024;
 /// socket, which is how a cancelled request tells the worker to stop.
 pub struct UpstreamConnection {
     pub(super) io: WorkerStream,
-    /// The request still being written; `None` once it is all out.
-    pub(super) writer: Option<RequestWriter>,
+    /// The request still being written; `None` once it is all out (boxed: a held stream or an
+    /// idle connection keeps only the pointer's room).
+    pub(super) writer: Option<Box<RequestWriter>>,
     /// Cleared when something makes the connection unfit for another request (the request could
     /// not be written in full).
     pub(super) reusable: bool,
