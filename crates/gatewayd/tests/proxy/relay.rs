@@ -177,6 +177,7 @@ fn config_for(worker: &ScriptedWorker) -> Config {
         metrics_path: None,
         max_in_flight: None,
         server_name: None,
+        models: Vec::new(),
     }];
     config
 }
