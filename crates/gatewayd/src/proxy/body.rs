@@ -14,12 +14,11 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use tokio::time::Sleep;
 
 use crate::error::{display_chain, sse_stream_error_event};
 use crate::routing::Exchange;
-use crate::upstream::{BoxError, UpstreamConnection};
+use crate::upstream::{BoxError, RelayError, ResponseBody};
 
 /// Response bodies: a fixed gateway answer, or a worker's stream carrying the request's exchange.
 pub struct ProxyBody {
@@ -32,11 +31,10 @@ enum BodyKind {
 }
 
 struct StreamState {
-    inner: Incoming,
-    /// The worker connection `inner` comes from, driven here; `None` once released or closed.
-    upstream: Option<UpstreamConnection>,
+    /// The worker's body, read from its connection here.
+    inner: ResponseBody,
     /// A frame (trailers) or error met while gathering, returned by the next poll.
-    deferred: Option<Result<Frame<Bytes>, hyper::Error>>,
+    deferred: Option<Result<Frame<Bytes>, RelayError>>,
     /// The first frame, read before the response head was sent; returned by the first poll.
     prefetched: Option<Frame<Bytes>>,
     /// While the response head is still held back: a broken body keeps the exchange, so the
@@ -84,11 +82,10 @@ impl ProxyBody {
         }
     }
 
-    /// A worker's response body, streamed: `upstream` is driven from here, and `exchange` ends
-    /// with the body's last byte, an upstream error, the idle timeout or the client leaving.
+    /// A worker's response body, streamed: `inner` is read from here, and `exchange` ends with
+    /// the body's last byte, an upstream error, the idle timeout or the client leaving.
     pub fn stream(
-        inner: Incoming,
-        upstream: UpstreamConnection,
+        inner: ResponseBody,
         exchange: Exchange,
         event_stream: bool,
         idle_timeout: Duration,
@@ -96,7 +93,6 @@ impl ProxyBody {
         Self {
             kind: BodyKind::Stream(Box::new(StreamState {
                 inner,
-                upstream: Some(upstream),
                 deferred: None,
                 prefetched: None,
                 head_pending: false,
@@ -258,15 +254,11 @@ impl StreamState {
         }
     }
 
-    /// The worker's next frame. Its bytes come in through this task: drive the connection, then
-    /// take what it delivered to the body.
+    /// The worker's next frame: what the next read from its socket brought.
     fn poll_worker(
         &mut self,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        if let Some(upstream) = &mut self.upstream {
-            upstream.drive(cx);
-        }
+    ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
         Pin::new(&mut self.inner).poll_frame(cx)
     }
 
@@ -309,12 +301,9 @@ impl StreamState {
         merged.map_or(first, BytesMut::freeze)
     }
 
-    /// Ends a complete response: its worker connection goes back to the pool (if hyper can reuse
-    /// it) and the exchange ends.
+    /// Ends a complete response (its worker connection went back to the pool at the body's end,
+    /// if it can serve another request): the exchange ends.
     fn finish(&mut self) {
-        if let Some(upstream) = self.upstream.take() {
-            upstream.release();
-        }
         self.exchange = None;
     }
 
@@ -322,7 +311,7 @@ impl StreamState {
     /// stream from a finished one; other bodies end with an error, which aborts the connection.
     fn end_abnormally(&mut self, error: BoxError) -> Option<Result<Frame<Bytes>, BoxError>> {
         // Closes the worker connection: the worker sees the client is gone.
-        self.upstream = None;
+        self.inner.close();
         if self.head_pending {
             // `first_frame` takes the exchange to answer with a status.
             return Some(Err(error));

@@ -41,7 +41,7 @@ use crate::routing::exchange::Head;
 use crate::routing::request_id::REQUEST_ID_HEADER;
 use crate::routing::{Choice, Exchange, RouteBy, connect_failed, retry_on};
 use crate::server::ClientStall;
-use crate::upstream::{SendError, UpstreamBody, UpstreamConnection, client_fault};
+use crate::upstream::{ExchangeError, ResponseBody, SendError, UpstreamBody, client_fault};
 use request::{
     check_header_budget, client_refusal, point_at, refuse_early, strip_hop_by_hop, upstream_request,
 };
@@ -119,28 +119,12 @@ struct Routed {
     by: RouteBy,
 }
 
-/// A worker's answer: its response head (body unread) and the connection it came on.
+/// A worker's answer: its response head, its body (unread) relayed from the connection it came
+/// on.
 struct Answered {
-    response: Response<Incoming>,
-    connection: UpstreamConnection,
+    response: Response<ResponseBody>,
     worker_header: Option<HeaderValue>,
     branch: Branch,
-}
-
-impl Answered {
-    fn new(
-        response: Response<Incoming>,
-        connection: UpstreamConnection,
-        worker_header: Option<HeaderValue>,
-        branch: Branch,
-    ) -> Self {
-        Self {
-            response,
-            connection,
-            worker_header,
-            branch,
-        }
-    }
 }
 
 /// Refuses what may not be forwarded ([`refuse_early`]), reads the body's model and key when
@@ -224,11 +208,15 @@ async fn send_with_retry(
             });
         };
         match sent {
-            Ok((response, connection)) => {
+            Ok(response) => {
                 exchange.headers_arrived();
                 exchange.set_status(response.status());
                 let worker_header = target.worker_header.clone();
-                return Ok(Answered::new(response, connection, worker_header, branch));
+                return Ok(Answered {
+                    response,
+                    worker_header,
+                    branch,
+                });
             }
             Err(SendError::NotSent {
                 error,
@@ -261,7 +249,7 @@ fn failed_exchange(
     settings: &RuntimeSettings,
     exchange: &mut Exchange,
     worker: &str,
-    error: &hyper::Error,
+    error: &ExchangeError,
 ) -> GatewayError {
     if let Some(fault) = client_fault(error) {
         return client_refusal(settings, fault);
@@ -269,7 +257,7 @@ fn failed_exchange(
     exchange.record_error();
     let reason = display_chain(error);
     if error.is_parse() {
-        // Not HTTP: a garbage status line, a head over hyper's limits, conflicting lengths.
+        // Not HTTP: a garbage status line, a head over the limits, conflicting lengths.
         tracing::warn!(%worker, %reason, "worker sent an invalid response");
         return GatewayError::WorkerBadResponse {
             worker: worker.to_owned(),
@@ -339,7 +327,6 @@ async fn respond(
 ) -> Response<ProxyBody> {
     let Answered {
         response,
-        connection,
         worker_header,
         branch,
     } = answered;
@@ -361,8 +348,7 @@ async fn respond(
     }
     if body.is_end_stream() {
         // No body (204, 304, `Content-Length: 0`): hyper will not poll one, so the exchange ends
-        // here and the connection can serve the next request.
-        connection.release();
+        // here (the connection went back to its pool when the head was read).
         drop(exchange);
         return Response::from_parts(parts, ProxyBody::empty());
     }
@@ -374,13 +360,7 @@ async fn respond(
             .headers
             .get(header::CONTENT_TYPE)
             .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-    let mut body = ProxyBody::stream(
-        body,
-        connection,
-        exchange,
-        event_stream,
-        settings.stream_idle_timeout,
-    );
+    let mut body = ProxyBody::stream(body, exchange, event_stream, settings.stream_idle_timeout);
     if !event_stream && let Err(exchange) = body.first_frame().await {
         let worker = exchange.worker_name().unwrap_or("-").to_owned();
         return refuse(exchange, &GatewayError::UpstreamBodyBroken(worker));

@@ -1,22 +1,34 @@
 //! Connections to workers: per-worker pools of HTTP/1.1 keep-alive connections, each driven by
-//! the task of the request that uses it.
+//! the task of the request that uses it, speaking HTTP/1.1 through the gateway's own small
+//! exchange instead of a hyper client connection.
 //!
-//! hyper-util's pooled client runs every upstream connection in a task of its own and hands each
-//! response frame to the client's task through a one-slot channel, so every SSE event crossed
-//! tasks twice (a wake-up each way). A profile put that handoff at about 1.1 µs per event, the
-//! largest remaining cost of streaming (docs/benchmarks.md, "Before and after"). Here a connection is a
-//! plain [`hyper::client::conn::http1`] connection that the request's own task polls: while it
-//! waits for the response head ([`Upstreams::send`]) and then inside the response body
-//! ([`UpstreamConnection::drive`], called by the proxy's response body). A response moves from
-//! the worker's socket to the client's without leaving the task, and a held stream costs no
-//! task, channel or pool bookkeeping beyond its two sockets' buffers.
+//! hyper-util's pooled client ran every upstream connection in a task of its own and handed each
+//! response frame to the client's task through a one-slot channel (a wake-up each way per SSE
+//! event); a hyper `client::conn::http1` connection polled by the request's task removed the
+//! tasks, but its chunked decoder still read size lines a byte at a time, split a `Bytes` per
+//! chunk and passed each through its body channel: about a quarter of an SSE stream's
+//! instructions (docs/benchmarks.md). Now [`Upstreams::send`] writes the request itself
+//! ([`exchange`]: hyper's head and framing rules, the body streamed) and parses the response
+//! head with `httparse` under hyper's limits, and the response body ([`ResponseBody`], in
+//! [`relay`]) is read straight from the socket by the proxy's response body: what one read
+//! returned is one frame, a chunked body validated in place by [`chunked`]. A held stream costs
+//! its socket, its small parser state and nothing else: no task, channel, or read buffer between
+//! reads.
 //!
-//! A connection goes back to its worker's pool only when its response ended cleanly and hyper
-//! says it can take another request; anything else closes it. Idle connections are checked
-//! when taken (a closed one is dropped), retired after `upstream_idle_timeout_ms` (default
+//! Every response from a worker takes this path, and no hyper client path is kept beside it: the
+//! gateway alters only response heads (and appends `event: error` after a broken event stream's
+//! last data, which a relay can do), `1xx` heads are skipped as hyper skipped them, HTTP/1.0
+//! responses are relayed by length or up to the close, and a `101` is refused as an invalid
+//! response (a request to a worker never asks for an upgrade: `Upgrade` and `Connection` are
+//! hop-by-hop).
+//!
+//! A connection goes back to its worker's pool only when its request was written in full, its
+//! response ended cleanly with nothing after it, and the worker allows reuse (HTTP/1.1 without
+//! `Connection: close`, or HTTP/1.0 with `keep-alive`, as hyper decided); anything else closes
+//! it. Idle connections are checked when taken (one the worker closed, or that holds stray
+//! bytes, is dropped), retired after `upstream_idle_timeout_ms` (default
 //! [`crate::config::server::DEFAULT_UPSTREAM_IDLE_TIMEOUT`], below the workers' own idle timeout) and
-//! are capped at
-//! [`pool::MAX_IDLE_PER_WORKER`] per worker.
+//! are capped at [`pool::MAX_IDLE_PER_WORKER`] per worker.
 //!
 //! What the proxy needs to reach a worker — its parsed URL, the `Host` and `x-bch-worker` header
 //! values, its pool — is an [`Endpoint`], built when the worker joins the membership (the admin
@@ -24,32 +36,36 @@
 //! URL once per membership generation, never per request.
 
 pub mod body;
+pub mod chunked;
+pub mod exchange;
 pub mod pool;
+pub mod relay;
 pub mod tls;
 
 use std::collections::HashMap;
 use std::future::poll_fn;
-use std::pin::pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bch_core::generation_cache::{GenerationCache, PerGeneration};
 use bch_core::router::{RoutingTable, WorkerSpec};
+use bytes::BytesMut;
 use http::header::HeaderValue;
 use http::{Request, Response, Uri};
-use hyper::body::Incoming;
-use hyper::client::conn::http1;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioIo;
 use rustls_pki_types::ServerName;
 
 pub use body::{BoxError, ClientBodyError, UpstreamBody, client_fault};
+pub use exchange::ExchangeError;
 pub use pool::{UpstreamConnection, WorkerPool};
+pub use relay::{RelayError, ResponseBody};
 pub use tls::{TlsProblem, WorkerTls, tls_problem};
 
 use crate::config::{Member, WorkerUrl};
 use crate::per_worker::WorkerKey;
+use exchange::WriteError;
 
 /// Why a request could not be sent to a worker.
 pub enum SendError {
@@ -64,7 +80,7 @@ pub enum SendError {
         request: Box<Request<UpstreamBody>>,
     },
     /// The request was (at least partly) written and the exchange failed before a response head.
-    Failed(hyper::Error),
+    Failed(ExchangeError),
 }
 
 /// One worker as the proxy reaches it: everything derived from its name and URL, built once when
@@ -141,7 +157,6 @@ pub struct Upstreams {
     tls: Arc<WorkerTls>,
     /// The TLS handshake's own limit, after the TCP connect's: `connect_timeout` again.
     handshake_timeout: Duration,
-    http1: http1::Builder,
     idle_timeout: Duration,
 }
 
@@ -161,7 +176,6 @@ impl Upstreams {
             connector,
             tls,
             handshake_timeout: connect_timeout,
-            http1: http1::Builder::new(),
             idle_timeout,
         }
     }
@@ -245,18 +259,18 @@ impl Upstreams {
     }
 
     /// Sends `request` (origin-form URI, `Host` set) to `target` on an idle pooled connection or a
-    /// new one, and waits for the response head. On success the connection comes back with the
-    /// response: the caller must keep [driving](UpstreamConnection::drive) it while it reads the
-    /// body, then [release](UpstreamConnection::release) it.
+    /// new one, and waits for the response head. The response's body reads the rest from the
+    /// connection (and writes the rest of the request, if the worker answered early); its end
+    /// gives the connection back to the pool.
     ///
-    /// A pooled connection the worker closed while the request was on its way is replaced by
-    /// another (the request comes back untouched from hyper); the caller decides about other
-    /// workers on [`SendError::NotSent`].
+    /// A pooled connection that fails the request's first write is replaced by another (the
+    /// request, untouched, is sent again); the caller decides about other workers on
+    /// [`SendError::NotSent`].
     pub async fn send(
         &self,
         target: &Endpoint,
         mut request: Request<UpstreamBody>,
-    ) -> Result<(Response<Incoming>, UpstreamConnection), SendError> {
+    ) -> Result<Response<ResponseBody>, SendError> {
         loop {
             let (mut connection, pooled) = match target.pool.check_out() {
                 Some(connection) => (connection, true),
@@ -270,30 +284,56 @@ impl Upstreams {
                     }
                 },
             };
-            let mut response = pin!(connection.sender.try_send_request(request));
+            let method = request.method().clone();
+            connection.writer = Some(Box::new(exchange::RequestWriter::new(request)));
+            let mut head = BytesMut::new();
             let result = poll_fn(|cx| {
-                connection.drive(cx);
-                response.as_mut().poll(cx)
+                if let Some(writer) = &mut connection.writer {
+                    match writer.poll_write(cx, &mut connection.io) {
+                        Poll::Pending => {}
+                        Poll::Ready(Ok(())) => connection.writer = None,
+                        Poll::Ready(Err(WriteError::Body(error))) => {
+                            return Poll::Ready(Err(Failure::Exchange(ExchangeError::Body(error))));
+                        }
+                        Poll::Ready(Err(WriteError::Io(error))) => {
+                            return Poll::Ready(Err(Failure::Write(error)));
+                        }
+                    }
+                }
+                exchange::poll_head(cx, &mut connection.io, &mut head, &method)
+                    .map_err(Failure::Exchange)
             })
             .await;
-            match result {
-                Ok(response) => return Ok((response, connection)),
-                Err(mut error) => match error.take_message() {
-                    Some(back) if pooled => request = back,
-                    Some(back) => {
-                        return Err(SendError::NotSent {
-                            error: error.into_error().into(),
-                            request: Box::new(back),
-                        });
-                    }
-                    None => return Err(SendError::Failed(error.into_error())),
-                },
+            let error = match result {
+                Ok(parsed) => {
+                    let exchange::ParsedHead {
+                        response,
+                        framing,
+                        keep_alive,
+                        rest,
+                    } = parsed;
+                    let body = ResponseBody::new(connection, framing, keep_alive, rest);
+                    return Ok(response.map(|()| body));
+                }
+                Err(Failure::Exchange(error)) => return Err(SendError::Failed(error)),
+                Err(Failure::Write(error)) => error,
+            };
+            let writer = connection.writer.take().expect("a write failed");
+            match writer.give_back() {
+                Some(back) if pooled => request = back,
+                Some(back) => {
+                    return Err(SendError::NotSent {
+                        error: error.into(),
+                        request: Box::new(back),
+                    });
+                }
+                None => return Err(SendError::Failed(ExchangeError::Write(error))),
             }
         }
     }
 
     async fn connect(&self, target: &Endpoint) -> Result<UpstreamConnection, BoxError> {
-        let stream = self
+        let io = self
             .tls
             .connect(
                 &self.connector,
@@ -302,13 +342,20 @@ impl Upstreams {
                 self.handshake_timeout,
             )
             .await?;
-        let (sender, connection) = self.http1.handshake(TokioIo::new(stream)).await?;
         Ok(UpstreamConnection {
-            sender,
-            connection: Some(connection),
+            io,
+            writer: None,
+            reusable: true,
             pool: Arc::downgrade(&target.pool),
         })
     }
+}
+
+/// How waiting for a response head ended badly: a write that failed (which may leave the request
+/// whole, to be sent elsewhere) or anything else.
+enum Failure {
+    Write(std::io::Error),
+    Exchange(ExchangeError),
 }
 
 /// The endpoint of a worker the admin owner removed between a request's routing decision and its

@@ -1,30 +1,33 @@
 //! Per-worker pools of HTTP/1.1 keep-alive connections, each connection driven by the task of the
 //! request that uses it (see the parent module for why).
 
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::{Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use hyper::client::conn::http1::{Connection, SendRequest};
-use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, ReadBuf};
 
-use super::body::UpstreamBody;
+use super::exchange::{RequestWriter, WriteError};
+use super::tls::WorkerStream;
 
 /// Idle connections kept per worker; beyond this a finished connection is closed. Sized for the
 /// 1,024 concurrent requests a busy worker may see, so a burst's connections are reused by the next.
 pub const MAX_IDLE_PER_WORKER: usize = 1024;
 
-/// The socket type of a worker connection: TCP, or TLS over TCP for an `https://` worker.
-pub type UpstreamIo = TokioIo<super::tls::WorkerStream>;
-
-/// One keep-alive HTTP/1.1 connection to a worker. It makes progress only while someone calls
-/// [`drive`](Self::drive) (or awaits [`Upstreams::send`](super::Upstreams::send)); dropping it closes the socket, which is
-/// how a cancelled request tells the worker to stop.
+/// One keep-alive HTTP/1.1 connection to a worker: its socket and, while a request is still
+/// being written, the request. It makes progress only while its request's task polls it (in
+/// [`Upstreams::send`](super::Upstreams::send), then in the response body); dropping it closes the
+/// socket, which is how a cancelled request tells the worker to stop.
 pub struct UpstreamConnection {
-    pub(super) sender: SendRequest<UpstreamBody>,
-    /// `None` once hyper's connection future has finished (the socket is closed).
-    pub(super) connection: Option<Connection<UpstreamIo, UpstreamBody>>,
+    pub(super) io: WorkerStream,
+    /// The request still being written; `None` once it is all out (boxed: a held stream or an
+    /// idle connection keeps only the pointer's room).
+    pub(super) writer: Option<Box<RequestWriter>>,
+    /// Cleared when something makes the connection unfit for another request (the request could
+    /// not be written in full).
+    pub(super) reusable: bool,
     /// Weak: the pool holds its idle connections, so a strong reference would keep a pool whose
     /// worker left the membership (and its sockets) alive forever. A connection that finishes
     /// after its pool is gone is closed.
@@ -32,30 +35,48 @@ pub struct UpstreamConnection {
 }
 
 impl UpstreamConnection {
-    /// Does the connection's pending I/O: writes the request, reads the response into its body
-    /// channel. Registers `cx` for wake-ups from the socket.
-    pub fn drive(&mut self, cx: &mut Context<'_>) {
-        if let Some(connection) = &mut self.connection
-            && let Poll::Ready(result) = Pin::new(connection).poll(cx)
-        {
-            if let Err(error) = result {
-                tracing::debug!(%error, "worker connection ended with an error");
+    /// The socket, for the response body's reads.
+    pub(super) fn io(&mut self) -> &mut WorkerStream {
+        &mut self.io
+    }
+
+    /// Writes more of a request the worker answered before it was all sent. A request that
+    /// cannot be finished (the client's body failed, the socket refused it) is given up and the
+    /// connection will not be reused; the response goes on, the worker decides what it is worth.
+    pub(super) fn keep_writing(&mut self, cx: &mut Context<'_>) {
+        if let Some(writer) = &mut self.writer {
+            match writer.poll_write(cx, &mut self.io) {
+                Poll::Pending => {}
+                Poll::Ready(Ok(())) => self.writer = None,
+                Poll::Ready(Err(error)) => {
+                    if let WriteError::Io(error) = &error {
+                        tracing::debug!(%error, "writing the request to the worker failed");
+                    }
+                    self.writer = None;
+                    self.reusable = false;
+                }
             }
-            self.connection = None;
         }
     }
 
-    fn reusable(&self) -> bool {
-        self.connection.is_some() && self.sender.is_ready()
+    /// Whether the worker closed the idle connection (or sent something unasked): a read that
+    /// does not wait. A TLS session may consume records here (a late session ticket) and wait.
+    fn closed_while_idle(&mut self) -> bool {
+        let mut byte = [MaybeUninit::<u8>::uninit(); 1];
+        let mut read = ReadBuf::uninit(&mut byte);
+        let mut cx = Context::from_waker(Waker::noop());
+        matches!(
+            Pin::new(&mut self.io).poll_read(&mut cx, &mut read),
+            Poll::Ready(_)
+        )
     }
 
-    /// Returns the connection to its worker's pool if it can take another request (the response
-    /// was read to its end and the worker did not ask to close); otherwise closes it.
-    pub fn release(mut self) {
-        // One more turn lets hyper finish the exchange (mark the connection idle and ready). An
-        // idle connection wakes nobody: whoever takes it next drives it with their own waker.
-        self.drive(&mut Context::from_waker(Waker::noop()));
-        if self.reusable()
+    /// Returns the connection to its worker's pool if it can take another request (the request
+    /// was all written and the response read to its end, which the caller vouches for);
+    /// otherwise closes it.
+    pub fn release(self) {
+        if self.reusable
+            && self.writer.is_none()
             && let Some(pool) = self.pool.upgrade()
         {
             pool.check_in(self);
@@ -91,7 +112,6 @@ impl WorkerPool {
 
     /// The most recently used idle connection that is still open, if any.
     pub(super) fn check_out(&self) -> Option<UpstreamConnection> {
-        let mut cx = Context::from_waker(Waker::noop());
         loop {
             let idle = self.lock().pop()?;
             if idle.since.elapsed() >= self.idle_timeout {
@@ -102,9 +122,8 @@ impl WorkerPool {
                 return None;
             }
             let mut connection = idle.connection;
-            // Reads a close (or stray bytes) the worker sent while the connection sat idle.
-            connection.drive(&mut cx);
-            if connection.reusable() {
+            // A close (or stray bytes) the worker sent while the connection sat idle.
+            if !connection.closed_while_idle() {
                 return Some(connection);
             }
         }

@@ -6,5 +6,6 @@ mod common;
 
 mod fuzz;
 mod models;
+mod relay;
 mod requests;
 mod upstream_framing;

@@ -1,0 +1,327 @@
+//! An incremental validator and decoder of `Transfer-Encoding: chunked` bodies, for relaying a
+//! worker's response without handing every chunk through a body channel of its own.
+//!
+//! Pure: it sees bytes, never a socket. The caller reads whatever the socket has into a buffer and
+//! calls [`ChunkedDecoder::decode_in_place`]; the chunk data of everything in that buffer moves to
+//! its front, so one read makes one frame however many chunks (SSE events) it held, and the
+//! framing (size lines, extensions, the CRLF after each chunk, the last chunk, trailers) is
+//! checked as it passes, wherever the reads split it. The rules and limits are hyper's (a size
+//! line of hex digits, optional spaces or tabs, extensions ignored up to 16 KiB a body and never
+//! holding a bare LF; trailers up to 16 KiB and 100 fields), so a body hyper refused is refused
+//! here with the same words.
+
+use http::HeaderMap;
+use http::header::{HeaderName, HeaderValue};
+
+/// Most bytes of chunk extensions one body may carry (hyper's limit): they are skipped, but a
+/// worker must not make the gateway skip forever.
+pub const EXTENSIONS_LIMIT: u64 = 16 * 1024;
+/// Most bytes of trailer section (hyper's limit); trailers are kept until the body ends.
+pub const TRAILERS_LIMIT: usize = 16 * 1024;
+/// Most trailer fields (hyper's default header count).
+pub const TRAILER_FIELDS_LIMIT: usize = 100;
+
+/// What is wrong with a chunked body. The messages are hyper's, so logs read as before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ChunkedError {
+    /// A chunk size line starts with something other than a hex digit.
+    #[error("Invalid chunk size line: missing size digit")]
+    MissingSizeDigit,
+    /// A chunk size line holds something other than hex digits before its end or extensions.
+    #[error("Invalid chunk size line: Invalid Size")]
+    InvalidSize,
+    /// Something other than spaces, `;` or CR after the white space behind a chunk size.
+    #[error("Invalid chunk size linear white space")]
+    InvalidSizeWhiteSpace,
+    /// A chunk size that does not fit 64 bits.
+    #[error("invalid chunk size: overflow")]
+    SizeOverflow,
+    /// A bare LF in a chunk extension.
+    #[error("invalid chunk extension contains newline")]
+    ExtensionNewline,
+    /// More than [`EXTENSIONS_LIMIT`] bytes of chunk extensions.
+    #[error("chunk extensions over limit")]
+    ExtensionsOverLimit,
+    /// A size line's CR not followed by LF.
+    #[error("Invalid chunk size LF")]
+    SizeLf,
+    /// A chunk's data not followed by CR (the data was longer than its size said).
+    #[error("Invalid chunk body CR")]
+    BodyCr,
+    /// A chunk's data not followed by CRLF.
+    #[error("Invalid chunk body LF")]
+    BodyLf,
+    /// A trailer field's CR not followed by LF.
+    #[error("Invalid trailer end LF")]
+    TrailerLf,
+    /// More than [`TRAILER_FIELDS_LIMIT`] trailer fields.
+    #[error("chunk trailers count overflow")]
+    TrailerCount,
+    /// More than [`TRAILERS_LIMIT`] bytes of trailers.
+    #[error("chunk trailers bytes over limit")]
+    TrailersOverLimit,
+    /// The final CR not followed by LF.
+    #[error("Invalid chunk end LF")]
+    EndLf,
+    /// The trailers are not header fields.
+    #[error("invalid chunk trailers")]
+    InvalidTrailers,
+    /// The body ended (the worker closed the connection) before its last chunk.
+    #[error("end of file before message length reached")]
+    Truncated,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Start,
+    Size,
+    SizeWhiteSpace,
+    Extension,
+    SizeLf,
+    Data,
+    DataCr,
+    DataLf,
+    Trailer,
+    TrailerLf,
+    EndCr,
+    EndLf,
+    End,
+}
+
+/// What one [`ChunkedDecoder::decode_in_place`] call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decoded {
+    /// The buffer's first `data` bytes are now chunk data, in order.
+    pub data: usize,
+    /// Bytes of the input that belonged to the body. Less than the input only when the body
+    /// ended inside it; the rest is whatever the worker sent after the body.
+    pub consumed: usize,
+}
+
+/// A malformation found by [`ChunkedDecoder::decode_in_place`], and the data decoded before it
+/// (at the buffer's front), which is as valid as it was before the bad byte arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Malformed {
+    /// What is wrong.
+    pub error: ChunkedError,
+    /// The buffer's first `data` bytes are the chunk data before the malformation.
+    pub data: usize,
+}
+
+/// The state of one chunked body between reads.
+#[derive(Debug, Clone)]
+pub struct ChunkedDecoder {
+    state: State,
+    /// The size being read, then the data bytes left of the current chunk.
+    size: u64,
+    extension_bytes: u64,
+    /// The trailer section's bytes, once one started.
+    trailers: Option<Vec<u8>>,
+    trailer_fields: usize,
+}
+
+impl Default for ChunkedDecoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ChunkedDecoder {
+    /// A decoder at the start of a body.
+    pub fn new() -> Self {
+        Self {
+            state: State::Start,
+            size: 0,
+            extension_bytes: 0,
+            trailers: None,
+            trailer_fields: 0,
+        }
+    }
+
+    /// Whether the last chunk and the trailer section (if any) have passed.
+    pub fn is_done(&self) -> bool {
+        self.state == State::End
+    }
+
+    /// The error for the connection ending now: `None` once the body is done.
+    pub fn at_end_of_input(&self) -> Option<ChunkedError> {
+        (!self.is_done()).then_some(ChunkedError::Truncated)
+    }
+
+    /// Decodes the next bytes of the body, in place: the chunk data among `buffer`'s bytes moves
+    /// to its front (see [`Decoded`]). Stops at the body's end; an error means the body is
+    /// malformed and nothing after the data before it may be relayed.
+    pub fn decode_in_place(&mut self, buffer: &mut [u8]) -> Result<Decoded, Malformed> {
+        let mut read = 0;
+        let mut written = 0;
+        while read < buffer.len() && self.state != State::End {
+            if self.state == State::Data {
+                let available = buffer.len() - read;
+                let take = usize::try_from(self.size).map_or(available, |left| left.min(available));
+                buffer.copy_within(read..read + take, written);
+                read += take;
+                written += take;
+                self.size -= take as u64;
+                if self.size == 0 {
+                    self.state = State::DataCr;
+                }
+                continue;
+            }
+            self.state = self.step(buffer[read]).map_err(|error| Malformed {
+                error,
+                data: written,
+            })?;
+            read += 1;
+        }
+        Ok(Decoded {
+            data: written,
+            consumed: read,
+        })
+    }
+
+    /// The trailer fields of a finished body that had any.
+    pub fn take_trailers(&mut self) -> Result<Option<HeaderMap>, ChunkedError> {
+        match self.trailers.take() {
+            Some(bytes) if self.is_done() => parse_trailers(&bytes, self.trailer_fields).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// One framing byte.
+    fn step(&mut self, byte: u8) -> Result<State, ChunkedError> {
+        use State::*;
+        Ok(match self.state {
+            Start => {
+                self.size = 0;
+                self.add_digit(byte)
+                    .ok_or(ChunkedError::MissingSizeDigit)??;
+                Size
+            }
+            Size => match byte {
+                b'\t' | b' ' => SizeWhiteSpace,
+                b';' => Extension,
+                b'\r' => SizeLf,
+                _ => {
+                    self.add_digit(byte).ok_or(ChunkedError::InvalidSize)??;
+                    Size
+                }
+            },
+            SizeWhiteSpace => match byte {
+                b'\t' | b' ' => SizeWhiteSpace,
+                b';' => Extension,
+                b'\r' => SizeLf,
+                _ => return Err(ChunkedError::InvalidSizeWhiteSpace),
+            },
+            Extension => match byte {
+                b'\r' => SizeLf,
+                b'\n' => return Err(ChunkedError::ExtensionNewline),
+                _ => {
+                    self.extension_bytes += 1;
+                    if self.extension_bytes >= EXTENSIONS_LIMIT {
+                        return Err(ChunkedError::ExtensionsOverLimit);
+                    }
+                    Extension
+                }
+            },
+            SizeLf => match byte {
+                b'\n' if self.size == 0 => EndCr,
+                b'\n' => Data,
+                _ => return Err(ChunkedError::SizeLf),
+            },
+            DataCr => match byte {
+                b'\r' => DataLf,
+                _ => return Err(ChunkedError::BodyCr),
+            },
+            DataLf => match byte {
+                b'\n' => Start,
+                _ => return Err(ChunkedError::BodyLf),
+            },
+            Trailer => {
+                self.keep_trailer_byte(byte)?;
+                if byte == b'\r' { TrailerLf } else { Trailer }
+            }
+            TrailerLf => match byte {
+                b'\n' => {
+                    if self.trailer_fields >= TRAILER_FIELDS_LIMIT {
+                        return Err(ChunkedError::TrailerCount);
+                    }
+                    self.trailer_fields += 1;
+                    self.keep_trailer_byte(byte)?;
+                    EndCr
+                }
+                _ => return Err(ChunkedError::TrailerLf),
+            },
+            EndCr => match byte {
+                b'\r' => {
+                    if self.trailers.is_some() {
+                        self.keep_trailer_byte(byte)?;
+                    }
+                    EndLf
+                }
+                _ => {
+                    self.trailers.get_or_insert_with(Vec::new);
+                    self.keep_trailer_byte(byte)?;
+                    Trailer
+                }
+            },
+            EndLf => match byte {
+                b'\n' => {
+                    if self.trailers.is_some() {
+                        self.keep_trailer_byte(byte)?;
+                    }
+                    End
+                }
+                _ => return Err(ChunkedError::EndLf),
+            },
+            // `decode_in_place` handles data in bulk and stops at the end.
+            Data | End => unreachable!("no single-byte step in {:?}", self.state),
+        })
+    }
+
+    /// Adds a hex digit to the size: `None` when `byte` is none, an error on overflow.
+    fn add_digit(&mut self, byte: u8) -> Option<Result<(), ChunkedError>> {
+        let digit = match byte {
+            b'0'..=b'9' => byte - b'0',
+            b'a'..=b'f' => byte - b'a' + 10,
+            b'A'..=b'F' => byte - b'A' + 10,
+            _ => return None,
+        };
+        Some(
+            self.size
+                .checked_mul(16)
+                .and_then(|size| size.checked_add(u64::from(digit)))
+                .map(|size| self.size = size)
+                .ok_or(ChunkedError::SizeOverflow),
+        )
+    }
+
+    fn keep_trailer_byte(&mut self, byte: u8) -> Result<(), ChunkedError> {
+        let trailers = self.trailers.as_mut().expect("a trailer section started");
+        trailers.push(byte);
+        if trailers.len() >= TRAILERS_LIMIT {
+            return Err(ChunkedError::TrailersOverLimit);
+        }
+        Ok(())
+    }
+}
+
+/// The trailer section `bytes` (fields, each ending in CRLF, then the final CRLF), as headers.
+fn parse_trailers(bytes: &[u8], fields: usize) -> Result<HeaderMap, ChunkedError> {
+    let mut parsed = vec![httparse::EMPTY_HEADER; fields];
+    let Ok(httparse::Status::Complete((_, parsed))) = httparse::parse_headers(bytes, &mut parsed)
+    else {
+        return Err(ChunkedError::InvalidTrailers);
+    };
+    let mut trailers = HeaderMap::with_capacity(parsed.len());
+    for field in parsed {
+        let name = HeaderName::from_bytes(field.name.as_bytes())
+            .map_err(|_| ChunkedError::InvalidTrailers)?;
+        let value =
+            HeaderValue::from_bytes(field.value).map_err(|_| ChunkedError::InvalidTrailers)?;
+        trailers.append(name, value);
+    }
+    Ok(trailers)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,566 @@
+//! One HTTP/1.1 exchange with a worker, written and read by the gateway itself: the request head
+//! as hyper's client wrote it (same framing rules), the request body streamed, and the response
+//! head parsed with `httparse` under hyper's limits (100 header fields, a 400 KiB head) and with
+//! its framing rules (RFC 9112 §6.3). The response body is then relayed by
+//! [`super::relay::ResponseBody`].
+//!
+//! Every worker response goes this way: a worker's `101` is refused (requests to workers never
+//! ask for an upgrade, as `Upgrade` and `Connection` are hop-by-hop), other `1xx` heads are
+//! skipped as hyper skipped them, and an HTTP/1.0 worker's responses are relayed by their
+//! `Content-Length` or up to the close, as hyper read them.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body::Body;
+use tokio::io::AsyncWrite;
+
+use super::body::{BoxError, ClientBodyError, UpstreamBody};
+use super::tls::WorkerStream;
+
+/// Most header fields a worker's response head may carry (hyper's default).
+pub const MAX_RESPONSE_HEADERS: usize = 100;
+/// Most bytes a worker's response head may take (hyper's default read buffer limit).
+pub const MAX_RESPONSE_HEAD_BYTES: usize = 8192 + 4096 * 100;
+/// The first read of a response head; the buffer grows up to [`MAX_RESPONSE_HEAD_BYTES`].
+const FIRST_HEAD_READ: usize = 8192;
+/// Request bytes gathered before they are written (frames that are ready at once go together).
+const WRITE_GATHER_LIMIT: usize = 64 * 1024;
+
+/// A response head the gateway will not read as HTTP/1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    /// Not an HTTP/1 status line or header field; `httparse`'s words.
+    #[error("invalid HTTP response: {0}")]
+    Invalid(httparse::Error),
+    /// More than [`MAX_RESPONSE_HEAD_BYTES`] bytes or [`MAX_RESPONSE_HEADERS`] fields.
+    #[error("message head is too large")]
+    TooLarge,
+    /// `Content-Length` values that disagree or are not numbers.
+    #[error("invalid content-length parsed")]
+    ContentLength,
+    /// `Transfer-Encoding` in an HTTP/1.0 response.
+    #[error("unexpected transfer-encoding parsed")]
+    TransferEncoding,
+    /// A `101 Switching Protocols` to a request that asked for no upgrade.
+    #[error("unexpected 101 Switching Protocols")]
+    Upgrade,
+}
+
+/// Why an exchange with a worker failed before its response head was complete.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    /// The worker answered with something that is not HTTP/1.
+    #[error(transparent)]
+    Parse(#[from] ParseError),
+    /// Reading from the worker failed (reset, TLS alert, ...).
+    #[error("error reading a response from the worker")]
+    Read(#[source] io::Error),
+    /// Writing the request failed after some of it was written (reset, TLS alert, ...).
+    #[error("error writing the request to the worker")]
+    Write(#[source] io::Error),
+    /// The worker closed the connection before its response head was complete.
+    #[error("connection closed before message completed")]
+    Closed,
+    /// The client's request body failed (a [`ClientBodyError`] among the causes).
+    #[error("error reading the request body")]
+    Body(#[source] BoxError),
+}
+
+impl ExchangeError {
+    /// The worker's response was not HTTP (as hyper's `Error::is_parse`).
+    pub fn is_parse(&self) -> bool {
+        matches!(self, ExchangeError::Parse(_))
+    }
+}
+
+/// How a request body goes on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RequestFraming {
+    /// Exactly this many bytes (`Content-Length`); 0 for no body.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+}
+
+/// The request head as hyper's client writes it: `METHOD target HTTP/1.1`, the header fields in
+/// the map's order (lower case), and the framing hyper would choose: the request's own
+/// `Content-Length`, or the body's exact length, or (for a body of unknown length on a method
+/// that carries one) `Transfer-Encoding: chunked`. `GET`, `HEAD` and `CONNECT` send no body of
+/// unknown length, as with hyper.
+fn encode_head(request: &Request<UpstreamBody>) -> (Vec<u8>, RequestFraming) {
+    let headers = request.headers();
+    let body = request.body();
+    let mut extra: Option<(HeaderName, HeaderValue)> = None;
+    let mut drop_length = false;
+    let framing = if body.is_end_stream() {
+        RequestFraming::Length(0)
+    } else if let Some(length) = content_length(headers).ok().flatten() {
+        RequestFraming::Length(length)
+    } else if let Some(length) = body.size_hint().exact() {
+        extra = Some((header::CONTENT_LENGTH, HeaderValue::from(length)));
+        drop_length = true;
+        RequestFraming::Length(length)
+    } else if matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::CONNECT
+    ) {
+        RequestFraming::Length(0)
+    } else {
+        extra = Some((
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        ));
+        drop_length = true;
+        RequestFraming::Chunked
+    };
+    let mut head = Vec::with_capacity(64 + headers.len() * 32);
+    head.extend_from_slice(request.method().as_str().as_bytes());
+    head.push(b' ');
+    let target = request
+        .uri()
+        .path_and_query()
+        .map_or("/", http::uri::PathAndQuery::as_str);
+    head.extend_from_slice(target.as_bytes());
+    head.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in headers {
+        if drop_length && name == header::CONTENT_LENGTH {
+            continue;
+        }
+        write_field(&mut head, name, value);
+    }
+    if let Some((name, value)) = &extra {
+        write_field(&mut head, name, value);
+    }
+    head.extend_from_slice(b"\r\n");
+    (head, framing)
+}
+
+fn write_field(head: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    head.extend_from_slice(name.as_str().as_bytes());
+    head.extend_from_slice(b": ");
+    head.extend_from_slice(value.as_bytes());
+    head.extend_from_slice(b"\r\n");
+}
+
+/// Every `Content-Length` value (comma lists too), which must agree: `Ok(None)` without one.
+pub(super) fn content_length(headers: &HeaderMap) -> Result<Option<u64>, ParseError> {
+    let mut length = None;
+    for value in headers.get_all(header::CONTENT_LENGTH) {
+        let value = value.to_str().map_err(|_| ParseError::ContentLength)?;
+        for part in value.split(',') {
+            let part = part.trim();
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(ParseError::ContentLength);
+            }
+            let parsed: u64 = part.parse().map_err(|_| ParseError::ContentLength)?;
+            if length.is_some_and(|known| known != parsed) {
+                return Err(ParseError::ContentLength);
+            }
+            length = Some(parsed);
+        }
+    }
+    Ok(length)
+}
+
+/// The request on its way out: the head, then the body as it arrives, framed.
+pub(super) struct RequestWriter {
+    /// Framed bytes not yet written (their first `written` are out); freed once written.
+    pending: Vec<u8>,
+    written: usize,
+    /// Some of the request reached the socket.
+    wrote_any: bool,
+    /// The request's head, kept until its first byte is written: an untouched request can still
+    /// go to another connection ([`give_back`](Self::give_back)).
+    head: Option<http::request::Parts>,
+    /// `None` once its end is in `pending`.
+    body: Option<UpstreamBody>,
+    /// Whether the body goes out at all (hyper sends none of unknown length for `GET`).
+    sends_body: bool,
+    /// A frame was taken from the body: the request can no longer be given back.
+    body_touched: bool,
+    framing: RequestFraming,
+}
+
+impl RequestWriter {
+    /// A writer for `request`, its head not yet written.
+    pub(super) fn new(request: Request<UpstreamBody>) -> Self {
+        let (encoded, framing) = encode_head(&request);
+        let (head, body) = request.into_parts();
+        Self {
+            pending: encoded,
+            written: 0,
+            wrote_any: false,
+            head: Some(head),
+            sends_body: framing != RequestFraming::Length(0) && !body.is_end_stream(),
+            body: Some(body),
+            body_touched: false,
+            framing,
+        }
+    }
+
+    /// The request, if nothing of it reached the socket and its body was not read.
+    pub(super) fn give_back(self) -> Option<Request<UpstreamBody>> {
+        if self.wrote_any || self.body_touched {
+            return None;
+        }
+        Some(Request::from_parts(self.head?, self.body?))
+    }
+
+    /// Writes what can be written: `Ready(Ok)` once the whole request is out.
+    pub(super) fn poll_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        io: &mut WorkerStream,
+    ) -> Poll<Result<(), WriteError>> {
+        loop {
+            let mut body_waits = false;
+            while self.sends_body
+                && let Some(body) = &mut self.body
+                && self.pending.len() < WRITE_GATHER_LIMIT
+            {
+                let polled = Pin::new(body).poll_frame(cx);
+                if polled.is_ready() {
+                    self.body_touched = true;
+                }
+                match polled {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        if let Ok(data) = frame.into_data() {
+                            self.append(&data).map_err(WriteError::Body)?;
+                        }
+                    }
+                    Poll::Ready(Some(Err(error))) => {
+                        return Poll::Ready(Err(WriteError::Body(error)));
+                    }
+                    Poll::Ready(None) => {
+                        self.body = None;
+                        match self.framing {
+                            RequestFraming::Chunked => self.pending.extend_from_slice(b"0\r\n\r\n"),
+                            RequestFraming::Length(0) => {}
+                            RequestFraming::Length(_) => {
+                                return Poll::Ready(Err(WriteError::Body(Box::new(
+                                    ClientBodyError::Incomplete,
+                                ))));
+                            }
+                        }
+                    }
+                    Poll::Pending => {
+                        body_waits = true;
+                        break;
+                    }
+                }
+            }
+            while self.written < self.pending.len() {
+                let wrote =
+                    ready!(Pin::new(&mut *io).poll_write(cx, &self.pending[self.written..]))
+                        .map_err(WriteError::Io)?;
+                if wrote == 0 {
+                    return Poll::Ready(Err(WriteError::Io(io::ErrorKind::WriteZero.into())));
+                }
+                self.written += wrote;
+                self.wrote_any = true;
+            }
+            self.pending = Vec::new();
+            self.written = 0;
+            self.head = None;
+            ready!(Pin::new(&mut *io).poll_flush(cx)).map_err(WriteError::Io)?;
+            if !self.sends_body || self.body.is_none() {
+                self.body = None;
+                return Poll::Ready(Ok(()));
+            }
+            if body_waits {
+                return Poll::Pending;
+            }
+        }
+    }
+
+    /// Frames `data` behind what is pending.
+    fn append(&mut self, data: &Bytes) -> Result<(), BoxError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        match &mut self.framing {
+            RequestFraming::Length(left) => {
+                let len = data.len() as u64;
+                if len > *left {
+                    return Err("request body longer than its content-length".into());
+                }
+                *left -= len;
+                self.pending.extend_from_slice(data);
+            }
+            RequestFraming::Chunked => {
+                self.pending
+                    .extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                self.pending.extend_from_slice(data);
+                self.pending.extend_from_slice(b"\r\n");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why a request could not be written.
+pub(super) enum WriteError {
+    /// The client's body failed.
+    Body(BoxError),
+    /// The socket failed.
+    Io(io::Error),
+}
+
+/// A parsed response head and what follows it.
+pub(super) struct ParsedHead {
+    /// The head, as hyper's client gave it (a non-standard reason phrase in its extensions).
+    pub response: Response<()>,
+    /// How the body is framed.
+    pub framing: ResponseFraming,
+    /// Whether the worker lets the connection serve another request after this response.
+    pub keep_alive: bool,
+    /// The bytes read past the head: the body's start.
+    pub rest: BytesMut,
+}
+
+/// How a response body is delimited (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseFraming {
+    /// No body (`HEAD`, 204, 304, `Content-Length: 0`).
+    Empty,
+    /// `Content-Length` bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// Up to the connection's close.
+    UntilClose,
+}
+
+/// Reads a response head from `io` into `buffer`: `Ready(Ok)` with the head, once complete.
+pub(super) fn poll_head(
+    cx: &mut Context<'_>,
+    io: &mut WorkerStream,
+    buffer: &mut BytesMut,
+    method: &Method,
+) -> Poll<Result<ParsedHead, ExchangeError>> {
+    loop {
+        if !buffer.is_empty()
+            && let Some(head) = parse_head(buffer, method)?
+        {
+            return Poll::Ready(Ok(head));
+        }
+        if buffer.len() >= MAX_RESPONSE_HEAD_BYTES {
+            return Poll::Ready(Err(ParseError::TooLarge.into()));
+        }
+        if buffer.capacity() == buffer.len() {
+            let more = if buffer.is_empty() {
+                FIRST_HEAD_READ
+            } else {
+                buffer.len().min(MAX_RESPONSE_HEAD_BYTES - buffer.len())
+            };
+            buffer.reserve(more);
+        }
+        let read = ready!(tokio_util::io::poll_read_buf(
+            Pin::new(&mut *io),
+            cx,
+            buffer
+        ))
+        .map_err(ExchangeError::Read)?;
+        if read == 0 {
+            return Poll::Ready(Err(ExchangeError::Closed));
+        }
+    }
+}
+
+/// Parses the complete head at `buffer`'s start, skipping informational (`1xx`) heads; `None`
+/// while it is incomplete.
+fn parse_head(buffer: &mut BytesMut, method: &Method) -> Result<Option<ParsedHead>, ParseError> {
+    loop {
+        let mut fields = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
+        let mut parsed = httparse::Response::new(&mut fields);
+        let length = match parsed.parse(buffer) {
+            Ok(httparse::Status::Complete(length)) => length,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => return Err(ParseError::TooLarge),
+            Err(error) => return Err(ParseError::Invalid(error)),
+        };
+        let code = parsed.code.unwrap_or_default();
+        let status =
+            StatusCode::from_u16(code).map_err(|_| ParseError::Invalid(httparse::Error::Status))?;
+        if code == 101 {
+            return Err(ParseError::Upgrade);
+        }
+        if status.is_informational() {
+            let _ = buffer.split_to(length);
+            if buffer.is_empty() {
+                return Ok(None);
+            }
+            continue;
+        }
+        let version = if parsed.version == Some(0) {
+            Version::HTTP_10
+        } else {
+            Version::HTTP_11
+        };
+        let mut keep_alive = version == Version::HTTP_11;
+        let mut saw_close = false;
+        let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+        for field in parsed.headers.iter() {
+            let name = HeaderName::from_bytes(field.name.as_bytes())
+                .map_err(|_| ParseError::Invalid(httparse::Error::HeaderName))?;
+            let value = HeaderValue::from_bytes(field.value)
+                .map_err(|_| ParseError::Invalid(httparse::Error::HeaderValue))?;
+            if name == header::CONNECTION {
+                if saw_close || has_token(&value, "close") {
+                    saw_close = true;
+                    keep_alive = false;
+                } else if !keep_alive {
+                    keep_alive = has_token(&value, "keep-alive");
+                }
+            }
+            headers.append(name, value);
+        }
+        let reason = parsed
+            .reason
+            .filter(|reason| Some(*reason) != status.canonical_reason())
+            .and_then(|reason| hyper::ext::ReasonPhrase::try_from(reason.as_bytes()).ok());
+        let framing = response_framing(status, version, &headers, method)?;
+        let rest = buffer.split_off(length);
+        let mut response = Response::new(());
+        *response.status_mut() = status;
+        *response.version_mut() = version;
+        *response.headers_mut() = headers;
+        if let Some(reason) = reason {
+            response.extensions_mut().insert(reason);
+        }
+        return Ok(Some(ParsedHead {
+            response,
+            keep_alive: keep_alive && framing != ResponseFraming::UntilClose,
+            framing,
+            rest,
+        }));
+    }
+}
+
+/// The body's framing by hyper's rules: none for `HEAD`, 204 and 304; chunked when
+/// `Transfer-Encoding` ends in `chunked` (never in HTTP/1.0), up to the close when it ends in
+/// something else; else `Content-Length` (all values agreeing), else up to the close.
+fn response_framing(
+    status: StatusCode,
+    version: Version,
+    headers: &HeaderMap,
+    method: &Method,
+) -> Result<ResponseFraming, ParseError> {
+    if *method == Method::HEAD
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return Ok(ResponseFraming::Empty);
+    }
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        if version == Version::HTTP_10 {
+            return Err(ParseError::TransferEncoding);
+        }
+        let chunked = headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .next_back()
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.rsplit(',').next())
+            .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
+        return Ok(if chunked {
+            ResponseFraming::Chunked
+        } else {
+            ResponseFraming::UntilClose
+        });
+    }
+    Ok(match content_length(headers)? {
+        Some(0) => ResponseFraming::Empty,
+        Some(length) => ResponseFraming::Length(length),
+        None => ResponseFraming::UntilClose,
+    })
+}
+
+/// Whether the comma-separated `value` holds `token` (ASCII case-insensitive).
+fn has_token(value: &HeaderValue, token: &str) -> bool {
+    value
+        .to_str()
+        .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(bytes: &[u8], method: &Method) -> Result<Option<ParsedHead>, ParseError> {
+        parse_head(&mut BytesMut::from(bytes), method)
+    }
+
+    #[test]
+    fn response_heads_are_framed_as_hyper_framed_them() {
+        let cases: [(&[u8], ResponseFraming, bool); 7] = [
+            (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello", ResponseFraming::Length(5), true),
+            (b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n", ResponseFraming::Chunked, true),
+            (b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n", ResponseFraming::UntilClose, false),
+            (b"HTTP/1.1 200 OK\r\n\r\n", ResponseFraming::UntilClose, false),
+            (b"HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\n", ResponseFraming::Empty, true),
+            (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n", ResponseFraming::Empty, false),
+            (b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 1\r\n\r\nx", ResponseFraming::Length(1), true),
+        ];
+        for (bytes, framing, keep_alive) in cases {
+            let parsed = head(bytes, &Method::GET).unwrap().unwrap();
+            assert_eq!(
+                parsed.framing,
+                framing,
+                "{}",
+                String::from_utf8_lossy(bytes)
+            );
+            assert_eq!(
+                parsed.keep_alive,
+                keep_alive,
+                "{}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+        let parsed = head(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n",
+            &Method::HEAD,
+        );
+        assert_eq!(parsed.unwrap().unwrap().framing, ResponseFraming::Empty);
+    }
+
+    #[test]
+    fn malformed_heads_fail_with_hyper_s_kinds_of_error() {
+        let many: String = (0..=MAX_RESPONSE_HEADERS)
+            .map(|i| format!("x-{i}: v\r\n"))
+            .collect();
+        let many = format!("HTTP/1.1 200 OK\r\n{many}\r\n");
+        let cases: [(&[u8], ParseError); 5] = [
+            (
+                b"NOT HTTP AT ALL\r\n\r\n",
+                ParseError::Invalid(httparse::Error::Version),
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 5\r\n\r\n",
+                ParseError::ContentLength,
+            ),
+            (
+                b"HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
+                ParseError::TransferEncoding,
+            ),
+            (
+                b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
+                ParseError::Upgrade,
+            ),
+            (many.as_bytes(), ParseError::TooLarge),
+        ];
+        for (bytes, error) in cases {
+            assert_eq!(head(bytes, &Method::GET).err(), Some(error));
+        }
+        assert!(
+            head(b"HTTP/1.1 200 OK\r\ncontent-le", &Method::GET)
+                .unwrap()
+                .is_none()
+        );
+    }
+}

@@ -1,0 +1,243 @@
+//! A worker's response body, relayed from its socket as it arrives: what one read returned becomes
+//! one frame. A `Content-Length` body passes as read; a chunked body is validated as it passes
+//! ([`ChunkedDecoder`]) and only its data goes on, so a burst of SSE events (a chunk each) is one
+//! frame, not one frame, `Bytes` split and channel hand-off per chunk as with hyper's client.
+//!
+//! Nothing is buffered between reads: a read goes into the polling task's stack and only the
+//! data that came is copied out, so a held stream whose worker is thinking holds no read buffer
+//! (its kernel socket buffers are not the process's memory). The request body, if the worker
+//! answered before it was all sent, keeps being written from here, as hyper's connection did.
+//! When the body ends the connection goes back to its worker's pool, if the exchange was
+//! complete, the worker allows it and nothing followed the body.
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncRead, ReadBuf};
+
+use super::chunked::{ChunkedDecoder, ChunkedError, Malformed};
+use super::exchange::ResponseFraming;
+use super::pool::UpstreamConnection;
+
+/// Most bytes one read takes from a worker's socket (on the stack of the task that reads).
+const READ_SIZE: usize = 16 * 1024;
+
+/// Why a relayed body broke.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// The chunked framing is malformed, or the worker closed before the body's end.
+    #[error("invalid response body from the worker: {0}")]
+    Chunked(#[from] ChunkedError),
+    /// The worker closed before `Content-Length` bytes.
+    #[error("end of file before message length reached")]
+    Truncated,
+    /// Reading from the worker failed.
+    #[error("error reading the response body from the worker")]
+    Read(#[source] io::Error),
+}
+
+enum Framing {
+    Length(u64),
+    Chunked(ChunkedDecoder),
+    UntilClose,
+}
+
+/// The body of a worker's response, read from its connection by whoever polls it.
+pub struct ResponseBody {
+    /// `None` once the body ended (the connection was released) or was closed.
+    connection: Option<UpstreamConnection>,
+    framing: Framing,
+    /// Body bytes read together with the head; handed on by the first poll.
+    head_rest: Option<BytesMut>,
+    /// The worker lets the connection serve another request after this response.
+    keep_alive: bool,
+    /// A malformation found behind data that was handed on first; returned by the next poll.
+    broken: Option<RelayError>,
+}
+
+impl ResponseBody {
+    pub(super) fn new(
+        connection: UpstreamConnection,
+        framing: ResponseFraming,
+        keep_alive: bool,
+        head_rest: BytesMut,
+    ) -> Self {
+        let mut body = Self {
+            connection: Some(connection),
+            framing: match framing {
+                ResponseFraming::Empty => Framing::Length(0),
+                ResponseFraming::Length(length) => Framing::Length(length),
+                ResponseFraming::Chunked => Framing::Chunked(ChunkedDecoder::new()),
+                ResponseFraming::UntilClose => Framing::UntilClose,
+            },
+            head_rest: (!head_rest.is_empty()).then_some(head_rest),
+            keep_alive,
+            broken: None,
+        };
+        if matches!(body.framing, Framing::Length(0)) {
+            // Bytes after an empty body are not the next response's: no reuse.
+            let clean = body.head_rest.take().is_none();
+            body.end(clean);
+        }
+        body
+    }
+
+    /// Whether the body has ended (or was closed).
+    pub fn is_done(&self) -> bool {
+        self.connection.is_none()
+    }
+
+    /// Closes the worker connection of an unfinished body (the worker sees the client is gone).
+    pub fn close(&mut self) {
+        self.connection = None;
+    }
+
+    /// Ends the body: the connection goes back to its pool if `clean` and reuse is allowed.
+    fn end(&mut self, clean: bool) {
+        if let Some(connection) = self.connection.take()
+            && clean
+            && self.keep_alive
+        {
+            connection.release();
+        }
+    }
+
+    /// Decodes `bytes` (a read, or the bytes behind the head) in place: the data, and whether
+    /// the body ended in them.
+    fn take<'a>(&mut self, bytes: &'a mut [u8]) -> Result<(&'a [u8], bool), RelayError> {
+        match &mut self.framing {
+            Framing::Length(left) => {
+                let take = usize::try_from(*left).map_or(bytes.len(), |l| l.min(bytes.len()));
+                *left -= take as u64;
+                let ended = *left == 0;
+                if ended {
+                    // Bytes after the body: not the start of another response.
+                    self.end(take == bytes.len());
+                }
+                Ok((&bytes[..take], ended))
+            }
+            Framing::Chunked(decoder) => {
+                let decoded = match decoder.decode_in_place(bytes) {
+                    Ok(decoded) => decoded,
+                    Err(Malformed { error, data: 0 }) => return Err(error.into()),
+                    Err(Malformed { error, data }) => {
+                        // The data before the bad byte is as good as ever: it goes on first.
+                        self.broken = Some(error.into());
+                        return Ok((&bytes[..data], false));
+                    }
+                };
+                let ended = decoder.is_done();
+                if ended {
+                    // Trailers are checked, then dropped: hyper's server never forwarded them
+                    // (`Trailer` is hop-by-hop, so no response announces any).
+                    decoder.take_trailers()?;
+                    self.end(decoded.consumed == bytes.len());
+                }
+                Ok((&bytes[..decoded.data], ended))
+            }
+            Framing::UntilClose => Ok((bytes, false)),
+        }
+    }
+
+    /// The end of the connection: the end of a body delimited by it, else a truncation.
+    fn at_close(&mut self) -> Result<(), RelayError> {
+        let result = match &self.framing {
+            Framing::Length(_) => Err(RelayError::Truncated),
+            Framing::Chunked(decoder) => {
+                decoder.at_end_of_input().map_or(Ok(()), |e| Err(e.into()))
+            }
+            Framing::UntilClose => Ok(()),
+        };
+        self.end(false);
+        result
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = RelayError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
+        let this = self.get_mut();
+        if let Some(error) = this.broken.take() {
+            return Poll::Ready(Some(Err(this.fail(error))));
+        }
+        if let Some(mut rest) = this.head_rest.take() {
+            let (data, _) = match this.take(&mut rest) {
+                Ok(taken) => taken,
+                Err(error) => return Poll::Ready(Some(Err(this.fail(error)))),
+            };
+            if !data.is_empty() {
+                let data = data.len();
+                rest.truncate(data);
+                return Poll::Ready(Some(Ok(Frame::data(rest.freeze()))));
+            }
+            if let Some(error) = this.broken.take() {
+                return Poll::Ready(Some(Err(this.fail(error))));
+            }
+        }
+        loop {
+            let Some(connection) = &mut this.connection else {
+                return Poll::Ready(None);
+            };
+            connection.keep_writing(cx);
+            let limit = match this.framing {
+                Framing::Length(left) => {
+                    usize::try_from(left).map_or(READ_SIZE, |l| l.min(READ_SIZE))
+                }
+                _ => READ_SIZE,
+            };
+            let mut stack = [MaybeUninit::<u8>::uninit(); READ_SIZE];
+            let mut read = ReadBuf::uninit(&mut stack[..limit]);
+            match Pin::new(connection.io()).poll_read(cx, &mut read) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(error)) => {
+                    return Poll::Ready(Some(Err(this.fail(RelayError::Read(error)))));
+                }
+                Poll::Ready(Ok(())) if read.filled().is_empty() => {
+                    return match this.at_close() {
+                        Ok(()) => Poll::Ready(None),
+                        Err(error) => Poll::Ready(Some(Err(this.fail(error)))),
+                    };
+                }
+                Poll::Ready(Ok(())) => {}
+            }
+            match this.take(read.filled_mut()) {
+                Err(error) => return Poll::Ready(Some(Err(this.fail(error)))),
+                Ok((data, ended)) if !data.is_empty() || ended => {
+                    return Poll::Ready(Some(Ok(Frame::data(Bytes::copy_from_slice(data)))));
+                }
+                // Only framing came (a size line, the CRLF after a chunk): read on.
+                Ok(_) => {}
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.is_done() && self.head_rest.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.framing {
+            // The bytes behind the head are still counted in `left`.
+            Framing::Length(left) => SizeHint::with_exact(left),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+impl ResponseBody {
+    /// A broken body: its connection is closed, never reused.
+    fn fail(&mut self, error: RelayError) -> RelayError {
+        self.connection = None;
+        self.head_rest = None;
+        error
+    }
+}
