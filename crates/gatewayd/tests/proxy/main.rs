@@ -7,4 +7,5 @@ mod common;
 mod fuzz;
 mod models;
 mod requests;
+mod smg;
 mod upstream_framing;
