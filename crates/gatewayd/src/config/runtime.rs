@@ -38,6 +38,8 @@ pub struct RuntimeSettings {
     pub default_model: Option<Arc<str>>,
     /// `[routing] key_from_rid`: the body's `rid`, its lineage stripped, is the routing key.
     pub key_from_rid: bool,
+    /// `[routing] serve_loads`: the data plane answers `GET /loads` and `GET /get_loads` itself.
+    pub serve_loads: bool,
 }
 
 impl RuntimeSettings {
@@ -60,6 +62,7 @@ impl RuntimeSettings {
             picker_max_streams: config.picker.max_streams,
             default_model: config.routing.default_model.as_deref().map(Arc::from),
             key_from_rid: config.routing.key_from_rid,
+            serve_loads: config.routing.serve_loads,
         }
     }
 }

@@ -38,6 +38,9 @@ pub struct RoutingConfig {
     /// stripped, ahead of the routing-key header; off by default (the body is then only read
     /// when several models are configured).
     pub key_from_rid: bool,
+    /// Answer `GET /loads` and `GET /get_loads` on the data plane with every worker's load in
+    /// SGLang Model Gateway's shape (on by default); off: those paths are proxied to a worker.
+    pub serve_loads: bool,
 }
 
 impl Default for RoutingConfig {
@@ -47,6 +50,7 @@ impl Default for RoutingConfig {
             target_worker_header: DEFAULT_TARGET_WORKER_HEADER.to_owned(),
             default_model: None,
             key_from_rid: false,
+            serve_loads: true,
         }
     }
 }

@@ -1,16 +1,23 @@
-//! Control plane refusals: a [`GatewayError`] answers with its status and OpenAI error body, so a
-//! handler returns `Result<_, GatewayError>` and never builds an error response itself.
+//! Control plane refusals: a [`GatewayError`] answers with its status, OpenAI error body and
+//! `x-smg-error-code`, so a handler returns `Result<_, GatewayError>` and never builds an error
+//! response itself.
 
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::error::GatewayError;
+use crate::error::{ERROR_CODE_HEADER_NAME, GatewayError};
 
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
         let mut response = (
             self.status(),
-            [(header::CONTENT_TYPE, "application/json")],
+            [
+                (header::CONTENT_TYPE, "application/json"),
+                (
+                    HeaderName::from_static(ERROR_CODE_HEADER_NAME),
+                    self.smg_error_code(),
+                ),
+            ],
             self.body(),
         )
             .into_response();

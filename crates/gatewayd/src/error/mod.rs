@@ -18,8 +18,8 @@ use bch_core::admission::{SHED_ERROR_CODE, ShedReason};
 use bytes::Bytes;
 use http::StatusCode;
 
-/// The response header naming a shed's machine-readable cause (SGLang Model Gateway's name),
-/// `worker_overload_protection_shed`; both front ends send it with `Retry-After`.
+/// The response header naming the machine-readable cause of every answer the gateway makes itself
+/// (SGLang Model Gateway's name; [`GatewayError::smg_error_code`]).
 pub const ERROR_CODE_HEADER_NAME: &str = "x-smg-error-code";
 /// The response header of a request admitted after waiting: whole milliseconds in the queue.
 pub const QUEUE_WAIT_HEADER_NAME: &str = "x-bch-queue-wait-ms";
@@ -535,8 +535,8 @@ impl GatewayError {
         }
     }
 
-    /// The `Retry-After` value (whole seconds) of a shed request, which also carries
-    /// `X-SMG-Error-Code` ([`SHED_ERROR_CODE`]); `None` for every other refusal.
+    /// The `Retry-After` value (whole seconds) of a shed request (whose `X-SMG-Error-Code` is
+    /// [`SHED_ERROR_CODE`]); `None` for every other refusal.
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {
             GatewayError::Shed {
@@ -609,9 +609,10 @@ pub fn over_capacity_response() -> Bytes {
     let body = error.body();
     let status = error.status();
     let mut response = format!(
-        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\n{ERROR_CODE_HEADER_NAME}: {}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
         status.as_u16(),
         status.canonical_reason().unwrap_or(""),
+        error.smg_error_code(),
         body.len()
     )
     .into_bytes();
@@ -619,5 +620,6 @@ pub fn over_capacity_response() -> Bytes {
     Bytes::from(response)
 }
 
+mod smg;
 #[cfg(test)]
 mod tests;

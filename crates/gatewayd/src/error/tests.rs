@@ -83,6 +83,34 @@ fn every_variant_keeps_its_status_type_and_code() {
         assert_eq!(json["error"]["code"], *code, "{error:?}");
         assert_eq!(json["error"]["message"], error.to_string(), "{error:?}");
     }
+    // `X-SMG-Error-Code`: SGLang Model Gateway's code where it has one for the situation, the
+    // body's `code` for every other variant of the table.
+    let smg_codes: Vec<(&str, &str)> = table
+        .iter()
+        .filter(|(error, ..)| error.smg_error_code() != error.code())
+        .map(|(error, ..)| (error.code(), error.smg_error_code()))
+        .collect();
+    assert_eq!(
+        smg_codes,
+        [
+            ("no_healthy_workers", "no_available_workers"),
+            ("no_healthy_workers", "no_available_workers"),
+            ("worker_unreachable", "no_worker_response"),
+            ("invalid_worker_response", "no_worker_response"),
+            ("upstream_stream_error", "no_worker_response"),
+            ("incomplete_request_body", "invalid_body"),
+            ("invalid_request_body", "invalid_body"),
+            ("method_not_allowed", "unsupported_method"),
+        ]
+    );
+    assert_eq!(
+        GatewayError::ModelNotFound("m".into()).smg_error_code(),
+        "model_not_found"
+    );
+    assert_eq!(
+        GatewayError::WorkerTls(w(), "tls: certificate not trusted").smg_error_code(),
+        "no_worker_response"
+    );
 }
 
 #[test]
@@ -158,4 +186,9 @@ fn over_capacity_answer_is_well_formed_http() {
     assert_eq!(length, body.len());
     let json: serde_json::Value = serde_json::from_str(body).unwrap();
     assert_eq!(json["error"]["code"], "too_many_connections");
+    assert!(
+        head.lines()
+            .any(|l| l == "x-smg-error-code: too_many_connections"),
+        "{head}"
+    );
 }

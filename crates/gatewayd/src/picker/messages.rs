@@ -162,8 +162,8 @@ pub fn annotate(
 }
 
 /// The refusal Envoy sends the client instead of proxying: the gateway's status and OpenAI error
-/// body, `content-type: application/json`, `x-bch-branch` when the request was routed, and for a
-/// shed request `retry-after` and `x-smg-error-code`, as the data plane answers.
+/// body, `content-type: application/json`, `x-smg-error-code`, `x-bch-branch` when the request was
+/// routed, and for a shed request `retry-after`, as the data plane answers.
 pub fn refuse(error: &GatewayError, branch: Option<Branch>) -> ProcessingResponse {
     let mut set_headers = vec![header_option(
         http::header::CONTENT_TYPE.as_str(),
@@ -175,14 +175,14 @@ pub fn refuse(error: &GatewayError, branch: Option<Branch>) -> ProcessingRespons
             branch.as_str().as_bytes().to_vec(),
         ));
     }
+    set_headers.push(header_option(
+        ERROR_CODE_HEADER_NAME,
+        error.smg_error_code().as_bytes().to_vec(),
+    ));
     if let Some(seconds) = error.retry_after_secs() {
         set_headers.push(header_option(
             http::header::RETRY_AFTER.as_str(),
             seconds.to_string().into_bytes(),
-        ));
-        set_headers.push(header_option(
-            ERROR_CODE_HEADER_NAME,
-            error.code().as_bytes().to_vec(),
         ));
     }
     ProcessingResponse {

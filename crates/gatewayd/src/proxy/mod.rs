@@ -15,6 +15,7 @@
 
 pub mod body;
 pub mod handle;
+pub mod loads;
 pub mod model;
 pub mod request;
 
@@ -48,12 +49,16 @@ use request::{
 
 /// `x-bch-worker`: the name of the worker that served the request.
 pub const WORKER_HEADER: HeaderName = HeaderName::from_static(routing_key::WORKER_HEADER);
+/// `x-smg-routed-worker-id`: the URL of the worker that served the request (SGLang Model
+/// Gateway's header), beside [`WORKER_HEADER`].
+pub const ROUTED_WORKER_HEADER: HeaderName = HeaderName::from_static("x-smg-routed-worker-id");
 /// `x-bch-branch`: the routing branch taken.
 pub const BRANCH_HEADER: HeaderName = HeaderName::from_static(routing_key::BRANCH_HEADER);
 /// `x-bch-queue-wait-ms`: whole milliseconds an admitted request waited in the admission queue
 /// (only on requests that waited).
 pub const QUEUE_WAIT_HEADER: HeaderName = HeaderName::from_static(QUEUE_WAIT_HEADER_NAME);
-/// `x-smg-error-code`: the machine-readable cause of a shed (SGLang Model Gateway's name).
+/// `x-smg-error-code`: the machine-readable cause of every answer the gateway makes itself
+/// (SGLang Model Gateway's name and, where it has one, its code).
 pub const ERROR_CODE_HEADER: HeaderName = HeaderName::from_static(ERROR_CODE_HEADER_NAME);
 
 /// Serves one data plane request. Never fails: gateway errors are OpenAI-shaped JSON responses.
@@ -70,6 +75,12 @@ pub async fn serve(
                 ));
             }
             "/readiness" => return Ok(readiness(&plane)),
+            path if loads::LOADS_PATHS.contains(&path)
+                && plane.routing.settings.load().serve_loads =>
+            {
+                let body = loads::loads_body(&plane.routing.router.table());
+                return Ok(json_response(StatusCode::OK, body));
+            }
             "/v1/models" => {
                 if let Some(list) = model::model_list(&plane.routing.router.table()) {
                     return Ok(json_response(StatusCode::OK, list));
@@ -124,6 +135,8 @@ struct Routed {
 struct Answered {
     response: Response<ResponseBody>,
     worker_header: Option<HeaderValue>,
+    /// `x-smg-routed-worker-id`: the serving worker's URL as configured.
+    routed_worker_header: Option<HeaderValue>,
     branch: Branch,
 }
 
@@ -211,10 +224,13 @@ async fn send_with_retry(
             Ok(response) => {
                 exchange.headers_arrived();
                 exchange.set_status(response.status());
-                let worker_header = target.worker_header.clone();
+                // SMG names the serving worker by its URL; a URL is valid header text (a
+                // name may not be), so this is `None` only for a URL no worker could have.
+                let url = &table.workers()[worker].spec.url;
                 return Ok(Answered {
                     response,
-                    worker_header,
+                    worker_header: target.worker_header.clone(),
+                    routed_worker_header: HeaderValue::from_str(url).ok(),
                     branch,
                 });
             }
@@ -328,12 +344,16 @@ async fn respond(
     let Answered {
         response,
         worker_header,
+        routed_worker_header,
         branch,
     } = answered;
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     if let Some(value) = worker_header {
         parts.headers.insert(WORKER_HEADER, value);
+    }
+    if let Some(value) = routed_worker_header {
+        parts.headers.insert(ROUTED_WORKER_HEADER, value);
     }
     parts
         .headers
@@ -380,10 +400,13 @@ fn refuse(mut exchange: Exchange, error: &GatewayError) -> Response<ProxyBody> {
             .headers_mut()
             .insert(BRANCH_HEADER, HeaderValue::from_static(branch.as_str()));
     }
+    let headers = response.headers_mut();
+    headers.insert(
+        ERROR_CODE_HEADER,
+        HeaderValue::from_static(error.smg_error_code()),
+    );
     if let Some(seconds) = error.retry_after_secs() {
-        let headers = response.headers_mut();
         headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-        headers.insert(ERROR_CODE_HEADER, HeaderValue::from_static(error.code()));
     }
     response
 }

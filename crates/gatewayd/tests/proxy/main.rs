@@ -8,4 +8,5 @@ mod fuzz;
 mod models;
 mod relay;
 mod requests;
+mod smg;
 mod upstream_framing;
