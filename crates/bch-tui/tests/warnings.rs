@@ -266,3 +266,33 @@ fn the_pane_opens_with_w_and_the_header_sums_up_while_closed() {
     s.apply_action(Action::ToggleWarnings);
     assert_eq!(render(&s, 80, 24, now), closed);
 }
+
+/// The pane open and the summary closed, at the three sizes the console is checked at, with an
+/// alert and a warning of each source the fixture can carry.
+#[test]
+fn warnings_screens_at_every_size() {
+    let mut s = connected_with(|snap| {
+        snap.workers[1].healthy = false;
+        snap.workers[1].probe_failure = Some("timeout".into());
+        snap.workers[2].load_stale = true;
+        snap.workers[2].scrape_age_ms = Some(31_500);
+        snap.workers[3].full = true;
+        snap.workers[3].capacity = Some(4);
+    });
+    // Fixed times: the replica's last frame and the render time, so no age depends on the clock.
+    let now = Instant::now();
+    s.frame_received_on(ReplicaId(0), now);
+    for (width, height) in [(80, 24), (120, 40), (200, 50)] {
+        insta::assert_snapshot!(
+            format!("warnings_closed_{width}x{height}"),
+            render(&s, width, height, now)
+        );
+    }
+    s.apply_action(Action::ToggleWarnings);
+    for (width, height) in [(80, 24), (120, 40), (200, 50)] {
+        insta::assert_snapshot!(
+            format!("warnings_open_{width}x{height}"),
+            render(&s, width, height, now)
+        );
+    }
+}
