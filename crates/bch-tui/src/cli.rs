@@ -84,6 +84,10 @@ pub struct Cli {
     /// connection opened with the metrics token is read-only whatever this says.
     #[arg(long)]
     pub read_only: bool,
+
+    /// Minutes a worker may drain before the warnings pane (`w`) reports it.
+    #[arg(long, default_value_t = 5, value_name = "MINUTES")]
+    pub drain_warning: u64,
 }
 
 /// A number of seconds, whole or not (`2`, `0.5`), at most a day.

@@ -69,6 +69,8 @@ pub enum Action {
     JumpHottest,
     /// Open or close the help overlay.
     ToggleHelp,
+    /// Open or close the warnings pane (the panels keep the keyboard).
+    ToggleWarnings,
 }
 
 impl Action {
@@ -241,6 +243,11 @@ pub(crate) const BINDINGS: &[Binding] = &[
             (|k| is_char(k, '/'), Action::StartFilter),
             (|k| k.code == KeyCode::Esc, Action::FilterClear),
         ],
+    },
+    Binding {
+        keys: "w",
+        meaning: "warnings: what is wrong and why",
+        actions: &[(|k| is_char(k, 'w'), Action::ToggleWarnings)],
     },
     Binding {
         keys: "?",
@@ -420,6 +427,7 @@ mod tests {
             (key(KeyCode::Char('o')), Action::CycleSort),
             (key(KeyCode::Char('/')), Action::StartFilter),
             (key(KeyCode::Esc), Action::FilterClear),
+            (key(KeyCode::Char('w')), Action::ToggleWarnings),
             (key(KeyCode::Char('?')), Action::ToggleHelp),
             (key(KeyCode::Char('q')), Action::Quit),
             (ctrl('c'), Action::Quit),
@@ -435,7 +443,7 @@ mod tests {
         }
         let entries: usize = BINDINGS.iter().map(|b| b.actions.len()).sum();
         assert_eq!(
-            entries, 26,
+            entries, 27,
             "a binding was added without a key in this test"
         );
         for unbound in [

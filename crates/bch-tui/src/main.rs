@@ -68,6 +68,9 @@ async fn run(cli: Cli) -> anyhow::Result<Option<StopSignal>> {
     }
     drop(events_tx);
     let mut state = State::for_replicas(cli.url.clone());
+    state.set_drain_warning(std::time::Duration::from_secs(
+        cli.drain_warning.saturating_mul(60),
+    ));
     if cli.read_only {
         state.set_read_only();
     }

@@ -18,6 +18,8 @@ mod picture;
 mod playback;
 mod replica;
 mod ui;
+mod warning;
+mod warnings;
 mod worker_rows;
 
 use bch_core::telemetry::{ClientCommand, CommandId, KeyRecord, ServerFrame, WorkerRecord};
@@ -34,6 +36,7 @@ pub use self::playback::Playback;
 use self::replica::{Answer, differing};
 pub use self::replica::{Replica, ReplicaId, Settings};
 pub use self::ui::{Panel, SortColumn, Ui, WorkerOrder};
+pub use self::warning::{DRAIN_WARNING_DEFAULT, Severity, Warning};
 use crate::conn::{ConnEvent, ConnStatus};
 use crate::input::{Action, Mode};
 
@@ -67,6 +70,11 @@ pub struct State {
     playback: Option<Playback>,
     /// `--read-only`: the write keys send nothing.
     read_only: bool,
+    /// When this console first saw each draining worker draining (the gateway does not say);
+    /// at most one entry per worker of the live picture.
+    draining_since: std::collections::BTreeMap<String, Instant>,
+    /// A drain longer than this is a warning.
+    drain_warning: Duration,
 }
 
 impl State {
@@ -86,6 +94,8 @@ impl State {
             ui: Ui::default(),
             playback: None,
             read_only: false,
+            draining_since: std::collections::BTreeMap::new(),
+            drain_warning: DRAIN_WARNING_DEFAULT,
         }
     }
 
@@ -93,6 +103,11 @@ impl State {
     /// nothing and say why.
     pub fn set_read_only(&mut self) {
         self.read_only = true;
+    }
+
+    /// How long a worker may drain before the warnings pane reports it (`--drain-warning`).
+    pub fn set_drain_warning(&mut self, after: Duration) {
+        self.drain_warning = after;
     }
 
     /// Why the write keys do nothing, if they do not: `--read-only`, or a replica whose gateway
@@ -116,6 +131,7 @@ impl State {
     pub fn frame_received_on(&mut self, replica: ReplicaId, now: Instant) {
         let index = self.index(replica);
         self.replicas[index].frame_received(now);
+        self.track_draining(now);
     }
 
     /// `replica`'s position in `replicas`. Panics for a replica this state does not watch: the
@@ -452,6 +468,7 @@ impl State {
             Action::SearchCancel => self.ui.cancel_search(),
             Action::JumpHottest => self.jump_to_hottest(),
             Action::ToggleHelp => self.ui.toggle_help(),
+            Action::ToggleWarnings => self.ui.toggle_warnings(),
         }
         Effect::None
     }

@@ -114,6 +114,8 @@ pub struct Ui {
     /// selected worker, scroll), so Esc puts it back.
     search_origin: Option<SearchOrigin>,
     help: bool,
+    /// The warnings pane is open.
+    warnings: bool,
     /// Content rows each panel showed at the last draw (0 before the first), so scrolling stops
     /// at the last full page.
     viewport: [usize; 4],
@@ -132,6 +134,7 @@ impl Default for Ui {
             search: String::new(),
             search_origin: None,
             help: false,
+            warnings: false,
             viewport: [0; 4],
         }
     }
@@ -183,6 +186,16 @@ impl Ui {
     /// prompt is open; `None` otherwise.
     pub fn search(&self) -> Option<&str> {
         self.search_origin.as_ref().map(|_| self.search.as_str())
+    }
+
+    /// Whether the warnings pane is open.
+    pub fn warnings_open(&self) -> bool {
+        self.warnings
+    }
+
+    /// Opens or closes the warnings pane.
+    pub(super) fn toggle_warnings(&mut self) {
+        self.warnings = !self.warnings;
     }
 
     /// Whether the help overlay is open.

@@ -36,11 +36,17 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, now: Instant, s
             let timeline = timeline::timeline_line(playback, message.width, styles);
             frame.render_widget(Paragraph::new(timeline), message);
         } else {
-            frame.render_widget(Paragraph::new(message_line(state, styles)), message);
+            frame.render_widget(
+                Paragraph::new(message_line(state, now, message.width, styles)),
+                message,
+            );
         }
     } else {
         frame.render_widget(Paragraph::new(status_line(state, now, styles)), status);
-        frame.render_widget(Paragraph::new(message_line(state, styles)), message);
+        frame.render_widget(
+            Paragraph::new(message_line(state, now, message.width, styles)),
+            message,
+        );
     }
     frame.render_widget(
         Paragraph::new(policy_line(state.live(), styles, policy.width)),
@@ -278,7 +284,7 @@ fn sparklines(frame: &mut Frame, area: Rect, fleet: &FleetPicture, styles: &Styl
 
 /// One line for the most pressing thing to say: a local notice, then why the connection is down,
 /// then the fate of the last threshold change, else the key hints.
-fn message_line(state: &State, styles: &Styles) -> Line<'static> {
+fn message_line(state: &State, now: Instant, width: u16, styles: &Styles) -> Line<'static> {
     if let (None, Some(line)) = (state.notice(), replica_down_line(state)) {
         return Line::from(Span::styled(line, styles.tone(Tone::Alert)));
     }
@@ -298,6 +304,11 @@ fn message_line(state: &State, styles: &Styles) -> Line<'static> {
             styles.tone(Tone::Alert),
         )),
         (None, _, Some(cmd)) => command_line(cmd, state, styles),
+        // What is wrong beats the key hints; the open pane says it at length.
+        (None, _, None) if !state.ui().warnings_open() => {
+            super::warnings::summary_line(&state.warnings(now), width, styles)
+                .unwrap_or_else(|| Line::from(Span::styled(KEY_HINTS, styles.dim())))
+        }
         (None, _, None) => Line::from(Span::styled(KEY_HINTS, styles.dim())),
     }
 }

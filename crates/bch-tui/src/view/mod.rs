@@ -3,7 +3,7 @@
 //! snapshot tests rely on it).
 //!
 //! This file owns the layout and [`draw`]; each panel has its own file (`header`, `workers`,
-//! `ring`, `keys`, `spills`, `help`), drawn in the common frame of `panel`, with every colour from
+//! `ring`, `keys`, `spills`, `help`, `warnings`), drawn in the common frame of `panel`, with every colour from
 //! `styles` and the text cutting of `text`; `discovery` warns on the workers panel's border and
 //! `fleet_summary` sums up the whole fleet for the workers panel.
 //!
@@ -23,6 +23,7 @@ mod spills;
 mod styles;
 mod text;
 mod timeline;
+mod warnings;
 mod workers;
 
 use ratatui::Frame;
@@ -160,6 +161,10 @@ pub fn draw(frame: &mut Frame, state: &State, now: Instant) {
     ring::draw(frame, a.ring, state, &styles);
     keys::draw(frame, a.keys, state, &styles);
     spills::draw(frame, a.spills, state, &styles);
+    if state.ui().warnings_open() {
+        // Over the key table and the spill log: the fleet's own panels stay in view.
+        warnings::draw(frame, a.keys.union(a.spills), &state.warnings(now), &styles);
+    }
     if state.ui().help_open() {
         help::draw(frame, area, &styles);
     }
