@@ -48,6 +48,8 @@ fn worker(name: &str, active: u64, healthy: bool) -> WorkerRecord {
         capacity: Some(4),
         full: active + 2 >= 4,
         probe_failure: None,
+        models: Vec::new(),
+        reported_models: None,
     }
 }
 
