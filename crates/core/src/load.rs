@@ -229,7 +229,8 @@ impl WorkerStats {
     /// Written by the prober only, off the request path; a failed ask leaves the last list.
     pub fn set_reported_models(&self, models: Vec<String>) {
         if self.reported_models.load().as_deref() != Some(&models) {
-            self.reported_models.store(Some(std::sync::Arc::new(models)));
+            self.reported_models
+                .store(Some(std::sync::Arc::new(models)));
         }
     }
 
