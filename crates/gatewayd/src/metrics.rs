@@ -11,8 +11,6 @@
 //! worker simply disappears from the next scrape. Branch counts are plain atomics for the same
 //! reason; only the fleet-wide latency histograms take prometheus-client's short internal lock.
 
-mod pools;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -299,8 +297,7 @@ impl Collector for GatewayCollector {
         build_and_policy(&mut encoder, &table)?;
         worker_states(&mut encoder, &table)?;
         responses(&mut encoder, &self.metrics, &table)?;
-        worker_counters(&mut encoder, &table)?;
-        pools::pool_families(&mut encoder, &self.router, &table)
+        worker_counters(&mut encoder, &table)
     }
 }
 

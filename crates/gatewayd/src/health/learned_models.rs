@@ -72,7 +72,7 @@ pub(super) fn parse_list(body: &[u8]) -> Option<Vec<String>> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_list;
+    use crate::health::learned_models::parse_list;
 
     #[test]
     fn lists_are_read_as_openai_writes_them() {

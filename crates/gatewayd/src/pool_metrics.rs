@@ -4,13 +4,34 @@
 //! families keep their `worker` label alone: a worker's counters are the worker's whatever pools
 //! it is in, and a dashboard joins them with `bch_worker_models` on `worker`.
 
-use bch_core::router::{PoolId, Router, RoutingTable};
-use prometheus_client::encoding::DescriptorEncoder;
+use std::sync::Arc;
 
-use super::gauge;
+use bch_core::router::{PoolId, Router, RoutingTable};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::registry::Registry;
+
+use crate::metrics::gauge;
+
+/// Registers the per-model families of `router`'s table in force at each scrape.
+pub fn register(registry: &mut Registry, router: Arc<Router>) {
+    registry.register_collector(Box::new(PoolCollector { router }));
+}
+
+/// Reads the table in force at each scrape: pools come and go with the membership.
+#[derive(Debug)]
+struct PoolCollector {
+    router: Arc<Router>,
+}
+
+impl Collector for PoolCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        pool_families(&mut encoder, &self.router, &self.router.table())
+    }
+}
 
 /// Encodes the per-model families of `table` (nothing for a fleet without models).
-pub(super) fn pool_families(
+fn pool_families(
     encoder: &mut DescriptorEncoder,
     router: &Router,
     table: &RoutingTable,
