@@ -36,6 +36,9 @@ pub struct WorkerStats {
     slot: AtomicUsize,
     /// Why the worker's probes fail, while they do (set by the gateway's prober).
     probe_failure: arc_swap::ArcSwapOption<String>,
+    /// What the worker's own `/v1/models` listed at its last answer (set by the gateway's prober
+    /// when it learns models).
+    reported_models: arc_swap::ArcSwapOption<Vec<String>>,
 }
 
 /// What a guard calls instead of lowering the counter itself: the router lowers it inside its
@@ -220,6 +223,20 @@ impl WorkerStats {
     /// The reason set by [`WorkerStats::set_probe_failure`].
     pub fn probe_failure(&self) -> Option<String> {
         self.probe_failure.load().as_deref().cloned()
+    }
+
+    /// Records what the worker's `GET /v1/models` listed (sorted, deduplicated by the caller).
+    /// Written by the prober only, off the request path; a failed ask leaves the last list.
+    pub fn set_reported_models(&self, models: Vec<String>) {
+        if self.reported_models.load().as_deref() != Some(&models) {
+            self.reported_models
+                .store(Some(std::sync::Arc::new(models)));
+        }
+    }
+
+    /// The list set by [`WorkerStats::set_reported_models`]; `None` until the worker answered.
+    pub fn reported_models(&self) -> Option<Vec<String>> {
+        self.reported_models.load().as_deref().cloned()
     }
 
     pub(crate) fn record_health_change(&self) {

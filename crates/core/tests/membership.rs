@@ -38,6 +38,8 @@ fn record(name: usize, url_version: u8) -> WorkerRecord {
         capacity: None,
         full: false,
         probe_failure: None,
+        models: Vec::new(),
+        reported_models: None,
     }
 }
 

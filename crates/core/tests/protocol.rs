@@ -48,6 +48,8 @@ fn worker(name: &str, active: u64, healthy: bool) -> WorkerRecord {
         capacity: Some(4),
         full: active + 2 >= 4,
         probe_failure: None,
+        models: Vec::new(),
+        reported_models: None,
     }
 }
 
@@ -463,4 +465,25 @@ fn ring_shares_survive_the_wire_exactly() {
         let received: RingOwnership = serde_json::from_str(&json).unwrap();
         assert_eq!(received, sent, "ring of port {port}: {json:.200}");
     }
+}
+
+#[test]
+fn worker_models_are_optional_fields_older_frames_lack() {
+    let plain = serde_json::to_value(worker("gpu-0", 1, true)).unwrap();
+    assert!(plain.get("models").is_none(), "{plain}");
+    assert!(plain.get("reported_models").is_none(), "{plain}");
+    let back: WorkerRecord = serde_json::from_value(plain).unwrap();
+    assert!(back.models.is_empty() && back.reported_models.is_none());
+    let record = WorkerRecord {
+        models: vec!["alpha".into(), "beta".into()],
+        reported_models: Some(vec!["alpha".into()]),
+        ..worker("gpu-1", 1, true)
+    };
+    let json = serde_json::to_value(&record).unwrap();
+    assert_eq!(json["models"], serde_json::json!(["alpha", "beta"]));
+    assert_eq!(json["reported_models"], serde_json::json!(["alpha"]));
+    assert_eq!(
+        serde_json::from_value::<WorkerRecord>(json).unwrap(),
+        record
+    );
 }

@@ -38,6 +38,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use learned_models::ModelsList;
+
 use crate::config::{Config, HealthConfig, Member, SharedConfig, SharedMembers};
 use crate::log_limit::{Component, LimitedLog, LineBudget, SuppressedLines};
 use crate::metrics::{LabelValue, by_worker_and_label, counter};
@@ -373,6 +375,7 @@ pub async fn run(prober: Prober) {
         members: Arc::clone(&members),
         router,
         failures,
+        models: Targets::new(Arc::clone(&members)),
         targets: Targets::new(members),
         streaks: HashMap::new(),
         asked_at: HashMap::new(),
@@ -415,6 +418,8 @@ struct Probing {
     router: Arc<Router>,
     failures: Arc<ProbeFailures>,
     targets: Targets<Probe>,
+    /// Each worker's `/v1/models`, asked when `[health] learn_models` is on.
+    models: Targets<ModelsList>,
     /// Each probed worker's consecutive results; a worker without one was never probed.
     streaks: HashMap<WorkerKey, Streak>,
     /// When each worker was last probed on request ([`PROBE_REQUEST_GAP`]).
@@ -459,6 +464,23 @@ impl Probing {
             probe_once(&self.client, uri, timeout)
         });
         let results = join_all(probes).await;
+        if current.health.learn_models {
+            self.models.refresh(current);
+            let passed = (due.iter().zip(&results)).filter(|(_, result)| result.is_ok());
+            let (keys, asks): (Vec<_>, Vec<_>) = passed
+                .map(|(key, _)| {
+                    let uri = self.models.get(key).and_then(Option::as_ref);
+                    (key, learned_models::ask(&self.client, uri, timeout))
+                })
+                .unzip();
+            let lists = join_all(asks).await;
+            let table = self.router.table();
+            for (key, list) in keys.into_iter().zip(lists) {
+                if let (Some(index), Some(list)) = (key.index_in(&table), list) {
+                    table.workers()[index].stats.set_reported_models(list);
+                }
+            }
+        }
         let table = self.router.table();
         let members = TableKeys::of(&table);
         self.streaks.retain(|key, _| members.contains(key));
@@ -574,5 +596,6 @@ async fn probe_once(
     }
 }
 
+mod learned_models;
 #[cfg(test)]
 mod tests;

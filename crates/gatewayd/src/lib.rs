@@ -45,6 +45,7 @@ mod log_limit;
 mod metrics;
 mod per_worker;
 mod picker;
+mod pool_metrics;
 mod proxy;
 mod routing;
 mod scraper;

@@ -34,6 +34,8 @@ fn big_fleet() -> ServerFrame {
             capacity: None,
             full: false,
             probe_failure: None,
+            models: Vec::new(),
+            reported_models: None,
         })
         .collect();
     // Interleaved arcs: worker i owns [(k*n+i)/(n*8), (k*n+i+1)/(n*8)) for k in 0..8.

@@ -61,6 +61,8 @@ fn worker(i: usize, n: usize) -> WorkerRecord {
         capacity: None,
         full: false,
         probe_failure: None,
+        models: Vec::new(),
+        reported_models: None,
     }
 }
 

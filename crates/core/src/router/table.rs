@@ -222,6 +222,8 @@ impl RoutingTable {
                     capacity: self.capacity[i],
                     full: self.full(i),
                     probe_failure: w.stats.probe_failure(),
+                    models: w.spec.models.clone(),
+                    reported_models: w.stats.reported_models(),
                 }
             })
             .collect()

@@ -86,6 +86,16 @@ pub struct WorkerRecord {
     /// that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_failure: Option<String>,
+    /// The models the worker serves in this gateway (its configured `models`), one pool each;
+    /// empty (and absent from the wire) when the fleet declares no models, and in frames of
+    /// gateways that predate models.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<String>,
+    /// What the worker's own `GET /v1/models` listed at its last answer, when the gateway learns
+    /// models (`[health] learn_models`); shown beside [`WorkerRecord::models`], never a pool of
+    /// its own. `None` when not asked or never answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reported_models: Option<Vec<String>>,
 }
 
 impl std::fmt::Display for WorkerState {

@@ -359,6 +359,7 @@ fn assemble(
     suppressed.register(&mut registry);
     parts.queue.register(&mut registry, Arc::clone(&router));
     tls.register(&mut registry);
+    crate::pool_metrics::register(&mut registry, Arc::clone(&router));
     let registry = Arc::new(registry);
     let upstreams = Arc::new(Upstreams::new(
         config.server.timeouts.connect,

@@ -185,6 +185,10 @@ pub struct HealthConfig {
     /// (a model still loading, a typo in its address) must not answer the first requests with 502s
     /// and worker errors, and a load balancer sees `/readiness` fail until a worker is confirmed.
     pub wait_for_first_probe: bool,
+    /// Also ask each worker whose probe passed for its `GET /v1/models`, with the probes, and
+    /// show what it lists (`reported_models` in its record). Shown only: the configured `models`
+    /// decide the pools. Off by default: not every engine serves the list.
+    pub learn_models: bool,
 }
 
 impl Default for HealthConfig {
@@ -197,6 +201,7 @@ impl Default for HealthConfig {
             healthy_threshold: 2,
             passive: true,
             wait_for_first_probe: true,
+            learn_models: false,
         }
     }
 }

@@ -30,6 +30,8 @@ struct ExplainQuery {
     target_worker: Option<Vec<u8>>,
     /// Workers to answer as if they were full (at their cap or saturated), by name.
     full: Vec<String>,
+    /// The model whose pool decides (needed when the gateway serves several).
+    model: Option<Vec<u8>>,
 }
 
 impl ExplainQuery {
@@ -57,6 +59,10 @@ impl ExplainQuery {
                 "target_worker" => {
                     once(&query.target_worker)?;
                     query.target_worker = Some(value);
+                }
+                "model" => {
+                    once(&query.model)?;
+                    query.model = Some(value);
                 }
                 "full" => query
                     .full
@@ -92,7 +98,7 @@ pub async fn explain(
 ) -> Result<Response, GatewayError> {
     let query = ExplainQuery::parse(raw.as_deref()).map_err(|message| {
         GatewayError::InvalidQuery(format!(
-            "{message}; expected ?routing_key=K[&explicit=true|false] or ?target_worker=NAME, and any full=NAME"
+            "{message}; expected ?routing_key=K[&explicit=true|false] or ?target_worker=NAME, any full=NAME and model=M"
         ))
     })?;
     for (name, value) in [
@@ -132,14 +138,22 @@ pub async fn explain(
         table: &table,
         assumed: &assumed,
     };
-    let decision: Decision = decide(table.ring(), table.policy(), &key, &view, 0, 0);
+    let (pool, model) = pool_of(&table, query.model.as_deref())?;
+    let decision: Decision = match pool {
+        Some(pool) => table.decide_in(pool, &key, &view, 0, 0),
+        None => decide(table.ring(), table.policy(), &key, &view, 0, 0),
+    };
+    let in_pool = |w: usize| pool.is_none_or(|pool| table.pools_of_worker(w).contains(&pool));
     let name = |w: usize| table.workers()[w].spec.name.clone();
-    let loads: serde_json::Map<String, serde_json::Value> = table
-        .workers()
-        .iter()
-        .map(|w| (w.spec.name.clone(), w.stats.active().into()))
+    let loads: serde_json::Map<String, serde_json::Value> = (table.workers().iter().enumerate())
+        .filter(|(index, _)| in_pool(*index))
+        .map(|(_, w)| (w.spec.name.clone(), w.stats.active().into()))
         .collect();
-    Ok(Json(serde_json::json!({
+    let fleet_loads: Vec<FleetLoad> = (fleet_loads(&view).into_iter().enumerate())
+        .filter(|(index, _)| in_pool(*index))
+        .map(|(_, load)| load)
+        .collect();
+    let mut answer = serde_json::json!({
         "worker": decision.worker.map(name),
         "branch": decision.branch,
         "preferred": decision.preferred.map(name),
@@ -147,7 +161,7 @@ pub async fn explain(
         "load_signal": decision.load_signal,
         "policy": table.policy(),
         "loads": loads,
-        "fleet_loads": fleet_loads(&view),
+        "fleet_loads": fleet_loads,
         "wait": decision.wait.map(|wait| match wait {
             Wait::ForWorker(w) => serde_json::json!({"for_worker": name(w)}),
             Wait::ForAnyWorker => serde_json::json!("for_any_worker"),
@@ -156,8 +170,47 @@ pub async fn explain(
             RoutingKey::None => Some("keyless requests pick the less loaded of two random healthy workers; explain shows one such pick"),
             _ => None,
         },
-    }))
-    .into_response())
+    });
+    // Only a gateway with models names one: older answers keep their shape.
+    if let Some(model) = model {
+        answer["model"] = model.into();
+    }
+    Ok(Json(answer).into_response())
+}
+
+/// The pool `model` names (`None` with no `model` in a fleet of one pool or none: the whole
+/// table's ring, as routing), and the model to answer with. Several pools need a `model`; one the
+/// table does not serve is refused, naming the ones it does.
+fn pool_of(
+    table: &RoutingTable,
+    model: Option<&[u8]>,
+) -> Result<(Option<bch_core::router::PoolId>, Option<String>), GatewayError> {
+    let served = || {
+        (table.pools().iter())
+            .filter_map(|pool| pool.model().map(|m| format!("{m:?}")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some(model) = model else {
+        if table.pools().len() > 1 {
+            return Err(GatewayError::InvalidQuery(format!(
+                "model=M is required: this gateway serves several models ({}), each in its own pool",
+                served()
+            )));
+        }
+        return Ok((None, None));
+    };
+    let model = String::from_utf8_lossy(model).into_owned();
+    match table.pool_of_model(&model) {
+        Some(pool) => Ok((Some(pool), Some(model))),
+        None if !table.has_models() => Err(GatewayError::InvalidQuery(format!(
+            "model={model:?}: this gateway declares no models; leave model out"
+        ))),
+        None => Err(GatewayError::InvalidQuery(format!(
+            "model={model:?}: no worker serves it (served: {})",
+            served()
+        ))),
+    }
 }
 
 /// One worker's entry of `fleet_loads`: the rule's numbers, with the last report's age and

@@ -30,6 +30,7 @@ mod drain;
 mod explain;
 mod membership_changes;
 mod metrics;
+mod models;
 mod policy;
 mod probes;
 mod read_only;
