@@ -6,6 +6,12 @@ and the first `data:` chunk (that is the stream "opened"), then keep reading wha
 hold ends. Connects are ramped with a concurrency limit so the listen backlogs are not the thing being
 measured. While every stream is open, the proxy process's RSS and CPU time are read from /proc.
 
+One source address gives at most one connection per ephemeral port (net.ipv4.ip_local_port_range,
+about 28,000 by default) to the one listening port, so beyond --per-source streams (default 25,000)
+the connections are spread over several loopback source addresses, 127.0.0.1, 127.0.0.2, ...
+(all of 127.0.0.0/8 is local on Linux). The proxy's own connections to its upstreams need ports too:
+give it enough upstream ports (workers) for the count held.
+
 Prints one JSON object: streams asked/opened/failed, time to open them all, time-to-first-chunk
 percentiles, and (with --pid) the process's RSS before/held, RSS per held stream, peak RSS and CPU
 seconds used while opening and holding.
@@ -35,10 +41,11 @@ def proc_status_kib(pid, field):
     return 0
 
 
-async def one_stream(host, port, path, body, key, opened, release, stats):
+async def one_stream(host, port, path, body, key, source, opened, release, stats):
     t0 = time.perf_counter()
     try:
-        reader, writer = await asyncio.open_connection(host, port)
+        local = (source, 0) if source else None
+        reader, writer = await asyncio.open_connection(host, port, local_addr=local)
     except OSError as e:
         stats["errors"].append(f"connect: {e}")
         opened.release_one(False)
@@ -108,6 +115,20 @@ class Counter:
             self.done.set()
 
 
+def source_addresses(host, streams, per_source):
+    """Loopback source addresses enough for `streams` at `per_source` each; none (the kernel picks)
+    when one address is enough or the target is not on loopback."""
+    needed = -(-streams // max(1, per_source))
+    if needed <= 1:
+        return []
+    if not host.startswith("127."):
+        sys.exit(f"hold_streams.py: {streams} streams need {needed} source addresses, "
+                 f"which only a loopback target ({host}) gives here")
+    if needed > 254:
+        sys.exit(f"hold_streams.py: {streams} streams need {needed} loopback source addresses (at most 254)")
+    return [f"127.0.0.{i}" for i in range(1, needed + 1)]
+
+
 def percentile(values, p):
     if not values:
         return None
@@ -128,8 +149,11 @@ async def main():
     ap.add_argument("--hold", type=float, default=10.0, help="seconds to hold all streams open")
     ap.add_argument("--pid", type=int, help="process whose RSS and CPU to report")
     ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--per-source", type=int, default=25000,
+                    help="streams per loopback source address before the next one (127.0.0.2, ...) is used")
     args = ap.parse_args()
     body = open(args.body, "rb").read()
+    sources = source_addresses(args.host, args.streams, args.per_source)
 
     stats = {"errors": [], "ttfc": [], "ended_early": 0, "bytes_held": 0}
     rss_before = proc_status_kib(args.pid, "VmRSS") if args.pid else None
@@ -144,7 +168,7 @@ async def main():
         tasks.append(
             asyncio.ensure_future(
                 one_stream(args.host, args.port, args.path, body, f"key-{i % args.keys}",
-                           opened, release, stats)
+                           sources[i // args.per_source] if sources else None, opened, release, stats)
             )
         )
     try:
@@ -167,6 +191,7 @@ async def main():
         "opened": opened.ok,
         "failed": opened.failed,
         "ended_early": stats["ended_early"],
+        "source_addresses": len(sources) or 1,
         "open_seconds": round(open_s, 3),
         "bytes_held": stats["bytes_held"],
         "ttfc_us": {

