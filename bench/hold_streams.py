@@ -33,6 +33,17 @@ def proc_cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def kernel_tcp_pages():
+    """Pages the kernel charges to TCP socket buffers machine-wide (/proc/net/sockstat "TCP: ... mem"):
+    queued bytes in socket buffers, kernel memory, never in a process's RSS."""
+    with open("/proc/net/sockstat") as f:
+        for line in f:
+            if line.startswith("TCP:"):
+                fields = line.split()
+                return int(fields[fields.index("mem") + 1])
+    return 0
+
+
 def proc_status_kib(pid, field):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -156,6 +167,7 @@ async def main():
     sources = source_addresses(args.host, args.streams, args.per_source)
 
     stats = {"errors": [], "ttfc": [], "ended_early": 0, "bytes_held": 0}
+    tcp_pages_before = kernel_tcp_pages()
     rss_before = proc_status_kib(args.pid, "VmRSS") if args.pid else None
     cpu_before = proc_cpu_seconds(args.pid) if args.pid else None
     opened = Counter(args.streams)
@@ -178,6 +190,7 @@ async def main():
     open_s = time.perf_counter() - t0
     await asyncio.sleep(min(1.0, args.hold))
     rss_held = proc_status_kib(args.pid, "VmRSS") if args.pid else None
+    tcp_pages_held = kernel_tcp_pages()
     cpu_open = proc_cpu_seconds(args.pid) if args.pid else None
     await asyncio.sleep(max(0.0, args.hold - 1.0))
     rss_end = proc_status_kib(args.pid, "VmRSS") if args.pid else None
@@ -199,6 +212,9 @@ async def main():
             "p99": int(percentile(stats["ttfc"], 99) * 1e6) if stats["ttfc"] else None,
         },
         "errors": sorted(set(stats["errors"]))[:5],
+        # Socket buffers of every TCP socket on the machine (both sides of every hop), per stream.
+        "kernel_tcp_kib_per_stream": round((tcp_pages_held - tcp_pages_before) * os.sysconf("SC_PAGE_SIZE")
+                                           / 1024 / max(1, opened.ok), 2),
     }
     if args.pid:
         held = max(rss_held, rss_end)
