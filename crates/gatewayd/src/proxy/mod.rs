@@ -224,13 +224,10 @@ async fn send_with_retry(
             Ok(response) => {
                 exchange.headers_arrived();
                 exchange.set_status(response.status());
-                // SMG names the serving worker by its URL; a URL is valid header text (a
-                // name may not be), so this is `None` only for a URL no worker could have.
-                let url = &table.workers()[worker].spec.url;
                 return Ok(Answered {
                     response,
                     worker_header: target.worker_header.clone(),
-                    routed_worker_header: HeaderValue::from_str(url).ok(),
+                    routed_worker_header: target.routed_worker_header.clone(),
                     branch,
                 });
             }

@@ -65,13 +65,16 @@ pub(super) struct RecordingFile {
 }
 
 impl RecordingFile {
-    /// Creates (or truncates) the target's file and writes the header.
+    /// Creates the target's file with its header, replacing the one there. The header is written
+    /// to `FILE.partial` first and that is renamed over `FILE`, so whoever reads `FILE` (a replay
+    /// of a live recording, `tail -f`) always finds a whole header, never an empty file.
     fn create(target: RecordingTarget) -> std::io::Result<Self> {
+        let partial = suffixed_path(&target.path, "partial");
         let file = OpenOptions::new()
             .create(true)
             .write(true)
             .truncate(true)
-            .open(&target.path)?;
+            .open(&partial)?;
         let mut this = Self {
             target,
             file: BufWriter::new(file),
@@ -87,6 +90,7 @@ impl RecordingFile {
         };
         this.write(&opened.to_line())?;
         this.file.flush()?;
+        std::fs::rename(&partial, &this.target.path)?;
         Ok(this)
     }
 
@@ -97,7 +101,8 @@ impl RecordingFile {
     }
 
     /// Moves `FILE` to `FILE.1` (and each older one up, the oldest deleted), then starts a fresh
-    /// `FILE`.
+    /// `FILE`. `FILE` never goes missing: `FILE.1` is made a second name of it (a hard link; a
+    /// rename where the file system has none) before the fresh file is renamed over it.
     fn rotate(self) -> std::io::Result<Self> {
         let Self { target, file, .. } = self;
         drop(file.into_inner().map_err(|e| e.into_error())?);
@@ -109,15 +114,23 @@ impl RecordingFile {
                 std::fs::rename(&from, numbered(n + 1))?;
             }
         }
-        std::fs::rename(&target.path, numbered(1))?;
+        if std::fs::hard_link(&target.path, numbered(1)).is_err() {
+            std::fs::rename(&target.path, numbered(1))?;
+        }
         Self::create(target)
     }
 }
 
 /// `FILE.n`.
 fn rotated_path(path: &Path, n: u32) -> PathBuf {
+    suffixed_path(path, &n.to_string())
+}
+
+/// `FILE.suffix`.
+fn suffixed_path(path: &Path, suffix: &str) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
-    name.push(format!(".{n}"));
+    name.push(".");
+    name.push(suffix);
     PathBuf::from(name)
 }
 

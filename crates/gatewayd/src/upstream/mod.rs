@@ -95,6 +95,9 @@ pub struct Endpoint {
     pub host_header: Option<HeaderValue>,
     /// `x-bch-worker` for responses from this worker (`None` if the name is no valid header value).
     pub worker_header: Option<HeaderValue>,
+    /// `x-smg-routed-worker-id` for responses from this worker: its URL as configured, the way SMG
+    /// names a worker (`None` if it is no valid header value, which a parsed URL cannot be).
+    pub routed_worker_header: Option<HeaderValue>,
     /// `http://host:port/` (or `https://`), what a new connection is opened to.
     connect_uri: Uri,
     /// For an `https://` worker, the name its certificate is checked against.
@@ -104,7 +107,7 @@ pub struct Endpoint {
 
 impl Endpoint {
     fn new(
-        name: &str,
+        spec: &WorkerSpec,
         url: WorkerUrl,
         server_name: Option<ServerName<'static>>,
         pool: Arc<WorkerPool>,
@@ -116,9 +119,10 @@ impl Endpoint {
             .build()
             .expect("scheme and authority come from a parsed URI");
         Self {
-            name: name.to_owned(),
+            name: spec.name.clone(),
             host_header: HeaderValue::from_str(url.authority.as_str()).ok(),
-            worker_header: HeaderValue::from_str(name).ok(),
+            worker_header: HeaderValue::from_str(&spec.name).ok(),
+            routed_worker_header: HeaderValue::from_str(&spec.url).ok(),
             url,
             connect_uri,
             server_name,
@@ -200,19 +204,21 @@ impl Upstreams {
                 let endpoint = match previous.get(&key) {
                     Some(old)
                         if old.name == spec.name
+                            && old.routed_worker_header.as_ref().map(HeaderValue::as_bytes)
+                                == Some(spec.url.as_bytes())
                             && old.url == member.url
                             && old.server_name == member.server_name =>
                     {
                         Arc::clone(old)
                     }
                     Some(old) => Arc::new(Endpoint::new(
-                        &spec.name,
+                        spec,
                         member.url.clone(),
                         member.server_name.clone(),
                         Arc::clone(&old.pool),
                     )),
                     None => Arc::new(Endpoint::new(
-                        &spec.name,
+                        spec,
                         member.url.clone(),
                         member.server_name.clone(),
                         Arc::new(WorkerPool::new(self.idle_timeout)),
@@ -366,7 +372,7 @@ enum Failure {
 fn departed_endpoint(spec: &WorkerSpec, idle_timeout: Duration) -> Option<Arc<Endpoint>> {
     let url = WorkerUrl::parse(&spec.url).ok()?;
     Some(Arc::new(Endpoint::new(
-        &spec.name,
+        spec,
         url,
         None,
         Arc::new(WorkerPool::new(idle_timeout)),
