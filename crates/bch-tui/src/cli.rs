@@ -85,6 +85,12 @@ pub struct Cli {
     #[arg(long)]
     pub read_only: bool,
 
+    /// Start on MODEL's pool: the panels show the workers that serve MODEL, the ring the gateway
+    /// routes it on, their keys and spills, and OVER by the pool's own bound (`m` goes on to
+    /// the next model, then back to every worker). Exact, case-sensitive name.
+    #[arg(long, value_name = "MODEL")]
+    pub model: Option<String>,
+
     /// Minutes a worker may drain before the warnings pane (`w`) reports it.
     #[arg(long, default_value_t = 5, value_name = "MINUTES")]
     pub drain_warning: u64,
