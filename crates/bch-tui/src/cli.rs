@@ -253,6 +253,9 @@ mod tests {
                 .read_only
         );
         cli.validate().unwrap();
+        assert_eq!(cli.model, None, "every worker unless a model is asked for");
+        let on_one = Cli::try_parse_from(["bch-tui", "--model", "qwen-2.5-7b"]).unwrap();
+        assert_eq!(on_one.model.as_deref(), Some("qwen-2.5-7b"));
         for bad in [
             "http://127.0.0.1:9090/ws",
             "https://gw:9090/ws",

@@ -9,6 +9,7 @@ mod common;
 use bch_core::policy::{FleetLoad, PolicySettings};
 use bch_core::recording::{RecordedEvent, RecordedKind, Recording, RecordingHeader};
 use bch_core::ring::Ring;
+use bch_core::router::{Router, WorkerSource, WorkerSpec};
 use bch_core::telemetry::{
     RingOwnership, ServerFrame, ServerMessage, Snapshot, WorkerRecord, WorkerState,
 };
@@ -190,9 +191,10 @@ fn fleet(loads: &[u64], models: &[u8], up: &[(bool, bool)]) -> Vec<WorkerRecord>
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
-    /// Per pool: OVER is bch-core's rule over the pool's routable loads, and the pool's workers,
-    /// ring and OVER marks are those of a one-model console over the pool's workers. The whole
-    /// fleet's view marks a worker OVER when one of its pools' rules does.
+    /// Per pool: OVER is bch-core's rule over the pool's routable loads, the ring is the one
+    /// bch-core's router routes the pool on, and the pool's workers, ring and OVER marks are
+    /// those of a one-model console over the pool's workers. The whole fleet's view marks a
+    /// worker OVER when one of its pools' rules does.
     #[test]
     fn a_pool_is_a_one_model_fleet_over_its_workers(
         fleet_spec in (2usize..9).prop_flat_map(|n| (
@@ -215,6 +217,19 @@ proptest! {
         let mut s = connected_with(edit);
         let policy: PolicySettings = s.live().policy.unwrap();
         let whole_rule = s.visible().over_rule();
+        // The gateway's router over the same membership: its pools' rings.
+        let specs = (workers.iter())
+            .map(|w| WorkerSpec {
+                name: w.name.clone(),
+                url: w.url.clone(),
+                ring_id: None,
+                source: WorkerSource::Static,
+                max_in_flight: None,
+                models: w.models.clone(),
+            })
+            .collect();
+        let router = Router::new(specs, policy).unwrap();
+        let table = router.table();
         for model in s.live().models().into_iter().map(str::to_owned).collect::<Vec<_>>() {
             s.set_pool(Some(model.clone()));
             let pool = s.visible();
@@ -239,7 +254,14 @@ proptest! {
             }
             let pool_ring = pool.ring.as_deref().map(|r| r.workers.clone());
             let alone_ring = alone.visible().ring.as_deref().map(|r| r.workers.clone());
-            prop_assert_eq!(pool_ring, alone_ring);
+            prop_assert_eq!(&pool_ring, &alone_ring);
+            let routed = table.pool(table.pool_of_model(&model).unwrap()).unwrap();
+            let routed_names: Vec<&str> = (routed.workers().iter())
+                .map(|&w| table.workers()[w].spec.name.as_str())
+                .collect();
+            prop_assert_eq!(&routed_names, &names(&members));
+            let gateway_ring = RingOwnership::of_ring(routed.ring(), &routed_names);
+            prop_assert_eq!(pool_ring, Some(gateway_ring.workers));
         }
         // And nothing is OVER in the whole view that no pool's rule marks.
         s.set_pool(None);
