@@ -6,12 +6,12 @@
 //! connection, seq, last frame time and [`FleetPicture`]), the picture merged across them
 //! (`merge.rs`), the frozen copy, the threshold changes and their fate (`commands.rs`) and the
 //! view-only [`Ui`] (`ui.rs`); `pools.rs` sees the fleet by model (one pool's picture, the OVER
-//! rule per pool) and `pool_selection.rs` keeps the shown pool's picture; `actions.rs` carries out the operator's actions
-//! ([`State::apply_action`]); `worker_rows.rs` gives the workers panel its rows at any fleet
-//! size, the worker search and the jump to the hottest worker. Its fields are private: the app
-//! and the tests change it only through `apply_*` and [`State::set_viewports`], and read it
-//! through accessors. Events and frames name their replica with a [`ReplicaId`]; one that the
-//! state does not watch is a bug in the caller, and panics.
+//! rule per pool) and `pool_selection.rs` keeps the shown pool's picture; `actions.rs` carries
+//! out the operator's actions ([`State::apply_action`]); `worker_rows.rs` gives the workers
+//! panel its rows at any fleet size, the worker search and the jump to the hottest worker. Its
+//! fields are private: the app and the tests change it only through `apply_*` and
+//! [`State::set_viewports`], and read it through accessors. Events and frames name their replica
+//! with a [`ReplicaId`]; one that the state does not watch is a bug in the caller, and panics.
 
 mod actions;
 mod caps;

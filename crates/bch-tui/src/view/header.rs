@@ -1,6 +1,7 @@
-//! The four header lines above the panels: connection and pause status, the policy in force with
-//! the fleet's rates, the rate sparklines, and one line for the most pressing message. The header
-//! always shows the live fleet, so rates and the policy stay current while the panels are paused.
+//! The four header lines above the panels: the model's pool shown (with models), connection and
+//! pause status, the policy in force with the fleet's rates, the rate sparklines, and one line
+//! for the most pressing message. The header always shows the live fleet, so rates and the
+//! policy stay current while the panels are paused.
 
 use bch_core::policy::PolicyKind;
 use ratatui::Frame;
