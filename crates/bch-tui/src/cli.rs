@@ -85,6 +85,12 @@ pub struct Cli {
     #[arg(long)]
     pub read_only: bool,
 
+    /// Start on MODEL's pool: the panels show the workers that serve MODEL, the ring the gateway
+    /// routes it on, their keys and spills, and OVER by the pool's own bound (`m` goes on to
+    /// the next model, then back to every worker). Exact, case-sensitive name.
+    #[arg(long, value_name = "MODEL")]
+    pub model: Option<String>,
+
     /// Minutes a worker may drain before the warnings pane (`w`) reports it.
     #[arg(long, default_value_t = 5, value_name = "MINUTES")]
     pub drain_warning: u64,
@@ -247,6 +253,9 @@ mod tests {
                 .read_only
         );
         cli.validate().unwrap();
+        assert_eq!(cli.model, None, "every worker unless a model is asked for");
+        let on_one = Cli::try_parse_from(["bch-tui", "--model", "qwen-2.5-7b"]).unwrap();
+        assert_eq!(on_one.model.as_deref(), Some("qwen-2.5-7b"));
         for bad in [
             "http://127.0.0.1:9090/ws",
             "https://gw:9090/ws",

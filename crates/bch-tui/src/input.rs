@@ -41,6 +41,8 @@ pub enum Action {
     CycleSort,
     /// Order the workers panel by load, or back by configuration.
     ToggleWorkerOrder,
+    /// Show the next model's pool (all workers → each model by name → all workers).
+    CyclePool,
     /// Drain the selected worker: no new requests, its in-flight ones finish.
     Drain,
     /// Route new requests to the selected worker again.
@@ -191,6 +193,11 @@ pub(crate) const BINDINGS: &[Binding] = &[
         keys: "l",
         meaning: "order workers by load / by configuration",
         actions: &[(|k| is_char(k, 'l'), Action::ToggleWorkerOrder)],
+    },
+    Binding {
+        keys: "m",
+        meaning: "one model's pool: all → each model → all",
+        actions: &[(|k| is_char(k, 'm'), Action::CyclePool)],
     },
     Binding {
         keys: "p",
@@ -411,6 +418,7 @@ mod tests {
             (key(KeyCode::Char('d')), Action::Drain),
             (key(KeyCode::Char('u')), Action::Undrain),
             (key(KeyCode::Char('l')), Action::ToggleWorkerOrder),
+            (key(KeyCode::Char('m')), Action::CyclePool),
             (key(KeyCode::Char('f')), Action::StartSearch),
             (key(KeyCode::Char('h')), Action::JumpHottest),
             (key(KeyCode::Tab), Action::FocusNext),
@@ -443,7 +451,7 @@ mod tests {
         }
         let entries: usize = BINDINGS.iter().map(|b| b.actions.len()).sum();
         assert_eq!(
-            entries, 27,
+            entries, 28,
             "a binding was added without a key in this test"
         );
         for unbound in [

@@ -36,8 +36,8 @@ pub use screen::screen_text;
 pub use state::{
     Baseline, COMMAND_TIMEOUT, Change, CommandEntry, CommandState, DRAIN_WARNING_DEFAULT, Effect,
     FleetBound, FleetPicture, MAX_DISCOVERY_SOURCES, MAX_KEY_WORKERS, MAX_KEYS, MAX_TEXT_BYTES,
-    MAX_WORKERS, Panel, Playback, Replica, ReplicaId, SPILL_LOG_CAP, Sample, Settings, Severity,
-    SortColumn, State, Ui, Warning, WorkerOrder,
+    MAX_WORKER_MODELS, MAX_WORKERS, OverRule, Panel, Playback, Replica, ReplicaId, SPILL_LOG_CAP,
+    Sample, Settings, Severity, SortColumn, State, Ui, Warning, WorkerOrder,
 };
 pub use term::TerminalGuard;
 pub use view::{draw, viewports};

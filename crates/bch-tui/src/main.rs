@@ -74,6 +74,7 @@ async fn run(cli: Cli) -> anyhow::Result<Option<StopSignal>> {
     if cli.read_only {
         state.set_read_only();
     }
+    state.set_pool(cli.model.clone());
     let mut app = App::with_replicas(state, commands);
     if let Some(path) = &cli.record {
         let recorder = Recorder::create(path, cli.url.clone())
@@ -146,6 +147,7 @@ async fn snapshot_live(
 /// recorded time printed.
 async fn replay(cli: &Cli, path: &std::path::Path) -> anyhow::Result<Option<StopSignal>> {
     let mut replay = Replay::open(path)?;
+    replay.state_mut().set_pool(cli.model.clone());
     if let Some(after) = cli.snapshot {
         let at = replay.start_ms().saturating_add(after.as_millis() as u64);
         replay.seek(at);

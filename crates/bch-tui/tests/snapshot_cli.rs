@@ -1,12 +1,13 @@
 //! The binary's `--record`, `--snapshot` and `--replay` together, against a tiny fake gateway on
 //! 127.0.0.1:0: one screen printed as text at the size asked, the session recorded, the recording
-//! printed again as a replay's screen; a recording from a newer build refused with a clear error.
+//! printed again as a replay's screen; a recording from a newer build refused with a clear error;
+//! `--model` starting a replay on one model's pool.
 
 mod common;
 
 use std::process::{Command, Output};
 
-use bch_core::recording::{RecordedKind, Recording};
+use bch_core::recording::{RecordedEvent, RecordedKind, Recording, RecordingHeader};
 use bch_core::telemetry::ServerFrame;
 use common::frame_at;
 use futures_util::{SinkExt, StreamExt};
@@ -124,4 +125,52 @@ async fn a_snapshot_prints_one_screen_and_a_recording_replays_it() {
     assert!(!refused.status.success());
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("version 99 is newer"), "{stderr}");
+}
+
+/// `--model` with `--replay`: the screen is the pool's from the recording's first snapshot on,
+/// and the header names the model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_starts_on_the_model_given() {
+    const START_MS: u64 = 1_767_268_800_000;
+    let snapshot = common::snapshot_with(|snap| {
+        let models: [&[&str]; 4] = [&["llama"], &["llama", "qwen"], &["qwen"], &["qwen"]];
+        for (worker, models) in snap.workers.iter_mut().zip(models) {
+            worker.models = models.iter().map(|m| (*m).to_owned()).collect();
+        }
+    });
+    let event = |at_ms, kind| RecordedEvent {
+        at_ms,
+        replica: 0,
+        kind,
+    };
+    let mut text = RecordingHeader::new("bch-tui", START_MS, vec!["ws://gw/ws".into()]).to_line();
+    text.push_str(&event(START_MS, RecordedKind::Connected).to_line());
+    let frame = RecordedKind::Frame {
+        frame: Box::new(snapshot),
+    };
+    text.push_str(&event(START_MS + 5, frame).to_line());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("two-models.jsonl");
+    std::fs::write(&file, text).unwrap();
+    let args = [
+        "--replay",
+        file.to_str().unwrap(),
+        "--snapshot",
+        "1",
+        "--model",
+        "qwen",
+        "--width",
+        "80",
+        "--height",
+        "24",
+    ];
+    let replayed = console(args.iter().map(|s| (*s).to_owned()).collect()).await;
+    assert!(replayed.status.success(), "{replayed:?}");
+    let screen = rows(&replayed, 80, 24);
+    assert!(screen[0].contains("model qwen"), "{}", screen.join("\n"));
+    assert!(
+        screen.iter().any(|row| row.contains("Workers 3/3 healthy")),
+        "{}",
+        screen.join("\n")
+    );
 }

@@ -29,6 +29,7 @@ impl State {
                     Some(_) => None,
                     None => Some(self.live().clone()),
                 };
+                self.refresh_pool_view();
             }
             Action::FocusNext => self.ui.focus_step(true),
             Action::FocusPrev => self.ui.focus_step(false),
@@ -49,6 +50,7 @@ impl State {
             Action::ScrollBottom => self.ui.scroll_to(self.max_scroll(self.ui.focus())),
             Action::CycleSort => self.ui.cycle_sort(),
             Action::ToggleWorkerOrder => self.ui.toggle_worker_order(),
+            Action::CyclePool => self.cycle_pool(),
             Action::Drain | Action::Undrain => return self.drain(action == Action::Drain),
             Action::StartFilter => self.ui.start_filter(),
             Action::FilterChar(c) => self.ui.type_filter(c),

@@ -23,6 +23,9 @@ pub const MAX_WORKERS: usize = 20_000;
 pub const MAX_KEY_WORKERS: usize = 64;
 /// DNS discovery sources kept.
 pub const MAX_DISCOVERY_SOURCES: usize = 1_024;
+/// Models kept per worker (configured and reported each): a worker serves a few; past it, the
+/// first in the gateway's order stay.
+pub const MAX_WORKER_MODELS: usize = 64;
 /// Bytes kept of any one string (a name, a key, a URL, an error); longer ones are cut at a
 /// character boundary. Gateways cut key labels to 64 characters and errors are one line, so only
 /// a hostile server reaches it.
@@ -53,6 +56,12 @@ pub(super) fn worker(record: &mut WorkerRecord) {
     cut_option(&mut record.probe_failure);
     if let Open::Known(WorkerSource::Dns(name)) | Open::Unknown(name) = &mut record.source {
         cut(name);
+    }
+    record.models.truncate(MAX_WORKER_MODELS);
+    record.models.iter_mut().for_each(cut);
+    if let Some(reported) = &mut record.reported_models {
+        reported.truncate(MAX_WORKER_MODELS);
+        reported.iter_mut().for_each(cut);
     }
 }
 

@@ -5,12 +5,13 @@
 //! [`State`] owns the parts: one [`Replica`] per gateway the console watches (`replica.rs`: its
 //! connection, seq, last frame time and [`FleetPicture`]), the picture merged across them
 //! (`merge.rs`), the frozen copy, the threshold changes and their fate (`commands.rs`) and the
-//! view-only [`Ui`] (`ui.rs`); `actions.rs` carries out the operator's actions
-//! ([`State::apply_action`]); `worker_rows.rs` gives the workers panel its rows at any fleet
-//! size, the worker search and the jump to the hottest worker. Its fields are private: the app
-//! and the tests change it only through `apply_*` and [`State::set_viewports`], and read it
-//! through accessors. Events and frames name their replica with a [`ReplicaId`]; one that the
-//! state does not watch is a bug in the caller, and panics.
+//! view-only [`Ui`] (`ui.rs`); `pools.rs` sees the fleet by model (one pool's picture, the OVER
+//! rule per pool) and `pool_selection.rs` keeps the shown pool's picture; `actions.rs` carries
+//! out the operator's actions ([`State::apply_action`]); `worker_rows.rs` gives the workers
+//! panel its rows at any fleet size, the worker search and the jump to the hottest worker. Its
+//! fields are private: the app and the tests change it only through `apply_*` and
+//! [`State::set_viewports`], and read it through accessors. Events and frames name their replica
+//! with a [`ReplicaId`]; one that the state does not watch is a bug in the caller, and panics.
 
 mod actions;
 mod caps;
@@ -18,6 +19,8 @@ mod commands;
 mod merge;
 mod picture;
 mod playback;
+mod pool_selection;
+mod pools;
 mod replica;
 mod ui;
 mod warning;
@@ -28,13 +31,14 @@ use bch_core::telemetry::{ClientCommand, CommandId, KeyRecord, ServerFrame, Work
 use tokio::time::{Duration, Instant};
 
 pub use self::caps::{
-    MAX_DISCOVERY_SOURCES, MAX_KEY_WORKERS, MAX_KEYS, MAX_TEXT_BYTES, MAX_WORKERS,
+    MAX_DISCOVERY_SOURCES, MAX_KEY_WORKERS, MAX_KEYS, MAX_TEXT_BYTES, MAX_WORKER_MODELS,
+    MAX_WORKERS,
 };
 use self::commands::CommandLog;
 pub use self::commands::{COMMAND_TIMEOUT, Change, CommandEntry, CommandState};
-pub(crate) use self::picture::routable;
 pub use self::picture::{Baseline, FleetBound, FleetPicture, SPILL_LOG_CAP, Sample};
 pub use self::playback::Playback;
+pub use self::pools::OverRule;
 use self::replica::{Answer, differing};
 pub use self::replica::{Replica, ReplicaId, Settings};
 pub use self::ui::{Panel, SortColumn, Ui, WorkerOrder};
@@ -65,6 +69,9 @@ pub struct State {
     merged: FleetPicture,
     /// While paused, the copy the panels show.
     frozen: Option<FleetPicture>,
+    /// With a pool picked ([`Ui::pool`]): that pool's picture of the live or frozen fleet, which
+    /// the panels show.
+    pool_view: Option<FleetPicture>,
     commands: CommandLog,
     notice: Option<String>,
     ui: Ui,
@@ -91,6 +98,7 @@ impl State {
             replicas,
             merged: FleetPicture::default(),
             frozen: None,
+            pool_view: None,
             commands: CommandLog::default(),
             notice: None,
             ui: Ui::default(),
@@ -233,8 +241,14 @@ impl State {
         }
     }
 
-    /// What the panels show: the frozen copy while paused, else the live fleet.
+    /// What the panels show: the picked pool's picture, else the whole fleet ([`State::whole`]).
     pub fn visible(&self) -> &FleetPicture {
+        self.pool_view.as_ref().unwrap_or_else(|| self.whole())
+    }
+
+    /// The whole fleet, whatever pool is picked: the frozen copy while paused, else the live
+    /// fleet. The warnings read it, so a pool's view hides nothing that is wrong elsewhere.
+    pub fn whole(&self) -> &FleetPicture {
         self.frozen.as_ref().unwrap_or_else(|| self.live())
     }
 
@@ -290,6 +304,7 @@ impl State {
     /// back rebuilds the fleet from an earlier state but keeps where the operator was looking.
     pub fn keep_view_of(&mut self, other: &State) {
         self.ui = other.ui.clone();
+        self.refresh_pool_view();
     }
 
     /// View-only state: focus, scrolling, sort, filter, help.
@@ -338,6 +353,7 @@ impl State {
                 // A replica that went away takes its loads and rates out of the merge now, not
                 // at its next frame (which never comes while it is down).
                 self.remerge();
+                self.refresh_live_pool_view();
                 None
             }
             ConnEvent::Frame(frame) => self.apply_replica_frame(replica, *frame),
@@ -384,6 +400,7 @@ impl State {
         self.commands
             .confirm_from(index, self.replicas[index].fleet());
         self.remerge();
+        self.refresh_live_pool_view();
         resync
     }
 

@@ -79,6 +79,9 @@ pub struct FleetPicture {
     /// The gateway said this connection is read-only (opened with the metrics token): it
     /// refuses every write command.
     pub read_only: bool,
+    /// The model whose pool this picture shows (its workers, its ring, their keys), when it is
+    /// one pool's view (`pools.rs`); `None` for the whole fleet.
+    pub pool: Option<String>,
     /// Every arc of the ring as `(start, end, index into ring.workers)`, sorted by start, so the
     /// owner of any position is a binary search away.
     arcs: Arc<Vec<(f64, f64, usize)>>,
@@ -160,6 +163,11 @@ pub struct FleetBound {
 }
 
 impl FleetBound {
+    /// The bound of `load` under `policy`.
+    pub(super) fn new(load: FleetLoad, policy: PolicySettings) -> Self {
+        Self { load, policy }
+    }
+
     /// Min, mean and count of the healthy workers' loads, as the rule reads them.
     pub fn load(&self) -> FleetLoad {
         self.load
@@ -221,9 +229,14 @@ impl FleetPicture {
     /// The current bound over the loads the rule reads ([`WorkerRecord::rule_load`]: local
     /// in-flight requests, or the fleet-wide load in `worker_metrics` mode), or `None` before the
     /// policy is known, while it is not in force, or while no worker takes requests. Like the
-    /// router, it counts the workers that take requests: healthy and not draining.
+    /// router, it counts the workers that take requests: healthy and not draining. `None` too
+    /// for the whole fleet of several pools (models), where each pool has its own bound
+    /// ([`FleetPicture::over_rule`]).
     pub fn bound(&self) -> Option<FleetBound> {
         let policy = self.policy.filter(|_| self.bound_in_force())?;
+        if self.pool.is_none() && self.several_pools() {
+            return None;
+        }
         let routable = self
             .workers
             .iter()
@@ -241,15 +254,11 @@ impl FleetPicture {
         self.workers.iter().filter(|w| w.full).count()
     }
 
-    /// The worker rows whose keys would spill on their next request (OVER).
+    /// The worker rows whose keys would spill on their next request (OVER), each by its pool's
+    /// bound ([`FleetPicture::over_rule`]).
     pub fn over(&self) -> usize {
-        let Some(bound) = self.bound() else {
-            return 0;
-        };
-        self.workers
-            .iter()
-            .filter(|w| routable(w) && bound.check(w.rule_load()).should_spill())
-            .count()
+        let rule = self.over_rule();
+        self.workers.iter().filter(|w| rule.over(w)).count()
     }
 
     /// Index into `ring.workers` of the worker owning ring position `x` (0.0..1.0), or `None`
@@ -402,7 +411,7 @@ impl FleetPicture {
     /// computation), unless it was already computed from the same ones. Once per membership
     /// change, never per draw: at 10,000 workers × 150 virtual nodes it hashes 1.5 million
     /// labels.
-    fn compute_ring(&mut self, virtual_nodes: u32) {
+    pub(super) fn compute_ring(&mut self, virtual_nodes: u32) {
         let members: RingMembers = (
             virtual_nodes,
             self.workers

@@ -119,6 +119,8 @@ pub struct Ui {
     /// Content rows each panel showed at the last draw (0 before the first), so scrolling stops
     /// at the last full page.
     viewport: [usize; 4],
+    /// The model whose pool the panels show; `None`: every worker.
+    pool: Option<String>,
 }
 
 impl Default for Ui {
@@ -136,6 +138,7 @@ impl Default for Ui {
             help: false,
             warnings: false,
             viewport: [0; 4],
+            pool: None,
         }
     }
 }
@@ -186,6 +189,20 @@ impl Ui {
     /// prompt is open; `None` otherwise.
     pub fn search(&self) -> Option<&str> {
         self.search_origin.as_ref().map(|_| self.search.as_str())
+    }
+
+    /// The model whose pool the panels show (`m`, `--model`); `None`: every worker.
+    pub fn pool(&self) -> Option<&str> {
+        self.pool.as_deref()
+    }
+
+    /// Shows `model`'s pool, or every worker. Scrolling starts again at the top: the rows of
+    /// another pool are other rows.
+    pub(super) fn set_pool(&mut self, model: Option<String>) {
+        if self.pool != model {
+            self.scroll = [0; 4];
+        }
+        self.pool = model;
     }
 
     /// Whether the warnings pane is open.

@@ -67,7 +67,7 @@ impl State {
     /// Workers failing probes, reading a stale or old scrape, draining too long, full.
     fn worker_warnings(&self, now: Instant) -> Vec<Warning> {
         let mut out = Vec::new();
-        for w in &self.visible().workers {
+        for w in &self.whole().workers {
             let name = &w.name;
             if let Some(why) = &w.probe_failure {
                 out.push(Warning::alert(format!(
@@ -118,7 +118,7 @@ impl State {
     /// Discovery sources whose last resolution failed or found nothing.
     fn discovery_warnings(&self) -> Vec<Warning> {
         let mut out = Vec::new();
-        for source in &self.visible().discovery {
+        for source in &self.whole().discovery {
             let name = &source.name;
             let why = source.last_error.as_deref().unwrap_or("no reason given");
             match source.state.known() {
@@ -137,7 +137,7 @@ impl State {
 
     /// A gateway that sheds requests (its admission queue is full or off).
     fn admission_warnings(&self) -> Vec<Warning> {
-        let Some(admission) = &self.visible().admission else {
+        let Some(admission) = &self.whole().admission else {
             return Vec::new();
         };
         if admission.shed_per_s <= 0.0 {
@@ -154,7 +154,7 @@ impl State {
     /// the rate over the [`SURGE_BEFORE_S`] s before (or as much of it as the rate history holds),
     /// and at least [`SURGE_FLOOR_PER_S`].
     fn surge_warning(&self) -> Option<Warning> {
-        let picture = self.visible();
+        let picture = self.whole();
         let tick_ms = picture.tick_interval_ms.unwrap_or(100).max(1);
         let recent_n = (SURGE_RECENT_S * 1000).div_ceil(tick_ms) as usize;
         let before_n = (SURGE_BEFORE_S * 1000).div_ceil(tick_ms) as usize;

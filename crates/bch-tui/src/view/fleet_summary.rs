@@ -9,7 +9,7 @@ use ratatui::text::{Line, Span};
 
 use super::styles::{Styles, Tone};
 use super::text::printable;
-use crate::state::{FleetBound, FleetPicture, routable};
+use crate::state::{FleetPicture, OverRule};
 
 /// Histogram cells, from one worker (or none) to the fullest bucket.
 const LEVELS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
@@ -48,10 +48,10 @@ pub(super) struct Census {
 }
 
 impl Census {
-    /// One pass over `fleet`'s workers; `bound` decides OVER. Widths are counted up to
+    /// One pass over `fleet`'s workers; `rule` decides OVER. Widths are counted up to
     /// `width_cap` only: a name longer than that is cut anyway, and a byte length at or below the
     /// widest so far cannot be wider (a character takes at least one byte).
-    pub(super) fn of(fleet: &FleetPicture, bound: Option<FleetBound>, width_cap: usize) -> Self {
+    pub(super) fn of(fleet: &FleetPicture, rule: &OverRule, width_cap: usize) -> Self {
         let mut c = Census::default();
         for (i, w) in fleet.workers.iter().enumerate() {
             c.healthy += usize::from(w.healthy);
@@ -67,7 +67,7 @@ impl Census {
                 c.any_capacity = true;
                 c.max_cap = c.max_cap.max(cap);
             }
-            if routable(w) && bound.is_some_and(|b| b.check(load).should_spill()) {
+            if rule.over(w) {
                 c.over += 1;
             }
             c.name_w = widest(c.name_w, &w.name, width_cap);

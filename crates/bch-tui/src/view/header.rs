@@ -1,6 +1,7 @@
-//! The four header lines above the panels: connection and pause status, the policy in force with
-//! the fleet's rates, the rate sparklines, and one line for the most pressing message. The header
-//! always shows the live fleet, so rates and the policy stay current while the panels are paused.
+//! The four header lines above the panels: the model's pool shown (with models), connection and
+//! pause status, the policy in force with the fleet's rates, the rate sparklines, and one line
+//! for the most pressing message. The header always shows the live fleet, so rates and the
+//! policy stay current while the panels are paused.
 
 use bch_core::policy::PolicyKind;
 use ratatui::Frame;
@@ -10,6 +11,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Sparkline};
 use tokio::time::Instant;
 
+use super::pool_label;
 use super::styles::{Styles, Tone};
 use super::text::{clock, printable};
 use super::timeline;
@@ -24,6 +26,24 @@ use crate::state::{
 /// overlay.
 const KEY_HINTS: &str =
     " g/G gap  s/S skew  d/u drain  l order  p pause  Tab  / filter  ? help  q quit";
+/// The key hints of a fleet with several models, all of them shown: `m` picks a pool.
+const MODELS_KEY_HINTS: &str =
+    " g/G gap  s/S skew  d/u drain  m model  p pause  Tab  / filter  ? help  q quit";
+/// The key hints while one model's pool is shown: the thresholds are the gateway's one set, for
+/// every pool (`docs/models.md`), so the hints say so.
+const POOL_KEY_HINTS: &str =
+    " g/G s/S gap, skew: all pools  m next model  d/u drain  p pause  ? help  q quit";
+
+/// The key hints for what is shown: a pool, every worker of several pools, or a fleet without.
+fn key_hints(state: &State) -> &'static str {
+    if state.pool().is_some() {
+        POOL_KEY_HINTS
+    } else if state.whole().several_pools() {
+        MODELS_KEY_HINTS
+    } else {
+        KEY_HINTS
+    }
+}
 
 /// Draws the header into its four rows at `area`, with the reconnect countdown taken at `now`.
 pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, now: Instant, styles: &Styles) {
@@ -87,11 +107,9 @@ fn status_line(state: &State, now: Instant, styles: &Styles) -> Line<'static> {
         ConnStatus::Connecting => ("○", Tone::Warning, state.conn().label(now)),
         ConnStatus::Reconnecting { .. } => ("○", Tone::Alert, state.conn().label(now)),
     };
-    let mut spans = vec![
-        Span::styled(" bch ", styles.brand()),
-        Span::raw(" "),
-        Span::styled(format!("{dot} {label}"), styles.status(tone)),
-    ];
+    let mut spans = vec![Span::styled(" bch ", styles.brand()), Span::raw(" ")];
+    spans.extend(pool_label::spans(state, styles));
+    spans.push(Span::styled(format!("{dot} {label}"), styles.status(tone)));
     if let (ConnStatus::Connected, Some(age), false) = (state.conn(), age, state.stale(now)) {
         spans.push(Span::styled(
             format!(" {:.1}s ago", age.as_secs_f64()),
@@ -307,9 +325,9 @@ fn message_line(state: &State, now: Instant, width: u16, styles: &Styles) -> Lin
         // What is wrong beats the key hints; the open pane says it at length.
         (None, _, None) if !state.ui().warnings_open() => {
             super::warnings::summary_line(&state.warnings(now), width, styles)
-                .unwrap_or_else(|| Line::from(Span::styled(KEY_HINTS, styles.dim())))
+                .unwrap_or_else(|| Line::from(Span::styled(key_hints(state), styles.dim())))
         }
-        (None, _, None) => Line::from(Span::styled(KEY_HINTS, styles.dim())),
+        (None, _, None) => Line::from(Span::styled(key_hints(state), styles.dim())),
     }
 }
 
@@ -363,6 +381,15 @@ fn describe(change: &Change) -> String {
     }
 }
 
+/// ` (all pools)` after a threshold change while one model's pool is shown: the gateway has one
+/// set of thresholds, so the change applies to every pool, not only to the one on screen.
+fn every_pool(change: &Change, state: &State) -> &'static str {
+    match change {
+        Change::Gap(..) | Change::Skew(..) if state.pool().is_some() => " (all pools)",
+        _ => "",
+    }
+}
+
 /// `#3 gap 2 → 3 ✓ applied`: the newest change and its fate; with several still pending, all of
 /// them (`#1–#3 gap 2 → 5 … 3 pending`), so quick presses do not hide the ones before.
 fn command_line(cmd: &CommandEntry, state: &State, styles: &Styles) -> Line<'static> {
@@ -381,6 +408,7 @@ fn command_line(cmd: &CommandEntry, state: &State, styles: &Styles) -> Line<'sta
         return Line::from(vec![
             Span::styled(format!(" #{}–#{} ", first.id, last.id), styles.dim()),
             Span::raw(what),
+            Span::styled(every_pool(&last.change, state), styles.dim()),
             Span::raw(" "),
             Span::styled(
                 format!("… {} pending", pending.len()),
@@ -407,6 +435,7 @@ fn command_line(cmd: &CommandEntry, state: &State, styles: &Styles) -> Line<'sta
     Line::from(vec![
         Span::styled(format!(" #{} ", cmd.id), styles.dim()),
         Span::raw(describe(&cmd.change)),
+        Span::styled(every_pool(&cmd.change, state), styles.dim()),
         Span::raw(" "),
         Span::styled(status, styles.status(tone)),
     ])

@@ -25,8 +25,12 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, styles: &Styles) {
             ])
         })
         .collect();
-    lines.push(Line::raw(""));
-    lines.extend(legend(styles));
+    let legend = legend(styles);
+    // The blank line between keys and legend goes first on a short terminal, before a legend line.
+    if lines.len() + 1 + legend.len() + 2 <= usize::from(area.height) {
+        lines.push(Line::raw(""));
+    }
+    lines.extend(legend);
     let height = (lines.len() as u16 + 2).min(area.height);
     let width = WIDTH.min(area.width);
     let popup = area.centered(Constraint::Length(width), Constraint::Length(height));

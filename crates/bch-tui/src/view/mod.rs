@@ -5,7 +5,8 @@
 //! This file owns the layout and [`draw`]; each panel has its own file (`header`, `workers`,
 //! `ring`, `keys`, `spills`, `help`, `warnings`), drawn in the common frame of `panel`, with every colour from
 //! `styles` and the text cutting of `text`; `discovery` warns on the workers panel's border and
-//! `fleet_summary` sums up the whole fleet for the workers panel.
+//! `fleet_summary` sums up the whole fleet for the workers panel; `pool_label` names the pool
+//! shown, for the header.
 //!
 //! Distinctions that matter to an operator (healthy or not, over the bound or not, spilled or not,
 //! focused panel) are carried by glyphs and words as well as colour, so they survive a monochrome
@@ -17,6 +18,7 @@ mod header;
 mod help;
 mod keys;
 mod panel;
+mod pool_label;
 mod replicas;
 mod ring;
 mod spills;

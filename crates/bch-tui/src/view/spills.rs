@@ -122,7 +122,12 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
     } else {
         format!("{} total, newest first ", fleet.totals.spills_total)
     };
-    let title = Line::from(vec![Span::raw(" Spills "), Span::styled(how, styles.dim())]);
+    // A pool's log keeps its workers' spills; the count is the gateway's, over every pool.
+    let whose = if fleet.pool.is_some() { "fleet " } else { "" };
+    let title = Line::from(vec![
+        Span::raw(" Spills "),
+        Span::styled(format!("{whose}{how}"), styles.dim()),
+    ]);
     let block = panel_block(state.ui().focus() == Panel::Spills, title, styles);
     let inner = block.inner(area);
     frame.render_widget(block, area);

@@ -4,6 +4,7 @@
 
 use ratatui::text::{Line, Span};
 
+use super::pool_label;
 use super::styles::{Styles, Tone};
 use super::text::clock;
 use crate::state::{Playback, State};
@@ -25,9 +26,9 @@ pub(super) fn status_line(state: &State, playback: &Playback, styles: &Styles) -
     } else {
         ("▶", Tone::Good)
     };
-    let mut spans = vec![
-        Span::styled(" bch ", styles.brand()),
-        Span::raw(" "),
+    let mut spans = vec![Span::styled(" bch ", styles.brand()), Span::raw(" ")];
+    spans.extend(pool_label::spans(state, styles));
+    spans.extend([
         Span::styled(
             format!("{mark} REPLAY {}", clock(playback.position_ms)),
             styles.status(tone),
@@ -39,7 +40,7 @@ pub(super) fn status_line(state: &State, playback: &Playback, styles: &Styles) -
             span_text(playback.end_ms.saturating_sub(playback.start_ms)),
         )),
         Span::styled(format!("  recorded by {}", playback.recorder), styles.dim()),
-    ];
+    ]);
     if state.resyncing() {
         spans.push(Span::styled("  RESYNCING", styles.status(Tone::Warning)));
     }

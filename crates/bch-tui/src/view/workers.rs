@@ -34,7 +34,7 @@ use super::fleet_summary::{Census, summary_line};
 use super::panel::{panel_block, scroll_window};
 use super::styles::{Styles, Tone};
 use super::text::{printable, truncate_left, truncate_middle, truncate_right};
-use crate::state::{FleetBound, FleetPicture, Panel, State, WorkerOrder, routable};
+use crate::state::{FleetBound, FleetPicture, Panel, State, WorkerOrder};
 
 /// Marker drawn in a load bar at `min + min_load_gap`.
 pub(super) const GAP_MARKER: char = '│';
@@ -85,7 +85,8 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
     let fleet = state.visible();
     let focused = state.ui().focus() == Panel::Workers;
     let bound = fleet.bound();
-    let census = Census::of(fleet, bound, MAX_NAME_W.max(SOURCE_W));
+    let rule = fleet.over_rule();
+    let census = Census::of(fleet, &rule, MAX_NAME_W.max(SOURCE_W));
     let block = panel_block(
         focused,
         title(fleet, &census, state.ui().worker_order(), styles),
@@ -119,7 +120,7 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
     }
     lines.extend(rows.iter().map(|w| {
         let picked = selected == Some(w.name.as_str());
-        worker_line(w, bound, &geometry, picked, styles)
+        worker_line(w, rule.over(w), bound, &geometry, picked, styles)
     }));
     frame.render_widget(Paragraph::new(lines), inner);
 }
@@ -239,6 +240,11 @@ fn legend(
                 styles.dim(),
             )),
             _ if fleet.workers.is_empty() => Line::from(Span::styled("no workers", styles.dim())),
+            // Each pool has its own bound: OVER is by each worker's pool, the bars carry no marks.
+            _ if fleet.several_pools() => Line::from(Span::styled(
+                format!("{} pools, a bound each: m shows one", fleet.models().len()),
+                styles.dim(),
+            )),
             _ => Line::from(Span::styled(
                 "no healthy worker: no bound",
                 styles.tone(Tone::Alert),
@@ -413,16 +419,17 @@ fn source_width(census: &Census, shown: usize, left: usize) -> usize {
 
 /// `●▸w0   ███│██┊█···    9 OVER  req …`: health glyph, the selection mark, name, bar, load,
 /// flag, counters.
+///
+/// `over` is [`crate::state::OverRule::over`]: the same test the gateway routes with, by the worker's pool's
+/// bound; OVER means a new request for this worker's keys would spill.
 fn worker_line(
     w: &WorkerRecord,
+    over: bool,
     bound: Option<FleetBound>,
     geometry: &Geometry,
     selected: bool,
     styles: &Styles,
 ) -> Line<'static> {
-    // The same test the gateway routes with: OVER means a new request for this worker's keys
-    // would spill.
-    let over = routable(w) && bound.is_some_and(|b| b.check(w.rule_load()).should_spill());
     let (glyph, glyph_style) = if w.healthy {
         ("●", styles.tone(Tone::Good))
     } else {
