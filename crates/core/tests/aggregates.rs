@@ -16,13 +16,15 @@ use std::sync::Barrier;
 use std::thread;
 
 use bch_core::decide::{FleetView, decide};
-use bch_core::fleet_load::{FleetSample, LoadSignal, LoadSource, fleet_load};
-use bch_core::policy::{FleetLoad, PolicyKind, PolicyPatch, PolicySettings};
+use bch_core::fleet_load::{LoadSignal, LoadSource, fleet_load};
+use bch_core::policy::{FleetLoad, PolicyKind, PolicySettings};
 use bch_core::router::{Routed, Router, RoutingTable, WorkerSource, WorkerSpec};
-use bch_core::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource, RoutingKey};
-use bch_core::telemetry::WorkerState;
+use bch_core::routing_key::{ExplicitKey, RoutingKey};
 use proptest::prelude::*;
-use proptest::sample::Index;
+
+use common::ops::{self, Mix};
+
+mod common;
 
 /// Pool of workers the operations add and remove; the last one has a cap of 3 requests in flight.
 const POOL: usize = 7;
@@ -90,91 +92,30 @@ impl FleetView for Plain<'_> {
     }
 }
 
-#[derive(Debug, Clone)]
-enum Op {
-    /// Route a key: 0 explicit, 1 implicit, 2 keyless, 3 target worker.
-    Route { kind: u8, key: u8 },
-    /// Drop one held guard.
-    Release(Index),
-    /// Flip a pool worker's health.
-    Health(u8),
-    /// Drain a pool worker or make it active again.
-    Drain(u8),
-    /// Register a pool worker.
-    Add(u8),
-    /// Deregister a pool worker (its guards live on).
-    Remove(u8),
-    /// Change the policy: kind, thresholds, load source.
-    Policy {
-        kind: PolicyKind,
-        gap: u64,
-        skew: f64,
-        metrics: bool,
-    },
-    /// Publish a fresh sample on a pool worker (0), mark it stale (1) or clear it (2). The
-    /// sample's `local_at_scrape` is the worker's load shifted by `shift` (saturating at 0), so
-    /// the report runs ahead of and behind this replica's count.
-    Sample {
-        worker: u8,
-        action: u8,
-        reported: u64,
-        shift: i64,
-    },
-}
+/// The operations drawn: routes in the one pool, every policy kind, samples ahead of and behind
+/// the local count.
+const MIX: Mix = Mix {
+    workers: POOL as u8,
+    models: 1,
+    kinds: &[
+        (4, PolicyKind::BoundedConsistentHashing),
+        (1, PolicyKind::ConsistentHashing),
+        (1, PolicyKind::RoundRobin),
+        (1, PolicyKind::Random),
+    ],
+    skew: true,
+    wide_samples: true,
+};
 
-fn op() -> impl Strategy<Value = Op> {
-    let kind = prop_oneof![
-        4 => Just(PolicyKind::BoundedConsistentHashing),
-        1 => Just(PolicyKind::ConsistentHashing),
-        1 => Just(PolicyKind::RoundRobin),
-        1 => Just(PolicyKind::Random),
-    ];
-    let worker = 0..POOL as u8;
-    prop_oneof![
-        14 => (0u8..4, 0u8..6).prop_map(|(kind, key)| Op::Route { kind, key }),
-        9 => any::<Index>().prop_map(Op::Release),
-        2 => worker.clone().prop_map(Op::Health),
-        2 => worker.clone().prop_map(Op::Drain),
-        1 => worker.clone().prop_map(Op::Add),
-        1 => worker.clone().prop_map(Op::Remove),
-        1 => (kind, 0u64..4, 1.0f64..2.5, any::<bool>())
-            .prop_map(|(kind, gap, skew, metrics)| Op::Policy { kind, gap, skew, metrics }),
-        4 => (worker, 0u8..3, reported(), -3i64..4).prop_map(|(worker, action, reported, shift)| {
-            Op::Sample { worker, action, reported, shift }
-        }),
-    ]
-}
-
-/// Mostly small reports; sometimes one beyond what a sample cell holds (it saturates) or one
-/// past the aggregates' dense levels.
-fn reported() -> impl Strategy<Value = u64> {
-    prop_oneof![
-        12 => 0u64..12,
-        1 => Just(u64::MAX),
-        1 => (1u64 << 16)..(1 << 16) + 3,
-    ]
-}
-
-const KEYS: [&str; 6] = ["chat-a", "chat-b", "doc-17", "agent/x", "k5", "k6"];
-
-fn key_of(kind: u8, k: usize) -> RoutingKey<'static> {
-    match kind {
-        0 => RoutingKey::Explicit(ExplicitKey::parse(KEYS[k].as_bytes()).unwrap()),
-        1 => RoutingKey::Implicit(ImplicitKey::from_value(
-            ImplicitSource::ForwardedFor,
-            KEYS[k].as_bytes(),
-        )),
-        2 => RoutingKey::None,
-        _ => RoutingKey::Target(["w0", "w1", "w2", "w3", "w5", "w6"][k].as_bytes()),
-    }
-}
+/// The workers a target route names.
+const TARGETS: [&str; 6] = ["w0", "w1", "w2", "w3", "w5", "w6"];
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
     #[test]
     fn kept_aggregates_and_decisions_equal_the_plain_computation(
-        ops in prop::collection::vec(op(), 1..200),
+        ops in prop::collection::vec(MIX.op(), 1..200),
         entropy in any::<u64>(),
     ) {
         let pool: Vec<WorkerSpec> = (0..POOL).map(spec).collect();
@@ -183,78 +124,24 @@ proptest! {
         let mut held: Vec<Routed> = Vec::new();
         for (step, op) in ops.into_iter().enumerate() {
             let table = router.table();
-            let index_of = |w: u8| table.index_of(&pool[usize::from(w)].name);
-            match op {
-                Op::Route { kind, key } => {
-                    let key = key_of(kind, usize::from(key));
-                    let predicted = table.explain(&key);
-                    let routed = router.route(&key);
-                    let keyed = key.position().is_some() || matches!(key, RoutingKey::Target(_));
-                    let baseline =
-                        matches!(table.policy().kind, PolicyKind::RoundRobin | PolicyKind::Random);
-                    if keyed && !baseline {
-                        prop_assert_eq!(routed.decision, predicted);
-                    }
-                    // The keyless pick and the baselines, with the table's list of routable
-                    // workers and without it, for the same entropy and turn.
-                    let (e, t) = (entropy.rotate_left(step as u32), step as u64);
-                    let listed = decide(table.ring(), table.policy(), &key, &*table, e, t);
-                    let counted = decide(table.ring(), table.policy(), &key, &Plain(&table), e, t);
-                    prop_assert_eq!(listed, counted);
-                    if routed.guard.is_some() {
-                        held.push(routed);
-                    }
+            if let Some(route) = ops::apply(&router, &table, &pool, &mut held, op) {
+                let key = route.routing_key(&TARGETS);
+                let predicted = table.explain(&key);
+                let routed = router.route(&key);
+                let keyed = key.position().is_some() || matches!(key, RoutingKey::Target(_));
+                let baseline =
+                    matches!(table.policy().kind, PolicyKind::RoundRobin | PolicyKind::Random);
+                if keyed && !baseline {
+                    prop_assert_eq!(routed.decision, predicted);
                 }
-                Op::Release(index) => {
-                    if !held.is_empty() {
-                        held.swap_remove(index.index(held.len()));
-                    }
-                }
-                Op::Health(w) => {
-                    if let Some(i) = index_of(w) {
-                        router.set_health(&pool[usize::from(w)].name, !table.healthy_flags()[i]);
-                    }
-                }
-                Op::Drain(w) => {
-                    if let Some(i) = index_of(w) {
-                        let state = match table.states()[i] {
-                            WorkerState::Active => WorkerState::Draining,
-                            WorkerState::Draining => WorkerState::Active,
-                        };
-                        router.set_state(&pool[usize::from(w)].name, state);
-                    }
-                }
-                Op::Add(w) => {
-                    let _ = router.add_worker(pool[usize::from(w)].clone());
-                }
-                Op::Remove(w) => {
-                    let _ = router.remove_worker(&pool[usize::from(w)].name);
-                }
-                Op::Policy { kind, gap, skew, metrics } => {
-                    let load_source = if metrics { LoadSource::WorkerMetrics } else { LoadSource::Local };
-                    let patch = PolicyPatch {
-                        kind: Some(kind),
-                        min_load_gap: Some(gap),
-                        max_load_skew: Some(skew),
-                        load_source: Some(load_source),
-                        ..PolicyPatch::default()
-                    };
-                    router.set_policy(&patch).unwrap();
-                }
-                Op::Sample { worker, action, reported, shift } => {
-                    if let Some(i) = index_of(worker) {
-                        let stats = &table.workers()[i].stats;
-                        let local_at_scrape = stats.active().saturating_add_signed(shift);
-                        match action {
-                            0 => router.publish_sample(
-                                stats,
-                                FleetSample { reported, local_at_scrape },
-                                1_000,
-                            ),
-                            1 => router.mark_sample_stale(stats),
-                            _ => router.clear_sample(stats),
-                        }
-                    }
+                // The keyless pick and the baselines, with the table's list of routable
+                // workers and without it, for the same entropy and turn.
+                let (e, t) = (entropy.rotate_left(step as u32), step as u64);
+                let listed = decide(table.ring(), table.policy(), &key, &*table, e, t);
+                let counted = decide(table.ring(), table.policy(), &key, &Plain(&table), e, t);
+                prop_assert_eq!(listed, counted);
+                if routed.guard.is_some() {
+                    held.push(routed);
                 }
             }
             let table = router.table();

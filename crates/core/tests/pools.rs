@@ -11,14 +11,16 @@
 
 use bch_core::admission::Wait;
 use bch_core::decide::{Decision, FleetView, decide};
-use bch_core::fleet_load::{FleetSample, LoadSignal, LoadSource};
-use bch_core::policy::{Branch, FleetLoad, PolicyKind, PolicyPatch, PolicySettings};
+use bch_core::fleet_load::LoadSignal;
+use bch_core::policy::{Branch, FleetLoad, PolicyKind, PolicySettings};
 use bch_core::ring::Ring;
 use bch_core::router::{PoolId, Routed, Router, RoutingTable, WorkerSource, WorkerSpec};
-use bch_core::routing_key::{ExplicitKey, ImplicitKey, ImplicitSource, RoutingKey};
-use bch_core::telemetry::WorkerState;
+use bch_core::routing_key::{ExplicitKey, RoutingKey};
 use proptest::prelude::*;
-use proptest::sample::Index;
+
+use common::ops::{self, KEYS, Mix};
+
+mod common;
 
 const MODELS: [&str; 3] = ["llama-3.1-8b", "mistral-7b", "qwen-2.5-7b"];
 const WORKERS: usize = 6;
@@ -178,65 +180,21 @@ fn check_pools(router: &Router, table: &RoutingTable) -> Result<(), TestCaseErro
     Ok(())
 }
 
-#[derive(Debug, Clone)]
-enum Op {
-    /// Route in model `model`'s pool: kind 0 explicit, 1 implicit, 2 keyless, 3 target worker.
-    Route {
-        model: u8,
-        kind: u8,
-        key: u8,
-    },
-    Release(Index),
-    Health(u8),
-    Drain(u8),
-    Add(u8),
-    Remove(u8),
-    Policy {
-        kind: PolicyKind,
-        gap: u64,
-        metrics: bool,
-    },
-    Sample {
-        worker: u8,
-        action: u8,
-        reported: u64,
-    },
-}
+/// The operations drawn: routes in each model's pool, no random policy, small samples.
+const MIX: Mix = Mix {
+    workers: WORKERS as u8,
+    models: MODELS.len() as u8,
+    kinds: &[
+        (4, PolicyKind::BoundedConsistentHashing),
+        (1, PolicyKind::ConsistentHashing),
+        (1, PolicyKind::RoundRobin),
+    ],
+    skew: false,
+    wide_samples: false,
+};
 
-fn op() -> impl Strategy<Value = Op> {
-    let kind = prop_oneof![
-        4 => Just(PolicyKind::BoundedConsistentHashing),
-        1 => Just(PolicyKind::ConsistentHashing),
-        1 => Just(PolicyKind::RoundRobin),
-    ];
-    let worker = 0..WORKERS as u8;
-    prop_oneof![
-        14 => (0u8..3, 0u8..4, 0u8..6).prop_map(|(model, kind, key)| Op::Route { model, kind, key }),
-        9 => any::<Index>().prop_map(Op::Release),
-        2 => worker.clone().prop_map(Op::Health),
-        2 => worker.clone().prop_map(Op::Drain),
-        1 => worker.clone().prop_map(Op::Add),
-        1 => worker.clone().prop_map(Op::Remove),
-        1 => (kind, 0u64..4, any::<bool>())
-            .prop_map(|(kind, gap, metrics)| Op::Policy { kind, gap, metrics }),
-        3 => (worker, 0u8..3, 0u64..12)
-            .prop_map(|(worker, action, reported)| Op::Sample { worker, action, reported }),
-    ]
-}
-
-const KEYS: [&str; 6] = ["chat-a", "chat-b", "doc-17", "agent/x", "k5", "k6"];
-
-fn key_of(kind: u8, k: usize) -> RoutingKey<'static> {
-    match kind {
-        0 => RoutingKey::Explicit(ExplicitKey::parse(KEYS[k].as_bytes()).unwrap()),
-        1 => RoutingKey::Implicit(ImplicitKey::from_value(
-            ImplicitSource::ForwardedFor,
-            KEYS[k].as_bytes(),
-        )),
-        2 => RoutingKey::None,
-        _ => RoutingKey::Target(["w0", "w1", "w2", "w3", "w4", "w5"][k].as_bytes()),
-    }
-}
+/// The workers a target route names.
+const TARGETS: [&str; 6] = ["w0", "w1", "w2", "w3", "w4", "w5"];
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
@@ -244,7 +202,7 @@ proptest! {
     #[test]
     fn each_pool_keeps_its_own_aggregates_and_decides_like_a_one_model_router(
         masks in prop::collection::vec(1u8..8, WORKERS),
-        ops in prop::collection::vec(op(), 1..160),
+        ops in prop::collection::vec(MIX.op(), 1..160),
     ) {
         let specs: Vec<WorkerSpec> = (0..WORKERS).map(|i| spec(i, masks[i])).collect();
         let policy = PolicySettings { virtual_nodes: 8, min_load_gap: 1, ..PolicySettings::default() };
@@ -253,73 +211,24 @@ proptest! {
         let mut held: Vec<Routed> = Vec::new();
         for (step, op) in ops.into_iter().enumerate() {
             let table = router.table();
-            let index_of = |w: u8| table.index_of(&specs[usize::from(w)].name);
-            match op {
-                Op::Route { model, kind, key } => {
-                    let Some(pool) = table.pool_of_model(MODELS[usize::from(model)]) else {
-                        continue;
-                    };
-                    let key = key_of(kind, usize::from(key));
-                    let members = table.pool(pool).unwrap().workers().to_vec();
-                    let expected = one_model_decision(&table, &members, &key);
-                    prop_assert_eq!(table.explain_in(&key, pool), expected);
-                    let routed = router.route_in(&key, pool);
-                    let keyed = key.position().is_some() || matches!(key, RoutingKey::Target(_));
-                    if keyed && table.policy().kind != PolicyKind::RoundRobin {
-                        prop_assert_eq!(routed.decision, expected, "step {}", step);
-                    }
-                    if let Some(w) = routed.decision.worker {
-                        prop_assert!(members.contains(&w), "a worker of the pool");
-                    }
-                    if routed.guard.is_some() {
-                        held.push(routed);
-                    }
+            if let Some(route) = ops::apply(&router, &table, &specs, &mut held, op) {
+                let Some(pool) = table.pool_of_model(MODELS[usize::from(route.model)]) else {
+                    continue;
+                };
+                let key = route.routing_key(&TARGETS);
+                let members = table.pool(pool).unwrap().workers().to_vec();
+                let expected = one_model_decision(&table, &members, &key);
+                prop_assert_eq!(table.explain_in(&key, pool), expected);
+                let routed = router.route_in(&key, pool);
+                let keyed = key.position().is_some() || matches!(key, RoutingKey::Target(_));
+                if keyed && table.policy().kind != PolicyKind::RoundRobin {
+                    prop_assert_eq!(routed.decision, expected, "step {}", step);
                 }
-                Op::Release(index) => {
-                    if !held.is_empty() {
-                        held.swap_remove(index.index(held.len()));
-                    }
+                if let Some(w) = routed.decision.worker {
+                    prop_assert!(members.contains(&w), "a worker of the pool");
                 }
-                Op::Health(w) => {
-                    if let Some(i) = index_of(w) {
-                        router.set_health(&specs[usize::from(w)].name, !table.healthy_flags()[i]);
-                    }
-                }
-                Op::Drain(w) => {
-                    if let Some(i) = index_of(w) {
-                        let state = match table.states()[i] {
-                            WorkerState::Active => WorkerState::Draining,
-                            WorkerState::Draining => WorkerState::Active,
-                        };
-                        router.set_state(&specs[usize::from(w)].name, state);
-                    }
-                }
-                Op::Add(w) => {
-                    let _ = router.add_worker(specs[usize::from(w)].clone());
-                }
-                Op::Remove(w) => {
-                    let _ = router.remove_worker(&specs[usize::from(w)].name);
-                }
-                Op::Policy { kind, gap, metrics } => {
-                    let load_source = if metrics { LoadSource::WorkerMetrics } else { LoadSource::Local };
-                    let patch = PolicyPatch {
-                        kind: Some(kind),
-                        min_load_gap: Some(gap),
-                        load_source: Some(load_source),
-                        ..PolicyPatch::default()
-                    };
-                    router.set_policy(&patch).unwrap();
-                }
-                Op::Sample { worker, action, reported } => {
-                    if let Some(i) = index_of(worker) {
-                        let stats = &table.workers()[i].stats;
-                        let local_at_scrape = stats.active();
-                        match action {
-                            0 => router.publish_sample(stats, FleetSample { reported, local_at_scrape }, 1_000),
-                            1 => router.mark_sample_stale(stats),
-                            _ => router.clear_sample(stats),
-                        }
-                    }
+                if routed.guard.is_some() {
+                    held.push(routed);
                 }
             }
             check_pools(&router, &router.table())?;

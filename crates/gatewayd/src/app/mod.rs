@@ -12,6 +12,7 @@
 //! in force, and every change of membership or policy goes through the [`Admin`] owner.
 
 mod listener_tls;
+mod listeners;
 mod logging;
 mod options;
 #[doc(hidden)]
@@ -32,12 +33,12 @@ use axum::extract::ConnectInfo;
 use bch_core::router::{Router, RoutingTable};
 use hyper::service::service_fn;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
+use listeners::Listeners;
 pub use logging::init_logging;
 pub use options::{StartError, StartOptions};
 pub use prepare::{Findings, check};
@@ -45,7 +46,7 @@ use prepare::{Prepared, prepare};
 use routing_parts::assemble_routing;
 
 use crate::admin::Admin;
-use crate::config::{Config, ConfigError, FieldError, TlsListener};
+use crate::config::{ConfigError, FieldError, TlsListener};
 use crate::control::ControlPlane;
 use crate::control::guard::BrowserGuard;
 use crate::discovery::DiscoveryMetrics;
@@ -227,63 +228,6 @@ fn log_start_up(
         workers = %workers.join(","),
         "gatewayd started"
     );
-}
-
-/// The listeners, bound, with the addresses they got: the data plane's (unless it is off), the
-/// control plane's, and the endpoint picker's (when configured).
-struct Listeners {
-    data: Option<TcpListener>,
-    control: TcpListener,
-    picker: Option<(TcpListener, SocketAddr)>,
-    data_addr: SocketAddr,
-    control_addr: SocketAddr,
-    header_read_timeout: Duration,
-    max_connections: usize,
-    client_stall_timeout: Duration,
-    upstream_idle_timeout: Duration,
-}
-
-impl Listeners {
-    async fn bind(config: &Config) -> Result<Self, StartError> {
-        let (data, data_addr) = if config.server.listeners.data_plane {
-            let data = bind("data", config.server.listeners.listen).await?;
-            let addr = local_addr("data", &data, config.server.listeners.listen)?;
-            (Some(data), addr)
-        } else {
-            (None, SocketAddr::from(([0, 0, 0, 0], 0)))
-        };
-        let control = bind("control", config.server.listeners.control_listen).await?;
-        let picker = match config.picker.listen {
-            Some(address) => {
-                let picker = bind("picker", address).await?;
-                let addr = local_addr("picker", &picker, address)?;
-                Some((picker, addr))
-            }
-            None => None,
-        };
-        Ok(Self {
-            control_addr: local_addr("control", &control, config.server.listeners.control_listen)?,
-            data,
-            control,
-            picker,
-            data_addr,
-            header_read_timeout: config.server.timeouts.header_read,
-            max_connections: config.server.limits.max_connections,
-            client_stall_timeout: config.server.timeouts.client_stall,
-            upstream_idle_timeout: config.server.timeouts.upstream_idle,
-        })
-    }
-
-    /// The addresses this gateway serves on (the data plane's only when it runs): a worker URL
-    /// that is one of them would send requests back here.
-    fn own_addresses(&self) -> Vec<SocketAddr> {
-        let data = self.data.is_some().then_some(self.data_addr);
-        let picker = self.picker.as_ref().map(|(_, addr)| *addr);
-        data.into_iter()
-            .chain([self.control_addr])
-            .chain(picker)
-            .collect()
-    }
 }
 
 /// The parts of a gateway, each with its narrow handle, before anything runs.
@@ -566,28 +510,6 @@ impl RefusalLog {
             *state = (second, 0);
         }
     }
-}
-
-async fn bind(plane: &'static str, address: SocketAddr) -> Result<TcpListener, StartError> {
-    TcpListener::bind(address)
-        .await
-        .map_err(|cause| StartError::Bind {
-            plane,
-            address,
-            cause,
-        })
-}
-
-fn local_addr(
-    plane: &'static str,
-    listener: &TcpListener,
-    address: SocketAddr,
-) -> Result<SocketAddr, StartError> {
-    listener.local_addr().map_err(|cause| StartError::Bind {
-        plane,
-        address,
-        cause,
-    })
 }
 
 /// Closes worker connections that sat idle past `upstream_idle_timeout_ms`, once per that timeout

@@ -1,5 +1,7 @@
 //! Every variant's answer on the wire, and the bodies and raw answers built from them.
 
+use http::StatusCode;
+
 use super::*;
 
 #[test]

@@ -1,6 +1,8 @@
 //! The prober's unit tests: failure reasons, streaks, probe requests.
 
+use super::failures::ProbeReason;
 use super::*;
+use crate::metrics::LabelValue;
 
 fn key(url: &str) -> WorkerKey {
     WorkerKey::of(&bch_core::router::WorkerSpec {

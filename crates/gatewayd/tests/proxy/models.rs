@@ -4,11 +4,13 @@
 //! the pools, a body's `rid` places like the routing-key header, and a fleet with one model never
 //! holds a body back.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use bch_drill::sim::SimConfig;
 use bch_drill::worker::spawn_worker;
 use bytes::Bytes;
+use gatewayd::RunningGateway;
 use gatewayd::config::{Config, WorkerConfig};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -17,41 +19,71 @@ use tokio::sync::mpsc;
 
 use crate::common::{FakeWorker, client, fake_worker, start, test_config};
 
-/// Four fake workers: `a0`, `a1` serve `alpha`, `b0`, `b1` serve `beta`.
-async fn two_model_fleet() -> (Vec<FakeWorker>, Config) {
+/// Fake workers named `names`, each declaring the models `models_of` gives for its name, and the
+/// test configuration naming them.
+async fn fleet(
+    names: &[&str],
+    models_of: impl Fn(&str) -> Vec<String>,
+) -> (Vec<FakeWorker>, Config) {
     let mut workers = Vec::new();
-    for name in ["a0", "a1", "b0", "b1"] {
+    for name in names {
         workers.push(fake_worker(name).await);
     }
     let mut config = test_config(&workers.iter().collect::<Vec<_>>());
     for worker in &mut config.workers {
-        let model = if worker.name.as_deref().unwrap().starts_with('a') {
-            "alpha"
-        } else {
-            "beta"
-        };
-        worker.models = vec![model.to_owned()];
+        worker.models = models_of(worker.name.as_deref().unwrap());
     }
     (workers, config)
 }
 
-/// POSTs `body` to the gateway's `/echo` and answers the status and the JSON answer.
-async fn post(addr: std::net::SocketAddr, body: impl Into<reqwest::Body>) -> (u16, Value) {
-    let response = client()
-        .post(format!("http://{addr}/echo"))
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+/// Four fake workers: `a0`, `a1` serve `alpha`, `b0`, `b1` serve `beta`.
+async fn two_model_fleet() -> (Vec<FakeWorker>, Config) {
+    fleet(&["a0", "a1", "b0", "b1"], |name| {
+        let model = if name.starts_with('a') {
+            "alpha"
+        } else {
+            "beta"
+        };
+        vec![model.to_owned()]
+    })
+    .await
+}
+
+/// A gateway started in front of [`two_model_fleet`].
+async fn two_model_gateway() -> (Vec<FakeWorker>, RunningGateway) {
+    let (workers, config) = two_model_fleet().await;
+    (workers, start(config).await)
+}
+
+/// POSTs `body` with `headers` to the gateway's `/echo`.
+async fn post_with(
+    addr: SocketAddr,
+    headers: &[(&str, &str)],
+    body: impl Into<reqwest::Body>,
+) -> reqwest::Response {
+    let mut request = client().post(format!("http://{addr}/echo"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.body(body).send().await.unwrap()
+}
+
+/// POSTs a JSON `body` to the gateway's `/echo` and answers the status and the JSON answer.
+async fn post(addr: SocketAddr, body: impl Into<reqwest::Body>) -> (u16, Value) {
+    let response = post_with(addr, &[("content-type", "application/json")], body).await;
     let status = response.status().as_u16();
     (status, response.json().await.unwrap())
 }
 
+/// GETs `path` from `addr` and answers the JSON answer.
+async fn get(addr: SocketAddr, path: &str) -> Value {
+    let response = client().get(format!("http://{addr}{path}")).send().await;
+    response.unwrap().json().await.unwrap()
+}
+
 #[tokio::test]
 async fn each_models_requests_reach_only_its_workers_with_the_body_unchanged() {
-    let (_workers, config) = two_model_fleet().await;
-    let gateway = start(config).await;
+    let (_workers, gateway) = two_model_gateway().await;
     for i in 0..16 {
         for (model, prefix) in [("alpha", "a"), ("beta", "b")] {
             let body = json!({"messages": [{"role": "user", "content": format!("{{\"model\": \"x{i}\"}}")}], "model": model, "user": format!("u{i}")}).to_string();
@@ -67,8 +99,7 @@ async fn each_models_requests_reach_only_its_workers_with_the_body_unchanged() {
 
 #[tokio::test]
 async fn a_model_after_a_megabyte_in_many_small_writes_is_routed_and_forwarded_whole() {
-    let (_workers, config) = two_model_fleet().await;
-    let gateway = start(config).await;
+    let (_workers, gateway) = two_model_gateway().await;
     let content = "{\"model\": \"alpha\"} ".repeat(60_000);
     let body = format!(
         r#"{{"messages":[{{"role":"user","content":{}}}],"model":"beta"}}"#,
@@ -140,13 +171,8 @@ async fn what_names_no_model_gets_400_or_the_default_model_and_an_unknown_one_40
             .contains("gamma")
     );
     // The header wins over the body, as the Inference Extension's body-based routing sets it.
-    let response = client()
-        .post(format!("http://{}/echo", gateway.data_addr))
-        .header("x-gateway-model-name", "beta")
-        .body(r#"{"model":"alpha"}"#)
-        .send()
-        .await
-        .unwrap();
+    let headers = [("x-gateway-model-name", "beta")];
+    let response = post_with(gateway.data_addr, &headers, r#"{"model":"alpha"}"#).await;
     let echoed: Value = response.json().await.unwrap();
     assert!(
         echoed["worker"].as_str().unwrap().starts_with('b'),
@@ -165,14 +191,7 @@ async fn what_names_no_model_gets_400_or_the_default_model_and_an_unknown_one_40
         );
         assert_eq!(echoed["body"], body);
     }
-    let got: Value = client()
-        .get(format!("http://{}/echo", gateway.data_addr))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let got = get(gateway.data_addr, "/echo").await;
     assert!(got["worker"].as_str().unwrap().starts_with('b'), "{got}");
     gateway.shutdown().await;
 }
@@ -182,14 +201,7 @@ async fn the_gateways_model_list_is_the_union_of_its_pools() {
     let (_workers, mut config) = two_model_fleet().await;
     config.workers[1].models.push("gamma".into());
     let gateway = start(config).await;
-    let list: Value = client()
-        .get(format!("http://{}/v1/models", gateway.data_addr))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list = get(gateway.data_addr, "/v1/models").await;
     assert_eq!(list["object"], "list");
     let ids: Vec<&str> = list["data"]
         .as_array()
@@ -210,8 +222,7 @@ async fn the_gateways_model_list_is_the_union_of_its_pools() {
 
 #[tokio::test]
 async fn a_worker_without_models_is_refused_in_a_fleet_with_models() {
-    let (_workers, config) = two_model_fleet().await;
-    let gateway = start(config).await;
+    let (_workers, gateway) = two_model_gateway().await;
     let extra = fake_worker("plain").await;
     let response = client()
         .post(format!("http://{}/admin/workers", gateway.control_addr))
@@ -266,25 +277,15 @@ async fn simulated_workers_answer_as_the_model_they_were_asked_for() {
 
 #[tokio::test]
 async fn a_rid_places_its_lineage_like_the_routing_key_header_and_wins_over_it() {
-    let mut workers = Vec::new();
-    for name in ["w0", "w1", "w2", "w3"] {
-        workers.push(fake_worker(name).await);
-    }
-    let mut config = test_config(&workers.iter().collect::<Vec<_>>());
+    let (_workers, mut config) = fleet(&["w0", "w1", "w2", "w3"], |_| Vec::new()).await;
     config.routing.key_from_rid = true;
     let gateway = start(config).await;
     let mut seen = std::collections::HashSet::new();
     for i in 0..24 {
-        let by_header: Value = client()
-            .post(format!("http://{}/echo", gateway.data_addr))
-            .header("x-smg-routing-key", format!("conv{i}"))
-            .body("{}")
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let session = format!("conv{i}");
+        let headers = [("x-smg-routing-key", session.as_str())];
+        let response = post_with(gateway.data_addr, &headers, "{}").await;
+        let by_header: Value = response.json().await.unwrap();
         let home = by_header["worker"].as_str().unwrap().to_owned();
         seen.insert(home.clone());
         for rid in [
@@ -292,13 +293,9 @@ async fn a_rid_places_its_lineage_like_the_routing_key_header_and_wins_over_it()
             format!("conv{i}_t1"),
             format!("conv{i}"),
         ] {
-            let response = client()
-                .post(format!("http://{}/echo", gateway.data_addr))
-                .header("x-smg-routing-key", "another-session")
-                .body(json!({"text": "hi", "rid": rid}).to_string())
-                .send()
-                .await
-                .unwrap();
+            let headers = [("x-smg-routing-key", "another-session")];
+            let body = json!({"text": "hi", "rid": rid}).to_string();
+            let response = post_with(gateway.data_addr, &headers, body).await;
             assert_eq!(
                 response.headers()["x-bch-branch"],
                 "explicit_routing_key_hit"
@@ -313,7 +310,7 @@ async fn a_rid_places_its_lineage_like_the_routing_key_header_and_wins_over_it()
 
 /// A worker on raw TCP that tells the test how many body bytes it got before the body ended,
 /// then answers 200; health probes get 200 at once.
-async fn first_bytes_worker() -> (std::net::SocketAddr, mpsc::UnboundedReceiver<usize>) {
+async fn first_bytes_worker() -> (SocketAddr, mpsc::UnboundedReceiver<usize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (told, heard) = mpsc::unbounded_channel();
