@@ -60,8 +60,8 @@ pub struct Cli {
     #[arg(long, value_name = "FILE", conflicts_with = "replay")]
     pub record: Option<PathBuf>,
 
-    /// Play a recording (bch-tui --record, or gatewayd's [telemetry] record_file) in the console
-    /// instead of connecting: space pauses, ←/→ seek 10 s, [ and ] jump to the previous/next
+    /// Play a recording (bch-tui --record, or gatewayd's [telemetry] record_file, with the files
+    /// it rotated into: FILE.8 … FILE.1, then FILE) in the console instead of connecting: space pauses, ←/→ seek 10 s, [ and ] jump to the previous/next
     /// spill, < and > to the start/end, - and + change the speed (×0.25 to ×16). --url and the
     /// connection's flags are ignored (so BCH_TUI_URL in the environment does not get in the way).
     #[arg(long, value_name = "FILE")]

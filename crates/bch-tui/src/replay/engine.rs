@@ -6,7 +6,6 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::Context;
 use bch_core::recording::{RecordedEvent, RecordedKind, Recording};
 use tokio::time::{Duration, Instant};
 
@@ -33,6 +32,8 @@ struct Checkpoint {
 #[derive(Debug)]
 pub struct Replay {
     recorder: String,
+    /// How many files the events came from (a rotated recording's files, joined).
+    files: usize,
     events: Vec<RecordedEvent>,
     state: State,
     /// The next event to apply.
@@ -50,21 +51,23 @@ pub struct Replay {
 }
 
 impl Replay {
-    /// Reads and parses the recording at `path`.
+    /// Reads and parses the recording at `path`, with the files it was rotated into
+    /// (`FILE.8` … `FILE.1` before it, where they exist; see `chain`).
     ///
     /// # Errors
     ///
-    /// The file cannot be read, is no recording, is of a newer version, or holds no event.
+    /// `path` cannot be read, is no recording or is of a newer version, or the files hold no
+    /// event.
     pub fn open(path: &Path) -> anyhow::Result<Self> {
-        let bytes = std::fs::read(path).with_context(|| format!("--replay {}", path.display()))?;
-        let recording =
-            Recording::parse(&bytes).with_context(|| format!("--replay {}", path.display()))?;
+        let (recording, files) = super::chain::read_chain(path)?;
         anyhow::ensure!(
             !recording.events.is_empty(),
             "--replay {}: the recording holds no event",
             path.display()
         );
-        Ok(Self::new(recording, Instant::now()))
+        let mut replay = Self::new(recording, Instant::now());
+        replay.files = files;
+        Ok(replay)
     }
 
     /// A replay of `recording` before its first event, with recorded start time at `origin` on
@@ -80,6 +83,7 @@ impl Replay {
         let state = State::for_replicas(recording.header.replicas);
         Self {
             recorder: recording.header.recorder,
+            files: 1,
             checkpoints: vec![Checkpoint {
                 next: 0,
                 position_ms: start_ms,
@@ -105,6 +109,11 @@ impl Replay {
     /// The console state, for the operator's view actions and the viewports.
     pub fn state_mut(&mut self) -> &mut State {
         &mut self.state
+    }
+
+    /// How many files the replay plays (more than 1 for a gateway's rotated recording).
+    pub fn files(&self) -> usize {
+        self.files
     }
 
     /// The first event's receive time.
@@ -226,6 +235,7 @@ impl Replay {
             speed: self.speed(),
             paused: self.paused,
             recorder: self.recorder.clone(),
+            files: self.files,
             spills: Arc::clone(&self.spills),
             errors: Arc::clone(&self.errors),
         }

@@ -19,6 +19,8 @@ pub struct Playback {
     pub paused: bool,
     /// Who wrote the recording (`bch-tui`, `gatewayd`).
     pub recorder: String,
+    /// How many files the replay plays: 1, or a gateway's rotated files and the current one.
+    pub files: usize,
     /// Receive times of frames that carried spills, ascending.
     pub spills: Arc<[u64]>,
     /// Receive times of error moments (a refused command, an unreadable frame, a lost

@@ -19,7 +19,8 @@ const ERROR: char = '!';
 /// Where the replay stands.
 const POSITION: char = '●';
 
-/// `bch ▶ REPLAY 12:34:56.789 ×1  +01:23 of 05:00  gatewayd recording  (RESYNCING, PAUSED)`.
+/// `bch ▶ REPLAY 12:34:56.789 ×1  +01:23 of 05:00  recorded by gatewayd in 3 files  (RESYNCING,
+/// PAUSED)`; the files are counted only when a rotated recording plays as one.
 pub(super) fn status_line(state: &State, playback: &Playback, styles: &Styles) -> Line<'static> {
     let (mark, tone) = if playback.paused {
         ("⏸", Tone::Warning)
@@ -41,6 +42,12 @@ pub(super) fn status_line(state: &State, playback: &Playback, styles: &Styles) -
         )),
         Span::styled(format!("  recorded by {}", playback.recorder), styles.dim()),
     ]);
+    if playback.files > 1 {
+        spans.push(Span::styled(
+            format!(" in {} files", playback.files),
+            styles.dim(),
+        ));
+    }
     if state.resyncing() {
         spans.push(Span::styled("  RESYNCING", styles.status(Tone::Warning)));
     }
@@ -110,6 +117,7 @@ mod tests {
             speed: 0.25,
             paused: false,
             recorder: "bch-tui".into(),
+            files: 1,
             spills: vec![3_000, 3_100].into(),
             errors: vec![8_000].into(),
         }

@@ -1,0 +1,166 @@
+//! A recording and the files it was rotated into, read as one: `--replay FILE` plays `FILE.8` …
+//! `FILE.1`, then `FILE` (gatewayd's `[telemetry] record_file` rotation, `FILE.1` the newest
+//! rotated file), so a drill that spans rotations plays through in time order and seeks across
+//! the files' joins.
+//!
+//! Each rotated file opens like a console's new connection (`connected`, then a snapshot at seq
+//! 0), so the files' events laid end to end are what a console that reconnected at each join
+//! would have applied: nothing is rewritten. What is left out, and why:
+//! - an older file written by another recorder or over other replicas (a gateway restarted with
+//!   another control address, a console's own recording of the same name): the chain ends there,
+//!   since its replica indices mean other gateways;
+//! - an older file with the same header as a newer one: the same file seen under two names (a
+//!   rotation links `FILE.1` to `FILE` just before a fresh `FILE` replaces it);
+//! - an older file's events received after the newer file's first event (a clock stepped back):
+//!   the replay's recorded time only moves forward.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use bch_core::recording::Recording;
+
+/// The most rotated files looked for: gatewayd keeps `FILE.1` to `FILE.8`.
+pub(super) const ROTATED_FILES_READ: u32 = 8;
+
+/// `FILE` and the rotated files beside it that exist, oldest first (`FILE.8` … `FILE.1`,
+/// `FILE`). A gap in the numbers ends the search (a file removed by hand breaks the chain there,
+/// so the replay does not jump over missing time).
+pub(super) fn chain_paths(path: &Path) -> Vec<PathBuf> {
+    let mut paths = vec![path.to_path_buf()];
+    for n in 1..=ROTATED_FILES_READ {
+        let mut name = path.as_os_str().to_owned();
+        name.push(format!(".{n}"));
+        let rotated = PathBuf::from(name);
+        if !rotated.is_file() {
+            break;
+        }
+        paths.push(rotated);
+    }
+    paths.reverse();
+    paths
+}
+
+/// Reads `path` and the files it was rotated into, joined as [`join`] does; `files` counts the
+/// files the joined recording came from.
+///
+/// # Errors
+///
+/// `path` itself cannot be read or is no recording (a rotated file that cannot be read ends the
+/// chain instead: the newer files still play).
+pub(super) fn read_chain(path: &Path) -> anyhow::Result<(Recording, usize)> {
+    let paths = chain_paths(path);
+    let (newest, older) = paths.split_last().expect("the chain holds `path`");
+    let mut recordings =
+        vec![read(newest).with_context(|| format!("--replay {}", path.display()))?];
+    for rotated in older.iter().rev() {
+        match read(rotated) {
+            Ok(recording) => recordings.push(recording),
+            Err(_) => break,
+        }
+    }
+    recordings.reverse();
+    Ok(join(recordings))
+}
+
+fn read(path: &Path) -> anyhow::Result<Recording> {
+    let bytes = std::fs::read(path)?;
+    let recording = Recording::parse(&bytes)?;
+    Ok(recording)
+}
+
+/// Joins `recordings`, oldest first, into one with the newest's header: every older file that
+/// belongs to the same chain contributes its events before the newer ones (see the module's
+/// rules for what is left out). Returns the joined recording and how many files it holds.
+pub(super) fn join(mut recordings: Vec<Recording>) -> (Recording, usize) {
+    let Some(mut joined) = recordings.pop() else {
+        unreachable!("join is given at least the newest file")
+    };
+    let mut files = 1;
+    while let Some(older) = recordings.pop() {
+        let same_chain = older.header.recorder == joined.header.recorder
+            && older.header.replicas == joined.header.replicas;
+        if !same_chain {
+            break;
+        }
+        if older.header == joined.header {
+            continue;
+        }
+        let first_at = joined.events.first().map_or(u64::MAX, |e| e.at_ms);
+        let mut events: Vec<_> = older
+            .events
+            .into_iter()
+            .filter(|e| e.at_ms <= first_at)
+            .collect();
+        events.append(&mut joined.events);
+        joined.events = events;
+        joined.skipped += older.skipped;
+        files += 1;
+    }
+    (joined, files)
+}
+
+#[cfg(test)]
+mod tests {
+    use bch_core::recording::{RecordedEvent, RecordedKind, RecordingHeader};
+
+    use super::*;
+
+    fn recording(recorder: &str, started_ms: u64, url: &str, times: &[u64]) -> Recording {
+        Recording {
+            header: RecordingHeader::new(recorder, started_ms, vec![url.to_owned()]),
+            events: times
+                .iter()
+                .map(|&at_ms| RecordedEvent {
+                    at_ms,
+                    replica: 0,
+                    kind: RecordedKind::Connected,
+                })
+                .collect(),
+            skipped: 0,
+            truncated: false,
+        }
+    }
+
+    fn times(recording: &Recording) -> Vec<u64> {
+        recording.events.iter().map(|e| e.at_ms).collect()
+    }
+
+    #[test]
+    fn files_of_one_chain_play_oldest_first() {
+        let (joined, files) = join(vec![
+            recording("gatewayd", 100, "ws://a/ws", &[100, 150]),
+            recording("gatewayd", 200, "ws://a/ws", &[200, 250]),
+            recording("gatewayd", 300, "ws://a/ws", &[300]),
+        ]);
+        assert_eq!(files, 3);
+        assert_eq!(times(&joined), [100, 150, 200, 250, 300]);
+        assert_eq!(joined.header.started_ms, 300, "the newest file's header");
+    }
+
+    #[test]
+    fn another_gateway_ends_the_chain_and_a_second_name_is_read_once() {
+        let (joined, files) = join(vec![
+            recording("gatewayd", 50, "ws://other/ws", &[50]),
+            recording("gatewayd", 100, "ws://a/ws", &[100, 150]),
+            recording("gatewayd", 200, "ws://a/ws", &[200, 250]),
+            // `FILE.1` linked to `FILE` mid-rotation: the same file twice.
+            recording("gatewayd", 200, "ws://a/ws", &[200, 250]),
+        ]);
+        assert_eq!(files, 2);
+        assert_eq!(times(&joined), [100, 150, 200, 250]);
+        let (joined, files) = join(vec![
+            recording("bch-tui", 100, "ws://a/ws", &[100]),
+            recording("gatewayd", 200, "ws://a/ws", &[200]),
+        ]);
+        assert_eq!((files, times(&joined)), (1, vec![200]));
+    }
+
+    #[test]
+    fn an_older_file_never_moves_the_clock_back() {
+        let (joined, _) = join(vec![
+            recording("gatewayd", 100, "ws://a/ws", &[100, 220, 230]),
+            recording("gatewayd", 200, "ws://a/ws", &[200, 250]),
+        ]);
+        assert_eq!(times(&joined), [100, 200, 250]);
+    }
+}
