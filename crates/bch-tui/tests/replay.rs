@@ -1,6 +1,7 @@
 //! `--replay`'s engine and keys over a synthetic recording a minute long: a seek, back or forward,
 //! reaches the state that playing straight through had at that time; the replay's keys move it;
-//! threshold and drain keys do nothing and say why.
+//! threshold and drain keys do nothing and say why. The replay's screens are pinned in
+//! `snapshot_matrix`, drawn by the replay loop itself.
 
 mod common;
 
@@ -168,42 +169,4 @@ async fn the_replay_keys_seek_pause_and_refuse_writes() {
     );
     assert!(screen.contains("REPLAY"), "{screen}");
     assert!(screen.contains("do nothing"), "{screen}");
-}
-
-/// The replay at its first spill, paused, as `--replay` draws it at `width`×`height`.
-fn replay_screen(width: u16, height: u16, notice: Option<&str>) -> String {
-    let mut replay = Replay::new(recording(), Instant::now());
-    replay.seek(START_MS);
-    let first_spill = replay.spill_from_here(true).unwrap();
-    replay.seek(first_spill);
-    replay.set_paused(true);
-    let now = replay.instant_of(replay.position_ms());
-    let playback = replay.playback();
-    let state = replay.state_mut();
-    state.set_playback(Some(playback));
-    if let Some(notice) = notice {
-        state.set_notice(notice.to_owned());
-    }
-    bch_tui::screen_text(state, width, height, now)
-}
-
-#[test]
-fn replay_paused_at_a_spill_80x24() {
-    insta::assert_snapshot!(replay_screen(80, 24, None));
-}
-
-#[test]
-fn replay_paused_at_a_spill_120x40() {
-    insta::assert_snapshot!(replay_screen(120, 40, None));
-}
-
-#[test]
-fn replay_refusing_a_write_key_200x50() {
-    insta::assert_snapshot!(replay_screen(
-        200,
-        50,
-        Some(
-            "replay: threshold and drain keys do nothing here (this is a recording, not a gateway)"
-        )
-    ));
 }

@@ -144,4 +144,18 @@ mod tests {
         assert_eq!(span_text(83_000), "01:23");
         assert_eq!(span_text(3_723_000), "1:02:03");
     }
+
+    #[test]
+    fn a_rotated_recording_counts_its_files() {
+        let styles = Styles::default();
+        let state = State::for_replicas(vec!["ws://gw/ws".into()]);
+        let one = text(&status_line(&state, &playback(1_000), &styles));
+        assert!(one.ends_with("recorded by bch-tui"), "{one}");
+        let three = Playback {
+            files: 3,
+            ..playback(1_000)
+        };
+        let three = text(&status_line(&state, &three, &styles));
+        assert!(three.ends_with("recorded by bch-tui in 3 files"), "{three}");
+    }
 }
