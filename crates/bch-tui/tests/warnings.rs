@@ -111,6 +111,39 @@ fn a_failing_or_empty_discovery_source_says_why() {
     );
 }
 
+/// Watching several replicas, the warnings pane read the merged fleet, which had no discovery
+/// sources: a failing resolver was on the workers panel's border and never in the pane.
+#[test]
+fn a_failing_discovery_source_is_said_with_several_replicas() {
+    let urls = ["ws://a/ws", "ws://b/ws"];
+    let mut s = State::for_replicas(urls.iter().map(|u| u.to_string()).collect());
+    for i in 0..2 {
+        s.apply_replica_event(
+            ReplicaId(i),
+            ConnEvent::Status(bch_tui::ConnStatus::Connected),
+        );
+        let frame = common::snapshot_with(|snap| {
+            snap.discovery = vec![DiscoverySource {
+                name: "_a._tcp".into(),
+                source: "dns:_a._tcp".into(),
+                kind: Open::Unknown("srv".into()),
+                state: Open::Known(DiscoveryState::Failing),
+                last_error: Some("timeout".into()),
+                last_error_ms: None,
+                last_good_ms: None,
+                last_good_age_ms: None,
+                workers: 3,
+            }];
+        });
+        s.apply_replica_frame(ReplicaId(i), frame);
+    }
+    assert_eq!(
+        sentences(&s, Instant::now()),
+        ["discovery of _a._tcp fails (timeout): its last good 3 worker(s) are kept"],
+        "once, though both replicas report it"
+    );
+}
+
 #[test]
 fn a_disconnected_replica_says_why() {
     let mut s = connected_with(|_| {});

@@ -10,11 +10,15 @@
 //! counters. Keys
 //! are summed per worker, the spill logs interleaved by time, rates and totals summed. Capacity is
 //! per worker (the same on every replica: the highest is kept, in case a reload is half-way); a
-//! worker is full if any replica finds it full; the admission queues and sheds add up.
+//! worker is full if any replica finds it full; the admission queues and sheds add up. Discovery
+//! sources are listed once per source and state (the first replica's record of it), so one that
+//! fails on some replicas and answers on others shows both ways.
 
 use std::collections::BTreeMap;
 
-use bch_core::telemetry::{AdmissionSummary, KeyRecord, WorkerRecord, WorkerState};
+use bch_core::telemetry::{
+    AdmissionSummary, DiscoverySource, KeyRecord, WorkerRecord, WorkerState,
+};
 
 use super::picture::{Baseline, FleetPicture, SPILL_LOG_CAP, Sample};
 
@@ -34,6 +38,7 @@ pub(super) fn merge(fleets: &[&FleetPicture]) -> FleetPicture {
     merged.keys = merge_keys(fleets);
     merged.dropped_events = fleets.iter().map(|f| f.dropped_events).sum();
     merged.history = merge_history(fleets);
+    merged.discovery = merge_discovery(fleets);
     merged.admission = fleets
         .iter()
         .any(|f| f.admission.is_some())
@@ -54,6 +59,21 @@ pub(super) fn merge(fleets: &[&FleetPicture]) -> FleetPicture {
     spills.sort_by_key(|s| s.ts_ms);
     let skip = spills.len().saturating_sub(SPILL_LOG_CAP);
     merged.spills = spills.into_iter().skip(skip).collect();
+    merged
+}
+
+/// Every replica's discovery sources, each source in each state once, in the order the replicas
+/// list them.
+fn merge_discovery(fleets: &[&FleetPicture]) -> Vec<DiscoverySource> {
+    let mut merged: Vec<DiscoverySource> = Vec::new();
+    for source in fleets.iter().flat_map(|f| &f.discovery) {
+        if !merged
+            .iter()
+            .any(|m| m.source == source.source && m.state == source.state)
+        {
+            merged.push(source.clone());
+        }
+    }
     merged
 }
 
