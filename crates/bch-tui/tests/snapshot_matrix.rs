@@ -1,6 +1,6 @@
 //! The snapshot matrix: every panel and state of the console, at 80×24, 120×40 and 200×50, live
 //! and in a replay, from one scripted drill of two replicas (a storm that spills, an unhealthy
-//! worker, a full worker and a shedding gateway, a refused command, a replica lost and back, a
+//! worker and a failing discovery source, a full worker and a shedding gateway, a refused command, a replica lost and back, a
 //! seq gap and its resync).
 //!
 //! Each row of [`CASES`] is one cell of the matrix: the moment of the drill, the operator's
@@ -12,7 +12,7 @@
 //! three sizes of one case and one console, so a change shows as one file's diff.
 //!
 //! Left to other files, since they pin something this drill does not carry: a fleet of 64 or
-//! 10,000 workers (`screens`, `scale`), three replicas and their merge (`replicas`,
+//! 10,000 workers and the fleet summary (`screens`, `scale`), three replicas and their merge (`replicas`,
 //! `screen_sizes`), the cutting of IP:PORT names and tenant keys at each width (`screen_sizes`),
 //! a change unconfirmed past its timeout and threshold answers (`screens`, `screen_sizes`), the
 //! warnings pane's every source (`warnings`) and the overload marks with capacity spills
@@ -21,7 +21,10 @@
 mod common;
 
 use bch_core::recording::{RecordedEvent, RecordedKind, RecordingHeader};
-use bch_core::telemetry::{AdmissionSummary, ServerFrame, ServerMessage, ShedRates};
+use bch_core::telemetry::{
+    AdmissionSummary, DiscoveryKind, DiscoverySource, DiscoveryState, ServerFrame, ServerMessage,
+    ShedRates,
+};
 use bch_tui::{Action, ConnEvent, ConnStatus, Replay, ReplicaId, State, run_replay, screen_text};
 use common::{buffer_text, realistic_frame, refusal};
 use crossterm::event::{Event, KeyCode, KeyEvent, KeyModifiers};
@@ -44,7 +47,7 @@ mod moment {
     pub const CONNECTED: u64 = 0;
     /// A storm on one key: its home worker is full and requests spill.
     pub const SPILLING: u64 = 1;
-    /// A worker fails its health probes.
+    /// A worker fails its health probes and the DNS discovery source fails.
     pub const UNHEALTHY: u64 = 2;
     /// Workers capped and one full; the gateway queues and sheds.
     pub const OVERLOADED: u64 = 3;
@@ -188,6 +191,21 @@ fn shedding() -> AdmissionSummary {
     }
 }
 
+/// A DNS discovery source whose resolver stopped answering: its last workers are kept.
+fn failing_dns() -> DiscoverySource {
+    DiscoverySource {
+        name: "llm-workers.test".into(),
+        source: "dns:llm-workers.test".into(),
+        kind: DiscoveryKind::Address.into(),
+        state: DiscoveryState::Failing.into(),
+        last_error: Some("no answer within timeout_ms 2000".into()),
+        last_error_ms: None,
+        last_good_ms: None,
+        last_good_age_ms: None,
+        workers: 4,
+    }
+}
+
 /// The fixture tick `name` at `seq`, stamped at moment `at`, with `edit` applied.
 fn tick(
     name: &str,
@@ -230,6 +248,7 @@ fn drill() -> Vec<(u64, usize, RecordedKind)> {
             for worker in &mut t.workers {
                 worker.probe_failure = Some("refused".into());
             }
+            t.discovery = Some(vec![failing_dns()]);
         })
     };
     let overloaded = |seq| {
