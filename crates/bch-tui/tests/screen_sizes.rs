@@ -348,18 +348,7 @@ fn the_policy_line_says_who_changed_it_whole_or_not_at_all() {
 /// `failing`) beside an empty panel, and at 120 the error was cut mid-word.
 #[test]
 fn a_dead_resolver_is_said_whole_where_the_workers_panel_has_room() {
-    use bch_core::telemetry::{DiscoveryKind, DiscoverySource, DiscoveryState};
-    let failing = DiscoverySource {
-        name: "llm-workers.test".into(),
-        source: "dns:llm-workers.test".into(),
-        kind: DiscoveryKind::Address.into(),
-        state: DiscoveryState::Failing.into(),
-        last_error: Some("no answer within timeout_ms 2000".into()),
-        last_error_ms: None,
-        last_good_ms: None,
-        last_good_age_ms: None,
-        workers: 0,
-    };
+    let failing = common::failing_dns(0);
     for (width, height) in SIZES {
         // No worker found yet: the panel's rows are free for the whole warning.
         let mut s = State::for_replicas(vec!["ws://127.0.0.1:29290/ws".into()]);

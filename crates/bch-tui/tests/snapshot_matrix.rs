@@ -21,12 +21,9 @@
 mod common;
 
 use bch_core::recording::{RecordedEvent, RecordedKind, RecordingHeader};
-use bch_core::telemetry::{
-    AdmissionSummary, DiscoveryKind, DiscoverySource, DiscoveryState, ServerFrame, ServerMessage,
-    ShedRates,
-};
+use bch_core::telemetry::{AdmissionSummary, ServerFrame, ServerMessage, ShedRates};
 use bch_tui::{Action, ConnEvent, ConnStatus, Replay, ReplicaId, State, run_replay, screen_text};
-use common::{buffer_text, realistic_frame, refusal};
+use common::{buffer_text, failing_dns, realistic_frame, refusal};
 use crossterm::event::{Event, KeyCode, KeyEvent, KeyModifiers};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
@@ -191,21 +188,6 @@ fn shedding() -> AdmissionSummary {
     }
 }
 
-/// A DNS discovery source whose resolver stopped answering: its last workers are kept.
-fn failing_dns() -> DiscoverySource {
-    DiscoverySource {
-        name: "llm-workers.test".into(),
-        source: "dns:llm-workers.test".into(),
-        kind: DiscoveryKind::Address.into(),
-        state: DiscoveryState::Failing.into(),
-        last_error: Some("no answer within timeout_ms 2000".into()),
-        last_error_ms: None,
-        last_good_ms: None,
-        last_good_age_ms: None,
-        workers: 4,
-    }
-}
-
 /// The fixture tick `name` at `seq`, stamped at moment `at`, with `edit` applied.
 fn tick(
     name: &str,
@@ -248,7 +230,7 @@ fn drill() -> Vec<(u64, usize, RecordedKind)> {
             for worker in &mut t.workers {
                 worker.probe_failure = Some("refused".into());
             }
-            t.discovery = Some(vec![failing_dns()]);
+            t.discovery = Some(vec![failing_dns(4)]);
         })
     };
     let overloaded = |seq| {

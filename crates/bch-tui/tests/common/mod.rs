@@ -1,7 +1,9 @@
 //! Helpers shared by the integration tests: recorded frames and rendering to text.
 #![allow(dead_code)]
 
-use bch_core::telemetry::{CommandId, ServerFrame, ServerMessage, Snapshot};
+use bch_core::telemetry::{
+    CommandId, DiscoveryKind, DiscoverySource, DiscoveryState, ServerFrame, ServerMessage, Snapshot,
+};
 use bch_tui::{ConnEvent, ConnStatus, ReplicaId, State};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
@@ -16,6 +18,21 @@ pub fn reconnecting(retry_at: Instant, attempt: u32, reason: &str) -> ConnEvent 
         attempt,
         reason: reason.into(),
     })
+}
+
+/// A DNS discovery source whose resolver stopped answering, having found `workers` (kept).
+pub fn failing_dns(workers: u64) -> DiscoverySource {
+    DiscoverySource {
+        name: "llm-workers.test".into(),
+        source: "dns:llm-workers.test".into(),
+        kind: DiscoveryKind::Address.into(),
+        state: DiscoveryState::Failing.into(),
+        last_error: Some("no answer within timeout_ms 2000".into()),
+        last_error_ms: None,
+        last_good_ms: None,
+        last_good_age_ms: None,
+        workers,
+    }
 }
 
 /// Loads a recorded frame from `tests/fixtures/<name>.json`.
