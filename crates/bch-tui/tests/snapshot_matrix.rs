@@ -1,7 +1,7 @@
 //! The snapshot matrix: every panel and state of the console, at 80×24, 120×40 and 200×50, live
 //! and in a replay, from one scripted drill of two replicas (a storm that spills, an unhealthy
-//! worker and a failing discovery source, a full worker and a shedding gateway, a refused command, a replica lost and back, a
-//! seq gap and its resync).
+//! worker and a failing discovery source, a full worker and a shedding gateway, a refused
+//! command, a replica lost and back, a seq gap and its resync).
 //!
 //! Each row of [`CASES`] is one cell of the matrix: the moment of the drill, the operator's
 //! actions, and which consoles it applies to. The live console applies the drill's events as
@@ -9,14 +9,15 @@
 //! drill written as a recording file and played by `run_replay` on a test terminal, with the
 //! replay's own keys (→ ten seconds on, `]` the next spill, space) to reach the moment and the
 //! actions' keys after them. A new panel or state is one more row. Each snapshot file holds the
-//! three sizes of one case and one console, so a change shows as one file's diff.
+//! three sizes of one case and one console, so a change shows as one file's diff. The replay's
+//! screens live only here (`replay.rs` tests its engine and keys).
 //!
 //! Left to other files, since they pin something this drill does not carry: a fleet of 64 or
-//! 10,000 workers and the fleet summary (`screens`, `scale`), three replicas and their merge (`replicas`,
-//! `screen_sizes`), the cutting of IP:PORT names and tenant keys at each width (`screen_sizes`),
-//! a change unconfirmed past its timeout and threshold answers (`screens`, `screen_sizes`), the
-//! warnings pane's every source (`warnings`) and the overload marks with capacity spills
-//! (`overload`). Time is passed in, so every run draws the same screens.
+//! 10,000 workers and the fleet summary (`screens`, `scale`), three replicas and their merge
+//! (`replicas`, `screen_sizes`), the cutting of IP:PORT names and tenant keys at each width
+//! (`screen_sizes`), a change unconfirmed past its timeout and threshold answers (`screens`,
+//! `screen_sizes`), the warnings pane's every source (`warnings`) and the overload marks with
+//! capacity spills (`overload`). Time is passed in, so every run draws the same screens.
 
 mod common;
 
