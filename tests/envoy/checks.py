@@ -21,6 +21,13 @@ plane; Envoy with the bootstrap `gatewayd envoy-config` prints) and runs, in ord
                with the bootstrap's TLS and its client certificate routes requests; an Envoy
                that verifies the picker but presents no certificate is refused at the handshake
                (Envoy's 503 picker_unavailable, a picker handshake failure counted)
+  https-workers  three bch-drill workers serving https, requiring client certificates, each
+               addressed by IP with its own server_name; gatewayd's [upstream.tls] with the CA
+               and its client certificate; the bootstrap's TLS routes 30 keyed requests to the
+               picked workers (the workers' own counters), a client without a certificate is
+               refused by a worker, and a target-worker request to a worker whose certificate
+               is from another CA gets Envoy's 503 (a verification failure counted), reaching
+               neither that worker nor another one
   empty-fleet  no workers: an immediate 503 no_healthy_workers in the OpenAI shape
 
 Prints one line per check and ends with `envoy: N passed, M failed`. Standard library only.
@@ -34,6 +41,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -577,29 +585,40 @@ def picker_kill(fleet):
     return f"503 picker_unavailable while down; after the restart {routed} requests, all counters consistent"
 
 
-def make_certificates(folder):
-    """A CA, the picker's certificate (IP SAN 127.0.0.1) and Envoy's client certificate, ECDSA
-    P-256, made here with the openssl CLI (nothing downloaded)."""
+def make_ca(folder, ca):
+    """A CA named `ca` in `folder` (ca.crt, ca.key), ECDSA P-256, made with the openssl CLI."""
     os.makedirs(folder, exist_ok=True)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                    "-nodes", "-keyout", os.path.join(folder, f"{ca}.key"),
+                    "-out", os.path.join(folder, f"{ca}.crt"), "-days", "2", "-subj", f"/CN=bch test {ca}",
+                    "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign"],
+                   check=True, capture_output=True)
+
+
+def issue(folder, ca, name, extensions):
+    """A certificate and key `name` in `folder`, signed by the CA `ca`, with `extensions` (lines
+    of an openssl extension file: the SAN and the extended key usage)."""
+    def path(file):
+        return os.path.join(folder, file)
 
     def run(*args):
         subprocess.run(["openssl", *args], check=True, capture_output=True)
 
-    def path(name):
-        return os.path.join(folder, name)
+    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", path(f"{name}.key"), "-out", path(f"{name}.csr"), "-subj", f"/CN={name}")
+    with open(path(f"{name}.ext"), "w") as f:
+        f.write(extensions + "\n")
+    run("x509", "-req", "-in", path(f"{name}.csr"), "-CA", path(f"{ca}.crt"), "-CAkey", path(f"{ca}.key"),
+        "-CAcreateserial", "-days", "2", "-out", path(f"{name}.crt"), "-extfile", path(f"{name}.ext"))
 
-    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-        "-keyout", path("ca.key"), "-out", path("ca.crt"), "-days", "2", "-subj", "/CN=bch test CA",
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
-    for name, extensions in (("picker", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
-                             ("envoy", "subjectAltName=DNS:envoy\nextendedKeyUsage=clientAuth")):
-        run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-            "-keyout", path(f"{name}.key"), "-out", path(f"{name}.csr"), "-subj", f"/CN={name}")
-        with open(path(f"{name}.ext"), "w") as f:
-            f.write(extensions + "\n")
-        run("x509", "-req", "-in", path(f"{name}.csr"), "-CA", path("ca.crt"), "-CAkey", path("ca.key"),
-            "-CAcreateserial", "-days", "2", "-out", path(f"{name}.crt"), "-extfile", path(f"{name}.ext"))
-    return path
+
+def make_certificates(folder):
+    """A CA, the picker's certificate (IP SAN 127.0.0.1) and Envoy's client certificate, ECDSA
+    P-256, made here with the openssl CLI (nothing downloaded)."""
+    make_ca(folder, "ca")
+    issue(folder, "ca", "picker", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth")
+    issue(folder, "ca", "envoy", "subjectAltName=DNS:envoy\nextendedKeyUsage=clientAuth")
+    return lambda name: os.path.join(folder, name)
 
 
 def picker_handshake_failures(control_port):
@@ -683,6 +702,161 @@ client_ca_file = "{client_ca}"
             proc.stop()
 
 
+def https_get(port, server_name, path, ca_file, client=None):
+    """GET `path` from an https worker on 127.0.0.1:`port`, verified against `ca_file` for
+    `server_name` (SNI too), presenting `client` (cert, key) if given: (status, body bytes)."""
+    context = ssl.create_default_context(cafile=ca_file)
+    if client is not None:
+        context.load_cert_chain(*client)
+    with context.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10),
+                             server_hostname=server_name) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nhost: {server_name}\r\nconnection: close\r\n\r\n".encode())
+        response = b""
+        while chunk := sock.recv(65536):
+            response += chunk
+    head, _, body = response.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), body
+
+
+def worker_requests(port, server_name, ca_file, client):
+    """The inference requests an https worker received (its own `bch_sim:requests_total`)."""
+    _, body = https_get(port, server_name, "/metrics", ca_file, client)
+    for line in body.decode().splitlines():
+        if line.startswith("bch_sim:requests_total "):
+            return int(float(line.split()[-1]))
+    raise AssertionError(f"no bch_sim:requests_total on the worker at {port}")
+
+
+def envoy_stat(admin_port, name):
+    _, _, body = request(admin_port, f"/stats?filter=^{re.escape(name)}$")
+    for line in body.decode().splitlines():
+        if line.startswith(name + ": "):
+            return int(line.split()[-1])
+    return 0
+
+
+@check("https-workers")
+def https_workers(fleet):
+    folder = os.path.join(ARGS.work, "worker-certificates")
+    make_ca(folder, "ca")
+    make_ca(folder, "rogue-ca")
+
+    def path(name):
+        return os.path.join(folder, name)
+
+    names = ["h0", "h1", "h2"]
+    # Every worker is addressed by IP (all are 127.0.0.1) and has its own server_name, the only
+    # name its certificate carries: Envoy must send and verify each worker's own name.
+    server_names = {n: f"{n}.workers.bch.test" for n in names}
+    for name in names:
+        issue(folder, "ca", name, f"subjectAltName=DNS:{server_names[name]}\nextendedKeyUsage=serverAuth")
+    issue(folder, "ca", "gateway", "subjectAltName=DNS:gateway\nextendedKeyUsage=clientAuth")
+    issue(folder, "rogue-ca", "rogue", f"subjectAltName=DNS:{server_names['h2']}\nextendedKeyUsage=serverAuth")
+    client = (path("gateway.crt"), path("gateway.key"))
+    picker_port, control_port, data_port, envoy_port, admin_port, *ports = free_ports(8)
+    urls = [f"https://127.0.0.1:{p}" for p in ports]
+    workers = {}
+
+    def start_worker(i, certificate):
+        workers[i] = Proc(f"https-worker-{i}-{certificate}", [
+            ARGS.drill, "workers", "--count", "1", "--base-port", str(ports[i]), "--time-scale", "1",
+            "--decode-base-ms", "1", "--tls-cert", path(f"{certificate}.crt"),
+            "--tls-key", path(f"{certificate}.key"), "--client-ca", path("ca.crt")])
+        wait_port(ports[i], f"https worker {i}", proc=workers[i])
+
+    config = os.path.join(ARGS.work, "gatewayd-https-workers.toml")
+    with open(config, "w") as f:
+        f.write(f"""[server]
+listen = "127.0.0.1:{data_port}"
+control_listen = "127.0.0.1:{control_port}"
+data_plane = false
+shutdown_grace_ms = 1000
+
+[picker]
+listen = "127.0.0.1:{picker_port}"
+fallbacks = 2
+
+[health]
+# One probe at the start: the rogue check swaps a worker's certificate behind the prober's back.
+interval_ms = 600000
+
+[upstream.tls]
+ca_file = "{path('ca.crt')}"
+client_cert_file = "{client[0]}"
+client_key_file = "{client[1]}"
+""")
+        for name, url in zip(names, urls):
+            f.write(f'\n[[workers]]\nname = "{name}"\nurl = "{url}"\nserver_name = "{server_names[name]}"\n')
+    for i, name in enumerate(names):
+        start_worker(i, name)
+    gatewayd = Proc("gatewayd-https-workers", [ARGS.gatewayd, "--config", config])
+    envoy = None
+    try:
+        wait_port(picker_port, "the picker", proc=gatewayd)
+        wait_port(control_port, "the control plane", proc=gatewayd)
+        envoy = start_envoy("envoy-https-workers", config, envoy_port, picker_port,
+                            ["--admin", f"127.0.0.1:{admin_port}"])
+
+        # The workers require a client certificate: straight to one without it is refused.
+        try:
+            status, _ = https_get(ports[0], server_names["h0"], "/health", path("ca.crt"))
+            raise AssertionError(f"a worker answered {status} to a client without a certificate")
+        except (ssl.SSLError, ConnectionError):
+            pass
+        assert https_get(ports[0], server_names["h0"], "/health", path("ca.crt"), client)[0] == 200
+
+        deadline = time.time() + 30
+        while True:
+            status, got, listing = request(control_port, "/admin/workers")
+            if all(w["healthy"] for w in json.loads(listing)["workers"]):
+                break
+            assert time.time() < deadline, f"the https workers never passed their probe: {listing[:500]!r}"
+            time.sleep(0.1)
+
+        before = [worker_requests(p, server_names[n], path("ca.crt"), client) for n, p in zip(names, ports)]
+        keys = [f"https-{i}" for i in range(30)]
+        expected = [a["worker"] for a in explain(urls, keys)]
+        for key, want in zip(keys, expected):
+            body, headers = chat(key, max_tokens=2)
+            status, got, payload = request(envoy_port, "/v1/chat/completions", "POST", body, headers)
+            assert status == 200, (key, status, payload[:300])
+            assert urls[names.index(got["x-bch-worker"])] == want, (key, got["x-bch-worker"], want)
+        after = [worker_requests(p, server_names[n], path("ca.crt"), client) for n, p in zip(names, ports)]
+        served = [a - b for a, b in zip(after, before)]
+        assert served == [expected.count(u) for u in urls], (served, expected)
+        assert envoy_stat(admin_port, "cluster.bch_workers.ssl.handshake") >= len(names)
+        assert envoy_stat(admin_port, "cluster.bch_workers.ssl.versions.TLSv1.3") >= len(names)
+
+        # h2's certificate replaced by one from another CA, with the same name, behind the
+        # prober's back: Envoy refuses it (a verification failure, not a plain connection), and
+        # the target-worker request fails rather than move to another worker.
+        workers[2].stop()
+        start_worker(2, "rogue")
+        verify_failures = envoy_stat(admin_port, "cluster.bch_workers.ssl.fail_verify_error")
+        body, headers = chat(extra={"x-smg-target-worker": "h2"})
+        status, got, payload = request(envoy_port, "/v1/chat/completions", "POST", body, headers)
+        assert status == 503 and got.get("x-bch-worker") == "h2", (status, got, payload[:300])
+        assert envoy_stat(admin_port, "cluster.bch_workers.ssl.fail_verify_error") > verify_failures
+        rogue_requests = worker_requests(ports[2], server_names["h2"], path("rogue-ca.crt"), client)
+        assert rogue_requests == 0, rogue_requests
+        others = [worker_requests(p, server_names[n], path("ca.crt"), client) for n, p in zip(names[:2], ports)]
+        assert others == after[:2], ("the request moved to another worker", others, after)
+        deadline = time.time() + 10
+        while True:
+            _, _, listing = request(control_port, "/admin/workers")
+            loads = {w["name"]: w["active"] for w in json.loads(listing)["workers"]}
+            if sum(loads.values()) == 0:
+                break
+            assert time.time() < deadline, loads
+            time.sleep(0.01)
+        return (f"30 keyed requests over mutual TLS served by the picked workers ({served}); a worker "
+                f"refuses a client without a certificate; a rogue certificate: Envoy's 503, verification failed")
+    finally:
+        for proc in [envoy, gatewayd, *workers.values()]:
+            if proc is not None:
+                proc.stop()
+
+
 @check("empty-fleet")
 def empty_fleet(fleet):
     for name in list(fleet.workers_now()):
@@ -709,7 +883,7 @@ def main():
         fleet = None
     if fleet is not None:
         for run in (landing, correlation, sse, aborts, burst, worker_kill, target_miss, overload, picker_kill,
-                    picker_mtls, empty_fleet):
+                    picker_mtls, https_workers, empty_fleet):
             if not ARGS.only or run.check_name in ARGS.only:
                 run(fleet)
     for proc in reversed(PROCS):
