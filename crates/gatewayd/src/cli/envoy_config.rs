@@ -14,12 +14,19 @@ use bch_core::routing_key::IMPLICIT_KEY_HEADERS;
 use clap::Args;
 
 use super::envoy_tls::{EnvoyPickerTlsArgs, PickerTlsPlan, picker_transport_socket};
-use super::envoy_worker_tls::{EnvoyWorkerTlsArgs, WorkerTlsPlan, workers_transport_socket};
+use super::envoy_worker_tls::{
+    EnvoyWorkerTlsArgs, WorkerTlsPlan, endpoint_metadata, workers_transport_socket_matches,
+};
 use super::value_parsers::parse_addr;
 use crate::app::terminal::{print_err, print_out};
 use crate::config::{Config, WorkerConfig};
 use crate::error::GatewayError;
 use crate::picker::messages::{DESTINATION_KEY, LB_NAMESPACE, REQUEST_ID_HEADER, SERVED_KEY};
+
+/// An endpoint metadata key no endpoint has: the workers cluster's fallback load balancer selects
+/// the subset of endpoints carrying it, which is empty, so it never picks an endpoint the picker
+/// did not list.
+const NO_SUBSET_KEY: &str = "bch_no_endpoint";
 
 /// `gatewayd envoy-config` options.
 #[derive(Debug, Args)]
@@ -340,13 +347,25 @@ fn workers_cluster(yaml: &mut String, plan: &EnvoyPlan) {
               key: {lb}
               path:
               - key: {served}
-            # Used only if no picked endpoint is in this cluster.
+            # Once the picked endpoints are spent (a target-worker request has no fallback; a
+            # retry past the last fallback) or none is in this cluster: no endpoint, the attempt
+            # fails (503 no healthy upstream). A round-robin fallback here sent a target-worker
+            # request whose worker failed its TLS handshake to another worker, unasked.
             fallback_policy:
               policies:
               - typed_extension_config:
-                  name: envoy.load_balancing_policies.round_robin
+                  name: envoy.load_balancing_policies.subset
                   typed_config:
-                    "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin
+                    "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.subset.v3.Subset
+                    fallback_policy: NO_FALLBACK
+                    subset_selectors:
+                    - keys: [{no_subset}]
+                    subset_lb_policy:
+                      policies:
+                      - typed_extension_config:
+                          name: envoy.load_balancing_policies.round_robin
+                          typed_config:
+                            "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin
 {breakers}    load_assignment:
       cluster_name: bch_workers
       endpoints:
@@ -357,20 +376,28 @@ fn workers_cluster(yaml: &mut String, plan: &EnvoyPlan) {
         destination = DESTINATION_KEY,
         served = SERVED_KEY,
         breakers = circuit_breakers(),
+        no_subset = NO_SUBSET_KEY,
     );
     if plan.workers.is_empty() {
         yaml.truncate(yaml.len() - "      - lb_endpoints:\n".len());
         yaml.push_str("      - lb_endpoints: []\n");
     }
-    for worker in &plan.workers {
+    for (index, worker) in plan.workers.iter().enumerate() {
         let _ = writeln!(
             yaml,
             "        - endpoint:\n            address:\n              socket_address: {}",
             socket_address(*worker)
         );
+        let tls_entry = plan
+            .worker_tls
+            .as_ref()
+            .and_then(|tls| tls.endpoint_names.get(index).copied().flatten());
+        if let Some(entry) = tls_entry {
+            endpoint_metadata(yaml, entry);
+        }
     }
     if let Some(tls) = &plan.worker_tls {
-        workers_transport_socket(yaml, tls);
+        workers_transport_socket_matches(yaml, tls);
     }
 }
 
@@ -461,6 +488,9 @@ mod tests {
         assert!(yaml.contains("- key: x-gateway-destination-endpoint\n"));
         assert!(yaml.contains("- key: x-gateway-destination-endpoint-served\n"));
         assert!(yaml.contains("failure_mode_allow: false"));
+        assert!(yaml.contains(
+            "                    fallback_policy: NO_FALLBACK\n                    subset_selectors:\n                    - keys: [bch_no_endpoint]\n"
+        ));
         assert!(yaml.contains("response_trailer_mode: SEND"));
         for header in [
             "x-smg-routing-key",
@@ -508,11 +538,12 @@ mod tests {
         assert!(yaml.contains("      - lb_endpoints: []\n  - name: bch_picker"));
     }
 
-    /// A bootstrap for https workers over mutual TLS is one Envoy accepts: `envoy --mode
-    /// validate` loads it, the certificate files included. Envoy is `BCH_ENVOY_BIN`, else
+    /// A bootstrap for https workers over mutual TLS, each with its own server name, beside a
+    /// plain worker, is one Envoy accepts: `envoy --mode validate` loads it, the certificate
+    /// files included. Envoy is `BCH_ENVOY_BIN`, else
     /// tests/envoy/.venv/bin/envoy (made by tests/envoy/run.sh); without one the check is skipped.
     #[test]
-    fn envoy_validates_a_bootstrap_for_https_workers_with_client_certificates() {
+    fn envoy_validates_a_bootstrap_for_https_workers_with_client_certificates_and_own_names() {
         let envoy = std::env::var_os("BCH_ENVOY_BIN")
             .map(PathBuf::from)
             .unwrap_or_else(|| {
@@ -535,11 +566,15 @@ mod tests {
         let mut toml = format!(
             "[upstream.tls]\nca_file = {cert:?}\nclient_cert_file = {cert:?}\nclient_key_file = {key:?}\n"
         );
-        for address in ["127.0.0.1:8443", "127.0.0.2:8443"] {
+        for (address, name) in [
+            ("127.0.0.1:8443", "w0.bch.svc"),
+            ("127.0.0.2:8443", "w1.bch.svc"),
+        ] {
             toml.push_str(&format!(
-                "[[workers]]\nurl = \"https://{address}\"\nserver_name = \"workers.bch.svc\"\n"
+                "[[workers]]\nurl = \"https://{address}\"\nserver_name = \"{name}\"\n"
             ));
         }
+        toml.push_str("[[workers]]\nurl = \"http://127.0.0.3:8000\"\n");
         let path = dir.path().join("gatewayd.toml");
         std::fs::write(&path, toml).unwrap();
         let args = EnvoyConfigArgs {
@@ -552,10 +587,14 @@ mod tests {
             worker_tls: EnvoyWorkerTlsArgs::default(),
         };
         let yaml = bootstrap(&EnvoyPlan::from_args(&args).unwrap());
-        assert!(
-            yaml.contains("        sni: \"workers.bch.svc\"\n"),
-            "{yaml}"
-        );
+        for line in [
+            "          sni: \"w0.bch.svc\"\n",
+            "          sni: \"w1.bch.svc\"\n",
+            "              socket_address: { address: \"127.0.0.2\", port_value: 8443 }\n          metadata:\n            filter_metadata:\n              envoy.transport_socket_match: { bch_worker_tls: \"1\" }\n",
+            "              socket_address: { address: \"127.0.0.3\", port_value: 8000 }\n    # The https workers",
+        ] {
+            assert!(yaml.contains(line), "{line} in {yaml}");
+        }
         let bootstrap_file = dir.path().join("envoy.yaml");
         std::fs::write(&bootstrap_file, &yaml).unwrap();
         let output = std::process::Command::new(&envoy)

@@ -97,11 +97,13 @@ pub fn picker_transport_socket(yaml: &mut String, tls: &PickerTlsPlan, picker: S
     if let Some(name) = &tls.server_name {
         let _ = writeln!(yaml, "        sni: {}", quoted(name));
     }
+    // Envoy's upstream default is TLS 1.2 at most: 1.3 is allowed explicitly.
     yaml.push_str(
         "        common_tls_context:\n\
          \x20         alpn_protocols: [h2]\n\
          \x20         tls_params:\n\
-         \x20           tls_minimum_protocol_version: TLSv1_2\n",
+         \x20           tls_minimum_protocol_version: TLSv1_2\n\
+         \x20           tls_maximum_protocol_version: TLSv1_3\n",
     );
     if let Some((cert, key)) = &tls.client {
         let _ = write!(
@@ -202,6 +204,7 @@ mod tests {
         for line in [
             "      name: envoy.transport_sockets.tls\n",
             "          alpn_protocols: [h2]\n",
+            "            tls_maximum_protocol_version: TLSv1_3\n",
             "          - certificate_chain: { filename: \"/etc/envoy/envoy.crt\" }\n",
             "            private_key: { filename: \"/etc/envoy/envoy.key\" }\n",
             "            trusted_ca: { filename: \"/etc/envoy/bch-ca.pem\" }\n",
