@@ -62,6 +62,9 @@ pub struct Routed {
     pub decision: Decision,
     /// Load on the chosen worker; `None` when no worker was chosen.
     pub guard: Option<LoadGuard>,
+    /// The pool of `table` the decision was taken in (its model names the decision's pool in
+    /// per-model counters).
+    pub pool: PoolId,
 }
 
 /// The router: current table plus the selection step.
@@ -196,6 +199,7 @@ impl Router {
             table,
             decision,
             guard,
+            pool,
         }
     }
 

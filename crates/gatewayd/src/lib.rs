@@ -43,6 +43,7 @@ mod error;
 mod health;
 mod log_limit;
 mod metrics;
+mod model_branches;
 mod per_worker;
 mod picker;
 mod pool_metrics;

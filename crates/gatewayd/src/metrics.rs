@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bch_core::load::{DurationHistogram, StatusClass, WorkerStats};
 use bch_core::policy::{Branch, PolicyKind, SpillOrder};
-use bch_core::router::{Router, RoutingTable};
+use bch_core::router::{PoolId, Router, RoutingTable};
 use bch_core::routing_key::IgnoredKey;
 use bch_core::telemetry::WorkerState;
 use prometheus_client::collector::Collector;
@@ -29,6 +29,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::error::ClientBodyFault;
+use crate::model_branches::ModelBranches;
 
 /// A label with a fixed set of values: `ALL[value.index()] == value`, so a family's counters are
 /// an array indexed by value. The one pattern of every labelled counter, here and in the
@@ -152,6 +153,8 @@ where
 #[derive(Debug)]
 pub struct Metrics {
     branches: [AtomicU64; Branch::ALL.len()],
+    /// The same decisions per model, when the fleet declares models.
+    branches_by_model: ModelBranches,
     ignored_keys: [AtomicU64; IgnoredKey::ALL.len()],
     client_body_errors: [AtomicU64; ClientBodyFault::ALL.len()],
     retries: AtomicU64,
@@ -175,6 +178,7 @@ impl Default for Metrics {
     fn default() -> Self {
         Self {
             branches: Default::default(),
+            branches_by_model: ModelBranches::default(),
             ignored_keys: Default::default(),
             client_body_errors: Default::default(),
             retries: AtomicU64::new(0),
@@ -191,9 +195,12 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Counts one routing decision.
-    pub fn record_branch(&self, branch: Branch) {
-        self.branches[LabelValue::index(branch)].fetch_add(1, Ordering::Relaxed);
+    /// Counts one routing decision, taken in `pool` of `table`: per model too when the fleet
+    /// declares models (no lookup by name: the model's counters are found by pool index).
+    pub fn record_branch(&self, branch: Branch, table: &RoutingTable, pool: PoolId) {
+        let index = LabelValue::index(branch);
+        self.branches[index].fetch_add(1, Ordering::Relaxed);
+        self.branches_by_model.record(table, pool, index);
     }
 
     /// Counts an explicit routing key header that was ignored.
@@ -292,8 +299,8 @@ struct GatewayCollector {
 
 impl Collector for GatewayCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        data_path(&mut encoder, &self.metrics)?;
         let table = self.router.table();
+        data_path(&mut encoder, &self.metrics, &table)?;
         build_and_policy(&mut encoder, &table)?;
         worker_states(&mut encoder, &table)?;
         responses(&mut encoder, &self.metrics, &table)?;
@@ -301,17 +308,37 @@ impl Collector for GatewayCollector {
     }
 }
 
-/// The data path's own counters: routing branches, ignored keys, client body errors, retries,
-/// refused connections and dropped telemetry events.
-fn data_path(encoder: &mut DescriptorEncoder, m: &Metrics) -> Result<(), std::fmt::Error> {
-    counter(
-        encoder,
-        "bch_branch",
-        "Routing decisions by branch",
-        by_label("branch", |b: Branch| {
-            m.branches[LabelValue::index(b)].load(Ordering::Relaxed)
-        }),
-    )?;
+/// The data path's own counters: routing branches (by model too when `table`'s fleet declares
+/// models), ignored keys, client body errors, retries, refused connections and dropped telemetry
+/// events.
+fn data_path(
+    encoder: &mut DescriptorEncoder,
+    m: &Metrics,
+    table: &RoutingTable,
+) -> Result<(), std::fmt::Error> {
+    let help = "Routing decisions by branch";
+    if table.has_models() {
+        // Only the labels change with models: a sum over `model` is the family without them.
+        let pools = m.branches_by_model.of_pools(table);
+        let rows = pools.iter().flat_map(|(model, counts)| {
+            by_label("branch", |b: Branch| counts.get(LabelValue::index(b))).map(
+                |(mut labels, n)| {
+                    labels.push(("model", model.to_string()));
+                    (labels, n)
+                },
+            )
+        });
+        counter(encoder, "bch_branch", help, rows)?;
+    } else {
+        counter(
+            encoder,
+            "bch_branch",
+            help,
+            by_label("branch", |b: Branch| {
+                m.branches[LabelValue::index(b)].load(Ordering::Relaxed)
+            }),
+        )?;
+    }
     counter(
         encoder,
         "bch_ignored_routing_keys",

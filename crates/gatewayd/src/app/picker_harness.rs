@@ -71,14 +71,12 @@ impl SessionProbe {
         let head = crate::picker::messages::head(headers);
         let mut exchange = Exchange::begin(Arc::clone(routing), std::time::Instant::now(), head);
         let settings = routing.settings.load();
+        let by = crate::routing::RouteBy {
+            model: settings.picker_model.clone(),
+            rid_key: None,
+        };
         matches!(
-            crate::routing::route_now(
-                routing,
-                &settings,
-                headers,
-                &crate::routing::RouteBy::default(),
-                &mut exchange,
-            ),
+            crate::routing::route_now(routing, &settings, headers, &by, &mut exchange),
             Ok(crate::routing::Placement::Chosen(_))
         )
     }

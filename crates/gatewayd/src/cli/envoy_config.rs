@@ -65,7 +65,8 @@ pub struct EnvoyPlan {
     pub picker: SocketAddr,
     /// Envoy's admin interface, if any.
     pub admin: Option<SocketAddr>,
-    /// Every worker's address, in configuration order: Envoy's cluster must hold each endpoint
+    /// The address of every worker of the picker's pool (`[picker] model`'s workers; every
+    /// worker without models), in configuration order: Envoy's cluster must hold each endpoint
     /// the picker can name.
     pub workers: Vec<SocketAddr>,
     /// Fallback endpoints per answer, and so Envoy's retries.
@@ -80,8 +81,8 @@ pub struct EnvoyPlan {
     pub message_timeout: Duration,
     /// The request and response headers the picker reads (lower case): Envoy sends it only these.
     pub forwarded_headers: Vec<String>,
-    /// The `[[discovery]]` names: workers found there are picked too, but are not in the
-    /// generated cluster (a snapshot of the static workers).
+    /// The `[[discovery]]` names of the picker's pool: workers found there are picked too, but
+    /// are not in the generated cluster (a snapshot of the static workers).
     pub discovery: Vec<String>,
     /// Envoy's TLS to the picker; `None` = plain gRPC (a picker without TLS).
     pub picker_tls: Option<PickerTlsPlan>,
@@ -106,8 +107,11 @@ impl EnvoyPlan {
         let picker_tls = PickerTlsPlan::from_config(&config, &args.picker_tls)?;
         let members = config.members()?;
         let worker_tls = WorkerTlsPlan::from_config(&config, &members, &args.worker_tls)?;
-        let workers = members
-            .iter()
+        // Envoy's cluster holds the workers the picker can name: those of its pool.
+        let model = config.picker_model();
+        let in_pool = |models: &[String]| model.is_none_or(|m| models.iter().any(|x| x == m));
+        let workers = (members.iter())
+            .filter(|m| in_pool(&m.spec.models))
             .map(|m| m.url.picker_endpoint().map_err(anyhow::Error::msg))
             .collect::<anyhow::Result<_>>()?;
         Ok(Self {
@@ -120,7 +124,10 @@ impl EnvoyPlan {
             stream_idle_timeout: config.server.timeouts.stream_idle,
             message_timeout: message_timeout(&config),
             forwarded_headers: forwarded_headers(&config),
-            discovery: config.discovery.iter().map(|d| d.dns.clone()).collect(),
+            discovery: (config.discovery.iter())
+                .filter(|d| in_pool(&d.models))
+                .map(|d| d.dns.clone())
+                .collect(),
             picker_tls,
             worker_tls,
         })

@@ -209,6 +209,7 @@ impl Config {
                 .within(entry),
             );
         }
+        problems.extend(self.picker_model_problem());
         if let Some(default) = &self.routing.default_model {
             let declared = self.declared_models();
             if !declared.is_empty() && !declared.contains(default.as_str()) {
@@ -221,6 +222,46 @@ impl Config {
             }
         }
         problems
+    }
+
+    /// The model whose pool the endpoint picker serves: `[picker] model`, else the one declared
+    /// model; `None` for a fleet without models (its one pool). Fixed with the configuration, so
+    /// a model added at run time never moves the picker to another pool.
+    pub fn picker_model(&self) -> Option<&str> {
+        if let Some(model) = &self.picker.model {
+            return Some(model);
+        }
+        let declared = self.declared_models();
+        match declared.len() {
+            1 => declared.first().copied(),
+            _ => None,
+        }
+    }
+
+    /// `[picker] model` must be a declared model, and is required with the picker on and several
+    /// models declared: each pool gets its own picker, and which one this is must not depend on
+    /// how the names sort.
+    fn picker_model_problem(&self) -> Option<FieldError> {
+        let declared = self.declared_models();
+        match &self.picker.model {
+            Some(model) if declared.is_empty() => Some(FieldError::new(
+                "picker.model",
+                format!(
+                    "{model:?}: no worker declares models, so the picker serves the whole fleet; leave it unset or declare the workers' models"
+                ),
+            )),
+            Some(model) if !declared.contains(model.as_str()) => Some(FieldError::new(
+                "picker.model",
+                format!("{model:?} is not a model any worker serves (declared: {declared:?})"),
+            )),
+            None if self.picker.listen.is_some() && declared.len() > 1 => Some(FieldError::new(
+                "picker.model",
+                format!(
+                    "several models are declared ({declared:?}): name the one whose pool this picker serves (one picker per pool)"
+                ),
+            )),
+            _ => None,
+        }
     }
 }
 
@@ -263,5 +304,41 @@ mod model_tests {
         assert_eq!(problems[0].field, "routing.default_model");
         config.routing.default_model = Some("qwen".into());
         assert!(config.model_problems().is_empty());
+    }
+
+    #[test]
+    fn the_picker_names_its_pool_when_several_models_are_declared() {
+        let mut config = Config {
+            workers: vec![
+                worker("http://127.0.0.1:9001", &["llama"]),
+                worker("http://127.0.0.1:9002", &["qwen"]),
+            ],
+            ..Config::default()
+        };
+        assert!(config.model_problems().is_empty(), "no picker, no choice");
+        config.picker.listen = Some("127.0.0.1:9100".parse().unwrap());
+        let problems = config.model_problems();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].field, "picker.model");
+        assert!(
+            problems[0].message.contains("several models"),
+            "{problems:?}"
+        );
+        config.picker.model = Some("mistral".into());
+        assert!(config.model_problems()[0].message.contains("not a model"));
+        config.picker.model = Some("qwen".into());
+        assert!(config.model_problems().is_empty());
+        assert_eq!(config.picker_model(), Some("qwen"));
+        config.picker.model = None;
+        config.workers.pop();
+        assert_eq!(config.picker_model(), Some("llama"), "the one model");
+        config.workers[0].models.clear();
+        assert_eq!(config.picker_model(), None, "no models: the one pool");
+        config.picker.model = Some("llama".into());
+        assert!(
+            config.model_problems()[0]
+                .message
+                .contains("no worker declares")
+        );
     }
 }

@@ -34,6 +34,9 @@ pub struct RuntimeSettings {
     pub picker_silent_stream_timeout: Duration,
     /// Endpoint picker: most streams open at once.
     pub picker_max_streams: usize,
+    /// Endpoint picker: the model whose pool it serves ([`Config::picker_model`]); `None`: the
+    /// one pool of a fleet without models.
+    pub picker_model: Option<Arc<str>>,
     /// `[routing] default_model`: the model of a request that names none.
     pub default_model: Option<Arc<str>>,
     /// `[routing] key_from_rid`: the body's `rid`, its lineage stripped, is the routing key.
@@ -60,6 +63,7 @@ impl RuntimeSettings {
             picker_fallbacks: config.picker.fallbacks,
             picker_silent_stream_timeout: config.picker.silent_stream_timeout,
             picker_max_streams: config.picker.max_streams,
+            picker_model: config.picker_model().map(Arc::from),
             default_model: config.routing.default_model.as_deref().map(Arc::from),
             key_from_rid: config.routing.key_from_rid,
             serve_loads: config.routing.serve_loads,

@@ -139,6 +139,12 @@ pub struct PickerConfig {
     /// `client_ca_file` set only Envoy's client certificate opens a stream.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<super::tls::ListenerTls>,
+    /// The model whose pool the picker serves: it routes every request among that model's
+    /// workers only (one endpoint picker per pool, as the Gateway API Inference Extension has
+    /// it). Must be a declared model; required when several models are declared. Unset: the
+    /// only pool (the fleet without models, or its one declared model).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 /// Default `[picker] silent_stream_timeout_ms`: one hour. The data plane bounds silence inside a
@@ -158,6 +164,7 @@ impl Default for PickerConfig {
             silent_stream_timeout: DEFAULT_SILENT_STREAM_TIMEOUT,
             max_streams: DEFAULT_PICKER_MAX_STREAMS,
             tls: None,
+            model: None,
         }
     }
 }
@@ -313,7 +320,8 @@ impl LogConfig {
 
 impl PickerConfig {
     /// A fallback count above [`MAX_PICKER_FALLBACKS`], a zero silence timeout or stream cap, a
-    /// stream cap HTTP/2 cannot announce (over `u32::MAX`).
+    /// stream cap HTTP/2 cannot announce (over `u32::MAX`), a `model` outside the name grammar
+    /// (whether some worker serves it is [`Config::model_problems`](super::Config::model_problems)).
     pub fn problems(&self) -> Vec<FieldError> {
         let mut problems = Vec::new();
         if self.fallbacks > MAX_PICKER_FALLBACKS {
@@ -335,6 +343,10 @@ impl PickerConfig {
         }
         if let Some(tls) = &self.tls {
             problems.extend(tls.problems().into_iter().map(|e| e.within("tls")));
+        }
+        if let Some(model) = &self.model {
+            let checked = super::models::check_models(std::slice::from_ref(model));
+            problems.extend(checked.err().map(|e| FieldError::new("model", e.message)));
         }
         problems
     }

@@ -12,6 +12,7 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bch_core::policy::PolicyPatch;
+use bch_core::router::PoolId;
 use bch_core::telemetry::ChangeSource;
 
 use super::handle::ControlPlane;
@@ -198,6 +199,32 @@ pub async fn get_config(State(plane): State<Arc<ControlPlane>>) -> Response {
         // A validated configuration always renders; say so if it ever does not.
         Err(error) => GatewayError::ConfigNotRendered(error.to_string()).into_response(),
     }
+}
+
+/// `GET /admin/picker`: whether the endpoint picker is on, the pool it serves (`model`, `null`
+/// for the one pool of a fleet without models), that pool's workers by name and how many of them
+/// take requests now.
+pub async fn picker(State(plane): State<Arc<ControlPlane>>) -> Response {
+    let enabled = plane.admin.config().load().picker.listen.is_some();
+    let model = plane.admin.settings().load().picker_model.clone();
+    let table = plane.router.table();
+    let pool = match model.as_deref() {
+        Some(model) => table.pool_of_model(model),
+        None => Some(PoolId::FIRST),
+    };
+    let workers: Vec<&str> = (pool.and_then(|pool| table.pool(pool)))
+        .map(|pool| pool.workers())
+        .unwrap_or_default()
+        .iter()
+        .map(|&w| table.workers()[w].spec.name.as_str())
+        .collect();
+    Json(serde_json::json!({
+        "enabled": enabled,
+        "model": model.as_deref(),
+        "workers": workers,
+        "routable_workers": pool.map_or(0, |pool| table.routable_count_in(pool)),
+    }))
+    .into_response()
 }
 
 /// `POST /admin/reload`: re-reads the configuration file; answers the policy and workers in force.

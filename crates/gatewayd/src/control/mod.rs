@@ -43,6 +43,7 @@ pub fn router(plane: Arc<ControlPlane>) -> Router {
         .route("/admin/workers/{name}/undrain", post(api::undrain_worker))
         .route("/admin/config", get(api::get_config))
         .route("/admin/discovery", get(api::discovery))
+        .route("/admin/picker", get(api::picker))
         .route("/admin/policy", get(api::get_policy).put(api::put_policy))
         .route("/admin/explain", get(explain::explain))
         .route("/admin/reload", post(api::reload))

@@ -108,9 +108,10 @@ impl AddressBook {
 
 /// Writes the answer's endpoint list into `out`: the chosen worker's `IP:PORT`, then up to
 /// `fallbacks` other routable workers (healthy, not draining, not full), comma-separated. The fallbacks
-/// are the workers the data plane's retry would go to, from core's one walk: keyed requests in
-/// ring order from the key ([`RoutingTable::routable_from`]), keyless ones the least loaded
-/// others ([`RoutingTable::least_loaded_routable`]); target-worker requests never move. Returns
+/// are the workers the data plane's retry would go to, from core's one walk within the
+/// decision's pool: keyed requests in the pool's ring order from the key
+/// ([`RoutingTable::routable_from_in`]), keyless ones the pool's least loaded others
+/// ([`RoutingTable::least_loaded_routable_in`]); target-worker requests never move. Returns
 /// the workers listed (so the response can tell a fallback Envoy was given from an endpoint it
 /// picked itself), or `None` when the chosen worker has no address. Allocates nothing but
 /// `out`'s growth: the listed workers are kept in a fixed array.
@@ -126,10 +127,12 @@ pub fn endpoint_list(
     let mut listed = Listed::new(choice.worker);
     // A full worker is no fallback: the data plane's retry skips it too.
     let listable = |w: usize| w != choice.worker && addresses.get(w).is_some() && !table.full(w);
-    // Capped by the workers there are, so a walk for more fallbacks than exist ends early instead
-    // of turning the whole ring.
-    let others = (0..table.workers().len())
-        .filter(|&w| table.routable(w) && listable(w))
+    // Fallbacks come from the decision's pool only: another model's worker cannot serve the
+    // request. Capped by the pool's workers, so a walk for more fallbacks than exist ends early
+    // instead of turning the whole ring.
+    let pool = choice.pool;
+    let others = (table.pool(pool).map_or(&[][..], |p| p.workers()).iter())
+        .filter(|&&w| table.routable(w) && listable(w))
         .count();
     let wanted = fallbacks.min(MAX_PICKER_FALLBACKS).min(others);
     if wanted == 0 || choice.branch == Branch::TargetWorkerHit {
@@ -137,13 +140,17 @@ pub fn endpoint_list(
     }
     match choice.position {
         Some(position) => {
-            for worker in table.routable_from(position, |w| !listable(w)).take(wanted) {
+            for worker in table
+                .routable_from_in(pool, position, |w| !listable(w))
+                .take(wanted)
+            {
                 listed.add(worker, addresses, out);
             }
         }
         None => {
             while listed.fallbacks() < wanted {
-                let next = table.least_loaded_routable(|w| !listable(w) || listed.contains(w));
+                let next =
+                    table.least_loaded_routable_in(pool, |w| !listable(w) || listed.contains(w));
                 match next {
                     Some(worker) => listed.add(worker, addresses, out),
                     None => break,
@@ -197,7 +204,7 @@ impl Listed {
 mod tests {
     use bch_core::policy::PolicySettings;
     use bch_core::ring::hash_position;
-    use bch_core::router::{Router, WorkerSource, WorkerSpec};
+    use bch_core::router::{PoolId, Router, WorkerSource, WorkerSpec};
     use bch_core::telemetry::WorkerState;
 
     use super::*;
@@ -241,6 +248,7 @@ mod tests {
                         Branch::Keyless
                     },
                     position,
+                    pool: PoolId::FIRST,
                 };
                 let addresses = Addresses::of(&table, &[]);
                 let mut out = String::new();
@@ -275,6 +283,7 @@ mod tests {
                 worker: 0,
                 branch: Branch::ExplicitRoutingKeyHit,
                 position,
+                pool: PoolId::FIRST,
             };
             let addresses = Addresses::of(&table, &[]);
             let mut out = String::new();

@@ -1,14 +1,14 @@
 //! The standard gRPC health service (`grpc.health.v1.Health`) on the picker's port, for
 //! Kubernetes' `grpc` readiness probe and Envoy's `grpc_health_check`. The whole server (`""`) and
-//! the ext_proc service report `SERVING` only while some worker is routable (healthy and not
-//! draining: the data plane's `/readiness` rule), and `NOT_SERVING` from the moment shutdown
+//! the ext_proc service report `SERVING` only while some worker of the picker's pool is routable
+//! (healthy and not draining: the data plane's `/readiness` rule, within the pool), and `NOT_SERVING` from the moment shutdown
 //! begins, so a probe stops sending new streams before the drain.
 //!
 //! The router tells [`readiness`] about every table it puts in force (one `watch` value, set
 //! only when it flips); [`report`] reacts to it. Nothing is polled, and the ext_proc path never
 //! touches the health service.
 
-use bch_core::router::Router;
+use bch_core::router::{PoolId, Router};
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -17,6 +17,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use super::service::PickerService;
+use crate::config::runtime::SharedSettings;
 
 /// The services whose status the health service reports: the whole server and ext_proc.
 const SERVICES: [&str; 2] = [
@@ -24,12 +25,17 @@ const SERVICES: [&str; 2] = [
     <ExternalProcessorServer<PickerService> as NamedService>::NAME,
 ];
 
-/// Whether some worker of `router` is routable, now and after every routing change. `None` when
-/// the router already has an observer (one per router): the picker then cannot follow routing.
-pub fn readiness(router: &Router) -> Option<watch::Receiver<bool>> {
+/// Whether some worker of the picker's pool (`[picker] model`'s, read from `settings`) is
+/// routable, now and after every routing change. `None` when the router already has an observer
+/// (one per router): the picker then cannot follow routing.
+pub fn readiness(router: &Router, settings: SharedSettings) -> Option<watch::Receiver<bool>> {
     let (sender, receiver) = watch::channel(false);
     let observed = router.observe(move |table| {
-        let routable = table.routable_count() > 0;
+        let pool = match settings.load().picker_model.as_deref() {
+            Some(model) => table.pool_of_model(model),
+            None => Some(PoolId::FIRST),
+        };
+        let routable = pool.is_some_and(|pool| table.routable_count_in(pool) > 0);
         sender.send_if_modified(|ready| std::mem::replace(ready, routable) != routable);
     });
     observed.then_some(receiver)

@@ -68,7 +68,18 @@ async fn serve_incoming<IO, E>(
     // Not serving until the router says a worker is routable; set before the first probe can
     // connect (the reporter starts the whole server as serving).
     health::set_all(&reporter, tonic_health::ServingStatus::NotServing).await;
-    match health::readiness(&plane.routing.router) {
+    // The one line that says which pool this picker serves (one picker per pool).
+    let pool = plane.routing.settings.load().picker_model.clone();
+    tracing::info!(
+        pool = pool.as_deref().unwrap_or("-"),
+        "endpoint picker serves one pool: {}",
+        pool.as_deref().map_or_else(
+            || "every worker (no models declared)".to_owned(),
+            |model| format!("model {model:?}'s workers")
+        )
+    );
+    let settings = std::sync::Arc::clone(&plane.routing.settings);
+    match health::readiness(&plane.routing.router, settings) {
         Some(ready) => {
             tokio::spawn(health::report(reporter, ready, shutdown.clone()));
         }

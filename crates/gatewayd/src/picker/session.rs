@@ -1,8 +1,9 @@
 //! One ext_proc stream, which Envoy opens for one HTTP request: the picker's state machine.
 //!
 //! - The request headers (the first message; its `protocol_config` needs no answer) are routed by
-//!   the step the data plane uses ([`crate::routing::route`]): the decision reserves load on the
-//!   chosen worker, and the answer names it and its fallbacks. A refusal (no healthy worker, a
+//!   the step the data plane uses ([`crate::routing::route`]), in the one pool the picker serves
+//!   (`[picker] model`): the decision reserves load on the chosen worker, and the answer names it
+//!   and its fallbacks, all of that pool. A refusal (no healthy worker, a
 //!   target-worker miss, a declared body over the limit) is an immediate response in the OpenAI
 //!   shape, and the request ends there. A request that finds no worker with room waits in the
 //!   admission queue with its answer held back (Envoy waits for it, up to its ext_proc
@@ -152,13 +153,12 @@ impl Session {
         let head = messages::head(headers);
         let mut exchange = Exchange::begin(Arc::clone(routing), Instant::now(), head);
         let settings = routing.settings.load();
-        match crate::routing::route_now(
-            routing,
-            &settings,
-            headers,
-            &RouteBy::default(),
-            &mut exchange,
-        ) {
+        // The picker serves one pool and reads no body: the request is its pool's model's.
+        let by = RouteBy {
+            model: settings.picker_model.clone(),
+            rid_key: None,
+        };
+        match crate::routing::route_now(routing, &settings, headers, &by, &mut exchange) {
             Ok(Placement::Chosen(choice)) => Some(self.pick(exchange, choice, &settings)),
             Ok(Placement::Wait(waiting)) => {
                 let admission = waiting.routed.table.policy().admission;
@@ -172,6 +172,11 @@ impl Session {
                     admission: Box::pin(wait),
                 });
                 None
+            }
+            // No worker serves the picker's model now (its pool's last worker left): for
+            // Envoy's client that is a pool without workers, not a model it named wrong.
+            Err(GatewayError::ModelNotFound(_)) => {
+                Some(refuse(exchange, &GatewayError::NoHealthyWorkers))
             }
             Err(error) => Some(refuse(exchange, &error)),
         }

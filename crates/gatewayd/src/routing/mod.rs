@@ -55,6 +55,8 @@ pub struct Choice {
     /// Ring position of the explicit or implicit key; `None` for target-worker and keyless
     /// requests.
     pub position: Option<u64>,
+    /// The pool of `table` the decision was taken in: fallbacks come from it too.
+    pub pool: PoolId,
 }
 
 /// A request the router found no room for, waiting for its turn in the admission queue: its key
@@ -182,7 +184,7 @@ fn account(
     exchange: &mut Exchange,
 ) {
     let decision = &routed.decision;
-    routing.metrics.record_branch(decision.branch);
+    (routing.metrics).record_branch(decision.branch, &routed.table, routed.pool);
     let tag = KeyTag::from_key(key, settings.redact_keys);
     routing
         .telemetry
@@ -200,6 +202,7 @@ fn settle(
     exchange: &mut Exchange,
 ) -> Result<Choice, GatewayError> {
     account(routing, settings, key, &mut routed, exchange);
+    let pool = routed.pool;
     let decision = routed.decision;
     let Some(worker) = decision.worker else {
         return Err(match decision.branch {
@@ -215,6 +218,7 @@ fn settle(
         worker,
         branch: decision.branch,
         position: key.position(),
+        pool,
     })
 }
 

@@ -155,6 +155,26 @@ fn envoy_config_takes_the_file_refuses_unaddressable_workers_and_warns_about_dis
         yaml.contains("num_retries: 3"),
         "[picker] fallbacks sets Envoy's retries"
     );
+
+    // Two models: the picker serves one pool, named, and Envoy's cluster holds its workers only.
+    let two_models = "[[workers]]\nurl = \"http://127.0.0.1:8101\"\nmodels = [\"llama\"]\n\
+                      [[workers]]\nurl = \"http://127.0.0.1:8102\"\nmodels = [\"qwen\"]\n\
+                      [[workers]]\nurl = \"http://127.0.0.1:8103\"\nmodels = [\"llama\", \"qwen\"]\n";
+    let unnamed = TempFile::new(two_models);
+    let out = envoy_config(&unnamed);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("picker.model: several models"), "{stderr}");
+    let on_qwen = TempFile::new(&format!("[picker]\nmodel = \"qwen\"\n{two_models}"));
+    let out = envoy_config(&on_qwen);
+    assert!(out.status.success(), "{out:?}");
+    let yaml = String::from_utf8(out.stdout).unwrap();
+    let endpoint = |port: u16| format!("address: \"127.0.0.1\", port_value: {port} }}");
+    assert!(
+        !yaml.contains(&endpoint(8101)),
+        "a llama-only worker: {yaml}"
+    );
+    assert!(yaml.contains(&endpoint(8102)) && yaml.contains(&endpoint(8103)));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -9,5 +9,6 @@ mod allocations;
 mod bounds;
 mod health;
 mod parity;
+mod pools;
 mod sessions;
 mod trust;

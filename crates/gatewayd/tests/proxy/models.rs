@@ -98,6 +98,47 @@ async fn each_models_requests_reach_only_its_workers_with_the_body_unchanged() {
 }
 
 #[tokio::test]
+async fn each_models_decisions_are_counted_under_its_model() {
+    let (_workers, config) = two_model_fleet().await;
+    let gateway = start(config).await;
+    for (model, times) in [("alpha", 3), ("beta", 5), ("gamma", 2)] {
+        for _ in 0..times {
+            let (status, _) = post(gateway.data_addr, json!({"model": model}).to_string()).await;
+            assert_eq!(status, if model == "gamma" { 404 } else { 200 });
+        }
+    }
+    for _ in 0..2 {
+        let response = client()
+            .post(format!("http://{}/echo", gateway.data_addr))
+            .header("x-smg-routing-key", "conversation-1")
+            .body(r#"{"model":"beta"}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    let metrics = gateway.metrics_text();
+    let count = |branch: &str, model: &str| {
+        let series = format!("bch_branch_total{{branch=\"{branch}\",model=\"{model}\"}} ");
+        (metrics.lines())
+            .find_map(|line| line.strip_prefix(series.as_str()))
+            .unwrap_or_else(|| panic!("no {series}: {metrics}"))
+            .parse::<u64>()
+            .unwrap()
+    };
+    assert_eq!(count("keyless", "alpha"), 3);
+    assert_eq!(count("keyless", "beta"), 5);
+    assert_eq!(count("explicit_routing_key_hit", "beta"), 2);
+    assert_eq!(count("explicit_routing_key_hit", "alpha"), 0);
+    assert!(
+        !metrics.contains("model=\"gamma\"")
+            && !metrics.contains("bch_branch_total{branch=\"keyless\"} "),
+        "an unknown model decides nothing; with models every series names one: {metrics}"
+    );
+    gateway.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_model_after_a_megabyte_in_many_small_writes_is_routed_and_forwarded_whole() {
     let (_workers, gateway) = two_model_gateway().await;
     let content = "{\"model\": \"alpha\"} ".repeat(60_000);
