@@ -40,7 +40,7 @@ impl Admin {
         if let Some(error) = next.config.model_problems().into_iter().next() {
             return Err(ConfigError::Invalid { path: None, error }.into());
         }
-        // Workers added at run time obey the endpoint picker's `http://IP:PORT` rule too
+        // Workers added at run time obey the endpoint picker's `http(s)://IP:PORT` rule too
         // (discovered workers are IP:PORT by construction).
         next.config
             .picker_workers(&next.statics)

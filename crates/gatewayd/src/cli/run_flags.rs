@@ -49,7 +49,7 @@ pub struct ServerFlags {
     #[arg(long, env = "GATEWAYD_CONTROL_LISTEN", value_name = "IP:PORT", value_parser = parse_addr)]
     pub control_listen: Option<SocketAddr>,
     /// Serve Envoy's endpoint picker (ext_proc over plaintext gRPC) on this address; workers must
-    /// then be http://IP:PORT URLs.
+    /// then be http(s)://IP:PORT URLs.
     #[arg(long, env = "GATEWAYD_PICKER_LISTEN", value_name = "IP:PORT", value_parser = parse_addr)]
     pub picker_listen: Option<SocketAddr>,
     /// Serve no data plane: run only as Envoy's endpoint picker (needs --picker-listen).

@@ -12,7 +12,7 @@ use super::worker::Member;
 use super::{Config, ConfigError};
 
 impl Config {
-    /// With the endpoint picker on, every worker must be an `http://IP:PORT` URL: Envoy finds the
+    /// With the endpoint picker on, every worker must be an `http(s)://IP:PORT` URL: Envoy finds the
     /// picked endpoint among its cluster's hosts by address. The error names `workers[N].url`.
     pub fn picker_workers(&self, members: &[Member]) -> Result<(), FieldError> {
         match self

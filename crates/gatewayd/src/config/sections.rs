@@ -119,7 +119,7 @@ pub const MAX_PICKER_FALLBACKS: usize = 8;
 #[serde(deny_unknown_fields, default)]
 pub struct PickerConfig {
     /// Where to serve `envoy.service.ext_proc.v3.ExternalProcessor` (plaintext gRPC); `None` (the
-    /// default) serves no picker. Every worker must then be an `http://IP:PORT` URL.
+    /// default) serves no picker. Every worker must then be an `http(s)://IP:PORT` URL.
     pub listen: Option<SocketAddr>,
     /// How many fallback endpoints, in ring order from the key, follow the chosen one in the
     /// answer (0..=8); Envoy retries a failed connect on them in turn. `gatewayd envoy-config`

@@ -25,7 +25,7 @@ pub struct WorkerAddress {
 }
 
 /// The addresses of one membership generation, indexed like the table's workers; `None` for a
-/// worker whose URL is no `http://IP:PORT` (start-up and the admin owner refuse those while the
+/// worker whose URL is no `http(s)://IP:PORT` (start-up and the admin owner refuse those while the
 /// picker runs, so only a table built before a picker existed could hold one).
 #[derive(Debug)]
 pub struct Addresses {

@@ -215,7 +215,7 @@ fn check_config_names_the_metrics_token_file() {
     }
 }
 
-/// In picker mode every worker that is no `http://IP:PORT` is reported, each under its own index
+/// In picker mode every worker that is no `http(s)://IP:PORT` is reported, each under its own index
 /// in the file (an invalid worker before them does not shift the index).
 #[test]
 fn check_config_reports_every_bad_worker_in_picker_mode() {

@@ -133,7 +133,7 @@ impl WorkerUrl {
         }
     }
 
-    /// The worker's address for Envoy's endpoint picker: the URL must be `http://IP:PORT`, an IP
+    /// The worker's address for Envoy's endpoint picker: the URL must be `http://IP:PORT` or `https://IP:PORT`, an IP
     /// literal with an explicit port and no path prefix, because Envoy matches a picked endpoint
     /// against its cluster's hosts by address and forwards the client's path unchanged. The error
     /// says what is missing.
@@ -141,17 +141,17 @@ impl WorkerUrl {
         let authority = self.authority.as_str();
         let address = authority.parse::<SocketAddr>().map_err(|_| {
             if self.authority.port().is_none() {
-                format!("the endpoint picker needs http://IP:PORT workers; {authority:?} has no port")
+                format!("the endpoint picker needs IP:PORT workers (http:// or https://); {authority:?} has no port")
             } else {
                 format!(
-                    "the endpoint picker needs http://IP:PORT workers (Envoy matches endpoints by address); {:?} is not an IP address",
+                    "the endpoint picker needs IP:PORT workers (http:// or https://) (Envoy matches endpoints by address); {:?} is not an IP address",
                     self.authority.host()
                 )
             }
         })?;
         if !self.prefix.is_empty() {
             return Err(format!(
-                "the endpoint picker needs http://IP:PORT workers; the path prefix {:?} cannot be applied by Envoy",
+                "the endpoint picker needs IP:PORT workers (http:// or https://); the path prefix {:?} cannot be applied by Envoy",
                 self.prefix
             ));
         }
