@@ -73,6 +73,9 @@ pub enum Action {
     ToggleHelp,
     /// Open or close the warnings pane (the panels keep the keyboard).
     ToggleWarnings,
+    /// Open the history pane on the focused panel's selection (a key's placements, a worker's
+    /// load), or close it.
+    ToggleHistory,
 }
 
 impl Action {
@@ -214,7 +217,7 @@ pub(crate) const BINDINGS: &[Binding] = &[
     },
     Binding {
         keys: "↑ ↓ PgUp PgDn",
-        meaning: "scroll the focused panel (workers: select)",
+        meaning: "scroll the panel (workers, keys: select)",
         // `k`/`j` are vi aliases of the arrows and, like them, ignore modifiers.
         actions: &[
             (
@@ -250,6 +253,11 @@ pub(crate) const BINDINGS: &[Binding] = &[
             (|k| is_char(k, '/'), Action::StartFilter),
             (|k| k.code == KeyCode::Esc, Action::FilterClear),
         ],
+    },
+    Binding {
+        keys: "Enter",
+        meaning: "key or worker history; Esc closes",
+        actions: &[(|k| k.code == KeyCode::Enter, Action::ToggleHistory)],
     },
     Binding {
         keys: "w",
@@ -436,6 +444,7 @@ mod tests {
             (key(KeyCode::Char('/')), Action::StartFilter),
             (key(KeyCode::Esc), Action::FilterClear),
             (key(KeyCode::Char('w')), Action::ToggleWarnings),
+            (key(KeyCode::Enter), Action::ToggleHistory),
             (key(KeyCode::Char('?')), Action::ToggleHelp),
             (key(KeyCode::Char('q')), Action::Quit),
             (ctrl('c'), Action::Quit),
@@ -451,14 +460,14 @@ mod tests {
         }
         let entries: usize = BINDINGS.iter().map(|b| b.actions.len()).sum();
         assert_eq!(
-            entries, 28,
+            entries, 29,
             "a binding was added without a key in this test"
         );
         for unbound in [
             shift('K'),
             ctrl('q'),
             key(KeyCode::Char('x')),
-            key(KeyCode::Enter),
+            key(KeyCode::Char('z')),
         ] {
             assert_eq!(map_key(Mode::Normal, &unbound), None, "{unbound:?}");
         }

@@ -35,9 +35,11 @@ pub use replay::{Replay, SPEEDS, run_replay};
 pub use screen::screen_text;
 pub use state::{
     Baseline, COMMAND_TIMEOUT, Change, CommandEntry, CommandState, DRAIN_WARNING_DEFAULT, Effect,
-    FleetBound, FleetPicture, MAX_DISCOVERY_SOURCES, MAX_KEY_WORKERS, MAX_KEYS, MAX_TEXT_BYTES,
-    MAX_WORKER_MODELS, MAX_WORKERS, OverRule, Panel, Playback, Replica, ReplicaId, SPILL_LOG_CAP,
-    Sample, Settings, Severity, SortColumn, State, Ui, Warning, WorkerOrder,
+    FleetBound, FleetPicture, History, HistoryOf, KeyHistory, LoadTrails, MAX_DISCOVERY_SOURCES,
+    MAX_HISTORY_KEYS, MAX_KEY_WORKERS, MAX_KEYS, MAX_PLACEMENTS, MAX_TEXT_BYTES, MAX_WORKER_MODELS,
+    MAX_WORKERS, OverRule, Panel, Placement, PlacementHistory, Playback, Reason, Replica,
+    ReplicaId, SPILL_LOG_CAP, Sample, Settings, Severity, SortColumn, State, TRAIL_LEN,
+    TRAIL_STEP_MS, Ui, Warning, WorkerOrder,
 };
 pub use term::TerminalGuard;
 pub use view::{draw, viewports};

@@ -459,8 +459,12 @@ fn scrolling_stops_at_the_last_full_page_once_the_viewport_is_known() {
     assert!(shown > 0 && shown < 8, "{shown}");
     s.apply_action(Action::ScrollBottom);
     assert_eq!(s.scroll(Panel::Keys), 8 - shown);
-    // One step up moves the view at once: no dead presses past the end.
+    // The arrows move the key selection (the history pane's key): every press moves it, no
+    // dead presses past the end, and the view follows once it leaves the page.
     s.apply_action(Action::Scroll(-1));
+    assert_eq!(s.selected_key().unwrap().key, s.key_rows()[6].key);
+    assert_eq!(s.scroll(Panel::Keys), 8 - shown, "still on the page");
+    s.apply_action(Action::Scroll(-(shown as i32 - 1)));
     assert_eq!(s.scroll(Panel::Keys), 8 - shown - 1);
     let screen = common::render(&s, 80, 24, tokio::time::Instant::now());
     assert!(

@@ -30,6 +30,7 @@ impl State {
                     None => Some(self.live().clone()),
                 };
                 self.refresh_pool_view();
+                self.frozen_history = self.frozen.as_ref().map(|_| self.history.clone());
             }
             Action::FocusNext => self.ui.focus_step(true),
             Action::FocusPrev => self.ui.focus_step(false),
@@ -41,6 +42,15 @@ impl State {
             }
             Action::ScrollBottom if self.ui.focus() == Panel::Workers => {
                 self.move_worker_selection(i32::MAX / 2);
+            }
+            Action::Scroll(delta) if self.ui.focus() == Panel::Keys => {
+                self.move_key_selection(delta);
+            }
+            Action::ScrollTop if self.ui.focus() == Panel::Keys => {
+                self.move_key_selection(i32::MIN / 2);
+            }
+            Action::ScrollBottom if self.ui.focus() == Panel::Keys => {
+                self.move_key_selection(i32::MAX / 2);
             }
             Action::Scroll(delta) => {
                 let max = self.max_scroll(self.ui.focus());
@@ -56,6 +66,10 @@ impl State {
             Action::FilterChar(c) => self.ui.type_filter(c),
             Action::FilterBackspace => self.ui.erase_filter_char(),
             Action::FilterApply => self.ui.keep_filter(),
+            // Esc closes the history pane first; the filter is cleared by the next one.
+            Action::FilterClear if self.ui.history_of().is_some() && !self.ui.filter_editing() => {
+                self.ui.close_history();
+            }
             Action::FilterClear => self.ui.clear_filter(),
             Action::StartSearch => self.ui.start_search(),
             Action::SearchChar(c) => {
@@ -71,6 +85,7 @@ impl State {
             Action::JumpHottest => self.jump_to_hottest(),
             Action::ToggleHelp => self.ui.toggle_help(),
             Action::ToggleWarnings => self.ui.toggle_warnings(),
+            Action::ToggleHistory => self.toggle_history(),
         }
         Effect::None
     }

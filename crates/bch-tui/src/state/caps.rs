@@ -42,6 +42,15 @@ pub(super) fn cut(text: &mut String) {
     }
 }
 
+/// `text` cut to [`MAX_TEXT_BYTES`] at a character boundary, without copying it.
+pub(super) fn cut_str(text: &str) -> &str {
+    let mut end = text.len().min(MAX_TEXT_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 fn cut_option(text: &mut Option<String>) {
     if let Some(text) = text {
         cut(text);

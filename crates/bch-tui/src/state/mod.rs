@@ -7,7 +7,10 @@
 //! (`merge.rs`), the frozen copy, the threshold changes and their fate (`commands.rs`) and the
 //! view-only [`Ui`] (`ui.rs`); `pools.rs` sees the fleet by model (one pool's picture, the OVER
 //! rule per pool) and `pool_selection.rs` keeps the shown pool's picture; `actions.rs` carries
-//! out the operator's actions ([`State::apply_action`]); `worker_rows.rs` gives the workers
+//! out the operator's actions ([`State::apply_action`]); the history pane's [`History`]
+//! (`history.rs`: every key's placements from `placements.rs`, every worker's load trail from
+//! `load_trails.rs`) is fed by every frame, and `history_pane.rs` keeps the key selection and
+//! opens the pane; `worker_rows.rs` gives the workers
 //! panel its rows at any fleet size, the worker search and the jump to the hottest worker. Its
 //! fields are private: the app and the tests change it only through `apply_*` and
 //! [`State::set_viewports`], and read it through accessors. Events and frames name their replica
@@ -16,8 +19,12 @@
 mod actions;
 mod caps;
 mod commands;
+mod history;
+mod history_pane;
+mod load_trails;
 mod merge;
 mod picture;
+mod placements;
 mod playback;
 mod pool_selection;
 mod pools;
@@ -27,7 +34,9 @@ mod warning;
 mod warnings;
 mod worker_rows;
 
-use bch_core::telemetry::{ClientCommand, CommandId, KeyRecord, ServerFrame, WorkerRecord};
+use bch_core::telemetry::{
+    ClientCommand, CommandId, KeyRecord, ServerFrame, ServerMessage, WorkerRecord,
+};
 use tokio::time::{Duration, Instant};
 
 pub use self::caps::{
@@ -36,12 +45,17 @@ pub use self::caps::{
 };
 use self::commands::CommandLog;
 pub use self::commands::{COMMAND_TIMEOUT, Change, CommandEntry, CommandState};
+pub use self::history::History;
+pub use self::load_trails::{LoadTrails, TRAIL_LEN, TRAIL_STEP_MS};
 pub use self::picture::{Baseline, FleetBound, FleetPicture, SPILL_LOG_CAP, Sample};
+pub use self::placements::{
+    KeyHistory, MAX_HISTORY_KEYS, MAX_PLACEMENTS, Placement, PlacementHistory, Reason,
+};
 pub use self::playback::Playback;
 pub use self::pools::OverRule;
 use self::replica::{Answer, differing};
 pub use self::replica::{Replica, ReplicaId, Settings};
-pub use self::ui::{Panel, SortColumn, Ui, WorkerOrder};
+pub use self::ui::{HistoryOf, Panel, SortColumn, Ui, WorkerOrder};
 pub use self::warning::{DRAIN_WARNING_DEFAULT, Severity, Warning};
 use crate::conn::{ConnEvent, ConnStatus};
 use crate::input::Mode;
@@ -72,6 +86,10 @@ pub struct State {
     /// With a pool picked ([`Ui::pool`]): that pool's picture of the live or frozen fleet, which
     /// the panels show.
     pool_view: Option<FleetPicture>,
+    /// Every key's placements and every worker's load trail, from every frame applied.
+    history: History,
+    /// While paused, the copy the history pane shows.
+    frozen_history: Option<History>,
     commands: CommandLog,
     notice: Option<String>,
     ui: Ui,
@@ -99,6 +117,8 @@ impl State {
             merged: FleetPicture::default(),
             frozen: None,
             pool_view: None,
+            history: History::default(),
+            frozen_history: None,
             commands: CommandLog::default(),
             notice: None,
             ui: Ui::default(),
@@ -383,6 +403,12 @@ impl State {
         frame: ServerFrame,
     ) -> Option<ClientCommand> {
         let index = self.index(replica);
+        self.history
+            .observe(&frame, live_workers(&self.replicas, &self.merged));
+        let snapshot_ts_ms = match &frame.message {
+            ServerMessage::Snapshot(snap) => Some(snap.ts_ms),
+            _ => None,
+        };
         let (resync, answer) = self.replicas[index].apply_frame(frame);
         match answer {
             Some(Answer::Ack(Some(CommandId::Number(id)))) => self.commands.applied(id, index),
@@ -401,6 +427,8 @@ impl State {
             .confirm_from(index, self.replicas[index].fleet());
         self.remerge();
         self.refresh_live_pool_view();
+        self.history
+            .settled(snapshot_ts_ms, live_workers(&self.replicas, &self.merged));
         resync
     }
 
@@ -446,5 +474,14 @@ impl State {
             SortColumn::Spills => rows.sort_by_key(|k| std::cmp::Reverse(k.spills_total)),
         }
         rows
+    }
+}
+
+/// The live fleet's workers ([`State::live`]) from the two fields it reads, so the history can
+/// be fed while borrowed apart from them.
+fn live_workers<'a>(replicas: &'a [Replica], merged: &'a FleetPicture) -> &'a [WorkerRecord] {
+    match replicas {
+        [one] => &one.fleet().workers,
+        _ => &merged.workers,
     }
 }

@@ -1,5 +1,6 @@
 //! View-only state ([`Ui`]): which panel has focus, how far each panel is scrolled, the key table's
-//! sort column and filter, the worker search prompt, and whether the help overlay is open. Nothing here is sent to the
+//! sort column, filter and selected key, the worker search prompt, the history pane, and whether
+//! the help overlay is open. Nothing here is sent to the
 //! gateway or changed by telemetry.
 
 use crate::input::Mode;
@@ -88,6 +89,15 @@ impl WorkerOrder {
     }
 }
 
+/// What the history pane (Enter) shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HistoryOf {
+    /// The selected key's placements over time and its spills.
+    Key,
+    /// The selected worker's load over the last minutes.
+    Worker,
+}
+
 /// Where the view stood when the worker search opened; Esc goes back to it.
 #[derive(Debug, Clone, PartialEq)]
 struct SearchOrigin {
@@ -106,6 +116,10 @@ pub struct Ui {
     /// First visible row per panel, indexed like [`Panel::ALL`].
     scroll: [usize; 4],
     sort: SortColumn,
+    /// The key the history pane acts on, by label (rows move as keys are seen).
+    selected_key: Option<String>,
+    /// The history pane is open on the selected key or worker.
+    history: Option<HistoryOf>,
     filter: String,
     filter_editing: bool,
     /// The worker search typed after `f`; empty when no search is open.
@@ -131,6 +145,8 @@ impl Default for Ui {
             selected_worker: None,
             scroll: [0; 4],
             sort: SortColumn::Recent,
+            selected_key: None,
+            history: None,
             filter: String::new(),
             filter_editing: false,
             search: String::new(),
@@ -173,6 +189,28 @@ impl Ui {
             WorkerOrder::Config => WorkerOrder::Load,
             WorkerOrder::Load => WorkerOrder::Config,
         };
+    }
+
+    /// The key the history pane acts on, when one was picked (else the key table's first row).
+    pub fn selected_key(&self) -> Option<&str> {
+        self.selected_key.as_deref()
+    }
+
+    pub(super) fn select_key(&mut self, key: String) {
+        self.selected_key = Some(key);
+    }
+
+    /// What the history pane shows, while it is open.
+    pub fn history_of(&self) -> Option<HistoryOf> {
+        self.history
+    }
+
+    pub(super) fn open_history(&mut self, of: HistoryOf) {
+        self.history = Some(of);
+    }
+
+    pub(super) fn close_history(&mut self) {
+        self.history = None;
     }
 
     /// The key filter: a case-insensitive substring of the key label, applied live while typing.

@@ -10,6 +10,7 @@
 use bch_core::telemetry::KeyRecord;
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Rect};
+use ratatui::style::{Modifier, Stylize};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Cell, Row, Table};
 
@@ -111,9 +112,21 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
     let shown: Vec<&KeyRecord> = rows.iter().skip(start).take(visible).copied().collect();
     let columns = Columns::new(state, &shown, inner.width);
     let baseline = state.visible().baseline.as_ref();
+    // The key the history pane (Enter) acts on, reversed while the table has focus.
+    let selected = (state.ui().focus() == Panel::Keys)
+        .then(|| state.selected_key())
+        .flatten()
+        .map(|k| k.key.as_str());
     let table_rows: Vec<Row> = shown
         .iter()
-        .map(|k| key_row(k, &columns, baseline, styles))
+        .map(|k| {
+            let row = key_row(k, &columns, baseline, styles);
+            if selected == Some(k.key.as_str()) {
+                row.add_modifier(Modifier::REVERSED)
+            } else {
+                row
+            }
+        })
         .collect();
     let header = Row::new([
         "key",

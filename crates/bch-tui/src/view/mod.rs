@@ -3,7 +3,7 @@
 //! snapshot tests rely on it).
 //!
 //! This file owns the layout and [`draw`]; each panel has its own file (`header`, `workers`,
-//! `ring`, `keys`, `spills`, `help`, `warnings`), drawn in the common frame of `panel`, with every colour from
+//! `ring`, `keys`, `spills`, `help`, `warnings`, `history`), drawn in the common frame of `panel`, with every colour from
 //! `styles` and the text cutting of `text`; `discovery` warns on the workers panel's border and
 //! `fleet_summary` sums up the whole fleet for the workers panel; `pool_label` names the pool
 //! shown, for the header.
@@ -16,6 +16,7 @@ mod discovery;
 mod fleet_summary;
 mod header;
 mod help;
+mod history;
 mod keys;
 mod panel;
 mod pool_label;
@@ -167,6 +168,8 @@ pub fn draw(frame: &mut Frame, state: &State, now: Instant) {
         // Over the key table and the spill log: the fleet's own panels stay in view.
         warnings::draw(frame, a.keys.union(a.spills), &state.warnings(now), &styles);
     }
+    // Over the same place, above the warnings: the pane the operator opened last with a key.
+    history::draw(frame, a.keys.union(a.spills), state, &styles);
     if state.ui().help_open() {
         help::draw(frame, area, &styles);
     }

@@ -10,6 +10,7 @@ use bch_core::policy::Branch;
 use bch_core::telemetry::{SpillCause, SpillEvent};
 use ratatui::Frame;
 use ratatui::layout::Rect;
+use ratatui::style::Modifier;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
@@ -132,6 +133,11 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
     let inner = block.inner(area);
     frame.render_widget(block, area);
     let visible = inner.height as usize;
+    // While the key table has focus, the selected key's spills stand out.
+    let selected = (state.ui().focus() == Panel::Keys)
+        .then(|| state.selected_key())
+        .flatten()
+        .map(|k| k.key.as_str());
     if grouped {
         let groups = groups(fleet);
         let start = scroll_window(
@@ -149,7 +155,7 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
         });
         let lines: Vec<Line> = shown
             .iter()
-            .map(|g| group_line(g, width, full, styles))
+            .map(|g| mark(group_line(g, width, full, styles), &g.newest.key, selected))
             .collect();
         frame.render_widget(Paragraph::new(lines), inner);
         return;
@@ -181,10 +187,19 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
             .all(|s| spill_line_full(s, styles).width() <= width);
         shown
             .iter()
-            .map(|s| spill_line(s, width, full, styles))
+            .map(|s| mark(spill_line(s, width, full, styles), &s.key, selected))
             .collect()
     };
     frame.render_widget(Paragraph::new(lines), inner);
+}
+
+/// `line` reversed when it is a spill of the `selected` key.
+fn mark<'a>(line: Line<'a>, key: &str, selected: Option<&str>) -> Line<'a> {
+    if selected == Some(key) {
+        line.patch_style(Modifier::REVERSED)
+    } else {
+        line
+    }
 }
 
 /// What an empty log means: no spill yet, or no data yet to tell; in the longest words that fit
