@@ -81,7 +81,21 @@ fn draw_key(frame: &mut Frame, area: Rect, state: &State, styles: &Styles) {
     }
     let squeeze = squeeze(&placements, width);
     let pad = padding(&placements, squeeze);
-    for placement in &placements {
+    let spills: Vec<&SpillEvent> = state
+        .visible()
+        .spills
+        .iter()
+        .rev()
+        .filter(|s| s.key == key.key)
+        .collect();
+    // The newest placements that leave the spills their rows, or at least half the pane: on a
+    // short screen both parts show their newest lines.
+    let rows = usize::from(area.height.saturating_sub(2));
+    let for_placements = rows
+        .saturating_sub(2 + spills.len())
+        .max(rows.saturating_sub(2) / 2)
+        .max(1);
+    for placement in placements.iter().take(for_placements) {
         let tone = if placement.reason.spilled() {
             styles.tone(Tone::Warning)
         } else {
@@ -92,13 +106,6 @@ fn draw_key(frame: &mut Frame, area: Rect, state: &State, styles: &Styles) {
             tone,
         ));
     }
-    let spills: Vec<&SpillEvent> = state
-        .visible()
-        .spills
-        .iter()
-        .rev()
-        .filter(|s| s.key == key.key)
-        .collect();
     lines.push(Line::styled(
         format!(" its spills in the spill log: {}", spills.len()),
         styles.dim(),
