@@ -80,6 +80,19 @@ fn a_key_at_home_then_spilled_then_home_again() {
         ("w0", &Reason::Home, T0 + 195)
     );
 
+    // An older record that disagrees (another replica's view of an earlier request) is no news.
+    s.apply_replica_frame(
+        R0,
+        tick_with(3, T0 + 250, |t| {
+            t.spills.clear();
+            t.keys[0].last_seen_ms = T0 + 50;
+        }),
+    );
+    assert_eq!(
+        s.history().placements.key(KEY).unwrap().placements().len(),
+        3
+    );
+
     // A snapshot (a resync) repeats the spill log: nothing is counted twice.
     let before = s.history().clone();
     let mut again = frame("snapshot");

@@ -155,6 +155,13 @@ const CASES: &[Case] = &[
     ),
     Case::at("spill_log_focused", SPILLING, &[FocusPrev, ScrollBottom]),
     Case::at("frozen", SPILLING, &[TogglePause]),
+    // The history pane: the first key's placements, the first worker's load trail.
+    Case::at(
+        "key_history_open",
+        RECOVERED,
+        &[FocusNext, FocusNext, ToggleHistory],
+    ),
+    Case::at("worker_history_open", RECOVERED, &[ToggleHistory]),
     // What the write keys do where they can do nothing: `--read-only` live, any replay.
     Case {
         read_only: true,
@@ -336,6 +343,8 @@ fn key_of(action: Action) -> KeyCode {
         ToggleWorkerOrder => KeyCode::Char('l'),
         JumpHottest => KeyCode::Char('h'),
         FocusPrev => KeyCode::BackTab,
+        FocusNext => KeyCode::Tab,
+        ToggleHistory => KeyCode::Enter,
         ScrollBottom => KeyCode::End,
         TogglePause => KeyCode::Char('p'),
         GapUp => KeyCode::Char('G'),

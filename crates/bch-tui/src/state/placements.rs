@@ -161,6 +161,11 @@ impl KeyHistory {
             last.last_ms = last.last_ms.max(last_seen_ms);
             return;
         }
+        // A record older than what is known already (another replica's view of an earlier
+        // request, a snapshot after a tick) says nothing about where the key is now.
+        if self.last_ms() > last_seen_ms {
+            return;
+        }
         let reason = if current == preferred {
             Reason::Home
         } else {
