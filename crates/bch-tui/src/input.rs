@@ -146,6 +146,14 @@ pub(crate) struct Binding {
     actions: &'static [(KeyTest, Action)],
 }
 
+impl Binding {
+    /// Whether the line's keys ask a gateway to change something ([`Action::writes`]): what a
+    /// replay and a read-only console refuse.
+    pub(crate) fn writes(&self) -> bool {
+        self.actions.iter().any(|&(_, action)| action.writes())
+    }
+}
+
 /// The bindings of [`Mode::Normal`], in help-overlay order: the one place they are written down, so
 /// the dispatcher and the help overlay cannot disagree. No key matches two entries, so the order
 /// only matters to the overlay.
@@ -275,6 +283,95 @@ pub(crate) const BINDINGS: &[Binding] = &[
         actions: &[(is_quit, Action::Quit), (is_ctrl_c, Action::Quit)],
     },
 ];
+
+/// What one of a replay's own keys asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReplayKey {
+    /// Space: pause or play.
+    TogglePlay,
+    /// ← / →: ten seconds back (`false`) or forward (`true`).
+    Seek(bool),
+    /// `[` / `]`: the previous or the next spill.
+    Spill(bool),
+    /// `<` / `>`: the start or the end.
+    Edge(bool),
+    /// `-` / `+`: one step slower or faster.
+    Speed(bool),
+}
+
+/// One line of a replay's help overlay and the keys behind it.
+#[derive(Debug)]
+pub(crate) struct ReplayBinding {
+    /// The keys as the help overlay names them (`[ / ]`).
+    pub(crate) keys: &'static str,
+    /// What they do, in the help overlay's words.
+    pub(crate) meaning: &'static str,
+    /// Each key of the line and what it asks for (`=` is `+` without Shift).
+    actions: &'static [(KeyTest, ReplayKey)],
+}
+
+/// A replay's own keys, in help-overlay order: read by the replay's dispatcher and by its help
+/// overlay, like [`BINDINGS`]. They are tried before [`BINDINGS`] while the panels have the
+/// keyboard, and none of them is bound there.
+pub(crate) const REPLAY_BINDINGS: &[ReplayBinding] = &[
+    ReplayBinding {
+        keys: "Space",
+        meaning: "pause / play",
+        actions: &[(|k| k.code == KeyCode::Char(' '), ReplayKey::TogglePlay)],
+    },
+    ReplayBinding {
+        keys: "← / →",
+        meaning: "seek 10 s back / forward",
+        actions: &[
+            (|k| k.code == KeyCode::Left, ReplayKey::Seek(false)),
+            (|k| k.code == KeyCode::Right, ReplayKey::Seek(true)),
+        ],
+    },
+    ReplayBinding {
+        keys: "[ / ]",
+        meaning: "previous / next spill",
+        actions: &[
+            (|k| k.code == KeyCode::Char('['), ReplayKey::Spill(false)),
+            (|k| k.code == KeyCode::Char(']'), ReplayKey::Spill(true)),
+        ],
+    },
+    ReplayBinding {
+        keys: "< / >",
+        meaning: "start / end of the recording",
+        actions: &[
+            (|k| k.code == KeyCode::Char('<'), ReplayKey::Edge(false)),
+            (|k| k.code == KeyCode::Char('>'), ReplayKey::Edge(true)),
+        ],
+    },
+    ReplayBinding {
+        keys: "- / +",
+        meaning: "slower / faster, ×0.25 to ×16",
+        actions: &[
+            (|k| k.code == KeyCode::Char('-'), ReplayKey::Speed(false)),
+            (
+                |k| matches!(k.code, KeyCode::Char('+' | '=')),
+                ReplayKey::Speed(true),
+            ),
+        ],
+    },
+];
+
+/// Maps a key event to one of a replay's own keys; `None` for a release, a key with Ctrl or Alt
+/// and every key [`REPLAY_BINDINGS`] does not list.
+pub(crate) fn map_replay_key(key: &KeyEvent) -> Option<ReplayKey> {
+    if key.kind == KeyEventKind::Release
+        || key
+            .modifiers
+            .intersects(KeyModifiers::CONTROL | KeyModifiers::ALT)
+    {
+        return None;
+    }
+    REPLAY_BINDINGS
+        .iter()
+        .flat_map(|b| b.actions)
+        .find(|(matches, _)| matches(key))
+        .map(|&(_, replay_key)| replay_key)
+}
 
 /// Maps one terminal key event to an action, or `None` for keys with no binding in `mode`.
 pub(crate) fn map_key(mode: Mode, key: &KeyEvent) -> Option<Action> {
@@ -471,5 +568,37 @@ mod tests {
         ] {
             assert_eq!(map_key(Mode::Normal, &unbound), None, "{unbound:?}");
         }
+    }
+
+    #[test]
+    fn every_replay_key_dispatches_and_none_is_a_live_binding() {
+        let expected = [
+            (key(KeyCode::Char(' ')), ReplayKey::TogglePlay),
+            (key(KeyCode::Left), ReplayKey::Seek(false)),
+            (key(KeyCode::Right), ReplayKey::Seek(true)),
+            (key(KeyCode::Char('[')), ReplayKey::Spill(false)),
+            (key(KeyCode::Char(']')), ReplayKey::Spill(true)),
+            (key(KeyCode::Char('<')), ReplayKey::Edge(false)),
+            (key(KeyCode::Char('>')), ReplayKey::Edge(true)),
+            (key(KeyCode::Char('-')), ReplayKey::Speed(false)),
+            (key(KeyCode::Char('+')), ReplayKey::Speed(true)),
+            (key(KeyCode::Char('=')), ReplayKey::Speed(true)),
+        ];
+        for (k, replay_key) in expected {
+            assert_eq!(map_replay_key(&k), Some(replay_key), "{k:?}");
+            // The live table is tried after the replay's: a key in both would never act live.
+            assert_eq!(map_key(Mode::Normal, &k), None, "{k:?} is also a live key");
+        }
+        let entries: usize = REPLAY_BINDINGS.iter().map(|b| b.actions.len()).sum();
+        // `=` shares `+`'s entry.
+        assert_eq!(entries, expected.len() - 1, "a replay key without a test");
+        let ctrl_right = KeyEvent::new(KeyCode::Right, KeyModifiers::CONTROL);
+        assert_eq!(map_replay_key(&ctrl_right), None);
+        let writes: Vec<&str> = BINDINGS
+            .iter()
+            .filter(|b| b.writes())
+            .map(|b| b.keys)
+            .collect();
+        assert_eq!(writes, ["g / G", "s / S", "c / C", "d / u"]);
     }
 }

@@ -5,14 +5,14 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use crossterm::event::{Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use crossterm::event::{Event, KeyEvent};
 use futures_util::{Stream, StreamExt};
 use ratatui::Terminal;
 use ratatui::backend::Backend;
 use tokio::time::Instant;
 
 use super::engine::Replay;
-use crate::input::{Action, Mode, map_key};
+use crate::input::{Mode, ReplayKey, map_key, map_replay_key};
 use crate::state::{Effect, State};
 use crate::view;
 
@@ -25,60 +25,6 @@ const TICK: Duration = Duration::from_millis(250);
 /// What a key that would change a gateway says in a replay.
 const READ_ONLY: &str = "replay: threshold and drain keys do nothing here (this is a recording, \
                          not a gateway)";
-
-/// What a replay key asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ReplayKey {
-    /// Space.
-    TogglePlay,
-    /// ← / →: ten seconds back or forward.
-    Seek(bool),
-    /// `[` / `]`: the previous or next spill.
-    Spill(bool),
-    /// `<` / `>`: the start or the end.
-    Edge(bool),
-    /// `-` / `+`: slower or faster.
-    Speed(bool),
-}
-
-/// The replay's own keys (only while the panels have the keyboard, so a filter can still be
-/// typed).
-fn replay_key(key: &KeyEvent) -> Option<ReplayKey> {
-    if key.kind == KeyEventKind::Release
-        || key
-            .modifiers
-            .intersects(KeyModifiers::CONTROL | KeyModifiers::ALT)
-    {
-        return None;
-    }
-    Some(match key.code {
-        KeyCode::Char(' ') => ReplayKey::TogglePlay,
-        KeyCode::Left => ReplayKey::Seek(false),
-        KeyCode::Right => ReplayKey::Seek(true),
-        KeyCode::Char('[') => ReplayKey::Spill(false),
-        KeyCode::Char(']') => ReplayKey::Spill(true),
-        KeyCode::Char('<') => ReplayKey::Edge(false),
-        KeyCode::Char('>') => ReplayKey::Edge(true),
-        KeyCode::Char('-') => ReplayKey::Speed(false),
-        KeyCode::Char('+' | '=') => ReplayKey::Speed(true),
-        _ => return None,
-    })
-}
-
-/// Whether an action would change a gateway (a threshold or a drain).
-fn writes(action: Action) -> bool {
-    matches!(
-        action,
-        Action::GapDown
-            | Action::GapUp
-            | Action::SkewDown
-            | Action::SkewUp
-            | Action::CapDown
-            | Action::CapUp
-            | Action::Drain
-            | Action::Undrain
-    )
-}
 
 /// The recorded clock: recorded time `recorded_ms` at wall instant `wall`, running at the
 /// replay's speed from there.
@@ -135,13 +81,13 @@ fn on_replay_key(replay: &mut Replay, key: ReplayKey) {
 fn on_key(replay: &mut Replay, key: &KeyEvent) -> bool {
     let mode = replay.state().mode();
     if mode == Mode::Normal
-        && let Some(replay_key) = replay_key(key)
+        && let Some(replay_key) = map_replay_key(key)
     {
         on_replay_key(replay, replay_key);
         return false;
     }
     match map_key(mode, key) {
-        Some(action) if writes(action) => {
+        Some(action) if action.writes() => {
             replay.state_mut().set_notice(READ_ONLY.to_owned());
             false
         }

@@ -171,6 +171,6 @@ pub fn draw(frame: &mut Frame, state: &State, now: Instant) {
     // Over the same place, above the warnings: the pane the operator opened last with a key.
     history::draw(frame, a.keys.union(a.spills), state, &styles);
     if state.ui().help_open() {
-        help::draw(frame, area, &styles);
+        help::draw(frame, area, state.playback().is_some(), &styles);
     }
 }
