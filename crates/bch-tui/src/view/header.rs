@@ -53,7 +53,13 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, now: Instant, s
         let status_line = timeline::status_line(state, playback, styles);
         frame.render_widget(Paragraph::new(status_line), status);
         if state.notice().is_none() {
-            let timeline = timeline::timeline_line(playback, message.width, styles);
+            // The pane, while open, says it at length; closed, the count keeps it in sight.
+            let warnings = if state.ui().warnings_open() {
+                Vec::new()
+            } else {
+                state.warnings(now)
+            };
+            let timeline = timeline::timeline_line(playback, &warnings, message.width, styles);
             frame.render_widget(Paragraph::new(timeline), message);
         } else {
             frame.render_widget(

@@ -1,6 +1,6 @@
 //! Text utilities the panels share: gateway time of day, the widest of many texts, making gateway
-//! text safe to draw, and cutting worker names, routing keys and errors to a width so that the part
-//! that tells them apart stays visible. Widths are in characters (every
+//! text safe to draw, cutting worker names, routing keys and errors to a width so that the part
+//! that tells them apart stays visible, and wrapping sentences to a width. Widths are in characters (every
 //! glyph the console draws is one column wide).
 
 use std::borrow::Cow;
@@ -135,6 +135,35 @@ pub(super) fn truncate_middle(s: &str, max: usize) -> String {
     t
 }
 
+/// `s` made [`printable`] and broken into lines of at most `width` columns, at spaces where it
+/// can and inside a word longer than a line where it must; the spaces a break falls on are
+/// dropped. Always at least one line.
+pub(super) fn wrap(s: &str, width: usize) -> Vec<String> {
+    let width = width.max(1);
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    let mut line_w = 0;
+    for word in printable(s).split(' ').filter(|w| !w.is_empty()) {
+        let mut word: Vec<char> = word.chars().collect();
+        if line_w > 0 && line_w + 1 + word.len() <= width {
+            line.push(' ');
+            line.extend(&word);
+            line_w += 1 + word.len();
+            continue;
+        }
+        if line_w > 0 {
+            lines.push(std::mem::take(&mut line));
+        }
+        while word.len() > width {
+            lines.push(word.drain(..width).collect());
+        }
+        line_w = word.len();
+        line = word.into_iter().collect();
+    }
+    lines.push(line);
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,6 +183,14 @@ mod tests {
         assert_eq!(truncate_left("w0", 8), "w0");
         assert_eq!(truncate_right("tls: certificate", 8), "tls: ce…");
         assert_eq!(truncate_right("refused", 8), "refused");
+    }
+
+    #[test]
+    fn wrap_breaks_at_spaces_and_inside_overlong_words() {
+        assert_eq!(wrap("a scrape is stale", 8), ["a scrape", "is stale"]);
+        assert_eq!(wrap("abcdefghij xy", 4), ["abcd", "efgh", "ij", "xy"]);
+        assert_eq!(wrap("", 4), [""]);
+        assert_eq!(wrap("one\ntwo", 20), ["one two"]);
     }
 
     #[test]

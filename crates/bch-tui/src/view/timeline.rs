@@ -1,13 +1,15 @@
 //! A replay's two header lines: the status (`▶ REPLAY`, the recorded time, the speed, how far in)
 //! in place of the connection's, and the timeline in place of the key hints, with the drill's
-//! spill and error moments marked and the position on it.
+//! spill and error moments marked and the position on it, and the number of warnings after it
+//! (the line the live console sums them up on), so 80×24 shows that something is wrong.
 
 use ratatui::text::{Line, Span};
 
 use super::pool_label;
 use super::styles::{Styles, Tone};
 use super::text::clock;
-use crate::state::{Playback, State};
+use super::warnings::count_span;
+use crate::state::{Playback, State, Warning};
 
 /// A stretch of the timeline with nothing in it.
 const EMPTY: char = '─';
@@ -61,9 +63,17 @@ pub(super) fn status_line(state: &State, playback: &Playback, styles: &Styles) -
 }
 
 /// The timeline across `width` cells: each cell a equal stretch of the recording, marked with
-/// its worst moment, and the position drawn over it.
-pub(super) fn timeline_line(playback: &Playback, width: u16, styles: &Styles) -> Line<'static> {
-    let cells = usize::from(width.saturating_sub(2)).max(1);
+/// its worst moment, and the position drawn over it; then ` ✗ 3 warnings (w)` when `warnings`
+/// has any, the timeline giving up the room.
+pub(super) fn timeline_line(
+    playback: &Playback,
+    warnings: &[Warning],
+    width: u16,
+    styles: &Styles,
+) -> Line<'static> {
+    let count = count_span(warnings, styles);
+    let count_w = count.as_ref().map_or(0, |c| c.width() as u16);
+    let cells = usize::from(width.saturating_sub(2 + count_w)).max(1);
     let span = playback.end_ms.saturating_sub(playback.start_ms).max(1);
     let cell_of = |ms: u64| -> usize {
         let offset = ms.saturating_sub(playback.start_ms).min(span);
@@ -87,6 +97,7 @@ pub(super) fn timeline_line(playback: &Playback, width: u16, styles: &Styles) ->
         };
         spans.push(Span::styled(symbol.to_string(), style));
     }
+    spans.extend(count);
     Line::from(spans)
 }
 
@@ -132,11 +143,11 @@ mod tests {
         let styles = Styles::default();
         // 10 cells of one second each (12 columns less the margins).
         assert_eq!(
-            text(&timeline_line(&playback(1_000), 12, &styles)),
+            text(&timeline_line(&playback(1_000), &[], 12, &styles)),
             " ●ss───!───"
         );
         assert_eq!(
-            text(&timeline_line(&playback(11_000), 12, &styles)),
+            text(&timeline_line(&playback(11_000), &[], 12, &styles)),
             " ─ss───!──●"
         );
         assert_eq!(speed_text(0.25), "0.25");
