@@ -4,6 +4,8 @@
 //!
 //! * `request_body/chat_1k`: a one-turn chat of about 1 KiB.
 //! * `request_body/chat_64k`: a long chat of about 64 KiB (many turns, quotes and braces in it).
+//! * `request_body/one_message_1k`: one plain message of about 1 KiB, no escapes (the body
+//!   `bench/instructions.sh --openai-order` sends through the gateway).
 //!
 //! Throughput is reported in bytes, so the cost per request of any body size follows.
 //!
@@ -25,6 +27,19 @@ fn chat(bytes: usize) -> Vec<u8> {
     body.into_bytes()
 }
 
+/// One plain user message of about `bytes` bytes, then `model`.
+fn one_message(bytes: usize) -> Vec<u8> {
+    let words = "the quick brown fox jumps over the lazy dog ";
+    let mut content = String::new();
+    while content.len() + words.len() + 80 < bytes {
+        content.push_str(words);
+    }
+    format!(
+        r#"{{"messages": [{{"role": "user", "content": "{content}"}}], "model": "llama-3.1-8b"}}"#
+    )
+    .into_bytes()
+}
+
 fn scan(body: &[u8]) -> bool {
     let mut scanner = BodyScanner::new(WantedFields {
         model: true,
@@ -40,8 +55,12 @@ fn scan(body: &[u8]) -> bool {
 
 fn request_body(c: &mut Criterion) {
     let mut group = c.benchmark_group("request_body");
-    for (name, size) in [("chat_1k", 1024), ("chat_64k", 64 * 1024)] {
-        let body = chat(size);
+    let bodies = [
+        ("chat_1k", chat(1024)),
+        ("chat_64k", chat(64 * 1024)),
+        ("one_message_1k", one_message(1024)),
+    ];
+    for (name, body) in bodies {
         assert!(scan(&body));
         group.throughput(Throughput::Bytes(body.len() as u64));
         group.bench_function(name, |b| b.iter(|| scan(black_box(&body))));

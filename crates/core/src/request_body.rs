@@ -15,10 +15,15 @@
 //! - after the answer the rest of the body is not checked (the worker reads the whole body);
 //! - inside skipped nested values only strings and brackets are checked, not every token.
 //!
-//! Cost: one pass over the bytes up to the answer, strings skipped with `memchr`; memory is the
+//! Cost: one pass over the bytes up to the answer, strings skipped with `memchr` and nested values
+//! walked in one call per run of structure rather than one step per byte; memory is the
 //! bracket stack of the nested value being skipped plus the decoded key and wanted values.
 
 use std::fmt;
+
+mod lineage;
+
+pub use lineage::rid_lineage_root;
 
 /// Which top-level fields a scan looks for; the scan answers once all of them were found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -299,7 +304,7 @@ impl BodyScanner {
                     Err(())
                 }
             }
-            State::InNested => self.nested_byte(rest),
+            State::InNested => self.nested_bytes(rest),
             State::InNestedString => {
                 let (used, closed) = self.string_bytes(rest)?;
                 if closed {
@@ -396,27 +401,49 @@ impl BodyScanner {
         String::from_utf8(std::mem::take(&mut self.text)).map_err(|_| ())
     }
 
-    fn nested_byte(&mut self, rest: &[u8]) -> Result<usize, ()> {
-        let byte = rest[0];
-        match byte {
-            b'"' => {
-                self.start_string(false);
-                self.state = State::InNestedString;
-            }
-            b'{' | b'[' => self.brackets.push(byte),
-            b'}' | b']' => {
-                let open = if byte == b'}' { b'{' } else { b'[' };
-                if self.brackets.pop() != Some(open) {
-                    return Err(());
+    /// Skips through a nested value as far as `rest` allows, in one call rather than one `step`
+    /// per byte: a long `messages` list is mostly structure between strings, and the per-byte
+    /// dispatch was most of a scan's cost. A string with no escape that ends within `rest` is
+    /// jumped over with `memchr2`; one that has an escape or runs past `rest` goes to the
+    /// string state machine. At a byte that is not JSON the bytes before it are returned as
+    /// used, so the next step refuses it at its own offset.
+    fn nested_bytes(&mut self, rest: &[u8]) -> Result<usize, ()> {
+        let mut at = 0;
+        while at < rest.len() {
+            let byte = rest[at];
+            match byte {
+                b'"' => {
+                    let body = &rest[at + 1..];
+                    match memchr::memchr2(b'"', b'\\', body) {
+                        Some(end) if body[end] == b'"' => {
+                            at += end + 2;
+                            continue;
+                        }
+                        _ => {
+                            self.start_string(false);
+                            self.state = State::InNestedString;
+                            return Ok(at + 1);
+                        }
+                    }
                 }
-                if self.brackets.is_empty() {
-                    self.state = State::AfterValue;
+                b'{' | b'[' => self.brackets.push(byte),
+                b'}' | b']' => {
+                    let open = if byte == b'}' { b'{' } else { b'[' };
+                    if self.brackets.last() != Some(&open) {
+                        return if at > 0 { Ok(at) } else { Err(()) };
+                    }
+                    self.brackets.pop();
+                    if self.brackets.is_empty() {
+                        self.state = State::AfterValue;
+                        return Ok(at + 1);
+                    }
                 }
+                _ if is_space(byte) || is_scalar_byte(byte) || byte == b',' || byte == b':' => {}
+                _ => return if at > 0 { Ok(at) } else { Err(()) },
             }
-            _ if is_space(byte) || is_scalar_byte(byte) || byte == b',' || byte == b':' => {}
-            _ => return Err(()),
+            at += 1;
         }
-        Ok(1)
+        Ok(at)
     }
 
     fn start_string(&mut self, keep: bool) {
@@ -523,31 +550,6 @@ impl BodyScanner {
         }
         self.text.extend_from_slice(bytes);
     }
-}
-
-/// The session a request id belongs to: `rid` without its lineage suffixes, `_tN` (turn N) and
-/// `_rN` (retry N), stripped from the end in any number and order (`conv9_t5_r1` → `conv9`), so
-/// a conversation's turns and their retries share one routing key. A suffix is `_t` or `_r`
-/// followed by one or more ASCII digits; an id that is nothing but suffixes is kept whole.
-pub fn rid_lineage_root(rid: &str) -> &str {
-    let mut root = rid;
-    while let Some(shorter) = without_lineage_suffix(root) {
-        if shorter.is_empty() {
-            return root;
-        }
-        root = shorter;
-    }
-    root
-}
-
-/// `text` without one trailing `_tN` or `_rN`, when it ends with one.
-fn without_lineage_suffix(text: &str) -> Option<&str> {
-    let digits = text.len() - text.trim_end_matches(|c: char| c.is_ascii_digit()).len();
-    if digits == 0 {
-        return None;
-    }
-    let head = &text[..text.len() - digits];
-    head.strip_suffix("_t").or_else(|| head.strip_suffix("_r"))
 }
 
 fn is_space(byte: u8) -> bool {
