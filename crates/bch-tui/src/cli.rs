@@ -88,12 +88,20 @@ pub struct Cli {
     /// Start on MODEL's pool: the panels show the workers that serve MODEL, the ring the gateway
     /// routes it on, their keys and spills, and OVER by the pool's own bound (`m` goes on to
     /// the next model, then back to every worker). Exact, case-sensitive name.
-    #[arg(long, value_name = "MODEL")]
+    #[arg(long, value_name = "MODEL", value_parser = model_name)]
     pub model: Option<String>,
 
     /// Minutes a worker may drain before the warnings pane (`w`) reports it.
     #[arg(long, default_value_t = 5, value_name = "MINUTES")]
     pub drain_warning: u64,
+}
+
+/// A `--model` name: any text but a blank one, which no worker can declare.
+fn model_name(text: &str) -> Result<String, String> {
+    if text.trim().is_empty() {
+        return Err("a model name, not blank (leave --model out to show every worker)".into());
+    }
+    Ok(text.to_owned())
 }
 
 /// A number of seconds, whole or not (`2`, `0.5`), at most a day.
@@ -256,6 +264,11 @@ mod tests {
         assert_eq!(cli.model, None, "every worker unless a model is asked for");
         let on_one = Cli::try_parse_from(["bch-tui", "--model", "qwen-2.5-7b"]).unwrap();
         assert_eq!(on_one.model.as_deref(), Some("qwen-2.5-7b"));
+        for blank in ["", "  "] {
+            let err = Cli::try_parse_from(["bch-tui", "--model", blank]).unwrap_err();
+            assert!(err.to_string().contains("--model"), "{err}");
+            assert!(err.to_string().contains("blank"), "{err}");
+        }
         for bad in [
             "http://127.0.0.1:9090/ws",
             "https://gw:9090/ws",

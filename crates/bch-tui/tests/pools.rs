@@ -433,3 +433,22 @@ fn the_selector_works_in_a_replay_and_survives_a_seek_back() {
     state.apply_replica_event(ReplicaId(0), ConnEvent::Status(ConnStatus::Connected));
     assert_eq!(state.visible().pool.as_deref(), Some(QWEN));
 }
+
+/// `--model` naming a model no worker serves: the workers panel says so and names the models
+/// the fleet has, instead of a bare `no workers`.
+#[test]
+fn a_model_no_worker_serves_says_so_and_names_the_models_there_are() {
+    let mut s = two_model_console();
+    s.set_pool(Some("nosuch".into()));
+    assert!(s.visible().workers.is_empty());
+    let screen = render(&s, 120, 40, Instant::now());
+    assert!(
+        screen.contains(&format!("no worker serves nosuch; models: {LLAMA}, {QWEN}")),
+        "{screen}"
+    );
+    // Before the fleet is known there is nothing to name yet.
+    let mut waiting = State::for_replicas(vec!["ws://127.0.0.1:9090/ws".into()]);
+    waiting.set_pool(Some("nosuch".into()));
+    let screen = render(&waiting, 120, 40, Instant::now());
+    assert!(screen.contains("no worker serves nosuch (yet)"), "{screen}");
+}

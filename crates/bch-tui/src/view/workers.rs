@@ -107,7 +107,10 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
     let selected = focused.then(|| selected_name(state)).flatten();
     let first = match state.ui().search() {
         Some(needle) => search_prompt(state, needle, styles),
-        None => legend(fleet, &census, bound, inner.width, styles),
+        None => match state.pool() {
+            Some(model) if fleet.workers.is_empty() => no_worker_serves(model, state, styles),
+            _ => legend(fleet, &census, bound, inner.width, styles),
+        },
     };
     let mut lines = vec![first];
     if summary {
@@ -123,6 +126,24 @@ pub(super) fn draw(frame: &mut Frame, area: Rect, state: &State, styles: &Styles
         worker_line(w, rule.over(w), bound, &geometry, picked, styles)
     }));
     frame.render_widget(Paragraph::new(lines), inner);
+}
+
+/// `no worker serves MODEL; models: a, b` for a picked pool without workers (a mistyped
+/// `--model`), naming the models the whole fleet serves once it is known.
+fn no_worker_serves(model: &str, state: &State, styles: &Styles) -> Line<'static> {
+    let whole = state.whole();
+    let model = printable(model);
+    let text = if whole.workers.is_empty() {
+        format!("no worker serves {model} (yet)")
+    } else if whole.models().is_empty() {
+        format!("no worker serves {model}: no worker declares a model; m shows all")
+    } else {
+        let models: Vec<String> = (whole.models().into_iter())
+            .map(|m| printable(m).into_owned())
+            .collect();
+        format!("no worker serves {model}; models: {}", models.join(", "))
+    };
+    Line::from(Span::styled(text, styles.tone(Tone::Warning)))
 }
 
 /// The name of the worker the drain keys act on ([`State::selected_worker`]), without ordering
