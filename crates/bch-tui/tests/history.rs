@@ -488,3 +488,49 @@ fn the_pane_draws_network_text_through_the_sanitiser() {
         assert!(!screen.contains(raw), "{raw:?} reached the screen");
     }
 }
+
+/// A replay seeked back to before any key was known, with the key pane open: the pane stays
+/// drawn and says why it shows no key (it used to leave the lower half of the screen blank).
+#[test]
+fn a_pane_with_no_key_to_show_stays_drawn_and_says_why() {
+    let mut replay = Replay::new(recording(realistic_drill()), Instant::now());
+    replay.seek(replay.end_ms());
+    open(replay.state_mut(), HistoryOf::Key);
+    replay.seek(T0);
+    assert!(replay.state().key_rows().is_empty(), "no key known at T0");
+    let now = replay.instant_of(replay.position_ms());
+    for (width, height) in SIZES {
+        let screen = bch_tui::screen_text(replay.state_mut(), width, height, now);
+        assert!(screen.contains("History of key"), "{screen}");
+        assert!(screen.contains("no key to show"), "{screen}");
+        assert!(screen.contains("Enter / Esc closes"), "{screen}");
+    }
+}
+
+/// `/` while the pane is open closes it, so the prompt and the table it filters are in view.
+#[test]
+fn the_filter_prompt_closes_the_pane_so_it_shows() {
+    let mut s = connected();
+    open(&mut s, HistoryOf::Key);
+    s.apply_action(Action::StartFilter);
+    for c in "zzz".chars() {
+        s.apply_action(Action::FilterChar(c));
+    }
+    assert_eq!(s.ui().history_of(), None);
+    let screen = render(&s, 120, 40, Instant::now());
+    assert!(screen.contains("/zzz▏"), "{screen}");
+}
+
+/// The key pane says its placements are sampled: every spill event, but of the other requests
+/// only each tick's last one per key, so a key that is mostly at home may show only spills.
+#[test]
+fn the_key_pane_says_what_its_placements_sample() {
+    let mut s = connected();
+    s.apply_replica_frame(R0, frame_at("tick_spill", 1));
+    open(&mut s, HistoryOf::Key);
+    let screen = render(&s, 120, 40, Instant::now());
+    assert!(
+        screen.contains("sampled: every spill seen, and the last request of each tick"),
+        "{screen}"
+    );
+}

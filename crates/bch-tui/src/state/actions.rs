@@ -62,7 +62,11 @@ impl State {
             Action::ToggleWorkerOrder => self.ui.toggle_worker_order(),
             Action::CyclePool => self.cycle_pool(),
             Action::Drain | Action::Undrain => return self.drain(action == Action::Drain),
-            Action::StartFilter => self.ui.start_filter(),
+            // The pane covers the key table and its prompt: it closes so the filter is seen.
+            Action::StartFilter => {
+                self.ui.close_history();
+                self.ui.start_filter();
+            }
             Action::FilterChar(c) => self.ui.type_filter(c),
             Action::FilterBackspace => self.ui.erase_filter_char(),
             Action::FilterApply => self.ui.keep_filter(),

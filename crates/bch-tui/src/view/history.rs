@@ -2,7 +2,8 @@
 //! selected key, which worker served it over time (each run of requests served the same way: its
 //! times, the worker, home or off home and why) and its spills in the spill log; for the selected
 //! worker, its load over the last minutes as a sparkline and the spills that moved keys off it or
-//! onto it. Every name and key is drawn through the sanitiser, and each line cut to the pane.
+//! onto it. With no key or worker to show, it stays drawn and says why. Every name and key is
+//! drawn through the sanitiser, and each line cut to the pane.
 
 use bch_core::telemetry::SpillEvent;
 use ratatui::Frame;
@@ -53,10 +54,23 @@ fn fit(line: &str, width: usize) -> String {
 
 /// The key's placements, newest first, then its spills in the spill log.
 fn draw_key(frame: &mut Frame, area: Rect, state: &State, styles: &Styles) {
+    let width = usize::from(area.width.saturating_sub(2));
     let Some(key) = state.selected_key() else {
+        // The table shows no key (a filter hides them all, or a replay went back to before any
+        // was seen): the pane stays, so the screen is not left blank, and says why.
+        let why = if state.ui().filter().is_empty() {
+            " no key to show: none is known yet at this point".to_owned()
+        } else {
+            format!(
+                " no key to show: the filter \"{}\" hides every key (Esc twice clears it)",
+                printable(state.ui().filter())
+            )
+        };
+        let lines = vec![Line::raw(fit(&why, width))];
+        let block = pane(" History of key ".to_owned(), styles);
+        frame.render_widget(Paragraph::new(lines).block(block), area);
         return;
     };
-    let width = usize::from(area.width.saturating_sub(2));
     let block = pane(
         format!(" History of key {} ", truncate_middle(&key.key, width / 2)),
         styles,
@@ -72,6 +86,15 @@ fn draw_key(frame: &mut Frame, area: Rect, state: &State, styles: &Styles) {
                 " where it was served, newest first ({} kept, each a run of requests served the same way)",
                 placements.len()
             ),
+            width,
+        ),
+        styles.dim(),
+    ));
+    // The gateway sends every spill event but, of the other requests, only where each key's
+    // last request of a tick went: home runs between spills are not seen.
+    lines.push(Line::styled(
+        fit(
+            " sampled: every spill seen, and the last request of each tick; others unseen",
             width,
         ),
         styles.dim(),
@@ -92,8 +115,8 @@ fn draw_key(frame: &mut Frame, area: Rect, state: &State, styles: &Styles) {
     // short screen both parts show their newest lines.
     let rows = usize::from(area.height.saturating_sub(2));
     let for_placements = rows
-        .saturating_sub(2 + spills.len())
-        .max(rows.saturating_sub(2) / 2)
+        .saturating_sub(3 + spills.len())
+        .max(rows.saturating_sub(3) / 2)
         .max(1);
     for placement in placements.iter().take(for_placements) {
         let tone = if placement.reason.spilled() {
@@ -245,10 +268,18 @@ fn spill_line(s: &SpillEvent) -> String {
 
 /// The worker's load trail as a sparkline, with its numbers, then the spills off it and onto it.
 fn draw_worker(frame: &mut Frame, area: Rect, state: &State, styles: &Styles) {
+    let width = usize::from(area.width.saturating_sub(2));
     let Some(worker) = state.selected_worker() else {
+        // The panel shows no worker (another pool picked, a replay before the fleet was seen):
+        // the pane stays and says so rather than leaving the lower screen blank.
+        let line = Line::raw(fit(
+            " no worker to show: the workers panel shows none at this point",
+            width,
+        ));
+        let block = pane(" History of worker ".to_owned(), styles);
+        frame.render_widget(Paragraph::new(line).block(block), area);
         return;
     };
-    let width = usize::from(area.width.saturating_sub(2));
     let minutes = TRAIL_LEN as u64 * TRAIL_STEP_MS / 60_000;
     let block = pane(
         format!(
