@@ -147,6 +147,10 @@ async fn snapshot_live(
 /// recorded time printed.
 async fn replay(cli: &Cli, path: &std::path::Path) -> anyhow::Result<Option<StopSignal>> {
     let mut replay = Replay::open(path)?;
+    if let Some(left_out) = replay.left_out() {
+        // Before the screen takes the terminal, so it stays in the scrollback too.
+        eprintln!("bch-tui: --replay {}: {left_out}", path.display());
+    }
     replay.state_mut().set_pool(cli.model.clone());
     if let Some(after) = cli.snapshot {
         let at = replay.start_ms().saturating_add(after.as_millis() as u64);

@@ -355,7 +355,7 @@ fn recording(frames: Vec<ServerFrame>) -> Recording {
     Recording {
         header: RecordingHeader::new("bch-tui", T0, vec!["ws://gw/ws".into()]),
         events,
-        skipped: 0,
+        damaged: Vec::new(),
         truncated: false,
     }
 }

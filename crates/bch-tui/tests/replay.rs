@@ -61,7 +61,7 @@ fn recording() -> Recording {
     Recording {
         header: RecordingHeader::new("gatewayd", START_MS, vec!["ws://gw/ws".into()]),
         events,
-        skipped: 0,
+        damaged: Vec::new(),
         truncated: false,
     }
 }

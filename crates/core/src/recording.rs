@@ -138,8 +138,10 @@ pub struct Recording {
     pub header: RecordingHeader,
     /// Every whole, readable event line, in file order.
     pub events: Vec<RecordedEvent>,
-    /// Whole lines that were not events this build can read (skipped, counted).
-    pub skipped: usize,
+    /// Where whole lines that were not events this build can read were skipped: for each such
+    /// line, how many events came before it (its place in `events`), ascending, so a replay can
+    /// mark it on its timeline. Its length is the number of damaged lines.
+    pub damaged: Vec<usize>,
     /// Whether the file ended in a partial line (a recorder stopped mid-write): dropped.
     pub truncated: bool,
 }
@@ -147,7 +149,7 @@ pub struct Recording {
 /// Why bytes are no readable recording.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RecordingError {
-    /// Nothing in it, not even a whole header line.
+    /// Nothing in it but white space.
     #[error("the file is empty (no header line)")]
     Empty,
     /// The first line is not a recording header.
@@ -167,7 +169,8 @@ pub enum RecordingError {
 impl Recording {
     /// Parses a recording's bytes: the header, then every whole line. A last line without its
     /// newline is a write cut short and is dropped ([`Recording::truncated`]); a whole line that
-    /// is not a readable event is skipped and counted, so one damaged line loses one event.
+    /// is not a readable event is skipped, its place kept ([`Recording::damaged`]), so one damaged
+    /// line loses one event.
     ///
     /// # Errors
     ///
@@ -180,20 +183,30 @@ impl Recording {
         let mut lines = whole
             .split(|&b| b == b'\n')
             .filter(|line| !line.iter().all(u8::is_ascii_whitespace));
-        let first = lines.next().ok_or(RecordingError::Empty)?;
+        let Some(first) = lines.next() else {
+            // No whole line: a header cut short (JSON that ends too soon) holds nothing to
+            // replay, but other bytes without a newline (random bytes, another file) are no
+            // recording and say so.
+            return match serde_json::from_slice::<serde_json::Value>(bytes) {
+                Err(error) if !error.is_eof() => Err(RecordingError::NotARecording(format!(
+                    "no header line ({error})"
+                ))),
+                _ => Err(RecordingError::Empty),
+            };
+        };
         let header = parse_header(first)?;
         let mut events = Vec::new();
-        let mut skipped = 0;
+        let mut damaged = Vec::new();
         for line in lines {
             match serde_json::from_slice::<RecordedEvent>(line) {
                 Ok(event) => events.push(event),
-                Err(_) => skipped += 1,
+                Err(_) => damaged.push(events.len()),
             }
         }
         Ok(Recording {
             header,
             events,
-            skipped,
+            damaged,
             truncated,
         })
     }

@@ -13,53 +13,128 @@
 //!   rotation links `FILE.1` to `FILE` just before a fresh `FILE` replaces it);
 //! - an older file's events received after the newer file's first event (a clock stepped back):
 //!   the replay's recorded time only moves forward.
+//!
+//! Older files left out (past a missing number, past a file that is no recording, past another
+//! recorder's) are named with why in [`Chain::left_out`], for the operator.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use bch_core::recording::Recording;
+use bch_core::recording::{Recording, RecordingError};
 
 /// The most rotated files looked for: gatewayd keeps `FILE.1` to `FILE.8`.
 pub(super) const ROTATED_FILES_READ: u32 = 8;
 
 /// `FILE` and the rotated files beside it that exist, oldest first (`FILE.8` … `FILE.1`,
 /// `FILE`). A gap in the numbers ends the search (a file removed by hand breaks the chain there,
-/// so the replay does not jump over missing time).
-pub(super) fn chain_paths(path: &Path) -> Vec<PathBuf> {
-    let mut paths = vec![path.to_path_buf()];
-    for n in 1..=ROTATED_FILES_READ {
+/// so the replay does not jump over missing time); the files past the gap that exist are left
+/// out, and the second value says so.
+pub(super) fn chain_paths(path: &Path) -> (Vec<PathBuf>, Option<String>) {
+    let rotated = |n: u32| {
         let mut name = path.as_os_str().to_owned();
         name.push(format!(".{n}"));
-        let rotated = PathBuf::from(name);
-        if !rotated.is_file() {
+        PathBuf::from(name)
+    };
+    let mut paths = vec![path.to_path_buf()];
+    let mut left_out = None;
+    for n in 1..=ROTATED_FILES_READ {
+        let file = rotated(n);
+        if !file.is_file() {
+            let beyond: Vec<PathBuf> = (n + 1..=ROTATED_FILES_READ)
+                .map(rotated)
+                .filter(|later| later.is_file())
+                .collect();
+            if let (Some(first), Some(last)) = (beyond.first(), beyond.last()) {
+                left_out = Some(format!(
+                    "{} left out: {} is missing",
+                    files_text(first, last),
+                    name_of(&file)
+                ));
+            }
             break;
         }
-        paths.push(rotated);
+        paths.push(file);
     }
     paths.reverse();
-    paths
+    (paths, left_out)
 }
 
-/// Reads `path` and the files it was rotated into, joined as [`join`] does; `files` counts the
-/// files the joined recording came from.
+/// A recording and its rotated files, joined.
+#[derive(Debug)]
+pub(super) struct Chain {
+    /// The events of every file that belongs, in time order, under the newest file's header.
+    pub recording: Recording,
+    /// How many files `recording` came from.
+    pub files: usize,
+    /// Which older files were left out and why (`rec.jsonl.3 … rec.jsonl.8 left out:
+    /// rec.jsonl.3 is not a bch recording (…)`), for the operator: `None` when every rotated
+    /// file found plays.
+    pub left_out: Option<String>,
+}
+
+/// Reads `path` and the files it was rotated into, joined as [`join`] does.
 ///
 /// # Errors
 ///
 /// `path` itself cannot be read or is no recording (a rotated file that cannot be read ends the
-/// chain instead: the newer files still play).
-pub(super) fn read_chain(path: &Path) -> anyhow::Result<(Recording, usize)> {
-    let paths = chain_paths(path);
+/// chain instead: the newer files still play, and [`Chain::left_out`] says why the older ones
+/// do not).
+pub(super) fn read_chain(path: &Path) -> anyhow::Result<Chain> {
+    let (paths, mut left_out) = chain_paths(path);
     let (newest, older) = paths.split_last().expect("the chain holds `path`");
     let mut recordings =
         vec![read(newest).with_context(|| format!("--replay {}", path.display()))?];
     for rotated in older.iter().rev() {
         match read(rotated) {
             Ok(recording) => recordings.push(recording),
-            Err(_) => break,
+            Err(error) => {
+                let why = match error.downcast_ref::<RecordingError>() {
+                    Some(RecordingError::NotARecording(_)) => "is not a bch recording".to_owned(),
+                    _ => format!("is unreadable ({error:#})"),
+                };
+                left_out = Some(format!(
+                    "{} left out: {} {why}",
+                    files_text(rotated, &older[0]),
+                    name_of(rotated)
+                ));
+                break;
+            }
         }
     }
     recordings.reverse();
-    Ok(join(recordings))
+    // `recordings[i]` was read from `paths[first + i]`.
+    let first = paths.len() - recordings.len();
+    let (recording, files, other_chain) = join(recordings);
+    if let Some(index) = other_chain {
+        let (newest_left_out, oldest) = (&paths[first + index], &paths[0]);
+        left_out = Some(format!(
+            "{} left out: {} was recorded by another recorder or of other replicas",
+            files_text(newest_left_out, oldest),
+            name_of(newest_left_out)
+        ));
+    }
+    Ok(Chain {
+        recording,
+        files,
+        left_out,
+    })
+}
+
+/// `rec.jsonl.3`, or `rec.jsonl.3 … rec.jsonl.8` for more than one file.
+fn files_text(newest: &Path, oldest: &Path) -> String {
+    if newest == oldest {
+        name_of(newest)
+    } else {
+        format!("{} … {}", name_of(newest), name_of(oldest))
+    }
+}
+
+/// The file's name without its directory (the operator named the directory already).
+fn name_of(path: &Path) -> String {
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |name| name.to_string_lossy().into_owned(),
+    )
 }
 
 fn read(path: &Path) -> anyhow::Result<Recording> {
@@ -67,11 +142,12 @@ fn read(path: &Path) -> anyhow::Result<Recording> {
     let recording = Recording::parse(&bytes)?;
     Ok(recording)
 }
-
 /// Joins `recordings`, oldest first, into one with the newest's header: every older file that
 /// belongs to the same chain contributes its events before the newer ones (see the module's
-/// rules for what is left out). Returns the joined recording and how many files it holds.
-pub(super) fn join(mut recordings: Vec<Recording>) -> (Recording, usize) {
+/// rules for what is left out). Returns the joined recording, how many files it holds, and the
+/// index in `recordings` of the file that ended the chain as another recorder's or other
+/// replicas' (it and every older one left out), if one did.
+pub(super) fn join(mut recordings: Vec<Recording>) -> (Recording, usize, Option<usize>) {
     let Some(mut joined) = recordings.pop() else {
         unreachable!("join is given at least the newest file")
     };
@@ -80,7 +156,7 @@ pub(super) fn join(mut recordings: Vec<Recording>) -> (Recording, usize) {
         let same_chain = older.header.recorder == joined.header.recorder
             && older.header.replicas == joined.header.replicas;
         if !same_chain {
-            break;
+            return (joined, files, Some(recordings.len()));
         }
         if older.header == joined.header {
             continue;
@@ -91,12 +167,17 @@ pub(super) fn join(mut recordings: Vec<Recording>) -> (Recording, usize) {
             .into_iter()
             .filter(|e| e.at_ms <= first_at)
             .collect();
+        // Damaged lines keep their places: the older file's within its kept events, the newer
+        // files' after them.
+        let kept = events.len();
+        let mut damaged: Vec<usize> = older.damaged.iter().map(|&at| at.min(kept)).collect();
+        damaged.extend(joined.damaged.iter().map(|&at| at + kept));
         events.append(&mut joined.events);
         joined.events = events;
-        joined.skipped += older.skipped;
+        joined.damaged = damaged;
         files += 1;
     }
-    (joined, files)
+    (joined, files, None)
 }
 
 #[cfg(test)]
@@ -116,7 +197,7 @@ mod tests {
                     kind: RecordedKind::Connected,
                 })
                 .collect(),
-            skipped: 0,
+            damaged: Vec::new(),
             truncated: false,
         }
     }
@@ -127,7 +208,7 @@ mod tests {
 
     #[test]
     fn files_of_one_chain_play_oldest_first() {
-        let (joined, files) = join(vec![
+        let (joined, files, _) = join(vec![
             recording("gatewayd", 100, "ws://a/ws", &[100, 150]),
             recording("gatewayd", 200, "ws://a/ws", &[200, 250]),
             recording("gatewayd", 300, "ws://a/ws", &[300]),
@@ -139,16 +220,16 @@ mod tests {
 
     #[test]
     fn another_gateway_ends_the_chain_and_a_second_name_is_read_once() {
-        let (joined, files) = join(vec![
+        let (joined, files, other_chain) = join(vec![
             recording("gatewayd", 50, "ws://other/ws", &[50]),
             recording("gatewayd", 100, "ws://a/ws", &[100, 150]),
             recording("gatewayd", 200, "ws://a/ws", &[200, 250]),
             // `FILE.1` linked to `FILE` mid-rotation: the same file twice.
             recording("gatewayd", 200, "ws://a/ws", &[200, 250]),
         ]);
-        assert_eq!(files, 2);
+        assert_eq!((files, other_chain), (2, Some(0)));
         assert_eq!(times(&joined), [100, 150, 200, 250]);
-        let (joined, files) = join(vec![
+        let (joined, files, _) = join(vec![
             recording("bch-tui", 100, "ws://a/ws", &[100]),
             recording("gatewayd", 200, "ws://a/ws", &[200]),
         ]);
@@ -157,7 +238,7 @@ mod tests {
 
     #[test]
     fn an_older_file_never_moves_the_clock_back() {
-        let (joined, _) = join(vec![
+        let (joined, _, _) = join(vec![
             recording("gatewayd", 100, "ws://a/ws", &[100, 220, 230]),
             recording("gatewayd", 200, "ws://a/ws", &[200, 250]),
         ]);

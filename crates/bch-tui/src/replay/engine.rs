@@ -34,6 +34,10 @@ pub struct Replay {
     recorder: String,
     /// How many files the events came from (a rotated recording's files, joined).
     files: usize,
+    /// Which of a rotated recording's older files were left out, and why.
+    left_out: Option<String>,
+    /// How many damaged lines the files held (skipped; marked on the timeline).
+    damaged: usize,
     events: Vec<RecordedEvent>,
     state: State,
     /// The next event to apply.
@@ -59,14 +63,19 @@ impl Replay {
     /// `path` cannot be read, is no recording or is of a newer version, or the files hold no
     /// event.
     pub fn open(path: &Path) -> anyhow::Result<Self> {
-        let (recording, files) = super::chain::read_chain(path)?;
+        let chain = super::chain::read_chain(path)?;
         anyhow::ensure!(
-            !recording.events.is_empty(),
+            !chain.recording.events.is_empty(),
             "--replay {}: the recording holds no event",
             path.display()
         );
-        let mut replay = Self::new(recording, Instant::now());
-        replay.files = files;
+        let mut replay = Self::new(chain.recording, Instant::now());
+        replay.files = chain.files;
+        if let Some(left_out) = &chain.left_out {
+            // Said where the replay starts; the notice gives way to the timeline at the next.
+            replay.state.set_notice(format!("replay: {left_out}"));
+        }
+        replay.left_out = chain.left_out;
         Ok(replay)
     }
 
@@ -79,11 +88,26 @@ impl Replay {
             events.iter().filter(|e| keep(e)).map(|e| e.at_ms).collect()
         };
         let spills = moments(RecordedEvent::has_spills);
-        let errors = moments(RecordedEvent::is_error);
+        // A damaged line is an error moment too, at the event before it (the first event's
+        // time for one before every event).
+        let damaged_at = recording
+            .damaged
+            .iter()
+            .filter_map(|&before| events.get(before.saturating_sub(1)).map(|e| e.at_ms));
+        let mut errors: Vec<u64> = events
+            .iter()
+            .filter(|e| e.is_error())
+            .map(|e| e.at_ms)
+            .chain(damaged_at)
+            .collect();
+        errors.sort_unstable();
+        let errors: Arc<[u64]> = errors.into();
         let state = State::for_replicas(recording.header.replicas);
         Self {
             recorder: recording.header.recorder,
             files: 1,
+            left_out: None,
+            damaged: recording.damaged.len(),
             checkpoints: vec![Checkpoint {
                 next: 0,
                 position_ms: start_ms,
@@ -114,6 +138,12 @@ impl Replay {
     /// How many files the replay plays (more than 1 for a gateway's rotated recording).
     pub fn files(&self) -> usize {
         self.files
+    }
+
+    /// Which of a rotated recording's older files were left out and why, in words; `None` when
+    /// every file found plays.
+    pub fn left_out(&self) -> Option<&str> {
+        self.left_out.as_deref()
     }
 
     /// The first event's receive time.
@@ -236,6 +266,7 @@ impl Replay {
             paused: self.paused,
             recorder: self.recorder.clone(),
             files: self.files,
+            damaged: self.damaged,
             spills: Arc::clone(&self.spills),
             errors: Arc::clone(&self.errors),
         }

@@ -21,6 +21,9 @@ pub struct Playback {
     pub recorder: String,
     /// How many files the replay plays: 1, or a gateway's rotated files and the current one.
     pub files: usize,
+    /// How many damaged lines the recording held: skipped, each an error moment on the
+    /// timeline, and counted after it.
+    pub damaged: usize,
     /// Receive times of frames that carried spills, ascending.
     pub spills: Arc<[u64]>,
     /// Receive times of error moments (a refused command, an unreadable frame, a lost

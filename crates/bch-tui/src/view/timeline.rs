@@ -21,8 +21,9 @@ const ERROR: char = '!';
 /// Where the replay stands.
 const POSITION: char = '●';
 
-/// `bch ▶ REPLAY 12:34:56.789 ×1  +01:23 of 05:00  recorded by gatewayd in 3 files  (RESYNCING,
-/// PAUSED)`; the files are counted only when a rotated recording plays as one.
+/// `bch ▶ REPLAY 12:34:56.789 ×1  01:23 of 05:00  recorded by gatewayd  (RESYNCING, PAUSED)`;
+/// a rotated recording played as one says `3 files by gatewayd` instead, shorter, so the count
+/// survives at 80 columns.
 pub(super) fn status_line(state: &State, playback: &Playback, styles: &Styles) -> Line<'static> {
     let (mark, tone) = if playback.paused {
         ("⏸", Tone::Warning)
@@ -42,14 +43,13 @@ pub(super) fn status_line(state: &State, playback: &Playback, styles: &Styles) -
             span_text(playback.position_ms.saturating_sub(playback.start_ms)),
             span_text(playback.end_ms.saturating_sub(playback.start_ms)),
         )),
-        Span::styled(format!("  recorded by {}", playback.recorder), styles.dim()),
     ]);
-    if playback.files > 1 {
-        spans.push(Span::styled(
-            format!(" in {} files", playback.files),
-            styles.dim(),
-        ));
-    }
+    let recorded_by = if playback.files > 1 {
+        format!("  {} files by {}", playback.files, playback.recorder)
+    } else {
+        format!("  recorded by {}", playback.recorder)
+    };
+    spans.push(Span::styled(recorded_by, styles.dim()));
     if state.resyncing() {
         spans.push(Span::styled("  RESYNCING", styles.status(Tone::Warning)));
     }
@@ -63,16 +63,27 @@ pub(super) fn status_line(state: &State, playback: &Playback, styles: &Styles) -
 }
 
 /// The timeline across `width` cells: each cell a equal stretch of the recording, marked with
-/// its worst moment, and the position drawn over it; then ` ✗ 3 warnings (w)` when `warnings`
-/// has any, the timeline giving up the room.
+/// its worst moment, and the position drawn over it; then ` ! 2 damaged lines` when the
+/// recording held lines it could not read, and ` ✗ 3 warnings (w)` when `warnings` has any, the
+/// timeline giving up the room.
 pub(super) fn timeline_line(
     playback: &Playback,
     warnings: &[Warning],
     width: u16,
     styles: &Styles,
 ) -> Line<'static> {
+    let damaged = (playback.damaged > 0).then(|| {
+        let plural = if playback.damaged == 1 { "" } else { "s" };
+        Span::styled(
+            format!(" {ERROR} {} damaged line{plural}", playback.damaged),
+            styles.tone(Tone::Alert),
+        )
+    });
     let count = count_span(warnings, styles);
-    let count_w = count.as_ref().map_or(0, |c| c.width() as u16);
+    let count_w = [&damaged, &count]
+        .iter()
+        .map(|span| span.as_ref().map_or(0, |c| c.width() as u16))
+        .sum::<u16>();
     let cells = usize::from(width.saturating_sub(2 + count_w)).max(1);
     let span = playback.end_ms.saturating_sub(playback.start_ms).max(1);
     let cell_of = |ms: u64| -> usize {
@@ -97,6 +108,7 @@ pub(super) fn timeline_line(
         };
         spans.push(Span::styled(symbol.to_string(), style));
     }
+    spans.extend(damaged);
     spans.extend(count);
     Line::from(spans)
 }
@@ -129,6 +141,7 @@ mod tests {
             paused: false,
             recorder: "bch-tui".into(),
             files: 1,
+            damaged: 0,
             spills: vec![3_000, 3_100].into(),
             errors: vec![8_000].into(),
         }
@@ -150,6 +163,14 @@ mod tests {
             text(&timeline_line(&playback(11_000), &[], 12, &styles)),
             " ─ss───!──●"
         );
+        let damaged = Playback {
+            damaged: 2,
+            ..playback(1_000)
+        };
+        assert_eq!(
+            text(&timeline_line(&damaged, &[], 30, &styles)),
+            " ●ss───!─── ! 2 damaged lines"
+        );
         assert_eq!(speed_text(0.25), "0.25");
         assert_eq!(speed_text(16.0), "16");
         assert_eq!(span_text(83_000), "01:23");
@@ -167,6 +188,9 @@ mod tests {
             ..playback(1_000)
         };
         let three = text(&status_line(&state, &three, &styles));
-        assert!(three.ends_with("recorded by bch-tui in 3 files"), "{three}");
+        assert!(
+            three.ends_with("00:00 of 00:10  3 files by bch-tui"),
+            "{three}"
+        );
     }
 }

@@ -63,7 +63,7 @@ fn a_recording_round_trips() {
     let read = Recording::parse(text.as_bytes()).unwrap();
     assert_eq!(read.header, header());
     assert_eq!(read.events, events());
-    assert_eq!((read.skipped, read.truncated), (0, false));
+    assert_eq!((read.damaged.len(), read.truncated), (0, false));
     let marks: Vec<(bool, bool)> = read
         .events
         .iter()
@@ -107,13 +107,46 @@ fn a_truncated_file_reads_up_to_its_last_whole_record() {
     let damaged = text.replacen("\"event\":\"connected\"", "\"event\":", 1);
     let read = Recording::parse(damaged.as_bytes()).unwrap();
     assert_eq!(read.events, events()[1..]);
-    assert_eq!(read.skipped, 1);
+    assert_eq!(read.damaged, [0], "before the first event left");
     // A header cut short is no recording at all.
     assert_eq!(Recording::parse(b""), Err(RecordingError::Empty));
     assert_eq!(
         Recording::parse(&text.as_bytes()[..10]),
         Err(RecordingError::Empty)
     );
+}
+
+#[test]
+fn bytes_without_a_newline_are_not_a_recording_unless_a_header_cut_short() {
+    // Random bytes with no newline in them (as `head -c 300 /dev/urandom` often gives).
+    let random: Vec<u8> = (0u32..300)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .filter(|&b| b != b'\n')
+        .collect();
+    assert!(
+        matches!(
+            Recording::parse(&random),
+            Err(RecordingError::NotARecording(_))
+        ),
+        "{:?}",
+        Recording::parse(&random)
+    );
+    assert!(matches!(
+        Recording::parse(b"hello, world"),
+        Err(RecordingError::NotARecording(_))
+    ));
+    assert_eq!(Recording::parse(b" \n\n "), Err(RecordingError::Empty));
+}
+
+#[test]
+fn damaged_lines_are_placed_among_the_events() {
+    let text = file(&header(), &events());
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.insert(3, "GARBAGE LINE {{{");
+    lines.push("\u{1}");
+    let read = Recording::parse((lines.join("\n") + "\n").as_bytes()).unwrap();
+    assert_eq!(read.events, events());
+    assert_eq!(read.damaged, [2, events().len()]);
 }
 
 #[test]
