@@ -258,6 +258,14 @@ fn sse_events(n: usize) -> Vec<u8> {
     events.into_bytes()
 }
 
+/// Requests the fake worker has answered (health probes excluded).
+fn requests(worker: &FakeWorker) -> u64 {
+    worker
+        .state
+        .requests
+        .load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// A gateway in front of one fake worker (`w`), `tune`d.
 async fn gateway(tune: impl FnOnce(&mut Config)) -> (FakeWorker, RunningGateway) {
     let worker = fake_worker("w").await;
@@ -482,18 +490,12 @@ async fn head_requests_get_the_workers_headers_and_no_body() {
     // Had either answer carried a body byte, this would not parse as the next answer.
     wire.send(get("/echo?after=head", "")).await;
     assert_eq!(wire.response(false).await.echo()["uri"], "/echo?after=head");
-    assert_eq!(
-        worker
-            .state
-            .requests
-            .load(std::sync::atomic::Ordering::SeqCst),
-        3
-    );
+    assert_eq!(requests(&worker), 3);
     gateway.shutdown().await;
 }
 
-/// Heads the parser refuses are answered with a bare `400` or `431` (`connection: close`, no
-/// body) and the connection closed; no worker sees them.
+/// Heads the parser refuses are answered with a bare `400`, `414` or `431` (`connection: close`,
+/// no body) and the connection closed; no worker sees them.
 #[tokio::test]
 async fn unparsable_heads_get_a_bare_refusal_and_the_close() {
     let (worker, gateway) = gateway(|_| {}).await;
@@ -540,6 +542,57 @@ async fn unparsable_heads_get_a_bare_refusal_and_the_close() {
             "POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip\r\n\r\nabc".to_owned(),
             400,
         ),
+        (
+            "a content-length list",
+            "POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 3, 3\r\n\r\nabc".to_owned(),
+            400,
+        ),
+        (
+            "a signed content-length",
+            "POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: +3\r\n\r\nabc".to_owned(),
+            400,
+        ),
+        (
+            "transfer-encoding in HTTP/1.0",
+            "POST /echo HTTP/1.0\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+                .to_owned(),
+            400,
+        ),
+        (
+            "a folded header line",
+            "GET /echo HTTP/1.1\r\nhost: x\r\nx-a: b\r\n  c\r\n\r\n".to_owned(),
+            400,
+        ),
+        (
+            "white space before a colon",
+            "GET /echo HTTP/1.1\r\nhost : x\r\n\r\n".to_owned(),
+            400,
+        ),
+        (
+            "a NUL in a value",
+            "GET /echo HTTP/1.1\r\nhost: x\r\nx-a: b\0c\r\n\r\n".to_owned(),
+            400,
+        ),
+        (
+            "a space in the target",
+            "GET /e cho HTTP/1.1\r\nhost: x\r\n\r\n".to_owned(),
+            400,
+        ),
+        (
+            "HTTP/1.2",
+            "GET /echo HTTP/1.2\r\nhost: x\r\n\r\n".to_owned(),
+            400,
+        ),
+        (
+            "HTTP/2.0",
+            "GET /echo HTTP/2.0\r\nhost: x\r\n\r\n".to_owned(),
+            400,
+        ),
+        (
+            "a target over 64 KiB",
+            format!("GET /{} HTTP/1.1\r\nhost: x\r\n\r\n", "a".repeat(70_000)),
+            414,
+        ),
     ];
     for (case, request, status) in cases {
         let reply = raw::exchange(data, request.as_bytes()).await;
@@ -554,13 +607,10 @@ async fn unparsable_heads_get_a_bare_refusal_and_the_close() {
         assert!(fields[2].starts_with("date: "), "{case}: {head:?}");
         assert_eq!(reply.body(), "", "{case}");
     }
-    assert_eq!(
-        worker
-            .state
-            .requests
-            .load(std::sync::atomic::Ordering::SeqCst),
-        0
-    );
+    // The HTTP/2 preface gets no answer at all.
+    let reply = raw::exchange(data, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+    assert!(reply.closed && reply.text.is_empty(), "{reply:?}");
+    assert_eq!(requests(&worker), 0);
     gateway.shutdown().await;
 }
 
@@ -598,13 +648,7 @@ async fn conflicting_framing_headers_the_parser_takes() {
         wire.response(false).await.echo()["uri"],
         "/echo?after=lengths"
     );
-    assert_eq!(
-        worker
-            .state
-            .requests
-            .load(std::sync::atomic::Ordering::SeqCst),
-        3
-    );
+    assert_eq!(requests(&worker), 3);
     gateway.shutdown().await;
 }
 
@@ -765,13 +809,7 @@ async fn the_header_read_timeout_closes_slow_and_silent_clients() {
         let waited = started.elapsed();
         assert!(waited >= timeout, "{case}: closed after {waited:?}");
     }
-    assert_eq!(
-        worker
-            .state
-            .requests
-            .load(std::sync::atomic::Ordering::SeqCst),
-        0
-    );
+    assert_eq!(requests(&worker), 0);
     // An idle keep-alive connection's clock starts after its answer, so after the request.
     let started = Instant::now();
     let mut wire = Wire::open(data).await;
@@ -855,17 +893,91 @@ async fn the_gateways_own_answers_keep_the_connection_unless_a_body_is_left_unre
         assert!(reply.header("date").is_some(), "{:?}", reply.headers);
         assert_eq!(reply.framing, Framing::Length(reply.body.len()));
     }
-    assert_eq!(
-        worker
-            .state
-            .requests
-            .load(std::sync::atomic::Ordering::SeqCst),
-        0
-    );
+    assert_eq!(requests(&worker), 0);
     wire.send("POST /echo HTTP/1.1\r\nhost: localhost\r\ncontent-length: 100000000\r\n\r\n")
         .await;
     let reply = wire.response(false).await;
     assert_eq!(reply.status, 413);
     wire.closes().await;
+    gateway.shutdown().await;
+}
+
+/// Unusual heads the parser takes, as the worker gets them: bare LF line ends, an empty line
+/// before the request line, the absolute form (sent on in origin form), a lower-case method (a
+/// method of its own), `OPTIONS *`, `Transfer-Encoding: Chunked`, chunk sizes and a
+/// `Content-Length` with leading zeros, and an `Upgrade` (answered as a plain request, the
+/// upgrade not passed on).
+#[tokio::test]
+async fn unusual_heads_the_parser_takes() {
+    let (_worker, gateway) = gateway(|_| {}).await;
+    let chunked = "transfer-encoding: Chunked\r\n\r\n0003\r\nabc\r\n0\r\n\r\n";
+    let cases = [
+        (
+            "GET /echo HTTP/1.1\nhost: x\n\n".to_owned(),
+            "GET",
+            "/echo",
+            "",
+        ),
+        (
+            "\r\nGET /echo HTTP/1.1\r\nhost: x\r\n\r\n".to_owned(),
+            "GET",
+            "/echo",
+            "",
+        ),
+        (
+            "GET http://example.com/echo?q=1 HTTP/1.1\r\nhost: example.com\r\n\r\n".to_owned(),
+            "GET",
+            "/echo?q=1",
+            "",
+        ),
+        (
+            "get /echo HTTP/1.1\r\nhost: x\r\n\r\n".to_owned(),
+            "get",
+            "/echo",
+            "",
+        ),
+        (
+            "OPTIONS * HTTP/1.1\r\nhost: x\r\n\r\n".to_owned(),
+            "OPTIONS",
+            "*",
+            "",
+        ),
+        (
+            format!("POST /echo HTTP/1.1\r\nhost: x\r\n{chunked}"),
+            "POST",
+            "/echo",
+            "abc",
+        ),
+        (
+            "POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 003\r\n\r\nabc".to_owned(),
+            "POST",
+            "/echo",
+            "abc",
+        ),
+        (
+            "GET /echo HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n"
+                .to_owned(),
+            "GET",
+            "/echo",
+            "",
+        ),
+    ];
+    for (request, method, uri, body) in cases {
+        let mut wire = Wire::open(gateway.data_addr).await;
+        wire.send(&request).await;
+        let reply = wire.response(false).await;
+        assert_eq!(reply.status, 200, "{request:?}");
+        let echo = reply.echo();
+        assert_eq!(
+            (
+                echo["method"].as_str(),
+                echo["uri"].as_str(),
+                echo["body"].as_str()
+            ),
+            (Some(method), Some(uri), Some(body)),
+            "{request:?}"
+        );
+        assert_eq!(echo["headers"].get("upgrade"), None, "{echo}");
+    }
     gateway.shutdown().await;
 }
