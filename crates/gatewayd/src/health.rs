@@ -1,4 +1,9 @@
-//! Active health probes: `GET {url}{health_path}` for every worker every `[health] interval_ms`.
+//! Active health probes: `GET {url}{health_path}` for every worker every `[health] interval_ms`,
+//! each worker at its own offset of the interval (stable per worker) so a large fleet's probes
+//! spread over the interval instead of leaving in one burst, and at most
+//! `[health] max_concurrent_probes` in flight ([`schedule`]). A failed worker's first failed
+//! probe therefore comes within `interval_ms + timeout_ms` of its failure while the cap keeps up
+//! (docs/configuration.md).
 //!
 //! A worker goes unhealthy after `unhealthy_threshold` consecutive failures (or at once on a failed
 //! connect when passive marking is on) and comes back after `healthy_threshold` consecutive
@@ -8,7 +13,7 @@
 //!
 //! A worker's very first probe decides at once: with `[health] wait_for_first_probe` new workers
 //! start unhealthy and the first success lets them in; a membership change wakes the prober so a
-//! new worker is probed right away instead of at the next round. Every failure has a reason
+//! new worker is probed right away instead of at its offset of the next interval. Every failure has a reason
 //! ([`ProbeFailure`]), logged when it flips a worker and counted in
 //! `bch_probe_failures_total{worker,reason}`, a family this module registers ([`ProbeFailures`]).
 //!
@@ -24,7 +29,9 @@ use std::time::Duration;
 
 use bch_core::router::{Router, RoutingTable};
 use bytes::Bytes;
-use futures_util::future::join_all;
+use futures_util::future::BoxFuture;
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
 use http::{Request, Uri};
 use http_body_util::Empty;
 use hyper_util::client::legacy::Client;
@@ -37,6 +44,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use failures::{ProbeFailure, ProbeFailures};
 use learned_models::ModelsList;
+use schedule::Schedule;
 
 use crate::config::{Config, HealthConfig, Member, SharedConfig, SharedMembers};
 use crate::log_limit::{Component, LimitedLog, LineBudget, SuppressedLines};
@@ -185,8 +193,9 @@ pub struct Prober {
     pub failures: Arc<ProbeFailures>,
     /// `bch_log_lines_suppressed_total`: health changes beyond a worker's `[log]` budget of lines.
     pub suppressed: Arc<SuppressedLines>,
-    /// Counts the rounds whose results are applied, so a waiter (the demo, before its traffic)
-    /// learns when every worker present at start has had its first probe.
+    /// Counts the times the prober caught up with first probes (every worker then in the table
+    /// has had its first probe applied), so a waiter (the demo, before its traffic) learns when
+    /// every worker present at start has had its first probe.
     pub rounds: tokio::sync::watch::Sender<u64>,
     /// Stops the prober.
     pub shutdown: CancellationToken,
@@ -194,8 +203,11 @@ pub struct Prober {
     pub tls: Arc<WorkerTls>,
 }
 
-/// Probes every worker of the router's table until shutdown, with the timing, thresholds and
-/// paths of the configuration and membership in force (re-read every round).
+/// Probes every worker of the router's table until shutdown, with the timing, thresholds, cap
+/// and paths of the configuration and membership in force (re-read on every wake-up): each worker
+/// once per `interval_ms` at its own offset of the interval, a new worker and one a front end
+/// asked about at once, at most `max_concurrent_probes` at a time (see [`schedule`]). Each
+/// result is applied as soon as it is in, so one hung worker delays no other's.
 pub async fn run(prober: Prober) {
     let Prober {
         router,
@@ -224,38 +236,61 @@ pub async fn run(prober: Prober) {
         failures,
         models: Targets::new(Arc::clone(&members)),
         targets: Targets::new(members),
+        schedule: Schedule::new(config.load().health.interval, Instant::now()),
+        running: FuturesUnordered::new(),
+        synced: None,
         streaks: HashMap::new(),
         asked_at: HashMap::new(),
         lines: LimitedLog::new(Component::Prober, budget, suppressed),
     };
-    // A wake-up from `probe_now` probes only the workers never probed yet; the full rounds keep
-    // their interval however often the membership changes (a DNS source may, every second). The
-    // interval is read every loop, so one a reload changed counts from the last full round.
-    let mut last_full: Option<Instant> = None;
-    let mut asked = Vec::new();
+    // Whether workers whose first probe is pending joined since `rounds` was last counted: with
+    // none at all, the first (empty) round is applied at once.
+    let mut firsts_to_announce = true;
     loop {
         let current = config.load_full();
-        let interval = current.health.interval;
-        let full = last_full.is_none_or(|at| at.elapsed() >= interval);
-        if full {
-            last_full = Some(Instant::now());
+        let now = Instant::now();
+        firsts_to_announce |= probing.sync(&current, now);
+        probing.take_asks(requests.take(), now);
+        probing.schedule.advance(now);
+        probing.start_due(&current);
+        if firsts_to_announce && probing.schedule.firsts_pending() == 0 {
+            firsts_to_announce = false;
+            rounds.send_modify(|done| *done += 1);
         }
-        probing.round(&current, full, &asked).await;
-        asked.clear();
-        rounds.send_modify(|done| *done += 1);
-        let next_full = last_full.map_or_else(Instant::now, |at| at + interval);
-        tokio::select! {
+        let wake = probing.schedule.next_due();
+        let next_due = async {
+            match wake {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let done = tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = probe_now.notified() => {}
-            _ = requests.arrived() => {}
-            _ = tokio::time::sleep_until(next_full) => {}
+            _ = probe_now.notified() => None,
+            _ = requests.arrived() => None,
+            Some(done) = probing.running.next(), if !probing.running.is_empty() => Some(done),
+            _ = next_due => None,
+        };
+        if let Some(done) = done {
+            probing.apply(done, &current.health);
+            // Every other result already in joins this batch: one table read and one log flush.
+            while let Some(Some(done)) = probing.running.next().now_or_never() {
+                probing.apply(done, &current.health);
+            }
+            probing.flush_lines();
         }
-        // Every request waiting joins this round (at most one per worker).
-        asked.extend(requests.take());
     }
 }
 
-/// The prober's state between rounds.
+/// One finished probe: whose, how it went, and the worker's models list when it passed and
+/// `learn_models` asked for it.
+struct Done {
+    key: WorkerKey,
+    result: Result<(), ProbeFailure>,
+    models: Option<Vec<String>>,
+}
+
+/// The prober's state between wake-ups.
 struct Probing {
     client: Client<WorkerConnector, Empty<Bytes>>,
     /// The client's connector, told each `https://` worker's server name.
@@ -267,6 +302,14 @@ struct Probing {
     targets: Targets<Probe>,
     /// Each worker's `/v1/models`, asked when `[health] learn_models` is on.
     models: Targets<ModelsList>,
+    /// When each worker is probed next, and the probes due and not started.
+    schedule: Schedule,
+    /// The probes started and not finished (at most `max_concurrent_probes`, but for a cap a
+    /// reload lowered).
+    running: FuturesUnordered<BoxFuture<'static, Done>>,
+    /// The membership generation the schedule was last given, and each of its workers' index in
+    /// that generation's tables: a result is applied without a walk of the table.
+    synced: Option<(u64, HashMap<WorkerKey, usize>)>,
     /// Each probed worker's consecutive results; a worker without one was never probed.
     streaks: HashMap<WorkerKey, Streak>,
     /// When each worker was last probed on request ([`PROBE_REQUEST_GAP`]).
@@ -276,72 +319,119 @@ struct Probing {
 }
 
 impl Probing {
-    /// Probes every worker of the table at once (`full`), or only those never probed yet and
-    /// those `asked` about (unless probed on request within [`PROBE_REQUEST_GAP`]), then applies
-    /// the results to the table in force once all are in.
-    async fn round(&mut self, current: &Arc<Config>, full: bool, asked: &[WorkerKey]) {
+    /// Brings the targets and the schedule up to the configuration and membership in force;
+    /// answers whether workers joined (their first probes are due now). The per-worker state of
+    /// workers that left is forgotten here, once per membership change, not per probe.
+    fn sync(&mut self, current: &Arc<Config>, now: Instant) -> bool {
         // The table first, then the membership (see `Targets::refresh`).
         let table = self.router.table();
-        if self.targets.refresh(current) {
+        let refreshed = self.targets.refresh(current);
+        if refreshed {
             self.connector
                 .set_server_names(server_names(&self.members.load()));
         }
-        let now = Instant::now();
-        let mut confirm = std::collections::HashSet::new();
-        for key in asked {
-            let recent = self
-                .asked_at
-                .get(key)
-                .is_some_and(|at| now.duration_since(*at) < PROBE_REQUEST_GAP);
-            if !recent {
-                self.asked_at.insert(key.clone(), now);
-                confirm.insert(key.clone());
-            }
-        }
-        let due: Vec<WorkerKey> = self
-            .targets
-            .of_table(&table)
-            .into_iter()
-            .map(|(_, key)| key)
-            .filter(|key| full || !self.streaks.contains_key(key) || confirm.contains(key))
-            .collect();
-        let timeout = current.health.timeout;
-        let probes = due.iter().map(|key| {
-            let uri = self.targets.get(key).and_then(Option::as_ref);
-            probe_once(&self.client, uri, timeout)
-        });
-        let results = join_all(probes).await;
         if current.health.learn_models {
             self.models.refresh(current);
-            let passed = (due.iter().zip(&results)).filter(|(_, result)| result.is_ok());
-            let (keys, asks): (Vec<_>, Vec<_>) = passed
-                .map(|(key, _)| {
-                    let uri = self.models.get(key).and_then(Option::as_ref);
-                    (key, learned_models::ask(&self.client, uri, timeout))
-                })
-                .unzip();
-            let lists = join_all(asks).await;
-            let table = self.router.table();
-            for (key, list) in keys.into_iter().zip(lists) {
-                if let (Some(index), Some(list)) = (key.index_in(&table), list) {
-                    table.workers()[index].stats.set_reported_models(list);
-                }
-            }
         }
-        let table = self.router.table();
+        self.schedule.set_interval(current.health.interval, now);
+        let generation = table.membership_generation();
+        if !refreshed && self.synced.as_ref().is_some_and(|(g, _)| *g == generation) {
+            return false;
+        }
+        let workers = self.targets.of_table(&table);
+        let keys: Vec<WorkerKey> = workers.iter().map(|(_, key)| key.clone()).collect();
+        let pending = self.schedule.firsts_pending();
+        self.schedule.set_members(&keys, now);
+        let joined = self.schedule.firsts_pending() > pending;
+        let indices = (table.workers().iter().enumerate())
+            .map(|(index, worker)| (WorkerKey::of_worker(worker), index))
+            .collect();
+        self.synced = Some((generation, indices));
         let members = TableKeys::of(&table);
         self.streaks.retain(|key, _| members.contains(key));
         self.asked_at.retain(|key, _| members.contains(key));
         self.failures.retain(|key| members.contains(key));
-        for (key, result) in due.into_iter().zip(results) {
-            if let Some(index) = key.index_in(&table) {
-                let asked = confirm.contains(&key);
-                self.observe(&table, index, key, result, asked, &current.health);
+        joined
+    }
+
+    /// Hands the schedule the workers front ends asked about, but those probed on request within
+    /// [`PROBE_REQUEST_GAP`].
+    fn take_asks(&mut self, asked: Vec<WorkerKey>, now: Instant) {
+        for key in asked {
+            let recent = self
+                .asked_at
+                .get(&key)
+                .is_some_and(|at| now.duration_since(*at) < PROBE_REQUEST_GAP);
+            if !recent && self.schedule.ask(&key) {
+                self.asked_at.insert(key, now);
             }
         }
+    }
+
+    /// Starts the probes due, while fewer than `max_concurrent_probes` run.
+    fn start_due(&mut self, current: &Config) {
+        let timeout = current.health.timeout;
+        while self.running.len() < current.health.max_concurrent_probes {
+            let Some(key) = self.schedule.next_start() else {
+                return;
+            };
+            let uri = self.targets.get(&key).cloned().flatten();
+            let models =
+                (current.health.learn_models).then(|| self.models.get(&key).cloned().flatten());
+            let client = self.client.clone();
+            self.running.push(Box::pin(async move {
+                let result = probe_once(&client, uri.as_ref(), timeout).await;
+                let models = match (&result, models) {
+                    (Ok(()), Some(uri)) => {
+                        learned_models::ask(&client, uri.as_ref(), timeout).await
+                    }
+                    _ => None,
+                };
+                Done {
+                    key,
+                    result,
+                    models,
+                }
+            }));
+        }
+    }
+
+    /// Applies one finished probe to the table in force (nothing for a worker that left).
+    fn apply(&mut self, done: Done, thresholds: &HealthConfig) {
+        let Some(finished) = self.schedule.finished(&done.key) else {
+            return;
+        };
         let table = self.router.table();
+        let indexed = self.synced.as_ref().and_then(|(generation, indices)| {
+            let index = *indices.get(&done.key)?;
+            (*generation == table.membership_generation()).then_some(index)
+        });
+        // A membership change not yet synced: the one walk of the table.
+        let Some(index) = indexed.or_else(|| done.key.index_in(&table)) else {
+            return;
+        };
+        if let Some(list) = done.models {
+            table.workers()[index].stats.set_reported_models(list);
+        }
+        self.observe(
+            &table,
+            index,
+            done.key,
+            done.result,
+            finished.asked,
+            thresholds,
+        );
+    }
+
+    /// Logs the summaries of suppressed health-change lines whose period ended.
+    fn flush_lines(&mut self) {
+        let table = self.router.table();
+        let indices = self.synced.as_ref().map(|(_, indices)| indices);
         self.lines.flush(std::time::Instant::now(), |key| {
-            match key.index_in(&table) {
+            let index = indices
+                .and_then(|indices| indices.get(key).copied())
+                .filter(|index| table.workers().get(*index).is_some_and(|w| key.is(&w.spec)));
+            match index {
                 Some(index) => {
                     let healthy = table.healthy_flags()[index];
                     let state = if healthy { "healthy" } else { "unhealthy" };
@@ -445,5 +535,6 @@ async fn probe_once(
 
 mod failures;
 mod learned_models;
+mod schedule;
 #[cfg(test)]
 mod tests;

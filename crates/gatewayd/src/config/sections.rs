@@ -175,7 +175,8 @@ impl Default for PickerConfig {
 pub struct HealthConfig {
     /// Probe path appended to each worker URL (a worker may override it).
     pub path: String,
-    /// `interval_ms`: time between probes of one worker.
+    /// `interval_ms`: time between probes of one worker. Each worker is probed once per interval
+    /// at an offset of it stable per worker, so a fleet's probes spread over the interval.
     #[serde(rename = "interval_ms", with = "millis")]
     pub interval: Duration,
     /// `timeout_ms`: time a probe may take before it counts as a failure.
@@ -196,6 +197,10 @@ pub struct HealthConfig {
     /// show what it lists (`reported_models` in its record). Shown only: the configured `models`
     /// decide the pools. Off by default: not every engine serves the list.
     pub learn_models: bool,
+    /// Probes in flight at once at most (each one connection, so also the prober's sockets); a
+    /// probe due while this many run waits for one to finish, first probes and asked ones before
+    /// periodic ones.
+    pub max_concurrent_probes: usize,
 }
 
 impl Default for HealthConfig {
@@ -209,6 +214,7 @@ impl Default for HealthConfig {
             passive: true,
             wait_for_first_probe: true,
             learn_models: false,
+            max_concurrent_probes: 256,
         }
     }
 }
@@ -353,7 +359,7 @@ impl PickerConfig {
 }
 
 impl HealthConfig {
-    /// A path without its leading `/`, a zero interval or timeout, a zero threshold.
+    /// A path without its leading `/`, a zero interval or timeout, a zero threshold or cap.
     pub fn problems(&self) -> Vec<FieldError> {
         let mut problems = Vec::new();
         if !self.path.starts_with('/') {
@@ -366,6 +372,7 @@ impl HealthConfig {
         problems.extend(zero_counts([
             ("unhealthy_threshold", u64::from(self.unhealthy_threshold)),
             ("healthy_threshold", u64::from(self.healthy_threshold)),
+            ("max_concurrent_probes", self.max_concurrent_probes as u64),
         ]));
         problems
     }

@@ -13,5 +13,6 @@ mod engine_saturation;
 mod health;
 mod https;
 mod load_scrape;
+mod probe_pacing;
 mod scrape_connections;
 mod scrape_pacing;
