@@ -3,7 +3,7 @@
 Each step is a function named `step_<name>` taking the shared `Run` and adding its numbers to
 `run.results`; `--steps a,b` picks them (default: all, in the order of STEPS). Workers are
 `http://127.<a>.<b>.<c>:1`: nothing listens there, probes fail at once (connection refused) and
-are slowed to one round an hour, new workers start healthy, scraping is off (`[load] source =
+are slowed to one an hour (but in the `probes` step, which measures them), new workers start healthy, scraping is off (`[load] source =
 "local"` and no engine limits), so what is measured is the gateway's own cost of the fleet.
 """
 
@@ -32,7 +32,7 @@ def free_port():
 class Gateway:
     """One gatewayd with `count` static workers, started by `start`, stopped by `stop`."""
 
-    def __init__(self, binary, count, workdir):
+    def __init__(self, binary, count, workdir, probe_interval_ms=3600000):
         self.port, self.control = free_port(), free_port()
         self.config = os.path.join(workdir, f"scale-{count}.toml")
         lines = [
@@ -40,7 +40,7 @@ class Gateway:
             f'listen = "127.0.0.1:{self.port}"',
             f'control_listen = "127.0.0.1:{self.control}"',
             "[health]",
-            "interval_ms = 3600000",
+            f"interval_ms = {probe_interval_ms}",
             "wait_for_first_probe = false",
             "passive = false",
         ]
@@ -83,6 +83,16 @@ class Gateway:
         with urllib.request.urlopen(request, timeout=60) as answer:
             answer.read()
         return time.monotonic() - began
+
+    def cpu_seconds(self):
+        """User plus system CPU the gateway process has used so far (`/proc/<pid>/stat`)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def open_fds(self):
+        """File descriptors the gateway holds open now (its sockets among them)."""
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
     def stop(self):
         if self.proc:
@@ -142,6 +152,32 @@ def step_admin(run):
     run.results["admin_add_ratio"] = round(median(add) / median(noop), 1)
     run.results["admin_remove_ratio"] = round(median(remove) / median(noop), 1)
     run.results["admin_add_to_read_ratio"] = round(median(add) / median(read), 1)
+
+
+def step_probes(run):
+    """The health prober's cost at `--workers`, probing at the default `interval_ms = 2000`
+    (every probe refused at once: nothing listens): the gateway's CPU (user + system) over the
+    first interval after `/readiness` (each worker's first probe, and the periodic probes that
+    come due in it), over the two intervals after that (periodic probes only: per worker per
+    second), and the most file descriptors it held open in the first interval (sampled every
+    few ms; each probe in flight is one socket)."""
+    n, interval = run.args.workers, 2.0
+    gateway = Gateway(run.args.binary, n, run.workdir, probe_interval_ms=int(interval * 1000))
+    try:
+        gateway.start()
+        ready, cpu_ready, fds_most = time.monotonic(), gateway.cpu_seconds(), 0
+        while time.monotonic() - ready < interval:
+            fds_most = max(fds_most, gateway.open_fds())
+            time.sleep(0.005)
+        cpu_first = gateway.cpu_seconds()
+        time.sleep(2 * interval)
+        cpu_steady = gateway.cpu_seconds()
+        steady_s = time.monotonic() - ready - interval
+    finally:
+        gateway.stop()
+    run.results[f"probe_cpu_first_interval_s_{n}"] = round(cpu_first - cpu_ready, 3)
+    run.results[f"probe_cpu_us_per_worker_second_{n}"] = round((cpu_steady - cpu_first) / steady_s / n * 1e6, 2)
+    run.results[f"probe_fds_most_{n}"] = fds_most
 
 
 def websocket_bytes_to_first_tick(port, version, limit_s=120):
@@ -284,6 +320,7 @@ STEPS = {
     "ws": step_ws,
     "decision": step_decision,
     "draw": step_draw,
+    "probes": step_probes,
     "goals": step_goals,
 }
 

@@ -6,10 +6,12 @@
 # (cargo bench -p bch-core) and the console's draw time (cargo bench -p bch-tui), both criterion
 # runs of 1 s warm-up and 3 s measurement; then the goals, met or not. Probes are slowed to one
 # round an hour and fail at once (nothing listens on the workers' addresses), new workers start
-# healthy, scraping is off. See docs/benchmarks.md ("Scale").
+# healthy, scraping is off. The `probes` step measures the prober itself: 10,000 workers probed
+# at the default 2 s interval, the gateway's CPU over the first interval and after, and the most
+# sockets it held. See docs/benchmarks.md ("Scale").
 #
 #   bash bench/scale.sh                      # every step, 10,000 workers (minutes after the build)
-#   bash bench/scale.sh --steps startup      # named steps only (startup, admin, ws, decision, draw, goals)
+#   bash bench/scale.sh --steps startup      # named steps only (startup, admin, ws, decision, draw, probes, goals)
 #
 # Options: --workers N, --repeats N (start-ups per size), --calls N (admin rounds), --steps LIST,
 # --out FILE, --profile P (cargo profile; release by default). Steps live in bench/scale.py as

@@ -6,9 +6,9 @@
 //! Shaped like pingora's health checks: a [`Check`] says what is asked of one worker, and
 //! [`Targets`] owns the targets, their rebuild and which workers of the routing table have one;
 //! [`TableKeys`] forgets the state of workers that left.
-//! Each check keeps its own drive and its own notion of a status change: the prober asks every
-//! worker at once on the gateway's runtime, each probe with its timeout, and flips health at its
-//! thresholds; the scraper asks within one round deadline on its own thread, over a kept-alive
+//! Each check keeps its own drive and its own notion of a status change: the prober asks each
+//! worker once per interval at the worker's own offset of it, on the gateway's runtime, each
+//! probe with its timeout, and flips health at its thresholds; the scraper asks within one round deadline on its own thread, over a kept-alive
 //! connection per worker, and tracks freshness. The drain watcher is no check: it reads in-process
 //! counters and has no target (docs/architecture.md).
 
