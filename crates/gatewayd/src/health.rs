@@ -56,6 +56,10 @@ use crate::upstream::{WorkerTls, tls_problem};
 /// so reports cannot turn the prober into a flood of requests to a worker.
 pub const PROBE_REQUEST_GAP: Duration = Duration::from_secs(1);
 
+/// How often the summaries of suppressed health-change lines are looked for: their periods are
+/// much longer, and each look walks every worker that logged lately.
+const LINES_FLUSH_GAP: Duration = Duration::from_secs(1);
+
 /// Asks the prober to probe one worker now. Cheap and never waits. The requests waiting are a
 /// set, one per worker: a peer reporting without end about some workers coalesces into one
 /// request each and never crowds out the request about another (a bounded queue of reports
@@ -246,6 +250,7 @@ pub async fn run(prober: Prober) {
     // Whether workers whose first probe is pending joined since `rounds` was last counted: with
     // none at all, the first (empty) round is applied at once.
     let mut firsts_to_announce = true;
+    let mut last_flush = Instant::now();
     loop {
         let current = config.load_full();
         let now = Instant::now();
@@ -277,7 +282,11 @@ pub async fn run(prober: Prober) {
             while let Some(Some(done)) = probing.running.next().now_or_never() {
                 probing.apply(done, &current.health);
             }
-            probing.flush_lines();
+            // The summaries walk every worker that logged lately: once a second, not per result.
+            if last_flush.elapsed() >= LINES_FLUSH_GAP {
+                last_flush = Instant::now();
+                probing.flush_lines();
+            }
         }
     }
 }

@@ -5,8 +5,8 @@
 //! clock of its own: the prober passes `now` in, and starts what [`Schedule::next_start`] answers
 //! while fewer than `max_concurrent_probes` run, so the schedule is tested with plain instants.
 //!
-//! A worker's periodic probe times are fixed (`epoch + phase + k × interval`) whatever else it is
-//! probed for; one whose probe is still waiting or running when its next time comes skips that
+//! A worker's periodic probe times are fixed (`epoch + phase + k × interval`, from half an
+//! interval after it joined) whatever else it is probed for; one whose probe is still waiting or running when its next time comes skips that
 //! time (coalesced), so a fleet the cap cannot probe every interval is probed as often as the cap
 //! allows, each worker waiting at most once in the queue.
 
@@ -142,7 +142,10 @@ impl Schedule {
             }
         }
         for key in added {
-            let due = self.next_after(&key, now);
+            // Its first probe is now; its periodic ones start half an interval on at the
+            // earliest, so a fleet joining at once (start-up) is not probed twice in its first
+            // half interval: the second probe comes 0.5 to 1.5 intervals after the first.
+            let due = self.next_after(&key, now + self.interval / 2);
             self.timeline.insert((due, key.clone()));
             self.urgent.push_back(key.clone());
             let entry = Entry {
