@@ -278,7 +278,7 @@ pub async fn run(prober: Prober) {
         };
         if let Some(done) = done {
             probing.apply(done, &current.health);
-            // Every other result already in joins this batch: one table read and one log flush.
+            // Every other result already in is applied in this wake-up too.
             while let Some(Some(done)) = probing.running.next().now_or_never() {
                 probing.apply(done, &current.health);
             }

@@ -6,6 +6,7 @@ mod common;
 #[path = "../common/dnsmasq.rs"]
 mod dnsmasq;
 
+mod counting_fleet;
 mod discovery;
 mod discovery_health;
 mod discovery_scale;

@@ -5,119 +5,37 @@
 //! stale) within the documented bound.
 
 use crate::common;
+use crate::counting_fleet::{self, Fleet};
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::routing::{any, get};
 use bch_core::fleet_load::LoadSource;
 use gatewayd::RunningGateway;
-use gatewayd::config::{Config, WorkerConfig};
+use gatewayd::config::Config;
 use tokio::time::Instant;
 
-/// What every worker of one test has seen, shared: scrapes in flight now and at most, and when
-/// each worker was scraped.
-#[derive(Default)]
-struct Fleet {
-    in_flight: AtomicUsize,
-    most_in_flight: AtomicUsize,
-    /// `(worker index, when its scrape arrived)`, in arrival order.
-    scrapes: Mutex<Vec<(usize, Instant)>>,
-}
+/// The metrics text every worker answers.
+const METRICS: &str = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\nvllm:num_requests_waiting 0\n";
 
-/// One worker's view: its index in the fleet, and how long it takes to answer a scrape.
-struct Worker {
-    index: usize,
-    answer_after: Duration,
-    fleet: Arc<Fleet>,
-}
-
-/// One scrape in flight at a worker, counted out when dropped.
-struct InFlight(Arc<Fleet>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-async fn metrics(State(worker): State<Arc<Worker>>) -> String {
-    let fleet = &worker.fleet;
-    let now = fleet.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-    // Counted out when the answer is sent or the gateway gives up on it, whichever comes first.
-    let _in_flight = InFlight(Arc::clone(fleet));
-    fleet.most_in_flight.fetch_max(now, Ordering::SeqCst);
-    fleet
-        .scrapes
-        .lock()
-        .unwrap()
-        .push((worker.index, Instant::now()));
-    // A slow engine: the scrape stays in flight, so concurrent scrapes overlap.
-    tokio::time::sleep(worker.answer_after).await;
-    "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"
-        .to_owned()
-}
-
-/// Starts `count` workers on `127.0.0.1:0`, answering scrapes after `answer_after` and anything
-/// else (health probes) at once.
+/// Starts `count` workers answering scrapes after `answer_after` and anything else (health
+/// probes) at once.
 async fn start_fleet(count: usize, answer_after: Duration) -> (Vec<SocketAddr>, Arc<Fleet>) {
-    let fleet = Arc::new(Fleet::default());
-    let mut addrs = Vec::new();
-    for index in 0..count {
-        let worker = Arc::new(Worker {
-            index,
-            answer_after,
-            fleet: Arc::clone(&fleet),
-        });
-        let app = axum::Router::new()
-            .route("/metrics", get(metrics))
-            .fallback(any(|| async { "ok" }))
-            .with_state(worker);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        addrs.push(listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    }
-    (addrs, fleet)
+    counting_fleet::start_fleet(count, "/metrics", METRICS, answer_after).await
 }
 
 fn config(addrs: &[SocketAddr]) -> Config {
-    let mut config = Config::default();
-    config.server.listeners.listen = "127.0.0.1:0".parse().unwrap();
-    config.server.listeners.control_listen = "127.0.0.1:0".parse().unwrap();
+    let mut config = counting_fleet::config(addrs);
     config.load.source = LoadSource::WorkerMetrics;
-    config.workers = addrs
-        .iter()
-        .enumerate()
-        .map(|(index, addr)| WorkerConfig {
-            name: Some(format!("w{index}")),
-            ..WorkerConfig::from_url(&format!("http://{addr}"))
-        })
-        .collect();
     config
 }
 
 /// Waits (bounded) until every one of `count` workers has been scraped `rounds` times; answers
 /// the scrapes seen so far.
 async fn wait_rounds(fleet: &Fleet, count: usize, rounds: usize) -> Vec<(usize, Instant)> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let scrapes = fleet.scrapes.lock().unwrap().clone();
-        let mut per_worker = vec![0; count];
-        for (index, _) in &scrapes {
-            per_worker[*index] += 1;
-        }
-        if per_worker.iter().all(|n| *n >= rounds) {
-            return scrapes;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "scrapes per worker: {per_worker:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    counting_fleet::wait_rounds(fleet, count, rounds, None).await
 }
 
 /// The `bch_worker_load_stale` lines of the gateway's `/metrics` that say a worker is stale.
@@ -191,7 +109,7 @@ async fn a_fleet_paced_below_its_interval_is_spread_and_stays_fresh() {
     loop {
         let stale = stale_workers(&gateway);
         assert!(stale.is_empty(), "stale: {stale:?}");
-        let scrapes = fleet.scrapes.lock().unwrap().clone();
+        let scrapes = fleet.calls.lock().unwrap().clone();
         let least = (0..WORKERS)
             .map(|w| scrapes.iter().filter(|(i, _)| *i == w).count())
             .min()
@@ -226,13 +144,7 @@ async fn a_fleet_paced_below_its_interval_is_spread_and_stays_fresh() {
     }
     // Fresh: each worker's consecutive scrapes are at most the staleness limit apart.
     for worker in 0..WORKERS {
-        let times: Vec<Instant> = scrapes
-            .iter()
-            .filter(|(i, _)| *i == worker)
-            .map(|(_, t)| *t)
-            .collect();
-        for pair in times.windows(2) {
-            let gap = pair[1] - pair[0];
+        for gap in counting_fleet::gaps(&scrapes, worker) {
             assert!(gap <= stale_after, "w{worker}: {gap:?} between two scrapes");
         }
     }
