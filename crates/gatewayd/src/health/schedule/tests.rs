@@ -211,7 +211,7 @@ fn first_and_asked_probes_go_before_periodic_ones_and_an_ask_joins_a_running_pro
         }
     );
     // A worker removed while its probe runs: the result belongs to no one.
-    schedule.set_members(&[b.clone()], later);
+    schedule.set_members(std::slice::from_ref(&b), later);
     assert_eq!(schedule.finished(&a), None);
     assert_eq!(schedule.finished(&c), None);
     assert_eq!(
@@ -226,7 +226,7 @@ fn a_worker_keeps_its_phase_and_a_new_interval_moves_it() {
     let t0 = Instant::now();
     let mut schedule = Schedule::new(Duration::from_millis(1_000), t0);
     let a = key(7);
-    schedule.set_members(&[a.clone()], t0);
+    schedule.set_members(std::slice::from_ref(&a), t0);
     // Its first periodic probe half an interval to an interval and a half after it joined.
     let due = schedule.next_due().unwrap();
     assert!(due > t0 + Duration::from_millis(500) && due <= t0 + Duration::from_millis(1_500));
@@ -238,7 +238,7 @@ fn a_worker_keeps_its_phase_and_a_new_interval_moves_it() {
     // Removed and added again, it comes back at the same phase.
     schedule.set_members(&[], due);
     assert_eq!(schedule.next_due(), None);
-    schedule.set_members(&[a.clone()], due);
+    schedule.set_members(std::slice::from_ref(&a), due);
     assert_eq!(
         schedule.next_due(),
         Some(due + Duration::from_millis(1_000))
