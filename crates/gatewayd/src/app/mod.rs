@@ -105,6 +105,8 @@ impl RunningGateway {
     }
 
     /// Stops accepting, lets in-flight requests finish for up to `shutdown_grace_ms`, then returns.
+    /// With `[telemetry] record_file`, it also waits (within the same grace) for the recorder to
+    /// write the last frame and close the file, so the recording on disk is final on return.
     pub async fn shutdown(self) {
         self.shutdown.cancel();
         self.tasks.close();
@@ -142,11 +144,16 @@ pub async fn start(options: StartOptions) -> Result<RunningGateway, StartError> 
     let tls = [TlsListener::Data, TlsListener::Control, TlsListener::Picker].map(secure);
     let recording = RecordingTarget::of(&prepared.config.telemetry, control_addr, tls[1]);
     let parts = assemble(prepared, &listeners, &shutdown)?;
-    if let Some(target) = recording
-        && let Err(error) = parts.telemetry.record(target)
-    {
-        shutdown.cancel();
-        return Err(StartError::Recording(error));
+    if let Some(target) = recording {
+        match parts.telemetry.record(target) {
+            // Tracked like a connection: `shutdown` returns once the recorder has written the
+            // aggregator's last frame, so the files are whole when the gateway has stopped.
+            Ok(recording_written) => drop(tasks.spawn(recording_written)),
+            Err(error) => {
+                shutdown.cancel();
+                return Err(StartError::Recording(error));
+            }
+        }
     }
     let (router, registry) = (Arc::clone(&parts.router), Arc::clone(&parts.registry));
     let requires_token = parts.control_plane.token.is_some();

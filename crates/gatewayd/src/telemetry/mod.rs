@@ -139,12 +139,18 @@ impl Telemetry {
     }
 
     /// Starts recording into `target` (`[telemetry] record_file`): the file is created now, then
-    /// a thread writes every frame a version 2 client gets until the aggregator stops.
+    /// a thread writes every frame a version 2 client gets until the aggregator stops. The
+    /// returned future completes once that thread has written the last frame the aggregator
+    /// sent it and closed the file (after the aggregator stopped); a gateway that stops waits for
+    /// it, so its recording is whole, and no rotation half done, when it has stopped.
     ///
     /// # Errors
     ///
     /// The file cannot be created or written; the error names it.
-    pub fn record(&self, target: RecordingTarget) -> std::io::Result<()> {
+    pub fn record(
+        &self,
+        target: RecordingTarget,
+    ) -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
         let file = recorder::create(target)?;
         let (id, frames) = self.register(bch_core::telemetry::PROTOCOL_VERSION);
         let (resync, done) = (self.clone(), self.clone());

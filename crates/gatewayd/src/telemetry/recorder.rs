@@ -145,22 +145,32 @@ pub(super) fn create(target: RecordingTarget) -> std::io::Result<RecordingFile> 
 /// Writes the client's `frames` into `file` on a thread of its own until the queue closes (the
 /// aggregator stopped); `resync` asks for a snapshot, `done` unregisters the client. A write that
 /// fails is logged once and ends the recording; the gateway goes on.
+///
+/// Returns a future that completes once the thread has written its last frame and closed the
+/// file (a rotation it began is then finished), so a gateway that stops can wait for a whole
+/// recording before it exits.
 pub(super) fn spawn(
     file: RecordingFile,
     frames: Receiver<Arc<str>>,
     resync: impl Fn() + Send + 'static,
     done: impl FnOnce() + Send + 'static,
-) -> std::io::Result<()> {
+) -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
+    // Dropped when the thread ends, however it ends (a panic unwinds past it too).
+    let (finished, written) = tokio::sync::oneshot::channel::<()>();
     std::thread::Builder::new()
         .name("telemetry-recorder".into())
         .spawn(move || {
+            let _finished = finished;
             let path = file.target.path.clone();
             if let Err(error) = write_frames(file, frames, &resync) {
                 tracing::warn!(file = %path.display(), %error, "telemetry recording stopped");
             }
             done();
         })?;
-    Ok(())
+    Ok(async move {
+        // Only the sender's drop ever answers: the error is the signal.
+        let _ = written.await;
+    })
 }
 
 /// Writes every frame until the queue closes, rotating by size and asking for a snapshot

@@ -293,6 +293,7 @@ async fn an_unwatched_gateway_records_its_drill_rotating_by_size() {
         state.state().live().totals.requests_total == told.requests_total
     });
     let url = format!("ws://{}/ws", gateway.control_addr);
+    // Returns once the recorder has closed its file: no rotation can follow the listing.
     gateway.shutdown().await;
 
     let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir.path())
@@ -435,6 +436,60 @@ fn the_rotated_files_replay_as_one(file: &std::path::Path, files: &[std::path::P
         assert_eq!(replay.position_ms(), at);
         assert_eq!(replay.state().live(), expected(at), "after a seek to {at}");
     }
+}
+
+/// The files this process has open under `dir` (from `/proc/self/fd`).
+#[cfg(target_os = "linux")]
+fn open_files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter(|target| target.starts_with(dir))
+        .collect()
+}
+
+/// Once `shutdown` returns the recording is final: the recorder wrote the aggregator's last frame
+/// and closed the file, so what is on disk is what an operator (or a test) replays, and no
+/// rotation is left half done when the process exits.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_stopped_gateway_has_closed_its_recording() {
+    let workers = spawn_workers(2, 0, SimConfig::default().with_time_scale(0.05))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gateway.jsonl");
+    let mut config = test_config(&[]);
+    config.telemetry.record_file = Some(file.clone());
+    config.workers = workers.iter().map(worker_config).collect();
+    let gateway = start(config).await;
+    assert_eq!(
+        open_files_under(dir.path()),
+        std::slice::from_ref(&file),
+        "recording"
+    );
+    // Traffic, so the recorder has frames to write as the gateway stops.
+    let storm = StormConfig {
+        gateway: format!("http://{}", gateway.data_addr).parse().unwrap(),
+        groups: 20,
+        siblings: 2,
+        keys: 20,
+        concurrency: 8,
+        prefix_tokens: 16,
+        max_tokens: 4,
+        progress: false,
+        ..StormConfig::default()
+    };
+    let report = run_storm(&storm).await.unwrap();
+    assert!(report.ok > 0, "{:?}", report.status_counts);
+    gateway.shutdown().await;
+    assert_eq!(
+        open_files_under(dir.path()),
+        Vec::<std::path::PathBuf>::new(),
+        "the recording is closed once the gateway has stopped"
+    );
+    let recording = bch_core::recording::Recording::parse(&std::fs::read(&file).unwrap()).unwrap();
+    assert!(recording.events.len() >= 2, "a connection and its snapshot");
 }
 
 #[tokio::test]
