@@ -9,8 +9,10 @@
 //! - an older file written by another recorder or over other replicas (a gateway restarted with
 //!   another control address, a console's own recording of the same name): the chain ends there,
 //!   since its replica indices mean other gateways;
-//! - an older file with the same header as a newer one: the same file seen under two names (a
-//!   rotation links `FILE.1` to `FILE` just before a fresh `FILE` replaces it);
+//! - a file seen under two names, one file on disk (a rotation links `FILE.1` to `FILE` just
+//!   before a fresh `FILE` replaces it): it plays once. Files are told apart by what the file
+//!   system says, never by their headers: a file that filled at once is rotated in the
+//!   millisecond it was created, and the next one's header is the same;
 //! - an older file's events received after the newer file's first event (a clock stepped back):
 //!   the replay's recorded time only moves forward.
 //!
@@ -19,8 +21,11 @@
 
 use std::path::{Path, PathBuf};
 
+use std::io::Read;
+
 use anyhow::Context;
 use bch_core::recording::{Recording, RecordingError};
+use same_file::Handle;
 
 /// The most rotated files looked for: gatewayd keeps `FILE.1` to `FILE.8`.
 pub(super) const ROTATED_FILES_READ: u32 = 8;
@@ -82,11 +87,22 @@ pub(super) struct Chain {
 pub(super) fn read_chain(path: &Path) -> anyhow::Result<Chain> {
     let (paths, mut left_out) = chain_paths(path);
     let (newest, older) = paths.split_last().expect("the chain holds `path`");
-    let mut recordings =
-        vec![read(newest).with_context(|| format!("--replay {}", path.display()))?];
+    let (newest, newest_file) =
+        read(newest).with_context(|| format!("--replay {}", path.display()))?;
+    let mut recordings = vec![newest];
+    // The name each of `recordings` was read under.
+    let mut names = vec![path];
+    // Each file read so far: a name that leads to one of them again was linked to it while the
+    // replay read (a rotation in progress), and is the same recording, not an older one.
+    let mut files_read = vec![newest_file];
     for rotated in older.iter().rev() {
         match read(rotated) {
-            Ok(recording) => recordings.push(recording),
+            Ok((_, file)) if files_read.contains(&file) => {}
+            Ok((recording, file)) => {
+                recordings.push(recording);
+                names.push(rotated);
+                files_read.push(file);
+            }
             Err(error) => {
                 let why = match error.downcast_ref::<RecordingError>() {
                     Some(RecordingError::NotARecording(_)) => "is not a bch recording".to_owned(),
@@ -102,11 +118,10 @@ pub(super) fn read_chain(path: &Path) -> anyhow::Result<Chain> {
         }
     }
     recordings.reverse();
-    // `recordings[i]` was read from `paths[first + i]`.
-    let first = paths.len() - recordings.len();
+    names.reverse();
     let (recording, files, other_chain) = join(recordings);
     if let Some(index) = other_chain {
-        let (newest_left_out, oldest) = (&paths[first + index], &paths[0]);
+        let (newest_left_out, oldest) = (names[index], &paths[0]);
         left_out = Some(format!(
             "{} left out: {} was recorded by another recorder or of other replicas",
             files_text(newest_left_out, oldest),
@@ -137,11 +152,17 @@ fn name_of(path: &Path) -> String {
     )
 }
 
-fn read(path: &Path) -> anyhow::Result<Recording> {
-    let bytes = std::fs::read(path)?;
+/// The recording at `path`, and which file on disk it was read from (the same handle for two
+/// names of one file).
+fn read(path: &Path) -> anyhow::Result<(Recording, Handle)> {
+    // Read through the handle compared: the name may lead elsewhere a moment later.
+    let file = Handle::from_path(path)?;
+    let mut bytes = Vec::new();
+    file.as_file().read_to_end(&mut bytes)?;
     let recording = Recording::parse(&bytes)?;
-    Ok(recording)
+    Ok((recording, file))
 }
+
 /// Joins `recordings`, oldest first, into one with the newest's header: every older file that
 /// belongs to the same chain contributes its events before the newer ones (see the module's
 /// rules for what is left out). Returns the joined recording, how many files it holds, and the
@@ -157,9 +178,6 @@ pub(super) fn join(mut recordings: Vec<Recording>) -> (Recording, usize, Option<
             && older.header.replicas == joined.header.replicas;
         if !same_chain {
             return (joined, files, Some(recordings.len()));
-        }
-        if older.header == joined.header {
-            continue;
         }
         let first_at = joined.events.first().map_or(u64::MAX, |e| e.at_ms);
         let mut events: Vec<_> = older
@@ -219,12 +237,10 @@ mod tests {
     }
 
     #[test]
-    fn another_gateway_ends_the_chain_and_a_second_name_is_read_once() {
+    fn another_gateway_ends_the_chain() {
         let (joined, files, other_chain) = join(vec![
             recording("gatewayd", 50, "ws://other/ws", &[50]),
             recording("gatewayd", 100, "ws://a/ws", &[100, 150]),
-            recording("gatewayd", 200, "ws://a/ws", &[200, 250]),
-            // `FILE.1` linked to `FILE` mid-rotation: the same file twice.
             recording("gatewayd", 200, "ws://a/ws", &[200, 250]),
         ]);
         assert_eq!((files, other_chain), (2, Some(0)));
@@ -234,6 +250,45 @@ mod tests {
             recording("gatewayd", 200, "ws://a/ws", &[200]),
         ]);
         assert_eq!((files, times(&joined)), (1, vec![200]));
+    }
+
+    /// `recording`'s lines as a recorder writes them.
+    fn file_text(recording: &Recording) -> String {
+        let mut text = recording.header.to_line();
+        for event in &recording.events {
+            text.push_str(&event.to_line());
+        }
+        text
+    }
+
+    #[test]
+    fn files_started_in_the_same_millisecond_both_play() {
+        // A file that filled at once (one large snapshot) rotates in the millisecond it was
+        // created: the next file's header is the same, yet its events are others.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rec.jsonl");
+        let older = recording("gatewayd", 200, "ws://a/ws", &[200, 200]);
+        let newer = recording("gatewayd", 200, "ws://a/ws", &[200, 201, 202]);
+        std::fs::write(format!("{}.1", path.display()), file_text(&older)).unwrap();
+        std::fs::write(&path, file_text(&newer)).unwrap();
+        let chain = read_chain(&path).unwrap();
+        assert_eq!(chain.files, 2, "{:?}", chain.left_out);
+        assert_eq!(times(&chain.recording), [200, 200, 200, 201, 202]);
+    }
+
+    #[test]
+    fn a_file_seen_under_two_names_plays_once() {
+        // Mid-rotation `FILE.1` is a second name of `FILE`, until a fresh `FILE` replaces it.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rec.jsonl");
+        let oldest = recording("gatewayd", 100, "ws://a/ws", &[100, 150]);
+        let current = recording("gatewayd", 200, "ws://a/ws", &[200, 250]);
+        std::fs::write(format!("{}.2", path.display()), file_text(&oldest)).unwrap();
+        std::fs::write(&path, file_text(&current)).unwrap();
+        std::fs::hard_link(&path, format!("{}.1", path.display())).unwrap();
+        let chain = read_chain(&path).unwrap();
+        assert_eq!((chain.files, chain.left_out), (2, None));
+        assert_eq!(times(&chain.recording), [100, 150, 200, 250]);
     }
 
     #[test]
