@@ -31,6 +31,7 @@
 mod admin;
 mod admission;
 mod app;
+mod chunked;
 pub mod cli;
 mod clock;
 pub mod config;
@@ -41,6 +42,7 @@ mod discovery;
 mod drain_watch;
 mod error;
 mod health;
+mod http1;
 mod log_limit;
 mod metrics;
 mod model_branches;

@@ -1,14 +1,16 @@
-//! Accept loops: HTTP/1.1 connections served by hyper with a header read timeout, an optional
+//! Accept loops: HTTP/1.1 connections served with a header read timeout, an optional
 //! connection cap, a bound on clients that stop reading ([`WriteStallGuard`]), TLS when the
 //! listener has it (the handshake runs in the connection's task, after the cap's permit is
 //! taken), and graceful shutdown. They know nothing of what they serve: the composition root
 //! hands each loop a service.
 //!
-//! Connections are served by hyper directly rather than `axum::serve` because the data plane needs
-//! a connection cap with a clean 503 and a header read timeout (slow-loris protection), and both
-//! planes need to drain in-flight requests on shutdown.
+//! The data plane's connections are served by its own HTTP/1 server ([`crate::http1`]), which
+//! relays a worker's chunked body as it came and holds no buffer on a held stream; the control
+//! plane's by hyper directly rather than `axum::serve`. Both need a header read timeout
+//! (slow-loris protection) and to drain in-flight requests on shutdown; the data plane also a
+//! connection cap with a clean 503.
 
-use std::convert::Infallible;
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -32,6 +34,8 @@ use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::error::display_chain;
+use crate::http1::{ChunkFramed, ConnectionOptions, RequestBody};
 use crate::tls::accept::TlsAcceptance;
 
 /// How a listener serves its connections.
@@ -129,21 +133,24 @@ impl Listening {
 }
 
 /// Serves `listener` until shutdown with a service per connection from `make_service` (given the
-/// client's address), capped by `cap`. `TCP_NODELAY` is set: a streamed response must not wait
-/// for a delayed ACK.
-pub async fn serve_capped<S, B>(
+/// client's address), capped by `cap`, with the data plane's own HTTP/1 server
+/// ([`crate::http1`]). `TCP_NODELAY` is set: a streamed response must not wait for a delayed ACK.
+pub async fn serve_capped<S, F, B>(
     listener: TcpListener,
     listening: Listening,
     cap: ConnectionCap,
     make_service: impl Fn(SocketAddr) -> S,
 ) where
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Send + 'static,
-    S::Future: Send + 'static,
-    B: Body<Data = Bytes> + Send + 'static,
+    S: FnMut(Request<RequestBody>) -> F + Send + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: Body<Data = Bytes> + ChunkFramed + Unpin + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let permits = Arc::new(Semaphore::new(cap.max_connections));
-    let builder = listening.builder();
+    let options = ConnectionOptions {
+        header_read_timeout: listening.header_read_timeout,
+        shutdown: listening.shutdown.clone(),
+    };
     while let Some((stream, peer)) = next_connection(&listener, &listening).await {
         let _ = stream.set_nodelay(true);
         let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
@@ -152,20 +159,16 @@ pub async fn serve_capped<S, B>(
             continue;
         };
         let stall = ClientStall::default();
-        let service = make_service(peer);
+        let mut service = make_service(peer);
         // Every request carries its connection's stall flag: the one a stall cut says so.
         let unfinished = UnfinishedConnection(Some(stall.clone()));
         let guard_stall = stall.clone();
-        let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+        let service = move |mut request: Request<RequestBody>| {
             request.extensions_mut().insert(stall.clone());
-            service.call(request)
-        });
+            service(request)
+        };
         let guard = move |tcp| WriteStallGuard::new(tcp, cap.write_stall_timeout, guard_stall);
-        let (shutdown, tls, builder) = (
-            listening.shutdown.clone(),
-            listening.tls.clone(),
-            builder.clone(),
-        );
+        let (tls, options) = (listening.tls.clone(), options.clone());
         listening.tasks.spawn(async move {
             // The handshake holds the permit (it counts against the cap) but nothing routes
             // before a request arrives.
@@ -174,17 +177,13 @@ pub async fn serve_capped<S, B>(
                 drop(permit);
                 return;
             };
-            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            let connection = crate::http1::serve_connection(stream, service, options);
             tokio::pin!(connection);
             // Declared after the pinned connection, so dropped before it when the task is
             // dropped unfinished: the exchanges the connection holds see the flag as they end.
             let unfinished = unfinished;
-            tokio::select! {
-                result = connection.as_mut() => log_connection_error(result),
-                _ = shutdown.cancelled() => {
-                    connection.as_mut().graceful_shutdown();
-                    log_connection_error(connection.await);
-                }
+            if let Err(error) = connection.as_mut().await {
+                log_served_error(&error);
             }
             unfinished.finished();
             drop(permit);
@@ -390,6 +389,14 @@ async fn next_connection(
                 }
             },
         }
+    }
+}
+
+fn log_served_error(error: &crate::http1::ConnectionError) {
+    if error.is_timeout() {
+        tracing::debug!("client too slow to send its request headers; closed");
+    } else {
+        tracing::debug!(error = %display_chain(error), "connection ended with an error");
     }
 }
 

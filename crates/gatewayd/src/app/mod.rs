@@ -31,7 +31,6 @@ use std::sync::PoisonError;
 
 use axum::extract::ConnectInfo;
 use bch_core::router::{Router, RoutingTable};
-use hyper::service::service_fn;
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -418,12 +417,12 @@ fn spawn_services(
             cap,
             move |_peer| {
                 let plane = Arc::clone(&data_plane);
-                service_fn(move |request| {
-                    // Boxed per request: hyper keeps one slot the size of the handler's future
-                    // for the connection's whole life, and the proxy's future is ~3.5 KiB. A box
-                    // that is freed once the response head is out costs a held stream nothing.
+                move |request| {
+                    // Boxed per request: the proxy's future is ~3.5 KiB, and the connection's
+                    // future would otherwise keep a slot that size for its whole life. A box that
+                    // is freed once the response head is out costs a held stream nothing.
                     Box::pin(crate::proxy::serve(Arc::clone(&plane), request))
-                })
+                }
             },
         ));
     }

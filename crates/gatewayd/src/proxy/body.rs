@@ -324,3 +324,5 @@ impl StreamState {
         }
     }
 }
+
+impl crate::http1::ChunkFramed for ProxyBody {}

@@ -19,7 +19,6 @@ pub mod loads;
 pub mod model;
 pub mod request;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -31,12 +30,12 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
-use hyper::body::Incoming;
 
 pub use body::ProxyBody;
 pub use handle::DataPlane;
 
 use crate::config::runtime::RuntimeSettings;
+use crate::http1::RequestBody;
 use crate::error::{ERROR_CODE_HEADER_NAME, GatewayError, QUEUE_WAIT_HEADER_NAME, display_chain};
 use crate::routing::exchange::Head;
 use crate::routing::request_id::REQUEST_ID_HEADER;
@@ -62,34 +61,31 @@ pub const QUEUE_WAIT_HEADER: HeaderName = HeaderName::from_static(QUEUE_WAIT_HEA
 pub const ERROR_CODE_HEADER: HeaderName = HeaderName::from_static(ERROR_CODE_HEADER_NAME);
 
 /// Serves one data plane request. Never fails: gateway errors are OpenAI-shaped JSON responses.
-pub async fn serve(
-    plane: Arc<DataPlane>,
-    request: Request<Incoming>,
-) -> Result<Response<ProxyBody>, Infallible> {
+pub async fn serve(plane: Arc<DataPlane>, request: Request<RequestBody>) -> Response<ProxyBody> {
     if request.method() == http::Method::GET {
         match request.uri().path() {
             "/health" => {
-                return Ok(json_response(
+                return json_response(
                     StatusCode::OK,
                     Bytes::from_static(b"{\"status\":\"ok\"}"),
-                ));
+                );
             }
-            "/readiness" => return Ok(readiness(&plane)),
+            "/readiness" => return readiness(&plane),
             path if loads::LOADS_PATHS.contains(&path)
                 && plane.routing.settings.load().serve_loads =>
             {
                 let body = loads::loads_body(&plane.routing.router.table());
-                return Ok(json_response(StatusCode::OK, body));
+                return json_response(StatusCode::OK, body);
             }
             "/v1/models" => {
                 if let Some(list) = model::model_list(&plane.routing.router.table()) {
-                    return Ok(json_response(StatusCode::OK, list));
+                    return json_response(StatusCode::OK, list);
                 }
             }
             _ => {}
         }
     }
-    Ok(proxy(plane, request).await)
+    proxy(plane, request).await
 }
 
 /// `GET /readiness`: 200 while some worker takes requests (healthy and not draining), else 503.
@@ -104,7 +100,7 @@ fn readiness(plane: &DataPlane) -> Response<ProxyBody> {
     json_response(status, Bytes::from(body))
 }
 
-async fn proxy(plane: Arc<DataPlane>, request: Request<Incoming>) -> Response<ProxyBody> {
+async fn proxy(plane: Arc<DataPlane>, request: Request<RequestBody>) -> Response<ProxyBody> {
     let head = Head::of(&request);
     let mut exchange = Exchange::begin(Arc::clone(&plane.routing), Instant::now(), head);
     exchange.watch_client_stall(request.extensions().get::<ClientStall>().cloned());
@@ -147,7 +143,7 @@ struct Answered {
 async fn route(
     plane: &DataPlane,
     settings: &RuntimeSettings,
-    request: Request<Incoming>,
+    request: Request<RequestBody>,
     exchange: &mut Exchange,
 ) -> Result<Routed, GatewayError> {
     refuse_early(

@@ -14,7 +14,8 @@ use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
+
+use crate::http1::{RequestBody, RequestBodyError};
 use tokio::time::{Instant, Sleep};
 
 /// Boxed error type of bodies and connects.
@@ -25,7 +26,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// is checked up front), once its deadline passes before its end, or when the client's side of
 /// it fails.
 pub struct UpstreamBody {
-    inner: Incoming,
+    inner: RequestBody,
     /// Frames already read from `inner` by [`UpstreamBody::read_ahead`], sent first.
     read_ahead: VecDeque<Frame<Bytes>>,
     /// The data bytes in `read_ahead` (the size hint adds them to `inner`'s remaining length).
@@ -55,24 +56,19 @@ pub enum ClientBodyError {
 }
 
 impl ClientBodyError {
-    /// What an error reading the client's body says about it. Body errors of a server-side
-    /// `Incoming` are hyper's decoder complaining about what the client sent (bad framing: invalid
-    /// input or data) or about the connection ending before the body did (anything else).
-    fn from_client(error: &hyper::Error) -> Self {
-        let io = std::error::Error::source(error)
-            .and_then(|cause| cause.downcast_ref::<std::io::Error>());
-        match io.map(std::io::Error::kind) {
-            Some(std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData) => {
-                ClientBodyError::Malformed(io.map(ToString::to_string).unwrap_or_default())
-            }
-            _ => ClientBodyError::Incomplete,
+    /// What an error reading the client's body says about it: bad framing, or the connection
+    /// ending before the body did.
+    fn from_client(error: &RequestBodyError) -> Self {
+        match error {
+            RequestBodyError::Malformed(framing) => ClientBodyError::Malformed(framing.to_string()),
+            RequestBodyError::Incomplete => ClientBodyError::Incomplete,
         }
     }
 }
 
 impl UpstreamBody {
     /// `inner`, allowed `max_bytes` bytes, to be complete by `deadline`.
-    pub fn new(inner: Incoming, max_bytes: u64, deadline: Instant) -> Self {
+    pub fn new(inner: RequestBody, max_bytes: u64, deadline: Instant) -> Self {
         Self {
             inner,
             read_ahead: VecDeque::new(),

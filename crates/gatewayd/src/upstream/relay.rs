@@ -19,7 +19,7 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, ReadBuf};
 
-use super::chunked::{ChunkedDecoder, ChunkedError, Malformed};
+use crate::chunked::{ChunkedDecoder, ChunkedError, Malformed};
 use super::exchange::ResponseFraming;
 use super::pool::UpstreamConnection;
 
