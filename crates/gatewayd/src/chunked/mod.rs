@@ -9,7 +9,11 @@
 //! line of hex digits, optional spaces or tabs, extensions ignored up to 16 KiB a body and never
 //! holding a bare LF; trailers up to 16 KiB and 100 fields), so a body hyper refused is refused
 //! here with the same words.
+//!
+//! [`ChunkedDecoder::relay`] validates the same way but keeps the framing: whole chunks pass as
+//! they came, for a client that takes the body chunked too.
 
+use bytes::BytesMut;
 use http::HeaderMap;
 use http::header::{HeaderName, HeaderValue};
 
@@ -179,6 +183,66 @@ impl ChunkedDecoder {
         })
     }
 
+    /// Validates the next bytes of the body and appends them to `out` as whole chunks, for a
+    /// client that takes the body chunked too: a chunk that lies entirely within `input` is copied
+    /// as it came (size line, extensions, data, CRLF), and the part of a chunk that began in an
+    /// earlier input or ends in a later one gets a size line of its own, so whatever `out` is
+    /// given is whole chunks a writer can put its own between. The last chunk and the trailers
+    /// are checked, never copied: the writer ends the body itself. Returns the bytes of `input`
+    /// that belonged to the body (fewer only when it ended inside it). On a malformation,
+    /// [`Malformed::data`] counts the bytes appended before it, which are as good as ever.
+    pub fn relay(&mut self, input: &[u8], out: &mut BytesMut) -> Result<usize, Malformed> {
+        let appended_before = out.len();
+        let mut read = 0;
+        // Where the current chunk's size line began, when it began in this input.
+        let mut line_start = None;
+        // The current chunk's data within this input, not yet appended.
+        let mut data: Option<(usize, usize)> = None;
+        while read < input.len() && self.state != State::End {
+            if self.state == State::Data {
+                let available = input.len() - read;
+                let take = usize::try_from(self.size).map_or(available, |left| left.min(available));
+                let from = data.map_or(read, |(from, _)| from);
+                data = Some((from, read + take));
+                read += take;
+                self.size -= take as u64;
+                if self.size == 0 {
+                    self.state = State::DataCr;
+                }
+                continue;
+            }
+            if self.state == State::Start {
+                line_start = Some(read);
+            }
+            let before = self.state;
+            match self.step(input[read]) {
+                Ok(state) => self.state = state,
+                Err(error) => {
+                    if let Some((from, to)) = data {
+                        frame_chunk(out, &input[from..to]);
+                    }
+                    return Err(Malformed {
+                        error,
+                        data: out.len() - appended_before,
+                    });
+                }
+            }
+            read += 1;
+            if before == State::DataLf {
+                // A chunk ended: as it came when all of it was in this input.
+                match (line_start.take(), data.take()) {
+                    (Some(start), _) => out.extend_from_slice(&input[start..read]),
+                    (None, Some((from, to))) => frame_chunk(out, &input[from..to]),
+                    (None, None) => {}
+                }
+            }
+        }
+        if let Some((from, to)) = data {
+            frame_chunk(out, &input[from..to]);
+        }
+        Ok(read)
+    }
+
     /// The trailer fields of a finished body that had any.
     pub fn take_trailers(&mut self) -> Result<Option<HeaderMap>, ChunkedError> {
         match self.trailers.take() {
@@ -303,6 +367,29 @@ impl ChunkedDecoder {
         }
         Ok(())
     }
+}
+
+/// Appends `data` as one chunk: its size in hex, CRLF, the data, CRLF.
+pub fn frame_chunk(out: &mut BytesMut, data: &[u8]) {
+    if data.is_empty() {
+        return;
+    }
+    let mut digits = [0u8; 16];
+    let mut length = data.len();
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b"0123456789abcdef"[length & 15];
+        length >>= 4;
+        if length == 0 {
+            break;
+        }
+    }
+    out.reserve(digits.len() - start + data.len() + 4);
+    out.extend_from_slice(&digits[start..]);
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// The trailer section `bytes` (fields, each ending in CRLF, then the final CRLF), as headers.

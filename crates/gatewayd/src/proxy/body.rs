@@ -42,6 +42,9 @@ struct StreamState {
     head_pending: bool,
     exchange: Option<Exchange>,
     event_stream: bool,
+    /// The worker's chunked body passes in its own framing ([`ResponseBody::keep_chunk_framing`]):
+    /// every data frame is whole chunks, and so is the `event: error` appended to a broken one.
+    framed: bool,
     idle_timeout: Duration,
     /// When the last frame arrived (or the stream started).
     last_frame: tokio::time::Instant,
@@ -83,16 +86,20 @@ impl ProxyBody {
     }
 
     /// A worker's response body, streamed: `inner` is read from here, and `exchange` ends with
-    /// the body's last byte, an upstream error, the idle timeout or the client leaving.
+    /// the body's last byte, an upstream error, the idle timeout or the client leaving. A body
+    /// whose chunked framing `inner` keeps ([`ResponseBody::keep_chunk_framing`]) is handed on
+    /// framed.
     pub fn stream(
         inner: ResponseBody,
         exchange: Exchange,
         event_stream: bool,
         idle_timeout: Duration,
     ) -> Self {
+        let framed = inner.is_framed();
         Self {
             kind: BodyKind::Stream(Box::new(StreamState {
                 inner,
+                framed,
                 deferred: None,
                 prefetched: None,
                 head_pending: false,
@@ -317,7 +324,11 @@ impl StreamState {
             return Some(Err(error));
         }
         self.exchange = None;
-        if self.event_stream {
+        if self.event_stream && self.framed {
+            let mut framed = BytesMut::new();
+            crate::chunked::frame_chunk(&mut framed, &sse_stream_error_event());
+            Some(Ok(Frame::data(framed.freeze())))
+        } else if self.event_stream {
             Some(Ok(Frame::data(sse_stream_error_event())))
         } else {
             Some(Err(error))
@@ -325,4 +336,8 @@ impl StreamState {
     }
 }
 
-impl crate::http1::ChunkFramed for ProxyBody {}
+impl crate::http1::ChunkFramed for ProxyBody {
+    fn chunk_framed(&self) -> bool {
+        matches!(&self.kind, BodyKind::Stream(state) if state.framed)
+    }
+}

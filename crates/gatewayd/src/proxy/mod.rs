@@ -28,7 +28,7 @@ use bch_core::routing_key;
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response, StatusCode, Version};
 use http_body::Body;
 
 pub use body::ProxyBody;
@@ -102,6 +102,7 @@ fn readiness(plane: &DataPlane) -> Response<ProxyBody> {
 
 async fn proxy(plane: Arc<DataPlane>, request: Request<RequestBody>) -> Response<ProxyBody> {
     let head = Head::of(&request);
+    let client_version = request.version();
     let mut exchange = Exchange::begin(Arc::clone(&plane.routing), Instant::now(), head);
     exchange.watch_client_stall(request.extensions().get::<ClientStall>().cloned());
     let settings = plane.routing.settings.load();
@@ -110,7 +111,7 @@ async fn proxy(plane: Arc<DataPlane>, request: Request<RequestBody>) -> Response
         Err(error) => Err(error),
     };
     match forwarded {
-        Ok(answered) => respond(answered, exchange, &settings).await,
+        Ok(answered) => respond(answered, exchange, &settings, client_version).await,
         Err(error) => refuse(exchange, &error),
     }
 }
@@ -325,7 +326,8 @@ impl FailedConnect<'_> {
     }
 }
 
-/// The worker's response head, with gatewayd's headers, and its body streamed. A body that is not
+/// The worker's response head, with gatewayd's headers, and its body streamed (a chunked one to an
+/// HTTP/1.1 client in the framing it came in). A body that is not
 /// an event stream is read to its first frame first: if the worker breaks it before that, the
 /// client still gets a 502 (an event stream's head goes out at once, and a break later in it gets
 /// its `event: error`).
@@ -333,6 +335,7 @@ async fn respond(
     answered: Answered,
     mut exchange: Exchange,
     settings: &RuntimeSettings,
+    client_version: Version,
 ) -> Response<ProxyBody> {
     let Answered {
         response,
@@ -340,7 +343,7 @@ async fn respond(
         routed_worker_header,
         branch,
     } = answered;
-    let (mut parts, body) = response.into_parts();
+    let (mut parts, mut body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     if let Some(value) = worker_header {
         parts.headers.insert(WORKER_HEADER, value);
@@ -373,6 +376,12 @@ async fn respond(
             .headers
             .get(header::CONTENT_TYPE)
             .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    // A chunked body goes to an HTTP/1.1 client chunked too: relayed in the framing it came in,
+    // validated on its way, never decoded and encoded again. (An HTTP/1.0 client, or an HTTP/1.0
+    // response, gets the data delimited by the close.)
+    if client_version == Version::HTTP_11 && parts.version == Version::HTTP_11 {
+        body.keep_chunk_framing();
+    }
     let mut body = ProxyBody::stream(body, exchange, event_stream, settings.stream_idle_timeout);
     if !event_stream && let Err(exchange) = body.first_frame().await {
         let worker = exchange.worker_name().unwrap_or("-").to_owned();

@@ -57,6 +57,8 @@ pub struct ResponseBody {
     keep_alive: bool,
     /// A malformation found behind data that was handed on first; returned by the next poll.
     broken: Option<RelayError>,
+    /// A chunked body is handed on in its chunked framing ([`ResponseBody::keep_chunk_framing`]).
+    framed: bool,
 }
 
 impl ResponseBody {
@@ -77,6 +79,7 @@ impl ResponseBody {
             head_rest: (!head_rest.is_empty()).then_some(head_rest),
             keep_alive,
             broken: None,
+            framed: false,
         };
         if matches!(body.framing, Framing::Length(0)) {
             // Bytes after an empty body are not the next response's: no reuse.
@@ -84,6 +87,21 @@ impl ResponseBody {
             body.end(clean);
         }
         body
+    }
+
+    /// Makes a chunked body's frames whole chunks in the framing they came in (validated as they
+    /// pass, [`ChunkedDecoder::relay`]) instead of their data: for a client that takes the body
+    /// chunked, so its bytes are relayed rather than decoded and chunk-encoded again. The last
+    /// chunk is not among them (whoever writes the body ends it). Returns whether the body is
+    /// chunked, and so now framed; call it before the first poll.
+    pub fn keep_chunk_framing(&mut self) -> bool {
+        self.framed = matches!(self.framing, Framing::Chunked(_));
+        self.framed
+    }
+
+    /// Whether the body's frames are chunks in their chunked framing.
+    pub fn is_framed(&self) -> bool {
+        self.framed
     }
 
     /// Whether the body has ended (or was closed).
@@ -143,6 +161,30 @@ impl ResponseBody {
         }
     }
 
+    /// [`ResponseBody::take`] for a body relayed in its chunked framing: whole chunks out of
+    /// `bytes`, and whether the body ended in them.
+    fn take_framed(&mut self, bytes: &[u8]) -> Result<(Bytes, bool), RelayError> {
+        let Framing::Chunked(decoder) = &mut self.framing else {
+            unreachable!("only a chunked body is framed");
+        };
+        let mut out = BytesMut::with_capacity(bytes.len() + 32);
+        let consumed = match decoder.relay(bytes, &mut out) {
+            Ok(consumed) => consumed,
+            Err(Malformed { error, data: 0 }) => return Err(error.into()),
+            Err(Malformed { error, .. }) => {
+                // The chunks before the bad byte are as good as ever: they go on first.
+                self.broken = Some(error.into());
+                return Ok((out.freeze(), false));
+            }
+        };
+        let ended = decoder.is_done();
+        if ended {
+            decoder.take_trailers()?;
+            self.end(consumed == bytes.len());
+        }
+        Ok((out.freeze(), ended))
+    }
+
     /// The end of the connection: the end of a body delimited by it, else a truncation.
     fn at_close(&mut self) -> Result<(), RelayError> {
         let result = match &self.framing {
@@ -168,6 +210,20 @@ impl Body for ResponseBody {
         let this = self.get_mut();
         if let Some(error) = this.broken.take() {
             return Poll::Ready(Some(Err(this.fail(error))));
+        }
+        if this.framed
+            && let Some(rest) = this.head_rest.take()
+        {
+            match this.take_framed(&rest) {
+                Ok((data, ended)) if !data.is_empty() || ended => {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Ok(_) => {}
+                Err(error) => return Poll::Ready(Some(Err(this.fail(error)))),
+            }
+            if let Some(error) = this.broken.take() {
+                return Poll::Ready(Some(Err(this.fail(error))));
+            }
         }
         if let Some(mut rest) = this.head_rest.take() {
             let (data, _) = match this.take(&mut rest) {
@@ -208,6 +264,15 @@ impl Body for ResponseBody {
                     };
                 }
                 Poll::Ready(Ok(())) => {}
+            }
+            if this.framed {
+                match this.take_framed(read.filled()) {
+                    Err(error) => return Poll::Ready(Some(Err(this.fail(error)))),
+                    Ok((data, ended)) if !data.is_empty() || ended => {
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                    Ok(_) => continue,
+                }
             }
             match this.take(read.filled_mut()) {
                 Err(error) => return Poll::Ready(Some(Err(this.fail(error)))),
