@@ -192,18 +192,19 @@ pub async fn serve_capped<S, F, B>(
 }
 
 /// `tcp` as served: plain, or after a completed TLS handshake (`None` when it failed), wrapped
-/// by `wrap` either way.
+/// by `wrap` either way. The TLS session is boxed: inline, its ~1 KiB would make every plain
+/// connection's stream that size too.
 async fn handshake<IO>(
     tls: Option<TlsAcceptance>,
     tcp: TcpStream,
     wrap: impl FnOnce(TcpStream) -> IO,
-) -> Option<Either<IO, tokio_rustls::server::TlsStream<IO>>>
+) -> Option<Either<IO, Box<tokio_rustls::server::TlsStream<IO>>>>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
     match tls {
         None => Some(Either::Left(wrap(tcp))),
-        Some(tls) => tls.handshake(tcp, wrap).await.map(Either::Right),
+        Some(tls) => tls.handshake(tcp, wrap).await.map(|tls| Either::Right(Box::new(tls))),
     }
 }
 
