@@ -5,6 +5,7 @@
 #
 #   bash bench/held_memory.sh               # 1,000 held streams, release build
 #   bash bench/held_memory.sh --streams N   # other counts (mind the open-file limit: 2 per stream)
+#   BENCH_GATEWAYD_BIN=path bash bench/held_memory.sh   # another gatewayd build (before/after)
 #
 # Needs heaptrack (apt-get install heaptrack) and python3. Everything listens on 127.0.0.1 only.
 set -euo pipefail
@@ -18,7 +19,7 @@ PORT_BASE=${BENCH_PORT_BASE:-29690}
 while [[ $# -gt 0 ]]; do
   case $1 in
     --streams) STREAMS=$2; shift ;;
-    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
   shift
@@ -29,6 +30,7 @@ bench_workdir
 log "building gatewayd and bch-drill (release)"
 cargo build --release --locked -p gatewayd -p bch-drill >"$WORK/build.log" 2>&1 || { cat "$WORK/build.log"; die "build failed"; }
 TARGET=$(bench_target_dir)/release
+GATEWAYD=${BENCH_GATEWAYD_BIN:-$TARGET/gatewayd}
 python3 bench/bodies.py "$WORK" >/dev/null
 
 LISTEN=$PORT_BASE CONTROL=$((PORT_BASE + 1)) WORKER_BASE=$((PORT_BASE + 10))
@@ -46,11 +48,11 @@ wait_port $((WORKER_BASE + 3))
 # One run: gatewayd (under $1... when given), held streams, gatewayd stopped with SIGINT so
 # heaptrack writes its data. Prints hold_streams.py's JSON.
 run_once() {
-  "$@" "$TARGET/gatewayd" --config "$WORK/gatewayd.toml" >>"$WORK/gatewayd.log" 2>&1 &
+  "$@" "$GATEWAYD" --config "$WORK/gatewayd.toml" >>"$WORK/gatewayd.log" 2>&1 &
   local wrapper=$!
   wait_port "$LISTEN" 30
   local pid
-  pid=$(pgrep -n -f "$TARGET/gatewayd --config $WORK/gatewayd.toml")
+  pid=$(pgrep -n -f "$GATEWAYD --config $WORK/gatewayd.toml")
   python3 bench/hold_streams.py --port "$LISTEN" --body "$WORK/body_c.json" --streams "$STREAMS" \
     --keys 1000 --hold 3 --pid "$pid"
   kill -INT "$pid"

@@ -204,7 +204,10 @@ where
 {
     match tls {
         None => Some(Either::Left(wrap(tcp))),
-        Some(tls) => tls.handshake(tcp, wrap).await.map(|tls| Either::Right(Box::new(tls))),
+        Some(tls) => tls
+            .handshake(tcp, wrap)
+            .await
+            .map(|tls| Either::Right(Box::new(tls))),
     }
 }
 

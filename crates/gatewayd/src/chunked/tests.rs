@@ -356,3 +356,114 @@ fn a_burst_of_chunks_becomes_one_run_of_data() {
     assert_eq!(malformed.error, ChunkedError::MissingSizeDigit);
     assert_eq!(&buffer[..malformed.data], b"helloworld");
 }
+
+/// Relays `input` through a new decoder in pieces cut at `cuts`, as reads would split it: the
+/// bytes handed on (whole chunks), the bytes consumed, whether the body ended, or the first error
+/// with what was handed on before it.
+fn relay_in_pieces(input: &[u8], cuts: &[usize]) -> (Vec<u8>, usize, Result<bool, ChunkedError>) {
+    let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (input.len() + 1)).collect();
+    cuts.push(input.len());
+    cuts.sort_unstable();
+    let mut decoder = ChunkedDecoder::new();
+    let (mut out, mut consumed, mut from) = (Vec::new(), 0, 0);
+    for cut in cuts {
+        let mut piece = BytesMut::new();
+        match decoder.relay(&input[from..cut], &mut piece) {
+            Ok(took) => consumed += took,
+            Err(malformed) => {
+                assert_eq!(malformed.data, piece.len(), "what went on before the error");
+                out.extend_from_slice(&piece);
+                return (out, consumed, Err(malformed.error));
+            }
+        }
+        out.extend_from_slice(&piece);
+        from = cut;
+        if decoder.is_done() {
+            break;
+        }
+    }
+    let done = decoder.is_done();
+    (out, consumed, decoder.take_trailers().map(|_| done))
+}
+
+/// Decodes relayed output, which must be whole chunks and nothing else (no last chunk).
+fn whole_chunks(relayed: &[u8]) -> Vec<u8> {
+    let mut terminated = relayed.to_vec();
+    terminated.extend_from_slice(b"0\r\n\r\n");
+    let (data, trailers, length) = reference_decode(&terminated).expect("whole chunks");
+    assert_eq!(length, terminated.len(), "nothing but whole chunks");
+    assert!(trailers.is_none());
+    data
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Any valid body relayed in one piece comes out as it came, byte for byte, up to its last
+    /// chunk; split at any read boundaries it comes out as whole chunks of the same data (a chunk
+    /// split by a read framed anew), and it ends exactly where decoding ends it.
+    #[test]
+    fn a_relayed_body_keeps_its_framing_and_its_data(
+        (chunks, last, trailers) in body(),
+        cuts in prop::collection::vec(any::<usize>(), 0..20),
+        after in prop::collection::vec(any::<u8>(), 0..10),
+    ) {
+        let encoded = encode(&chunks, &last, &trailers);
+        let mut input = encoded.clone();
+        input.extend_from_slice(&after);
+        let expected: Vec<u8> = chunks.iter().flat_map(|(data, _)| data.clone()).collect();
+        let last_chunk = encode(&[], &last, &trailers).len();
+        let (whole, consumed, done) = relay_in_pieces(&input, &[]);
+        prop_assert_eq!(done, Ok(true));
+        prop_assert_eq!(consumed, encoded.len());
+        prop_assert_eq!(&whole[..], &encoded[..encoded.len() - last_chunk]);
+        let (split, consumed, done) = relay_in_pieces(&input, &cuts);
+        prop_assert_eq!(done, Ok(true));
+        prop_assert_eq!(consumed, encoded.len());
+        prop_assert_eq!(whole_chunks(&split), expected);
+    }
+
+    /// One damaged framing byte: relaying refuses exactly what decoding refuses, with the same
+    /// words, and what it handed on before is whole chunks of the data decoding handed on.
+    #[test]
+    fn a_relayed_body_with_a_damaged_framing_byte_fails_like_a_decoded_one(
+        (chunks, last, _) in body(),
+        position in any::<prop::sample::Index>(),
+        replacement in prop::sample::select(b"\r\n;; \t0aGz\x00-".to_vec()),
+        cuts in prop::collection::vec(any::<usize>(), 0..6),
+    ) {
+        let mut encoded = encode(&chunks, &last, &[]);
+        let at = position.index(encoded.len());
+        encoded[at] = replacement;
+        let decoded = decode_in_pieces(&encoded, &cuts);
+        let (relayed, consumed, outcome) = relay_in_pieces(&encoded, &cuts);
+        match decoded {
+            Ok((data, _, decoded_consumed, done)) => {
+                prop_assert_eq!(outcome, Ok(done));
+                prop_assert_eq!(consumed, decoded_consumed);
+                prop_assert_eq!(whole_chunks(&relayed), data);
+            }
+            Err(error) => prop_assert_eq!(outcome, Err(error)),
+        }
+    }
+}
+
+/// Three events written at once pass as the worker framed them, extensions included; a chunk
+/// cut by the read passes as two chunks of its halves; the last chunk and trailers never pass.
+#[test]
+fn whole_chunks_pass_as_they_came_and_split_ones_are_framed_anew() {
+    let mut decoder = ChunkedDecoder::new();
+    let mut out = BytesMut::new();
+    let burst = b"9\r\ndata: 1\n\n\r\n9;x=y\r\ndata: 2\n\n\r\n9\r\ndata";
+    assert_eq!(decoder.relay(burst, &mut out), Ok(burst.len()));
+    assert_eq!(
+        &out[..],
+        b"9\r\ndata: 1\n\n\r\n9;x=y\r\ndata: 2\n\n\r\n4\r\ndata\r\n"
+    );
+    let mut out = BytesMut::new();
+    let rest = b": 3\n\n\r\n0\r\nx-t: 1\r\n\r\nGET";
+    assert_eq!(decoder.relay(rest, &mut out), Ok(rest.len() - 3));
+    assert_eq!(&out[..], b"5\r\n: 3\n\n\r\n");
+    assert!(decoder.is_done());
+    assert_eq!(decoder.take_trailers().unwrap().unwrap()["x-t"], "1");
+}

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::request_body::{READ_SIZE, RequestBody, Shared};
 use super::request_head::{self, HeadError, MAX_HEAD_BYTES, ParsedHead};
-use super::response::{BodyLength, ChunkFramed, Encoding, Exchange, Outgoing, bare_answer};
+use super::response::{BodyLength, ChunkFramed, Encoding, Outgoing, RequestFacts, bare_answer};
 
 /// Boxed error of a response body.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -82,7 +82,9 @@ where
             Ok(Some(head)) => head,
             Ok(None) => return Ok(()),
             Err(ConnectionError::Refused(error)) => {
-                let _ = write_all(&shared, bare_answer(error.status_line())).await;
+                if let Some(status_line) = error.status_line() {
+                    let _ = write_all(&shared, bare_answer(status_line)).await;
+                }
                 close(&shared).await;
                 return Err(ConnectionError::Refused(error));
             }
@@ -116,12 +118,12 @@ where
                 None => return Ok(()),
             }
         };
-        let exchange = Exchange {
+        let facts = RequestFacts {
             method: &method,
             version,
             keep_alive: keep_alive && !options.shutdown.is_cancelled(),
         };
-        let last = write_response(&shared, response, exchange).await?;
+        let last = write_response(&shared, response, facts).await?;
         let reusable = {
             let mut state = lock(&shared);
             let reusable = !last && (state.body_done() || state.drain_pending());
@@ -194,8 +196,8 @@ where
                     if state.pending.is_empty() && cancelled.as_mut().poll(cx).is_ready() {
                         return Poll::Ready(Ok(None));
                     }
-                    let timer = timer
-                        .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                    let timer =
+                        timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
                     if timer.as_mut().poll(cx).is_ready() {
                         return Poll::Ready(Err(ConnectionError::HeaderTimeout));
                     }
@@ -246,7 +248,7 @@ where
 async fn write_response<IO, B>(
     shared: &Mutex<Shared<IO>>,
     response: Response<B>,
-    exchange: Exchange<'_>,
+    request: RequestFacts<'_>,
 ) -> Result<bool, ConnectionError>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
@@ -262,7 +264,7 @@ where
             .map_or(BodyLength::Unknown, BodyLength::Known)
     };
     let framed = body.chunk_framed();
-    let head = super::response::encode_head(&parts, length, exchange, framed);
+    let head = super::response::encode_head(&parts, length, request, framed);
     drop(parts);
     lock(shared).skip_continue();
     let encoding = head.encoding;

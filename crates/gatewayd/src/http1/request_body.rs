@@ -149,15 +149,17 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Shared<IO> {
         Poll::Ready(Ok(()))
     }
 
-    fn poll_decode(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, RequestBodyError>>> {
+    fn poll_decode(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, RequestBodyError>>> {
         loop {
             match &mut self.decoding {
                 Decoding::Done => return Poll::Ready(None),
                 Decoding::Failed => return Poll::Ready(Some(Err(RequestBodyError::Incomplete))),
                 Decoding::Length(left) if !self.pending.is_empty() => {
-                    let take = usize::try_from(*left).map_or(self.pending.len(), |left| {
-                        left.min(self.pending.len())
-                    });
+                    let take = usize::try_from(*left)
+                        .map_or(self.pending.len(), |left| left.min(self.pending.len()));
                     *left -= take as u64;
                     if *left == 0 {
                         self.decoding = Decoding::Done;
@@ -213,8 +215,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Shared<IO> {
                         .decode_in_place(filled)
                         .map_err(|Malformed { error, .. }| error)?;
                     // Whatever followed the body is the next request's.
-                    self.pending
-                        .extend_from_slice(&filled[decoded.consumed..]);
+                    self.pending.extend_from_slice(&filled[decoded.consumed..]);
                     let done = decoder.is_done();
                     if done {
                         decoder.take_trailers()?;
@@ -368,7 +369,9 @@ impl Body for RequestBody {
     fn size_hint(&self) -> SizeHint {
         self.source
             .as_ref()
-            .map_or(SizeHint::with_exact(0), |source| source.hint(self.request).1)
+            .map_or(SizeHint::with_exact(0), |source| {
+                source.hint(self.request).1
+            })
     }
 }
 

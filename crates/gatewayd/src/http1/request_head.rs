@@ -16,6 +16,8 @@ pub const MAX_HEADERS: usize = 100;
 pub const MAX_HEAD_BYTES: usize = 8192 + 4096 * 100;
 /// Longest request target (hyper's): a longer one is answered 414.
 const MAX_TARGET_BYTES: usize = (u16::MAX - 1) as usize;
+/// What an HTTP/2 client sends first.
+const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Why a request head was refused; each is answered with a bare status and a close.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,16 +28,19 @@ pub enum HeadError {
     TooLarge,
     /// A target longer than hyper allows: 414.
     TargetTooLong,
+    /// The HTTP/2 connection preface: closed without an answer, as hyper closes it.
+    Http2Preface,
 }
 
 impl HeadError {
-    /// The answer's status line, as hyper writes it.
-    pub fn status_line(self) -> &'static [u8] {
-        match self {
+    /// The answer's status line, as hyper writes it; `None`: no answer.
+    pub fn status_line(self) -> Option<&'static [u8]> {
+        Some(match self {
             HeadError::BadRequest => b"HTTP/1.1 400 Bad Request\r\n",
             HeadError::TooLarge => b"HTTP/1.1 431 Request Header Fields Too Large\r\n",
             HeadError::TargetTooLong => b"HTTP/1.1 414 URI Too Long\r\n",
-        }
+            HeadError::Http2Preface => return None,
+        })
     }
 }
 
@@ -76,6 +81,7 @@ pub fn parse(bytes: &[u8]) -> Result<Option<(usize, HeadFields)>, HeadError> {
             };
         }
         Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+        Err(_) if bytes.starts_with(HTTP2_PREFACE) => return Err(HeadError::Http2Preface),
         Err(_) => return Err(HeadError::BadRequest),
     };
     if length > MAX_HEAD_BYTES {

@@ -58,7 +58,7 @@ pub enum Encoding {
 
 /// What the request said that shapes its response.
 #[derive(Debug, Clone, Copy)]
-pub struct Exchange<'a> {
+pub struct RequestFacts<'a> {
     /// The request's method.
     pub method: &'a Method,
     /// The client's HTTP version.
@@ -77,7 +77,7 @@ pub struct EncodedHead {
     pub last: bool,
 }
 
-/// Encodes `head` for `exchange` with hyper's rules: the client's version caps the response's
+/// Encodes `head` for `request` with hyper's rules: the client's version caps the response's
 /// (an HTTP/1.0 client gets `HTTP/1.0`, `connection: keep-alive` when it asked to keep the
 /// connection, and a body of unknown length delimited by the close), a connection not kept alive
 /// says `connection: close` to an HTTP/1.1 client, `content-length` or `transfer-encoding: chunked`
@@ -85,11 +85,11 @@ pub struct EncodedHead {
 pub fn encode_head(
     head: &response::Parts,
     length: BodyLength,
-    exchange: Exchange<'_>,
+    request: RequestFacts<'_>,
     framed: bool,
 ) -> EncodedHead {
     let status = head.status;
-    let mut keep_alive = exchange.keep_alive;
+    let mut keep_alive = request.keep_alive;
     let says_keep_alive = head
         .headers
         .get_all(header::CONNECTION)
@@ -97,7 +97,7 @@ pub fn encode_head(
         .any(|value| has_token(value, "keep-alive"));
     // What hyper adds to `connection` (as if appended to the header map's values).
     let mut added_connection: Option<&'static str> = None;
-    let version = if exchange.version == Version::HTTP_10 {
+    let version = if request.version == Version::HTTP_10 {
         if !says_keep_alive {
             if head.version == Version::HTTP_10 {
                 keep_alive = false;
@@ -133,7 +133,7 @@ pub fn encode_head(
         bytes.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
         bytes.extend_from_slice(b"\r\n");
     }
-    let method = exchange.method;
+    let method = request.method;
     let can_chunk = version != Version::HTTP_10 && can_have_body(method, status);
     let mut wrote_date = false;
     let mut encoding = None;
@@ -201,7 +201,11 @@ pub fn encode_head(
             BodyLength::Known(length) => {
                 if can_have_content_length(method, status) {
                     let mut digits = itoa_buffer();
-                    write_field(&mut bytes, b"content-length", format_u64(length, &mut digits));
+                    write_field(
+                        &mut bytes,
+                        b"content-length",
+                        format_u64(length, &mut digits),
+                    );
                     Encoding::Length
                 } else {
                     Encoding::Nothing
@@ -268,7 +272,10 @@ fn join<'a>(
     added: Option<&'a str>,
 ) {
     let mut first = true;
-    for value in values.map(HeaderValue::as_bytes).chain(added.map(str::as_bytes)) {
+    for value in values
+        .map(HeaderValue::as_bytes)
+        .chain(added.map(str::as_bytes))
+    {
         if !first {
             bytes.extend_from_slice(b", ");
         }

@@ -35,8 +35,8 @@ pub use body::ProxyBody;
 pub use handle::DataPlane;
 
 use crate::config::runtime::RuntimeSettings;
-use crate::http1::RequestBody;
 use crate::error::{ERROR_CODE_HEADER_NAME, GatewayError, QUEUE_WAIT_HEADER_NAME, display_chain};
+use crate::http1::RequestBody;
 use crate::routing::exchange::Head;
 use crate::routing::request_id::REQUEST_ID_HEADER;
 use crate::routing::{Choice, Exchange, RouteBy, connect_failed, retry_on};
@@ -65,10 +65,7 @@ pub async fn serve(plane: Arc<DataPlane>, request: Request<RequestBody>) -> Resp
     if request.method() == http::Method::GET {
         match request.uri().path() {
             "/health" => {
-                return json_response(
-                    StatusCode::OK,
-                    Bytes::from_static(b"{\"status\":\"ok\"}"),
-                );
+                return json_response(StatusCode::OK, Bytes::from_static(b"{\"status\":\"ok\"}"));
             }
             "/readiness" => return readiness(&plane),
             path if loads::LOADS_PATHS.contains(&path)

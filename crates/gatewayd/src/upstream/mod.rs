@@ -11,7 +11,8 @@
 //! ([`exchange`]: hyper's head and framing rules, the body streamed) and parses the response
 //! head with `httparse` under hyper's limits, and the response body ([`ResponseBody`], in
 //! [`relay`]) is read straight from the socket by the proxy's response body: what one read
-//! returned is one frame, a chunked body validated in place by [`crate::chunked`]. A held stream costs
+//! returned is one frame, a chunked body validated in place by [`crate::chunked`] (and, for an
+//! HTTP/1.1 client, kept in its chunk framing for the client's connection to write as it is). A held stream costs
 //! its socket, its small parser state and nothing else: no task, channel, or read buffer between
 //! reads.
 //!

@@ -1,7 +1,10 @@
 //! A worker's response body, relayed from its socket as it arrives: what one read returned becomes
 //! one frame. A `Content-Length` body passes as read; a chunked body is validated as it passes
-//! ([`ChunkedDecoder`]) and only its data goes on, so a burst of SSE events (a chunk each) is one
-//! frame, not one frame, `Bytes` split and channel hand-off per chunk as with hyper's client.
+//! ([`ChunkedDecoder`]), so a burst of SSE events (a chunk each) is one frame, not one frame,
+//! `Bytes` split and channel hand-off per chunk as with hyper's client. For a client that takes
+//! the body chunked too (HTTP/1.1), the frame is the chunks as they came
+//! ([`ResponseBody::keep_chunk_framing`]): the client's connection writes them without decoding
+//! and chunk-encoding them again. Otherwise only the data goes on.
 //!
 //! Nothing is buffered between reads: a read goes into the polling task's stack and only the
 //! data that came is copied out, so a held stream whose worker is thinking holds no read buffer
@@ -19,9 +22,9 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, ReadBuf};
 
-use crate::chunked::{ChunkedDecoder, ChunkedError, Malformed};
 use super::exchange::ResponseFraming;
 use super::pool::UpstreamConnection;
+use crate::chunked::{ChunkedDecoder, ChunkedError, Malformed};
 
 /// Most bytes one read takes from a worker's socket (on the stack of the task that reads).
 const READ_SIZE: usize = 16 * 1024;
