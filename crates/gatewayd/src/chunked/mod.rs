@@ -212,6 +212,16 @@ impl ChunkedDecoder {
                 continue;
             }
             if self.state == State::Start {
+                // The usual case, a run of whole plain chunks (an SSE burst), checked a chunk at
+                // a time and copied at once; anything else goes byte by byte below.
+                let from = read;
+                while let Some(length) = whole_plain_chunk(&input[read..]) {
+                    read += length;
+                }
+                if read > from {
+                    out.extend_from_slice(&input[from..read]);
+                    continue;
+                }
                 line_start = Some(read);
             }
             let before = self.state;
@@ -367,6 +377,30 @@ impl ChunkedDecoder {
         }
         Ok(())
     }
+}
+
+/// The length of the whole chunk at the start of `input` when it is a plain one — a size line of
+/// at most 15 hex digits and nothing else, its data, CRLF — all within `input`; `None` for
+/// anything else (the last chunk, extensions, white space, a chunk cut by the input's end, bad
+/// framing), which the byte-by-byte path takes.
+fn whole_plain_chunk(input: &[u8]) -> Option<usize> {
+    let mut size: usize = 0;
+    let mut digits = 0;
+    for &byte in input.iter().take(15) {
+        let digit = match byte {
+            b'0'..=b'9' => byte - b'0',
+            b'a'..=b'f' => byte - b'a' + 10,
+            b'A'..=b'F' => byte - b'A' + 10,
+            _ => break,
+        };
+        size = size.checked_mul(16)?.checked_add(usize::from(digit))?;
+        digits += 1;
+    }
+    if digits == 0 || size == 0 || input.get(digits..digits + 2) != Some(b"\r\n") {
+        return None;
+    }
+    let end = digits.checked_add(2)?.checked_add(size)?.checked_add(2)?;
+    (input.get(end - 2..end) == Some(b"\r\n")).then_some(end)
 }
 
 /// Appends `data` as one chunk: its size in hex, CRLF, the data, CRLF.

@@ -110,14 +110,17 @@ async fn read_to_close(client: &mut DuplexStream) -> String {
 }
 
 fn mask(bytes: &[u8]) -> String {
-    let mut text = String::from_utf8_lossy(bytes).into_owned();
-    while let Some(at) = text
-        .find("date: ")
-        .filter(|at| !text[*at..].starts_with("date: D\r"))
-    {
-        text.replace_range(at + 6..at + 35, "D");
+    let text = String::from_utf8_lossy(bytes);
+    let mut masked = String::new();
+    let mut rest = &*text;
+    while let Some(at) = rest.find("date: ") {
+        let end = (at + 35).min(rest.len());
+        masked.push_str(&rest[..at]);
+        masked.push_str("date: D");
+        rest = &rest[end..];
     }
-    text
+    masked.push_str(rest);
+    masked
 }
 
 /// Reads until `expected` bytes came (a response whose connection stays open).
