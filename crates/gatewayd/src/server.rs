@@ -169,7 +169,7 @@ pub async fn serve_capped<S, F, B>(
         };
         let guard = move |tcp| WriteStallGuard::new(tcp, cap.write_stall_timeout, guard_stall);
         let (tls, options) = (listening.tls.clone(), options.clone());
-        listening.tasks.spawn(async move {
+        let task = async move {
             // The handshake holds the permit (it counts against the cap) but nothing routes
             // before a request arrives.
             let Some(stream) = handshake(tls, stream, guard).await else {
@@ -187,13 +187,15 @@ pub async fn serve_capped<S, F, B>(
             }
             unfinished.finished();
             drop(permit);
-        });
+        };
+        listening.tasks.spawn(task);
     }
 }
 
 /// `tcp` as served: plain, or after a completed TLS handshake (`None` when it failed), wrapped
 /// by `wrap` either way. The TLS session is boxed: inline, its ~1 KiB would make every plain
-/// connection's stream that size too.
+/// connection's stream that size too. So is the handshake's future while it runs: inline, the
+/// connection task would keep a slot its size (several KiB) for the connection's whole life.
 async fn handshake<IO>(
     tls: Option<TlsAcceptance>,
     tcp: TcpStream,
@@ -204,8 +206,7 @@ where
 {
     match tls {
         None => Some(Either::Left(wrap(tcp))),
-        Some(tls) => tls
-            .handshake(tcp, wrap)
+        Some(tls) => Box::pin(tls.handshake(tcp, wrap))
             .await
             .map(|tls| Either::Right(Box::new(tls))),
     }

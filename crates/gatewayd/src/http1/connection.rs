@@ -123,16 +123,17 @@ where
             version,
             keep_alive: keep_alive && !options.shutdown.is_cancelled(),
         };
-        let last = write_response(&shared, response, facts).await?;
+        // The head is encoded here, so the connection's future keeps neither the response's
+        // head nor its encoding while the body streams: only the body and what is on its way.
+        let (body, out, encoding, last) = start_response(&shared, response, facts)?;
+        write_body(&shared, body, out, encoding).await?;
         let reusable = {
             let mut state = lock(&shared);
             let reusable = !last && (state.body_done() || state.drain_pending());
             state.finish_request();
-            if state.pending.is_empty() {
-                // A burst of pipelined requests may have grown it: an idle connection holds no
-                // buffer.
-                state.pending = bytes::BytesMut::new();
-            }
+            // A burst of pipelined requests may have grown it: an idle connection holds no
+            // buffer.
+            state.release_pending();
             reusable
         };
         if !reusable || options.shutdown.is_cancelled() {
@@ -166,6 +167,7 @@ where
                     Ok(Some((length, fields))) => {
                         let head = Bytes::copy_from_slice(&state.pending[..length]);
                         state.pending.advance(length);
+                        state.release_pending();
                         return Poll::Ready(parsed(fields, &head));
                     }
                     Ok(None) => {}
@@ -243,19 +245,17 @@ where
     false
 }
 
-/// Writes `response`: its head, then its body as it comes. `Ok(true)` when the connection must
-/// close after it.
-async fn write_response<IO, B>(
+/// Encodes `response`'s head and stages it: the body, the head on its way, how the body is
+/// framed, and whether the connection closes after it.
+fn start_response<IO, B>(
     shared: &Mutex<Shared<IO>>,
     response: Response<B>,
     request: RequestFacts<'_>,
-) -> Result<bool, ConnectionError>
+) -> Result<(B, Outgoing, Encoding, bool), ConnectionError>
 where
-    IO: AsyncRead + AsyncWrite + Unpin,
-    B: Body<Data = Bytes> + ChunkFramed + Unpin,
-    B::Error: Into<BoxError>,
+    B: Body<Data = Bytes> + ChunkFramed,
 {
-    let (parts, mut body) = response.into_parts();
+    let (parts, body) = response.into_parts();
     let length = if body.is_end_stream() {
         BodyLength::None
     } else {
@@ -265,17 +265,30 @@ where
     };
     let framed = body.chunk_framed();
     let head = super::response::encode_head(&parts, length, request, framed);
-    drop(parts);
     lock(shared).skip_continue();
-    let encoding = head.encoding;
-    if framed && !matches!(encoding, Encoding::Chunked { .. } | Encoding::Nothing) {
+    if framed && !matches!(head.encoding, Encoding::Chunked { .. } | Encoding::Nothing) {
         return Err(ConnectionError::Body(
             "a body in chunked framing on a response that is not chunked".into(),
         ));
     }
     let mut out = Outgoing::default();
     out.head(head.bytes);
-    // HEAD, 204, 304 or an empty body: never polled.
+    Ok((body, out, head.encoding, head.last))
+}
+
+/// Writes the staged head and then `body` as it comes, framed by `encoding`; a body of
+/// [`Encoding::Nothing`] (HEAD, 204, 304, or empty) is never polled.
+async fn write_body<IO, B>(
+    shared: &Mutex<Shared<IO>>,
+    mut body: B,
+    mut out: Outgoing,
+    encoding: Encoding,
+) -> Result<(), ConnectionError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
     let mut open = encoding != Encoding::Nothing;
     poll_fn(|cx| {
         loop {
@@ -317,8 +330,7 @@ where
             return Poll::Pending;
         }
     })
-    .await?;
-    Ok(head.last)
+    .await
 }
 
 /// Writes all of `bytes`.

@@ -104,6 +104,14 @@ impl<IO> Shared<IO> {
         }
     }
 
+    /// Lets go of the read-ahead buffer once it is used up: an empty `BytesMut` split from a
+    /// buffer still shares (and keeps) that buffer's allocation.
+    pub fn release_pending(&mut self) {
+        if self.pending.is_empty() {
+            self.pending = BytesMut::new();
+        }
+    }
+
     /// Ends the request: no earlier body handle reads from the connection any more.
     pub fn finish_request(&mut self) {
         self.request += 1;
@@ -164,7 +172,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Shared<IO> {
                     if *left == 0 {
                         self.decoding = Decoding::Done;
                     }
-                    return Poll::Ready(Some(Ok(self.pending.split_to(take).freeze())));
+                    let data = self.pending.split_to(take).freeze();
+                    self.release_pending();
+                    return Poll::Ready(Some(Ok(data)));
                 }
                 Decoding::Chunked(decoder) if !self.pending.is_empty() => {
                     let decoded = decoder
@@ -172,6 +182,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Shared<IO> {
                         .map_err(|Malformed { error, .. }| error)?;
                     let mut data = self.pending.split_to(decoded.consumed);
                     data.truncate(decoded.data);
+                    if self.pending.is_empty() {
+                        self.pending = BytesMut::new();
+                    }
                     if decoder.is_done() {
                         decoder.take_trailers()?;
                         self.decoding = Decoding::Done;

@@ -120,7 +120,12 @@ pub fn encode_head(
     };
     let mut last = !keep_alive;
     let mut bytes = Vec::with_capacity(64 + head.headers.len() * 32);
-    if version == Version::HTTP_11 && status == StatusCode::OK {
+    // A worker's own reason phrase travels as hyper's extension, as hyper's server took it.
+    let reason = head
+        .extensions
+        .get::<hyper::ext::ReasonPhrase>()
+        .map(hyper::ext::ReasonPhrase::as_bytes);
+    if version == Version::HTTP_11 && status == StatusCode::OK && reason.is_none() {
         bytes.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
     } else {
         bytes.extend_from_slice(if version == Version::HTTP_10 {
@@ -130,7 +135,9 @@ pub fn encode_head(
         });
         bytes.extend_from_slice(status.as_str().as_bytes());
         bytes.push(b' ');
-        bytes.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
+        bytes.extend_from_slice(
+            reason.unwrap_or_else(|| status.canonical_reason().unwrap_or("<none>").as_bytes()),
+        );
         bytes.extend_from_slice(b"\r\n");
     }
     let method = request.method;

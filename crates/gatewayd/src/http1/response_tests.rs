@@ -68,6 +68,22 @@ fn heads_are_written_as_hyper_wrote_them() {
 }
 
 #[test]
+fn a_workers_own_reason_phrase_is_kept() {
+    let mut response = json();
+    response
+        .extensions_mut()
+        .insert(hyper::ext::ReasonPhrase::from_static(b"Fine"));
+    let (text, _, _) = head_of(
+        response,
+        BodyLength::Known(0),
+        Method::GET,
+        Version::HTTP_11,
+        true,
+    );
+    assert!(text.starts_with("HTTP/1.1 200 Fine\r\n"), "{text}");
+}
+
+#[test]
 fn head_204_and_304_carry_no_body() {
     let (text, encoding, _) = head_of(
         json(),

@@ -10,6 +10,7 @@
 //! `Content-Length` or up to the close, as hyper read them.
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -17,7 +18,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body;
-use tokio::io::AsyncWrite;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::body::{BoxError, ClientBodyError, UpstreamBody};
 use super::tls::WorkerStream;
@@ -351,6 +352,18 @@ pub(super) fn poll_head(
         }
         if buffer.len() >= MAX_RESPONSE_HEAD_BYTES {
             return Poll::Ready(Err(ParseError::TooLarge.into()));
+        }
+        if buffer.is_empty() {
+            // A request waiting for its worker's answer holds no read buffer: the first read
+            // goes into the stack, and only the bytes that came are kept.
+            let mut stack = [MaybeUninit::<u8>::uninit(); FIRST_HEAD_READ];
+            let mut read = ReadBuf::uninit(&mut stack);
+            ready!(Pin::new(&mut *io).poll_read(cx, &mut read)).map_err(ExchangeError::Read)?;
+            if read.filled().is_empty() {
+                return Poll::Ready(Err(ExchangeError::Closed));
+            }
+            buffer.extend_from_slice(read.filled());
+            continue;
         }
         if buffer.capacity() == buffer.len() {
             let more = if buffer.is_empty() {
