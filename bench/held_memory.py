@@ -12,12 +12,23 @@ import collections
 # (owner, markers): a stack belongs to the first owner with a frame matching one of its markers.
 # The frames are heaptrack's "function (file)" names, so the markers are written as they appear.
 OWNERS = [
+    # hyper's server connection (builds before gatewayd's own HTTP/1 server served the data plane).
     ("hyper connection write buffer (8 KiB each)", ["new<> (io.rs);new<> (io.rs);new<> (conn.rs)"]),
-    ("hyper read buffer (BytesMut, 8 KiB at first read)", ["reserve_inner (bytes_mut.rs)"]),
     ("hyper client request channel (tokio mpsc block)", ["channel<> (dispatch.rs)", "new<> (block.rs)"]),
-    ("gatewayd stream state (proxy body)", ["stream (body.rs)"]),
     ("hyper dispatcher and body channels", ["(dispatch.rs)", "new_channel (incoming.rs)"]),
-    ("tokio task cells (connection futures)", ["(core.rs)", "(harness.rs)"]),
+    # gatewayd's own.
+    ("gatewayd stream state (proxy body)", ["stream (body.rs)"]),
+    ("client connection state (socket, read-ahead)", ["new<> (sync.rs);{async_fn#0}<> (connection.rs)"]),
+    (
+        "request before its response head (boxed proxy future)",
+        ["{closure#0} (mod.rs);{closure#0}<> (server.rs);{async_fn#0}<> (connection.rs)"],
+    ),
+    ("worker response head being read", ["poll_head (exchange.rs)"]),
+    ("worker connects in progress", ["call<> (http.rs)"]),
+    ("socket registrations (tokio I/O driver)", ["add_source<> (driver.rs)"]),
+    ("read buffers (BytesMut: hyper's 8 KiB, or bytes read ahead)", ["reserve_inner (bytes_mut.rs)"]),
+    ("connection task cells (the connection's future)", ["new_task<> (mod.rs)"]),
+    ("other allocations made inside tasks", ["(harness.rs)"]),
 ]
 
 
