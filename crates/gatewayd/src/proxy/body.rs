@@ -56,7 +56,7 @@ struct StreamState {
 impl Drop for StreamState {
     /// A body dropped while it still holds its exchange was not read to its end: the client's
     /// connection went away (a body that ended, failed or timed out gave its exchange up first).
-    /// An empty body hyper never needed to poll is not one.
+    /// An empty body the server never needed to poll is not one.
     fn drop(&mut self) {
         let unread = self.prefetched.is_some() || self.deferred.is_some();
         if let Some(exchange) = &mut self.exchange
@@ -207,9 +207,9 @@ impl StreamState {
                     Err(other) => other,
                 };
                 if frame.is_trailers() || (self.inner.is_end_stream() && self.deferred.is_none()) {
-                    // The last byte of a Content-Length body, or trailers (always last): hyper
-                    // drops a body once its length or its trailers are written, without polling it
-                    // again, so the request ends here, and the worker connection, read to its
+                    // The last byte of a body, or trailers (always last): the server drops a
+                    // body once it says it ended, without polling it again, so the request ends
+                    // here, and the worker connection, read to its
                     // end, can serve the next one.
                     self.finish();
                 } else if self.idle.is_some() {

@@ -360,8 +360,8 @@ async fn respond(
             .insert(QUEUE_WAIT_HEADER, HeaderValue::from(waited));
     }
     if body.is_end_stream() {
-        // No body (204, 304, `Content-Length: 0`): hyper will not poll one, so the exchange ends
-        // here (the connection went back to its pool when the head was read).
+        // No body (204, 304, `Content-Length: 0`): the server will not poll one, so the exchange
+        // ends here (the connection went back to its pool when the head was read).
         drop(exchange);
         return Response::from_parts(parts, ProxyBody::empty());
     }
