@@ -45,17 +45,18 @@ impl Body for TestBody {
 
 impl ChunkFramed for TestBody {}
 
-/// A server on one end of a pipe answering `METHOD path body` to every request (`/stream`: the
-/// chunks sent on the returned channel, `/slow`: never), counting requests; the client's end.
-fn serve(
-    timeout: Duration,
-    shutdown: CancellationToken,
-) -> (
+/// The client's end of a served pipe, the server's task, its request count, and the sender of
+/// `/stream`'s chunks.
+type Served = (
     DuplexStream,
     tokio::task::JoinHandle<Result<(), ConnectionError>>,
     Arc<AtomicUsize>,
     mpsc::Sender<Bytes>,
-) {
+);
+
+/// A server on one end of a pipe answering `METHOD path body` to every request (`/stream`: the
+/// chunks sent on the returned channel, `/slow`: never), counting requests; the client's end.
+fn serve(timeout: Duration, shutdown: CancellationToken) -> Served {
     let (client, server) = tokio::io::duplex(64 * 1024);
     let served = Arc::new(AtomicUsize::new(0));
     let (sender, receiver) = mpsc::channel(8);
