@@ -10,8 +10,9 @@
 //! holding a bare LF; trailers up to 16 KiB and 100 fields), so a body hyper refused is refused
 //! here with the same words.
 //!
-//! [`ChunkedDecoder::relay`] validates the same way but keeps the framing: whole chunks pass as
-//! they came, for a client that takes the body chunked too.
+//! [`ChunkedDecoder::relay`] validates the same way but keeps the framing: whole chunks with a
+//! plain size line (hex digits, CRLF) pass as they came, for a client that takes the body chunked
+//! too; any other chunk is framed anew.
 
 use bytes::BytesMut;
 use http::HeaderMap;
@@ -184,9 +185,10 @@ impl ChunkedDecoder {
     }
 
     /// Validates the next bytes of the body and appends them to `out` as whole chunks, for a
-    /// client that takes the body chunked too: a chunk that lies entirely within `input` is copied
-    /// as it came (size line, extensions, data, CRLF), and the part of a chunk that began in an
-    /// earlier input or ends in a later one gets a size line of its own, so whatever `out` is
+    /// client that takes the body chunked too: a chunk that lies entirely within `input` and has a
+    /// plain size line (hex digits, CRLF) is copied as it came; one whose size line holds white
+    /// space or extensions, and the part of a chunk that began in an earlier input or ends in a
+    /// later one, get a plain size line of their own (extensions dropped), so whatever `out` is
     /// given is whole chunks a writer can put its own between. The last chunk and the trailers
     /// are checked, never copied: the writer ends the body itself. Returns the bytes of `input`
     /// that belonged to the body (fewer only when it ended inside it). On a malformation,
@@ -239,11 +241,14 @@ impl ChunkedDecoder {
             }
             read += 1;
             if before == State::DataLf {
-                // A chunk ended: as it came when all of it was in this input.
+                // A chunk ended: as it came when all of it was in this input and its size line
+                // is plain, else framed anew.
                 match (line_start.take(), data.take()) {
-                    (Some(start), _) => out.extend_from_slice(&input[start..read]),
-                    (None, Some((from, to))) => frame_chunk(out, &input[from..to]),
-                    (None, None) => {}
+                    (Some(start), Some((from, _))) if is_plain_size_line(&input[start..from]) => {
+                        out.extend_from_slice(&input[start..read]);
+                    }
+                    (_, Some((from, to))) => frame_chunk(out, &input[from..to]),
+                    (_, None) => {}
                 }
             }
         }
@@ -401,6 +406,15 @@ fn whole_plain_chunk(input: &[u8]) -> Option<usize> {
     }
     let end = digits.checked_add(2)?.checked_add(size)?.checked_add(2)?;
     (input.get(end - 2..end) == Some(b"\r\n")).then_some(end)
+}
+
+/// Whether a chunk's validated size line (its CRLF included) is hex digits then CRLF and
+/// nothing else. Only such a line is relayed as it came: white space after the size, and chunk
+/// extensions (which have no meaning the gateway or an SSE client knows), are valid but strict
+/// clients refuse some of them (Node's llhttp: `HPE_INVALID_CHUNK_SIZE` for white space,
+/// `HPE_STRICT` for a control byte in an extension), so such a chunk is framed anew without them.
+fn is_plain_size_line(line: &[u8]) -> bool {
+    line.iter().find(|byte| !byte.is_ascii_hexdigit()) == Some(&b'\r')
 }
 
 /// Appends `data` as one chunk: its size in hex, CRLF, the data, CRLF.

@@ -400,8 +400,9 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
     /// Any valid body relayed in one piece comes out as it came, byte for byte, up to its last
-    /// chunk; split at any read boundaries it comes out as whole chunks of the same data (a chunk
-    /// split by a read framed anew), and it ends exactly where decoding ends it.
+    /// chunk, but for size lines with white space or extensions, which are made plain; split at
+    /// any read boundaries it comes out as whole chunks of the same data (a chunk split by a read
+    /// framed anew), and it ends exactly where decoding ends it.
     #[test]
     fn a_relayed_body_keeps_its_framing_and_its_data(
         (chunks, last, trailers) in body(),
@@ -416,7 +417,21 @@ proptest! {
         let (whole, consumed, done) = relay_in_pieces(&input, &[]);
         prop_assert_eq!(done, Ok(true));
         prop_assert_eq!(consumed, encoded.len());
-        prop_assert_eq!(&whole[..], &encoded[..encoded.len() - last_chunk]);
+        let plain_chunks: Vec<(Vec<u8>, SizeLine)> = chunks
+            .iter()
+            .map(|(data, line)| {
+                let plain = line.white_space.is_empty() && line.extension.is_none();
+                let framed_anew = SizeLine {
+                    upper: false,
+                    zeros: 0,
+                    white_space: "",
+                    extension: None,
+                };
+                (data.clone(), if plain { line.clone() } else { framed_anew })
+            })
+            .collect();
+        let plain = encode(&plain_chunks, &last, &trailers);
+        prop_assert_eq!(&whole[..], &plain[..plain.len() - last_chunk]);
         let (split, consumed, done) = relay_in_pieces(&input, &cuts);
         prop_assert_eq!(done, Ok(true));
         prop_assert_eq!(consumed, encoded.len());
@@ -448,8 +463,9 @@ proptest! {
     }
 }
 
-/// Three events written at once pass as the worker framed them, extensions included; a chunk
-/// cut by the read passes as two chunks of its halves; the last chunk and trailers never pass.
+/// Three events written at once pass as the worker framed them, but for an extension, which is
+/// dropped (see [`only_plain_size_lines_are_relayed_as_they_came`]); a chunk cut by the read
+/// passes as two chunks of its halves; the last chunk and trailers never pass.
 #[test]
 fn whole_chunks_pass_as_they_came_and_split_ones_are_framed_anew() {
     let mut decoder = ChunkedDecoder::new();
@@ -458,7 +474,7 @@ fn whole_chunks_pass_as_they_came_and_split_ones_are_framed_anew() {
     assert_eq!(decoder.relay(burst, &mut out), Ok(burst.len()));
     assert_eq!(
         &out[..],
-        b"9\r\ndata: 1\n\n\r\n9;x=y\r\ndata: 2\n\n\r\n4\r\ndata\r\n"
+        b"9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n4\r\ndata\r\n"
     );
     let mut out = BytesMut::new();
     let rest = b": 3\n\n\r\n0\r\nx-t: 1\r\n\r\nGET";
@@ -466,4 +482,58 @@ fn whole_chunks_pass_as_they_came_and_split_ones_are_framed_anew() {
     assert_eq!(&out[..], b"5\r\n: 3\n\n\r\n");
     assert!(decoder.is_done());
     assert_eq!(decoder.take_trailers().unwrap().unwrap()["x-t"], "1");
+}
+
+/// Size lines that are valid but not `HEX CRLF` (white space after the size, extensions, a
+/// control byte in one) are never relayed as they came: strict clients (Node's llhttp, the
+/// OpenAI Node SDK's) refuse them, so the chunk is framed anew, without its extensions. A plain
+/// line (upper-case digits and leading zeros included) passes as it came, whole or alone.
+#[test]
+fn only_plain_size_lines_are_relayed_as_they_came() {
+    let canonical: &[u8] = b"b\r\ndata: one\n\n\r\n";
+    for line in [
+        &b"b \t\r\n"[..],
+        b"b \r\n",
+        b"b ;x\r\n",
+        b"b;x=\x01\r\n",
+        b"b;name=value\r\n",
+        b"b\t;a=\"q\"\r\n",
+    ] {
+        let mut body = line.to_vec();
+        body.extend_from_slice(b"data: one\n\n\r\n0\r\n\r\n");
+        let (relayed, consumed, done) = relay_in_pieces(&body, &[]);
+        assert_eq!(done, Ok(true));
+        assert_eq!(consumed, body.len());
+        assert_eq!(
+            String::from_utf8_lossy(&relayed),
+            String::from_utf8_lossy(canonical),
+            "{:?}",
+            String::from_utf8_lossy(line)
+        );
+        // Behind a plain chunk of the same read, and ahead of one.
+        let mut burst = b"5\r\nhello\r\n".to_vec();
+        burst.extend_from_slice(&body[..body.len() - 5]);
+        burst.extend_from_slice(b"5\r\nworld\r\n0\r\n\r\n");
+        let (relayed, _, done) = relay_in_pieces(&burst, &[]);
+        assert_eq!(done, Ok(true));
+        let mut expected = b"5\r\nhello\r\n".to_vec();
+        expected.extend_from_slice(canonical);
+        expected.extend_from_slice(b"5\r\nworld\r\n");
+        assert_eq!(
+            String::from_utf8_lossy(&relayed),
+            String::from_utf8_lossy(&expected)
+        );
+    }
+    for plain in [&b"B\r\ndata: one\n\n\r\n"[..], b"000b\r\ndata: one\n\n\r\n"] {
+        let mut body = plain.to_vec();
+        body.extend_from_slice(b"0\r\n\r\n");
+        let (relayed, _, done) = relay_in_pieces(&body, &[]);
+        assert_eq!(done, Ok(true));
+        assert_eq!(&relayed[..], plain);
+    }
+    // Longer than the fast path looks (16 digits): still plain, still as it came.
+    let mut long = b"000000000000000b\r\ndata: one\n\n\r\n".to_vec();
+    let plain_length = long.len();
+    long.extend_from_slice(b"0\r\n\r\n");
+    assert_eq!(relay_in_pieces(&long, &[]).0, &long[..plain_length]);
 }

@@ -343,3 +343,43 @@ async fn a_held_stream_waits_for_the_worker_and_ends_with_it() {
     assert_eq!(gateway.routing_table().workers()[0].stats.errors_total(), 0);
     gateway.shutdown().await;
 }
+
+/// Valid size lines that strict clients refuse (white space after the size, extensions, a
+/// control byte in one: Node's llhttp answers them with `HPE_INVALID_CHUNK_SIZE` or
+/// `HPE_STRICT`) reach the client as plain `HEX CRLF` lines, extensions dropped; the plain
+/// chunks around them pass as they came.
+#[tokio::test]
+async fn odd_size_lines_reach_the_client_plain() {
+    let worker = ScriptedWorker::start(|_| {
+        vec![
+            Step::Write(SSE_HEAD),
+            Step::Write(
+                b"b \t\r\ndata: one\n\n\r\nb \r\ndata: two\n\n\r\nB\r\ndata: thr\n\n\r\n\
+                  b ;x\r\ndata: fou\n\n\r\nb;x=\x01\r\ndata: fiv\n\n\r\nb;n=v\r\ndata: six\n\n\r\n\
+                  0\r\n\r\n",
+            ),
+        ]
+    })
+    .await;
+    let gateway = start(config_for(&worker)).await;
+    let (mut stream, head, mut buffer) = raw_get(&gateway, "/odd").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let read_to_end = async {
+        while !buffer.ends_with(b"0\r\n\r\n") {
+            let mut chunk = [0u8; 4096];
+            let n = stream.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the body's end before the connection's");
+            buffer.extend_from_slice(&chunk[..n]);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read_to_end)
+        .await
+        .expect("the whole body");
+    assert_eq!(
+        String::from_utf8_lossy(&buffer),
+        "b\r\ndata: one\n\n\r\nb\r\ndata: two\n\n\r\nB\r\ndata: thr\n\n\r\n\
+         b\r\ndata: fou\n\n\r\nb\r\ndata: fiv\n\n\r\nb\r\ndata: six\n\n\r\n0\r\n\r\n"
+    );
+    assert_eq!(wait_all_idle(&gateway).await, vec![("w".to_owned(), 0)]);
+    gateway.shutdown().await;
+}
