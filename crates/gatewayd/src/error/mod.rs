@@ -340,12 +340,21 @@ fn openai_error_body(error_type: &str, code: &str, message: &str) -> Bytes {
 }
 
 /// The event appended to an SSE stream that broke after its headers were sent, so a client can
-/// tell a cut stream from a finished one: `event: error` with the OpenAI error body as data.
+/// tell a cut stream from a finished one: two line feeds, then `event: error` with the OpenAI
+/// error body as data.
+///
+/// The line feeds make it an event of its own wherever the stream was cut. After a cut inside an
+/// event (`data: par`), the first ends that line and the second dispatches what the worker had
+/// sent of the event; without them `event: error` would be glued onto the cut line and an SSE
+/// client would read one `message` event, never the error. At an event boundary they are
+/// harmless blank lines: by the HTML standard's event stream rules a blank line dispatches the
+/// event, and dispatching with an empty data buffer only clears the buffers (no event reaches
+/// the client).
 pub fn sse_stream_error_event() -> Bytes {
     static EVENT: LazyLock<Bytes> = LazyLock::new(|| {
         let body = GatewayError::UpstreamStreamError.body();
-        let mut event = Vec::with_capacity(body.len() + 24);
-        event.extend_from_slice(b"event: error\ndata: ");
+        let mut event = Vec::with_capacity(body.len() + 26);
+        event.extend_from_slice(b"\n\nevent: error\ndata: ");
         event.extend_from_slice(&body);
         event.extend_from_slice(b"\n\n");
         Bytes::from(event)

@@ -164,7 +164,7 @@ fn sse_error_event_carries_the_body() {
     let event = sse_stream_error_event();
     let text = std::str::from_utf8(&event).unwrap();
     let data = text
-        .strip_prefix("event: error\ndata: ")
+        .strip_prefix("\n\nevent: error\ndata: ")
         .and_then(|rest| rest.strip_suffix("\n\n"))
         .unwrap();
     assert_eq!(

@@ -236,8 +236,9 @@ async fn a_burst_of_chunks_passes_as_the_worker_framed_it_and_a_malformed_chunk_
         rest.extend_from_slice(&chunk);
     }
     let rest = String::from_utf8(rest).unwrap();
-    // The good chunk before the malformation in the same read still goes on.
-    assert!(rest.starts_with("data: 4\n\nevent: error\n"), "{rest}");
+    // The good chunk before the malformation in the same read still goes on; the error event
+    // starts with blank lines, so it is an event of its own even after a cut one.
+    assert!(rest.starts_with("data: 4\n\n\n\nevent: error\n"), "{rest}");
     assert!(
         rest.ends_with("\"code\":\"upstream_stream_error\"}}\n\n"),
         "{rest}"
@@ -381,5 +382,84 @@ async fn odd_size_lines_reach_the_client_plain() {
          b\r\ndata: fou\n\n\r\nb\r\ndata: fiv\n\n\r\nb\r\ndata: six\n\n\r\n0\r\n\r\n"
     );
     assert_eq!(wait_all_idle(&gateway).await, vec![("w".to_owned(), 0)]);
+    gateway.shutdown().await;
+}
+
+/// The events an SSE client dispatches from `stream`, as the HTML standard's event stream
+/// interpretation reads it (LF line ends): a blank line dispatches the fields before it as one
+/// event (`message` unless an `event` field named it), and dispatches nothing when no `data`
+/// field came; a line without a blank one after it is never dispatched.
+fn sse_events(stream: &str) -> Vec<(String, String)> {
+    let mut events = Vec::new();
+    let (mut event_type, mut data) = (String::new(), None::<String>);
+    for line in stream
+        .split_inclusive('\n')
+        .filter(|line| line.ends_with('\n'))
+    {
+        let line = line.trim_end_matches('\n');
+        if line.is_empty() {
+            if let Some(data) = data.take() {
+                let name = if event_type.is_empty() {
+                    "message"
+                } else {
+                    &event_type
+                };
+                events.push((name.to_owned(), data));
+            }
+            event_type.clear();
+            continue;
+        }
+        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        match field {
+            "event" => event_type = value.to_owned(),
+            "data" => match &mut data {
+                Some(data) => {
+                    data.push('\n');
+                    data.push_str(value);
+                }
+                None => data = Some(value.to_owned()),
+            },
+            _ => {}
+        }
+    }
+    events
+}
+
+/// A worker that breaks its stream inside an event (a chunk of 100 bytes cut after `data: par`):
+/// the appended `event: error` is an event of its own for an SSE client, not fields glued onto
+/// the cut line. The cut event's part is dispatched too (a line end cannot be taken back), but
+/// the error event after it tells the client the stream broke.
+#[tokio::test]
+async fn an_error_event_after_a_cut_event_is_its_own_event() {
+    let worker = ScriptedWorker::start(|_| {
+        vec![
+            Step::Write(SSE_HEAD),
+            Step::Write(b"b\r\ndata: one\n\n\r\n"),
+            Step::Write(b"64\r\ndata: par"),
+            Step::Close,
+        ]
+    })
+    .await;
+    let gateway = start(config_for(&worker)).await;
+    let response = client()
+        .get(format!("http://{}/cut", gateway.data_addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body = response.text().await.unwrap();
+    let error = r#"{"error":{"message":"the worker's stream ended abnormally","type":"gateway_error","code":"upstream_stream_error"}}"#;
+    assert_eq!(
+        sse_events(&body),
+        [
+            ("message".to_owned(), "one".to_owned()),
+            ("message".to_owned(), "par".to_owned()),
+            ("error".to_owned(), error.to_owned()),
+        ],
+        "{body:?}"
+    );
+    assert_eq!(wait_all_idle(&gateway).await, vec![("w".to_owned(), 0)]);
+    assert_eq!(gateway.routing_table().workers()[0].stats.errors_total(), 1);
     gateway.shutdown().await;
 }

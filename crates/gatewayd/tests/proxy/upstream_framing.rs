@@ -715,7 +715,8 @@ async fn a_cut_event_stream_ends_with_an_error_event() {
     })
     .await;
     let gateway = start(config_for(&[("w", worker.url())])).await;
-    let error_event = "event: error\ndata: {\"error\":{\"message\":\"the worker's stream ended abnormally\",\"type\":\"gateway_error\",\"code\":\"upstream_stream_error\"}}\n\n";
+    // Blank lines first: the event is one of its own even where a cut left one open.
+    let error_event = "\n\nevent: error\ndata: {\"error\":{\"message\":\"the worker's stream ended abnormally\",\"type\":\"gateway_error\",\"code\":\"upstream_stream_error\"}}\n\n";
     let (status, body) = get(&gateway, "/cut-chunked").await;
     assert_eq!(status, 200);
     assert_eq!(
