@@ -28,6 +28,9 @@ pub enum HeadError {
     TooLarge,
     /// A target longer than hyper allows: 414.
     TargetTooLong,
+    /// A transfer coding besides a lone `chunked` (`gzip, chunked`): gatewayd decodes none, so it
+    /// cannot pass the body on as sent: 501 (RFC 9112 §6.1).
+    NotImplemented,
     /// The HTTP/2 connection preface: closed without an answer, as hyper closes it.
     Http2Preface,
 }
@@ -39,6 +42,7 @@ impl HeadError {
             HeadError::BadRequest => b"HTTP/1.1 400 Bad Request\r\n",
             HeadError::TooLarge => b"HTTP/1.1 431 Request Header Fields Too Large\r\n",
             HeadError::TargetTooLong => b"HTTP/1.1 414 URI Too Long\r\n",
+            HeadError::NotImplemented => b"HTTP/1.1 501 Not Implemented\r\n",
             HeadError::Http2Preface => return None,
         })
     }
@@ -66,9 +70,18 @@ pub struct ParsedHead {
     pub expect_continue: bool,
 }
 
+#[cfg(test)]
+thread_local! {
+    /// How many times [`parse`] ran on this thread: tests check that a head arriving in pieces
+    /// is parsed once it is whole, not once per piece.
+    pub static PARSE_CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// Parses the head at the start of `bytes`: `Ok(None)` while it is incomplete, else the head and
 /// how many bytes it took. Leading empty lines are skipped, as hyper skips them.
 pub fn parse(bytes: &[u8]) -> Result<Option<(usize, HeadFields)>, HeadError> {
+    #[cfg(test)]
+    PARSE_CALLS.with(|calls| calls.set(calls.get() + 1));
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut fields);
     let length = match request.parse(bytes) {
@@ -127,7 +140,9 @@ impl HeadFields {
     /// The request `head` (the bytes [`parse`] was given, from their start) holds, with hyper's
     /// framing rules: `Transfer-Encoding` only in HTTP/1.1 and only ending in `chunked`, then it
     /// wins over `Content-Length` (and the connection closes after the response); every
-    /// `Content-Length` all digits and all the same.
+    /// `Content-Length` all digits and all the same. Stricter than hyper, as RFC 9112 asks: a
+    /// coding listed besides `chunked` is [`HeadError::NotImplemented`] (hyper dropped it toward
+    /// the worker), and a second `Host` field is a bad request (§3.2).
     pub fn into_head(self, head: &Bytes) -> Result<ParsedHead, HeadError> {
         let method =
             Method::from_bytes(&head[self.method.clone()]).map_err(|_| HeadError::BadRequest)?;
@@ -136,6 +151,9 @@ impl HeadFields {
         let mut keep_alive = self.http_11;
         let mut framing = BodyFraming::Length(0);
         let (mut chunked, mut saw_encoding, mut saw_length) = (false, false, false);
+        // Transfer codings named in all `Transfer-Encoding` fields together.
+        let mut codings = 0;
+        let mut saw_host = false;
         let mut length = None;
         let mut saw_close = false;
         let mut expect_continue = false;
@@ -155,6 +173,11 @@ impl HeadFields {
                         headers.remove(header::CONTENT_LENGTH);
                     }
                     chunked = last_coding_is_chunked(&value);
+                    codings += value
+                        .as_bytes()
+                        .split(|&byte| byte == b',')
+                        .filter(|coding| !coding.trim_ascii().is_empty())
+                        .count();
                     if chunked {
                         framing = BodyFraming::Chunked;
                     }
@@ -185,12 +208,17 @@ impl HeadFields {
                 header::EXPECT => {
                     expect_continue = value.as_bytes().eq_ignore_ascii_case(b"100-continue");
                 }
+                header::HOST if saw_host => return Err(HeadError::BadRequest),
+                header::HOST => saw_host = true,
                 _ => {}
             }
             headers.append(name, value);
         }
         if saw_encoding && !chunked {
             return Err(HeadError::BadRequest);
+        }
+        if codings > 1 {
+            return Err(HeadError::NotImplemented);
         }
         if saw_encoding && saw_length {
             keep_alive = false;

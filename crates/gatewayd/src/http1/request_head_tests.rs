@@ -123,8 +123,26 @@ fn framing_follows_hypers_rules() {
         framing("HTTP/1.0", "transfer-encoding: chunked\r\n"),
         Err(HeadError::BadRequest)
     );
+    // Codings besides a lone chunked, in one field or several: gatewayd would drop them.
+    for more in [
+        "transfer-encoding: gzip, chunked\r\n",
+        "transfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n",
+        "transfer-encoding: chunked, chunked\r\n",
+        "content-length: 3\r\ntransfer-encoding: identity, chunked\r\n",
+    ] {
+        assert_eq!(
+            framing("HTTP/1.1", more),
+            Err(HeadError::NotImplemented),
+            "{more}"
+        );
+    }
     assert_eq!(
-        framing("HTTP/1.1", "transfer-encoding: gzip, chunked\r\n"),
+        HeadError::NotImplemented.status_line(),
+        Some(&b"HTTP/1.1 501 Not Implemented\r\n"[..])
+    );
+    // Empty list elements name no coding.
+    assert_eq!(
+        framing("HTTP/1.1", "transfer-encoding: , chunked\r\n"),
         Ok(BodyFraming::Chunked)
     );
     // Both: chunked wins, the length is dropped, and the connection closes after the response.
@@ -170,4 +188,23 @@ fn targets_and_headers_come_out_as_sent() {
     let values: Vec<_> = request.headers().get_all("x-two").iter().collect();
     assert_eq!(values, ["1", "2"]);
     assert_eq!(request.headers()["host"], "a");
+}
+
+/// A request with two `Host` fields is refused (RFC 9112 §3.2), whether the two say the same or
+/// not, in either version: which one a component behind the gateway reads is anyone's guess.
+#[test]
+fn two_host_fields_are_a_bad_request() {
+    for request in [
+        &b"GET / HTTP/1.1\r\nhost: a\r\nHost: b\r\n\r\n"[..],
+        b"GET / HTTP/1.1\r\nhost: a\r\nhost: a\r\n\r\n",
+        b"GET / HTTP/1.0\r\nhost: a\r\nx: y\r\nHOST: b\r\n\r\n",
+    ] {
+        assert_eq!(
+            head(request).unwrap_err(),
+            HeadError::BadRequest,
+            "{}",
+            String::from_utf8_lossy(request)
+        );
+    }
+    assert!(head(b"GET / HTTP/1.1\r\nhost: a\r\nx-host: b\r\n\r\n").is_ok());
 }

@@ -494,8 +494,8 @@ async fn head_requests_get_the_workers_headers_and_no_body() {
     gateway.shutdown().await;
 }
 
-/// Heads the parser refuses are answered with a bare `400`, `414` or `431` (`connection: close`,
-/// no body) and the connection closed; no worker sees them.
+/// Heads the parser refuses are answered with a bare `400`, `414`, `431` or `501` (`connection:
+/// close`, no body) and the connection closed; no worker sees them.
 #[tokio::test]
 async fn unparsable_heads_get_a_bare_refusal_and_the_close() {
     let (worker, gateway) = gateway(|_| {}).await;
@@ -540,6 +540,21 @@ async fn unparsable_heads_get_a_bare_refusal_and_the_close() {
         (
             "a transfer-encoding not ending in chunked",
             "POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip\r\n\r\nabc".to_owned(),
+            400,
+        ),
+        (
+            "a coding before chunked",
+            "POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n".to_owned(),
+            501,
+        ),
+        (
+            "a coding before chunked, in two fields",
+            "POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n".to_owned(),
+            501,
+        ),
+        (
+            "two host fields",
+            "GET /echo HTTP/1.1\r\nhost: x\r\nhost: y\r\n\r\n".to_owned(),
             400,
         ),
         (
