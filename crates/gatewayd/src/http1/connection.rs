@@ -159,20 +159,36 @@ where
     let deadline = tokio::time::Instant::now() + options.header_read_timeout;
     let mut timer = None;
     let mut cancelled = pin!(options.shutdown.cancelled());
+    // How many bytes of `pending` are known to hold no head's end (`None`: not parsed yet): only
+    // what comes after them is searched for it, and the head is parsed again only once it came
+    // (as hyper does), so a head arriving in pieces costs time linear in its length.
+    let mut searched = None;
     poll_fn(|cx| {
         let mut state = lock(shared);
         loop {
-            if !state.pending.is_empty() {
-                match request_head::parse(&state.pending) {
-                    Ok(Some((length, fields))) => {
-                        let head = Bytes::copy_from_slice(&state.pending[..length]);
-                        state.pending.advance(length);
-                        state.release_pending();
-                        return Poll::Ready(parsed(fields, &head));
+            let pending = &state.pending;
+            if searched.is_none_or(|searched| request_head::blank_line_seen(pending, searched)) {
+                if !pending.is_empty() {
+                    match request_head::parse(pending) {
+                        Ok(Some((length, fields))) => {
+                            let head = Bytes::copy_from_slice(&state.pending[..length]);
+                            state.pending.advance(length);
+                            state.release_pending();
+                            return Poll::Ready(parsed(fields, &head));
+                        }
+                        Ok(None) => {
+                            // What matched was empty lines before the request line.
+                            let empty = request_head::leading_empty_lines(pending);
+                            state.pending.advance(empty);
+                            searched = Some(state.pending.len());
+                        }
+                        Err(error) => return Poll::Ready(Err(ConnectionError::Refused(error))),
                     }
-                    Ok(None) => {}
-                    Err(error) => return Poll::Ready(Err(ConnectionError::Refused(error))),
                 }
+            } else if pending.len() > MAX_HEAD_BYTES {
+                return Poll::Ready(Err(ConnectionError::Refused(HeadError::TooLarge)));
+            } else {
+                searched = Some(pending.len());
             }
             let mut stack = [MaybeUninit::<u8>::uninit(); READ_SIZE];
             let mut read = ReadBuf::uninit(&mut stack);
@@ -189,7 +205,10 @@ where
                             state.pending.extend_from_slice(&filled[length..]);
                             return Poll::Ready(parsed(fields, &head));
                         }
-                        Ok(None) => state.pending.extend_from_slice(filled),
+                        Ok(None) => {
+                            state.pending.extend_from_slice(filled);
+                            searched = Some(filled.len());
+                        }
                         Err(error) => return Poll::Ready(Err(ConnectionError::Refused(error))),
                     }
                 }

@@ -57,7 +57,13 @@ type Served = (
 /// A server on one end of a pipe answering `METHOD path body` to every request (`/stream`: the
 /// chunks sent on the returned channel, `/slow`: never), counting requests; the client's end.
 fn serve(timeout: Duration, shutdown: CancellationToken) -> Served {
-    let (client, server) = tokio::io::duplex(64 * 1024);
+    serve_through_pipe(64 * 1024, timeout, shutdown)
+}
+
+/// [`serve`] through a pipe holding at most `capacity` bytes: the server reads no more than that
+/// at a time.
+fn serve_through_pipe(capacity: usize, timeout: Duration, shutdown: CancellationToken) -> Served {
+    let (client, server) = tokio::io::duplex(capacity);
     let served = Arc::new(AtomicUsize::new(0));
     let (sender, receiver) = mpsc::channel(8);
     let mut receiver = Some(receiver);
@@ -157,6 +163,46 @@ async fn pipelined_requests_are_answered_in_order_on_one_connection() {
         format!("{}{}{last}", answer("POST /a one"), answer("POST /b two"))
     );
     assert_eq!(served.load(Ordering::SeqCst), 3);
+    task.await.unwrap().unwrap();
+}
+
+/// A head arriving a few bytes at a time is searched only for its end as each piece comes and
+/// parsed when it is whole, as hyper does: parsed again from its first byte per piece, a long
+/// head sent slowly cost time quadratic in its length.
+#[tokio::test]
+async fn a_head_arriving_in_pieces_is_parsed_once_it_is_whole() {
+    // Every read the server does takes at most 64 bytes of this 8 KiB head: over 120 pieces.
+    let (mut client, task, served, _) =
+        serve_through_pipe(64, Duration::from_secs(5), CancellationToken::new());
+    let value = "a".repeat(8 * 1024);
+    let request = format!("GET /big HTTP/1.1\r\nx-big: {value}\r\nconnection: close\r\n\r\n");
+    request_head::PARSE_CALLS.with(|calls| calls.set(0));
+    request_head::SEARCHED_BYTES.with(|bytes| bytes.set(0));
+    client.write_all(request.as_bytes()).await.unwrap();
+    let all = read_to_close(&mut client).await;
+    assert!(all.ends_with("\r\n\r\nGET /big "), "{all}");
+    assert_eq!(served.load(Ordering::SeqCst), 1);
+    // Once for the first piece (a head refused early is refused then), once when it is whole.
+    assert_eq!(request_head::PARSE_CALLS.with(std::cell::Cell::get), 2);
+    // Each later piece searched for the end once (with the two bytes before it).
+    let searched = request_head::SEARCHED_BYTES.with(std::cell::Cell::get);
+    assert!(searched < request.len() * 2, "{searched} bytes searched");
+    task.await.unwrap().unwrap();
+}
+
+/// Empty lines before a request line, however many and however they arrive, are skipped (and
+/// dropped as they come, not kept to be skipped again at every parse).
+#[tokio::test]
+async fn empty_lines_before_a_head_in_pieces_are_skipped() {
+    let (mut client, task, _, _) =
+        serve_through_pipe(64, Duration::from_secs(5), CancellationToken::new());
+    let request = format!(
+        "{}GET /after HTTP/1.1\r\nconnection: close\r\n\r\n",
+        "\r\n\n".repeat(2000)
+    );
+    client.write_all(request.as_bytes()).await.unwrap();
+    let all = read_to_close(&mut client).await;
+    assert!(all.ends_with("\r\n\r\nGET /after "), "{all}");
     task.await.unwrap().unwrap();
 }
 

@@ -75,6 +75,9 @@ thread_local! {
     /// How many times [`parse`] ran on this thread: tests check that a head arriving in pieces
     /// is parsed once it is whole, not once per piece.
     pub static PARSE_CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// How many bytes [`blank_line_seen`] looked through on this thread: tests check that each
+    /// piece of a head is searched once.
+    pub static SEARCHED_BYTES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// Parses the head at the start of `bytes`: `Ok(None)` while it is incomplete, else the head and
@@ -124,6 +127,33 @@ pub fn parse(bytes: &[u8]) -> Result<Option<(usize, HeadFields)>, HeadError> {
             fields,
         },
     )))
+}
+
+/// Whether `bytes` hold a blank line (LF LF or LF CR LF: how every head httparse takes ends),
+/// searching only from where an earlier search that found none stopped (`searched`: how many
+/// bytes it saw), as hyper does: a head arriving in pieces is searched through once and parsed
+/// once it is whole, not parsed from its first byte again per piece.
+pub fn blank_line_seen(bytes: &[u8], searched: usize) -> bool {
+    // A blank line the earlier search missed starts at most two bytes before its end.
+    let rest = &bytes[searched.saturating_sub(2).min(bytes.len())..];
+    #[cfg(test)]
+    SEARCHED_BYTES.with(|total| total.set(total.get() + rest.len()));
+    memchr::memchr_iter(b'\n', rest)
+        .any(|at| matches!(rest[at + 1..], [b'\n', ..] | [b'\r', b'\n', ..]))
+}
+
+/// How many bytes of empty lines (CRLF or LF) `bytes` start with: httparse skips them before a
+/// request line, so they can be dropped from a head still incomplete rather than skipped again
+/// at every parse.
+pub fn leading_empty_lines(bytes: &[u8]) -> usize {
+    let mut at = 0;
+    loop {
+        match bytes[at..] {
+            [b'\n', ..] => at += 1,
+            [b'\r', b'\n', ..] => at += 2,
+            _ => return at,
+        }
+    }
 }
 
 /// Where a complete head's parts lie in its bytes (what [`parse`] found, before the head is

@@ -208,3 +208,25 @@ fn two_host_fields_are_a_bad_request() {
     }
     assert!(head(b"GET / HTTP/1.1\r\nhost: a\r\nx-host: b\r\n\r\n").is_ok());
 }
+
+/// The end of a head is found however the head is split, searching each piece once from where
+/// the search before it stopped; empty lines before a request line are counted to be dropped.
+#[test]
+fn a_heads_end_is_found_across_pieces() {
+    for head in [
+        &b"GET / HTTP/1.1\r\nhost: a\r\n\r\n"[..],
+        b"GET / HTTP/1.1\nhost: a\n\n",
+        b"GET / HTTP/1.1\r\nhost: a\n\r\n",
+    ] {
+        assert!(parse(head).unwrap().is_some());
+        for split in 0..head.len() {
+            let (first, _) = head.split_at(split);
+            assert!(!blank_line_seen(first, 0), "{split}");
+            assert!(blank_line_seen(head, split), "{split}");
+        }
+    }
+    assert!(!blank_line_seen(b"GET / HTTP/1.1\r\nhost: a\r\n\r", 0));
+    assert_eq!(leading_empty_lines(b"\r\n\n\r\nGET"), 5);
+    assert_eq!(leading_empty_lines(b"\r\rGET"), 0);
+    assert_eq!(leading_empty_lines(b"\r"), 0);
+}
