@@ -696,6 +696,34 @@ async fn a_half_closed_client_is_a_client_that_left() {
     gateway.shutdown().await;
 }
 
+/// Requests written together and then a half-close (`printf ... | nc -N`) are all answered, in
+/// order, and then the connection closes: the end of the client's bytes, read while the first
+/// request is at the worker, is not the client leaving while requests of it wait.
+#[tokio::test]
+async fn pipelined_requests_then_a_half_close_are_all_answered() {
+    let worker = fake_worker("echo").await;
+    let gateway = gateway(&[&worker], |_| {}).await;
+    let mut stream = TcpStream::connect(gateway.data_addr).await.unwrap();
+    let request = |n| format!("GET /echo?n={n} HTTP/1.1\r\nhost: a\r\n\r\n");
+    let requests: String = (1..=3).map(request).collect();
+    stream.write_all(requests.as_bytes()).await.unwrap();
+    stream.shutdown().await.unwrap();
+    let mut all = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut all))
+        .await
+        .expect("the connection closed in time")
+        .unwrap();
+    let all = String::from_utf8_lossy(&all);
+    let answers: Vec<&str> = all.split("HTTP/1.1 ").skip(1).collect();
+    assert_eq!(answers.len(), 3, "{all}");
+    for (n, answer) in (1..=3).zip(answers) {
+        assert!(answer.starts_with("200 OK\r\n"), "{answer}");
+        assert!(answer.contains(&format!("/echo?n={n}")), "{answer}");
+    }
+    assert_eq!(worker_record(&gateway, "echo"), (0, true));
+    gateway.shutdown().await;
+}
+
 /// A client that closes its connection in the middle of a streamed response is logged as such:
 /// `error=true client_fault=client_left`, with the status already sent, never like a response
 /// that was delivered whole, and never against the worker.

@@ -5,8 +5,9 @@
 //! While the service works and while the response streams, the connection still watches its
 //! client (once the request body was read): a client that closes its end is gone and the request
 //! is dropped (which ends its exchange as the client's leaving), and bytes of a pipelined next
-//! request are kept for it. On shutdown an idle connection closes at once; a request in progress
-//! is answered and then the connection closes.
+//! request are kept for it. A client that closes its sending side behind pipelined requests has
+//! not left: they are all answered, then the connection closes. On shutdown an idle connection
+//! closes at once; a request in progress is answered and then the connection closes.
 
 use std::future::{Future, poll_fn};
 use std::io;
@@ -190,6 +191,10 @@ where
             } else {
                 searched = Some(pending.len());
             }
+            if state.client_finished_sending {
+                // Nothing more comes: no head, or part of one, is left to answer.
+                return Poll::Ready(Ok(None));
+            }
             let mut stack = [MaybeUninit::<u8>::uninit(); READ_SIZE];
             let mut read = ReadBuf::uninit(&mut stack);
             match Pin::new(&mut state.io).poll_read(cx, &mut read) {
@@ -242,13 +247,15 @@ fn parsed(
 
 /// Whether the client closed its end (or its connection failed): checked only once the request
 /// body was read, so nothing is taken from a body still on its way. Bytes that came instead (a
-/// pipelined request) are kept for the next head, up to the head size limit.
+/// pipelined request) are kept for the next head, up to the head size limit; the end of the
+/// client's bytes behind them is a client that sent all it will (a half-close), not one that
+/// left: its requests are answered first (hyper, too, looked for no end while bytes waited).
 fn client_left<IO>(shared: &Mutex<Shared<IO>>, cx: &mut Context<'_>) -> bool
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
     let mut state = lock(shared);
-    if !state.body_done() {
+    if !state.body_done() || state.client_finished_sending {
         return false;
     }
     while state.pending.len() < MAX_HEAD_BYTES {
@@ -257,7 +264,13 @@ where
         match Pin::new(&mut state.io).poll_read(cx, &mut read) {
             Poll::Pending => return false,
             Poll::Ready(Err(_)) => return true,
-            Poll::Ready(Ok(())) if read.filled().is_empty() => return true,
+            Poll::Ready(Ok(())) if read.filled().is_empty() => {
+                if state.pending.is_empty() {
+                    return true;
+                }
+                state.client_finished_sending = true;
+                return false;
+            }
             Poll::Ready(Ok(())) => state.pending.extend_from_slice(read.filled()),
         }
     }

@@ -166,6 +166,30 @@ async fn pipelined_requests_are_answered_in_order_on_one_connection() {
     task.await.unwrap().unwrap();
 }
 
+/// Requests written together and then a half-close: every one of them is answered, in order,
+/// and then the connection closes. The end of the client's bytes, read while the first request
+/// streams, is not the client leaving while requests of it wait to be answered.
+#[tokio::test]
+async fn pipelined_requests_then_a_half_close_are_all_answered() {
+    let (mut client, task, served, sender) =
+        serve(Duration::from_secs(5), CancellationToken::new());
+    client
+        .write_all(b"GET /stream HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap();
+    client.shutdown().await.unwrap();
+    let head = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ndate: D\r\n\r\n";
+    assert_eq!(read_exactly(&mut client, head).await, head);
+    sender.send(Bytes::from_static(b"last")).await.unwrap();
+    drop(sender);
+    assert_eq!(
+        read_to_close(&mut client).await,
+        format!("4\r\nlast\r\n0\r\n\r\n{}", answer("GET /b "))
+    );
+    assert_eq!(served.load(Ordering::SeqCst), 2);
+    task.await.unwrap().unwrap();
+}
+
 /// A head arriving a few bytes at a time is searched only for its end as each piece comes and
 /// parsed when it is whole, as hyper does: parsed again from its first byte per piece, a long
 /// head sent slowly cost time quadratic in its length.

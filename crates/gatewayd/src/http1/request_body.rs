@@ -65,6 +65,9 @@ pub struct Shared<IO> {
     request: u64,
     /// Bytes of `100 Continue` written, while it is owed.
     continue_written: Option<usize>,
+    /// The client closed its sending side with requests of it still in `pending` (pipelined,
+    /// then a half-close): those are answered, then the connection closes.
+    pub client_finished_sending: bool,
 }
 
 impl<IO> Shared<IO> {
@@ -76,6 +79,7 @@ impl<IO> Shared<IO> {
             decoding: Decoding::Done,
             request: 0,
             continue_written: None,
+            client_finished_sending: false,
         }
     }
 
