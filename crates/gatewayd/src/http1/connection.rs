@@ -178,7 +178,8 @@ where
                             return Poll::Ready(parsed(fields, &head));
                         }
                         Ok(None) => {
-                            // What matched was empty lines before the request line.
+                            // A blank line and still no head: empty lines before the
+                            // request line, which httparse skips; dropped, not skipped again.
                             let empty = request_head::leading_empty_lines(pending);
                             state.pending.advance(empty);
                             searched = Some(state.pending.len());

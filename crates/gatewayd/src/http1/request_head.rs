@@ -134,7 +134,8 @@ pub fn parse(bytes: &[u8]) -> Result<Option<(usize, HeadFields)>, HeadError> {
 /// bytes it saw), as hyper does: a head arriving in pieces is searched through once and parsed
 /// once it is whole, not parsed from its first byte again per piece.
 pub fn blank_line_seen(bytes: &[u8], searched: usize) -> bool {
-    // A blank line the earlier search missed starts at most two bytes before its end.
+    // The LF of a blank line the earlier search saw only part of lies at most two bytes before
+    // where it stopped.
     let rest = &bytes[searched.saturating_sub(2).min(bytes.len())..];
     #[cfg(test)]
     SEARCHED_BYTES.with(|total| total.set(total.get() + rest.len()));
