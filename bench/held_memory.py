@@ -12,6 +12,31 @@ import collections
 # (owner, markers): a stack belongs to the first owner with a frame matching one of its markers.
 # The frames are heaptrack's "function (file)" names, so the markers are written as they appear.
 OWNERS = [
+    # TLS on the client side (bench/held_memory.sh --tls): rustls's per-connection state, first, as
+    # its stacks also pass through the connection's frames named below.
+    ("rustls receive buffer (records read, up to 4 KiB, kept)", ["prepare_read (buffers.rs)"]),
+    (
+        "rustls record keys (AES-GCM encrypter and decrypter)",
+        ["encrypter (tls13.rs)", "decrypter (tls13.rs)"],
+    ),
+    ("rustls send queue (records not yet written)", ["(vecbuf.rs)"]),
+    (
+        "TLS session (tokio-rustls stream, boxed)",
+        ["{closure#0}<> (server.rs);map<> (option.rs);{async_fn#0}<> (server.rs)"],
+    ),
+    ("rustls connection state (ServerConnection::new)", ["new (server_conn.rs)"]),
+    (
+        "TLS configuration and resumption cache (shared, bounded)",
+        ["with_single_cert (builder.rs)", "(persist.rs)"],
+    ),
+    (
+        "TLS handshake in progress (boxed future, messages, transcript)",
+        [
+            "pin<> (boxed.rs);{async_fn#0}<> (server.rs)",
+            "{async_fn#0}<> (accept.rs)",
+            "process_new_packets<> (conn.rs)",
+        ],
+    ),
     # hyper's server connection (builds before gatewayd's own HTTP/1 server served the data plane).
     ("hyper connection write buffer (8 KiB each)", ["new<> (io.rs);new<> (io.rs);new<> (conn.rs)"]),
     ("hyper client request channel (tokio mpsc block)", ["channel<> (dispatch.rs)", "new<> (block.rs)"]),

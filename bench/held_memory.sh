@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Where a held SSE stream's memory goes in gatewayd: workload (c) of bench/proxy.sh (streams held
-# open through gatewayd to slow simulated workers), once plain for the RSS per stream and once
-# under heaptrack, whose heap at the peak is attributed to its owners (bench/held_memory.py).
+# open through gatewayd to slow simulated workers), once without a profiler for the RSS per
+# stream and once under heaptrack, whose heap at the peak is attributed to its owners
+# (bench/held_memory.py).
 #
 #   bash bench/held_memory.sh               # 1,000 held streams, release build
 #   bash bench/held_memory.sh --streams N   # other counts (mind the open-file limit: 2 per stream)
+#   bash bench/held_memory.sh --tls         # the client side over TLS (the workers stay plain HTTP)
 #   BENCH_GATEWAYD_BIN=path bash bench/held_memory.sh   # another gatewayd build (before/after)
 #
-# Needs heaptrack (apt-get install heaptrack) and python3. Everything listens on 127.0.0.1 only.
+# --tls serves the data plane with [server.tls] (a CA and an ECDSA P-256 certificate for IP
+# 127.0.0.1 made with the openssl CLI, as bench/proxy_tls.sh does) and the client verifies it
+# against that CA. --no-build uses the release binaries already built (cargo's target directory,
+# or CARGO_TARGET_DIR). --keep DIR copies the runs' JSON and heaptrack's folded peak stacks there.
+# Needs heaptrack (apt-get install heaptrack), python3 and, with --tls, openssl. Everything
+# listens on 127.0.0.1 only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH_NAME=held-memory
@@ -15,23 +22,37 @@ BENCH_NAME=held-memory
 source bench/lib.sh
 
 STREAMS=1000
+TLS=0
+BUILD=1
+KEEP=""
 PORT_BASE=${BENCH_PORT_BASE:-29690}
 while [[ $# -gt 0 ]]; do
   case $1 in
     --streams) STREAMS=$2; shift ;;
-    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --tls) TLS=1 ;;
+    --no-build) BUILD=0 ;;
+    --keep) KEEP=$2; shift ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
   shift
 done
 command -v heaptrack >/dev/null || die "heaptrack is missing (apt-get install heaptrack)"
+[[ $TLS == 0 ]] || command -v openssl >/dev/null || die "openssl is missing (--tls makes its certificates with it)"
 bench_workdir
 
-log "building gatewayd and bch-drill (release)"
-cargo build --release --locked -p gatewayd -p bch-drill >"$WORK/build.log" 2>&1 || { cat "$WORK/build.log"; die "build failed"; }
+if [[ $BUILD == 1 ]]; then
+  log "building gatewayd and bch-drill (release)"
+  cargo build --release --locked -p gatewayd -p bch-drill >"$WORK/build.log" 2>&1 || { cat "$WORK/build.log"; die "build failed"; }
+fi
 TARGET=$(bench_target_dir)/release
 GATEWAYD=${BENCH_GATEWAYD_BIN:-$TARGET/gatewayd}
 python3 bench/bodies.py "$WORK" >/dev/null
+CLIENT_TLS=()
+if [[ $TLS == 1 ]]; then
+  bench_certificates
+  CLIENT_TLS=(--ca-file "$WORK/ca.crt")
+fi
 
 LISTEN=$PORT_BASE CONTROL=$((PORT_BASE + 1)) WORKER_BASE=$((PORT_BASE + 10))
 "$TARGET/bch-drill" workers --count 4 --base-port "$WORKER_BASE" --time-scale 1 --cache-blocks 0 \
@@ -41,6 +62,7 @@ PIDS+=($!)
 wait_port $((WORKER_BASE + 3))
 {
   printf '[server]\nlisten = "127.0.0.1:%s"\ncontrol_listen = "127.0.0.1:%s"\nmax_connections = 20000\n\n' "$LISTEN" "$CONTROL"
+  [[ $TLS == 0 ]] || printf '[server.tls]\ncert_file = "%s"\nkey_file = "%s"\n\n' "$WORK/proxy.crt" "$WORK/proxy.key"
   printf '[policy]\nkind = "bounded_consistent_hashing"\nmin_load_gap = 2\nmax_load_skew = 1.5\n\n[log]\nlevel = "warn"\n'
   for i in 0 1 2 3; do printf '\n[[workers]]\nname = "sim-%s"\nurl = "http://127.0.0.1:%s"\n' "$i" $((WORKER_BASE + i)); done
 } >"$WORK/gatewayd.toml"
@@ -54,16 +76,21 @@ run_once() {
   local pid
   pid=$(pgrep -n -f "$GATEWAYD --config $WORK/gatewayd.toml")
   python3 bench/hold_streams.py --port "$LISTEN" --body "$WORK/body_c.json" --streams "$STREAMS" \
-    --keys 1000 --hold 3 --pid "$pid"
+    --keys 1000 --hold 3 --pid "$pid" "${CLIENT_TLS[@]}"
   kill -INT "$pid"
   wait "$wrapper" 2>/dev/null || true
 }
 
-log "holding $STREAMS streams through gatewayd"
-run_once >"$WORK/plain.json"
-RSS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["rss_per_stream_kib"])' "$WORK/plain.json")
+log "holding $STREAMS streams through gatewayd$([[ $TLS == 1 ]] && echo ', over TLS')"
+run_once >"$WORK/rss.json"
+RSS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["rss_per_stream_kib"])' "$WORK/rss.json")
 log "RSS per held stream: $RSS KiB; again under heaptrack"
 run_once heaptrack -o "$WORK/heap" >"$WORK/heaptrack.json" 2>"$WORK/heaptrack.err"
 heaptrack_print "$WORK"/heap.*zst --print-peaks=0 --print-allocators=0 --print-temporary=0 \
   --print-leaks=0 -F "$WORK/peak.folded" --flamegraph-cost-type peak >/dev/null 2>&1
 python3 bench/held_memory.py "$WORK/peak.folded" --streams "$STREAMS" --rss-per-stream-kib "$RSS"
+if [[ -n $KEEP ]]; then
+  mkdir -p "$KEEP"
+  cp "$WORK/rss.json" "$WORK/heaptrack.json" "$WORK/peak.folded" "$KEEP/"
+  log "runs' JSON and folded peak stacks copied to $KEEP"
+fi
