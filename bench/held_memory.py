@@ -14,17 +14,21 @@ import collections
 OWNERS = [
     # TLS on the client side (bench/held_memory.sh --tls): rustls's per-connection state, first, as
     # its stacks also pass through the connection's frames named below.
-    ("rustls receive buffer (records read, up to 4 KiB, kept)", ["prepare_read (buffers.rs)"]),
+    ("rustls receive buffer (4 KiB, kept while idle)", ["prepare_read (buffers.rs)"]),
     (
         "rustls record keys (AES-GCM encrypter and decrypter)",
         ["encrypter (tls13.rs)", "decrypter (tls13.rs)"],
     ),
-    ("rustls send queue (records not yet written)", ["(vecbuf.rs)"]),
+    # Empty once the records are written and read, but a VecDeque keeps its capacity.
+    ("rustls record queues (send, received plaintext)", ["(vecbuf.rs)"]),
     (
         "TLS session (tokio-rustls stream, boxed)",
         ["{closure#0}<> (server.rs);map<> (option.rs);{async_fn#0}<> (server.rs)"],
     ),
-    ("rustls connection state (ServerConnection::new)", ["new (server_conn.rs)"]),
+    (
+        "rustls connection state (ServerConnection, its state machine)",
+        ["new (server_conn.rs)", "new<> (boxed.rs);handle (tls13.rs)"],
+    ),
     (
         "TLS configuration and resumption cache (shared, bounded)",
         ["with_single_cert (builder.rs)", "(persist.rs)"],
