@@ -417,24 +417,31 @@ fn is_plain_size_line(line: &[u8]) -> bool {
     line.iter().find(|byte| !byte.is_ascii_hexdigit()) == Some(&b'\r')
 }
 
+/// `length` in lower-case hex without leading zeros, as a chunk size line writes it: the digits
+/// are the end of `digits` (at most 16, a `usize`), returned as a slice of it.
+pub fn chunk_size_digits(length: usize, digits: &mut [u8; 16]) -> &[u8] {
+    let mut rest = length;
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b"0123456789abcdef"[rest & 15];
+        rest >>= 4;
+        if rest == 0 {
+            break;
+        }
+    }
+    &digits[start..]
+}
+
 /// Appends `data` as one chunk: its size in hex, CRLF, the data, CRLF.
 pub fn frame_chunk(out: &mut BytesMut, data: &[u8]) {
     if data.is_empty() {
         return;
     }
     let mut digits = [0u8; 16];
-    let mut length = data.len();
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        digits[start] = b"0123456789abcdef"[length & 15];
-        length >>= 4;
-        if length == 0 {
-            break;
-        }
-    }
-    out.reserve(digits.len() - start + data.len() + 4);
-    out.extend_from_slice(&digits[start..]);
+    let size = chunk_size_digits(data.len(), &mut digits);
+    out.reserve(size.len() + data.len() + 4);
+    out.extend_from_slice(size);
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(data);
     out.extend_from_slice(b"\r\n");

@@ -537,3 +537,22 @@ fn only_plain_size_lines_are_relayed_as_they_came() {
     long.extend_from_slice(b"0\r\n\r\n");
     assert_eq!(relay_in_pieces(&long, &[]).0, &long[..plain_length]);
 }
+
+#[test]
+fn chunk_sizes_are_lower_case_hex_without_leading_zeros() {
+    let mut digits = [0u8; 16];
+    for (length, expected) in [
+        (0, "0"),
+        (1, "1"),
+        (10, "a"),
+        (255, "ff"),
+        (4096, "1000"),
+        (usize::MAX, "ffffffffffffffff"),
+    ] {
+        assert_eq!(
+            chunk_size_digits(length, &mut digits),
+            expected.as_bytes(),
+            "{length}"
+        );
+    }
+}

@@ -367,17 +367,7 @@ impl Outgoing {
             && !data.is_empty()
         {
             let mut digits = [0u8; 16];
-            let mut length = data.len();
-            let mut start = digits.len();
-            loop {
-                start -= 1;
-                digits[start] = b"0123456789abcdef"[length & 15];
-                length >>= 4;
-                if length == 0 {
-                    break;
-                }
-            }
-            let header = &digits[start..];
+            let header = crate::chunked::chunk_size_digits(data.len(), &mut digits);
             self.chunk_header[..header.len()].copy_from_slice(header);
             self.chunk_header[header.len()..header.len() + 2].copy_from_slice(b"\r\n");
             self.chunk_header_length = (header.len() + 2) as u8;
