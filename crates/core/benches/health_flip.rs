@@ -23,7 +23,12 @@ fn router(n: usize, models: impl Fn(usize) -> Vec<String>) -> Router {
     let specs = (0..n)
         .map(|i| WorkerSpec {
             name: format!("w{i}"),
-            url: format!("http://10.{}.{}.{}:8000", i / 65536, (i / 256) % 256, i % 256),
+            url: format!(
+                "http://10.{}.{}.{}:8000",
+                i / 65536,
+                (i / 256) % 256,
+                i % 256
+            ),
             ring_id: None,
             source: WorkerSource::Static,
             max_in_flight: None,

@@ -13,18 +13,21 @@
 //! fresh worker sample — so a bounded decision reads them in O(1) instead of summing the fleet:
 //! every change to a load goes through the lock (a release, on guard drop, takes it too; a
 //! sample published, marked stale or cleared through [`Router::publish_sample`] and its
-//! siblings), and so does every table put in force (a health, drain or policy change updates the
-//! workers that flipped; a new membership or load source recounts, O(n), off the request path). The lock is held only for the pure, allocation-free decision and O(1) counter and
-//! aggregate steps — never across an `.await` or I/O — so no slow task can hold it. A guard
+//! siblings), and so does every table put in force (a health or drain flip updates its one
+//! worker, a policy change none; a new membership or load source recounts, O(n), off the
+//! request path). The lock is held only for the pure, allocation-free decision and O(1) counter
+//! and aggregate steps — never across an `.await` or I/O — so no slow task can hold it. A guard
 //! released after its worker left the table in force lowers the counter and leaves the
 //! aggregates alone (they no longer count that worker).
 //!
 //! A configuration change is two steps: [`Router::prepare`] takes every fallible one (checks, the
 //! new ring) and changes nothing, [`Router::commit`] swaps and cannot fail, so a caller that
 //! prepares more between the two never has anything to roll back. Files: `table` (the snapshot,
-//! its walk over routable workers and how it is built), `selection` (the selection lock's state:
-//! the table decisions use and its aggregates), `tests`.
+//! its walk over routable workers and how it is built), `flip` (the next table after one worker's
+//! health or state flipped, derived from the one in force), `selection` (the selection lock's
+//! state: the table decisions use and its aggregates), `tests`.
 
+mod flip;
 mod pool;
 mod pool_table;
 mod selection;
@@ -139,13 +142,13 @@ impl Router {
     }
 
     /// Puts `table` in force — for decisions, with the fleet aggregates brought up to date (the
-    /// workers whose routable flag flipped, or a recount on a new membership), and for readers —
-    /// and tells the observer; callers hold the writer's lock, so observers see tables in the
-    /// order they were put in force. Every table goes in force through here.
-    fn publish(&self, table: Arc<RoutingTable>) {
+    /// worker whose routable flag may have flipped, `flipped`, or a recount on a new membership),
+    /// and for readers — and tells the observer; callers hold the writer's lock, so observers see
+    /// tables in the order they were put in force. Every table goes in force through here.
+    fn publish(&self, table: Arc<RoutingTable>, flipped: Option<usize>) {
         {
             let mut selection = self.selection.lock();
-            selection.install(Arc::clone(&table));
+            selection.install(Arc::clone(&table), flipped);
             self.table.store(Arc::clone(&table));
         }
         if let Some(Observer(observer)) = self.observer.get() {
@@ -289,8 +292,11 @@ impl Router {
             .change_sample(stats, SampleCell::clear);
     }
 
-    /// Marks a worker healthy or unhealthy by name. Reuses the ring. Returns `true` if the health
-    /// changed, `false` if it was already so or the worker is unknown.
+    /// Marks a worker healthy or unhealthy by name. Reuses the ring and everything else the
+    /// membership fixes; the cost is the flip's, not the fleet's: a binary search for the name,
+    /// copies of the per-worker flags and routable lists, one worker moved in the aggregates.
+    /// Returns `true` if the health changed, `false` if it was already so or the worker is
+    /// unknown.
     pub fn set_health(&self, name: &str, healthy: bool) -> bool {
         let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         let current = self.table.load_full();
@@ -300,20 +306,16 @@ impl Router {
         if current.healthy[index] == healthy {
             return false;
         }
-        let mut health = current.healthy.clone();
-        health[index] = healthy;
         current.workers[index].stats.record_health_change();
-        self.publish(Arc::new(current.with_flags(
-            health,
-            current.states.clone(),
-            current.policy,
-        )));
+        let table = current.with_worker_flags(index, healthy, current.states[index]);
+        self.publish(Arc::new(table), Some(index));
         true
     }
 
     /// Sets a worker's operator state by name (`draining` takes it out of routing like an
-    /// unhealthy worker, without touching its health). Reuses the ring. `None` when no worker has
-    /// this name; otherwise whether the state changed.
+    /// unhealthy worker, without touching its health). Reuses the ring and costs the flip, like
+    /// [`Router::set_health`]. `None` when no worker has this name; otherwise whether the state
+    /// changed.
     pub fn set_state(&self, name: &str, state: WorkerState) -> Option<bool> {
         let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         let current = self.table.load_full();
@@ -321,13 +323,8 @@ impl Router {
         if current.states[index] == state {
             return Some(false);
         }
-        let mut states = current.states.clone();
-        states[index] = state;
-        self.publish(Arc::new(current.with_flags(
-            current.healthy.clone(),
-            states,
-            current.policy,
-        )));
+        let table = current.with_worker_flags(index, current.healthy[index], state);
+        self.publish(Arc::new(table), Some(index));
         Some(true)
     }
 
@@ -350,7 +347,7 @@ impl Router {
         } else {
             current.with_flags(current.healthy.clone(), current.states.clone(), policy)
         };
-        self.publish(Arc::new(table));
+        self.publish(Arc::new(table), None);
         Ok(policy)
     }
 
@@ -398,7 +395,7 @@ impl Router {
             current.membership_generation + 1,
             None,
         );
-        self.publish(Arc::new(table));
+        self.publish(Arc::new(table), None);
         Ok(())
     }
 
@@ -463,7 +460,7 @@ impl Router {
             )
         };
         let table = Arc::new(table);
-        self.publish(Arc::clone(&table));
+        self.publish(Arc::clone(&table), None);
         table
     }
 
@@ -484,7 +481,7 @@ impl Router {
             current.membership_generation + 1,
             None,
         );
-        self.publish(Arc::new(table));
+        self.publish(Arc::new(table), None);
         Ok(())
     }
 

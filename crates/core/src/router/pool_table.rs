@@ -44,7 +44,9 @@ impl RoutingTable {
 
     /// How many of `pool`'s workers are routable (0 for a pool the table does not have).
     pub fn routable_count_in(&self, pool: PoolId) -> usize {
-        self.pool_routable.get(pool.index()).map_or(0, Vec::len)
+        self.pool_routable
+            .get(pool.index())
+            .map_or(0, |routable| routable.len())
     }
 
     /// [`RoutingTable::routable_from`] within `pool`: its routable workers clockwise from

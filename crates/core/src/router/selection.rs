@@ -85,37 +85,53 @@ impl Release for Selection {
 
 impl SelectionState {
     /// Puts `table` in force for decisions. With the same membership (a health, drain or policy
-    /// change: the worker list is shared) only the workers whose routable flag flipped join or
-    /// leave the aggregates; a new membership or a new load source recounts every worker (O(n),
-    /// off the request path).
-    pub(super) fn install(&mut self, table: Arc<RoutingTable>) {
+    /// change: the worker list is shared) only `flipped`, the one worker whose routable flag may
+    /// differ from the table in force (`None` when no flag changed), joins or leaves the
+    /// aggregates: O(1), whatever the fleet. A new membership or a new load source recounts every
+    /// worker (O(n), off the request path) and reads no `flipped`.
+    pub(super) fn install(&mut self, table: Arc<RoutingTable>, flipped: Option<usize>) {
         let same_source = self.table.policy.load_source == table.policy.load_source;
         if Arc::ptr_eq(&self.table.workers, &table.workers) && same_source {
-            let source = table.policy.load_source;
-            for (worker, entry) in table.workers.iter().enumerate() {
-                let (load, sampled) = rule_load(source, &entry.stats, entry.stats.active());
-                let sampled = usize::from(sampled == LoadSignal::WorkerMetrics);
-                let joins = match (self.table.routable[worker], table.routable[worker]) {
-                    (false, true) => true,
-                    (true, false) => false,
-                    _ => continue,
-                };
-                // The same worker list has the same pools (they are shared with it).
-                for pool in table.pools_of_worker(worker) {
-                    let pool = pool.index();
-                    if joins {
-                        self.aggregates[pool].add(load);
-                        self.sampled[pool] += sampled;
-                    } else {
-                        self.aggregates[pool].remove(load);
-                        self.sampled[pool] -= sampled;
-                    }
-                }
+            // O(1) check that no other worker flipped: the routable count moves by `flipped` only.
+            let moved = flipped.map_or(0, |w| {
+                usize::from(table.routable[w]) as isize
+                    - usize::from(self.table.routable[w]) as isize
+            });
+            debug_assert_eq!(
+                table.routable_count as isize - self.table.routable_count as isize,
+                moved,
+                "a routable flag flipped that the caller did not name"
+            );
+            if let Some(worker) = flipped {
+                self.flip(&table, worker);
             }
         } else {
             (self.aggregates, self.sampled) = take_slots(Some(&self.table), &table);
         }
         self.table = table;
+    }
+
+    /// Moves `worker` into or out of its pools' aggregates when its routable flag differs between
+    /// the table in force and `table` (of the same worker list, so of the same pools).
+    fn flip(&mut self, table: &RoutingTable, worker: usize) {
+        let joins = match (self.table.routable[worker], table.routable[worker]) {
+            (false, true) => true,
+            (true, false) => false,
+            _ => return,
+        };
+        let stats = &table.workers[worker].stats;
+        let (load, signal) = rule_load(table.policy.load_source, stats, stats.active());
+        let sampled = usize::from(signal == LoadSignal::WorkerMetrics);
+        for pool in table.pools_of_worker(worker) {
+            let pool = pool.index();
+            if joins {
+                self.aggregates[pool].add(load);
+                self.sampled[pool] += sampled;
+            } else {
+                self.aggregates[pool].remove(load);
+                self.sampled[pool] -= sampled;
+            }
+        }
     }
 
     /// Changes `stats`'s sample cell with `change` (publish, mark stale or clear) and, when the

@@ -85,10 +85,11 @@ pub struct RoutingTable {
     pub(super) routable: Vec<bool>,
     pub(super) routable_count: usize,
     /// The routable workers' indices in configuration order: the keyless pick and the baselines
-    /// take the `n`-th in O(1).
-    pub(super) routable_indices: Vec<usize>,
-    /// Each worker's capacity under the policy's admission settings (`None` = no cap).
-    pub(super) capacity: Vec<Option<u64>>,
+    /// take the `n`-th in O(1). Shared with the routable list of a pool of every worker.
+    pub(super) routable_indices: Arc<[usize]>,
+    /// Each worker's capacity under the policy's admission settings (`None` = no cap): fixed by
+    /// the membership and the policy, so shared by the tables of a health or drain flip.
+    pub(super) capacity: Arc<[Option<u64>]>,
     /// Whether any cap or engine limit is set: without one, no worker is ever full and the
     /// decision skips every capacity check.
     pub(super) limited: bool,
@@ -96,8 +97,12 @@ pub struct RoutingTable {
     pub(super) membership_generation: u64,
     /// The pools by model and each worker's pools: fixed by the membership, shared like `ring`.
     pub(super) pools: Arc<PoolSet>,
-    /// Per pool (by [`super::PoolId`]), the pool indices of its routable workers, ascending.
-    pub(super) pool_routable: Vec<Vec<usize>>,
+    /// Per pool (by [`super::PoolId`]), the pool indices of its routable workers, ascending: a
+    /// pool of every worker shares `routable_indices`, and a flip copies only its worker's pools'.
+    pub(super) pool_routable: Vec<Arc<[usize]>>,
+    /// The table indices ordered by worker name: [`RoutingTable::index_of`] is a binary search,
+    /// not a scan of the fleet. Fixed by the membership, shared like `workers`.
+    pub(super) by_name: Arc<[usize]>,
 }
 
 impl RoutingTable {
@@ -188,9 +193,12 @@ impl RoutingTable {
         self.membership_generation
     }
 
-    /// Index of the worker called `name`.
+    /// Index of the worker called `name`: a binary search over the names, O(log workers).
     pub fn index_of(&self, name: &str) -> Option<usize> {
-        self.workers.iter().position(|w| w.spec.name == name)
+        let found = (self.by_name)
+            .binary_search_by(|&w| self.workers[w].spec.name.as_str().cmp(name))
+            .ok()?;
+        Some(self.by_name[found])
     }
 
     /// Every worker's record (configuration order), the shape of `GET /admin/workers` and of the
@@ -359,37 +367,49 @@ impl RoutingTable {
         policy: PolicySettings,
     ) -> RoutingTable {
         RoutingTable::assemble(
-            Arc::clone(&self.workers),
-            Arc::clone(&self.ring),
-            Arc::clone(&self.pools),
+            Membership {
+                workers: Arc::clone(&self.workers),
+                ring: Arc::clone(&self.ring),
+                pools: Arc::clone(&self.pools),
+                by_name: Arc::clone(&self.by_name),
+                generation: self.membership_generation,
+            },
             healthy,
             states,
             policy,
-            self.membership_generation,
         )
     }
 
+    /// A table of `membership` with these flags and `policy`, every derived list computed whole:
+    /// O(workers). What a membership or policy change builds, and what a flip must equal.
     fn assemble(
-        workers: Arc<[Worker]>,
-        ring: Arc<Ring>,
-        pools: Arc<PoolSet>,
+        membership: Membership,
         healthy: Vec<bool>,
         states: Vec<WorkerState>,
         policy: PolicySettings,
-        membership_generation: u64,
     ) -> RoutingTable {
+        let Membership {
+            workers,
+            ring,
+            pools,
+            by_name,
+            generation,
+        } = membership;
         let routable: Vec<bool> = healthy
             .iter()
             .zip(&states)
             .map(|(h, s)| *h && *s == WorkerState::Active)
             .collect();
-        let capacity: Vec<Option<u64>> = workers
+        let capacity: Arc<[Option<u64>]> = workers
             .iter()
             .map(|w| policy.admission.capacity(w.spec.max_in_flight))
             .collect();
-        let routable_indices: Vec<usize> = (0..routable.len()).filter(|&w| routable[w]).collect();
+        let routable_indices: Arc<[usize]> = (0..routable.len()).filter(|&w| routable[w]).collect();
         let pool_routable = (pools.pools().iter())
             .map(|pool| {
+                if pool.covers(workers.len()) {
+                    return Arc::clone(&routable_indices);
+                }
                 let members = pool.workers().iter().enumerate();
                 members
                     .filter(|&(_, &w)| routable[w])
@@ -404,15 +424,25 @@ impl RoutingTable {
             capacity,
             workers,
             ring,
+            by_name,
             healthy,
             states,
             routable_count: routable_indices.len(),
             routable_indices,
             routable,
             policy,
-            membership_generation,
+            membership_generation: generation,
         }
     }
+}
+
+/// What one membership fixes, shared by every table of it (health, drain and policy changes).
+struct Membership {
+    workers: Arc<[Worker]>,
+    ring: Arc<Ring>,
+    pools: Arc<PoolSet>,
+    by_name: Arc<[usize]>,
+    generation: u64,
 }
 
 /// Whether `table` already has exactly `specs`, in this order.
@@ -488,13 +518,14 @@ pub(super) fn build_table(
     let models: Vec<&[String]> = workers.iter().map(|w| w.spec.models.as_slice()).collect();
     let ring_ids: Vec<&str> = workers.iter().map(|w| w.spec.ring_id()).collect();
     let pools = Arc::new(PoolSet::build(&models, &ring_ids, &ring));
-    RoutingTable::assemble(
+    let mut by_name: Vec<usize> = (0..workers.len()).collect();
+    by_name.sort_unstable_by(|&a, &b| workers[a].spec.name.cmp(&workers[b].spec.name));
+    let membership = Membership {
+        by_name: by_name.into(),
         workers,
         ring,
         pools,
-        healthy,
-        states,
-        policy,
-        membership_generation,
-    )
+        generation: membership_generation,
+    };
+    RoutingTable::assemble(membership, healthy, states, policy)
 }

@@ -451,3 +451,77 @@ fn the_observer_sees_the_table_in_force_and_every_swap_in_order() {
         .unwrap();
     assert_eq!(*seen.lock().unwrap(), [0, 1, 0, 0, 0, 0]);
 }
+
+/// Worker `i` of the flip property: models from its code (0: none, 1: `a`, 2: `b`, 3: both), and
+/// a cap on every third worker, so pools of part of the fleet, of all of it, and capacities occur.
+fn flip_spec(i: usize, code: u8) -> WorkerSpec {
+    let models = match code {
+        0 => vec![],
+        1 => vec!["a".to_owned()],
+        2 => vec!["b".to_owned()],
+        _ => vec!["a".to_owned(), "b".to_owned()],
+    };
+    WorkerSpec {
+        max_in_flight: i.is_multiple_of(3).then_some(2),
+        models,
+        ..spec(i as u16)
+    }
+}
+
+/// `flipped` (derived flip by flip) equals `built` (every list computed whole) field by field, and
+/// shares what the membership fixes with it.
+fn same_table(
+    flipped: &RoutingTable,
+    built: &RoutingTable,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    proptest::prop_assert_eq!(&flipped.healthy, &built.healthy);
+    proptest::prop_assert_eq!(&flipped.states, &built.states);
+    proptest::prop_assert_eq!(&flipped.routable, &built.routable);
+    proptest::prop_assert_eq!(flipped.routable_count, built.routable_count);
+    proptest::prop_assert_eq!(&flipped.routable_indices, &built.routable_indices);
+    proptest::prop_assert_eq!(&flipped.pool_routable, &built.pool_routable);
+    proptest::prop_assert_eq!(&flipped.capacity, &built.capacity);
+    proptest::prop_assert_eq!(flipped.limited, built.limited);
+    proptest::prop_assert_eq!(flipped.policy, built.policy);
+    proptest::prop_assert_eq!(flipped.membership_generation, built.membership_generation);
+    proptest::prop_assert!(Arc::ptr_eq(&flipped.workers, &built.workers));
+    proptest::prop_assert!(Arc::ptr_eq(&flipped.ring, &built.ring));
+    proptest::prop_assert!(Arc::ptr_eq(&flipped.pools, &built.pools));
+    Ok(())
+}
+
+proptest::proptest! {
+    /// Health and drain flips through the router, in any order and on any workers (models or
+    /// none, pools of part of the fleet or all of it), leave the table that one build from the
+    /// same flags gives, and every worker is found by name.
+    #[test]
+    fn a_flip_sequence_yields_the_table_built_with_its_flags(
+        codes in proptest::collection::vec(0u8..4, 1..12),
+        flips in proptest::collection::vec((0usize..12, proptest::bool::ANY, proptest::bool::ANY), 1..40),
+    ) {
+        let specs: Vec<WorkerSpec> = codes.iter().enumerate().map(|(i, &c)| flip_spec(i, c)).collect();
+        let count = specs.len();
+        let policy = PolicySettings { virtual_nodes: 4, ..PolicySettings::default() };
+        let router = Router::new(specs, policy).unwrap();
+        let first = router.table();
+        let mut healthy = vec![true; count];
+        let mut states = vec![WorkerState::Active; count];
+        for (worker, health, draining) in flips {
+            let worker = worker % count;
+            let name = format!("w{worker}");
+            let state = if draining { WorkerState::Draining } else { WorkerState::Active };
+            proptest::prop_assert_eq!(router.set_health(&name, health), healthy[worker] != health);
+            proptest::prop_assert_eq!(router.set_state(&name, state), Some(states[worker] != state));
+            (healthy[worker], states[worker]) = (health, state);
+            let built = first.with_flags(healthy.clone(), states.clone(), policy);
+            let table = router.table();
+            same_table(&table, &built)?;
+            proptest::prop_assert!(Arc::ptr_eq(&table.capacity, &first.capacity));
+        }
+        let table = router.table();
+        for worker in 0..count {
+            proptest::prop_assert_eq!(table.index_of(&format!("w{worker}")), Some(worker));
+        }
+        proptest::prop_assert_eq!(table.index_of("w99"), None);
+    }
+}
