@@ -70,15 +70,16 @@ impl RoutingTable {
 }
 
 /// `list` (ascending, without repeats) with `item` in it when `present`, else without it: one
-/// binary search and one copy.
+/// binary search and memory copies (collecting a chain of iterators instead copies element by
+/// element, several times slower at 10,000 workers).
 fn toggled(list: &[usize], item: usize, present: bool) -> Arc<[usize]> {
     let at = list.partition_point(|&listed| listed < item);
     let listed = list.get(at) == Some(&item);
     let (before, after) = list.split_at(at);
     let after = if listed { &after[1..] } else { after };
-    let middle = present.then_some(item);
-    (before.iter().copied())
-        .chain(middle)
-        .chain(after.iter().copied())
-        .collect()
+    let mut toggled = Vec::with_capacity(list.len() + 1);
+    toggled.extend_from_slice(before);
+    toggled.extend(present.then_some(item));
+    toggled.extend_from_slice(after);
+    Arc::from(toggled)
 }
