@@ -16,7 +16,7 @@ impl RoutingTable {
     /// membership, ring, pools, capacities, policy and membership generation, equal field by field
     /// to [`RoutingTable::with_flags`] with the flags changed that way (a property test holds them
     /// equal). A worker whose routable flag flips is inserted into or removed from the routable
-    /// list of the fleet and of each of its pools (a binary search and one copy of each list);
+    /// list of the fleet and of each of its pools (a binary search and memory copies of the list);
     /// the other pools' lists are shared.
     ///
     /// # Panics
