@@ -119,7 +119,7 @@ pub fn encode_head(
         head.version
     };
     let mut last = !keep_alive;
-    let mut bytes = Vec::with_capacity(64 + head.headers.len() * 32);
+    let mut bytes = Vec::with_capacity(head_capacity(&head.headers));
     // A worker's own reason phrase travels as hyper's extension, as hyper's server took it.
     let reason = head
         .extensions
@@ -145,45 +145,49 @@ pub fn encode_head(
     let mut wrote_date = false;
     let mut encoding = None;
     let mut wrote_connection = false;
-    for name in head.headers.keys() {
-        let mut values = head.headers.get_all(name).iter();
+    let mut wrote_transfer_encoding = false;
+    let mut saw_content_length = false;
+    // One walk over the fields in the map's order (a name's values one after another), each
+    // written as it comes: no lookup per name. Only the framing and connection fields, which
+    // hyper writes joined on one line, look their other values up, once.
+    for (name, value) in &head.headers {
         match *name {
             header::CONTENT_LENGTH => {
-                let Some(value) = values.next() else { continue };
-                if length == BodyLength::None && method != Method::HEAD {
+                // Only the first value goes on (the parser checked that all of them agree).
+                if std::mem::replace(&mut saw_content_length, true)
+                    || length == BodyLength::None && method != Method::HEAD
+                {
                     continue;
                 }
                 encoding = Some(Encoding::Length);
                 write_field(&mut bytes, b"content-length", value.as_bytes());
-                continue;
             }
-            header::TRANSFER_ENCODING if !can_chunk => continue,
+            header::TRANSFER_ENCODING if !can_chunk => {}
             header::TRANSFER_ENCODING => {
+                if std::mem::replace(&mut wrote_transfer_encoding, true) {
+                    continue;
+                }
                 encoding = Some(Encoding::Chunked { framed });
                 bytes.extend_from_slice(b"transfer-encoding: ");
-                join(&mut bytes, values, None);
-                continue;
+                join(&mut bytes, head.headers.get_all(name).iter(), None);
             }
             header::CONNECTION => {
-                wrote_connection = true;
-                if head
-                    .headers
-                    .get_all(header::CONNECTION)
-                    .iter()
-                    .any(|value| has_token(value, "close"))
-                {
+                if std::mem::replace(&mut wrote_connection, true) {
+                    continue;
+                }
+                let values = head.headers.get_all(name);
+                if values.iter().any(|value| has_token(value, "close")) {
                     last = true;
                 }
                 bytes.extend_from_slice(b"connection: ");
-                join(&mut bytes, values, added_connection.take());
-                continue;
+                join(&mut bytes, values.iter(), added_connection.take());
             }
-            header::DATE => wrote_date = true,
-            _ => {}
-        }
-        // Each value of a repeated field on a line of its own, as hyper writes them.
-        for value in values {
-            write_field(&mut bytes, name.as_str().as_bytes(), value.as_bytes());
+            header::DATE => {
+                wrote_date = true;
+                write_field(&mut bytes, b"date", value.as_bytes());
+            }
+            // Each value of a repeated field on a line of its own, as hyper writes them.
+            _ => write_field(&mut bytes, name.as_str().as_bytes(), value.as_bytes()),
         }
     }
     if let Some(added) = added_connection
@@ -263,6 +267,18 @@ fn can_have_content_length(method: &Method, status: StatusCode) -> bool {
     !(status.is_informational()
         || method == Method::CONNECT && status.is_success()
         || matches!(status, StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED))
+}
+
+/// Bytes an encoded head of `headers` takes (unless a worker's own reason phrase makes its status
+/// line long), so the head's buffer is allocated once at its size instead of grown as it is
+/// written.
+fn head_capacity(headers: &http::HeaderMap) -> usize {
+    // The status line, the framing and `connection` fields the server may add, `date`, the
+    // blank line.
+    const FIXED: usize = 64 + 64 + 37 + 2;
+    headers.iter().fold(FIXED, |total, (name, value)| {
+        total + name.as_str().len() + value.len() + 4
+    })
 }
 
 fn write_field(bytes: &mut Vec<u8>, name: &[u8], value: &[u8]) {
