@@ -152,31 +152,50 @@ const HOP_BY_HOP: [HeaderName; 9] = [
     header::UPGRADE,
 ];
 
+/// [`HOP_BY_HOP`]'s bits (in [`strip_hop_by_hop`]'s set of the ones present) of `Connection` and
+/// `Transfer-Encoding`.
+const CONNECTION_BIT: u16 = 1 << 0;
+const TRANSFER_ENCODING_BIT: u16 = 1 << 7;
+
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1): the fixed list plus any named in `Connection`.
 /// A message framed by `Transfer-Encoding` also loses its `Content-Length`: hyper decoded the
 /// body by the former, and a proxy must not forward the latter beside it (RFC 9112 §6.3), or the
 /// next hop would cut the body at a length that was never true.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most requests and responses carry none: one pass over the names (cheap comparisons for
-    // standard headers) instead of nine hashed removals.
-    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+    // One pass over the names (cheap comparisons for standard headers) finds the ones present;
+    // only those are removed, instead of a hashed removal per name of the list. Most requests
+    // carry none; a chunked response carries one.
+    let mut present = 0u16;
+    let mut content_length = false;
+    for name in headers.keys() {
+        if let Some(index) = HOP_BY_HOP.iter().position(|hop| hop == name) {
+            present |= 1 << index;
+        } else if name == header::CONTENT_LENGTH {
+            content_length = true;
+        }
+    }
+    if present == 0 {
         return;
     }
-    if headers.contains_key(header::TRANSFER_ENCODING) {
+    if present & TRANSFER_ENCODING_BIT != 0 && content_length {
         headers.remove(header::CONTENT_LENGTH);
     }
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
+    if present & CONNECTION_BIT != 0 {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
     }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
+    for (index, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << index) != 0 {
+            headers.remove(name);
+        }
     }
 }
 
@@ -223,5 +242,42 @@ mod tests {
         let mut left: Vec<_> = headers.keys().map(|k| k.as_str()).collect();
         left.sort_unstable();
         assert_eq!(left, vec!["authorization", "x-smg-routing-key"]);
+    }
+
+    #[test]
+    fn the_bits_of_connection_and_transfer_encoding_name_them() {
+        assert_eq!(
+            HOP_BY_HOP[CONNECTION_BIT.trailing_zeros() as usize],
+            header::CONNECTION
+        );
+        assert_eq!(
+            HOP_BY_HOP[TRANSFER_ENCODING_BIT.trailing_zeros() as usize],
+            header::TRANSFER_ENCODING
+        );
+    }
+
+    #[test]
+    fn content_length_goes_only_beside_transfer_encoding() {
+        let mut chunked = HeaderMap::new();
+        chunked.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+        chunked.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        chunked.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        strip_hop_by_hop(&mut chunked);
+        let left: Vec<_> = chunked.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, vec!["content-type"]);
+
+        let mut sized = HeaderMap::new();
+        sized.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+        sized.append(header::TE, HeaderValue::from_static("trailers"));
+        sized.append(header::TE, HeaderValue::from_static("gzip"));
+        strip_hop_by_hop(&mut sized);
+        let left: Vec<_> = sized.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, vec!["content-length"]);
     }
 }
