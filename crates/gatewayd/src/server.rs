@@ -54,8 +54,9 @@ pub struct Listening {
 }
 
 /// Whether a connection was failed because its client stopped reading its response for longer
-/// than `client_stall_timeout_ms` ([`WriteStallGuard`]). Every request of a capped listener's
-/// connection carries its connection's flag as a request extension: the response a stall cut
+/// than `client_stall_timeout_ms` ([`WriteStallGuard`]). A capped listener gives each connection's
+/// service its connection's flag (no request extension, which would cost every request a map and
+/// two allocations), and the service gives it to each request's exchange: the response a stall cut
 /// ends after the flag is set (the failed connection drops it), so it can be recorded as what it
 /// is rather than as a completed one.
 ///
@@ -133,13 +134,13 @@ impl Listening {
 }
 
 /// Serves `listener` until shutdown with a service per connection from `make_service` (given the
-/// client's address), capped by `cap`, with the data plane's own HTTP/1 server
+/// client's address and the connection's [`ClientStall`] flag), capped by `cap`, with the data plane's own HTTP/1 server
 /// ([`crate::http1`]). `TCP_NODELAY` is set: a streamed response must not wait for a delayed ACK.
 pub async fn serve_capped<S, F, B>(
     listener: TcpListener,
     listening: Listening,
     cap: ConnectionCap,
-    make_service: impl Fn(SocketAddr) -> S,
+    make_service: impl Fn(SocketAddr, ClientStall) -> S,
 ) where
     S: FnMut(Request<RequestBody>) -> F + Send + 'static,
     F: Future<Output = Response<B>> + Send + 'static,
@@ -159,15 +160,10 @@ pub async fn serve_capped<S, F, B>(
             continue;
         };
         let stall = ClientStall::default();
-        let mut service = make_service(peer);
-        // Every request carries its connection's stall flag: the one a stall cut says so.
+        // Every request's exchange sees its connection's stall flag: the one a stall cut says so.
+        let service = make_service(peer, stall.clone());
         let unfinished = UnfinishedConnection(Some(stall.clone()));
-        let guard_stall = stall.clone();
-        let service = move |mut request: Request<RequestBody>| {
-            request.extensions_mut().insert(stall.clone());
-            service(request)
-        };
-        let guard = move |tcp| WriteStallGuard::new(tcp, cap.write_stall_timeout, guard_stall);
+        let guard = move |tcp| WriteStallGuard::new(tcp, cap.write_stall_timeout, stall);
         let (tls, options) = (listening.tls.clone(), options.clone());
         let task = async move {
             // The handshake holds the permit (it counts against the cap) but nothing routes

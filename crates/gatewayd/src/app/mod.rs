@@ -415,13 +415,17 @@ fn spawn_services(
             data,
             listening(TlsListener::Data),
             cap,
-            move |_peer| {
+            move |_peer, stall| {
                 let plane = Arc::clone(&data_plane);
                 move |request| {
                     // Boxed per request: the proxy's future is ~3.5 KiB, and the connection's
                     // future would otherwise keep a slot that size for its whole life. A box that
                     // is freed once the response head is out costs a held stream nothing.
-                    Box::pin(crate::proxy::serve(Arc::clone(&plane), request))
+                    Box::pin(crate::proxy::serve(
+                        Arc::clone(&plane),
+                        request,
+                        stall.clone(),
+                    ))
                 }
             },
         ));

@@ -60,8 +60,13 @@ pub const QUEUE_WAIT_HEADER: HeaderName = HeaderName::from_static(QUEUE_WAIT_HEA
 /// (SGLang Model Gateway's name and, where it has one, its code).
 pub const ERROR_CODE_HEADER: HeaderName = HeaderName::from_static(ERROR_CODE_HEADER_NAME);
 
-/// Serves one data plane request. Never fails: gateway errors are OpenAI-shaped JSON responses.
-pub async fn serve(plane: Arc<DataPlane>, request: Request<RequestBody>) -> Response<ProxyBody> {
+/// Serves one data plane request; `stall` is its connection's flag, which its exchange reads when
+/// it ends. Never fails: gateway errors are OpenAI-shaped JSON responses.
+pub async fn serve(
+    plane: Arc<DataPlane>,
+    request: Request<RequestBody>,
+    stall: ClientStall,
+) -> Response<ProxyBody> {
     if request.method() == http::Method::GET {
         match request.uri().path() {
             "/health" => {
@@ -82,7 +87,7 @@ pub async fn serve(plane: Arc<DataPlane>, request: Request<RequestBody>) -> Resp
             _ => {}
         }
     }
-    proxy(plane, request).await
+    proxy(plane, request, stall).await
 }
 
 /// `GET /readiness`: 200 while some worker takes requests (healthy and not draining), else 503.
@@ -97,11 +102,15 @@ fn readiness(plane: &DataPlane) -> Response<ProxyBody> {
     json_response(status, Bytes::from(body))
 }
 
-async fn proxy(plane: Arc<DataPlane>, request: Request<RequestBody>) -> Response<ProxyBody> {
+async fn proxy(
+    plane: Arc<DataPlane>,
+    request: Request<RequestBody>,
+    stall: ClientStall,
+) -> Response<ProxyBody> {
     let head = Head::of(&request);
     let client_version = request.version();
     let mut exchange = Exchange::begin(Arc::clone(&plane.routing), Instant::now(), head);
-    exchange.watch_client_stall(request.extensions().get::<ClientStall>().cloned());
+    exchange.watch_client_stall(Some(stall));
     let settings = plane.routing.settings.load();
     let forwarded = match route(&plane, &settings, request, &mut exchange).await {
         Ok(routed) => send_with_retry(&plane, &settings, routed, &mut exchange).await,
