@@ -230,9 +230,13 @@ impl Aggregator {
     ) {
         let mut interval = tokio::time::interval(self.interval);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Made once: a wait made anew per wake-up (two per request) would register with the
+        // token and leave it again each time.
+        let cancelled = shutdown.cancelled();
+        tokio::pin!(cancelled);
         loop {
             tokio::select! {
-                _ = shutdown.cancelled() => break,
+                () = &mut cancelled => break,
                 Some(event) = events.recv() => {
                     self.apply(event);
                     while let Ok(event) = events.try_recv() {

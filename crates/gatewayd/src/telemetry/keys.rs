@@ -3,7 +3,7 @@
 //! ([`KeyTracker`]), bounded by `[telemetry] max_keys` with oldest-first eviction.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use bch_core::decide::Decision;
@@ -91,7 +91,10 @@ struct KeyState {
     label: KeyLabel,
     preferred: String,
     current: String,
-    active: BTreeMap<String, u64>,
+    /// Requests in flight per worker name. A count that drops to 0 keeps its entry (and its
+    /// name's allocation) for the next worker the key lands on: a key whose requests come and go
+    /// allocates nothing per request. Records show only the counts above 0.
+    active: Vec<(String, u64)>,
     requests_total: u64,
     spills_total: u64,
     last_seen_ms: u64,
@@ -105,7 +108,12 @@ impl KeyState {
             kind: self.kind.into(),
             preferred: self.preferred.clone(),
             current: self.current.clone(),
-            active: self.active.clone(),
+            active: self
+                .active
+                .iter()
+                .filter(|(_, count)| *count > 0)
+                .map(|(worker, count)| (worker.clone(), *count))
+                .collect(),
             requests_total: self.requests_total,
             spills_total: self.spills_total,
             last_seen_ms: self.last_seen_ms,
@@ -146,13 +154,14 @@ impl KeyTracker {
         let Some(worker) = decision.worker else {
             return;
         };
+        let mut evicted = None;
         if !self.keys.contains_key(&key.id) && self.keys.len() >= self.max_keys {
-            self.evict_oldest(announce_evictions);
+            evicted = self.evict_oldest(announce_evictions);
         }
         if self.max_keys == 0 {
             return;
         }
-        let state = self.entry(ts_ms, key);
+        let state = self.entry(ts_ms, key, evicted);
         // Steady state (a tracked key on the same workers) allocates nothing: names are only
         // copied when they change.
         let worker_name = &table.workers()[worker].spec.name;
@@ -160,11 +169,20 @@ impl KeyTracker {
             Some(p) => copy_if_changed(&mut state.preferred, &table.workers()[p].spec.name),
             None => state.preferred.clear(),
         }
-        match state.active.get_mut(worker_name.as_str()) {
-            Some(count) => *count += 1,
-            None => {
-                state.active.insert(worker_name.clone(), 1);
-            }
+        match state
+            .active
+            .iter_mut()
+            .find(|(name, _)| name == worker_name)
+        {
+            Some((_, count)) => *count += 1,
+            None => match state.active.iter_mut().find(|(_, count)| *count == 0) {
+                // An idle entry's name becomes this worker's, in its allocation.
+                Some((name, count)) => {
+                    copy_if_changed(name, worker_name);
+                    *count = 1;
+                }
+                None => state.active.push((worker_name.clone(), 1)),
+            },
         }
         copy_if_changed(&mut state.current, worker_name);
         state.requests_total += 1;
@@ -177,8 +195,9 @@ impl KeyTracker {
         state.dirty = true;
     }
 
-    /// The tracked state of `key`, created if new; moves the key to the young end of the age order.
-    fn entry(&mut self, ts_ms: u64, key: KeyTag) -> &mut KeyState {
+    /// The tracked state of `key`, created if new (in the allocations of `evicted`, the state of
+    /// the key evicted for it, if any); moves the key to the young end of the age order.
+    fn entry(&mut self, ts_ms: u64, key: KeyTag, evicted: Option<KeyState>) -> &mut KeyState {
         match self.keys.entry(key.id) {
             Entry::Occupied(entry) => {
                 let state = entry.into_mut();
@@ -190,12 +209,22 @@ impl KeyTracker {
             }
             Entry::Vacant(entry) => {
                 self.by_age.insert((ts_ms, key.id));
+                // With more live keys than `max_keys` most requests bring a new key and evict
+                // one: the new key takes the evicted one's strings, so neither allocates.
+                let (mut preferred, mut current, mut active) = evicted
+                    .map(|state| (state.preferred, state.current, state.active))
+                    .unwrap_or_default();
+                preferred.clear();
+                current.clear();
+                for (_, count) in &mut active {
+                    *count = 0;
+                }
                 entry.insert(KeyState {
                     kind: key.kind,
                     label: key.label,
-                    preferred: String::new(),
-                    current: String::new(),
-                    active: BTreeMap::new(),
+                    preferred,
+                    current,
+                    active,
                     requests_total: 0,
                     spills_total: 0,
                     last_seen_ms: ts_ms,
@@ -208,25 +237,26 @@ impl KeyTracker {
     /// Records the end of a request of the key `key_id` on the worker called `worker`.
     pub(super) fn finished(&mut self, key_id: u64, worker: &str) {
         if let Some(state) = self.keys.get_mut(&key_id)
-            && let Some(count) = state.active.get_mut(worker)
+            && let Some((_, count)) = state
+                .active
+                .iter_mut()
+                .find(|(name, count)| *count > 0 && name == worker)
         {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                state.active.remove(worker);
-            }
+            *count -= 1;
             state.dirty = true;
         }
     }
 
-    fn evict_oldest(&mut self, announce: bool) {
+    /// Evicts the key seen longest ago: its state, for the key that takes its place.
+    fn evict_oldest(&mut self, announce: bool) -> Option<KeyState> {
         // With more live keys than max_keys this runs for most requests: the age index makes it
         // O(log n) instead of a scan of every tracked key.
-        if let Some((_, id)) = self.by_age.pop_first()
-            && let Some(state) = self.keys.remove(&id)
-            && announce
-        {
+        let (_, id) = self.by_age.pop_first()?;
+        let state = self.keys.remove(&id)?;
+        if announce {
             self.removed.push(state.label.render().to_string());
         }
+        Some(state)
     }
 
     /// Every tracked key's record, most recently seen first (for snapshots).
@@ -264,5 +294,80 @@ fn copy_if_changed(slot: &mut String, value: &str) {
     if slot != value {
         slot.clear();
         slot.push_str(value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bch_core::router::{Router, WorkerSpec};
+
+    fn worker(name: &str, port: u16) -> WorkerSpec {
+        WorkerSpec {
+            name: name.into(),
+            url: format!("http://127.0.0.1:{port}"),
+            ring_id: None,
+            source: Default::default(),
+            max_in_flight: None,
+            models: Vec::new(),
+        }
+    }
+
+    fn owned(text: &str) -> String {
+        text.to_owned()
+    }
+
+    fn active(tracker: &KeyTracker) -> Vec<(String, Vec<(String, u64)>)> {
+        tracker
+            .records()
+            .into_iter()
+            .map(|record| (record.key, record.active.into_iter().collect()))
+            .collect()
+    }
+
+    /// Counts that drop to 0 keep their entries for reuse, and a key evicted for another lends it
+    /// its state: what clients see is as if every idle entry and evicted key were gone.
+    #[test]
+    fn recycled_entries_and_states_never_show() {
+        let router = Router::new(vec![worker("a", 1), worker("b", 2)], Default::default()).unwrap();
+        let table = router.table();
+        let key = |text: &[u8]| {
+            let explicit = RoutingKey::Explicit(ExplicitKey::parse(text).unwrap());
+            KeyTag::from_key(&explicit, false).unwrap()
+        };
+        let on = |worker: usize| Decision {
+            worker: Some(worker),
+            ..router.route(&RoutingKey::None).decision
+        };
+        let mut tracker = KeyTracker::new(1);
+        let first = key(b"first");
+        tracker.routed(1, &table, &on(0), first.clone(), true);
+        tracker.routed(1, &table, &on(0), first.clone(), true);
+        tracker.finished(first.id, "a");
+        assert_eq!(active(&tracker), [(owned("first"), vec![(owned("a"), 1)])]);
+        tracker.finished(first.id, "a");
+        assert_eq!(active(&tracker), [(owned("first"), vec![])]);
+        // Idle on `a`: a request on `b` takes the idle entry, one on `a` again gets its own.
+        tracker.routed(2, &table, &on(1), first.clone(), true);
+        tracker.routed(2, &table, &on(0), first.clone(), true);
+        assert_eq!(
+            active(&tracker),
+            [(owned("first"), vec![(owned("a"), 1), (owned("b"), 1)])]
+        );
+        // A second key evicts the first (max_keys 1) and starts from nothing, though in its
+        // state; the first's requests ending later change nothing.
+        let second = key(b"second");
+        tracker.routed(3, &table, &on(1), second.clone(), true);
+        tracker.finished(first.id, "a");
+        let records = tracker.records();
+        assert_eq!(records.len(), 1);
+        assert_eq!(records[0].key, "second");
+        assert_eq!(records[0].requests_total, 1);
+        assert_eq!(records[0].current, "b");
+        assert_eq!(
+            records[0].active.clone().into_iter().collect::<Vec<_>>(),
+            [(owned("b"), 1)]
+        );
+        assert_eq!(tracker.take_changes().1, ["first"]);
     }
 }
