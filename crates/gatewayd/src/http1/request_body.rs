@@ -176,7 +176,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Shared<IO> {
                     if *left == 0 {
                         self.decoding = Decoding::Done;
                     }
-                    let data = self.pending.split_to(take).freeze();
+                    // The usual case, a body read whole with its head, takes the buffer as it
+                    // is: splitting it would make it shared (an allocation) for nothing.
+                    let data = if take == self.pending.len() {
+                        std::mem::take(&mut self.pending).freeze()
+                    } else {
+                        self.pending.split_to(take).freeze()
+                    };
                     self.release_pending();
                     return Poll::Ready(Some(Ok(data)));
                 }

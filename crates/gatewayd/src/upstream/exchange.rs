@@ -119,13 +119,26 @@ fn encode_head(request: &Request<UpstreamBody>) -> (Vec<u8>, RequestFraming) {
         drop_length = true;
         RequestFraming::Chunked
     };
-    let mut head = Vec::with_capacity(64 + headers.len() * 32);
-    head.extend_from_slice(request.method().as_str().as_bytes());
-    head.push(b' ');
+    // The body's first bytes join the head when they are there at once (one write): room for
+    // them too, so the buffer is allocated once, not grown.
+    let body_room = match framing {
+        RequestFraming::Length(length) => {
+            usize::try_from(length).map_or(WRITE_GATHER_LIMIT, |l| l.min(WRITE_GATHER_LIMIT))
+        }
+        RequestFraming::Chunked => 0,
+    };
     let target = request
         .uri()
         .path_and_query()
         .map_or("/", http::uri::PathAndQuery::as_str);
+    // The request line, the framing field, the blank line, then the fields.
+    let head_size = headers.iter().fold(
+        request.method().as_str().len() + target.len() + 64,
+        |size, (name, value)| size + name.as_str().len() + value.len() + 4,
+    );
+    let mut head = Vec::with_capacity(head_size + body_room);
+    head.extend_from_slice(request.method().as_str().as_bytes());
+    head.push(b' ');
     head.extend_from_slice(target.as_bytes());
     head.extend_from_slice(b" HTTP/1.1\r\n");
     for (name, value) in headers {
@@ -294,8 +307,10 @@ impl RequestWriter {
                 self.pending.extend_from_slice(data);
             }
             RequestFraming::Chunked => {
+                let mut digits = [0u8; 16];
                 self.pending
-                    .extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                    .extend_from_slice(crate::chunked::chunk_size_digits(data.len(), &mut digits));
+                self.pending.extend_from_slice(b"\r\n");
                 self.pending.extend_from_slice(data);
                 self.pending.extend_from_slice(b"\r\n");
             }
