@@ -14,7 +14,7 @@ use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body;
@@ -27,6 +27,10 @@ use super::tls::WorkerStream;
 pub const MAX_RESPONSE_HEADERS: usize = 100;
 /// Most bytes a worker's response head may take (hyper's default read buffer limit).
 pub const MAX_RESPONSE_HEAD_BYTES: usize = 8192 + 4096 * 100;
+/// Header fields a parsed response head has room for beyond its own: the ones the proxy adds
+/// (`x-bch-worker`, `x-smg-routed-worker-id`, `x-bch-branch`, `x-request-id`,
+/// `x-bch-queue-wait-ms`), so adding them never grows the map.
+pub const RESPONSE_HEADER_ROOM: usize = 5;
 /// The first read of a response head; the buffer grows up to [`MAX_RESPONSE_HEAD_BYTES`].
 const FIRST_HEAD_READ: usize = 8192;
 /// Request bytes gathered before they are written (frames that are ready at once go together).
@@ -335,8 +339,8 @@ pub(super) struct ParsedHead {
     pub framing: ResponseFraming,
     /// Whether the worker lets the connection serve another request after this response.
     pub keep_alive: bool,
-    /// The bytes read past the head: the body's start.
-    pub rest: BytesMut,
+    /// The bytes read past the head: the body's start (a slice of the head's buffer).
+    pub rest: Bytes,
 }
 
 /// How a response body is delimited (RFC 9112 §6.3).
@@ -401,14 +405,29 @@ pub(super) fn poll_head(
 }
 
 /// Parses the complete head at `buffer`'s start, skipping informational (`1xx`) heads; `None`
-/// while it is incomplete.
+/// while it is incomplete (`buffer` then holds what it held, but the skipped heads).
+///
+/// The head is parsed in the buffer made shared: its header values and the body bytes behind it
+/// become slices of the one allocation instead of copies. Nothing of it outlives the response's
+/// start: the server drops the head once it is encoded for the client, and the body's first poll
+/// takes the bytes behind it.
 fn parse_head(buffer: &mut BytesMut, method: &Method) -> Result<Option<ParsedHead>, ParseError> {
+    let mut bytes = std::mem::take(buffer).freeze();
     loop {
-        let mut fields = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
-        let mut parsed = httparse::Response::new(&mut fields);
-        let length = match parsed.parse(buffer) {
+        let mut fields =
+            [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_RESPONSE_HEADERS];
+        let mut parsed = httparse::Response::new(&mut []);
+        let length = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut parsed,
+            &bytes,
+            &mut fields,
+        ) {
             Ok(httparse::Status::Complete(length)) => length,
-            Ok(httparse::Status::Partial) => return Ok(None),
+            Ok(httparse::Status::Partial) => {
+                // Unshared still: back to the buffer without a copy.
+                *buffer = BytesMut::from(bytes);
+                return Ok(None);
+            }
             Err(httparse::Error::TooManyHeaders) => return Err(ParseError::TooLarge),
             Err(error) => return Err(ParseError::Invalid(error)),
         };
@@ -419,8 +438,8 @@ fn parse_head(buffer: &mut BytesMut, method: &Method) -> Result<Option<ParsedHea
             return Err(ParseError::Upgrade);
         }
         if status.is_informational() {
-            let _ = buffer.split_to(length);
-            if buffer.is_empty() {
+            bytes.advance(length);
+            if bytes.is_empty() {
                 return Ok(None);
             }
             continue;
@@ -432,11 +451,12 @@ fn parse_head(buffer: &mut BytesMut, method: &Method) -> Result<Option<ParsedHea
         };
         let mut keep_alive = version == Version::HTTP_11;
         let mut saw_close = false;
-        let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+        // Room for the fields the gateway adds to the response, so adding them never grows it.
+        let mut headers = HeaderMap::with_capacity(parsed.headers.len() + RESPONSE_HEADER_ROOM);
         for field in parsed.headers.iter() {
             let name = HeaderName::from_bytes(field.name.as_bytes())
                 .map_err(|_| ParseError::Invalid(httparse::Error::HeaderName))?;
-            let value = HeaderValue::from_bytes(field.value)
+            let value = HeaderValue::from_maybe_shared(bytes.slice_ref(field.value))
                 .map_err(|_| ParseError::Invalid(httparse::Error::HeaderValue))?;
             if name == header::CONNECTION {
                 if saw_close || has_token(&value, "close") {
@@ -453,7 +473,7 @@ fn parse_head(buffer: &mut BytesMut, method: &Method) -> Result<Option<ParsedHea
             .filter(|reason| Some(*reason) != status.canonical_reason())
             .and_then(|reason| hyper::ext::ReasonPhrase::try_from(reason.as_bytes()).ok());
         let framing = response_framing(status, version, &headers, method)?;
-        let rest = buffer.split_off(length);
+        let rest = bytes.slice(length..);
         let mut response = Response::new(());
         *response.status_mut() = status;
         *response.version_mut() = version;

@@ -4,7 +4,8 @@
 //! `Bytes` split and channel hand-off per chunk as with hyper's client. For a client that takes
 //! the body chunked too (HTTP/1.1), the frame is the chunks as they came
 //! ([`ResponseBody::keep_chunk_framing`]): the client's connection writes them without decoding
-//! and chunk-encoding them again. Otherwise only the data goes on.
+//! and chunk-encoding them again. Otherwise only the data goes on. The chunks that came with the
+//! head (a slice of the head's buffer, not a copy) go out in one frame with the first read's.
 //!
 //! Nothing is buffered between reads: a read goes into the polling task's stack and only the
 //! data that came is copied out, so a held stream whose worker is thinking holds no read buffer
@@ -54,8 +55,9 @@ pub struct ResponseBody {
     /// `None` once the body ended (the connection was released) or was closed.
     connection: Option<UpstreamConnection>,
     framing: Framing,
-    /// Body bytes read together with the head; handed on by the first poll.
-    head_rest: Option<BytesMut>,
+    /// Body bytes read together with the head (a slice of the head's buffer); handed on by the
+    /// first poll.
+    head_rest: Option<Bytes>,
     /// The worker lets the connection serve another request after this response.
     keep_alive: bool,
     /// A malformation found behind data that was handed on first; returned by the next poll.
@@ -69,7 +71,7 @@ impl ResponseBody {
         connection: UpstreamConnection,
         framing: ResponseFraming,
         keep_alive: bool,
-        head_rest: BytesMut,
+        head_rest: Bytes,
     ) -> Self {
         let mut body = Self {
             connection: Some(connection),
@@ -130,62 +132,88 @@ impl ResponseBody {
     /// Decodes `bytes` (a read, or the bytes behind the head) in place: the data, and whether
     /// the body ended in them.
     fn take<'a>(&mut self, bytes: &'a mut [u8]) -> Result<(&'a [u8], bool), RelayError> {
-        match &mut self.framing {
-            Framing::Length(left) => {
-                let take = usize::try_from(*left).map_or(bytes.len(), |l| l.min(bytes.len()));
-                *left -= take as u64;
-                let ended = *left == 0;
-                if ended {
-                    // Bytes after the body: not the start of another response.
-                    self.end(take == bytes.len());
-                }
-                Ok((&bytes[..take], ended))
-            }
-            Framing::Chunked(decoder) => {
-                let decoded = match decoder.decode_in_place(bytes) {
-                    Ok(decoded) => decoded,
-                    Err(Malformed { error, data: 0 }) => return Err(error.into()),
-                    Err(Malformed { error, data }) => {
-                        // The data before the bad byte is as good as ever: it goes on first.
-                        self.broken = Some(error.into());
-                        return Ok((&bytes[..data], false));
-                    }
-                };
-                let ended = decoder.is_done();
-                if ended {
-                    // Trailers are checked, then dropped: hyper's server never forwarded them
-                    // (`Trailer` is hop-by-hop, so no response announces any).
-                    decoder.take_trailers()?;
-                    self.end(decoded.consumed == bytes.len());
-                }
-                Ok((&bytes[..decoded.data], ended))
-            }
-            Framing::UntilClose => Ok((bytes, false)),
-        }
-    }
-
-    /// [`ResponseBody::take`] for a body relayed in its chunked framing: whole chunks out of
-    /// `bytes`, and whether the body ended in them.
-    fn take_framed(&mut self, bytes: &[u8]) -> Result<(Bytes, bool), RelayError> {
         let Framing::Chunked(decoder) = &mut self.framing else {
-            unreachable!("only a chunked body is framed");
+            let (take, ended) = self.take_delimited(bytes.len());
+            return Ok((&bytes[..take], ended));
         };
-        let mut out = BytesMut::with_capacity(bytes.len() + 32);
-        let consumed = match decoder.relay(bytes, &mut out) {
-            Ok(consumed) => consumed,
+        let decoded = match decoder.decode_in_place(bytes) {
+            Ok(decoded) => decoded,
             Err(Malformed { error, data: 0 }) => return Err(error.into()),
-            Err(Malformed { error, .. }) => {
-                // The chunks before the bad byte are as good as ever: they go on first.
+            Err(Malformed { error, data }) => {
+                // The data before the bad byte is as good as ever: it goes on first.
                 self.broken = Some(error.into());
-                return Ok((out.freeze(), false));
+                return Ok((&bytes[..data], false));
             }
         };
         let ended = decoder.is_done();
         if ended {
+            // Trailers are checked, then dropped: hyper's server never forwarded them
+            // (`Trailer` is hop-by-hop, so no response announces any).
             decoder.take_trailers()?;
+            self.end(decoded.consumed == bytes.len());
+        }
+        Ok((&bytes[..decoded.data], ended))
+    }
+
+    /// [`ResponseBody::take`] for a body delimited by its length or the close, which needs no
+    /// decoding: how many of `available` bytes are the body's, and whether it ended in them.
+    fn take_delimited(&mut self, available: usize) -> (usize, bool) {
+        let Framing::Length(left) = &mut self.framing else {
+            return (available, false);
+        };
+        let take = usize::try_from(*left).map_or(available, |l| l.min(available));
+        *left -= take as u64;
+        let ended = *left == 0;
+        if ended {
+            // Bytes after the body: not the start of another response.
+            self.end(take == available);
+        }
+        (take, ended)
+    }
+
+    /// [`ResponseBody::take`] for a body relayed in its chunked framing: the whole chunks of
+    /// `bytes` appended to `out`, and whether the body ended in them.
+    fn relay(&mut self, bytes: &[u8], out: &mut BytesMut) -> Result<bool, RelayError> {
+        let Framing::Chunked(decoder) = &mut self.framing else {
+            unreachable!("only a chunked body is framed");
+        };
+        // A failure drops what this call appended (but chunks before a bad byte).
+        let before = out.len();
+        let consumed = match decoder.relay(bytes, out) {
+            Ok(consumed) => consumed,
+            Err(Malformed { error, data: 0 }) => {
+                out.truncate(before);
+                return Err(error.into());
+            }
+            Err(Malformed { error, .. }) => {
+                // The chunks before the bad byte are as good as ever: they go on first.
+                self.broken = Some(error.into());
+                return Ok(false);
+            }
+        };
+        let ended = decoder.is_done();
+        if ended {
+            if let Err(error) = decoder.take_trailers() {
+                out.truncate(before);
+                return Err(error.into());
+            }
             self.end(consumed == bytes.len());
         }
-        Ok((out.freeze(), ended))
+        Ok(ended)
+    }
+
+    /// A frame of `out`'s chunks, or, when `out` holds none, `error` (the body fails): chunks
+    /// that came before a failure go on first, and the failure is returned by the next poll.
+    fn chunks_or_fail(
+        &mut self,
+        out: BytesMut,
+        error: RelayError,
+    ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
+        if out.is_empty() {
+            return Poll::Ready(Some(Err(self.fail(error))));
+        }
+        self.broken = Some(error);
+        Poll::Ready(Some(Ok(Frame::data(out.freeze()))))
     }
 
     /// The end of the connection: the end of a body delimited by it, else a truncation.
@@ -214,29 +242,45 @@ impl Body for ResponseBody {
         if let Some(error) = this.broken.take() {
             return Poll::Ready(Some(Err(this.fail(error))));
         }
+        // For a framed body, the chunks behind the head, which go out with whatever the worker
+        // sent since (one frame, one buffer).
+        let mut ahead: Option<BytesMut> = None;
         if this.framed
             && let Some(rest) = this.head_rest.take()
         {
-            match this.take_framed(&rest) {
-                Ok((data, ended)) if !data.is_empty() || ended => {
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                Ok(_) => {}
-                Err(error) => return Poll::Ready(Some(Err(this.fail(error)))),
-            }
-            if let Some(error) = this.broken.take() {
-                return Poll::Ready(Some(Err(this.fail(error))));
-            }
-        }
-        if let Some(mut rest) = this.head_rest.take() {
-            let (data, _) = match this.take(&mut rest) {
-                Ok(taken) => taken,
+            let mut out = BytesMut::with_capacity(rest.len() + 32);
+            let ended = match this.relay(&rest, &mut out) {
+                Ok(ended) => ended,
                 Err(error) => return Poll::Ready(Some(Err(this.fail(error)))),
             };
+            if ended || this.broken.is_some() {
+                if out.is_empty() && !ended {
+                    let error = this.broken.take().expect("checked above");
+                    return Poll::Ready(Some(Err(this.fail(error))));
+                }
+                return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
+            }
+            ahead = (!out.is_empty()).then_some(out);
+        }
+        if let Some(rest) = this.head_rest.take() {
+            let data = if matches!(this.framing, Framing::Chunked(_)) {
+                // Decoded in place, so in a buffer of its own (copied only while the head that
+                // shares its allocation is alive).
+                let mut rest = BytesMut::from(rest);
+                match this.take(&mut rest) {
+                    Ok((data, _)) => {
+                        let data = data.len();
+                        rest.truncate(data);
+                        rest.freeze()
+                    }
+                    Err(error) => return Poll::Ready(Some(Err(this.fail(error)))),
+                }
+            } else {
+                let (take, _) = this.take_delimited(rest.len());
+                rest.slice(..take)
+            };
             if !data.is_empty() {
-                let data = data.len();
-                rest.truncate(data);
-                return Poll::Ready(Some(Ok(Frame::data(rest.freeze()))));
+                return Poll::Ready(Some(Ok(Frame::data(data))));
             }
             if let Some(error) = this.broken.take() {
                 return Poll::Ready(Some(Err(this.fail(error))));
@@ -244,7 +288,7 @@ impl Body for ResponseBody {
         }
         loop {
             let Some(connection) = &mut this.connection else {
-                return Poll::Ready(None);
+                return Poll::Ready(ahead.map(|out| Ok(Frame::data(out.freeze()))));
             };
             connection.keep_writing(cx);
             let limit = match this.framing {
@@ -256,23 +300,36 @@ impl Body for ResponseBody {
             let mut stack = [MaybeUninit::<u8>::uninit(); READ_SIZE];
             let mut read = ReadBuf::uninit(&mut stack[..limit]);
             match Pin::new(connection.io()).poll_read(cx, &mut read) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    return match ahead {
+                        Some(out) => Poll::Ready(Some(Ok(Frame::data(out.freeze())))),
+                        None => Poll::Pending,
+                    };
+                }
                 Poll::Ready(Err(error)) => {
-                    return Poll::Ready(Some(Err(this.fail(RelayError::Read(error)))));
+                    let error = RelayError::Read(error);
+                    return this.chunks_or_fail(ahead.unwrap_or_default(), error);
                 }
                 Poll::Ready(Ok(())) if read.filled().is_empty() => {
-                    return match this.at_close() {
-                        Ok(()) => Poll::Ready(None),
-                        Err(error) => Poll::Ready(Some(Err(this.fail(error)))),
+                    // The chunks ahead go on first, then the end or the truncation.
+                    return match (this.at_close(), ahead) {
+                        (Ok(()), Some(out)) => Poll::Ready(Some(Ok(Frame::data(out.freeze())))),
+                        (Ok(()), None) => Poll::Ready(None),
+                        (Err(error), ahead) => {
+                            this.chunks_or_fail(ahead.unwrap_or_default(), error)
+                        }
                     };
                 }
                 Poll::Ready(Ok(())) => {}
             }
             if this.framed {
-                match this.take_framed(read.filled()) {
-                    Err(error) => return Poll::Ready(Some(Err(this.fail(error)))),
-                    Ok((data, ended)) if !data.is_empty() || ended => {
-                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                let filled = read.filled();
+                let mut out = ahead.take().unwrap_or_default();
+                out.reserve(filled.len() + 32);
+                match this.relay(filled, &mut out) {
+                    Err(error) => return this.chunks_or_fail(out, error),
+                    Ok(ended) if !out.is_empty() || ended => {
+                        return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
                     }
                     Ok(_) => continue,
                 }
@@ -289,7 +346,8 @@ impl Body for ResponseBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.is_done() && self.head_rest.is_none()
+        // A failure found behind the last data is still to come.
+        self.is_done() && self.head_rest.is_none() && self.broken.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
