@@ -50,7 +50,11 @@ OWNERS = [
     ("client connection state (socket, read-ahead)", ["new<> (sync.rs);{async_fn#0}<> (connection.rs)"]),
     (
         "request before its response head (boxed proxy future)",
-        ["{closure#0} (mod.rs);{closure#0}<> (server.rs);{async_fn#0}<> (connection.rs)"],
+        [
+            "{closure#0} (mod.rs);{closure#0}<> (server.rs);{async_fn#0}<> (connection.rs)",
+            # Since the service gets its connection's stall flag without a wrapping closure.
+            "{closure#0} (mod.rs);{async_fn#0}<> (connection.rs)",
+        ],
     ),
     ("worker response head being read", ["poll_head (exchange.rs)"]),
     ("worker connects in progress", ["call<> (http.rs)"]),
