@@ -9,6 +9,7 @@ mod fuzz;
 mod http1;
 mod models;
 mod relay;
+mod relay_edges;
 mod requests;
 mod smg;
 mod upstream_framing;

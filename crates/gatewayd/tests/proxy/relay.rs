@@ -17,7 +17,7 @@ use tokio::sync::Semaphore;
 
 /// What the scripted worker does for one request.
 #[derive(Clone)]
-enum Step {
+pub(super) enum Step {
     /// Writes these bytes (one `write_all`: they leave together).
     Write(&'static [u8]),
     /// Waits for the test's [`ScriptedWorker::go`].
@@ -28,10 +28,10 @@ enum Step {
 
 /// A worker that answers each data-plane request with its script, then reads the next request
 /// on the same connection; health probes get an empty 200.
-struct ScriptedWorker {
+pub(super) struct ScriptedWorker {
     addr: SocketAddr,
     /// Connections that carried a data-plane request.
-    data_connections: Arc<AtomicUsize>,
+    pub(super) data_connections: Arc<AtomicUsize>,
     /// Data-plane request targets, in arrival order.
     targets: Arc<Mutex<Vec<String>>>,
     go: Arc<Semaphore>,
@@ -45,7 +45,7 @@ impl Drop for ScriptedWorker {
 }
 
 impl ScriptedWorker {
-    async fn start(script: fn(&str) -> Vec<Step>) -> Self {
+    pub(super) async fn start(script: fn(&str) -> Vec<Step>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let data_connections = Arc::new(AtomicUsize::new(0));
@@ -83,7 +83,7 @@ impl ScriptedWorker {
     }
 
     /// Lets one [`Step::Wait`] pass.
-    fn go(&self) {
+    pub(super) fn go(&self) {
         self.go.add_permits(1);
     }
 }
@@ -147,7 +147,7 @@ async fn read_head(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<Strin
 
 /// A raw client's view of a chunked response: reads the next chunk's data (`None` at the last
 /// chunk or when the gateway closed the connection).
-async fn read_chunk(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<Vec<u8>> {
+pub(super) async fn read_chunk(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<Vec<u8>> {
     loop {
         if let Some(end) = buffer.windows(2).position(|w| w == b"\r\n") {
             let size_line = std::str::from_utf8(&buffer[..end]).unwrap();
@@ -167,7 +167,7 @@ async fn read_chunk(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<Vec<
     }
 }
 
-fn config_for(worker: &ScriptedWorker) -> Config {
+pub(super) fn config_for(worker: &ScriptedWorker) -> Config {
     let mut config = test_config(&[]);
     config.workers = vec![WorkerConfig {
         name: Some("w".to_owned()),
@@ -183,7 +183,10 @@ fn config_for(worker: &ScriptedWorker) -> Config {
 }
 
 /// Opens a raw connection to the gateway, sends a GET for `path` and reads the response head.
-async fn raw_get(gateway: &gatewayd::RunningGateway, path: &str) -> (TcpStream, String, Vec<u8>) {
+pub(super) async fn raw_get(
+    gateway: &gatewayd::RunningGateway,
+    path: &str,
+) -> (TcpStream, String, Vec<u8>) {
     let mut stream = TcpStream::connect(gateway.data_addr).await.unwrap();
     let request = format!("GET {path} HTTP/1.1\r\nhost: gateway\r\n\r\n");
     stream.write_all(request.as_bytes()).await.unwrap();
@@ -192,7 +195,7 @@ async fn raw_get(gateway: &gatewayd::RunningGateway, path: &str) -> (TcpStream, 
     (stream, head, buffer)
 }
 
-const SSE_HEAD: &[u8] =
+pub(super) const SSE_HEAD: &[u8] =
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
 
 /// Three SSE events the worker wrote at once (a chunk each) reach the client byte for byte as the
@@ -389,7 +392,7 @@ async fn odd_size_lines_reach_the_client_plain() {
 /// interpretation reads it (LF line ends): a blank line dispatches the fields before it as one
 /// event (`message` unless an `event` field named it), and dispatches nothing when no `data`
 /// field came; a line without a blank one after it is never dispatched.
-fn sse_events(stream: &str) -> Vec<(String, String)> {
+pub(super) fn sse_events(stream: &str) -> Vec<(String, String)> {
     let mut events = Vec::new();
     let (mut event_type, mut data) = (String::new(), None::<String>);
     for line in stream
