@@ -175,8 +175,9 @@ async fn a_malformed_size_line_read_with_the_head_is_answered_after_the_good_chu
     gateway.shutdown().await;
 }
 
-/// The last chunk and its trailers read with the head end the body: the client gets it whole and
-/// the connection serves the next request, unless bytes followed the trailers.
+/// The last chunk and its trailers read with the head (behind informational heads too, for an
+/// HTTP/1.0 client too) end the body: the client gets it whole and the connection serves the next
+/// request, unless bytes followed the trailers.
 #[tokio::test]
 async fn a_whole_body_with_trailers_read_with_the_head_ends_it_and_keeps_the_connection() {
     let worker = ScriptedWorker::start(|target| match target {
@@ -188,6 +189,14 @@ async fn a_whole_body_with_trailers_read_with_the_head_ends_it_and_keeps_the_con
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
               transfer-encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n0\r\nx-trailer: t\r\n\r\n",
         )],
+        "/hints" => vec![Step::Write(
+            b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 200 OK\r\n\
+              transfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        )],
+        "/continue" => vec![
+            Step::Write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-le"),
+            Step::Write(b"ngth: 5\r\nx-after: y\r\n\r\nhello"),
+        ],
         "/stray" => vec![Step::Write(
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\
               5\r\nhello\r\n0\r\nx-trailer: t\r\n\r\nHTTP/1.1 200 OK\r\n\r\n",
@@ -214,6 +223,20 @@ async fn a_whole_body_with_trailers_read_with_the_head_ends_it_and_keeps_the_con
     assert_eq!(get("/trailers").await, b"hello");
     assert_eq!(get("/sse").await, b"data: 1\n\n");
     assert_eq!(get("/trailers").await, b"hello");
+    // Informational heads before the final one, in its read or split from it by a read.
+    assert_eq!(get("/hints").await, b"hello");
+    assert_eq!(get("/continue").await, b"hello");
+    // An HTTP/1.0 client gets the data of the chunks read with the head, delimited by the close.
+    let mut stream = TcpStream::connect(gateway.data_addr).await.unwrap();
+    stream
+        .write_all(b"GET /trailers HTTP/1.0\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(PROMPT, stream.read_to_end(&mut answer)).await;
+    read.expect("the close").unwrap();
+    assert!(answer.starts_with(b"HTTP/1.0 200 OK\r\n"));
+    assert!(answer.ends_with(b"\r\n\r\nhello"), "{answer:?}");
     assert_eq!(wait_all_idle(&gateway).await, vec![("w".to_owned(), 0)]);
     assert_eq!(worker.data_connections.load(Ordering::SeqCst), 1);
     assert_eq!(get("/stray").await, b"hello");
