@@ -429,3 +429,75 @@ async fn set_policy_changes_admission_with_the_tomls_names() {
     assert_eq!(gateway.routing_table().policy().admission.max_kv_usage, 0.0);
     gateway.shutdown().await;
 }
+
+/// With more keys than `[telemetry] max_keys`, a new key takes the place (and the recycled state)
+/// of the one seen longest ago: its record counts only its own requests in flight, never the
+/// evicted key's, and the evicted key's requests ending later change nothing of it.
+#[tokio::test]
+async fn a_key_that_takes_an_evicted_keys_place_shows_only_its_own_counts() {
+    let (a, b) = (fake_worker("a").await, fake_worker("b").await);
+    let mut config = test_config(&[&a, &b]);
+    config.telemetry.max_keys = 1;
+    let gateway = start(config).await;
+    let mut client = Client::connect(&gateway).await;
+    client.frame().await;
+    let http = bch_drill::tls::http_client().build().unwrap();
+    let url = format!("http://{}/hold", gateway.data_addr);
+    let hold = |key: &'static str| {
+        let request = http.get(&url).header("x-smg-routing-key", key);
+        async move {
+            let mut held = request.send().await.unwrap();
+            let worker = held.headers()["x-bch-worker"].to_str().unwrap().to_owned();
+            held.chunk().await.unwrap();
+            (held, worker)
+        }
+    };
+    let record_of = |key: &'static str, requests: u64| {
+        move |message: &ServerMessage| match message {
+            ServerMessage::Tick(tick) => tick
+                .keys
+                .iter()
+                .find(|k| k.key == key && k.requests_total == requests)
+                .cloned(),
+            _ => None,
+        }
+    };
+    let (first, first_worker) = hold("first-key").await;
+    let record = client.until(record_of("first-key", 1)).await;
+    assert_eq!(
+        record.active.into_iter().collect::<Vec<_>>(),
+        [(first_worker.clone(), 1)]
+    );
+
+    let (_second, second_worker) = hold("second-key").await;
+    let record = client.until(record_of("second-key", 1)).await;
+    assert_eq!(
+        record.active.into_iter().collect::<Vec<_>>(),
+        [(second_worker.clone(), 1)],
+        "the evicted key's request on {first_worker} is not the new key's"
+    );
+
+    // The evicted key's request ends; then the new key's second request starts.
+    drop(first);
+    client
+        .until(|m| match m {
+            ServerMessage::Tick(t) => t
+                .workers
+                .iter()
+                .find(|w| {
+                    w.name == first_worker && w.active == u64::from(first_worker == second_worker)
+                })
+                .map(|_| ()),
+            _ => None,
+        })
+        .await;
+    let (_third, third_worker) = hold("second-key").await;
+    let record = client.until(record_of("second-key", 2)).await;
+    let mut expected = std::collections::BTreeMap::new();
+    *expected.entry(second_worker).or_insert(0) += 1;
+    *expected.entry(third_worker).or_insert(0) += 1;
+    assert_eq!(record.active, expected);
+    a.release_all();
+    b.release_all();
+    gateway.shutdown().await;
+}
