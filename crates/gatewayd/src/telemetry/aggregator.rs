@@ -30,6 +30,12 @@ use crate::per_worker::{TableKeys, WorkerKey};
 /// bursts (a group of sibling requests), and a per-100 ms rate would flicker between 0 and a peak.
 const RATE_WINDOW: Duration = Duration::from_secs(1);
 
+/// How long data-path events gather in the queue before the aggregator applies them, while they
+/// keep coming. Invisible to clients (ticks and commands drain the queue first); it bounds the
+/// queue's fill: 100,000 requests/s (two events each at most) fill 2,000 of its 65,536 places in a
+/// window.
+const BATCH_WINDOW: Duration = Duration::from_millis(10);
+
 /// Request and spill counts at recent ticks, for rates averaged over [`RATE_WINDOW`].
 struct Rates {
     /// `(time, requests_total, spills_total)` at recent ticks, oldest first, spanning about
@@ -221,7 +227,12 @@ impl Aggregator {
         }
     }
 
-    /// Runs until `shutdown`: events first as they come (a burst in one wake-up), commands, ticks.
+    /// Runs until `shutdown`. Events are applied in batches: the first one after a quiet spell
+    /// wakes the task, then it lets events gather for [`BATCH_WINDOW`] before it drains the queue
+    /// again, for as long as events keep coming. Frames leave only with ticks and commands, which
+    /// drain the queue first, so what clients see is the same as if every event woke the task;
+    /// the data path's sends just stop waking it once per request (two events a request, at
+    /// thousands of requests a second, were a task wake-up each).
     pub(super) async fn run(
         mut self,
         mut events: mpsc::Receiver<Event>,
@@ -230,23 +241,50 @@ impl Aggregator {
     ) {
         let mut interval = tokio::time::interval(self.interval);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // Made once: a wait made anew per wake-up (two per request) would register with the
-        // token and leave it again each time.
+        // Made once: a wait made anew per wake-up would register with the token and leave it
+        // again each time.
         let cancelled = shutdown.cancelled();
         tokio::pin!(cancelled);
+        let batch = tokio::time::sleep(BATCH_WINDOW);
+        tokio::pin!(batch);
+        // Whether events are arriving: the batch timer, not the queue, wakes the task.
+        let mut gathering = false;
         loop {
             tokio::select! {
                 () = &mut cancelled => break,
-                Some(event) = events.recv() => {
+                Some(event) = events.recv(), if !gathering => {
                     self.apply(event);
-                    while let Ok(event) = events.try_recv() {
-                        self.apply(event);
+                    self.drain(&mut events);
+                    gathering = true;
+                    batch.as_mut().reset(tokio::time::Instant::now() + BATCH_WINDOW);
+                }
+                () = &mut batch, if gathering => {
+                    // A window without events ends the batching: the next event wakes the task.
+                    gathering = self.drain(&mut events) > 0;
+                    if gathering {
+                        batch.as_mut().reset(tokio::time::Instant::now() + BATCH_WINDOW);
                     }
                 }
-                Some(command) = control.recv() => self.control(command),
-                _ = interval.tick() => self.tick(),
+                Some(command) = control.recv() => {
+                    self.drain(&mut events);
+                    self.control(command);
+                }
+                _ = interval.tick() => {
+                    self.drain(&mut events);
+                    self.tick();
+                }
             }
         }
+    }
+
+    /// Applies every event waiting in the queue; returns how many there were.
+    fn drain(&mut self, events: &mut mpsc::Receiver<Event>) -> usize {
+        let mut applied = 0;
+        while let Ok(event) = events.try_recv() {
+            self.apply(event);
+            applied += 1;
+        }
+        applied
     }
 
     fn apply(&mut self, event: Event) {

@@ -178,10 +178,13 @@ mod tests {
 
     use super::*;
 
-    /// Back-pressure as the aggregator applies it: a client whose queue is full loses frames
-    /// (counted in `dropped_events`) and gets a fresh snapshot once its queue has room.
-    #[tokio::test(start_paused = true)]
-    async fn a_full_client_queue_drops_ticks_then_resyncs() {
+    /// A one-worker router and a telemetry aggregator over it, ticking every `tick`, with
+    /// `client_queue` frames of room per client.
+    fn start_telemetry(
+        tick: Duration,
+        client_queue: usize,
+        shutdown: &CancellationToken,
+    ) -> (Arc<Router>, Telemetry) {
         let worker = WorkerSpec {
             name: "a".into(),
             url: "http://127.0.0.1:1".into(),
@@ -192,11 +195,10 @@ mod tests {
         };
         let router = Arc::new(Router::new(vec![worker], Default::default()).unwrap());
         let config = TelemetryConfig {
-            interval: Duration::from_millis(5),
-            client_queue: 2,
+            interval: tick,
+            client_queue,
             ..TelemetryConfig::default()
         };
-        let shutdown = CancellationToken::new();
         let telemetry = Telemetry::start(
             Arc::clone(&router),
             &config,
@@ -204,18 +206,61 @@ mod tests {
             Arc::new(AdmissionStats::default()),
             shutdown.clone(),
         );
+        (router, telemetry)
+    }
+
+    /// Routes one request of the explicit key `text` and tells telemetry.
+    fn route(router: &Router, telemetry: &Telemetry, text: &str) {
+        let key = RoutingKey::Explicit(ExplicitKey::parse(text.as_bytes()).unwrap());
+        let routed = router.route(&key);
+        telemetry.routed(
+            &routed.table,
+            &routed.decision,
+            KeyTag::from_key(&key, false),
+        );
+    }
+
+    /// Lets the aggregator task run until it waits (the test runtime has one thread).
+    async fn settle() {
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Events gather in the queue between the aggregator's wake-ups, yet a client that joins
+    /// sees every request routed before it asked: the command drains the queue first.
+    #[tokio::test(start_paused = true)]
+    async fn a_snapshot_holds_the_events_sent_just_before_it() {
+        let shutdown = CancellationToken::new();
+        let (router, telemetry) = start_telemetry(Duration::from_secs(60), 8, &shutdown);
+        // The aggregator's first tick comes at once; the next is a minute away.
+        settle().await;
+        route(&router, &telemetry, "first");
+        // The first event wakes the aggregator, which then lets the next ones gather.
+        settle().await;
+        route(&router, &telemetry, "second");
+        let (_id, mut frames) = telemetry.register(bch_core::telemetry::PROTOCOL_VERSION);
+        let body = frames.recv().await.expect("a snapshot");
+        let ServerMessage::Snapshot(snapshot) = serde_json::from_str(&body).unwrap() else {
+            panic!("the first frame is a snapshot: {body}");
+        };
+        let mut keys: Vec<&str> = snapshot.keys.iter().map(|k| k.key.as_str()).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["first", "second"]);
+        shutdown.cancel();
+    }
+
+    /// Back-pressure as the aggregator applies it: a client whose queue is full loses frames
+    /// (counted in `dropped_events`) and gets a fresh snapshot once its queue has room.
+    #[tokio::test(start_paused = true)]
+    async fn a_full_client_queue_drops_ticks_then_resyncs() {
+        let shutdown = CancellationToken::new();
+        let (router, telemetry) = start_telemetry(Duration::from_millis(5), 2, &shutdown);
         let (id, mut frames) = telemetry.register(bch_core::telemetry::FIRST_PROTOCOL_VERSION);
         // Traffic that changes a key on every request, while nobody reads the queue: ticks (one
         // every 5 ms of paused, auto-advancing time) overflow the 2-frame queue.
         for i in 0..50 {
-            let text = format!("k{i}");
-            let key = RoutingKey::Explicit(ExplicitKey::parse(text.as_bytes()).unwrap());
-            let routed = router.route(&key);
-            telemetry.routed(
-                &routed.table,
-                &routed.decision,
-                KeyTag::from_key(&key, false),
-            );
+            route(&router, &telemetry, &format!("k{i}"));
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let mut seen_snapshots = 0;
