@@ -51,6 +51,11 @@ pub enum ParseError {
     /// `Transfer-Encoding` in an HTTP/1.0 response.
     #[error("unexpected transfer-encoding parsed")]
     TransferEncoding,
+    /// A transfer coding besides `chunked` (`gzip, chunked`, or `gzip` alone): the gateway
+    /// decodes none, and `Transfer-Encoding` is hop-by-hop, so relaying the body would hand the
+    /// client coded bytes it was never told about. Envoy refuses these responses too.
+    #[error("transfer coding other than chunked")]
+    TransferCoding,
     /// A `101 Switching Protocols` to a request that asked for no upgrade.
     #[error("unexpected 101 Switching Protocols")]
     Upgrade,
@@ -491,8 +496,10 @@ fn parse_head(buffer: &mut BytesMut, method: &Method) -> Result<Option<ParsedHea
 }
 
 /// The body's framing by hyper's rules: none for `HEAD`, 204 and 304; chunked when
-/// `Transfer-Encoding` ends in `chunked` (never in HTTP/1.0), up to the close when it ends in
-/// something else; else `Content-Length` (all values agreeing), else up to the close.
+/// `Transfer-Encoding` names `chunked` and nothing else (never in HTTP/1.0; any other coding is
+/// refused, where hyper read the body up to the close and left the coding to the client, which
+/// the hop-by-hop field no longer named); else `Content-Length` (all values agreeing), else up
+/// to the close.
 fn response_framing(
     status: StatusCode,
     version: Version,
@@ -509,18 +516,22 @@ fn response_framing(
         if version == Version::HTTP_10 {
             return Err(ParseError::TransferEncoding);
         }
-        let chunked = headers
+        // Every coding of every field, in order: exactly one, `chunked`.
+        let mut codings = headers
             .get_all(header::TRANSFER_ENCODING)
             .iter()
-            .next_back()
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.rsplit(',').next())
-            .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
-        return Ok(if chunked {
-            ResponseFraming::Chunked
+            .flat_map(|value| value.as_bytes().split(|&byte| byte == b','))
+            .map(<[u8]>::trim_ascii)
+            .filter(|coding| !coding.is_empty());
+        let only_chunked = codings
+            .next()
+            .is_some_and(|coding| coding.eq_ignore_ascii_case(b"chunked"))
+            && codings.next().is_none();
+        return if only_chunked {
+            Ok(ResponseFraming::Chunked)
         } else {
-            ResponseFraming::UntilClose
-        });
+            Err(ParseError::TransferCoding)
+        };
     }
     Ok(match content_length(headers)? {
         Some(0) => ResponseFraming::Empty,

@@ -12,7 +12,7 @@ fn response_heads_are_framed_as_hyper_framed_them() {
     let cases: [(&[u8], ResponseFraming, bool); 7] = [
         (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello", ResponseFraming::Length(5), true),
         (b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n", ResponseFraming::Chunked, true),
-        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n", ResponseFraming::UntilClose, false),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: ,Chunked ,\r\n\r\n", ResponseFraming::Chunked, true),
         (b"HTTP/1.1 200 OK\r\n\r\n", ResponseFraming::UntilClose, false),
         (b"HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\n", ResponseFraming::Empty, true),
         (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n", ResponseFraming::Empty, false),
@@ -46,7 +46,7 @@ fn malformed_heads_fail_with_hyper_s_kinds_of_error() {
         .map(|i| format!("x-{i}: v\r\n"))
         .collect();
     let many = format!("HTTP/1.1 200 OK\r\n{many}\r\n");
-    let cases: [(&[u8], ParseError); 5] = [
+    let cases: [(&[u8], ParseError); 8] = [
         (
             b"NOT HTTP AT ALL\r\n\r\n",
             ParseError::Invalid(httparse::Error::Version),
@@ -58,6 +58,18 @@ fn malformed_heads_fail_with_hyper_s_kinds_of_error() {
         (
             b"HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
             ParseError::TransferEncoding,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
+            ParseError::TransferCoding,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+            ParseError::TransferCoding,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\n",
+            ParseError::TransferCoding,
         ),
         (
             b"HTTP/1.1 101 Switching Protocols\r\n\r\n",

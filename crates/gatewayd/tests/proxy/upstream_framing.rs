@@ -769,6 +769,11 @@ async fn malformed_worker_responses_say_what_happened() {
             "/two-lengths" => {
                 b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 5\r\n\r\nhello".to_vec()
             }
+            // Gzip-coded bytes the client would get without a word saying so.
+            "/gzip-chunked" => {
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
+                    .to_vec()
+            }
             _ => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec(),
         };
         Reply {
@@ -787,6 +792,7 @@ async fn malformed_worker_responses_say_what_happened() {
         ("/garbage", "invalid"),
         ("/huge-head", "too large"),
         ("/two-lengths", "content-length"),
+        ("/gzip-chunked", "transfer coding other than chunked"),
     ] {
         let (status, body) = get(&gateway, path).await;
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
@@ -800,7 +806,7 @@ async fn malformed_worker_responses_say_what_happened() {
         assert!(message.contains(needle), "{path}: {message}");
     }
     assert_eq!(get(&gateway, "/fine").await, (200, b"ok".to_vec()));
-    assert_eq!(gateway.routing_table().workers()[0].stats.errors_total(), 3);
+    assert_eq!(gateway.routing_table().workers()[0].stats.errors_total(), 4);
     assert_eq!(wait_all_idle(&gateway).await, vec![("w".to_owned(), 0)]);
     gateway.shutdown().await;
 }
