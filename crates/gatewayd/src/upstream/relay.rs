@@ -149,7 +149,14 @@ impl ResponseBody {
         if ended {
             // Trailers are checked, then dropped: hyper's server never forwarded them
             // (`Trailer` is hop-by-hop, so no response announces any).
-            decoder.take_trailers()?;
+            if let Err(error) = decoder.take_trailers() {
+                if decoded.data == 0 {
+                    return Err(error.into());
+                }
+                // The data before the bad trailer is as good as ever: it goes on first.
+                self.broken = Some(error.into());
+                return Ok((&bytes[..decoded.data], false));
+            }
             self.end(decoded.consumed == bytes.len());
         }
         Ok((&bytes[..decoded.data], ended))
@@ -177,7 +184,8 @@ impl ResponseBody {
         let Framing::Chunked(decoder) = &mut self.framing else {
             unreachable!("only a chunked body is framed");
         };
-        // A failure drops what this call appended (but chunks before a bad byte).
+        // Chunks appended before a failure (a bad byte, a bad trailer) are as good as ever: they
+        // go on first, and the failure with the next poll.
         let before = out.len();
         let consumed = match decoder.relay(bytes, out) {
             Ok(consumed) => consumed,
@@ -186,7 +194,6 @@ impl ResponseBody {
                 return Err(error.into());
             }
             Err(Malformed { error, .. }) => {
-                // The chunks before the bad byte are as good as ever: they go on first.
                 self.broken = Some(error.into());
                 return Ok(false);
             }
@@ -194,8 +201,11 @@ impl ResponseBody {
         let ended = decoder.is_done();
         if ended {
             if let Err(error) = decoder.take_trailers() {
-                out.truncate(before);
-                return Err(error.into());
+                if out.len() == before {
+                    return Err(error.into());
+                }
+                self.broken = Some(error.into());
+                return Ok(false);
             }
             self.end(consumed == bytes.len());
         }

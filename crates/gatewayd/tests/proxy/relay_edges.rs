@@ -109,10 +109,10 @@ async fn chunks_read_with_the_head_reach_the_client_before_the_worker_writes_aga
     gateway.shutdown().await;
 }
 
-/// A malformed size line in the read that brought the head, behind a good chunk: the good chunk
-/// goes on, then an event stream ends with `event: error` and any other body is cut (its head
-/// already out); each failure counts once against the worker, the load is released and neither
-/// broken connection is reused.
+/// A malformed size line (or trailer) in the read that brought the head, behind a good chunk:
+/// the good chunk goes on, then an event stream ends with `event: error` and any other body is
+/// cut (its head already out); each failure counts once against the worker, the load is released
+/// and no broken connection is reused.
 #[tokio::test]
 async fn a_malformed_size_line_read_with_the_head_is_answered_after_the_good_chunks() {
     let worker = ScriptedWorker::start(|target| match target {
@@ -130,6 +130,14 @@ async fn a_malformed_size_line_read_with_the_head_is_answered_after_the_good_chu
             ),
             Step::Wait,
         ],
+        // The last chunk, then a trailer line without a colon.
+        "/sse-trailer" => vec![
+            Step::Write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                  transfer-encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n0\r\nno colon\r\n\r\n",
+            ),
+            Step::Wait,
+        ],
         _ => vec![Step::Write(
             b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
         )],
@@ -138,20 +146,25 @@ async fn a_malformed_size_line_read_with_the_head_is_answered_after_the_good_chu
     let gateway = start(config_for(&worker)).await;
     let url = |path: &str| format!("http://{}{path}", gateway.data_addr);
 
-    let response = client().get(url("/sse")).send().await.unwrap();
-    assert_eq!(response.status(), 200);
-    let body = tokio::time::timeout(PROMPT, response.text()).await;
-    let body = body.expect("the stream ends without the worker").unwrap();
-    assert_eq!(
-        sse_events(&body),
-        [
-            ("message".to_owned(), "1".to_owned()),
-            ("error".to_owned(), STREAM_ERROR.to_owned()),
-        ],
-        "{body:?}"
-    );
-    assert_eq!(wait_all_idle(&gateway).await, vec![("w".to_owned(), 0)]);
-    assert_eq!(gateway.routing_table().workers()[0].stats.errors_total(), 1);
+    for (path, errors) in [("/sse", 1), ("/sse-trailer", 2)] {
+        let response = client().get(url(path)).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        let body = tokio::time::timeout(PROMPT, response.text()).await;
+        let body = body.expect("the stream ends without the worker").unwrap();
+        assert_eq!(
+            sse_events(&body),
+            [
+                ("message".to_owned(), "1".to_owned()),
+                ("error".to_owned(), STREAM_ERROR.to_owned()),
+            ],
+            "{path}: {body:?}"
+        );
+        assert_eq!(wait_all_idle(&gateway).await, vec![("w".to_owned(), 0)]);
+        assert_eq!(
+            gateway.routing_table().workers()[0].stats.errors_total(),
+            errors
+        );
+    }
 
     let (mut stream, head, mut buffer) = raw_get(&gateway, "/json").await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
@@ -167,11 +180,11 @@ async fn a_malformed_size_line_read_with_the_head_is_answered_after_the_good_chu
     assert_eq!(received, b"{}", "the good chunk, then the cut");
     assert!(left.is_empty(), "no last chunk: {left:?}");
     assert_eq!(wait_all_idle(&gateway).await, vec![("w".to_owned(), 0)]);
-    assert_eq!(gateway.routing_table().workers()[0].stats.errors_total(), 2);
+    assert_eq!(gateway.routing_table().workers()[0].stats.errors_total(), 3);
 
     let answer = client().get(url("/next")).send().await.unwrap();
     assert_eq!(answer.text().await.unwrap(), "ok");
-    assert_eq!(worker.data_connections.load(Ordering::SeqCst), 3);
+    assert_eq!(worker.data_connections.load(Ordering::SeqCst), 4);
     gateway.shutdown().await;
 }
 
