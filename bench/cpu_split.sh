@@ -55,18 +55,8 @@ LOAD=(taskset -c "1-$(($(nproc) - 1))")
   --max-batch 100000 >"$WORK/workers.log" 2>&1 &
 PIDS+=($!)
 wait_port $((WORKER_BASE + 3))
-{
-  printf '[server]\nlisten = "127.0.0.1:%s"\ncontrol_listen = "127.0.0.1:%s"\n\n' "$GW" "$GW_CTL"
-  printf '[policy]\nkind = "bounded_consistent_hashing"\nmin_load_gap = 2\nmax_load_skew = 1.5\n\n[log]\nlevel = "warn"\n'
-  for i in 0 1 2 3; do printf '\n[[workers]]\nname = "sim-%s"\nurl = "http://127.0.0.1:%s"\n' "$i" $((WORKER_BASE + i)); done
-} >"$WORK/gatewayd.toml"
-{
-  printf 'global\n    maxconn 4000\n    nbthread 1\n'
-  printf 'defaults\n    mode http\n    timeout connect 2s\n    timeout client 5m\n    timeout server 5m\n'
-  printf '    timeout http-keep-alive 90s\nfrontend bench\n    bind 127.0.0.1:%s\n    default_backend workers\n' "$GW"
-  printf 'backend workers\n    balance hdr(X-SMG-Routing-Key)\n    hash-type consistent\n    hash-balance-factor 150\n'
-  for i in 0 1 2 3; do printf '    server sim-%s 127.0.0.1:%s check inter 2s maxconn 10000\n' "$i" $((WORKER_BASE + i)); done
-} >"$WORK/haproxy.cfg"
+bench_gatewayd_toml "$GW" "$GW_CTL" "$WORKER_BASE" >"$WORK/gatewayd.toml"
+bench_haproxy_cfg "bind 127.0.0.1:$GW" "$WORKER_BASE" >"$WORK/haproxy.cfg"
 
 # Starts `target` pinned to CPU 0 (under `strace -f -c` when $2 is a file) and waits until it
 # routes; the pid it prints is the proxy's own.

@@ -60,12 +60,9 @@ LISTEN=$PORT_BASE CONTROL=$((PORT_BASE + 1)) WORKER_BASE=$((PORT_BASE + 10))
   --decode-per-running-ms 0 >"$WORK/workers.log" 2>&1 &
 PIDS+=($!)
 wait_port $((WORKER_BASE + 3))
-{
-  printf '[server]\nlisten = "127.0.0.1:%s"\ncontrol_listen = "127.0.0.1:%s"\nmax_connections = 20000\n\n' "$LISTEN" "$CONTROL"
-  [[ $TLS == 0 ]] || printf '[server.tls]\ncert_file = "%s"\nkey_file = "%s"\n\n' "$WORK/proxy.crt" "$WORK/proxy.key"
-  printf '[policy]\nkind = "bounded_consistent_hashing"\nmin_load_gap = 2\nmax_load_skew = 1.5\n\n[log]\nlevel = "warn"\n'
-  for i in 0 1 2 3; do printf '\n[[workers]]\nname = "sim-%s"\nurl = "http://127.0.0.1:%s"\n' "$i" $((WORKER_BASE + i)); done
-} >"$WORK/gatewayd.toml"
+SERVER_LINES='max_connections = 20000\n'
+[[ $TLS == 0 ]] || SERVER_LINES+=$(printf '\n[server.tls]\ncert_file = "%s"\nkey_file = "%s"\n' "$WORK/proxy.crt" "$WORK/proxy.key")
+bench_gatewayd_toml "$LISTEN" "$CONTROL" "$WORKER_BASE" "$SERVER_LINES" >"$WORK/gatewayd.toml"
 
 # One run: gatewayd (under $1... when given), held streams, gatewayd stopped with SIGINT so
 # heaptrack writes its data. Prints hold_streams.py's JSON.

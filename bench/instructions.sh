@@ -92,34 +92,22 @@ WORKER_BASE=$PORT_BASE GW=$((PORT_BASE + 10)) GW_CTL=$((PORT_BASE + 11))
   --max-batch 100000 >"$WORK/workers.log" 2>&1 &
 PIDS+=($!)
 wait_port $((WORKER_BASE + 3))
-{
-  printf '[server]\nlisten = "127.0.0.1:%s"\ncontrol_listen = "127.0.0.1:%s"\n\n' "$GW" "$GW_CTL"
-  [[ $TLS == 1 ]] && printf '[server.tls]\ncert_file = "%s"\nkey_file = "%s"\n\n' "$WORK/proxy.crt" "$WORK/proxy.key"
-  printf '[policy]\nkind = "bounded_consistent_hashing"\nmin_load_gap = 2\nmax_load_skew = 1.5\n\n[log]\nlevel = "warn"\n'
-  for i in 0 1 2 3; do
-    printf '\n[[workers]]\nname = "sim-%s"\nurl = "http://127.0.0.1:%s"\n' "$i" $((WORKER_BASE + i))
-    if [[ $MODELS -gt 0 ]]; then
-      printf 'models = ["bch-sim"'
-      for ((m = 2; m <= MODELS; m++)); do printf ', "bch-sim-%s"' "$m"; done
-      printf ']\n'
-    fi
-  done
-} >"$WORK/gatewayd.toml"
+SERVER_LINES=
+[[ $TLS == 1 ]] && SERVER_LINES=$(printf '\n[server.tls]\ncert_file = "%s"\nkey_file = "%s"\n' "$WORK/proxy.crt" "$WORK/proxy.key")
+WORKER_LINES=
+if [[ $MODELS -gt 0 ]]; then
+  WORKER_LINES='models = ["bch-sim"'
+  for ((m = 2; m <= MODELS; m++)); do WORKER_LINES+=", \"bch-sim-$m\""; done
+  WORKER_LINES+=$']\n'
+fi
+bench_gatewayd_toml "$GW" "$GW_CTL" "$WORKER_BASE" "$SERVER_LINES" "$WORKER_LINES" >"$WORK/gatewayd.toml"
 PROXY=("$GATEWAYD" --config "$WORK/gatewayd.toml")
 if [[ $TARGET == haproxy ]]; then
   # As bench/proxy_tls.sh and bench/proxy.sh configure it, on one thread; a lower maxconn than
   # theirs, since valgrind keeps some of the process's file descriptors for itself.
   BIND="bind 127.0.0.1:$GW"
   [[ $TLS == 1 ]] && BIND="$BIND ssl crt $WORK/proxy.pem alpn http/1.1"
-  {
-    printf 'global\n    maxconn 4000\n    nbthread 1\n    ssl-default-bind-options ssl-min-ver TLSv1.2\n'
-    printf 'defaults\n    mode http\n    timeout connect 2s\n    timeout client 5m\n    timeout server 5m\n'
-    printf '    timeout http-keep-alive 90s\nfrontend bench\n    %s\n    default_backend workers\n' "$BIND"
-    printf 'backend workers\n    balance hdr(X-SMG-Routing-Key)\n    hash-type consistent\n    hash-balance-factor 150\n'
-    for i in 0 1 2 3; do
-      printf '    server sim-%s 127.0.0.1:%s check inter 2s maxconn 10000\n' "$i" $((WORKER_BASE + i))
-    done
-  } >"$WORK/haproxy.cfg"
+  bench_haproxy_cfg "$BIND" "$WORKER_BASE" $'    ssl-default-bind-options ssl-min-ver TLSv1.2\n' >"$WORK/haproxy.cfg"
   PROXY=("$(command -v haproxy || echo /usr/sbin/haproxy)" -db -f "$WORK/haproxy.cfg")
 fi
 

@@ -11,6 +11,16 @@
 #                               traffic only once their first probe passed
 #   bench_certificates          writes $WORK/ca.crt and the proxies' $WORK/proxy.crt / proxy.key
 #                               (IP 127.0.0.1, ECDSA P-256) and proxy.pem (both, HAProxy's crt)
+#   bench_gatewayd_toml LISTEN CONTROL WORKER_BASE [SERVER_LINES] [WORKER_LINES]
+#                               prints the single-core comparisons' gatewayd configuration: four
+#                               workers sim-0..3 at ports WORKER_BASE.., the bounded policy (gap 2,
+#                               skew 1.5), log level warn; SERVER_LINES go under [server] (its TLS
+#                               section too), WORKER_LINES into every [[workers]] table (both
+#                               printed with printf's %b, so `\n` in them is a line break)
+#   bench_haproxy_cfg BIND WORKER_BASE [GLOBAL_LINES]
+#                               prints HAProxy's configuration for the same comparisons: one thread,
+#                               the frontend's `bind` line BIND, the routing key hashed on a
+#                               consistent ring with a balance factor of 150 %, the same four workers
 
 log() { printf '[%s %(%H:%M:%S)T] %s\n' "$BENCH_NAME" -1 "$*" >&2; }
 die() { echo "$0: error: $*" >&2; exit 1; }
@@ -27,6 +37,26 @@ bench_certificates() {
   ssl x509 -req -in "$WORK/proxy.csr" -CA "$WORK/ca.crt" -CAkey "$WORK/ca.key" -CAcreateserial -days 2 \
     -out "$WORK/proxy.crt" -extfile "$WORK/proxy.ext"
   cat "$WORK/proxy.crt" "$WORK/proxy.key" >"$WORK/proxy.pem"
+}
+
+bench_gatewayd_toml() {
+  local i
+  printf '[server]\nlisten = "127.0.0.1:%s"\ncontrol_listen = "127.0.0.1:%s"\n%b\n' "$1" "$2" "${4:-}"
+  printf '[policy]\nkind = "bounded_consistent_hashing"\nmin_load_gap = 2\nmax_load_skew = 1.5\n\n[log]\nlevel = "warn"\n'
+  for i in 0 1 2 3; do
+    printf '\n[[workers]]\nname = "sim-%s"\nurl = "http://127.0.0.1:%s"\n%b' "$i" $(($3 + i)) "${5:-}"
+  done
+}
+
+bench_haproxy_cfg() {
+  local i
+  printf 'global\n    maxconn 4000\n    nbthread 1\n%b' "${3:-}"
+  printf 'defaults\n    mode http\n    timeout connect 2s\n    timeout client 5m\n    timeout server 5m\n'
+  printf '    timeout http-keep-alive 90s\nfrontend bench\n    %s\n    default_backend workers\n' "$1"
+  printf 'backend workers\n    balance hdr(X-SMG-Routing-Key)\n    hash-type consistent\n    hash-balance-factor 150\n'
+  for i in 0 1 2 3; do
+    printf '    server sim-%s 127.0.0.1:%s check inter 2s maxconn 10000\n' "$i" $(($2 + i))
+  done
 }
 
 bench_target_dir() {
