@@ -128,8 +128,11 @@ if [[ $SYSCALLS == 1 ]]; then
     stop "$pid"
     for ((i = 0; i < 100; i++)); do [[ -s $WORK/strace-$target.txt ]] && break; sleep 0.05; done
     echo "syscalls per request, $target ($n requests under strace; idle timers included):"
+    # strace's columns: % time, seconds, usecs/call, calls, [errors,] syscall. A failed read is
+    # one that found nothing (EAGAIN): a wasted system call.
     awk -v n="$n" '$1 ~ /^[0-9.]+$/ && NF >= 5 && $NF != "total" && $4 / n >= 0.05 {
-        printf "  %-14s %6.2f\n", $NF, $4 / n
+        failed = NF == 6 ? sprintf("  (%.2f failed)", $5 / n) : ""
+        printf "  %-14s %6.2f%s\n", $NF, $4 / n, failed
       }' "$WORK/strace-$target.txt" | sort -k2 -rn
   done
 fi
