@@ -6,7 +6,8 @@
 #   bash bench/telemetry.sh --quick    # 1 round of 3 s phases (smoke)
 #
 # Options: --rate N, --keys N, --clients N, --phase-secs S, --rounds N, --out FILE, --no-pin,
-# --profile P (cargo profile; release by default, dev in --quick).
+# --profile P (cargo profile; release by default, dev in --quick). BENCH_GATEWAYD_BIN measures
+# another gatewayd build (a before/after pair in one sitting).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH_NAME=telemetry
@@ -70,7 +71,7 @@ DATA=$((PORT_BASE + 10)) CONTROL=$((PORT_BASE + 11))
   done
 } >"$WORK/gatewayd.toml"
 wait_port $((PORT_BASE + WORKERS - 1))
-RUST_LOG=warn "${PROXY_RUN[@]}" "$BIN/gatewayd" --config "$WORK/gatewayd.toml" >"$WORK/gatewayd.log" 2>&1 &
+RUST_LOG=warn "${PROXY_RUN[@]}" "${BENCH_GATEWAYD_BIN:-$BIN/gatewayd}" --config "$WORK/gatewayd.toml" >"$WORK/gatewayd.log" 2>&1 &
 GW=$!; PIDS+=($GW)
 wait_port $DATA; wait_port $CONTROL
 # Workers take traffic once their first probe passed.
