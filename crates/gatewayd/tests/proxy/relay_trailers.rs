@@ -1,5 +1,5 @@
-//! A chunked worker body whose trailer section goes wrong after the data came over several reads
-//! (in the read with the last chunks, in a read of its own, over the trailer limit), for an
+//! A chunked worker body whose trailer section goes wrong (in the read with the last of several
+//! reads of chunks, in a read of its own, in the head's read, over the trailer limit), for an
 //! HTTP/1.1 client (chunks relayed framed) and an HTTP/1.0 client (data decoded, delimited by
 //! the close); and worker heads whose `Transfer-Encoding` is not a lone `chunked`.
 
@@ -52,6 +52,11 @@ fn script(target: &str) -> Vec<Step> {
             Step::Wait,
             Step::Write(b"\r\n\r\n"),
         ],
+        // All in the read that brought the head.
+        "/head" => vec![Step::Write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+              transfer-encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n0\r\nno colon\r\n\r\n",
+        )],
         "/big" => vec![Step::Write(SSE_HEAD), Step::Write(oversized_trailer())],
         // Not an event stream: the head goes out with the first chunk, the bad trailer comes
         // with the second.
@@ -167,6 +172,7 @@ async fn a_bad_trailer_after_several_reads_ends_the_stream_after_all_its_events(
     for (path, goes, numbers) in [
         ("/late", 2, &["1", "2", "3"][..]),
         ("/split", 1, &["1"][..]),
+        ("/head", 0, &["1"][..]),
         ("/big", 0, &["1"][..]),
     ] {
         let body = framed_events(&gateway, &worker, path, goes).await;
@@ -226,8 +232,8 @@ async fn a_bad_trailer_after_several_reads_ends_the_stream_after_all_its_events(
         .unwrap();
     assert_eq!(answer.text().await.unwrap(), "ok");
     // The good stream's connection (which the first broken one took), one per other broken
-    // stream (seven), then the next request's.
-    assert_eq!(worker.data_connections.load(Ordering::SeqCst), 9);
+    // stream (nine), then the next request's.
+    assert_eq!(worker.data_connections.load(Ordering::SeqCst), 11);
     gateway.shutdown().await;
 }
 
