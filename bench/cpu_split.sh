@@ -29,7 +29,7 @@ while [[ $# -gt 0 ]]; do
     --targets) TARGETS=$2; shift ;;
     --syscalls) SYSCALLS=1 ;;
     --no-build) BUILD=0 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
   shift

@@ -501,3 +501,92 @@ async fn a_key_that_takes_an_evicted_keys_place_shows_only_its_own_counts() {
     b.release_all();
     gateway.shutdown().await;
 }
+
+/// With ticks a minute apart, only the commands drain the data path's events: a client that
+/// joins right after a burst of keyed requests, and one that resyncs right after more, sees every
+/// request in its snapshot's keys, each key's in-flight counts back to nothing once its requests
+/// ended and a held one counted; and a tick's totals match the requests sent.
+#[tokio::test]
+async fn snapshots_right_after_a_burst_hold_every_request_and_no_stale_in_flight_counts() {
+    let (a, b) = (fake_worker("a").await, fake_worker("b").await);
+    let mut config = test_config(&[&a, &b]);
+    config.telemetry.interval = Duration::from_secs(60);
+    let gateway = start(config).await;
+    let http = bch_drill::tls::http_client().build().unwrap();
+    let burst = |gateway: &gatewayd::RunningGateway, prefix: &'static str, count: usize| {
+        let url = format!("http://{}/echo", gateway.data_addr);
+        let requests = (0..count).map(|i| {
+            let request = http
+                .get(&url)
+                .header("x-smg-routing-key", format!("{prefix}-{i}"));
+            async move {
+                let response = request.send().await.unwrap();
+                assert_eq!(response.status(), 200);
+                response.bytes().await.unwrap();
+            }
+        });
+        futures_util::future::join_all(requests)
+    };
+    let snapshot_keys = |message: &ServerMessage| match message {
+        ServerMessage::Snapshot(snapshot) => Some(snapshot.keys.clone()),
+        _ => None,
+    };
+
+    burst(&gateway, "first", 100).await;
+    let mut client = Client::connect(&gateway).await;
+    let keys = client.until(snapshot_keys).await;
+    assert_eq!(keys.len(), 100);
+    assert!(
+        keys.iter()
+            .all(|k| k.requests_total == 1 && k.active.is_empty()),
+        "{keys:?}"
+    );
+
+    let mut held = http
+        .get(format!("http://{}/hold", gateway.data_addr))
+        .header("x-smg-routing-key", "held")
+        .send()
+        .await
+        .unwrap();
+    held.chunk().await.unwrap();
+    let held_worker = held.headers()["x-bch-worker"].to_str().unwrap().to_owned();
+    burst(&gateway, "second", 100).await;
+    client.send(serde_json::json!({"type":"resync"})).await;
+    let keys = client.until(snapshot_keys).await;
+    assert_eq!(keys.len(), 201);
+    let (held_keys, done): (Vec<_>, Vec<_>) = keys.into_iter().partition(|k| k.key == "held");
+    assert!(done.iter().all(|k| k.active.is_empty()), "{done:?}");
+    assert_eq!(
+        held_keys[0].active.clone().into_iter().collect::<Vec<_>>(),
+        [(held_worker, 1)]
+    );
+    drop(held);
+    a.release_all();
+    b.release_all();
+    assert_eq!(
+        wait_all_idle(&gateway)
+            .await
+            .iter()
+            .map(|(_, n)| n)
+            .sum::<u64>(),
+        0
+    );
+    client.send(serde_json::json!({"type":"resync"})).await;
+    let keys = client.until(snapshot_keys).await;
+    assert!(keys.iter().all(|k| k.active.is_empty()), "{keys:?}");
+    gateway.shutdown().await;
+
+    // Ticks every 50 ms: one reports all the requests routed, none lost.
+    let gateway = start(test_config(&[&a, &b])).await;
+    let mut client = Client::connect(&gateway).await;
+    client.frame().await;
+    burst(&gateway, "third", 300).await;
+    client
+        .until(|m| match m {
+            ServerMessage::Tick(t) => (t.totals.requests_total == 300).then_some(()),
+            _ => None,
+        })
+        .await;
+    drop(client);
+    gateway.shutdown().await;
+}

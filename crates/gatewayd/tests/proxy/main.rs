@@ -10,6 +10,7 @@ mod http1;
 mod models;
 mod relay;
 mod relay_edges;
+mod relay_trailers;
 mod requests;
 mod smg;
 mod upstream_framing;
