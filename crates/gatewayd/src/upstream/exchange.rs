@@ -53,8 +53,9 @@ pub enum ParseError {
     TransferEncoding,
     /// A transfer coding besides `chunked` (`gzip, chunked`, or `gzip` alone): the gateway
     /// decodes none, and `Transfer-Encoding` is hop-by-hop, so relaying the body would hand the
-    /// client coded bytes it was never told about. Envoy refuses these responses too.
-    #[error("transfer coding other than chunked")]
+    /// client coded bytes it was never told about. Envoy refuses these responses too. Also a
+    /// field that names no coding at all (framing nobody can read).
+    #[error("transfer-encoding other than a lone chunked")]
     TransferCoding,
     /// A `101 Switching Protocols` to a request that asked for no upgrade.
     #[error("unexpected 101 Switching Protocols")]

@@ -46,7 +46,7 @@ fn malformed_heads_fail_with_hyper_s_kinds_of_error() {
         .map(|i| format!("x-{i}: v\r\n"))
         .collect();
     let many = format!("HTTP/1.1 200 OK\r\n{many}\r\n");
-    let cases: [(&[u8], ParseError); 8] = [
+    let cases: [(&[u8], ParseError); 9] = [
         (
             b"NOT HTTP AT ALL\r\n\r\n",
             ParseError::Invalid(httparse::Error::Version),
@@ -69,6 +69,10 @@ fn malformed_heads_fail_with_hyper_s_kinds_of_error() {
         ),
         (
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\n",
+            ParseError::TransferCoding,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: \r\ncontent-length: 2\r\n\r\nok",
             ParseError::TransferCoding,
         ),
         (

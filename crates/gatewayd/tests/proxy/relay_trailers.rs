@@ -278,7 +278,7 @@ async fn codings_besides_a_lone_chunked_are_refused_and_their_connections_droppe
         assert_eq!(json["error"]["code"], "invalid_worker_response", "{path}");
         let message = json["error"]["message"].as_str().unwrap();
         assert!(
-            message.contains("transfer coding other than chunked"),
+            message.contains("transfer-encoding other than a lone chunked"),
             "{path}: {message}"
         );
         assert_eq!(get("/next").await, (200, "ok".to_owned()), "after {path}");

@@ -792,7 +792,10 @@ async fn malformed_worker_responses_say_what_happened() {
         ("/garbage", "invalid"),
         ("/huge-head", "too large"),
         ("/two-lengths", "content-length"),
-        ("/gzip-chunked", "transfer coding other than chunked"),
+        (
+            "/gzip-chunked",
+            "transfer-encoding other than a lone chunked",
+        ),
     ] {
         let (status, body) = get(&gateway, path).await;
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
