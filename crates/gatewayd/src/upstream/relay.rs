@@ -136,30 +136,20 @@ impl ResponseBody {
             let (take, ended) = self.take_delimited(bytes.len());
             return Ok((&bytes[..take], ended));
         };
-        let decoded = match decoder.decode_in_place(bytes) {
-            Ok(decoded) => decoded,
-            Err(Malformed { error, data: 0 }) => return Err(error.into()),
-            Err(Malformed { error, data }) => {
-                // The data before the bad byte is as good as ever: it goes on first.
-                self.broken = Some(error.into());
-                return Ok((&bytes[..data], false));
-            }
-        };
-        let ended = decoder.is_done();
-        if ended {
+        let (data, ended) = match decoder.decode_in_place(bytes) {
             // Trailers are checked, then dropped: hyper's server never forwarded them
             // (`Trailer` is hop-by-hop, so no response announces any).
-            if let Err(error) = decoder.take_trailers() {
-                if decoded.data == 0 {
-                    return Err(error.into());
+            Ok(decoded) if decoder.is_done() => match decoder.take_trailers() {
+                Ok(_) => {
+                    self.end(decoded.consumed == bytes.len());
+                    (decoded.data, true)
                 }
-                // The data before the bad trailer is as good as ever: it goes on first.
-                self.broken = Some(error.into());
-                return Ok((&bytes[..decoded.data], false));
-            }
-            self.end(decoded.consumed == bytes.len());
-        }
-        Ok((&bytes[..decoded.data], ended))
+                Err(error) => (decoded.data, self.fail_behind(decoded.data, error)?),
+            },
+            Ok(decoded) => (decoded.data, false),
+            Err(Malformed { error, data }) => (data, self.fail_behind(data, error)?),
+        };
+        Ok((&bytes[..data], ended))
     }
 
     /// [`ResponseBody::take`] for a body delimited by its length or the close, which needs no
@@ -184,32 +174,32 @@ impl ResponseBody {
         let Framing::Chunked(decoder) = &mut self.framing else {
             unreachable!("only a chunked body is framed");
         };
-        // Chunks appended before a failure (a bad byte, a bad trailer) are as good as ever: they
-        // go on first, and the failure with the next poll.
         let before = out.len();
-        let consumed = match decoder.relay(bytes, out) {
-            Ok(consumed) => consumed,
-            Err(Malformed { error, data: 0 }) => {
-                out.truncate(before);
-                return Err(error.into());
-            }
-            Err(Malformed { error, .. }) => {
-                self.broken = Some(error.into());
-                return Ok(false);
-            }
-        };
-        let ended = decoder.is_done();
-        if ended {
-            if let Err(error) = decoder.take_trailers() {
-                if out.len() == before {
-                    return Err(error.into());
+        match decoder.relay(bytes, out) {
+            Ok(consumed) if decoder.is_done() => match decoder.take_trailers() {
+                Ok(_) => {
+                    self.end(consumed == bytes.len());
+                    Ok(true)
                 }
-                self.broken = Some(error.into());
-                return Ok(false);
+                Err(error) => self.fail_behind(out.len() - before, error),
+            },
+            Ok(_) => Ok(false),
+            Err(Malformed { error, data }) => {
+                out.truncate(before + data);
+                self.fail_behind(data, error)
             }
-            self.end(consumed == bytes.len());
         }
-        Ok(ended)
+    }
+
+    /// A malformation (a bad byte, a bad trailer section) found behind `good` bytes of data
+    /// that are as good as ever: they go on first and the failure with the next poll (`Ok`:
+    /// the body did not end); with none, the body fails now.
+    fn fail_behind(&mut self, good: usize, error: ChunkedError) -> Result<bool, RelayError> {
+        if good == 0 {
+            return Err(error.into());
+        }
+        self.broken = Some(error.into());
+        Ok(false)
     }
 
     /// A frame of `out`'s chunks, or, when `out` holds none, `error` (the body fails): chunks
